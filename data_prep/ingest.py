@@ -1,0 +1,284 @@
+"""Turns the bytes of one book into cleaned, sentence-split rows.
+
+Pure functions, no Ray and no file I/O: `data_prep.prepare` reads the files and maps `process_book`
+over groups of them. Like google-research/bert's `create_pretraining_data.py`, the output keeps the
+book -> paragraph -> sentence structure, because the pair/triple builders downstream (BERT's
+next-sentence pairs, Skip-Thought's (previous, current, next) triples) take neighbouring sentences of
+one document.
+"""
+
+from __future__ import annotations
+
+import codecs
+import dataclasses
+import hashlib
+import re
+import unicodedata
+from collections.abc import Sequence
+from pathlib import PurePath
+
+import blingfire
+
+INPUT_FORMATS = ("raw", "sentence_per_line")
+
+
+@dataclasses.dataclass(frozen=True)
+class IngestOptions:
+    """How a book is cleaned and split; stored in the manifest, so every field must be JSON-friendly.
+
+    input_format: "raw" (hard-wrapped prose, split into sentences with blingfire) or
+        "sentence_per_line" (already split: one sentence per line, a blank line ends a paragraph).
+    min_tokens / max_tokens: inclusive bounds on whitespace tokens per sentence. Shorter ones are
+        mostly headings and ornaments ("CHAPTER I.", "* * *"); longer ones are run-on tables or
+        lists that BERT's create_pretraining_data would truncate anyway (max_seq_length 128/512).
+    nfkc: apply Unicode NFKC (folds ligatures, full-width forms, "…" -> "...") before splitting.
+    """
+
+    input_format: str = "raw"
+    min_tokens: int = 3
+    max_tokens: int = 200
+    nfkc: bool = False
+
+    def __post_init__(self):
+        if self.input_format not in INPUT_FORMATS:
+            raise ValueError(f"input_format={self.input_format!r} is not supported; use one of {INPUT_FORMATS}")
+        if not 1 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"need 1 <= min_tokens <= max_tokens, got min_tokens={self.min_tokens}, "
+                f"max_tokens={self.max_tokens}; fix the bounds"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class BookResult:
+    """What `process_book` made of one file. `sentences` holds (paragraph_index, sentence_index, text),
+    both indices dense and 0-based within the book (a paragraph whose sentences were all filtered
+    out gets no index). `fingerprint` is the exact-duplicate key (see `book_fingerprint`), empty
+    when rejected."""
+
+    book_id: str
+    title: str
+    author: str
+    encoding: str
+    num_bytes: int
+    status: str  # "kept" or "rejected"
+    reason: str = ""  # why it was rejected; empty when kept
+    sentences: tuple[tuple[int, int, str], ...] = ()
+    num_dropped_by_length: int = 0
+    fingerprint: str = ""
+
+    @classmethod
+    def rejected(cls, book_id: str, reason: str, *, num_bytes: int = 0, encoding: str = "",
+                 title: str = "", author: str = "", num_dropped_by_length: int = 0) -> BookResult:
+        return cls(book_id=book_id, title=title or PurePath(book_id).stem, author=author, encoding=encoding,
+                   num_bytes=num_bytes, status="rejected", reason=reason,
+                   num_dropped_by_length=num_dropped_by_length)
+
+
+# ---------------------------------------------------------------------------------------------- decoding
+
+# UTF-8 first (what Gutenberg ships today); CP-1252 next because most legacy "ASCII" e-texts with curly
+# quotes are Windows-1252; Latin-1 last because it maps every byte, so decoding never fails.
+_STRICT_ENCODINGS = ("utf-8", "cp1252")
+
+
+def decode_book(raw: bytes) -> tuple[str, str]:
+    """Returns (text with LF line endings, encoding used). Never raises.
+
+    The encoding is "utf-8-sig" when a UTF-8 byte-order mark was present (and removed).
+    """
+    has_bom = raw.startswith(codecs.BOM_UTF8)
+    if has_bom:
+        raw = raw[len(codecs.BOM_UTF8):]
+    for encoding in _STRICT_ENCODINGS:
+        try:
+            text = raw.decode(encoding)
+            break
+        except UnicodeDecodeError:
+            pass
+    else:
+        encoding, text = "latin-1", raw.decode("latin-1")
+    if has_bom and encoding == "utf-8":
+        encoding = "utf-8-sig"
+    return text.replace("\r\n", "\n").replace("\r", "\n"), encoding
+
+
+# C0/C1 control characters other than the whitespace ones (\t \n \v \f \r). A Latin-1 decode of binary
+# data is full of them, and in otherwise good text they are noise to delete.
+_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
+# Above this share of control/replacement characters a file is not prose (git and `file` use similar
+# "looks like text" heuristics; git's is a NUL in the first 8000 bytes, which we check separately).
+_MAX_NON_TEXT_FRACTION = 0.10
+
+
+def binary_content_reason(raw: bytes, text: str) -> str:
+    """Returns why the file looks binary, or "" when it looks like text."""
+    if b"\x00" in raw:
+        return "binary file (contains NUL bytes)"
+    non_text = len(_CONTROL_CHARS.findall(text)) + text.count("\ufffd")
+    if text and non_text / len(text) > _MAX_NON_TEXT_FRACTION:
+        return f"binary file ({non_text / len(text):.0%} of characters are control codes)"
+    return ""
+
+
+# ------------------------------------------------------------------------------ Project Gutenberg markers
+
+# The marker spellings follow c-w/gutenberg's TEXT_START_MARKERS / TEXT_END_MARKERS
+# (gutenberg/_domain_model/text.py), narrowed to whole-line matches so a sentence that merely mentions
+# Project Gutenberg is not taken for a marker. Modern e-texts: "*** START OF THE/THIS PROJECT GUTENBERG
+# EBOOK <title> ***" (sometimes "***START OF", sometimes wrapped onto a second line that ends in "***").
+_START_MARKER = re.compile(
+    r"^[ \t]*\*{1,3}[ \t]*START OF (?:THE |THIS )?PROJECT GUTENBERG[^*\n]*(?:\*+|\n[^*\n]*\*{3})?[ \t]*$",
+    re.MULTILINE | re.IGNORECASE,
+)
+# Pre-2003 e-texts put the licence ("the small print") first; the book starts after its end line,
+# e.g. "*END*THE SMALL PRINT! FOR PUBLIC DOMAIN ETEXTS*Ver.04.29.93*END*".
+_SMALL_PRINT_END = re.compile(r"^[ \t]*\*END\*?[ \t]*THE SMALL PRINT.*$", re.MULTILINE | re.IGNORECASE)
+# Whichever comes first ends the book: the "*** END OF ..." line, the "End of the Project Gutenberg
+# EBook of ..." / "End of Project Gutenberg's ..." sentence that usually precedes it, or a small-print
+# licence appended at the end (e.g. pg4657: "***START**THE SMALL PRINT!**FOR PUBLIC DOMAIN EBOOKS**").
+_END_MARKER = re.compile(
+    r"^[ \t]*(?:\*{1,3}[ \t]*END OF (?:THE |THIS )?PROJECT GUTENBERG"
+    r"|End of (?:the |this )?Project Gutenberg"
+    r"|\*{1,3}[ \t]*START\**[ \t]*THE SMALL PRINT)",
+    re.MULTILINE | re.IGNORECASE,
+)
+# The credit paragraph right after the start marker ("Produced by Judith Boss and David Widger") is
+# another c-w/gutenberg start marker; it would otherwise become a sentence in nearly every book.
+_PRODUCER_CREDIT = re.compile(
+    r"\A\s*(?:Produced by|E-?text prepared by|This e-?text was (?:prepared|produced) by|Transcribed from)"
+    r"[^\n]*(?:\n[ \t]*\S[^\n]*)*",
+    re.IGNORECASE,
+)
+# "Title: The Mill on the Floss" in the header; a long value continues on indented lines.
+_HEADER_FIELD = {
+    field: re.compile(rf"^{field}:[ \t]*(\S[^\n]*(?:\n[ \t]+\S[^\n]*)*)", re.MULTILINE)
+    for field in ("Title", "Author")
+}
+
+
+def strip_gutenberg_boilerplate(text: str) -> tuple[str, str]:
+    """Returns (header, body): the licence header before the start marker and the book between the
+    markers. A book without markers is all body, with an empty header."""
+    start = _START_MARKER.search(text) or _SMALL_PRINT_END.search(text)
+    header, body_start = (text[:start.start()], start.end()) if start else ("", 0)
+    end = _END_MARKER.search(text, body_start)
+    body = text[body_start:end.start() if end else len(text)]
+    if start:
+        body = _PRODUCER_CREDIT.sub("", body, count=1)
+    return header, body
+
+
+def header_field(header: str, field: str) -> str:
+    """The value of "Title:" or "Author:" in a Gutenberg header, continuation lines joined; "" if absent."""
+    match = _HEADER_FIELD[field].search(header)
+    return " ".join(match.group(1).split()) if match else ""
+
+
+# ------------------------------------------------------------------------------ paragraphs and sentences
+
+_BLANK_LINES = re.compile(r"\n[ \t\f\v]*\n\s*")
+
+
+def split_paragraphs(body: str) -> list[list[str]]:
+    """Blank lines separate paragraphs; returns each paragraph's non-empty lines, whitespace-collapsed."""
+    paragraphs = []
+    for block in _BLANK_LINES.split(body):
+        lines = [" ".join(line.split()) for line in block.split("\n")]
+        lines = [line for line in lines if line]
+        if lines:
+            paragraphs.append(lines)
+    return paragraphs
+
+
+# blingfire 0.1.8 knows "Mr." inside a sentence but splits after it when it starts one:
+# "He left the house. Mr. Smith came in." -> "He left the house." | "Mr." | "Smith came in.". In
+# gutenberg-raw about 1 sentence in 500 is such a fragment (a title or an initial, often after a quote).
+_TITLE_OR_INITIAL = re.compile(
+    r"[\"'\u201c\u2018(\[]?(?:Mr|Mrs|Ms|Messrs|Mme|Mlle|Dr|St|Prof|Rev|Capt|Col|Gen|Lt|Sgt|Hon|[A-Z])\."
+)
+
+
+def split_sentences(paragraph: str) -> list[str]:
+    """Blingfire's rule-based splitter, with title/initial fragments glued back onto the sentence they
+    begin. Blingfire treats newlines as spaces, which is why it is called once per paragraph."""
+    sentences = []
+    for piece in blingfire.text_to_sentences(paragraph).split("\n"):
+        if sentences and _TITLE_OR_INITIAL.fullmatch(sentences[-1]):
+            sentences[-1] += " " + piece
+        elif piece:
+            sentences.append(piece)
+    return sentences
+
+
+def clean_text(text: str, nfkc: bool) -> str:
+    text = _CONTROL_CHARS.sub("", text)
+    return unicodedata.normalize("NFKC", text) if nfkc else text
+
+
+def book_fingerprint(paragraphs: Sequence[Sequence[str]]) -> str:
+    """Exact-duplicate key: sha256 of the cleaned paragraphs, so copies that differ only in encoding,
+    line endings, wrapping or Gutenberg boilerplate collide. Near-duplicate detection (MinHash) is meant
+    to sit beside this as another function of the same paragraphs."""
+    digest = hashlib.sha256()
+    for lines in paragraphs:
+        digest.update(" ".join(lines).encode("utf-8"))
+        digest.update(b"\n\n")
+    return digest.hexdigest()
+
+
+def exact_duplicate_of(result: BookResult, first_by_fingerprint: dict[str, str]) -> str | None:
+    """The book_id of an earlier kept book with the same fingerprint, else None (and `result` is
+    registered as the first). Call it in input order so the first occurrence is the one kept."""
+    first = first_by_fingerprint.setdefault(result.fingerprint, result.book_id)
+    return None if first == result.book_id else first
+
+
+def process_book(path: str | PurePath, raw: bytes, options: IngestOptions) -> BookResult:
+    """Decodes, cleans and splits one book. Never raises on bad content: it returns a rejected result.
+
+    path: the file's path relative to the corpus root; its POSIX form is the stable book_id and its
+        stem the title when the Gutenberg header has none.
+    """
+    book_id = PurePath(path).as_posix()
+    if not raw.strip():
+        return BookResult.rejected(book_id, "empty file", num_bytes=len(raw))
+    text, encoding = decode_book(raw)
+    binary_reason = binary_content_reason(raw, text)
+    if binary_reason:
+        return BookResult.rejected(book_id, binary_reason, num_bytes=len(raw), encoding=encoding)
+
+    header, body = strip_gutenberg_boilerplate(text)
+    title = header_field(header, "Title") or PurePath(book_id).stem
+    author = header_field(header, "Author")
+    paragraphs = split_paragraphs(clean_text(body, options.nfkc))
+
+    sentences = []
+    num_dropped = 0
+    for lines in paragraphs:
+        if options.input_format == "raw":
+            # Re-flow: a hard-wrapped paragraph is one run of text.
+            candidates = split_sentences(" ".join(lines))
+        else:
+            candidates = lines
+        kept = [s for s in candidates if options.min_tokens <= len(s.split()) <= options.max_tokens]
+        num_dropped += len(candidates) - len(kept)
+        if kept:
+            paragraph_index = sentences[-1][0] + 1 if sentences else 0
+            first_index = len(sentences)
+            sentences.extend((paragraph_index, first_index + i, s) for i, s in enumerate(kept))
+
+    common = dict(num_bytes=len(raw), encoding=encoding, title=title, author=author,
+                  num_dropped_by_length=num_dropped)
+    if not paragraphs:
+        return BookResult.rejected(book_id, "no text left after removing the Project Gutenberg header and footer",
+                                   **common)
+    if not sentences:
+        return BookResult.rejected(
+            book_id,
+            f"zero sentences after filtering: all {num_dropped} fall outside "
+            f"min_tokens={options.min_tokens}..max_tokens={options.max_tokens}",
+            **common,
+        )
+    return BookResult(book_id=book_id, status="kept", sentences=tuple(sentences),
+                      fingerprint=book_fingerprint(paragraphs), **common)

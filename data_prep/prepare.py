@@ -1,0 +1,208 @@
+"""Corpus directory of books -> sentence shards + manifest.json.
+
+The work per book is `data_prep.ingest.process_book`; Ray only maps it over groups of files, and the
+driver consumes the groups in input order, so the output does not depend on the number of workers or
+on which task finishes first: same inputs and options give byte-identical shards.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import ray
+
+from data_prep.ingest import BookResult, IngestOptions, exact_duplicate_of, process_book
+from data_prep.shards import MANIFEST_NAME, SHARD_PREFIX, SHARD_SCHEMA, ShardWriter, write_json_atomically
+
+MANIFEST_FORMAT_VERSION = 1
+# A group is one Ray task. Aim for ~4 groups per worker so a few big books do not leave workers idle
+# at the end, but keep tasks big enough that Ray's per-task overhead (~1 ms) stays invisible and small
+# enough that the results of the groups in flight bound the driver's memory.
+_GROUPS_PER_WORKER = 4
+_MIN_GROUP_BYTES = 1 << 20
+_MAX_GROUP_BYTES = 64 << 20
+# Groups submitted ahead of the one the driver is writing, per worker: enough to keep every worker busy
+# while the driver writes, few enough that finished-but-unwritten results stay bounded.
+_IN_FLIGHT_PER_WORKER = 2
+
+
+def list_corpus_files(corpus_dir: Path, glob: str) -> list[str]:
+    """Relative POSIX paths of the files matching `glob`, sorted, so the order (and hence the shards)
+    does not depend on the filesystem's directory order."""
+    return sorted(path.relative_to(corpus_dir).as_posix() for path in corpus_dir.glob(glob) if path.is_file())
+
+
+def read_and_process(corpus_dir: str, book_ids: list[str], options: IngestOptions) -> list[BookResult]:
+    """One Ray task: reads and processes a group of files. A file that cannot be read is a rejected
+    book, not a failed run."""
+    results = []
+    for book_id in book_ids:
+        try:
+            raw = (Path(corpus_dir) / book_id).read_bytes()
+        except OSError as exc:
+            results.append(BookResult.rejected(book_id, f"unreadable ({type(exc).__name__}: {exc.strerror or exc})"))
+            continue
+        results.append(process_book(book_id, raw, options))
+    return results
+
+
+def group_by_bytes(book_ids: list[str], sizes: list[int], target_bytes: int) -> list[list[str]]:
+    """Consecutive runs of files of about `target_bytes` together (a bigger file is a group alone)."""
+    groups, current, current_bytes = [], [], 0
+    for book_id, size in zip(book_ids, sizes):
+        if current and current_bytes + size > target_bytes:
+            groups.append(current)
+            current, current_bytes = [], 0
+        current.append(book_id)
+        current_bytes += size
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _results_in_order(corpus_dir: Path, groups: Iterable[list[str]], options: IngestOptions,
+                      max_in_flight: int) -> Iterator[BookResult]:
+    """Runs the groups as Ray tasks and yields their results in input order, holding at most
+    `max_in_flight` groups submitted but not yet consumed."""
+    task = ray.remote(read_and_process).options(num_cpus=1)
+    in_flight = collections.deque()
+    for group in groups:
+        in_flight.append(task.remote(str(corpus_dir), group, options))
+        if len(in_flight) >= max_in_flight:
+            yield from ray.get(in_flight.popleft())
+    while in_flight:
+        yield from ray.get(in_flight.popleft())
+
+
+def _file_entry(result: BookResult, duplicate_of: str | None) -> dict:
+    entry = {
+        "book_id": result.book_id,
+        "status": "duplicate" if duplicate_of else result.status,
+        "title": result.title,
+        "author": result.author,
+        "encoding": result.encoding,
+        "bytes": result.num_bytes,
+        "sentences": 0 if duplicate_of or result.status != "kept" else len(result.sentences),
+        "sentences_dropped_by_length": result.num_dropped_by_length,
+    }
+    if duplicate_of:
+        entry["duplicate_of"] = duplicate_of
+    if result.reason:
+        entry["reason"] = result.reason
+    return entry
+
+
+def _no_sentences_message(files: list[dict], options: IngestOptions) -> str:
+    reasons = collections.Counter(entry.get("reason", entry["status"]) for entry in files)
+    listed = "; ".join(f"{count} x {reason}" for reason, count in reasons.most_common(3))
+    return (f"no sentences left from {len(files)} files ({listed}). Check input_format={options.input_format!r} "
+            f"matches the files, or widen min_tokens={options.min_tokens}/max_tokens={options.max_tokens}")
+
+
+def _remove_previous_outputs(out_dir: Path) -> None:
+    """A previous run's manifest and shards must not outlive this run: the manifest goes first, so a
+    reader never sees one describing shards that are being replaced."""
+    (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
+    for stale in out_dir.glob(f"{SHARD_PREFIX}*"):
+        stale.unlink()
+
+
+def prepare_corpus(
+    corpus_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    glob: str = "**/*.txt",
+    input_format: str = "raw",
+    shard_bytes: int = 256 << 20,
+    min_tokens: int = IngestOptions.min_tokens,
+    max_tokens: int = IngestOptions.max_tokens,
+    nfkc: bool = False,
+    num_workers: int,
+) -> dict:
+    """Cleans, splits and deduplicates every book under `corpus_dir` into Arrow shards in `out_dir`.
+
+    Writes `shard-NNNNN.arrow` files and, last, `manifest.json` (returned as a dict): the options, every
+    input file's fate, the shards with their sha256, and totals. A previous run's shards and manifest in
+    `out_dir` are replaced. Uses the running Ray instance, or starts a local one with `num_workers` CPUs
+    (and shuts it down afterwards); either way at most 2 x `num_workers` groups of files are in flight.
+    """
+    started = time.perf_counter()
+    corpus_dir = Path(corpus_dir).resolve()
+    out_dir = Path(out_dir)
+    options = IngestOptions(input_format=input_format, min_tokens=min_tokens, max_tokens=max_tokens, nfkc=nfkc)
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+    writer = ShardWriter(out_dir, shard_bytes)  # validates shard_bytes before any work is done
+    if not corpus_dir.is_dir():
+        raise FileNotFoundError(f"corpus directory {corpus_dir} does not exist or is not a directory; "
+                                "pass the folder that holds the book files")
+    book_ids = list_corpus_files(corpus_dir, glob)
+    if not book_ids:
+        raise ValueError(f"no files under {corpus_dir} match glob={glob!r}; check the directory, or pass "
+                         "the pattern its books follow (e.g. glob='**/*.txt')")
+
+    sizes = []
+    for book_id in book_ids:
+        try:
+            sizes.append((corpus_dir / book_id).stat().st_size)
+        except OSError:
+            sizes.append(0)  # read_and_process records it as unreadable
+    target_bytes = sum(sizes) // (_GROUPS_PER_WORKER * num_workers)
+    groups = group_by_bytes(book_ids, sizes, min(max(target_bytes, _MIN_GROUP_BYTES), _MAX_GROUP_BYTES))
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _remove_previous_outputs(out_dir)
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(num_cpus=num_workers, include_dashboard=False)
+    try:
+        files = []
+        first_by_fingerprint: dict[str, str] = {}
+        with writer:
+            for result in _results_in_order(corpus_dir, groups, options, _IN_FLIGHT_PER_WORKER * num_workers):
+                duplicate_of = exact_duplicate_of(result, first_by_fingerprint) if result.status == "kept" else None
+                entry = _file_entry(result, duplicate_of)
+                files.append(entry)
+                if entry["status"] == "kept":
+                    writer.add_book(result.book_id, result.title, result.sentences)
+            if not any(entry["sentences"] for entry in files):
+                raise ValueError(_no_sentences_message(files, options))
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+    status_counts = collections.Counter(entry["status"] for entry in files)
+    manifest = {
+        "format_version": MANIFEST_FORMAT_VERSION,
+        "corpus_dir": str(corpus_dir),
+        "options": {"glob": glob, "shard_bytes": shard_bytes, **dataclasses.asdict(options)},
+        "schema": {field.name: str(field.type) for field in SHARD_SCHEMA},
+        "totals": {
+            "files_read": len(files),
+            "files_kept": status_counts["kept"],
+            "files_duplicate": status_counts["duplicate"],
+            "files_rejected": status_counts["rejected"],
+            "sentences": sum(entry["sentences"] for entry in files),
+            "sentences_dropped_by_length": sum(entry["sentences_dropped_by_length"] for entry in files),
+            "input_bytes": sum(entry["bytes"] for entry in files),
+            "shards": len(writer.shards),
+            "output_bytes": sum(shard.bytes for shard in writer.shards),
+        },
+        "shards": [dataclasses.asdict(shard) for shard in writer.shards],
+        "files": files,
+    }
+    write_json_atomically(out_dir / MANIFEST_NAME, manifest)
+
+    totals = manifest["totals"]
+    seconds = time.perf_counter() - started
+    megabytes = totals["input_bytes"] / 1e6
+    print(f"prepare_corpus: {totals['files_read']} files, {totals['files_kept']} kept, "
+          f"{totals['files_duplicate']} duplicates, {totals['files_rejected']} rejected, "
+          f"{totals['sentences']} sentences, {megabytes:.1f} MB in {seconds:.1f} s "
+          f"({megabytes / seconds:.2f} MB/s) -> {totals['shards']} shards in {out_dir}")
+    return manifest

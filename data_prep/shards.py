@@ -1,0 +1,250 @@
+"""Sentence shards: Arrow IPC files, one row per sentence, books kept whole and in order.
+
+The IPC *file* format (not the stream format, not Parquet) because it can be memory-mapped and read
+zero-copy (https://arrow.apache.org/docs/python/ipc.html#efficiently-writing-and-reading-arrow-data),
+so dataloader workers share the page cache instead of each holding a copy. Uncompressed for the same
+reason: compressed buffers must be decompressed into private memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+SHARD_SCHEMA = pa.schema([
+    ("book_id", pa.string()),
+    ("title", pa.string()),
+    ("paragraph_index", pa.int32()),
+    ("sentence_index", pa.int32()),  # within the book
+    ("text", pa.string()),
+])
+MANIFEST_NAME = "manifest.json"
+SHARD_PREFIX = "shard-"
+SHARD_SUFFIX = ".arrow"
+TMP_SUFFIX = ".tmp"
+# Rows are buffered and written as one record batch per this many bytes: batches of a few MiB keep the
+# per-batch metadata negligible and the mapped table's chunk count small, while bounding the buffer.
+_WRITE_BATCH_BYTES = 8 << 20
+# Fixed per-row cost in the Arrow buffers: two int32 columns plus three int32 string offsets.
+_FIXED_ROW_BYTES = 4 + 4 + 3 * 4
+
+
+def shard_name(index: int) -> str:
+    return f"{SHARD_PREFIX}{index:05d}{SHARD_SUFFIX}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    file: str
+    rows: int
+    bytes: int
+    sha256: str
+    first_book: str
+    last_book: str
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def temp_path_for(path: Path) -> Path:
+    return path.with_name(path.name + TMP_SUFFIX)
+
+
+def commit_temp_file(tmp: Path, path: Path) -> None:
+    """fsyncs `tmp` and renames it over `path`: a killed run leaves either no file, the old one or the
+    complete new one, never half of it (os.replace is atomic within a filesystem; the directory fsync
+    makes the rename itself durable)."""
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_json_atomically(path: Path, obj) -> None:
+    tmp = temp_path_for(path)
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        commit_temp_file(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _book_batch(book_id: str, title: str, sentences: Sequence[tuple[int, int, str]]) -> pa.RecordBatch:
+    paragraph_index, sentence_index, text = zip(*sentences)
+    n = len(text)
+    return pa.record_batch([
+        pa.array([book_id] * n, pa.string()),
+        pa.array([title] * n, pa.string()),
+        pa.array(paragraph_index, pa.int32()),
+        pa.array(sentence_index, pa.int32()),
+        pa.array(text, pa.string()),
+    ], schema=SHARD_SCHEMA)
+
+
+def _row_bytes(batch: pa.RecordBatch) -> np.ndarray:
+    """Each row's share of the Arrow buffers, the unit of the shard size budget."""
+    strings = sum(pc.binary_length(batch[name]).to_numpy() for name in ("book_id", "title", "text"))
+    return strings.astype(np.int64) + _FIXED_ROW_BYTES
+
+
+class ShardWriter:
+    """Writes books in the order given into `shard-00000.arrow`, `shard-00001.arrow`, ... in out_dir.
+
+    A shard is closed before a book that would push it past `shard_bytes` (of Arrow data; the file adds
+    a few KiB of metadata), so a book never straddles two shards, except a book larger than a whole
+    shard, whose rows continue, in order, into the following shard(s). Memory is bounded by one write
+    batch plus the current book. Use as a context manager: leaving on an exception deletes the
+    unfinished shard's temp file; leaving normally finishes the last shard. `shards` lists what was
+    written.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, shard_bytes: int):
+        if shard_bytes <= 0:
+            raise ValueError(f"shard_bytes must be positive, got {shard_bytes}; pass a target size such as 256 << 20")
+        self.out_dir = Path(out_dir)
+        self.shard_bytes = shard_bytes
+        self.shards: list[ShardInfo] = []
+        self._tmp_path: Path | None = None
+        self._sink: pa.NativeFile | None = None
+        self._writer: pa.ipc.RecordBatchFileWriter | None = None
+        self._shard_used = 0  # bytes of rows in the current shard, written or buffered
+        self._shard_rows = 0
+        self._first_book = ""
+        self._last_book = ""
+        self._buffer: list[pa.RecordBatch] = []
+        self._buffer_bytes = 0
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self._finish_shard()
+        else:
+            self._abort()
+
+    def add_book(self, book_id: str, title: str, sentences: Sequence[tuple[int, int, str]]) -> None:
+        """Appends one book's (paragraph_index, sentence_index, text) rows, in order."""
+        if not sentences:
+            return
+        batch = _book_batch(book_id, title, sentences)
+        row_bytes = _row_bytes(batch)
+        if self._shard_used and self._shard_used + int(row_bytes.sum()) > self.shard_bytes:
+            self._finish_shard()
+        start = 0
+        while start < batch.num_rows:
+            room = self.shard_bytes - self._shard_used
+            cumulative = np.cumsum(row_bytes[start:])
+            # At least one row, or a single row larger than a whole shard would never be placed.
+            take = max(1, int(np.searchsorted(cumulative, room, side="right")))
+            self._append(batch.slice(start, take), int(cumulative[take - 1]))
+            start += take
+            if start < batch.num_rows:
+                self._finish_shard()
+
+    def _append(self, rows: pa.RecordBatch, num_bytes: int) -> None:
+        if self._writer is None:
+            self._tmp_path = temp_path_for(self.out_dir / shard_name(len(self.shards)))
+            self._sink = pa.OSFile(str(self._tmp_path), "wb")
+            self._writer = pa.ipc.new_file(self._sink, SHARD_SCHEMA)
+            self._first_book = rows["book_id"][0].as_py()
+        self._buffer.append(rows)
+        self._buffer_bytes += num_bytes
+        self._shard_used += num_bytes
+        self._shard_rows += rows.num_rows
+        self._last_book = rows["book_id"][-1].as_py()
+        if self._buffer_bytes >= _WRITE_BATCH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._buffer:
+            # One contiguous batch instead of one per book keeps the mapped table's chunk count low.
+            self._writer.write_batch(pa.concat_batches(self._buffer))
+        self._buffer, self._buffer_bytes = [], 0
+
+    def _finish_shard(self) -> None:
+        if self._writer is None:
+            return
+        self._flush()
+        self._writer.close()
+        self._sink.close()
+        final_path = self.out_dir / shard_name(len(self.shards))
+        commit_temp_file(self._tmp_path, final_path)
+        self.shards.append(ShardInfo(
+            file=final_path.name, rows=self._shard_rows, bytes=final_path.stat().st_size,
+            sha256=file_sha256(final_path), first_book=self._first_book, last_book=self._last_book,
+        ))
+        self._writer = self._sink = self._tmp_path = None
+        self._shard_used = self._shard_rows = 0
+
+    def _abort(self) -> None:
+        if self._sink is not None:
+            self._sink.close()
+            self._tmp_path.unlink(missing_ok=True)
+        self._writer = self._sink = self._tmp_path = None
+        self._buffer, self._buffer_bytes = [], 0
+
+
+def shard_paths(shard_dir: str | os.PathLike) -> list[Path]:
+    """The shards of a finished run, in order, as listed in its manifest.
+
+    The manifest is written last, so its absence means the run that filled this directory did not
+    finish; reading whatever shards are there would silently train on part of the corpus.
+    """
+    shard_dir = Path(shard_dir)
+    manifest_path = shard_dir / MANIFEST_NAME
+    if not manifest_path.is_file():
+        raise FileNotFoundError(
+            f"{manifest_path} not found: {shard_dir} is not a finished prepare_corpus output "
+            "(the run may have been interrupted); run data_prep.prepare.prepare_corpus again"
+        )
+    manifest = json.loads(manifest_path.read_text())
+    return [shard_dir / shard["file"] for shard in manifest["shards"]]
+
+
+def open_shards(shard_dir: str | os.PathLike) -> pa.Table:
+    """All shards as one table, memory-mapped: no row is copied into process memory until it is read."""
+    tables = [pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all() for path in shard_paths(shard_dir)]
+    return pa.concat_tables(tables) if tables else SHARD_SCHEMA.empty_table()
+
+
+class Book(NamedTuple):
+    book_id: str
+    title: str
+    paragraphs: list[list[str]]  # sentences, grouped by paragraph, in order
+
+
+def iter_books(shard_dir: str | os.PathLike) -> Iterator[Book]:
+    """Yields the books in shard order, one record batch in memory at a time (plus the current book,
+    which may continue across batches and shards)."""
+    book = None
+    last_paragraph = None
+    for batch in open_shards(shard_dir).to_batches():
+        columns = batch.select(["book_id", "title", "paragraph_index", "text"]).to_pydict()
+        for book_id, title, paragraph_index, text in zip(*columns.values()):
+            if book is None or book_id != book.book_id:
+                if book is not None:
+                    yield book
+                book, last_paragraph = Book(book_id, title, []), None
+            if paragraph_index != last_paragraph:
+                book.paragraphs.append([])
+                last_paragraph = paragraph_index
+            book.paragraphs[-1].append(text)
+    if book is not None:
+        yield book

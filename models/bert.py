@@ -1,0 +1,626 @@
+"""
+BERT (Devlin et al. 2018, https://arxiv.org/abs/1810.04805) in one file of plain PyTorch.
+
+Read top to bottom: config -> embeddings -> attention -> layer -> encoder -> BertModel -> task heads ->
+checkpoint I/O (our own format, plus import/export of HuggingFace BERT checkpoints).
+
+Module and parameter names follow HuggingFace's `transformers.BertModel` exactly (`encoder.layer.0.attention.self.query`,
+`LayerNorm`, ...), so converting weights is a matter of renaming almost nothing. Beyond the original model we support
+two other position schemes (fixed sinusoids, Shaw et al. relative positions) and pre-LayerNorm blocks.
+"""
+
+import json
+import warnings
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "relative")
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int = 30522  # BERT's uncased WordPiece vocabulary
+    hidden_size: int = 768  # H; defaults are BERT-base
+    num_hidden_layers: int = 12  # L
+    num_attention_heads: int = 12  # A; head size is H / A
+    intermediate_size: int = 3072  # feed-forward width, 4H in the paper
+    max_position_embeddings: int = 512  # longest sequence for learned/sinusoidal positions
+    type_vocab_size: int = 2  # segment A / segment B, for next sentence prediction and sentence-pair tasks
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    layer_norm_eps: float = 1e-12  # TF BERT's value; HF checkpoints rely on it for exact parity
+    initializer_range: float = 0.02  # std of the normal init of every weight matrix and embedding
+    # Id of [PAD]. Used by data collators and written to HF configs; not an nn.Embedding padding_idx: as in Google's
+    # BERT, [PAD] has an ordinary embedding row and the attention mask is what keeps padding out of the model.
+    pad_token_id: int = 0
+    # "learned": BERT's trained absolute table; "sinusoidal": Vaswani et al. 2017's fixed table (no parameters);
+    # "relative": Shaw et al. 2018 relative position representations inside every attention layer.
+    position_embedding_type: str = "learned"
+    max_relative_position: int = 16  # Shaw et al.'s clipping distance k; they found no gain beyond k = 16
+    # False: post-LN, LayerNorm after each residual add (original BERT). True: pre-LN, LayerNorm on each sublayer's
+    # input (Annotated Transformer; Xiong et al. 2020 show it trains stably without learning-rate warm-up).
+    pre_layer_norm: bool = False
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}")
+        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            raise ValueError(f"position_embedding_type must be one of {POSITION_EMBEDDING_TYPES}, got {self.position_embedding_type!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BertConfig":
+        # Unknown keys are dropped so configs written by other tools (or a newer version of this file) still load.
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+# Named sizes: BERT-base from the paper, the smaller ones from Turc et al. 2019 ("Well-Read Students Learn Better").
+BERT_SIZES: dict[str, dict] = {
+    "bert_tiny": dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512),
+    "bert_mini": dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024),
+    "bert_small": dict(num_hidden_layers=4, hidden_size=512, num_attention_heads=8, intermediate_size=2048),
+    "bert_medium": dict(num_hidden_layers=8, hidden_size=512, num_attention_heads=8, intermediate_size=2048),
+    "bert_base": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072),
+}
+
+
+def bert_config(name: str, **overrides) -> BertConfig:
+    """The named size from BERT_SIZES, with any BertConfig field overridden, e.g. bert_config("bert_tiny", vocab_size=8000)."""
+    if name not in BERT_SIZES:
+        raise KeyError(f"unknown BERT size {name!r}; known: {sorted(BERT_SIZES)}")
+    return BertConfig(**{**BERT_SIZES[name], **overrides})
+
+
+# -----------------------------------------------------------------------------
+# Embeddings
+
+
+def sinusoidal_position_table(num_positions: int, dim: int) -> torch.Tensor:
+    """Vaswani et al. 2017, Sec. 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))."""
+    # float64 because pos * frequency reaches ~500 radians, where float32 arguments would already be off by ~3e-5
+    position = torch.arange(num_positions, dtype=torch.float64)[:, None]  # (P, 1)
+    frequency = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (ceil(d/2),)
+    angles = position * frequency  # (P, ceil(d/2))
+    table = torch.zeros(num_positions, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : dim // 2])
+    return table.float()
+
+
+class BertEmbeddings(nn.Module):
+    """Token + segment (+ absolute position) embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.position_embedding_type = config.position_embedding_type
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        if config.position_embedding_type == "learned":
+            self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        elif config.position_embedding_type == "sinusoidal":
+            # A fixed function of the position, so not a parameter and not saved: rebuilt from the config on load.
+            table = sinusoidal_position_table(config.max_position_embeddings, config.hidden_size)
+            self.register_buffer("position_table", table, persistent=False)
+        # "relative" adds no absolute position here: each attention layer sees relative distances instead.
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        T = input_ids.size(1)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)  # (B, T, H)
+        if self.position_embedding_type == "learned":
+            x = x + self.position_embeddings(torch.arange(T, device=input_ids.device))  # (T, H), broadcast over B
+        elif self.position_embedding_type == "sinusoidal":
+            x = x + self.position_table[:T]
+        return self.dropout(self.LayerNorm(x))
+
+
+# -----------------------------------------------------------------------------
+# Attention
+
+
+def relative_position_index(T: int, k: int, device=None) -> torch.Tensor:
+    """(T, T) row index into the 2k+1 relative embeddings: clip(j - i, -k, k) + k for query i, key j (Shaw et al. eq. 5)."""
+    pos = torch.arange(T, device=device)
+    return (pos[None, :] - pos[:, None]).clamp(-k, k) + k
+
+
+def relative_attention_scores(q: torch.Tensor, a_k: torch.Tensor) -> torch.Tensor:
+    """q_i . a^K_ij for all i, j: q (B, nh, T, hs), a_k (T, T, hs) -> (B, nh, T, T).
+
+    Shaw et al. 2018, Sec. 3.3: a^K is shared across heads and batch, so fold (B, nh) together and do one batched matmul
+    per query position i instead of materialising a (B, nh, T, T, hs) tensor.
+    """
+    B, nh, T, hs = q.shape
+    q_t = q.permute(2, 0, 1, 3).reshape(T, B * nh, hs)  # (T, B*nh, hs)
+    scores = q_t @ a_k.transpose(1, 2)  # (T, B*nh, hs) @ (T, hs, T) -> (T, B*nh, T)
+    return scores.view(T, B, nh, T).permute(1, 2, 0, 3)  # (B, nh, T, T)
+
+
+def relative_attention_values(probs: torch.Tensor, a_v: torch.Tensor) -> torch.Tensor:
+    """sum_j alpha_ij a^V_ij for all i: probs (B, nh, T, T), a_v (T, T, hs) -> (B, nh, T, hs). Same folding as above."""
+    B, nh, T, _ = probs.shape
+    p_t = probs.permute(2, 0, 1, 3).reshape(T, B * nh, T)  # (T, B*nh, T)
+    out = p_t @ a_v  # (T, B*nh, T) @ (T, T, hs) -> (T, B*nh, hs)
+    return out.view(T, B, nh, -1).permute(1, 2, 0, 3)  # (B, nh, T, hs)
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head scaled dot-product attention (Vaswani et al. 2017), optionally with Shaw et al. relative positions."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_attention_heads = config.num_attention_heads
+        self.attention_head_size = config.hidden_size // config.num_attention_heads
+        # Separate q/k/v projections, as in HF, so checkpoints convert key for key.
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+        self.relative = config.position_embedding_type == "relative"
+        if self.relative:
+            # Shaw et al. 2018: one learned vector per clipped distance -k..k for keys and one for values, of head
+            # size, shared across heads, separate in every layer.
+            self.max_relative_position = config.max_relative_position
+            self.relative_key = nn.Embedding(2 * config.max_relative_position + 1, self.attention_head_size)
+            self.relative_value = nn.Embedding(2 * config.max_relative_position + 1, self.attention_head_size)
+
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
+        """hidden_states (B, T, H); attention_mask additive, broadcastable to (B, nh, T, T), or None.
+        Returns the context (B, T, H) and the attention probabilities (B, nh, T, T), or None when not computed."""
+        B, T, H = hidden_states.shape
+        nh, hs = self.num_attention_heads, self.attention_head_size
+        q = self.query(hidden_states).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.key(hidden_states).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = self.value(hidden_states).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+
+        if not (self.relative or output_attentions):
+            # Fused kernel (flash / memory-efficient) whenever nobody needs the probabilities themselves.
+            dropout_p = self.dropout.p if self.training else 0.0
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=dropout_p)
+            probs = None
+        else:
+            # Explicit softmax: relative positions need alpha for the value term, heat-maps need alpha itself.
+            scores = (q @ k.transpose(-2, -1)) * hs**-0.5  # (B, nh, T, T)
+            if self.relative:
+                idx = relative_position_index(T, self.max_relative_position, hidden_states.device)
+                a_k, a_v = self.relative_key(idx), self.relative_value(idx)  # (T, T, hs) each
+                # e_ij = (q_i . k_j + q_i . a^K_ij) / sqrt(hs)   (Shaw et al. eq. 4)
+                scores = scores + relative_attention_scores(q, a_k) * hs**-0.5
+            if attention_mask is not None:
+                scores = scores + attention_mask
+            probs = scores.softmax(dim=-1)
+            dropped = self.dropout(probs)
+            context = dropped @ v  # (B, nh, T, hs)
+            if self.relative:
+                # z_i = sum_j alpha_ij (v_j + a^V_ij)   (Shaw et al. eq. 3)
+                context = context + relative_attention_values(dropped, a_v)
+        return context.transpose(1, 2).reshape(B, T, H), probs
+
+
+class BertSelfOutput(nn.Module):
+    """Output projection of attention, dropout, residual add; post-LN also normalises the sum."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.pre_layer_norm = config.pre_layer_norm
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states, input_tensor):
+        hidden_states = self.dropout(self.dense(hidden_states))
+        if self.pre_layer_norm:
+            return input_tensor + hidden_states  # this LayerNorm was applied to the sublayer input (BertAttention)
+        return self.LayerNorm(input_tensor + hidden_states)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.pre_layer_norm = config.pre_layer_norm
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
+        # Pre-LN normalises what goes into attention and leaves the residual stream un-normalised. The LayerNorm keeps
+        # its post-LN name (attention.output.LayerNorm) so both variants share one parameter layout.
+        x = self.output.LayerNorm(hidden_states) if self.pre_layer_norm else hidden_states
+        context, probs = self.self(x, attention_mask, output_attentions)
+        return self.output(context, hidden_states), probs
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+
+    def forward(self, hidden_states):
+        # exact (erf) GELU, Hendrycks & Gimpel 2016, as in BERT and HF's hidden_act="gelu"
+        return F.gelu(self.dense(hidden_states))
+
+
+class BertOutput(nn.Module):
+    """Feed-forward down-projection, dropout, residual add; post-LN also normalises the sum."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.pre_layer_norm = config.pre_layer_norm
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states, input_tensor):
+        hidden_states = self.dropout(self.dense(hidden_states))
+        if self.pre_layer_norm:
+            return input_tensor + hidden_states  # this LayerNorm was applied to the sublayer input (BertLayer)
+        return self.LayerNorm(input_tensor + hidden_states)
+
+
+class BertLayer(nn.Module):
+    """One Transformer encoder block: self-attention sublayer, then feed-forward sublayer."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.pre_layer_norm = config.pre_layer_norm
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
+        attention_output, probs = self.attention(hidden_states, attention_mask, output_attentions)
+        x = self.output.LayerNorm(attention_output) if self.pre_layer_norm else attention_output
+        return self.output(self.intermediate(x), attention_output), probs
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList([BertLayer(config) for _ in range(config.num_hidden_layers)])
+        # Pre-LN blocks never normalise the residual stream itself, so it gets one LayerNorm at the very end.
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_layer_norm else nn.Identity()
+
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
+        all_probs = []
+        for layer in self.layer:
+            hidden_states, probs = layer(hidden_states, attention_mask, output_attentions)
+            all_probs.append(probs)
+        return self.LayerNorm(hidden_states), all_probs
+
+
+class BertPooler(nn.Module):
+    """tanh(W h_[CLS] + b): the sentence representation that next sentence prediction and classifiers read."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden_states):
+        return torch.tanh(self.dense(hidden_states[:, 0]))  # (B, H)
+
+
+# -----------------------------------------------------------------------------
+# Models
+
+
+class BertPreTrainedModel(nn.Module):
+    """Holds the config and BERT's weight initialisation, shared by the encoder and every task model."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+
+    def init_weights(self):
+        self.apply(self._init_weights)
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        # Google's BERT: every weight matrix and embedding ~ N(0, 0.02) (truncated there; plain normal here, as in HF),
+        # biases zero, LayerNorm the identity.
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            module.weight.normal_(mean=0.0, std=std)
+            if module.bias is not None:
+                module.bias.zero_()
+        elif isinstance(module, nn.Embedding):
+            module.weight.normal_(mean=0.0, std=std)
+        elif isinstance(module, nn.LayerNorm):
+            module.weight.fill_(1.0)
+            module.bias.zero_()
+        elif isinstance(module, BertLMPredictionHead):
+            module.bias.zero_()
+
+
+class BertModel(BertPreTrainedModel):
+    """The encoder: embeddings -> L Transformer layers -> pooler. Task models wrap it as `.bert`."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config)
+        self.init_weights()
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, output_attentions=False):
+        """input_ids (B, T); token_type_ids (B, T), default all segment 0; attention_mask (B, T), 1 = token, 0 = pad.
+
+        Returns (sequence_output (B, T, H), pooled_output (B, H)), plus a list of per-layer attention probabilities
+        (B, nh, T, T) as a third element when output_attentions=True.
+        """
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        hidden_states = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        if attention_mask is not None:
+            # (B, T) -> additive (B, 1, 1, T): 0 for tokens, the most negative float for padding keys, broadcast over
+            # heads and queries. finfo.min rather than -inf keeps fully padded rows finite instead of NaN.
+            dtype = hidden_states.dtype
+            attention_mask = (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+        sequence_output, all_probs = self.encoder(hidden_states, attention_mask, output_attentions)
+        pooled_output = self.pooler(sequence_output)
+        if output_attentions:
+            return sequence_output, pooled_output, all_probs
+        return sequence_output, pooled_output
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden_states):
+        return self.LayerNorm(F.gelu(self.dense(hidden_states)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """Masked-LM head: transform, then scores over the vocabulary with the input embedding matrix as output weights."""
+
+    def __init__(self, config: BertConfig, word_embedding_weight: nn.Parameter):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        # Tied weights (Press & Wolf 2017, as in BERT): the decoder's weight IS the word embedding Parameter. Built on the
+        # meta device so the (V, H) matrix it replaces is never allocated.
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device="meta")
+        self.decoder.weight = word_embedding_weight
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))  # output-only bias, not tied
+
+    def forward(self, hidden_states):
+        return self.decoder(self.transform(hidden_states)) + self.bias
+
+
+class BertPreTrainingHeads(nn.Module):
+    """Masked-LM head on the token states and next-sentence-prediction head on the pooled [CLS] state."""
+
+    def __init__(self, config: BertConfig, word_embedding_weight: nn.Parameter):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config, word_embedding_weight)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+    def forward(self, sequence_output, pooled_output):
+        return self.predictions(sequence_output), self.seq_relationship(pooled_output)
+
+
+class BertForPreTraining(BertPreTrainedModel):
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings.weight)
+        # Only the heads: .bert initialised itself. (The tied decoder redraws the word embeddings from the same N(0, std).)
+        self.cls.apply(self._init_weights)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None):
+        """Returns (mlm_logits, nsp_logits (B, 2)). mlm_logits is (B, T, V), or (B, P, V) for mlm_positions (B, P).
+
+        mlm_positions are the indices of the masked tokens (pad the ragged lists with any index and ignore those
+        predictions in the loss). Only ~15% of tokens are masked, so gathering them before the vocabulary projection
+        skips most of the largest matmul in the model (NVIDIA's DeepLearningExamples BERT does the same).
+        """
+        sequence_output, pooled_output = self.bert(input_ids, token_type_ids, attention_mask)
+        if mlm_positions is not None:
+            index = mlm_positions.unsqueeze(-1).expand(-1, -1, sequence_output.size(-1))  # (B, P, H)
+            sequence_output = sequence_output.gather(1, index)  # (B, P, H)
+        return self.cls(sequence_output, pooled_output)
+
+
+class BertForSequenceClassification(BertPreTrainedModel):
+    """Classifier on the pooled [CLS] state; num_labels=1 makes it a regressor (e.g. STS-B)."""
+
+    def __init__(self, config: BertConfig, num_labels: int):
+        super().__init__(config)
+        self.num_labels = num_labels
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        self.classifier.apply(self._init_weights)  # only the head: .bert is initialised (or about to be loaded)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None):
+        _, pooled_output = self.bert(input_ids, token_type_ids, attention_mask)
+        return self.classifier(self.dropout(pooled_output))  # (B, num_labels)
+
+
+class BertForTokenClassification(BertPreTrainedModel):
+    """Per-token classifier (e.g. NER tags)."""
+
+    def __init__(self, config: BertConfig, num_labels: int):
+        super().__init__(config)
+        self.num_labels = num_labels
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        self.classifier.apply(self._init_weights)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None):
+        sequence_output, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        return self.classifier(self.dropout(sequence_output))  # (B, T, num_labels)
+
+
+class BertForQuestionAnswering(BertPreTrainedModel):
+    """Extractive QA (SQuAD): a start and an end score per token, from one linear layer (BERT paper, Sec. 4.2)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.qa_outputs.apply(self._init_weights)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None):
+        sequence_output, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        start_logits, end_logits = self.qa_outputs(sequence_output).unbind(dim=-1)
+        return start_logits, end_logits  # (B, T) each
+
+
+# -----------------------------------------------------------------------------
+# Checkpoint I/O. Our format: config.json (BertConfig fields + "format") and model.safetensors (BertModel state dict).
+
+CHECKPOINT_FORMAT = "textrep-bert"
+
+
+def save_encoder(model: BertModel, path) -> None:
+    """Write the encoder to directory `path` in our format (readable back with load_encoder)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({**model.config.to_dict(), "format": CHECKPOINT_FORMAT}, indent=2))
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}  # safetensors wants contiguous
+    save_file(state, str(path / "model.safetensors"))
+
+
+def load_encoder(path) -> BertModel:
+    """Load an encoder written by save_encoder, or a HuggingFace BERT directory (told apart by config.json)."""
+    path = Path(path)
+    config = json.loads((path / "config.json").read_text())
+    if config.get("format") == CHECKPOINT_FORMAT:
+        model = BertModel(BertConfig.from_dict(config))
+        model.load_state_dict(load_file(str(path / "model.safetensors")))
+        return model
+    if config.get("model_type") == "bert" or "architectures" in config:
+        return from_hf(path)
+    raise ValueError(f"{path}/config.json is neither a {CHECKPOINT_FORMAT} checkpoint nor a HuggingFace BERT config")
+
+
+# HuggingFace interop. HF's parameter names are ours, so conversion only drops, strips and checks keys.
+
+HF_CONFIG_KEYS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+    "max_position_embeddings", "type_vocab_size", "hidden_dropout_prob", "attention_probs_dropout_prob",
+    "layer_norm_eps", "initializer_range", "pad_token_id",
+)
+
+
+def config_from_hf(hf: dict) -> BertConfig:
+    """Our BertConfig from the dict of a HuggingFace BERT config.json."""
+    if hf.get("hidden_act", "gelu") != "gelu":
+        raise ValueError(f"only hidden_act='gelu' is supported, got {hf['hidden_act']!r}")
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError(f"only position_embedding_type='absolute' is supported, got {hf['position_embedding_type']!r}")
+    values = {k: hf[k] for k in HF_CONFIG_KEYS if hf.get(k) is not None}
+    return BertConfig(**values, position_embedding_type="learned")
+
+
+def _read_hf_dir(path: Path) -> dict:
+    if (path / "model.safetensors").exists():
+        return load_file(str(path / "model.safetensors"))
+    if (path / "pytorch_model.bin").exists():
+        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {path} (sharded checkpoints are not supported)")
+
+
+def _normalise_hf_keys(state_dict: dict) -> dict:
+    """Strip the `bert.` prefix of task-model checkpoints and rename TF-era LayerNorm gamma/beta to weight/bias."""
+    out = {}
+    for key, value in state_dict.items():
+        key = key.removeprefix("bert.")
+        if key.endswith("LayerNorm.gamma"):
+            key = key.removesuffix("gamma") + "weight"
+        elif key.endswith("LayerNorm.beta"):
+            key = key.removesuffix("beta") + "bias"
+        out[key] = value
+    return out
+
+
+def _hf_state_and_config(path_or_state_dict, config):
+    if isinstance(path_or_state_dict, dict):
+        if config is None:
+            raise ValueError("from_hf(state_dict) needs config=BertConfig(...)")
+        return _normalise_hf_keys(path_or_state_dict), config
+    path = Path(path_or_state_dict)
+    if config is None:
+        config = config_from_hf(json.loads((path / "config.json").read_text()))
+    return _normalise_hf_keys(_read_hf_dir(path)), config
+
+
+def _encoder_state(state: dict) -> dict:
+    """The encoder's entries of a normalised HF state dict: no task heads, no HF position_ids/token_type_ids buffers."""
+    return {
+        k: v for k, v in state.items()
+        if k.startswith(("embeddings.", "encoder.", "pooler."))
+        and k not in ("embeddings.position_ids", "embeddings.token_type_ids")
+    }
+
+
+def _load_checked(module: nn.Module, state: dict, may_miss: tuple[str, ...] = ()) -> None:
+    """load_state_dict that names every mismatch, tolerating missing keys that start with one of `may_miss`."""
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith(may_miss)]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match the config: missing {missing}, unexpected {unexpected}")
+
+
+def _warn_if_no_pooler(state: dict) -> None:
+    # HF models saved with add_pooling_layer=False (e.g. from BertForMaskedLM) have no pooler weights.
+    if not any(k.startswith("pooler.") for k in state):
+        warnings.warn("checkpoint has no pooler weights; the pooler stays randomly initialised")
+
+
+def from_hf(path_or_state_dict, config: BertConfig | None = None) -> BertModel:
+    """BertModel from HuggingFace BERT weights: a directory (config.json + model.safetensors or pytorch_model.bin) or a
+    state dict (then `config` is required), in BertModel layout or task-model layout (`bert.` prefix; heads ignored)."""
+    state, config = _hf_state_and_config(path_or_state_dict, config)
+    state = _encoder_state(state)
+    _warn_if_no_pooler(state)
+    model = BertModel(config)
+    _load_checked(model, state, may_miss=("pooler.",))
+    return model
+
+
+def from_hf_pretraining(path_or_state_dict, config: BertConfig | None = None) -> BertForPreTraining:
+    """BertForPreTraining (encoder + MLM/NSP heads) from a HuggingFace BertForPreTraining checkpoint or state dict."""
+    state, config = _hf_state_and_config(path_or_state_dict, config)
+    encoder = _encoder_state(state)
+    _warn_if_no_pooler(encoder)
+    # HF's decoder.weight / decoder.bias are tied copies of the word embeddings / cls.predictions.bias (and may be
+    # absent from the file); our decoder weight is loaded through its bert.embeddings name.
+    heads = {k: v for k, v in state.items() if k.startswith("cls.") and not k.startswith("cls.predictions.decoder.")}
+    model = BertForPreTraining(config)
+    full = {**{"bert." + k: v for k, v in encoder.items()}, **heads}
+    _load_checked(model, full, may_miss=("bert.pooler.", "cls.predictions.decoder.weight"))
+    return model
+
+
+def to_hf(model: BertModel, path) -> None:
+    """Write `model` as a HuggingFace BertModel directory (config.json + model.safetensors)."""
+    c = model.config
+    if c.position_embedding_type != "learned" or c.pre_layer_norm:
+        raise ValueError(
+            "HuggingFace's BertModel only expresses learned absolute positions with post-LN blocks; got "
+            f"position_embedding_type={c.position_embedding_type!r}, pre_layer_norm={c.pre_layer_norm}"
+        )
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    hf_config = {
+        "architectures": ["BertModel"],
+        "model_type": "bert",
+        "hidden_act": "gelu",
+        "position_embedding_type": "absolute",
+        **{k: getattr(c, k) for k in HF_CONFIG_KEYS},
+    }
+    (path / "config.json").write_text(json.dumps(hf_config, indent=2))
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})  # HF checks for "format": "pt"

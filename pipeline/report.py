@@ -1,0 +1,84 @@
+"""The run's results table (results.md / results.csv) and a summary of the pretraining loss curve."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+RESULT_COLUMNS = ["model", "task", "metric", "score"]
+
+
+def _loss_curve(path: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    train, val = [], []
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            if row["name"] == "train/loss":
+                train.append((int(row["step"]), float(row["value"])))
+            elif row["name"] == "val/loss":
+                val.append((int(row["step"]), float(row["value"])))
+    return train, val
+
+
+def _windowed_mean(points: list[tuple[int, float]], start: int, end: int) -> float:
+    values = [v for s, v in points if start <= s <= end]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def summarise_loss(train: list[tuple[int, float]], val: list[tuple[int, float]]) -> list[str]:
+    """Markdown lines: loss at the start and the end (means over the first/last 10 % of steps), val losses."""
+    if not train:
+        return ["No pretraining loss was recorded."]
+    last_step = train[-1][0]
+    window = max(1, last_step // 10)
+    first, final = _windowed_mean(train, 0, window), _windowed_mean(train, last_step - window, last_step)
+    lines = [f"- train loss (MLM + NSP): {first:.3f} over steps 0–{window} → {final:.3f} over steps "
+             f"{last_step - window}–{last_step} ({len(train)} steps logged)"]
+    if val:
+        lines.append("- held-out loss: " + ", ".join(f"{v:.3f} @ {s}" for s, v in val))
+    return lines
+
+
+def plot_loss(train, val, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([s for s, _ in train], [v for _, v in train], lw=0.8, alpha=0.6, label="train (MLM + NSP)")
+    if val:
+        ax.plot([s for s, _ in val], [v for _, v in val], "o-", label="held-out")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("Pretraining loss")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(run_dir: Path, out: Path) -> dict[str, Path]:
+    results = json.loads((run_dir / "finetune" / "results.json").read_text())
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=RESULT_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(results)
+    lines = [f"# Results of {run_dir.name}", "", "| model | task | metric | score |", "|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['task']} | {r['metric']} | {r['score']:.4f} |" for r in results]
+    paths = {"results_md": out / "results.md", "results_csv": out / "results.csv"}
+    curve = run_dir / "pretrain" / "loss_curve.csv"
+    if curve.is_file():
+        train, val = _loss_curve(curve)
+        lines += ["", "## Pretraining", ""] + summarise_loss(train, val)
+        if train:
+            plot_loss(train, val, out / "loss_curve.png")
+            lines += ["", "![pretraining loss](loss_curve.png)"]
+            paths["loss_plot"] = out / "loss_curve.png"
+    summary = run_dir / "pretrain" / "stage.json"
+    if summary.is_file():
+        info = json.loads(summary.read_text())
+        lines += [f"- {info.get('steps')} steps in {info.get('seconds')} s, precision {info.get('precision')}, "
+                  f"{info.get('num_parameters')} parameters"]
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    return paths

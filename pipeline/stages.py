@@ -1,0 +1,249 @@
+"""The stages of one pipeline run, in order; each writes its outputs under `<run_dir>/<stage>/`.
+
+Data functions stay pure (data_prep/); this module maps them over shards with Ray and wires Lightning at the edge."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import hydra
+import lightning as L
+import numpy as np
+import ray
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader, Subset
+
+from data_prep.bert_examples import BertPretrainingCollator, create_training_instances, write_instances
+from data_prep.builtin import default_corpus
+from data_prep.prepare import prepare_corpus
+from data_prep.shards import open_shards
+from data_prep.tokenizer import encode_batch_ids, load_tokenizer, train_wordpiece
+from models.bert import BertForSequenceClassification, load_encoder, save_encoder
+from pipeline.data import EncodedTask, PretrainingInstances, pad_classification_batch, read_arrow
+from pipeline.lit import BertPretrainModule, SequenceClassificationModule, resolve_precision
+from pipeline.report import write_report
+from pipeline.tasks import load_task, read_split, resolve_task_dir
+from pipeline.tracking import LossHistory, make_logger
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+@dataclass
+class RunContext:
+    cfg: DictConfig
+    run_dir: Path
+
+    def stage_dir(self, name: str) -> Path:
+        return self.run_dir / name
+
+
+STAGES: dict[str, Callable[[RunContext], dict]] = {}
+
+
+def stage(name: str):
+    def register(fn):
+        STAGES[name] = fn
+        return fn
+    return register
+
+
+@stage("prepare")
+def prepare(ctx: RunContext) -> dict:
+    data = ctx.cfg.data
+    corpus = Path(data.corpus_dir).expanduser() if data.corpus_dir else default_corpus(ctx.cfg.paths.cache_dir)
+    manifest = prepare_corpus(corpus, ctx.stage_dir("prepare"), glob=data.glob, input_format=data.input_format,
+                              shard_bytes=int(data.shard_bytes), min_tokens=data.min_tokens,
+                              max_tokens=data.max_tokens, nfkc=data.nfkc, num_workers=ctx.cfg.ray.num_cpus)
+    return {"corpus_dir": str(corpus), **manifest["totals"]}
+
+
+@stage("tokenizer")
+def tokenizer(ctx: RunContext) -> dict:
+    table = open_shards(ctx.stage_dir("prepare"))
+    # Record batches stream from the memory map: the trainer never holds the corpus as Python strings.
+    sentences = (text for batch in table.to_batches() for text in batch.column("text").to_pylist())
+    tok_cfg = ctx.cfg.tokenizer
+    trained = train_wordpiece(sentences, ctx.stage_dir("tokenizer"), vocab_size=tok_cfg.vocab_size,
+                              min_frequency=tok_cfg.min_frequency, lowercase=tok_cfg.lowercase)
+    return {"vocab_size": trained.get_vocab_size()}
+
+
+def _tokenized_books(shard_path: str, tok) -> list[list[list[int]]]:
+    """The books of one sentence shard as lists of sentences of token ids, in shard order."""
+    table = read_arrow(shard_path)
+    ids = encode_batch_ids(tok, table.column("text").to_pylist())
+    books, current = [], None
+    for book_id, sentence_ids in zip(table.column("book_id").to_pylist(), ids):
+        if book_id != current:
+            books.append([])
+            current = book_id
+        books[-1].append(sentence_ids)
+    return books
+
+
+@ray.remote(num_cpus=1)
+def build_shard_examples(shard_path: str, neighbour_path: str, tokenizer_dir: str, out_path: str,
+                         max_seq_length: int, short_seq_prob: float, dupe_factor: int, seed: int) -> int:
+    """Tokenize one sentence shard and write its BERT sentence-pair instances.
+
+    Random next sentences come from the shard's other books; a shard holding a single (long) book borrows the
+    books of its neighbour shard for that, and only for that."""
+    tok = load_tokenizer(tokenizer_dir)
+    books = _tokenized_books(shard_path, tok)
+    borrowed = _tokenized_books(neighbour_path, tok) if len(books) < 2 and neighbour_path != shard_path else []
+    instances = create_training_instances(books, max_seq_length, short_seq_prob, dupe_factor,
+                                          random.Random(seed), random_next_documents=borrowed)
+    write_instances(instances, out_path, tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]"))
+    return len(instances)
+
+
+@stage("examples")
+def examples(ctx: RunContext) -> dict:
+    shards = sorted(ctx.stage_dir("prepare").glob("shard-*.arrow"))
+    out = ctx.stage_dir("examples")
+    ex = ctx.cfg.examples
+    # One seed per shard, derived from the run seed: the output does not depend on which worker ran what.
+    refs = [build_shard_examples.remote(str(shard), str(shards[(i + 1) % len(shards)]), str(ctx.stage_dir("tokenizer")),
+                                        str(out / f"examples-{i:05d}.arrow"), ex.max_seq_length,
+                                        ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed * 1000 + i)
+            for i, shard in enumerate(shards)]
+    counts = ray.get(refs)
+    return {"instances": int(sum(counts)), "files": len(counts)}
+
+
+def _trainer(ctx: RunContext, stage_name: str, callbacks: list, **kwargs) -> L.Trainer:
+    tcfg = ctx.cfg.trainer
+    return L.Trainer(accelerator=tcfg.accelerator, devices=tcfg.devices,
+                     precision=resolve_precision(str(tcfg.precision)),
+                     logger=make_logger(ctx.cfg, ctx.run_dir, stage_name), callbacks=callbacks,
+                     log_every_n_steps=tcfg.log_every_n_steps, deterministic=tcfg.deterministic,
+                     default_root_dir=str(ctx.stage_dir(stage_name)), enable_model_summary=False, **kwargs)
+
+
+def _finish_logger(trainer: L.Trainer) -> None:
+    for logger in trainer.loggers:
+        logger.finalize("success")
+        finish = getattr(getattr(logger, "experiment", None), "finish", None)
+        if callable(finish):
+            finish()
+
+
+@stage("pretrain")
+def pretrain(ctx: RunContext) -> dict:
+    cfg, out = ctx.cfg, ctx.stage_dir("pretrain")
+    tok = load_tokenizer(ctx.stage_dir("tokenizer"))
+    vocab_size = tok.get_vocab_size()
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    model_cfg["config"]["vocab_size"] = -(-vocab_size // 64) * 64  # padded to a multiple of 64 for matmul tiles
+    L.seed_everything(cfg.seed, workers=True)
+    model = hydra.utils.instantiate(model_cfg, _convert_="all")
+
+    dataset = PretrainingInstances([read_arrow(p) for p in sorted(ctx.stage_dir("examples").glob("*.arrow"))])
+    order = np.random.default_rng(cfg.seed).permutation(len(dataset))
+    n_val = max(1, int(len(dataset) * cfg.pretrain.val_fraction))
+    train_set, val_set = Subset(dataset, order[n_val:].tolist()), Subset(dataset, order[:n_val].tolist())
+    p = cfg.pretrain
+    special_ids = [tok.token_to_id(t) for t in SPECIAL_TOKENS]
+
+    def collator(seed: int) -> BertPretrainingCollator:
+        return BertPretrainingCollator(pad_id=tok.token_to_id("[PAD]"), mask_id=tok.token_to_id("[MASK]"),
+                                       vocab_size=vocab_size, special_ids=special_ids,
+                                       mlm_probability=p.mlm_probability,
+                                       max_predictions_per_seq=p.max_predictions_per_seq,
+                                       generator=torch.Generator().manual_seed(seed))
+
+    train_loader = DataLoader(train_set, batch_size=p.batch_size, shuffle=True, drop_last=True,
+                              collate_fn=collator(cfg.seed), num_workers=p.num_workers,
+                              generator=torch.Generator().manual_seed(cfg.seed))
+    # Held-out batches are masked once, so every evaluation scores the same predictions.
+    val_collate = collator(cfg.seed + 1)
+    val_rows = [val_set[i] for i in range(len(val_set))]
+    val_batches = [val_collate(val_rows[i:i + p.batch_size]) for i in range(0, len(val_rows), p.batch_size)]
+    val_loader = DataLoader(val_batches, batch_size=None)
+
+    module = BertPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=p.betas,
+                                warmup_steps=p.warmup_steps, max_steps=p.max_steps)
+    history = LossHistory()
+    trainer = _trainer(ctx, "pretrain", [history], max_steps=p.max_steps, gradient_clip_val=p.grad_clip,
+                       val_check_interval=min(p.val_every_steps, p.max_steps), check_val_every_n_epoch=None,
+                       num_sanity_val_steps=0, enable_checkpointing=False)
+    started = time.perf_counter()
+    trainer.fit(module, train_loader, val_loader)
+    seconds = time.perf_counter() - started
+    _finish_logger(trainer)
+    save_encoder(model.bert, out / "encoder")
+    history.write_csv(out / "loss_curve.csv")
+    tokens = trainer.global_step * p.batch_size * cfg.examples.max_seq_length
+    return {"steps": trainer.global_step, "train_instances": len(train_set), "val_instances": len(val_set),
+            "seconds": round(seconds, 1), "padded_tokens_per_s": round(tokens / seconds, 1),
+            "precision": trainer.precision, "final_val_loss": history.last("val/loss"),
+            "final_val_mlm_acc": history.last("val/mlm_acc"), "final_val_nsp_acc": history.last("val/nsp_acc"),
+            "num_parameters": sum(t.numel() for t in model.parameters())}
+
+
+def _finetune_one(ctx: RunContext, kind: str, encoder_dir: Path, train_set, dev_set, num_labels: int) -> float:
+    f = ctx.cfg.finetune
+    L.seed_everything(ctx.cfg.seed, workers=True)  # same head init and data order for every kind
+    encoder = load_encoder(encoder_dir)
+    model = BertForSequenceClassification(encoder.config, num_labels)
+    if kind == "pretrained":
+        model.bert.load_state_dict(encoder.state_dict())
+    elif kind != "random_init":
+        raise ValueError(f"finetune.models: unknown kind {kind!r}; use pretrained and/or random_init")
+    train_loader = DataLoader(train_set, batch_size=f.batch_size, shuffle=True,
+                              collate_fn=pad_classification_batch,
+                              generator=torch.Generator().manual_seed(ctx.cfg.seed))
+    dev_loader = DataLoader(dev_set, batch_size=128, collate_fn=pad_classification_batch)
+    total_steps = len(train_loader) * f.epochs
+    module = SequenceClassificationModule(model, lr=f.lr, weight_decay=f.weight_decay,
+                                          warmup_steps=int(f.warmup_fraction * total_steps),
+                                          total_steps=total_steps)
+    trainer = _trainer(ctx, "finetune", [], max_epochs=f.epochs, num_sanity_val_steps=0,
+                       enable_checkpointing=False)
+    trainer.fit(module, train_loader, dev_loader)
+    _finish_logger(trainer)
+    return module.accuracy
+
+
+@stage("finetune")
+def finetune(ctx: RunContext) -> dict:
+    f = ctx.cfg.finetune
+    task = load_task(f.task)
+    data_dir = resolve_task_dir(task, f.data_dir, ctx.cfg.paths.cache_dir)
+    train, dev = read_split(task, data_dir / task.train_file), read_split(task, data_dir / task.dev_file)
+    if f.max_train_examples and len(train.labels) > f.max_train_examples:
+        keep = sorted(random.Random(ctx.cfg.seed).sample(range(len(train.labels)), f.max_train_examples))
+        train.texts_a = [train.texts_a[i] for i in keep]
+        train.texts_b = [train.texts_b[i] for i in keep] if train.texts_b is not None else None
+        train.labels = [train.labels[i] for i in keep]
+    tok = load_tokenizer(ctx.stage_dir("tokenizer"))
+    train_set = EncodedTask(tok, train.texts_a, train.texts_b, train.labels, f.max_seq_length)
+    dev_set = EncodedTask(tok, dev.texts_a, dev.texts_b, dev.labels, f.max_seq_length)
+    rows = []
+    for kind in f.models:
+        started = time.perf_counter()
+        score = _finetune_one(ctx, kind, ctx.stage_dir("pretrain") / "encoder", train_set, dev_set,
+                              len(task.labels))
+        rows.append({"model": kind, "task": task.name, "metric": task.metric, "score": round(score, 4),
+                     "train_examples": len(train_set), "dev_examples": len(dev_set),
+                     "seconds": round(time.perf_counter() - started, 1)})
+        print(f"finetune {task.name}: {kind} dev {task.metric} = {score:.4f}")
+    majority = max(np.bincount(dev.labels)) / len(dev.labels)
+    rows.append({"model": "majority_class", "task": task.name, "metric": task.metric,
+                 "score": round(float(majority), 4), "train_examples": len(train_set),
+                 "dev_examples": len(dev_set), "seconds": 0.0})
+    (ctx.stage_dir("finetune") / "results.json").write_text(json.dumps(rows, indent=2))
+    return {"results": rows}
+
+
+@stage("report")
+def report(ctx: RunContext) -> dict:
+    paths = write_report(ctx.run_dir, ctx.stage_dir("report"))
+    return {k: str(v) for k, v in paths.items()}

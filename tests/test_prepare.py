@@ -1,0 +1,170 @@
+import json
+import random
+import textwrap
+from pathlib import Path
+
+import pytest
+import ray
+
+from data_prep.ingest import IngestOptions, process_book
+from data_prep.prepare import prepare_corpus, read_and_process
+from data_prep.shards import MANIFEST_NAME, file_sha256, iter_books, open_shards
+
+WORDS = "the a ship sailed over quiet grey water while old men watched from harbour walls and sang".split()
+SHARD_BYTES = 4096
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_for_module():
+    # One Ray instance for the module: ray.init costs seconds. Auth off as in the Makefile. A Ray session
+    # another module left running is used as it is, and left running.
+    if ray.is_initialized():
+        yield
+        return
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_AUTH_MODE", "disabled")
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        yield
+        ray.shutdown()
+
+
+def make_prose(seed: int, paragraphs: int) -> str:
+    """Hard-wrapped paragraphs of 5-12 word sentences, different for every seed."""
+    rng = random.Random(seed)
+    blocks = []
+    for _ in range(paragraphs):
+        sentences = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 12))).capitalize() + "."
+                     for _ in range(rng.randint(2, 5))]
+        blocks.append(textwrap.fill(" ".join(sentences), width=60))
+    return "\n\n".join(blocks) + "\n"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("corpus")
+    (root / "shelf").mkdir()
+    (root / "a.txt").write_text(make_prose(1, 8))
+    # The same text as a.txt with a BOM and CRLF line endings: an exact duplicate.
+    (root / "shelf" / "a_copy.txt").write_bytes(b"\xef\xbb\xbf" + make_prose(1, 8).replace("\n", "\r\n").encode())
+    (root / "b.txt").write_text(
+        "Title: Book B\nAuthor: Someone\n\n*** START OF THE PROJECT GUTENBERG EBOOK B ***\n\n"
+        + make_prose(2, 10) + "\n*** END OF THE PROJECT GUTENBERG EBOOK B ***\nLicence.\n")
+    (root / "big.txt").write_text(make_prose(3, 120))  # larger than one shard
+    (root / "c.txt").write_bytes(("\u201cQuoted\u201d " + make_prose(4, 6)).encode("cp1252"))
+    (root / "empty.txt").write_bytes(b"")
+    (root / "image.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    (root / "shelf" / "d.txt").write_text(make_prose(5, 5))
+    (root / "notes.md").write_text(make_prose(6, 2))  # does not match the glob
+    return root
+
+
+@pytest.fixture(scope="module")
+def prepared(corpus, tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("shards")
+    return out_dir, prepare_corpus(corpus, out_dir, shard_bytes=SHARD_BYTES, num_workers=2)
+
+
+def test_manifest_accounts_for_every_file(corpus, prepared):
+    _, manifest = prepared
+    files = {entry["book_id"]: entry for entry in manifest["files"]}
+    assert list(files) == ["a.txt", "b.txt", "big.txt", "c.txt", "empty.txt", "image.txt",
+                           "shelf/a_copy.txt", "shelf/d.txt"]
+    assert {book_id: entry["status"] for book_id, entry in files.items()} == {
+        "a.txt": "kept", "b.txt": "kept", "big.txt": "kept", "c.txt": "kept", "shelf/d.txt": "kept",
+        "empty.txt": "rejected", "image.txt": "rejected", "shelf/a_copy.txt": "duplicate"}
+    assert files["shelf/a_copy.txt"]["duplicate_of"] == "a.txt"
+    assert files["empty.txt"]["reason"] == "empty file"
+    assert files["image.txt"]["reason"].startswith("binary file")
+    assert (files["c.txt"]["encoding"], files["shelf/a_copy.txt"]["encoding"]) == ("cp1252", "utf-8-sig")
+    assert (files["b.txt"]["title"], files["b.txt"]["author"]) == ("Book B", "Someone")
+    for book_id, entry in files.items():
+        assert entry["bytes"] == (corpus / book_id).stat().st_size
+    totals = manifest["totals"]
+    counts = [totals[f"files_{status}"] for status in ("read", "kept", "duplicate", "rejected")]
+    assert counts == [8, 5, 1, 2]
+    assert totals["sentences"] == sum(entry["sentences"] for entry in files.values()) == sum(
+        shard["rows"] for shard in manifest["shards"])
+    assert manifest["options"] == {"glob": "**/*.txt", "shard_bytes": SHARD_BYTES, "input_format": "raw",
+                                   "min_tokens": 3, "max_tokens": 200, "nfkc": False}
+    assert json.loads((prepared[0] / MANIFEST_NAME).read_text()) == manifest
+
+
+def test_shards_hold_the_kept_books_in_order(corpus, prepared):
+    out_dir, manifest = prepared
+    assert len(manifest["shards"]) >= 2
+    assert sorted(path.name for path in out_dir.iterdir()) == sorted(
+        [MANIFEST_NAME] + [shard["file"] for shard in manifest["shards"]])  # no *.tmp left behind
+    for shard in manifest["shards"]:
+        assert file_sha256(out_dir / shard["file"]) == shard["sha256"]
+        assert (out_dir / shard["file"]).stat().st_size == shard["bytes"]
+
+    kept = [entry["book_id"] for entry in manifest["files"] if entry["status"] == "kept"]
+    expected = [(book_id, paragraph, sentence, text) for book_id in kept
+                for paragraph, sentence, text in process_book(book_id, (corpus / book_id).read_bytes(),
+                                                              IngestOptions()).sentences]
+    table = open_shards(out_dir)
+    columns = ("book_id", "paragraph_index", "sentence_index", "text")
+    assert list(zip(*(table[name].to_pylist() for name in columns))) == expected
+
+    books = list(iter_books(out_dir))
+    assert [book.book_id for book in books] == kept
+    big = books[kept.index("big.txt")]
+    assert big.title == "big"
+    assert big.paragraphs == [
+        [text for book_id, p, _, text in expected if book_id == "big.txt" and p == paragraph]
+        for paragraph in range(120)]
+
+
+def test_only_a_book_bigger_than_a_shard_spans_shards(prepared):
+    _, manifest = prepared
+    spans = {}
+    for index, shard in enumerate(manifest["shards"]):
+        for book_id in {shard["first_book"], shard["last_book"]}:
+            spans.setdefault(book_id, []).append(index)
+    assert all(len(indices) == 1 for book_id, indices in spans.items() if book_id != "big.txt")
+    big = spans["big.txt"]
+    assert len(big) >= 2 and big == list(range(big[0], big[-1] + 1))
+
+
+def test_output_does_not_depend_on_worker_count(corpus, prepared, tmp_path):
+    _, manifest = prepared
+    # A previous run's leftovers must not survive into the new output.
+    (tmp_path / "shard-00099.arrow").write_bytes(b"stale")
+    (tmp_path / "shard-00000.arrow.tmp").write_bytes(b"half")
+    single = prepare_corpus(corpus, tmp_path, shard_bytes=SHARD_BYTES, num_workers=1)
+    assert single["shards"] == manifest["shards"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
+        [MANIFEST_NAME] + [shard["file"] for shard in manifest["shards"]])
+
+
+def test_unreadable_file_is_rejected_not_fatal(tmp_path):
+    (tmp_path / "ok.txt").write_text(make_prose(7, 2))
+    results = read_and_process(str(tmp_path), ["ok.txt", "vanished.txt"], IngestOptions())
+    assert [result.status for result in results] == ["kept", "rejected"]
+    assert results[1].reason.startswith("unreadable (FileNotFoundError")
+
+
+def test_missing_corpus_dir(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        prepare_corpus(tmp_path / "nope", tmp_path / "out", num_workers=1)
+
+
+def test_no_matching_files(tmp_path):
+    (tmp_path / "book.md").write_text("Not a txt file at all.\n")
+    with pytest.raises(ValueError, match="no files under .* match glob='\\*\\*/\\*.txt'"):
+        prepare_corpus(tmp_path, tmp_path / "out", num_workers=1)
+
+
+def test_corpus_filtered_to_nothing(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "short.txt").write_text("Too short.\n\nAlso short.\n")
+    (corpus / "empty.txt").write_text("")
+    with pytest.raises(ValueError, match="no sentences left from 2 files .*widen min_tokens"):
+        prepare_corpus(corpus, tmp_path / "out", num_workers=1)
+    assert not list((tmp_path / "out").iterdir())
+
+
+def test_open_shards_refuses_an_unfinished_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match="run data_prep.prepare.prepare_corpus again"):
+        open_shards(tmp_path)

@@ -1,0 +1,84 @@
+"""One test per pipeline stage, run in order on a tiny corpus inside one run directory."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.runner import run_stage
+from pipeline.stages import RunContext
+from tests.conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory, ray_session) -> RunContext:
+    cfg = tiny_config(tmp_path_factory.mktemp("stages"))
+    return RunContext(cfg, Path(cfg.paths.run_dir))
+
+
+def test_prepare_writes_shards_and_manifest(ctx):
+    summary = run_stage(ctx, "prepare")
+    out = ctx.stage_dir("prepare")
+    shards = sorted(out.glob("shard-*.arrow"))
+    assert len(shards) >= 2
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["files"]) == 6
+    assert summary["sentences"] > 200
+    assert {s["sha256"] for s in manifest["shards"]} and all(len(s["sha256"]) == 64 for s in manifest["shards"])
+
+
+def test_tokenizer_trains_wordpiece_in_hf_format(ctx):
+    summary = run_stage(ctx, "tokenizer")
+    out = ctx.stage_dir("tokenizer")
+    assert (out / "tokenizer.json").is_file() and (out / "vocab.txt").is_file()
+    vocab = (out / "vocab.txt").read_text().split("\n")
+    assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert 50 < summary["vocab_size"] <= 300
+
+
+def test_examples_builds_sentence_pairs(ctx):
+    from pipeline.data import read_arrow
+
+    summary = run_stage(ctx, "examples")
+    files = sorted(ctx.stage_dir("examples").glob("examples-*.arrow"))
+    assert len(files) == len(list(ctx.stage_dir("prepare").glob("shard-*.arrow")))
+    table = read_arrow(files[0])
+    assert summary["instances"] > 20
+    first = table.column("input_ids")[0].as_py()
+    assert first[0] == 2 and first[-1] == 3 and len(first) <= 32  # [CLS] … [SEP] within max_seq_length
+    labels = [r for f in files for r in read_arrow(f).column("next_sentence_label").to_pylist()]
+    assert 0 < sum(labels) < len(labels)  # both NSP classes present
+
+
+def test_pretrain_lowers_the_loss_and_saves_the_encoder(ctx):
+    summary = run_stage(ctx, "pretrain")
+    out = ctx.stage_dir("pretrain")
+    assert summary["steps"] == 30
+    assert (out / "encoder" / "config.json").is_file() and (out / "encoder" / "model.safetensors").is_file()
+    with open(out / "loss_curve.csv") as f:
+        train = [float(r["value"]) for r in csv.DictReader(f) if r["name"] == "train/loss"]
+    assert len(train) == 30
+    assert sum(train[-5:]) / 5 < sum(train[:5]) / 5 - 0.5  # MLM on a 300-word vocabulary learns fast
+
+
+def test_finetune_compares_pretrained_and_random_init(ctx):
+    summary = run_stage(ctx, "finetune")
+    rows = {r["model"]: r for r in summary["results"]}
+    assert set(rows) == {"pretrained", "random_init", "majority_class"}
+    for row in rows.values():
+        assert row["task"] == "sst2" and row["metric"] == "accuracy" and 0.0 <= row["score"] <= 1.0
+        assert row["dev_examples"] == 40
+
+
+def test_report_writes_results_table_and_loss_summary(ctx):
+    run_stage(ctx, "report")
+    out = ctx.stage_dir("report")
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["model"] for r in rows] == ["pretrained", "random_init", "majority_class"]
+    assert set(rows[0]) == {"model", "task", "metric", "score"}
+    md = (out / "results.md").read_text()
+    assert "| pretrained | sst2 | accuracy |" in md and "train loss (MLM + NSP)" in md
+    assert (out / "loss_curve.png").stat().st_size > 1000
