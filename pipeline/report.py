@@ -58,16 +58,17 @@ def plot_loss(train, val, path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(run_dir: Path, out: Path) -> dict[str, Path]:
-    results = json.loads((run_dir / "finetune" / "results.json").read_text())
+def write_report(stage_dirs: dict[str, Path], out: Path, title: str) -> dict[str, Path]:
+    """results.md/results.csv from the finetune stage's results and the pretrain stage's loss curve."""
+    results = json.loads((stage_dirs["finetune"] / "results.json").read_text())
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=RESULT_COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(results)
-    lines = [f"# Results of {run_dir.name}", "", "| model | task | metric | score |", "|---|---|---|---|"]
+    lines = [f"# Results: {title}", "", "| model | task | metric | score |", "|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['task']} | {r['metric']} | {r['score']:.4f} |" for r in results]
     paths = {"results_md": out / "results.md", "results_csv": out / "results.csv"}
-    curve = run_dir / "pretrain" / "loss_curve.csv"
+    curve = stage_dirs["pretrain"] / "loss_curve.csv"
     if curve.is_file():
         train, val = _loss_curve(curve)
         lines += ["", "## Pretraining", ""] + summarise_loss(train, val)
@@ -75,7 +76,7 @@ def write_report(run_dir: Path, out: Path) -> dict[str, Path]:
             plot_loss(train, val, out / "loss_curve.png")
             lines += ["", "![pretraining loss](loss_curve.png)"]
             paths["loss_plot"] = out / "loss_curve.png"
-    summary = run_dir / "pretrain" / "stage.json"
+    summary = stage_dirs["pretrain"] / "stage.json"
     if summary.is_file():
         info = json.loads(summary.read_text())
         lines += [f"- {info.get('steps')} steps in {info.get('seconds')} s, precision {info.get('precision')}, "

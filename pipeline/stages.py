@@ -3,14 +3,12 @@
 Data functions stay pure (data_prep/); this module maps them over shards with Ray and wires Lightning at the edge."""
 from __future__ import annotations
 
-import csv
+import hashlib
 import json
 import os
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import hydra
 import lightning as L
@@ -23,49 +21,34 @@ from torch.utils.data import DataLoader, Subset
 from data_prep.bert_examples import BertPretrainingCollator, create_training_instances, write_instances
 from data_prep.builtin import default_corpus
 from data_prep.prepare import prepare_corpus
-from data_prep.shards import open_shards
+from data_prep.shards import open_shards, shard_paths
 from data_prep.tokenizer import encode_batch_ids, load_tokenizer, train_wordpiece
 from models.bert import BertForSequenceClassification, load_encoder, save_encoder
 from pipeline.data import EncodedTask, PretrainingInstances, pad_classification_batch, read_arrow
 from pipeline.lit import BertPretrainModule, SequenceClassificationModule, resolve_precision
 from pipeline.report import write_report
 from pipeline.tasks import load_task, read_split, resolve_task_dir
-from pipeline.tracking import LossHistory, make_logger
+from pipeline.dag import Stage, StageContext
+from pipeline.tracking import LossHistory, ProgressLog, make_logger
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
-@dataclass
-class RunContext:
-    cfg: DictConfig
-    run_dir: Path
-
-    def stage_dir(self, name: str) -> Path:
-        return self.run_dir / name
+def corpus_dir(cfg: DictConfig) -> Path:
+    """The configured corpus, or the built-in one (downloaded on first use)."""
+    return Path(cfg.data.corpus_dir).expanduser() if cfg.data.corpus_dir else default_corpus(cfg.paths.cache_dir)
 
 
-STAGES: dict[str, Callable[[RunContext], dict]] = {}
-
-
-def stage(name: str):
-    def register(fn):
-        STAGES[name] = fn
-        return fn
-    return register
-
-
-@stage("prepare")
-def prepare(ctx: RunContext) -> dict:
+def prepare(ctx: StageContext) -> dict:
     data = ctx.cfg.data
-    corpus = Path(data.corpus_dir).expanduser() if data.corpus_dir else default_corpus(ctx.cfg.paths.cache_dir)
+    corpus = corpus_dir(ctx.cfg)
     manifest = prepare_corpus(corpus, ctx.stage_dir("prepare"), glob=data.glob, input_format=data.input_format,
                               shard_bytes=int(data.shard_bytes), min_tokens=data.min_tokens,
                               max_tokens=data.max_tokens, nfkc=data.nfkc, num_workers=ctx.cfg.ray.num_cpus)
     return {"corpus_dir": str(corpus), **manifest["totals"]}
 
 
-@stage("tokenizer")
-def tokenizer(ctx: RunContext) -> dict:
+def tokenizer(ctx: StageContext) -> dict:
     table = open_shards(ctx.stage_dir("prepare"))
     # Record batches stream from the memory map: the trainer never holds the corpus as Python strings.
     sentences = (text for batch in table.to_batches() for text in batch.column("text").to_pylist())
@@ -104,9 +87,8 @@ def build_shard_examples(shard_path: str, neighbour_path: str, tokenizer_dir: st
     return len(instances)
 
 
-@stage("examples")
-def examples(ctx: RunContext) -> dict:
-    shards = sorted(ctx.stage_dir("prepare").glob("shard-*.arrow"))
+def examples(ctx: StageContext) -> dict:
+    shards = shard_paths(ctx.stage_dir("prepare"))
     out = ctx.stage_dir("examples")
     ex = ctx.cfg.examples
     # One seed per shard, derived from the run seed: the output does not depend on which worker ran what.
@@ -118,25 +100,17 @@ def examples(ctx: RunContext) -> dict:
     return {"instances": int(sum(counts)), "files": len(counts)}
 
 
-def _trainer(ctx: RunContext, stage_name: str, callbacks: list, **kwargs) -> L.Trainer:
+def _trainer(ctx: StageContext, callbacks: list, prefix: str = "", **kwargs) -> L.Trainer:
     tcfg = ctx.cfg.trainer
     return L.Trainer(accelerator=tcfg.accelerator, devices=tcfg.devices,
                      precision=resolve_precision(str(tcfg.precision)),
-                     logger=make_logger(ctx.cfg, ctx.run_dir, stage_name), callbacks=callbacks,
+                     logger=make_logger(ctx, prefix), callbacks=[ProgressLog(f"{ctx.name} {prefix}".strip()), *callbacks],
                      log_every_n_steps=tcfg.log_every_n_steps, deterministic=tcfg.deterministic,
-                     default_root_dir=str(ctx.stage_dir(stage_name)), enable_model_summary=False, **kwargs)
+                     default_root_dir=str(ctx.out_dir), enable_model_summary=False, enable_progress_bar=False,
+                     **kwargs)
 
 
-def _finish_logger(trainer: L.Trainer) -> None:
-    for logger in trainer.loggers:
-        logger.finalize("success")
-        finish = getattr(getattr(logger, "experiment", None), "finish", None)
-        if callable(finish):
-            finish()
-
-
-@stage("pretrain")
-def pretrain(ctx: RunContext) -> dict:
+def pretrain(ctx: StageContext) -> dict:
     cfg, out = ctx.cfg, ctx.stage_dir("pretrain")
     tok = load_tokenizer(ctx.stage_dir("tokenizer"))
     vocab_size = tok.get_vocab_size()
@@ -171,13 +145,12 @@ def pretrain(ctx: RunContext) -> dict:
     module = BertPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=p.betas,
                                 warmup_steps=p.warmup_steps, max_steps=p.max_steps)
     history = LossHistory()
-    trainer = _trainer(ctx, "pretrain", [history], max_steps=p.max_steps, gradient_clip_val=p.grad_clip,
+    trainer = _trainer(ctx, [history], max_steps=p.max_steps, gradient_clip_val=p.grad_clip,
                        val_check_interval=min(p.val_every_steps, p.max_steps), check_val_every_n_epoch=None,
                        num_sanity_val_steps=0, enable_checkpointing=False)
     started = time.perf_counter()
     trainer.fit(module, train_loader, val_loader)
     seconds = time.perf_counter() - started
-    _finish_logger(trainer)
     save_encoder(model.bert, out / "encoder")
     history.write_csv(out / "loss_curve.csv")
     tokens = trainer.global_step * p.batch_size * cfg.examples.max_seq_length
@@ -188,7 +161,7 @@ def pretrain(ctx: RunContext) -> dict:
             "num_parameters": sum(t.numel() for t in model.parameters())}
 
 
-def _finetune_one(ctx: RunContext, kind: str, encoder_dir: Path, train_set, dev_set, num_labels: int) -> float:
+def _finetune_one(ctx: StageContext, kind: str, encoder_dir: Path, train_set, dev_set, num_labels: int) -> float:
     f = ctx.cfg.finetune
     L.seed_everything(ctx.cfg.seed, workers=True)  # same head init and data order for every kind
     encoder = load_encoder(encoder_dir)
@@ -205,15 +178,13 @@ def _finetune_one(ctx: RunContext, kind: str, encoder_dir: Path, train_set, dev_
     module = SequenceClassificationModule(model, lr=f.lr, weight_decay=f.weight_decay,
                                           warmup_steps=int(f.warmup_fraction * total_steps),
                                           total_steps=total_steps)
-    trainer = _trainer(ctx, "finetune", [], max_epochs=f.epochs, num_sanity_val_steps=0,
+    trainer = _trainer(ctx, [], prefix=kind, max_epochs=f.epochs, num_sanity_val_steps=0,
                        enable_checkpointing=False)
     trainer.fit(module, train_loader, dev_loader)
-    _finish_logger(trainer)
     return module.accuracy
 
 
-@stage("finetune")
-def finetune(ctx: RunContext) -> dict:
+def finetune(ctx: StageContext) -> dict:
     f = ctx.cfg.finetune
     task = load_task(f.task)
     data_dir = resolve_task_dir(task, f.data_dir, ctx.cfg.paths.cache_dir)
@@ -243,7 +214,40 @@ def finetune(ctx: RunContext) -> dict:
     return {"results": rows}
 
 
-@stage("report")
-def report(ctx: RunContext) -> dict:
-    paths = write_report(ctx.run_dir, ctx.stage_dir("report"))
+def report(ctx: StageContext) -> dict:
+    paths = write_report({name: ctx.stage_dir(name) for name in ("pretrain", "finetune")}, ctx.out_dir,
+                         title=ctx.cfg.experiment_name)
     return {k: str(v) for k, v in paths.items()}
+
+
+def _files_fingerprint(root: Path, pattern: str) -> str:
+    """Names, sizes and modification times of the input files: a changed corpus is new work."""
+    files = sorted(p for p in root.glob(pattern) if p.is_file())
+    listing = [(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    return hashlib.sha256(json.dumps([str(root), listing]).encode()).hexdigest()
+
+
+def _corpus_fingerprint(cfg: DictConfig) -> str:
+    return _files_fingerprint(corpus_dir(cfg), cfg.data.glob)
+
+
+def _task_fingerprint(cfg: DictConfig) -> str:
+    task = load_task(cfg.finetune.task)
+    return _files_fingerprint(resolve_task_dir(task, cfg.finetune.data_dir, cfg.paths.cache_dir), "*")
+
+
+def _all_cpus(cfg: DictConfig) -> float:
+    return float(cfg.ray.num_cpus)
+
+
+# The DAG, declared once: (name, function, upstream stages, config keys that decide the output, code version).
+STAGES: dict[str, Stage] = {s.name: s for s in [
+    Stage("prepare", prepare, (), ("data",), version=1, fingerprint=_corpus_fingerprint),
+    Stage("tokenizer", tokenizer, ("prepare",), ("tokenizer",), version=1),
+    Stage("examples", examples, ("prepare", "tokenizer"), ("examples", "seed"), version=1),
+    Stage("pretrain", pretrain, ("tokenizer", "examples"), ("model", "pretrain", "trainer", "seed"), version=1,
+          num_cpus=_all_cpus),
+    Stage("finetune", finetune, ("tokenizer", "pretrain"), ("finetune", "trainer", "seed"), version=1,
+          fingerprint=_task_fingerprint, num_cpus=_all_cpus),
+    Stage("report", report, ("pretrain", "finetune"), ("experiment_name",), version=1),
+]}

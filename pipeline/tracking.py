@@ -1,29 +1,90 @@
-"""Experiment tracking: W&B offline by default (never waits for network or a key), or CSV; a loss history."""
+"""Experiment tracking: one W&B run per executed stage, grouped by pipeline run, offline by default (never waits
+for a network or an API key); stage outputs logged as artifacts and consumed with `use_artifact` for lineage."""
 from __future__ import annotations
 
 import csv
 import os
+import time
 from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
+LOGGER_KINDS = ("wandb", "csv")
 
-def make_logger(cfg: DictConfig, run_dir: Path, stage_name: str):
-    """One tracked run per stage, grouped by pipeline run, with the resolved config attached."""
-    kind = cfg.logger.kind
-    if kind == "csv":
-        return CSVLogger(save_dir=str(run_dir / stage_name), name="csv_logs")
-    if kind != "wandb":
-        raise ValueError(f"logger.kind={kind!r} is not supported; use wandb or csv")
-    os.environ["WANDB_MODE"] = cfg.logger.mode  # offline unless the user asks for online
+
+def _artifact(name: str, digest: str, out_dir: Path):
+    import wandb
+
+    artifact = wandb.Artifact(f"{name}-{digest}", type=name, metadata={"stage": name, "hash": digest})
+    # A reference, not a copy: shards and checkpoints stay where the cache keeps them.
+    artifact.add_reference(f"file://{out_dir}", checksum=False)
+    return artifact
+
+
+def start_stage_run(cfg: DictConfig, name: str, digest: str, run_dir: Path | None,
+                    inputs: dict[str, tuple[Path, str]]):
+    """A W&B run for one stage execution (None with logger=csv)."""
+    if cfg.logger.kind == "csv":
+        return None
+    if cfg.logger.kind != "wandb":
+        raise ValueError(f"logger.kind={cfg.logger.kind!r}; use one of {LOGGER_KINDS}")
+    import wandb
+
     os.environ.setdefault("WANDB_SILENT", "true")
     os.environ.setdefault("WANDB_CONSOLE", "off")
-    group = f"{cfg.experiment_name}-{run_dir.name}"
-    return WandbLogger(project=cfg.logger.project, group=group, name=f"{group}-{stage_name}",
-                       job_type=stage_name, save_dir=str(run_dir), offline=cfg.logger.mode == "offline",
-                       config=OmegaConf.to_container(cfg, resolve=True))
+    group = f"{cfg.experiment_name}-{Path(run_dir).name if run_dir else 'run'}"
+    upstream = {up: f"{up}-{up_digest}" for up, (_, up_digest) in inputs.items()}
+    run = wandb.init(project=cfg.logger.project, group=group, job_type=name, name=f"{group}-{name}",
+                     dir=str(run_dir) if run_dir else None, mode=cfg.logger.mode,
+                     config={**OmegaConf.to_container(cfg, resolve=True), "stage": name, "stage_hash": digest,
+                             "upstream_artifacts": upstream},
+                     reinit="create_new", settings=wandb.Settings(init_timeout=120, silent=True))
+    # W&B refuses use_artifact offline; there the upstream artifact names in the config keep the lineage.
+    if cfg.logger.mode == "online":
+        for up, (up_dir, up_digest) in inputs.items():
+            run.use_artifact(_artifact(up, up_digest, up_dir))
+    return run
+
+
+def finish_stage_run(run, name: str, digest: str, out_dir: Path, ok: bool, summary: dict | None = None) -> None:
+    if run is None:
+        return
+    if ok:
+        run.summary.update({k: v for k, v in (summary or {}).items() if isinstance(v, (int, float, str))})
+        run.log_artifact(_artifact(name, digest, out_dir))
+    run.finish(exit_code=0 if ok else 1)
+
+
+def make_logger(ctx, prefix: str = ""):
+    """The Lightning logger of a training stage: its stage's W&B run, or CSV files in the stage directory."""
+    if ctx.wandb_run is not None:
+        return WandbLogger(experiment=ctx.wandb_run, prefix=prefix)
+    return CSVLogger(save_dir=str(ctx.out_dir), name="csv_logs", version=prefix or None)
+
+
+class ProgressLog(L.Callback):
+    """One line every `every` steps with loss, speed and ETA: readable in logs, where progress bars are not."""
+
+    def __init__(self, label: str, every: int = 50):
+        self.label, self.every = label, every
+        self._started = time.perf_counter()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._started, self._start_step = time.perf_counter(), trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step % self.every and step != trainer.max_steps:
+            return
+        elapsed = time.perf_counter() - self._started
+        rate = (step - self._start_step) / max(elapsed, 1e-9)
+        total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else trainer.estimated_stepping_batches
+        eta = (total - step) / rate if rate > 0 else float("nan")
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        print(f"{self.label}: step {step}/{int(total)} loss {float(loss):.4f} {rate:.2f} steps/s, "
+              f"ETA {eta:.0f} s", flush=True)
 
 
 class LossHistory(L.Callback):

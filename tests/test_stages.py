@@ -7,19 +7,33 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.runner import run_stage
-from pipeline.stages import RunContext
+from pipeline.dag import execute_stage, plan
+from pipeline.stages import STAGES
 from tests.conftest import tiny_config
 
 
+class TinyRun:
+    """The planned stages of a tiny run; `run_stage` executes one exactly as the engine does, in-process."""
+
+    def __init__(self, cfg):
+        self.cfg, self.plan = cfg, plan(cfg, STAGES)
+
+    def stage_dir(self, name: str) -> Path:
+        return self.plan.dirs[name]
+
+    def run_stage(self, name: str) -> dict:
+        inputs = {u: (self.plan.dirs[u], self.plan.hashes[u]) for u in STAGES[name].upstream}
+        return execute_stage(STAGES, self.cfg, name, self.plan.hashes[name], self.plan.dirs[name], inputs,
+                             Path(self.cfg.paths.run_dir))
+
+
 @pytest.fixture(scope="module")
-def ctx(tmp_path_factory, ray_session) -> RunContext:
-    cfg = tiny_config(tmp_path_factory.mktemp("stages"))
-    return RunContext(cfg, Path(cfg.paths.run_dir))
+def ctx(tmp_path_factory, ray_session) -> TinyRun:
+    return TinyRun(tiny_config(tmp_path_factory.mktemp("stages")))
 
 
 def test_prepare_writes_shards_and_manifest(ctx):
-    summary = run_stage(ctx, "prepare")
+    summary = ctx.run_stage("prepare")
     out = ctx.stage_dir("prepare")
     shards = sorted(out.glob("shard-*.arrow"))
     assert len(shards) >= 2
@@ -30,7 +44,7 @@ def test_prepare_writes_shards_and_manifest(ctx):
 
 
 def test_tokenizer_trains_wordpiece_in_hf_format(ctx):
-    summary = run_stage(ctx, "tokenizer")
+    summary = ctx.run_stage("tokenizer")
     out = ctx.stage_dir("tokenizer")
     assert (out / "tokenizer.json").is_file() and (out / "vocab.txt").is_file()
     vocab = (out / "vocab.txt").read_text().split("\n")
@@ -41,7 +55,7 @@ def test_tokenizer_trains_wordpiece_in_hf_format(ctx):
 def test_examples_builds_sentence_pairs(ctx):
     from pipeline.data import read_arrow
 
-    summary = run_stage(ctx, "examples")
+    summary = ctx.run_stage("examples")
     files = sorted(ctx.stage_dir("examples").glob("examples-*.arrow"))
     assert len(files) == len(list(ctx.stage_dir("prepare").glob("shard-*.arrow")))
     table = read_arrow(files[0])
@@ -53,7 +67,7 @@ def test_examples_builds_sentence_pairs(ctx):
 
 
 def test_pretrain_lowers_the_loss_and_saves_the_encoder(ctx):
-    summary = run_stage(ctx, "pretrain")
+    summary = ctx.run_stage("pretrain")
     out = ctx.stage_dir("pretrain")
     assert summary["steps"] == 30
     assert (out / "encoder" / "config.json").is_file() and (out / "encoder" / "model.safetensors").is_file()
@@ -64,7 +78,7 @@ def test_pretrain_lowers_the_loss_and_saves_the_encoder(ctx):
 
 
 def test_finetune_compares_pretrained_and_random_init(ctx):
-    summary = run_stage(ctx, "finetune")
+    summary = ctx.run_stage("finetune")
     rows = {r["model"]: r for r in summary["results"]}
     assert set(rows) == {"pretrained", "random_init", "majority_class"}
     for row in rows.values():
@@ -73,7 +87,7 @@ def test_finetune_compares_pretrained_and_random_init(ctx):
 
 
 def test_report_writes_results_table_and_loss_summary(ctx):
-    run_stage(ctx, "report")
+    ctx.run_stage("report")
     out = ctx.stage_dir("report")
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))

@@ -1,0 +1,318 @@
+"""The workflow engine: stages declared once, outputs cached by content hash, executed as Ray tasks.
+
+Ray Workflows was removed from Ray (last in 2.47), so this layer is ours, small and explicit. It borrows caching
+on by default from Kubeflow, resume-by-reusing-finished-steps from Metaflow and cache versions from Flyte:
+- a stage's output directory is `<cache_dir>/stages/<name>/<hash>/`, the hash covering the stage's config
+  subset, its upstream hashes, a fingerprint of its external inputs and its code version, so the same work is
+  found again from any run directory, and changing e.g. a pretraining hyperparameter reruns pretraining and
+  what follows it, not data prep;
+- a stage is complete only once its marker is written, atomically, after its outputs; a crashed stage leaves
+  no marker and is run again (into the same directory, so stages that checkpoint can resume);
+- a per-output file lock makes two concurrent runs of the same experiment wait for, then reuse, each other's work.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from omegaconf import DictConfig, OmegaConf
+
+MARKER = "_COMPLETE.json"
+LOG_FILE = "stage.log"
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    fn: Callable[["StageContext"], dict]
+    upstream: tuple[str, ...] = ()
+    config_keys: tuple[str, ...] = ()  # dotted config paths that determine the stage's outputs
+    version: int = 1                   # bump when the stage's code changes what it writes
+    fingerprint: Callable[[DictConfig], str] | None = None  # identity of external inputs (files on disk)
+    num_cpus: Callable[[DictConfig], float] = lambda cfg: 1
+
+
+@dataclass
+class StageContext:
+    cfg: DictConfig
+    name: str
+    out_dir: Path
+    inputs: dict[str, Path] = field(default_factory=dict)
+    run_dir: Path | None = None
+    wandb_run: object | None = None
+
+    def stage_dir(self, name: str) -> Path:
+        """This stage's output directory, or an upstream stage's."""
+        if name == self.name:
+            return self.out_dir
+        if name not in self.inputs:
+            raise KeyError(f"stage {self.name} reads {name!r}, which is not one of its upstream stages "
+                           f"{sorted(self.inputs)}; declare it in the stage's upstream")
+        return self.inputs[name]
+
+
+class StageFailed(RuntimeError):
+    pass
+
+
+def topological_order(stages: dict[str, Stage]) -> list[str]:
+    order, visiting, done = [], set(), set()
+
+    def visit(name: str) -> None:
+        if name in done:
+            return
+        if name in visiting:
+            raise ValueError(f"stage graph has a cycle through {name!r}")
+        visiting.add(name)
+        for up in stages[name].upstream:
+            visit(up)
+        visiting.discard(name)
+        done.add(name)
+        order.append(name)
+
+    for name in stages:
+        visit(name)
+    return order
+
+
+def ancestors(stages: dict[str, Stage], name: str) -> set[str]:
+    found, todo = set(), [name]
+    while todo:
+        for up in stages[todo.pop()].upstream:
+            if up not in found:
+                found.add(up)
+                todo.append(up)
+    return found
+
+
+def descendants(stages: dict[str, Stage], name: str) -> set[str]:
+    return {s for s in stages if name in ancestors(stages, s)}
+
+
+def select_stages(stages: dict[str, Stage], wanted: list[str], until: str | None) -> list[str]:
+    """The stages to execute in order: `wanted` (with the ancestors they need), cut at `until` if given."""
+    chosen = set(wanted)
+    for name in wanted:
+        chosen |= ancestors(stages, name)
+    if until:
+        chosen &= ancestors(stages, until) | {until}
+    return [s for s in topological_order(stages) if s in chosen]
+
+
+def _config_subset(cfg: DictConfig, keys: tuple[str, ...]) -> dict:
+    return {key: OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+            for key in keys for node in [OmegaConf.select(cfg, key, throw_on_missing=True)]}
+
+
+def stage_hashes(cfg: DictConfig, stages: dict[str, Stage], names: list[str]) -> dict[str, str]:
+    hashes: dict[str, str] = {}
+    for name in topological_order({n: stages[n] for n in _closure(stages, names)}):
+        stage = stages[name]
+        payload = {"stage": name, "version": stage.version, "config": _config_subset(cfg, stage.config_keys),
+                   "upstream": {up: hashes[up] for up in stage.upstream},
+                   "inputs": stage.fingerprint(cfg) if stage.fingerprint else None}
+        hashes[name] = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return hashes
+
+
+def _closure(stages: dict[str, Stage], names: list[str]) -> set[str]:
+    out = set(names)
+    for n in names:
+        out |= ancestors(stages, n)
+    return out
+
+
+def output_dir(cache_dir: str | Path, name: str, digest: str) -> Path:
+    return Path(cache_dir) / "stages" / name / digest
+
+
+def is_complete(out_dir: Path) -> bool:
+    return (out_dir / MARKER).is_file()
+
+
+def write_json_atomically(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Blocks while another process works on the same output; released by the OS if that process dies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class _Tee:
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, data):
+        for s in self.streams:
+            s.write(data)
+        return len(data)
+
+    def flush(self):
+        for s in self.streams:
+            s.flush()
+
+    def isatty(self):
+        return False
+
+
+@contextlib.contextmanager
+def _captured_output(log_path: Path) -> Iterator[None]:
+    with open(log_path, "a", buffering=1) as log:
+        out, err = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _Tee(out, log), _Tee(err, log)
+        try:
+            yield
+        finally:
+            sys.stdout, sys.stderr = out, err
+
+
+def execute_stage(stages: dict[str, Stage], cfg: DictConfig, name: str, digest: str, out_dir: Path,
+                  inputs: dict[str, tuple[Path, str]], run_dir: Path | None) -> dict:
+    """Run one stage into its content-addressed directory, unless it is (or meanwhile became) complete.
+
+    `inputs` maps each upstream stage to (output directory, hash). Everything the stage prints also goes to
+    `<out_dir>/stage.log`; a failure leaves no marker and raises StageFailed naming the stage and that log."""
+    from pipeline.tracking import finish_stage_run, start_stage_run
+
+    stage = stages[name]
+    with exclusive_lock(out_dir.parent / f"{digest}.lock"):
+        if is_complete(out_dir):  # a concurrent run of the same experiment finished it while we waited
+            return {**json.loads((out_dir / MARKER).read_text()), "state": "cached"}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        log_path = out_dir / LOG_FILE
+        with _captured_output(log_path):
+            print(f"stage {name}: running ({digest}) → {out_dir}", flush=True)
+            tracker = start_stage_run(cfg, name, digest, run_dir, inputs)
+            started = time.perf_counter()
+            try:
+                summary = stage.fn(StageContext(cfg, name, out_dir, {k: v[0] for k, v in inputs.items()},
+                                                run_dir, tracker))
+            except BaseException as err:
+                traceback.print_exc()
+                finish_stage_run(tracker, name, digest, out_dir, ok=False)
+                raise StageFailed(f"stage {name} failed: {type(err).__name__}: {err} "
+                                  f"(full log: {log_path})") from err
+            summary = {"stage": name, "hash": digest, "state": "ran", **summary,
+                       "duration_s": round(time.perf_counter() - started, 1)}
+            write_json_atomically(out_dir / "stage.json", summary)
+            finish_stage_run(tracker, name, digest, out_dir, ok=True, summary=summary)
+            print(f"stage {name}: done in {summary['duration_s']} s", flush=True)
+        write_json_atomically(out_dir / MARKER, {**summary, "completed_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    return summary
+
+
+def directory_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+@dataclass
+class Plan:
+    order: list[str]
+    hashes: dict[str, str]
+    dirs: dict[str, Path]
+    cached: dict[str, bool]
+
+    def describe(self, stages: dict[str, Stage]) -> str:
+        lines = [f"{'stage':<12} {'state':<8} {'hash':<17} upstream → output"]
+        for name in self.order:
+            state = "cached" if self.cached[name] else "pending"
+            ups = ",".join(stages[name].upstream) or "-"
+            lines.append(f"{name:<12} {state:<8} {self.hashes[name]:<17} {ups} → {self.dirs[name]}")
+        return "\n".join(lines)
+
+
+def plan(cfg: DictConfig, stages: dict[str, Stage]) -> Plan:
+    p = cfg.pipeline
+    unknown = [s for s in [*p.stages, *(p.force or []), *([p.until] if p.until else [])] if s not in stages]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {unknown}; valid stages, in order: {topological_order(stages)}")
+    order = select_stages(stages, list(p.stages), p.until)
+    hashes = stage_hashes(cfg, stages, order)
+    dirs = {n: output_dir(cfg.paths.cache_dir, n, hashes[n]) for n in order}
+    forced = set(p.force or [])
+    for name in list(forced):
+        forced |= descendants(stages, name)
+    cached = {n: is_complete(dirs[n]) and n not in forced for n in order}
+    return Plan(order, hashes, dirs, cached)
+
+
+def _link(run_dir: Path, name: str, target: Path) -> None:
+    link = run_dir / name
+    if link.is_symlink() or link.exists():
+        if link.is_symlink() and link.resolve() == target.resolve():
+            return
+        link.unlink()
+    link.symlink_to(target, target_is_directory=True)
+
+
+def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[str, dict]:
+    """Execute the plan on Ray: every stage whose upstream stages are complete is submitted as a Ray task."""
+    import ray
+
+    the_plan = plan(cfg, stages)
+    if cfg.pipeline.dry_run:
+        print(the_plan.describe(stages))
+        return {}
+    for name in the_plan.order:
+        if not the_plan.cached[name] and is_complete(the_plan.dirs[name]):  # forced: invalidate, then rerun
+            (the_plan.dirs[name] / MARKER).unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg_resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    remote = ray.remote(execute_stage)
+    results: dict[str, dict] = {}
+    for name in the_plan.order:
+        if the_plan.cached[name]:
+            print(f"stage {name}: cached ({the_plan.hashes[name]})", flush=True)
+            results[name] = {**json.loads((the_plan.dirs[name] / MARKER).read_text()), "state": "cached"}
+            _link(run_dir, name, the_plan.dirs[name])
+    pending = [n for n in the_plan.order if n not in results]
+    running: dict = {}
+    try:
+        while pending or running:
+            for name in [n for n in pending if all(u in results for u in stages[n].upstream)]:
+                pending.remove(name)
+                inputs = {u: (the_plan.dirs[u], the_plan.hashes[u]) for u in stages[name].upstream}
+                ref = remote.options(num_cpus=stages[name].num_cpus(cfg), max_retries=0, name=f"stage:{name}") \
+                    .remote(stages, cfg_resolved, name, the_plan.hashes[name], the_plan.dirs[name], inputs, run_dir)
+                running[ref] = name
+            if not running:
+                raise RuntimeError(f"stages {pending} wait on upstream stages that are not in this run")
+            (ref,), _ = ray.wait(list(running), num_returns=1)
+            name = running.pop(ref)
+            try:
+                results[name] = ray.get(ref)
+            except ray.exceptions.RayTaskError as err:
+                cause = err.cause if isinstance(err.cause, StageFailed) else err
+                raise StageFailed(str(cause).splitlines()[0] if isinstance(cause, StageFailed) else str(err)) \
+                    from None
+            _link(run_dir, name, the_plan.dirs[name])
+    finally:
+        for ref in running:
+            ray.cancel(ref, force=True)
+        write_json_atomically(run_dir / "pipeline.json", {
+            "stages": {n: {"hash": the_plan.hashes[n], "output": str(the_plan.dirs[n]),
+                           "state": results.get(n, {}).get("state", "not run"),
+                           "duration_s": results.get(n, {}).get("duration_s")} for n in the_plan.order}})
+    return results

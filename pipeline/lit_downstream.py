@@ -1,0 +1,173 @@
+"""Fine-tuning LightningModules beyond sentence classification: regression (STS-B), token classification (CoNLL-2003
+NER) and extractive QA (SQuAD v1.1), the heads of BERT's Figure 4 (Devlin et al. 2019), plus their batch collators.
+
+Each module has one `model_step` for train and dev, scores dev with pipeline/metrics.py at epoch end, and exposes
+the last dev scores as `scores`."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from data_prep.conll import IGNORE_INDEX, word_level_tags
+from data_prep.squad import SquadExample, best_answers
+from pipeline.lit import adamw_with_linear_schedule
+from pipeline.metrics import score_task
+
+
+def _pad(sequences: Sequence[np.ndarray], value: int) -> torch.Tensor:
+    padded = torch.full((len(sequences), max(len(s) for s in sequences)), value, dtype=torch.long)
+    for i, sequence in enumerate(sequences):
+        padded[i, : len(sequence)] = torch.as_tensor(sequence)
+    return padded
+
+
+def collate_token_classification(rows: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """Features of data_prep.conll.encode_tagged_sentences -> a padded batch (padding labels are ignored)."""
+    input_ids = _pad([r["input_ids"] for r in rows], pad_id)
+    return {"input_ids": input_ids, "token_type_ids": _pad([r["token_type_ids"] for r in rows], 0),
+            "attention_mask": (input_ids != pad_id).long(),
+            "labels": _pad([r["labels"] for r in rows], IGNORE_INDEX),
+            "word_ids": _pad([r["word_ids"] for r in rows], -1),
+            "example_index": torch.tensor([r["example_index"] for r in rows])}
+
+
+def collate_question_answering(rows: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """(feature_index, feature) pairs of data_prep.squad.squad_features -> a padded batch; the index lets the module
+    match logits back to the feature's offsets (use with `list(enumerate(features))` as the dataset)."""
+    input_ids = _pad([feature["input_ids"] for _, feature in rows], pad_id)
+    return {"input_ids": input_ids, "token_type_ids": _pad([feature["token_type_ids"] for _, feature in rows], 0),
+            "attention_mask": (input_ids != pad_id).long(),
+            "start_positions": torch.tensor([feature["start_position"] for _, feature in rows]),
+            "end_positions": torch.tensor([feature["end_position"] for _, feature in rows]),
+            "feature_index": torch.tensor([index for index, _ in rows])}
+
+
+class _FinetuneModule(L.LightningModule):
+    """Training step, logging and BERT's optimiser shared by the modules below; subclasses save lr, weight_decay,
+    warmup_steps and total_steps as hyperparameters, and define model_step (loss first) and dev scoring."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.scores: dict[str, float] = {}
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self.model_step(batch)[0]
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"fine-tuning loss is {loss.item()} at step {self.global_step}; "
+                                     "lower finetune.lr")
+        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    def _log_scores(self, scores: dict[str, float]) -> None:
+        self.scores = scores
+        self.log_dict({f"val/{name}": float(value) for name, value in scores.items()}, prog_bar=True)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        return adamw_with_linear_schedule(self.model, hp.lr, hp.weight_decay, (0.9, 0.999), hp.warmup_steps,
+                                          hp.total_steps)
+
+
+class RegressionModule(_FinetuneModule):
+    """A one-output BertForSequenceClassification trained with mean squared error (STS-B, BERT Sec. 4.1); dev
+    Pearson and Spearman correlation."""
+
+    def __init__(self, model: nn.Module, lr: float, weight_decay: float, warmup_steps: int, total_steps: int):
+        super().__init__(model)
+        self.save_hyperparameters(ignore=["model"])
+        self._predictions, self._references = [], []
+
+    def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        if not batch["labels"].is_floating_point():
+            raise TypeError("regression labels arrived as integers, so scores were truncated; collate them as "
+                            "float tensors")
+        predictions = self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).squeeze(-1)
+        return F.mse_loss(predictions.float(), batch["labels"].float()), predictions
+
+    def on_validation_epoch_start(self) -> None:
+        self._predictions, self._references = [], []
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        loss, predictions = self.model_step(batch)
+        self._predictions += predictions.float().tolist()
+        self._references += batch["labels"].float().tolist()
+        self.log("val/loss", loss.detach(), on_epoch=True, batch_size=batch["labels"].shape[0])
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_scores(score_task("pearson_spearman", self._predictions, self._references))
+
+
+class TokenClassificationModule(_FinetuneModule):
+    """BertForTokenClassification with cross-entropy on each word's first sub-token (BERT Sec. 5.3); dev
+    entity-level precision/recall/F1 over words, against `dev_tags`, the gold word tags of the dev sentences."""
+
+    def __init__(self, model: nn.Module, labels: Sequence[str], dev_tags: Sequence[Sequence[str]], lr: float,
+                 weight_decay: float, warmup_steps: int, total_steps: int):
+        super().__init__(model)
+        self.save_hyperparameters(ignore=["model", "dev_tags"])
+        self.labels, self.dev_tags = list(labels), dev_tags
+        self._predicted_tags: dict[int, list[str]] = {}
+
+    def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE_INDEX)
+        return loss, logits.argmax(-1)
+
+    def on_validation_epoch_start(self) -> None:
+        self._predicted_tags = {}
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        loss, predictions = self.model_step(batch)
+        for row_predictions, word_ids, example in zip(predictions.tolist(), batch["word_ids"].tolist(),
+                                                      batch["example_index"].tolist()):
+            self._predicted_tags[example] = word_level_tags(row_predictions, word_ids, self.labels,
+                                                            len(self.dev_tags[example]))
+        self.log("val/loss", loss.detach(), on_epoch=True, batch_size=batch["input_ids"].shape[0])
+
+    def on_validation_epoch_end(self) -> None:
+        examples = sorted(self._predicted_tags)
+        self._log_scores(score_task("entity_f1", [self._predicted_tags[i] for i in examples],
+                                    [self.dev_tags[i] for i in examples]))
+
+
+class QuestionAnsweringModule(_FinetuneModule):
+    """BertForQuestionAnswering with the mean of start and end cross-entropy (BERT's run_squad.py); dev exact match
+    and F1 of the best span over each question's windows (`dev_features` from squad_features on `dev_examples`)."""
+
+    def __init__(self, model: nn.Module, dev_examples: Sequence[SquadExample], dev_features: Sequence[dict],
+                 n_best_size: int, max_answer_length: int, lr: float, weight_decay: float, warmup_steps: int,
+                 total_steps: int):
+        super().__init__(model)
+        self.save_hyperparameters(ignore=["model", "dev_examples", "dev_features"])
+        self.dev_examples, self.dev_features = dev_examples, dev_features
+        self._start_logits: dict[int, np.ndarray] = {}
+        self._end_logits: dict[int, np.ndarray] = {}
+
+    def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        start_logits, end_logits = self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        loss = (F.cross_entropy(start_logits.float(), batch["start_positions"])
+                + F.cross_entropy(end_logits.float(), batch["end_positions"])) / 2
+        return loss, start_logits, end_logits
+
+    def on_validation_epoch_start(self) -> None:
+        self._start_logits, self._end_logits = {}, {}
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        loss, start_logits, end_logits = self.model_step(batch)
+        lengths = batch["attention_mask"].sum(-1).tolist()
+        for row, (feature_index, length) in enumerate(zip(batch["feature_index"].tolist(), lengths)):
+            self._start_logits[feature_index] = start_logits[row, :length].float().cpu().numpy()
+            self._end_logits[feature_index] = end_logits[row, :length].float().cpu().numpy()
+        self.log("val/loss", loss.detach(), on_epoch=True, batch_size=batch["input_ids"].shape[0])
+
+    def on_validation_epoch_end(self) -> None:
+        answers = best_answers(self.dev_examples, self.dev_features, self._start_logits, self._end_logits,
+                               self.hparams.n_best_size, self.hparams.max_answer_length)
+        answered = [e for e in self.dev_examples if e.qas_id in answers]
+        self._log_scores(score_task("squad", [answers[e.qas_id] for e in answered], [e.answers for e in answered]))

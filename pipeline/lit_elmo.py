@@ -1,0 +1,232 @@
+"""ELMo in Lightning: biLM pretraining with carried LSTM state and held-out perplexity, and feature-based tasks.
+
+Batches are truncated-BPTT windows, not sentence batches: every row reads one book front to back, window after
+window, starting each window from the LSTM state the previous one ended in (bilm-tf), and from a zero state at each
+new book. Why: books are long contiguous text, so the LM learns context across sentence boundaries as bilm-tf's does,
+no position is padding except a book's last window, and every step has the same (B, T) shapes, which keeps the
+matmuls large and the throughput steady (see benchmarks/bench_elmo.py).
+
+How a stage uses this (see the report of issue 6 for the full stage code):
+
+    vocab = build_word_vocab(sentences_of_all_shards, max_size, min_count)            # data_prep.elmo_examples
+    write_token_streams(books_from_rows(book_ids, texts), out_path)                  # one Ray task per shard
+    train, val = build_elmo_datasets(stream_paths, vocab, window, batch_size, holdout_books_fraction, seed,
+                                     char_inputs=model.config.token_encoder == "char_cnn")
+    trainer.fit(ElmoPretrainModule(model, ...), DataLoader(train, batch_size=None), DataLoader(val, batch_size=None))
+
+The loaders must keep batch_size=None, no shuffling and num_workers <= 1: the state carry relies on batch i + 1
+continuing the rows of batch i.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import IterableDataset
+
+from data_prep.elmo_examples import (IGNORE_TARGET, MAX_CHARACTERS_PER_TOKEN, TokenStreams, WindowSlot, plan_windows,
+                                     split_books, tokens_char_ids, word_ids)
+from models.elmo import BiLMOutput, ElmoEmbedder, detach_state
+from pipeline.lit import adamw_with_linear_schedule
+
+
+class LMWindowBatches(IterableDataset):
+    """(B, T) windows of the forward stream and of the reversed (backward) stream of the given books, with the
+    per-row reset mask. Targets are output-vocabulary ids (IGNORE_TARGET where a row has no token); inputs are
+    character ids (char-CNN) or the same word ids (word-input biLM).
+
+    repeat=False: one pass in the given book order (held-out data). repeat=True: endless epochs, the book order
+    reshuffled each epoch from `seed` (training)."""
+
+    def __init__(self, streams: TokenStreams, books: Sequence[int], vocab: Sequence[str], batch_size: int,
+                 window: int, char_inputs: bool = True, max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN,
+                 repeat: bool = False, seed: int = 0):
+        self.streams, self.books = streams, list(books)
+        self.word_index = {w: i for i, w in enumerate(vocab)}
+        self.batch_size, self.window = batch_size, window
+        self.char_inputs, self.max_chars = char_inputs, max_characters_per_token
+        self.repeat, self.seed = repeat, seed
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        epoch = 0
+        while True:
+            order = list(self.books)
+            if self.repeat:
+                np.random.default_rng([self.seed, epoch]).shuffle(order)
+            open_books: dict[int, tuple[list[str], np.ndarray]] = {}  # plan index -> (tokens, word ids)
+            for slots in plan_windows([int(self.streams.lengths[b]) for b in order], self.batch_size, self.window):
+                yield self._batch(slots, order, open_books)
+            if not self.repeat:
+                return
+            epoch += 1
+
+    def _batch(self, slots: list[WindowSlot | None], order: list[int], open_books: dict) -> dict[str, torch.Tensor]:
+        B, T = self.batch_size, self.window
+        input_shape = (2, B, T, self.max_chars) if self.char_inputs else (2, B, T)
+        inputs = np.zeros(input_shape, dtype=np.int64)  # [forward, backward]
+        targets = np.full((2, B, T), IGNORE_TARGET, dtype=np.int64)
+        reset = np.ones(B, dtype=bool)
+        for row, slot in enumerate(slots):
+            if slot is None:
+                continue
+            if slot.book not in open_books:
+                tokens = self.streams.tokens(order[slot.book])
+                open_books[slot.book] = (tokens, word_ids(tokens, self.word_index))
+            tokens, ids = open_books[slot.book]
+            reset[row] = slot.reset
+            n, s, k = len(tokens), slot.start, slot.length
+            for direction, (toks, tids) in enumerate(((tokens, ids), (tokens[::-1], ids[::-1]))):
+                window_tokens = toks[s: s + k]
+                inputs[direction, row, :k] = (tokens_char_ids(window_tokens, self.max_chars) if self.char_inputs
+                                              else tids[s: s + k])
+                targets[direction, row, :k] = tids[s + 1: s + k + 1]
+            if s + k >= n - 1:
+                del open_books[slot.book]  # its last window: the tokens are not needed again
+        inputs, targets = torch.from_numpy(inputs), torch.from_numpy(targets)
+        return {"forward_inputs": inputs[0], "backward_inputs": inputs[1], "forward_targets": targets[0],
+                "backward_targets": targets[1], "reset": torch.from_numpy(reset)}
+
+
+def build_elmo_datasets(stream_paths: Sequence[str | Path], vocab: Sequence[str], window: int, batch_size: int,
+                        holdout_books_fraction: float, seed: int, char_inputs: bool = True,
+                        max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN
+                        ) -> tuple[LMWindowBatches, LMWindowBatches]:
+    """(train, held-out) window batches over the books of the stream files; whole books are held out, chosen by
+    `seed`. Wrap each in DataLoader(dataset, batch_size=None)."""
+    streams = TokenStreams(stream_paths)
+    train_books, heldout_books = split_books(len(streams), holdout_books_fraction, np.random.default_rng(seed))
+    common = dict(streams=streams, vocab=vocab, batch_size=batch_size, window=window, char_inputs=char_inputs,
+                  max_characters_per_token=max_characters_per_token)
+    return (LMWindowBatches(books=train_books, repeat=True, seed=seed, **common),
+            LMWindowBatches(books=heldout_books, repeat=False, **common))
+
+
+class ElmoPretrainModule(L.LightningModule):
+    """Sum of forward and backward next-token cross-entropies (Peters et al. §3.1) on a `BiLanguageModel`, the LSTM
+    state carried between windows (and between held-out windows, separately). Held-out perplexity is
+    exp(total NLL / tokens) per direction over the whole held-out set; `val/perplexity` is their average, the number
+    the paper reports."""
+
+    def __init__(self, model: nn.Module, lr: float, warmup_steps: int, max_steps: int, betas=(0.9, 0.999),
+                 weight_decay: float = 0.0):
+        super().__init__()
+        self.model = model
+        self.save_hyperparameters(ignore=["model"])
+        self._state = {"train": None, "val": None}
+        self._val_totals = torch.zeros(4, dtype=torch.float64)  # forward NLL, backward NLL, forward n, backward n
+        self.heldout_perplexities: dict[str, float] = {}
+
+    def model_step(self, batch: dict, split: str) -> BiLMOutput:
+        out = self.model(batch["forward_inputs"], batch["backward_inputs"], batch["forward_targets"],
+                         batch["backward_targets"], state=self._state[split], reset=batch["reset"])
+        self._state[split] = detach_state(out.state)
+        return out
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        out = self.model_step(batch, "train")
+        if not torch.isfinite(out.loss):
+            raise FloatingPointError(f"biLM loss is {out.loss.item()} at step {self.global_step}; "
+                                     "lower pretrain.lr or raise pretrain.warmup_steps")
+        self.log("train/loss", out.loss.detach(), prog_bar=True, on_step=True, batch_size=batch["reset"].shape[0])
+        return out.loss
+
+    def on_validation_epoch_start(self) -> None:
+        self._state["val"] = None
+        self._val_totals.zero_()
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        out = self.model_step(batch, "val")
+        self._val_totals += torch.stack([out.forward_nll_sum, out.backward_nll_sum, out.forward_tokens,
+                                         out.backward_tokens]).detach().double().cpu()
+
+    def on_validation_epoch_end(self) -> None:
+        fwd_nll, bwd_nll, fwd_n, bwd_n = self._val_totals.tolist()
+        if fwd_n == 0:
+            return
+        forward, backward = float(np.exp(fwd_nll / fwd_n)), float(np.exp(bwd_nll / bwd_n))
+        self.heldout_perplexities = {"forward": forward, "backward": backward, "average": (forward + backward) / 2}
+        self.log_dict({f"val/{'perplexity' if k == 'average' else k + '_perplexity'}": v
+                       for k, v in self.heldout_perplexities.items()}, prog_bar=True)
+        self.log("val/loss", (fwd_nll / fwd_n + bwd_nll / bwd_n), prog_bar=False)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        return adamw_with_linear_schedule(self.model, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps,
+                                          hp.max_steps)
+
+
+# -----------------------------------------------------------------------------
+# Feature-based downstream tasks
+
+
+def make_elmo_task_collate(embedder: ElmoEmbedder):
+    """collate_fn for rows {"text_a", optional "text_b", "label"}: a label per sentence (int) or per word (list of
+    ints, padded with IGNORE_TARGET; words as `data_prep.elmo_examples.split_words` splits them)."""
+
+    def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
+        inputs, mask = embedder.batch_inputs([r["text_a"] for r in rows])
+        batch = {"inputs": inputs, "mask": mask}
+        if "text_b" in rows[0]:
+            batch["pair_inputs"], batch["pair_mask"] = embedder.batch_inputs([r["text_b"] for r in rows])
+        if isinstance(rows[0]["label"], int):
+            batch["labels"] = torch.tensor([r["label"] for r in rows], dtype=torch.long)
+        else:
+            labels = torch.full((len(rows), mask.shape[1] - 2), IGNORE_TARGET, dtype=torch.long)
+            for i, r in enumerate(rows):
+                labels[i, : len(r["label"])] = torch.as_tensor(r["label"])
+            batch["labels"] = labels
+        return batch
+
+    return collate
+
+
+class ElmoTaskModule(L.LightningModule):
+    """Cross-entropy and accuracy for `ElmoSentenceClassifier` (single sentences or pairs) and `ElmoTokenTagger`
+    (per-word labels, IGNORE_TARGET skipped). Only the scalar mix and the head train: the biLM is frozen."""
+
+    def __init__(self, model: nn.Module, lr: float, weight_decay: float, warmup_steps: int, total_steps: int):
+        super().__init__()
+        self.model = model
+        self.save_hyperparameters(ignore=["model"])
+        self._correct = self._seen = 0
+
+    def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        labels = batch["labels"]
+        if labels.dim() == 2:  # tagging
+            logits, _ = self.model(batch["inputs"], batch["mask"])
+        else:
+            logits = self.model(batch["inputs"], batch["mask"], batch.get("pair_inputs"), batch.get("pair_mask"))
+        loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_TARGET)
+        scored = labels != IGNORE_TARGET
+        return loss, (logits.argmax(-1) == labels)[scored], scored.sum()
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss, _, n = self.model_step(batch)
+        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=int(n))
+        return loss
+
+    def on_validation_epoch_start(self) -> None:
+        self._correct = self._seen = 0
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        loss, hits, n = self.model_step(batch)
+        self._correct += int(hits.sum())
+        self._seen += int(n)
+        self.log("val/loss", loss.detach(), on_epoch=True, batch_size=int(n))
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("val/accuracy", self.accuracy, prog_bar=True)
+
+    @property
+    def accuracy(self) -> float:
+        return self._correct / max(1, self._seen)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        return adamw_with_linear_schedule(self.model, hp.lr, hp.weight_decay, (0.9, 0.999), hp.warmup_steps,
+                                          hp.total_steps)

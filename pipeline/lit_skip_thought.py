@@ -1,0 +1,107 @@
+"""Skip-Thought pretraining (Kiros et al. 2015): the LightningModule and the data helpers a pipeline stage needs.
+
+How a stage uses this module (the stages themselves live in pipeline/stages.py):
+
+1. vocabulary: `count_words` over every sentence shard (one Ray task per shard, counters added up), then
+   `build_word_vocab(counts, cfg.skip_thought.vocab_size).save(<stage>/vocab.txt)`.
+2. examples: per shard, `write_triples(triples_from_shard(read_arrow(shard), vocab, max_words), out)`
+   (one Ray task per shard; shards hold whole books in order, so triples never span two books).
+3. pretrain: `tables = [read_arrow(p) for p in sorted(<examples>/*.arrow)]`,
+   `train_loader, val_loader = triple_loaders(SkipThoughtTriples(tables), batch_size, val_fraction, seed)`,
+   model from the Hydra `model` config with `config.vocab_size = len(vocab)`,
+   `SkipThoughtPretrainModule(model, lr, weight_decay, betas, warmup_steps, max_steps)`, `trainer.fit(...)`,
+   then `models.skip_thought.save_skip_thoughts(model, <stage>/model)` and copy vocab.txt next to it.
+"""
+from __future__ import annotations
+
+import lightning as L
+import numpy as np
+import pyarrow as pa
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from data_prep.skip_thought_examples import TRIPLE_SCHEMA, collate_triples
+from models.skip_thought import SkipThoughts
+from pipeline.data import _list_column
+from pipeline.lit import adamw_with_linear_schedule
+
+
+class SkipThoughtTriples(Dataset):
+    """(previous, current, next) word-id triples from Arrow files written by data_prep.skip_thought_examples.
+
+    Rows are sliced out of the memory-mapped files on demand, so RAM does not grow with the corpus."""
+
+    def __init__(self, tables: list[pa.Table]):
+        tables = [t for t in tables if t.num_rows]
+        self.parts = [[_list_column(t, name) for name in TRIPLE_SCHEMA.names] for t in tables]
+        self.cumulative = np.cumsum([t.num_rows for t in tables])
+
+    def __len__(self) -> int:
+        return int(self.cumulative[-1]) if len(self.cumulative) else 0
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        part = int(np.searchsorted(self.cumulative, index, side="right"))
+        row = index - (int(self.cumulative[part - 1]) if part else 0)
+        # Copies: tensors must not alias the read-only memory map.
+        return {name: values[offsets[row]: offsets[row + 1]].astype(np.int64)
+                for name, (offsets, values) in zip(TRIPLE_SCHEMA.names, self.parts[part])}
+
+
+def triple_loaders(dataset: SkipThoughtTriples, batch_size: int, val_fraction: float, seed: int,
+                   num_workers: int = 0) -> tuple[DataLoader, DataLoader]:
+    """Shuffled training batches and fixed held-out batches (a seeded random `val_fraction` of the triples)."""
+    if len(dataset) < 2:
+        raise ValueError(f"only {len(dataset)} Skip-Thought triples; a book needs at least 3 sentences to give one. "
+                         "Use a larger corpus or lower data.min_tokens")
+    order = np.random.default_rng(seed).permutation(len(dataset))
+    n_val = max(1, int(len(dataset) * val_fraction))
+    train = DataLoader(Subset(dataset, order[n_val:].tolist()), batch_size=batch_size, shuffle=True,
+                       drop_last=len(dataset) - n_val >= batch_size, collate_fn=collate_triples,
+                       num_workers=num_workers, generator=torch.Generator().manual_seed(seed))
+    val = DataLoader(Subset(dataset, sorted(order[:n_val].tolist())), batch_size=batch_size,
+                     collate_fn=collate_triples)
+    return train, val
+
+
+class SkipThoughtPretrainModule(L.LightningModule):
+    """Sum of the previous- and next-sentence decoders' cross-entropies (Kiros et al. eq. 9), per target word."""
+
+    def __init__(self, model: SkipThoughts, lr: float, weight_decay: float, betas, warmup_steps: int, max_steps: int):
+        super().__init__()
+        self.model = model
+        self.save_hyperparameters(ignore=["model"])
+
+    def model_step(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = self.model(**batch)
+        metrics = {}
+        for name, decoded in (("previous", out.previous), ("next", out.next)):
+            metrics[f"{name}_loss"] = F.cross_entropy(decoded.logits.float(), decoded.targets)
+            metrics[f"{name}_acc"] = (decoded.logits.argmax(-1) == decoded.targets).float().mean()
+        metrics["loss"] = metrics["previous_loss"] + metrics["next_loss"]
+        return metrics
+
+    def _log(self, split: str, out: dict, batch_size: int) -> None:
+        on_step = split == "train"
+        metrics = {f"{split}/{k}": v.detach() for k, v in out.items() if k != "loss"}
+        self.log_dict(metrics, on_step=on_step, on_epoch=not on_step, batch_size=batch_size)
+        self.log(f"{split}/loss", out["loss"].detach(), prog_bar=True, on_step=on_step, on_epoch=not on_step,
+                 batch_size=batch_size)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        out = self.model_step(batch)
+        if not torch.isfinite(out["loss"]):
+            raise FloatingPointError(f"Skip-Thought loss is {out['loss'].item()} at step {self.global_step}; "
+                                     "lower pretrain.lr or set pretrain.grad_clip")
+        self._log("train", out, batch["ids"].shape[0])
+        return out["loss"]
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._log("val", self.model_step(batch), batch["ids"].shape[0])
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._log("test", self.model_step(batch), batch["ids"].shape[0])
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        return adamw_with_linear_schedule(self.model, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps, hp.max_steps)

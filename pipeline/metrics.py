@@ -1,0 +1,178 @@
+"""Downstream metrics as pure functions of python lists: the numbers GLUE, CoNLL-2003 and SQuAD v1.1 report.
+
+Every score is a fraction in [0, 1] (SQuAD's official script prints 100x these). A task's YAML names one entry of
+`METRICS`; `score_task` turns predictions and references into a dict of one or more named numbers."""
+from __future__ import annotations
+
+import math
+import re
+import string
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+
+def _check_lengths(predictions: Sequence, references: Sequence) -> None:
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions for {len(references)} references; "
+                         "score exactly one prediction per reference example")
+    if len(references) == 0:
+        raise ValueError("no examples to score; the dev split is empty")
+
+
+def accuracy(predictions: Sequence, references: Sequence) -> float:
+    _check_lengths(predictions, references)
+    return sum(p == r for p, r in zip(predictions, references)) / len(references)
+
+
+def binary_f1(predictions: Sequence, references: Sequence, positive=1) -> float:
+    """F1 of the `positive` class (GLUE's MRPC/QQP F1); 0.0 when the class is neither predicted nor present."""
+    _check_lengths(predictions, references)
+    true_pos = sum(p == positive and r == positive for p, r in zip(predictions, references))
+    predicted = sum(p == positive for p in predictions)
+    actual = sum(r == positive for r in references)
+    return 2 * true_pos / (predicted + actual) if predicted + actual else 0.0
+
+
+def matthews_corrcoef(predictions: Sequence, references: Sequence) -> float:
+    """Matthews correlation (CoLA's GLUE metric), multiclass form of Gorodkin 2004 as in sklearn; 0.0 when undefined
+    (all predictions or all references one class), sklearn's convention."""
+    _check_lengths(predictions, references)
+    classes = sorted(set(predictions) | set(references), key=str)
+    index = {c: i for i, c in enumerate(classes)}
+    confusion = np.zeros((len(classes), len(classes)), dtype=np.float64)
+    for p, r in zip(predictions, references):
+        confusion[index[r], index[p]] += 1
+    true_per_class, pred_per_class = confusion.sum(axis=1), confusion.sum(axis=0)
+    n, correct = confusion.sum(), np.trace(confusion)
+    covariance = correct * n - true_per_class @ pred_per_class
+    denominator = math.sqrt((n * n - pred_per_class @ pred_per_class) * (n * n - true_per_class @ true_per_class))
+    return float(covariance / denominator) if denominator else 0.0
+
+
+def pearson(predictions: Sequence[float], references: Sequence[float]) -> float:
+    """Pearson's r (STS-B); NaN when either side is constant, where the correlation is undefined (as scipy)."""
+    _check_lengths(predictions, references)
+    x = np.asarray(predictions, dtype=np.float64) - np.mean(predictions)
+    y = np.asarray(references, dtype=np.float64) - np.mean(references)
+    denominator = math.sqrt(float(x @ x) * float(y @ y))
+    return float(x @ y) / denominator if denominator else math.nan
+
+
+def average_ranks(values: Sequence[float]) -> np.ndarray:
+    """1-based ranks, tied values sharing the mean of the ranks they span (scipy.stats.rankdata's 'average')."""
+    values = np.asarray(values, dtype=np.float64)
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values), dtype=np.float64)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        ranks[order[start:end + 1]] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks
+
+
+def spearman(predictions: Sequence[float], references: Sequence[float]) -> float:
+    """Spearman's rho (STS-B): Pearson's r of the tie-averaged ranks."""
+    _check_lengths(predictions, references)
+    return pearson(average_ranks(predictions), average_ranks(references))
+
+
+def _split_tag(tag: str) -> tuple[str, str]:
+    if tag == "O":
+        return "O", ""
+    prefix, dash, entity_type = tag.partition("-")
+    if not dash or prefix not in ("B", "I") or not entity_type:
+        raise ValueError(f"tag {tag!r} is not IOB: use O, B-TYPE or I-TYPE")
+    return prefix, entity_type
+
+
+def entity_spans(tags: Sequence[str]) -> set[tuple[str, int, int]]:
+    """(type, first, last) token spans of the entities in one IOB1 or IOB2 sentence, delimited as conlleval does:
+    an entity starts at B-, or at I- after O or after another type; it ends where the next one starts or at O."""
+    spans, current = set(), None  # current: [type, first]
+    for position, tag in enumerate(tags):
+        prefix, entity_type = _split_tag(tag)
+        continues = current is not None and prefix == "I" and entity_type == current[0]
+        if current is not None and not continues:
+            spans.add((current[0], current[1], position - 1))
+            current = None
+        if prefix != "O" and not continues:
+            current = [entity_type, position]
+    if current is not None:
+        spans.add((current[0], current[1], len(tags) - 1))
+    return spans
+
+
+def entity_scores(predictions: Sequence[Sequence[str]], references: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Micro precision/recall/F1 over exact entity spans of tagged sentences (conlleval, CoNLL-2003's metric)."""
+    _check_lengths(predictions, references)
+    correct = predicted = gold = 0
+    for i, (predicted_tags, gold_tags) in enumerate(zip(predictions, references)):
+        if len(predicted_tags) != len(gold_tags):
+            raise ValueError(f"sentence {i}: {len(predicted_tags)} predicted tags for {len(gold_tags)} words; "
+                             "predict one tag per word (decode sub-token predictions to words first)")
+        predicted_spans, gold_spans = entity_spans(predicted_tags), entity_spans(gold_tags)
+        correct += len(predicted_spans & gold_spans)
+        predicted += len(predicted_spans)
+        gold += len(gold_spans)
+    precision = correct / predicted if predicted else 0.0
+    recall = correct / gold if gold else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "f1": f1}
+
+
+_PUNCTUATION = frozenset(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD v1.1's official normalisation: lower case, drop punctuation, articles and extra whitespace."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def squad_exact_match(prediction: str, ground_truth: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(ground_truth))
+
+
+def squad_f1(prediction: str, ground_truth: str) -> float:
+    """Bag-of-tokens F1 between normalised answers (official evaluate-v1.1.py)."""
+    predicted_tokens, gold_tokens = normalize_answer(prediction).split(), normalize_answer(ground_truth).split()
+    common = sum((Counter(predicted_tokens) & Counter(gold_tokens)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(predicted_tokens), common / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad_scores(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Mean over questions of the best EM and F1 against any of the question's ground-truth answers."""
+    _check_lengths(predictions, references)
+    for i, answers in enumerate(references):
+        if isinstance(answers, str) or not answers:
+            raise ValueError(f"question {i}: references must be a non-empty list of answer strings per question")
+    exact = sum(max(squad_exact_match(p, a) for a in answers) for p, answers in zip(predictions, references))
+    f1 = sum(max(squad_f1(p, a) for a in answers) for p, answers in zip(predictions, references))
+    return {"exact_match": exact / len(references), "f1": f1 / len(references)}
+
+
+# Task metric name (a task YAML's `metric`) -> function of (predictions, references) giving named numbers. GLUE
+# reports MRPC as accuracy and F1 and STS-B as Pearson and Spearman (Wang et al. 2019, Table 1).
+METRICS: dict[str, Callable[[Sequence, Sequence], dict[str, float]]] = {
+    "accuracy": lambda p, r: {"accuracy": accuracy(p, r)},
+    "accuracy_f1": lambda p, r: {"accuracy": accuracy(p, r), "f1": binary_f1(p, r)},
+    "matthews_corrcoef": lambda p, r: {"matthews_corrcoef": matthews_corrcoef(p, r)},
+    "pearson_spearman": lambda p, r: {"pearson": pearson(p, r), "spearman": spearman(p, r)},
+    "entity_f1": entity_scores,
+    "squad": squad_scores,
+}
+
+
+def score_task(metric_name: str, predictions: Sequence, references: Sequence) -> dict[str, float]:
+    if metric_name not in METRICS:
+        raise ValueError(f"unknown metric {metric_name!r} in the task YAML; known metrics: {', '.join(METRICS)}")
+    return METRICS[metric_name](predictions, references)

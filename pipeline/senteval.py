@@ -1,0 +1,500 @@
+"""SentEval-style evaluation of frozen sentence encoders (Conneau & Kiela 2018, facebookresearch/SentEval; seed 000).
+
+The encoder protocol is SentEval's: an encoder is any object with
+
+    name: str                                            row label in the results table
+    prepare(samples: list[list[str]]) -> None            called once per task with every tokenised sentence the
+                                                         task will ask for (all splits, both sides of pairs), e.g.
+                                                         to build a task vocabulary; may do nothing
+    batcher(batch: list[list[str]]) -> np.ndarray        (B, D) float embeddings, row i for sentence batch[i]; D is
+                                                         the same for every batch; sentences may be empty lists
+
+Sentences arrive lowercased and tokenised (data_prep.senteval_data.tokenize). As in SentEval, each distinct sentence
+is embedded once and batches are formed from sentences sorted by length, so a batch needs little padding; the encoder
+must therefore return the same vector for a sentence whatever batch it is in (no dropout, no batch statistics).
+
+On top of the frozen features sits only a multinomial logistic regression (SentEval's LogReg, nhid=0), so scores
+measure the representation, not the classifier:
+
+    kind              data                              features               protocol                  metrics
+    ----------------  --------------------------------  ---------------------  ------------------------  ------------
+    mr, tsv           one sentence, a label             u                      stratified 10-fold CV     accuracy
+    sick_entailment   SICK TRAIN / TRIAL / TEST         [u, v, |u-v|, u*v]     L2 on TRIAL, test on TEST accuracy
+    sick_relatedness  SICK TRAIN / TRIAL / TEST         [u, v, |u-v|, u*v]     Tai et al. 2015 (below)   pearson, spearman
+    mrpc              GLUE MRPC train / dev             [u, v, |u-v|, u*v]     L2 by inner CV on train   accuracy, f1
+
+The pair features are InferSent's (Conneau et al. 2017); SentEval itself feeds SICK and MRPC only [|u-v|, u*v].
+The L2 strength is always chosen on data the reported score never sees: inner stratified k-fold on the training part
+(SentEval's InnerKFoldClassifier), or the task's own validation split when it has one (SplitClassifier).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from data_prep.senteval_data import (LabelledSentences, SentencePairs, read_labelled_tsv, read_mr, read_mrpc,
+                                     read_sick)
+from data_prep.tokenizer import CLS_ID, PAD_ID, SEP_ID, encode_batch_ids
+
+log = logging.getLogger(__name__)
+
+
+# -----------------------------------------------------------------------------
+# Encoders
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    """SentEval's prepare/batcher interface; see the module docstring for the contract."""
+
+    name: str
+
+    def prepare(self, samples: list[list[str]]) -> None: ...
+
+    def batcher(self, batch: list[list[str]]) -> np.ndarray: ...
+
+
+class GloveBagOfWords:
+    """Mean of the word vectors of a sentence's known words: SentEval's bow.py baseline (seed 000). A sentence with
+    no known word gets the zero vector, as in bow.py."""
+
+    def __init__(self, vectors: Mapping[str, np.ndarray], name: str = "glove_bow"):
+        self.vectors = vectors
+        self.name = name
+        self._table: dict[str, np.ndarray] | None = None
+
+    def prepare(self, samples: list[list[str]]) -> None:
+        # As bow.py: keep only the task's words, so a lazily loaded vector file is read once per word, not per use.
+        vocabulary = {word for sentence in samples for word in sentence}
+        self._table = {w: np.asarray(self.vectors[w], dtype=np.float32) for w in vocabulary if w in self.vectors}
+        if not self._table:
+            raise ValueError(f"{self.name}: none of the task's {len(vocabulary)} words has a vector; the vectors "
+                             "must be keyed by lowercased tokens as data_prep.senteval_data.tokenize produces them")
+        self._dim = len(next(iter(self._table.values())))
+
+    def batcher(self, batch: list[list[str]]) -> np.ndarray:
+        if self._table is None:
+            raise RuntimeError(f"{self.name}: call prepare(samples) with the task's sentences before batcher")
+        out = np.zeros((len(batch), self._dim), dtype=np.float32)
+        for i, sentence in enumerate(batch):
+            known = [self._table[w] for w in sentence if w in self._table]
+            if known:
+                out[i] = np.mean(known, axis=0)
+        return out
+
+
+BERT_POOLINGS = ("cls", "mean")
+
+
+class BertEncoder:
+    """Frozen BERT features: the final hidden state of [CLS] ("cls"; not the pooler, whose tanh layer was trained
+    for next sentence prediction only) or the mean of the final hidden states over the real tokens, [CLS] and [SEP]
+    included ("mean", as Sentence-BERT, Reimers & Gurevych 2019). Input is [CLS] sentence [SEP], cut to
+    max_seq_length pieces."""
+
+    def __init__(self, model, tokenizer, pooling: str = "cls", max_seq_length: int = 128, name: str | None = None):
+        if pooling not in BERT_POOLINGS:
+            raise ValueError(f"pooling must be one of {BERT_POOLINGS}, got {pooling!r}")
+        if not 2 < max_seq_length <= model.config.max_position_embeddings:
+            raise ValueError(f"max_seq_length must be in 3..{model.config.max_position_embeddings} (the model's "
+                             f"max_position_embeddings), got {max_seq_length}")
+        self.model = model.eval()  # dropout off: the same sentence must get the same vector in any batch
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.max_seq_length = max_seq_length
+        self.name = name or f"bert_{pooling}"
+
+    @classmethod
+    def from_directories(cls, encoder_dir, tokenizer_dir, **kwargs) -> "BertEncoder":
+        """From a pretrain stage's encoder/ (or a HuggingFace BERT directory) and a tokenizer stage's directory."""
+        from data_prep.tokenizer import load_tokenizer
+        from models.bert import load_encoder
+
+        return cls(load_encoder(encoder_dir), load_tokenizer(tokenizer_dir), **kwargs)
+
+    def prepare(self, samples: list[list[str]]) -> None:
+        """Nothing to fit: the encoder is frozen and its vocabulary fixed."""
+
+    @torch.inference_mode()
+    def batcher(self, batch: list[list[str]]) -> np.ndarray:
+        pieces = encode_batch_ids(self.tokenizer, [" ".join(sentence) for sentence in batch])
+        ids = [[CLS_ID, *p[: self.max_seq_length - 2], SEP_ID] for p in pieces]
+        device = next(self.model.parameters()).device
+        input_ids = torch.full((len(ids), max(map(len, ids))), PAD_ID, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        for row, sequence in enumerate(ids):
+            input_ids[row, : len(sequence)] = torch.tensor(sequence)
+            attention_mask[row, : len(sequence)] = 1
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        hidden, _ = self.model(input_ids, attention_mask=attention_mask)  # (B, T, H)
+        if self.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            mask = attention_mask[:, :, None].to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1)
+        return pooled.float().cpu().numpy()
+
+
+def embed(encoder: Encoder, sentences: list[list[str]], batch_size: int) -> np.ndarray:
+    """(N, D) embeddings of `sentences` through encoder.batcher: each distinct sentence once, batches of sentences
+    sorted by length (SentEval's engine does the same to cut padding)."""
+    if not sentences:
+        raise ValueError(f"encoder {encoder.name}: no sentences to embed; the task's data is empty")
+    distinct = list(dict.fromkeys(map(tuple, sentences)))
+    order = sorted(range(len(distinct)), key=lambda i: len(distinct[i]))
+    chunks = []
+    for start in range(0, len(order), batch_size):
+        batch = [list(distinct[i]) for i in order[start: start + batch_size]]
+        vectors = np.asarray(encoder.batcher(batch), dtype=np.float32)
+        if vectors.ndim != 2 or len(vectors) != len(batch) or (chunks and vectors.shape[1] != chunks[0].shape[1]):
+            expected = f"({len(batch)}, {chunks[0].shape[1] if chunks else 'D'})"
+            raise ValueError(f"encoder {encoder.name}: batcher returned shape {vectors.shape} for a batch of "
+                             f"{len(batch)} sentences; it must return {expected}, one row per sentence")
+        if not np.isfinite(vectors).all():
+            raise ValueError(f"encoder {encoder.name}: batcher returned NaN or infinite values")
+        chunks.append(vectors)
+    table = np.empty((len(distinct), chunks[0].shape[1]), dtype=np.float32)
+    table[order] = np.concatenate(chunks)
+    index = {sentence: i for i, sentence in enumerate(distinct)}
+    return table[[index[tuple(s)] for s in sentences]]
+
+
+def pair_features(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """[u, v, |u - v|, u * v] (InferSent, Conneau et al. 2017): (N, D), (N, D) -> (N, 4D)."""
+    return np.concatenate([u, v, np.abs(u - v), u * v], axis=1)
+
+
+# -----------------------------------------------------------------------------
+# Metrics
+
+
+def accuracy(predicted: np.ndarray, labels: np.ndarray) -> float:
+    return float(np.mean(np.asarray(predicted) == np.asarray(labels)))
+
+
+def f1_score(predicted: np.ndarray, labels: np.ndarray, positive: int = 1) -> float:
+    """F1 of the positive class (MRPC's "paraphrase"); 0 when nothing is predicted or labelled positive."""
+    predicted, labels = np.asarray(predicted) == positive, np.asarray(labels) == positive
+    true_positives = np.sum(predicted & labels)
+    denominator = predicted.sum() + labels.sum()
+    return float(2 * true_positives / denominator) if denominator else 0.0
+
+
+def pearson(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson's r; NaN when either side is constant (undefined)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    x, y = x - x.mean(), y - y.mean()
+    denominator = np.sqrt((x * x).sum() * (y * y).sum())
+    return float((x * y).sum() / denominator) if denominator > 0 else float("nan")
+
+
+def average_ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks, tied values sharing the mean of their ranks: [10, 20, 20, 30] -> [1, 2.5, 2.5, 4]."""
+    x = np.asarray(x)
+    order = np.argsort(x, kind="stable")
+    _, first, counts = np.unique(x[order], return_index=True, return_counts=True)
+    ranks = np.empty(len(x), dtype=np.float64)
+    ranks[order] = np.repeat(first + (counts + 1) / 2, counts)
+    return ranks
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rho: Pearson's r of the tie-averaged ranks."""
+    return pearson(average_ranks(x), average_ranks(y))
+
+
+# -----------------------------------------------------------------------------
+# Classifier
+
+
+@dataclass
+class ClassifierSettings:
+    """How the logistic regression is trained and selected; the fields of conf/senteval `classifier`."""
+    l2_grid: tuple[float, ...] = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+    max_iter: int = 100  # L-BFGS iterations per fit
+    cv_folds: int = 10  # outer folds of single-sentence tasks (SentEval's MR/CR/SUBJ/MPQA protocol)
+    inner_folds: int = 5  # folds that choose the L2 strength where a task has no validation split (SentEval: 5)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping) -> "ClassifierSettings":
+        return cls(l2_grid=tuple(float(v) for v in cfg["l2_grid"]), max_iter=int(cfg["max_iter"]),
+                   cv_folds=int(cfg["cv_folds"]), inner_folds=int(cfg["inner_folds"]))
+
+
+@dataclass
+class SoftmaxRegression:
+    """Multinomial logistic regression on standardised features."""
+    weight: torch.Tensor  # (D, C)
+    bias: torch.Tensor  # (C,)
+    mean: torch.Tensor  # (D,) training-feature mean
+    scale: torch.Tensor  # (D,) training-feature standard deviation
+
+    def predict_proba(self, features: np.ndarray) -> np.ndarray:
+        x = (torch.as_tensor(features, dtype=torch.float32) - self.mean) / self.scale
+        return torch.softmax(x @ self.weight + self.bias, dim=1).numpy()
+
+
+def fit_softmax_regression(features: np.ndarray, targets: np.ndarray, l2: float, max_iter: int) -> SoftmaxRegression:
+    """Minimise mean cross-entropy to the target distributions (N, C) + l2/2 * ||W||^2 by full-batch L-BFGS.
+
+    One-hot targets make this ordinary logistic regression; soft targets make it Tai et al.'s KL regression (the
+    cross-entropy differs from KL(target || prediction) by the targets' entropy, a constant). The problem is convex
+    and starts from zero, so the fit is deterministic. Features are standardised with the training statistics so one
+    L2 grid suits encoders whose activations differ in scale by orders of magnitude (GloVe vs BERT hidden states).
+    """
+    x = torch.as_tensor(features, dtype=torch.float32)
+    y = torch.as_tensor(targets, dtype=torch.float32)
+    mean, std = x.mean(0), x.std(0)
+    scale = torch.where(std > 1e-8, std, torch.ones_like(std))  # constant features (e.g. a zero dimension)
+    x = (x - mean) / scale
+    weight = torch.zeros(x.shape[1], y.shape[1], requires_grad=True)
+    bias = torch.zeros(y.shape[1], requires_grad=True)
+    optimizer = torch.optim.LBFGS([weight, bias], lr=1.0, max_iter=max_iter, history_size=10,
+                                  line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        loss = -(y * F.log_softmax(x @ weight + bias, dim=1)).sum(1).mean() + 0.5 * l2 * weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return SoftmaxRegression(weight.detach(), bias.detach(), mean, scale)
+
+
+@dataclass
+class Examples:
+    """Features, the distributions the classifier is trained to output, and the truth its predictions are scored
+    against (class ids, or relatedness scores)."""
+    features: np.ndarray
+    targets: np.ndarray
+    truth: np.ndarray
+
+    def subset(self, index: np.ndarray) -> "Examples":
+        return Examples(self.features[index], self.targets[index], self.truth[index])
+
+
+Score = Callable[[np.ndarray, np.ndarray], float]  # (predicted probabilities (N, C), truth (N,)) -> higher is better
+
+
+def classification_accuracy(probabilities: np.ndarray, labels: np.ndarray) -> float:
+    return accuracy(probabilities.argmax(1), labels)
+
+
+def one_hot(labels: np.ndarray, num_classes: int) -> np.ndarray:
+    return np.eye(num_classes, dtype=np.float32)[np.asarray(labels)]
+
+
+def stratified_folds(labels: np.ndarray, k: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """k disjoint index arrays covering every example, each class shuffled and dealt evenly across the folds."""
+    labels = np.asarray(labels)
+    if len(labels) < k:
+        raise ValueError(f"{len(labels)} examples cannot be split into {k} folds; lower senteval.classifier folds")
+    folds: list[list[int]] = [[] for _ in range(k)]
+    offset = 0
+    for label in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        for j, index in enumerate(members):
+            # continuing the round-robin across classes keeps fold sizes within one of each other
+            folds[(offset + j) % k].append(index)
+        offset += len(members)
+    return [np.sort(np.asarray(fold, dtype=np.int64)) for fold in folds]
+
+
+def inner_validation(train: Examples, labels: np.ndarray, k: int,
+                     rng: np.random.Generator) -> list[tuple[Examples, Examples]]:
+    """(train, validation) pairs of stratified k-fold cross-validation within `train`."""
+    folds = stratified_folds(labels, k, rng)
+    everything = np.arange(len(labels))
+    return [(train.subset(np.setdiff1d(everything, fold)), train.subset(fold)) for fold in folds]
+
+
+@contextmanager
+def _single_threaded() -> Iterator[None]:
+    # The fits are many small matrix products (N x D times D x C). Measured on the shared 2-core dev machine under
+    # load: one gradient of a 4400 x 200 problem took 13 ms on one thread and 91 ms on two, which wait on each other.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def fit_selecting_l2(train: Examples, validation: list[tuple[Examples, Examples]], score: Score,
+                     settings: ClassifierSettings) -> tuple[SoftmaxRegression, float]:
+    """The L2 strength from settings.l2_grid with the best mean validation score (the smallest on ties), and the
+    model refitted with it on all of `train`."""
+    with _single_threaded():
+        mean_scores = []
+        for l2 in settings.l2_grid:
+            scores = [score(fit_softmax_regression(fit.features, fit.targets, l2, settings.max_iter)
+                            .predict_proba(held_out.features), held_out.truth) for fit, held_out in validation]
+            mean_scores.append(np.mean(scores))
+        best = settings.l2_grid[int(np.argmax(np.nan_to_num(mean_scores, nan=-np.inf)))]
+        return fit_softmax_regression(train.features, train.targets, best, settings.max_iter), best
+
+
+def cross_validated_accuracy(features: np.ndarray, labels: np.ndarray, num_classes: int,
+                             settings: ClassifierSettings, rng: np.random.Generator) -> float:
+    """Mean test accuracy over stratified settings.cv_folds folds, the L2 strength chosen inside each training part
+    by inner stratified cross-validation (SentEval's InnerKFoldClassifier)."""
+    labels = np.asarray(labels)
+    examples = Examples(features, one_hot(labels, num_classes), labels)
+    everything = np.arange(len(labels))
+    fold_accuracies = []
+    for test_fold in stratified_folds(labels, settings.cv_folds, rng):
+        train = examples.subset(np.setdiff1d(everything, test_fold))
+        validation = inner_validation(train, train.truth, settings.inner_folds, rng)
+        model, _ = fit_selecting_l2(train, validation, classification_accuracy, settings)
+        fold_accuracies.append(classification_accuracy(model.predict_proba(features[test_fold]), labels[test_fold]))
+    return float(np.mean(fold_accuracies))
+
+
+def relatedness_targets(scores: np.ndarray, num_classes: int = 5) -> np.ndarray:
+    """Tai et al. 2015, Sec. 4.2: score y in [1, K] as the distribution p with p_floor(y) = floor(y) - y + 1 and
+    p_floor(y)+1 = y - floor(y), zero elsewhere, so that sum_i i * p_i = y."""
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.min() < 1 or scores.max() > num_classes:
+        raise ValueError(f"relatedness scores must lie in [1, {num_classes}], got [{scores.min()}, {scores.max()}]")
+    lower = np.floor(scores).astype(np.int64)  # class index + 1
+    fraction = scores - lower
+    targets = np.zeros((len(scores), num_classes), dtype=np.float32)
+    rows = np.arange(len(scores))
+    targets[rows, lower - 1] = 1 - fraction
+    upper = fraction > 0  # y = K has no class above it
+    targets[rows[upper], lower[upper]] = fraction[upper]
+    return targets
+
+
+def expected_relatedness(probabilities: np.ndarray) -> np.ndarray:
+    """sum_i i * p_i over the classes 1..K: the predicted score."""
+    return probabilities @ np.arange(1, probabilities.shape[1] + 1)
+
+
+def relatedness_pearson(probabilities: np.ndarray, scores: np.ndarray) -> float:
+    return pearson(expected_relatedness(probabilities), scores)
+
+
+def relatedness_regression(train: tuple[np.ndarray, np.ndarray], dev: tuple[np.ndarray, np.ndarray],
+                           test: tuple[np.ndarray, np.ndarray], settings: ClassifierSettings) -> dict[str, float]:
+    """(features, scores in [1, 5]) per split -> test Pearson and Spearman of the expected score, L2 chosen by dev
+    Pearson (SentEval's SICKRelatedness selects on dev Pearson too)."""
+    def examples(split):
+        return Examples(split[0], relatedness_targets(split[1]), np.asarray(split[1]))
+
+    model, _ = fit_selecting_l2(examples(train), [(examples(train), examples(dev))], relatedness_pearson, settings)
+    predicted = expected_relatedness(model.predict_proba(test[0]))
+    return {"pearson": pearson(predicted, test[1]), "spearman": spearman(predicted, test[1])}
+
+
+# -----------------------------------------------------------------------------
+# Tasks: a reader (path, spec) -> data, and an evaluation (encoder, data, settings, batch_size, rng) -> metrics
+
+
+def _embed_pairs(encoder: Encoder, splits: dict[str, SentencePairs], batch_size: int) -> dict[str, np.ndarray]:
+    encoder.prepare([s for split in splits.values() for s in (*split.sentences_a, *split.sentences_b)])
+    return {name: pair_features(embed(encoder, split.sentences_a, batch_size),
+                                embed(encoder, split.sentences_b, batch_size))
+            for name, split in splits.items()}
+
+
+def evaluate_single_sentence(encoder: Encoder, data: LabelledSentences, settings: ClassifierSettings,
+                             batch_size: int, rng: np.random.Generator) -> dict[str, float]:
+    encoder.prepare(data.sentences)
+    features = embed(encoder, data.sentences, batch_size)
+    return {"accuracy": cross_validated_accuracy(features, np.asarray(data.labels), len(data.label_names),
+                                                 settings, rng)}
+
+
+def _pair_classifier(features: dict[str, np.ndarray], splits: dict[str, SentencePairs], selection: str,
+                     report: str, settings: ClassifierSettings, rng: np.random.Generator) -> np.ndarray:
+    """Predicted classes of split `report`, trained on "train", L2 chosen on split `selection` or, when that is
+    "train", by inner cross-validation on it."""
+    num_classes = len(splits["train"].label_names)
+
+    def examples(name):
+        labels = np.asarray(splits[name].labels)
+        return Examples(features[name], one_hot(labels, num_classes), labels)
+
+    train = examples("train")
+    validation = (inner_validation(train, train.truth, settings.inner_folds, rng) if selection == "train"
+                  else [(train, examples(selection))])
+    model, _ = fit_selecting_l2(train, validation, classification_accuracy, settings)
+    return model.predict_proba(features[report]).argmax(1)
+
+
+def evaluate_sick_entailment(encoder: Encoder, splits: dict[str, SentencePairs], settings: ClassifierSettings,
+                             batch_size: int, rng: np.random.Generator) -> dict[str, float]:
+    features = _embed_pairs(encoder, splits, batch_size)
+    predicted = _pair_classifier(features, splits, "dev", "test", settings, rng)
+    return {"accuracy": accuracy(predicted, splits["test"].labels)}
+
+
+def evaluate_sick_relatedness(encoder: Encoder, splits: dict[str, SentencePairs], settings: ClassifierSettings,
+                              batch_size: int, rng: np.random.Generator) -> dict[str, float]:
+    features = _embed_pairs(encoder, splits, batch_size)
+    train, dev, test = ((features[name], np.asarray(splits[name].scores)) for name in ("train", "dev", "test"))
+    return relatedness_regression(train, dev, test, settings)
+
+
+def evaluate_mrpc(encoder: Encoder, splits: dict[str, SentencePairs], settings: ClassifierSettings,
+                  batch_size: int, rng: np.random.Generator) -> dict[str, float]:
+    features = _embed_pairs(encoder, splits, batch_size)
+    predicted = _pair_classifier(features, splits, "train", "dev", settings, rng)
+    labels = splits["dev"].labels
+    return {"accuracy": accuracy(predicted, labels), "f1": f1_score(predicted, labels)}
+
+
+def _read_tsv_task(path: Path, spec: Mapping) -> LabelledSentences:
+    names = spec.get("label_names")
+    return read_labelled_tsv(path, spec["text_column"], spec["label_column"],
+                             [str(n) for n in names] if names is not None else None)
+
+
+TASK_KINDS: dict[str, tuple[Callable, Callable]] = {
+    "mr": (lambda path, spec: read_mr(path), evaluate_single_sentence),
+    "tsv": (_read_tsv_task, evaluate_single_sentence),
+    "sick_entailment": (lambda path, spec: read_sick(path), evaluate_sick_entailment),
+    "sick_relatedness": (lambda path, spec: read_sick(path), evaluate_sick_relatedness),
+    "mrpc": (lambda path, spec: read_mrpc(path), evaluate_mrpc),
+}
+
+
+def run_senteval(encoders: list[Encoder], cfg: Mapping, seed: int) -> list[dict]:
+    """Evaluate every encoder on every task of `cfg` (the `senteval` config node: data_root, batch_size,
+    classifier, tasks) and return rows {encoder, task, metric, score}. Each task draws its folds from a generator
+    seeded with `seed` alone, so results do not depend on which other tasks or encoders run."""
+    root = Path(str(cfg["data_root"])).expanduser()
+    settings = ClassifierSettings.from_config(cfg["classifier"])
+    rows = []
+    for task_name, spec in cfg["tasks"].items():
+        if spec["kind"] not in TASK_KINDS:
+            raise ValueError(f"senteval task {task_name}: unknown kind {spec['kind']!r}; use one of {list(TASK_KINDS)}")
+        read, evaluate = TASK_KINDS[spec["kind"]]
+        data = read(root / str(spec["path"]), spec)
+        for encoder in encoders:
+            start = time.perf_counter()
+            metrics = evaluate(encoder, data, settings, int(cfg["batch_size"]), np.random.default_rng(seed))
+            log.info("senteval %s on %s: %s (%.1f s)", encoder.name, task_name,
+                     ", ".join(f"{m} {s:.4f}" for m, s in metrics.items()), time.perf_counter() - start)
+            rows += [{"encoder": encoder.name, "task": task_name, "metric": metric, "score": round(score, 4)}
+                     for metric, score in metrics.items()]
+    return rows
+
+
+def results_table(rows: list[dict]) -> list[dict]:
+    """One row per encoder with one column per "task metric" (e.g. "MR accuracy"), in the order rows arrive."""
+    table: dict[str, dict] = {}
+    for row in rows:
+        table.setdefault(row["encoder"], {"encoder": row["encoder"]})[f"{row['task']} {row['metric']}"] = row["score"]
+    return list(table.values())
