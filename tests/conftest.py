@@ -74,8 +74,10 @@ TINY_OVERRIDES = [
 
 
 def tiny_config(tmp_path: Path, extra: list[str] | None = None):
-    corpus = write_books(tmp_path / "books")
-    task = write_sentiment_task(tmp_path / "task")
+    corpus, task = tmp_path / "books", tmp_path / "task"
+    if not corpus.exists():  # written once: rewriting would change the files' fingerprint, i.e. the data
+        write_books(corpus)
+        write_sentiment_task(task)
     overrides = ["+experiment=bert_tiny", f"data.corpus_dir={corpus}", f"finetune.data_dir={task}",
                  f"paths.cache_dir={tmp_path / 'cache'}", f"paths.run_dir={tmp_path / 'run'}", "logger=csv",
                  *TINY_OVERRIDES, *(extra or [])]
