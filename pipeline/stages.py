@@ -1,37 +1,35 @@
-"""The stages of one pipeline run, in order; each writes its outputs under `<run_dir>/<stage>/`.
+"""The pipeline's stages and their DAG; each writes into its own content-addressed directory (pipeline/dag.py),
+linked from the run directory as `<run_dir>/<stage>`.
 
 Data functions stay pure (data_prep/); this module maps them over shards with Ray and wires Lightning at the edge."""
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import time
 from pathlib import Path
 
-import hydra
 import lightning as L
 import numpy as np
 import ray
 import torch
-from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import DataLoader, Subset
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader
 
-from data_prep.bert_examples import BertPretrainingCollator, create_training_instances, write_instances
+from data_prep.bert_examples import create_training_instances, write_instances
 from data_prep.builtin import default_corpus
 from data_prep.prepare import prepare_corpus
 from data_prep.shards import open_shards, shard_paths
 from data_prep.tokenizer import encode_batch_ids, load_tokenizer, train_wordpiece
-from models.bert import BertForSequenceClassification, load_encoder, save_encoder
-from pipeline.data import EncodedTask, PretrainingInstances, pad_classification_batch, read_arrow
-from pipeline.lit import BertPretrainModule, SequenceClassificationModule, resolve_precision
+from models.bert import BertForSequenceClassification, load_encoder
+from pipeline.dag import Stage, StageContext
+from pipeline.data import EncodedTask, pad_classification_batch, read_arrow
+from pipeline.lit import SequenceClassificationModule
+from pipeline.pretraining import pretrain
 from pipeline.report import write_report
 from pipeline.tasks import load_task, read_split, resolve_task_dir
-from pipeline.dag import Stage, StageContext
-from pipeline.tracking import LossHistory, ProgressLog, make_logger
-
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+from pipeline.training import make_trainer
 
 
 def corpus_dir(cfg: DictConfig) -> Path:
@@ -100,67 +98,6 @@ def examples(ctx: StageContext) -> dict:
     return {"instances": int(sum(counts)), "files": len(counts)}
 
 
-def _trainer(ctx: StageContext, callbacks: list, prefix: str = "", **kwargs) -> L.Trainer:
-    tcfg = ctx.cfg.trainer
-    return L.Trainer(accelerator=tcfg.accelerator, devices=tcfg.devices,
-                     precision=resolve_precision(str(tcfg.precision)),
-                     logger=make_logger(ctx, prefix), callbacks=[ProgressLog(f"{ctx.name} {prefix}".strip()), *callbacks],
-                     log_every_n_steps=tcfg.log_every_n_steps, deterministic=tcfg.deterministic,
-                     default_root_dir=str(ctx.out_dir), enable_model_summary=False, enable_progress_bar=False,
-                     **kwargs)
-
-
-def pretrain(ctx: StageContext) -> dict:
-    cfg, out = ctx.cfg, ctx.stage_dir("pretrain")
-    tok = load_tokenizer(ctx.stage_dir("tokenizer"))
-    vocab_size = tok.get_vocab_size()
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    model_cfg["config"]["vocab_size"] = -(-vocab_size // 64) * 64  # padded to a multiple of 64 for matmul tiles
-    L.seed_everything(cfg.seed, workers=True)
-    model = hydra.utils.instantiate(model_cfg, _convert_="all")
-
-    dataset = PretrainingInstances([read_arrow(p) for p in sorted(ctx.stage_dir("examples").glob("*.arrow"))])
-    order = np.random.default_rng(cfg.seed).permutation(len(dataset))
-    n_val = max(1, int(len(dataset) * cfg.pretrain.val_fraction))
-    train_set, val_set = Subset(dataset, order[n_val:].tolist()), Subset(dataset, order[:n_val].tolist())
-    p = cfg.pretrain
-    special_ids = [tok.token_to_id(t) for t in SPECIAL_TOKENS]
-
-    def collator(seed: int) -> BertPretrainingCollator:
-        return BertPretrainingCollator(pad_id=tok.token_to_id("[PAD]"), mask_id=tok.token_to_id("[MASK]"),
-                                       vocab_size=vocab_size, special_ids=special_ids,
-                                       mlm_probability=p.mlm_probability,
-                                       max_predictions_per_seq=p.max_predictions_per_seq,
-                                       generator=torch.Generator().manual_seed(seed))
-
-    train_loader = DataLoader(train_set, batch_size=p.batch_size, shuffle=True, drop_last=True,
-                              collate_fn=collator(cfg.seed), num_workers=p.num_workers,
-                              generator=torch.Generator().manual_seed(cfg.seed))
-    # Held-out batches are masked once, so every evaluation scores the same predictions.
-    val_collate = collator(cfg.seed + 1)
-    val_rows = [val_set[i] for i in range(len(val_set))]
-    val_batches = [val_collate(val_rows[i:i + p.batch_size]) for i in range(0, len(val_rows), p.batch_size)]
-    val_loader = DataLoader(val_batches, batch_size=None)
-
-    module = BertPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=p.betas,
-                                warmup_steps=p.warmup_steps, max_steps=p.max_steps)
-    history = LossHistory()
-    trainer = _trainer(ctx, [history], max_steps=p.max_steps, gradient_clip_val=p.grad_clip,
-                       val_check_interval=min(p.val_every_steps, p.max_steps), check_val_every_n_epoch=None,
-                       num_sanity_val_steps=0, enable_checkpointing=False)
-    started = time.perf_counter()
-    trainer.fit(module, train_loader, val_loader)
-    seconds = time.perf_counter() - started
-    save_encoder(model.bert, out / "encoder")
-    history.write_csv(out / "loss_curve.csv")
-    tokens = trainer.global_step * p.batch_size * cfg.examples.max_seq_length
-    return {"steps": trainer.global_step, "train_instances": len(train_set), "val_instances": len(val_set),
-            "seconds": round(seconds, 1), "padded_tokens_per_s": round(tokens / seconds, 1),
-            "precision": trainer.precision, "final_val_loss": history.last("val/loss"),
-            "final_val_mlm_acc": history.last("val/mlm_acc"), "final_val_nsp_acc": history.last("val/nsp_acc"),
-            "num_parameters": sum(t.numel() for t in model.parameters())}
-
-
 def _finetune_one(ctx: StageContext, kind: str, encoder_dir: Path, train_set, dev_set, num_labels: int) -> float:
     f = ctx.cfg.finetune
     L.seed_everything(ctx.cfg.seed, workers=True)  # same head init and data order for every kind
@@ -178,7 +115,7 @@ def _finetune_one(ctx: StageContext, kind: str, encoder_dir: Path, train_set, de
     module = SequenceClassificationModule(model, lr=f.lr, weight_decay=f.weight_decay,
                                           warmup_steps=int(f.warmup_fraction * total_steps),
                                           total_steps=total_steps)
-    trainer = _trainer(ctx, [], prefix=kind, max_epochs=f.epochs, num_sanity_val_steps=0,
+    trainer = make_trainer(ctx, [], prefix=kind, max_epochs=f.epochs, num_sanity_val_steps=0,
                        enable_checkpointing=False)
     trainer.fit(module, train_loader, dev_loader)
     return module.accuracy
