@@ -50,7 +50,7 @@ class PretrainingInstances(Dataset):
 class EncodedTask(Dataset):
     """A downstream split encoded once with the pipeline's tokenizer: [CLS] a [SEP] (b [SEP])."""
 
-    def __init__(self, tokenizer, texts_a: list[str], texts_b: list[str] | None, labels: list[int],
+    def __init__(self, tokenizer, texts_a: list[str], texts_b: list[str] | None, labels: list[int] | list[float],
                  max_seq_length: int):
         tokenizer.enable_truncation(max_length=max_seq_length)
         encodings = (tokenizer.encode_batch(list(zip(texts_a, texts_b))) if texts_b is not None
@@ -77,7 +77,9 @@ def pad_classification_batch(rows: list[dict], pad_id: int = 0) -> dict[str, tor
         token_type_ids[i, : len(r["token_type_ids"])] = torch.as_tensor(r["token_type_ids"])
     return {"input_ids": input_ids, "token_type_ids": token_type_ids,
             "attention_mask": (input_ids != pad_id).long(),
-            "labels": torch.tensor([r["label"] for r in rows], dtype=torch.long)}
+            # float labels are regression targets (STS-B, task `labels: null`): a long tensor would truncate them
+            "labels": torch.tensor([r["label"] for r in rows],
+                                   dtype=torch.float32 if isinstance(rows[0]["label"], float) else torch.long)}
 
 
 def read_arrow(path: str | Path) -> pa.Table:

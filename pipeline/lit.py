@@ -76,46 +76,6 @@ class BertPretrainModule(L.LightningModule):
                                           hp.max_steps)
 
 
-class SequenceClassificationModule(L.LightningModule):
-    """Fine-tuning of a sentence(-pair) classifier: cross-entropy on the [CLS] head; accuracy on dev."""
-
-    def __init__(self, model: nn.Module, lr: float, weight_decay: float, warmup_steps: int, total_steps: int):
-        super().__init__()
-        self.model = model
-        self.save_hyperparameters(ignore=["model"])
-        self._correct = self._seen = 0
-
-    def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        return F.cross_entropy(logits.float(), batch["labels"]), logits.argmax(-1)
-
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss, _ = self.model_step(batch)
-        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=batch["labels"].shape[0])
-        return loss
-
-    def on_validation_epoch_start(self) -> None:
-        self._correct = self._seen = 0
-
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        loss, predictions = self.model_step(batch)
-        self._correct += int((predictions == batch["labels"]).sum())
-        self._seen += int(batch["labels"].numel())
-        self.log("val/loss", loss.detach(), on_epoch=True, batch_size=batch["labels"].shape[0])
-
-    def on_validation_epoch_end(self) -> None:
-        self.log("val/accuracy", self._correct / max(1, self._seen), prog_bar=True)
-
-    @property
-    def accuracy(self) -> float:
-        return self._correct / max(1, self._seen)
-
-    def configure_optimizers(self):
-        hp = self.hparams
-        return adamw_with_linear_schedule(self.model, hp.lr, hp.weight_decay, (0.9, 0.999), hp.warmup_steps,
-                                          hp.total_steps)
-
-
 def resolve_precision(precision: str) -> str:
     """`auto`: bf16 autocast where the CPU computes bf16 natively (AMX or AVX512-BF16), else fp32."""
     if precision != "auto":

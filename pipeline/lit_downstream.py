@@ -1,5 +1,6 @@
-"""Fine-tuning LightningModules beyond sentence classification: regression (STS-B), token classification (CoNLL-2003
-NER) and extractive QA (SQuAD v1.1), the heads of BERT's Figure 4 (Devlin et al. 2019), plus their batch collators.
+"""Fine-tuning LightningModules for every task family: sentence(-pair) classification and regression (GLUE), token
+classification (CoNLL-2003 NER) and extractive QA (SQuAD v1.1), the heads of BERT's Figure 4 (Devlin et al. 2019),
+plus their batch collators.
 
 Each module has one `model_step` for train and dev, scores dev with pipeline/metrics.py at epoch end, and exposes
 the last dev scores as `scores`."""
@@ -72,6 +73,33 @@ class _FinetuneModule(L.LightningModule):
         hp = self.hparams
         return adamw_with_linear_schedule(self.model, hp.lr, hp.weight_decay, (0.9, 0.999), hp.warmup_steps,
                                           hp.total_steps)
+
+
+class ClassificationModule(_FinetuneModule):
+    """BertForSequenceClassification with cross-entropy on the [CLS] head; dev scored by the task's metric
+    (accuracy, MRPC's accuracy and F1, CoLA's Matthews correlation)."""
+
+    def __init__(self, model: nn.Module, metric: str, lr: float, weight_decay: float, warmup_steps: int,
+                 total_steps: int):
+        super().__init__(model)
+        self.save_hyperparameters(ignore=["model"])
+        self._predictions, self._references = [], []
+
+    def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        return F.cross_entropy(logits.float(), batch["labels"]), logits.argmax(-1)
+
+    def on_validation_epoch_start(self) -> None:
+        self._predictions, self._references = [], []
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        loss, predictions = self.model_step(batch)
+        self._predictions += predictions.tolist()
+        self._references += batch["labels"].tolist()
+        self.log("val/loss", loss.detach(), on_epoch=True, batch_size=batch["labels"].shape[0])
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_scores(score_task(self.hparams.metric, self._predictions, self._references))
 
 
 class RegressionModule(_FinetuneModule):

@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-RESULT_COLUMNS = ["model", "task", "metric", "score"]
+RESULT_COLUMNS = ["model", "task", "metric", "score", "std", "seeds"]
 
 
 def _loss_curve(path: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
@@ -58,6 +58,10 @@ def plot_loss(train, val, path: Path) -> None:
     plt.close(fig)
 
 
+def _score(row: dict) -> str:
+    return f"{row['score']:.4f} ± {row['std']:.4f}" if row["seeds"] > 1 else f"{row['score']:.4f}"
+
+
 def write_report(stage_dirs: dict[str, Path], out: Path, title: str) -> dict[str, Path]:
     """results.md/results.csv from the finetune stage's results and the pretrain stage's loss curve."""
     results = json.loads((stage_dirs["finetune"] / "results.json").read_text())
@@ -65,8 +69,8 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str) -> dict[str
         writer = csv.DictWriter(f, fieldnames=RESULT_COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(results)
-    lines = [f"# Results: {title}", "", "| model | task | metric | score |", "|---|---|---|---|"]
-    lines += [f"| {r['model']} | {r['task']} | {r['metric']} | {r['score']:.4f} |" for r in results]
+    lines = [f"# Results: {title}", "", "| model | task | metric | score | seeds |", "|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['task']} | {r['metric']} | {_score(r)} | {r['seeds']} |" for r in results]
     paths = {"results_md": out / "results.md", "results_csv": out / "results.csv"}
     curve = stage_dirs["pretrain"] / "loss_curve.csv"
     if curve.is_file():

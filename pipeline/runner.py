@@ -7,6 +7,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from pipeline.dag import StageFailed, plan, run_dag
+from pipeline.finetuning import task_names
 from pipeline.stages import STAGES
 from pipeline.tasks import load_task
 from pipeline.tracking import LOGGER_KINDS
@@ -27,7 +28,8 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"data.input_format={cfg.data.input_format!r}; use raw or sentence_per_line")
     if cfg.logger.kind not in LOGGER_KINDS:
         raise ValueError(f"logger.kind={cfg.logger.kind!r}; use one of {LOGGER_KINDS} (logger=wandb|csv)")
-    load_task(cfg.finetune.task)
+    for name in task_names(cfg):
+        load_task(name)
 
 
 def init_ray(cfg: DictConfig) -> None:

@@ -7,29 +7,22 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import time
 from pathlib import Path
 
-import lightning as L
-import numpy as np
 import ray
-import torch
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader
 
 from data_prep.bert_examples import create_training_instances, write_instances
 from data_prep.builtin import default_corpus
 from data_prep.prepare import prepare_corpus
 from data_prep.shards import open_shards, shard_paths
 from data_prep.tokenizer import encode_batch_ids, load_tokenizer, train_wordpiece
-from models.bert import BertForSequenceClassification, load_encoder
 from pipeline.dag import Stage, StageContext
-from pipeline.data import EncodedTask, pad_classification_batch, read_arrow
-from pipeline.lit import SequenceClassificationModule
+from pipeline.data import read_arrow
+from pipeline.finetuning import finetune, task_names
 from pipeline.pretraining import pretrain
 from pipeline.report import write_report
-from pipeline.tasks import load_task, read_split, resolve_task_dir
-from pipeline.training import make_trainer
+from pipeline.tasks import load_task, resolve_task_dir
 
 
 def corpus_dir(cfg: DictConfig) -> Path:
@@ -98,59 +91,6 @@ def examples(ctx: StageContext) -> dict:
     return {"instances": int(sum(counts)), "files": len(counts)}
 
 
-def _finetune_one(ctx: StageContext, kind: str, encoder_dir: Path, train_set, dev_set, num_labels: int) -> float:
-    f = ctx.cfg.finetune
-    L.seed_everything(ctx.cfg.seed, workers=True)  # same head init and data order for every kind
-    encoder = load_encoder(encoder_dir)
-    model = BertForSequenceClassification(encoder.config, num_labels)
-    if kind == "pretrained":
-        model.bert.load_state_dict(encoder.state_dict())
-    elif kind != "random_init":
-        raise ValueError(f"finetune.models: unknown kind {kind!r}; use pretrained and/or random_init")
-    train_loader = DataLoader(train_set, batch_size=f.batch_size, shuffle=True,
-                              collate_fn=pad_classification_batch,
-                              generator=torch.Generator().manual_seed(ctx.cfg.seed))
-    dev_loader = DataLoader(dev_set, batch_size=128, collate_fn=pad_classification_batch)
-    total_steps = len(train_loader) * f.epochs
-    module = SequenceClassificationModule(model, lr=f.lr, weight_decay=f.weight_decay,
-                                          warmup_steps=int(f.warmup_fraction * total_steps),
-                                          total_steps=total_steps)
-    trainer = make_trainer(ctx, [], prefix=kind, max_epochs=f.epochs, num_sanity_val_steps=0,
-                       enable_checkpointing=False)
-    trainer.fit(module, train_loader, dev_loader)
-    return module.accuracy
-
-
-def finetune(ctx: StageContext) -> dict:
-    f = ctx.cfg.finetune
-    task = load_task(f.task)
-    data_dir = resolve_task_dir(task, f.data_dir, ctx.cfg.paths.cache_dir)
-    train, dev = read_split(task, data_dir / task.train_file), read_split(task, data_dir / task.dev_file)
-    if f.max_train_examples and len(train.labels) > f.max_train_examples:
-        keep = sorted(random.Random(ctx.cfg.seed).sample(range(len(train.labels)), f.max_train_examples))
-        train.texts_a = [train.texts_a[i] for i in keep]
-        train.texts_b = [train.texts_b[i] for i in keep] if train.texts_b is not None else None
-        train.labels = [train.labels[i] for i in keep]
-    tok = load_tokenizer(ctx.stage_dir("tokenizer"))
-    train_set = EncodedTask(tok, train.texts_a, train.texts_b, train.labels, f.max_seq_length)
-    dev_set = EncodedTask(tok, dev.texts_a, dev.texts_b, dev.labels, f.max_seq_length)
-    rows = []
-    for kind in f.models:
-        started = time.perf_counter()
-        score = _finetune_one(ctx, kind, ctx.stage_dir("pretrain") / "encoder", train_set, dev_set,
-                              len(task.labels))
-        rows.append({"model": kind, "task": task.name, "metric": task.metric, "score": round(score, 4),
-                     "train_examples": len(train_set), "dev_examples": len(dev_set),
-                     "seconds": round(time.perf_counter() - started, 1)})
-        print(f"finetune {task.name}: {kind} dev {task.metric} = {score:.4f}")
-    majority = max(np.bincount(dev.labels)) / len(dev.labels)
-    rows.append({"model": "majority_class", "task": task.name, "metric": task.metric,
-                 "score": round(float(majority), 4), "train_examples": len(train_set),
-                 "dev_examples": len(dev_set), "seconds": 0.0})
-    (ctx.stage_dir("finetune") / "results.json").write_text(json.dumps(rows, indent=2))
-    return {"results": rows}
-
-
 def report(ctx: StageContext) -> dict:
     paths = write_report({name: ctx.stage_dir(name) for name in ("pretrain", "finetune")}, ctx.out_dir,
                          title=ctx.cfg.experiment_name)
@@ -168,9 +108,13 @@ def _corpus_fingerprint(cfg: DictConfig) -> str:
     return _files_fingerprint(corpus_dir(cfg), cfg.data.glob)
 
 
-def _task_fingerprint(cfg: DictConfig) -> str:
-    task = load_task(cfg.finetune.task)
-    return _files_fingerprint(resolve_task_dir(task, cfg.finetune.data_dir, cfg.paths.cache_dir), "*")
+def _finetune_fingerprint(cfg: DictConfig) -> str:
+    """The task files and, when fine-tuning an external encoder, its files."""
+    parts = [_files_fingerprint(resolve_task_dir(load_task(name), cfg.finetune.data_dir, cfg.paths.cache_dir), "*")
+             for name in task_names(cfg)]
+    if cfg.finetune.encoder:
+        parts.append(_files_fingerprint(Path(cfg.finetune.encoder).expanduser(), "*"))
+    return hashlib.sha256("".join(parts).encode()).hexdigest()
 
 
 def _all_cpus(cfg: DictConfig) -> float:
@@ -185,6 +129,6 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("pretrain", pretrain, ("tokenizer", "examples"), ("model", "pretrain", "trainer", "seed"), version=1,
           num_cpus=_all_cpus),
     Stage("finetune", finetune, ("tokenizer", "pretrain"), ("finetune", "trainer", "seed"), version=1,
-          fingerprint=_task_fingerprint, num_cpus=_all_cpus),
+          fingerprint=_finetune_fingerprint, num_cpus=_all_cpus),
     Stage("report", report, ("pretrain", "finetune"), ("experiment_name",), version=1),
 ]}

@@ -26,9 +26,12 @@ def load_task(name: str) -> DictConfig:
 
 
 def resolve_task_dir(task: DictConfig, data_dir: str | None, cache_dir: str) -> Path:
-    """The directory holding the task's files: the user's data_dir, else the task's built-in data."""
+    """The directory holding the task's files: the user's data_dir (or its `data_subdir`, so that one root such
+    as GLUE's serves several tasks), else the task's built-in data."""
     if data_dir:
         path = Path(data_dir).expanduser()
+        if task.get("data_subdir") and (path / task.data_subdir).is_dir():
+            path = path / task.data_subdir
         if not path.is_dir():
             raise FileNotFoundError(f"task {task.name}: data directory {path} does not exist; "
                                     f"pass finetune.data_dir=DIR with {task.train_file} and {task.dev_file}")
@@ -43,36 +46,52 @@ def resolve_task_dir(task: DictConfig, data_dir: str | None, cache_dir: str) -> 
 class TaskSplit:
     texts_a: list[str]
     texts_b: list[str] | None
-    labels: list[int]
+    labels: list[int] | list[float]
+
+
+def _label(task: DictConfig, label_index: dict[str, int] | None, raw: str, where: str) -> int | float:
+    if label_index is None:
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"{where}: label {raw!r} is not a number; task {task.name} is a regression task "
+                             "(labels: null)") from None
+    if raw not in label_index:
+        raise ValueError(f"{where}: unknown label {raw!r}; task {task.name} has labels {list(label_index)}")
+    return label_index[raw]
 
 
 def read_split(task: DictConfig, path: Path) -> TaskSplit:
-    """Read one TSV split; labels are mapped to 0..n-1 in the order of the task's label list."""
+    """Read one TSV split. Labels are mapped to 0..n-1 in the order of the task's label list, or read as floats
+    when the task has `labels: null` (regression, STS-B). With `header: false` (CoLA) the files have no header
+    row and text_a/text_b/label are 0-based column indices."""
     if not path.is_file():
         raise FileNotFoundError(f"task {task.name}: {path} not found")
-    label_index = {str(label): i for i, label in enumerate(task.labels)}
-    texts_a, texts_b, labels = [], [] if task.text_b else None, []
-    with open(path, encoding="utf-8", newline="") as f:
+    label_index = None if task.labels is None else {str(label): i for i, label in enumerate(task.labels)}
+    columns = [c for c in (task.text_a, task.text_b, task.label) if c is not None]
+    texts_a, texts_b, labels = [], [] if task.text_b is not None else None, []
+    # utf-8-sig: GLUE's MRPC files start with a byte-order mark, which would otherwise prefix the first column name
+    with open(path, encoding="utf-8-sig", newline="") as f:
         reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        header = next(reader, None)
-        if header is None:
-            raise ValueError(f"{path}: empty file, expected a header row and examples")
-        columns = [c for c in (task.text_a, task.text_b, task.label) if c]
-        missing = [c for c in columns if c not in header]
-        if missing:
-            raise ValueError(f"{path}:1: missing column(s) {missing}; header has {header}")
-        col = {name: header.index(name) for name in columns}
-        for line_no, row in enumerate(reader, start=2):
-            if len(row) < len(header):
-                raise ValueError(f"{path}:{line_no}: expected {len(header)} tab-separated fields, got {len(row)}")
-            label = row[col[task.label]].strip()
-            if label not in label_index:
-                raise ValueError(f"{path}:{line_no}: unknown label {label!r}; task {task.name} "
-                                 f"has labels {list(label_index)}")
+        if task.get("header", True):
+            header = next(reader, None)
+            if header is None:
+                raise ValueError(f"{path}: empty file, expected a header row and examples")
+            missing = [c for c in columns if c not in header]
+            if missing:
+                raise ValueError(f"{path}:1: missing column(s) {missing}; header has {header}")
+            col = {name: header.index(name) for name in columns}
+            width, first_line = len(header), 2
+        else:
+            col = {index: index for index in columns}
+            width, first_line = max(columns) + 1, 1
+        for line_no, row in enumerate(reader, start=first_line):
+            if len(row) < width:
+                raise ValueError(f"{path}:{line_no}: expected at least {width} tab-separated fields, got {len(row)}")
+            labels.append(_label(task, label_index, row[col[task.label]].strip(), f"{path}:{line_no}"))
             texts_a.append(row[col[task.text_a]])
             if texts_b is not None:
                 texts_b.append(row[col[task.text_b]])
-            labels.append(label_index[label])
     if not labels:
-        raise ValueError(f"{path}: no examples after the header")
+        raise ValueError(f"{path}: no examples" + (" after the header" if task.get("header", True) else ""))
     return TaskSplit(texts_a, texts_b, labels)

@@ -92,7 +92,7 @@ def test_report_writes_results_table_and_loss_summary(ctx):
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["model"] for r in rows] == ["pretrained", "random_init", "majority_class"]
-    assert set(rows[0]) == {"model", "task", "metric", "score"}
+    assert set(rows[0]) == {"model", "task", "metric", "score", "std", "seeds"}
     md = (out / "results.md").read_text()
     assert "| pretrained | sst2 | accuracy |" in md and "train loss (MLM + NSP)" in md
     assert (out / "loss_curve.png").stat().st_size > 1000

@@ -1,0 +1,189 @@
+"""The fine-tune stage: every configured task × model × seed, BERT fine-tuned end to end (Devlin et al. 2019, §4;
+seed 003), next to the same architecture from random initialisation and a majority-class baseline.
+
+One finished (task, model, seed) is one small JSON file, so a run killed half-way skips what it had finished."""
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import lightning as L
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader
+
+from data_prep.conll import TaggedSentence, encode_tagged_sentences, iob1_to_iob2, read_conll
+from data_prep.squad import read_squad, squad_features
+from data_prep.tokenizer import load_tokenizer
+from models.bert import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification, load_encoder
+from pipeline.dag import StageContext, write_json_atomically
+from pipeline.data import EncodedTask, pad_classification_batch
+from pipeline.lit_downstream import (ClassificationModule, QuestionAnsweringModule, RegressionModule,
+                                     TokenClassificationModule, collate_question_answering,
+                                     collate_token_classification)
+from pipeline.metrics import score_task
+from pipeline.tasks import load_task, read_split, resolve_task_dir
+from pipeline.training import make_trainer
+
+MODEL_KINDS = ("pretrained", "random_init")
+
+
+@dataclass
+class TaskData:
+    """A task encoded once with one tokenizer, with what builds its model head and LightningModule."""
+    train: list
+    dev: list
+    collate: Callable
+    make_model: Callable       # BertConfig -> nn.Module with a `.bert` encoder
+    make_module: Callable      # (model, lr=, weight_decay=, warmup_steps=, total_steps=) -> LightningModule
+    majority_scores: dict[str, float] | None  # majority-class baseline, for classification tasks only
+
+
+def _subsample(items: list, limit: int | None, seed: int) -> list:
+    if not limit or len(items) <= limit:
+        return items
+    return [items[i] for i in sorted(random.Random(seed).sample(range(len(items)), limit))]
+
+
+def task_names(cfg: DictConfig) -> list[str]:
+    task = cfg.finetune.task
+    return [task] if isinstance(task, str) else list(task)
+
+
+def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, max_train_examples: int | None,
+                   seed: int) -> TaskData:
+    """Read and encode one task, dispatching on its `format` (tsv | conll | squad) and label type."""
+    if task.format == "tsv":
+        train, dev = read_split(task, data_dir / task.train_file), read_split(task, data_dir / task.dev_file)
+        keep = _subsample(list(range(len(train.labels))), max_train_examples, seed)
+        sets = [EncodedTask(tok, [s.texts_a[i] for i in idx], None if s.texts_b is None else [s.texts_b[i] for i in idx],
+                            [s.labels[i] for i in idx], max_seq_length)
+                for s, idx in ((train, keep), (dev, range(len(dev.labels))))]
+        if task.labels is None:  # regression (STS-B): one output, mean squared error
+            return TaskData(*sets, pad_classification_batch, lambda c: BertForSequenceClassification(c, 1),
+                            RegressionModule, None)
+        majority = int(np.bincount([train.labels[i] for i in keep]).argmax())
+        return TaskData(*sets, pad_classification_batch,
+                        lambda c: BertForSequenceClassification(c, len(task.labels)),
+                        partial(ClassificationModule, metric=task.metric),
+                        score_task(task.metric, [majority] * len(dev.labels), dev.labels))
+    if task.format == "conll":
+        def read(name: str) -> list[TaggedSentence]:  # IOB1 files; the task's labels are IOB2
+            return [TaggedSentence(s.tokens, iob1_to_iob2(s.tags)) for s in read_conll(data_dir / name)]
+        train, dev, labels = _subsample(read(task.train_file), max_train_examples, seed), read(task.dev_file), list(task.labels)
+        return TaskData(encode_tagged_sentences(tok, train, labels, max_seq_length),
+                        encode_tagged_sentences(tok, dev, labels, max_seq_length), collate_token_classification,
+                        lambda c: BertForTokenClassification(c, len(labels)),
+                        partial(TokenClassificationModule, labels=labels, dev_tags=[s.tags for s in dev]), None)
+    if task.format == "squad":
+        train = _subsample(read_squad(data_dir / task.train_file), max_train_examples, seed)
+        dev = read_squad(data_dir / task.dev_file)
+        windows = dict(max_seq_length=max_seq_length, doc_stride=task.doc_stride,
+                       max_query_length=task.max_query_length)
+        dev_features = squad_features(tok, dev, **windows)
+        return TaskData(list(enumerate(squad_features(tok, train, **windows))), list(enumerate(dev_features)),
+                        collate_question_answering, BertForQuestionAnswering,
+                        partial(QuestionAnsweringModule, dev_examples=dev, dev_features=dev_features,
+                                n_best_size=task.n_best_size, max_answer_length=task.max_answer_length), None)
+    raise ValueError(f"task {task.name}: unknown format {task.format!r}; use tsv, conll or squad")
+
+
+def encoder_and_tokenizer(ctx: StageContext):
+    """The encoder to fine-tune and its tokenizer: `finetune.encoder` (an HF BERT directory or one of ours, with
+    its tokenizer files beside it) if set, else this run's pretraining checkpoint and tokenizer."""
+    path = ctx.cfg.finetune.encoder
+    if not path:
+        return ctx.stage_dir("pretrain") / "encoder", load_tokenizer(ctx.stage_dir("tokenizer"))
+    path = Path(path).expanduser()
+    if (path / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        return path, Tokenizer.from_file(str(path / "tokenizer.json"))
+    if (path / "vocab.txt").is_file():
+        from tokenizers.implementations import BertWordPieceTokenizer
+
+        lowercase = json.loads((path / "config.json").read_text()).get("do_lower_case", True) \
+            if (path / "config.json").is_file() else True
+        return path, BertWordPieceTokenizer(str(path / "vocab.txt"), lowercase=lowercase)
+    raise FileNotFoundError(f"finetune.encoder={path} has no tokenizer.json or vocab.txt; put the tokenizer "
+                            "files of that model beside its weights")
+
+
+def finetune_once(ctx: StageContext, task: DictConfig, data: TaskData, encoder_dir: Path, kind: str,
+                  seed: int) -> dict[str, float]:
+    f = ctx.cfg.finetune
+    L.seed_everything(seed, workers=True)  # the same head initialisation and data order for every model kind
+    encoder = load_encoder(encoder_dir)
+    model = data.make_model(encoder.config)
+    if kind == "pretrained":
+        model.bert.load_state_dict(encoder.state_dict())
+    train_loader = DataLoader(data.train, batch_size=f.batch_size, shuffle=True, collate_fn=data.collate,
+                              generator=torch.Generator().manual_seed(seed))
+    dev_loader = DataLoader(data.dev, batch_size=f.eval_batch_size, collate_fn=data.collate)
+    total_steps = len(train_loader) * f.epochs
+    module = data.make_module(model, lr=f.lr, weight_decay=f.weight_decay,
+                              warmup_steps=int(f.warmup_fraction * total_steps), total_steps=total_steps)
+    trainer = make_trainer(ctx, [], prefix=f"{task.name}/{kind}/seed{seed}", max_epochs=f.epochs,
+                           num_sanity_val_steps=0, enable_checkpointing=False)
+    trainer.fit(module, train_loader, dev_loader)
+    return dict(module.scores)
+
+
+def _aggregate(rows: list[dict]) -> list[dict]:
+    """Mean ± std over seeds, one row per (model, task, metric)."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["model"], row["task"], row["metric"]), []).append(row)
+    out = []
+    for (model, task, metric), members in groups.items():
+        scores = np.array([m["score"] for m in members], dtype=float)
+        out.append({"model": model, "task": task, "metric": metric, "score": round(float(scores.mean()), 4),
+                    "std": round(float(scores.std(ddof=1)), 4) if len(scores) > 1 else 0.0,
+                    "seeds": len(scores), "train_examples": members[0]["train_examples"],
+                    "dev_examples": members[0]["dev_examples"],
+                    "seconds": round(sum(m["seconds"] for m in members), 1)})
+    return out
+
+
+def finetune(ctx: StageContext) -> dict:
+    f = ctx.cfg.finetune
+    unknown = [k for k in f.models if k not in MODEL_KINDS]
+    if unknown:
+        raise ValueError(f"finetune.models: unknown {unknown}; choose from {list(MODEL_KINDS)}")
+    encoder_dir, tok = encoder_and_tokenizer(ctx)
+    finished = ctx.out_dir / "finished"
+    finished.mkdir(exist_ok=True)
+    rows = []
+    for name in task_names(ctx.cfg):
+        task = load_task(name)
+        data = load_task_data(task, resolve_task_dir(task, f.data_dir, ctx.cfg.paths.cache_dir), tok,
+                              f.max_seq_length, f.max_train_examples, ctx.cfg.seed)
+        sizes = {"train_examples": len(data.train), "dev_examples": len(data.dev)}
+        for kind in f.models:
+            for seed in f.seeds:
+                done = finished / f"{task.name}-{kind}-seed{seed}.json"
+                if done.is_file():
+                    print(f"finetune {task.name}/{kind}/seed{seed}: found {done.name}, skipping")
+                    rows += json.loads(done.read_text())
+                    continue
+                started = time.perf_counter()
+                scores = finetune_once(ctx, task, data, encoder_dir, kind, seed)
+                result = [{"model": kind, "task": task.name, "metric": metric, "score": value, "seed": seed,
+                           **sizes, "seconds": round(time.perf_counter() - started, 1)}
+                          for metric, value in scores.items()]
+                write_json_atomically(done, result)
+                rows += result
+                print(f"finetune {task.name}/{kind}/seed{seed}: " +
+                      ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), flush=True)
+        if data.majority_scores is not None:
+            rows += [{"model": "majority_class", "task": task.name, "metric": metric, "score": value, "seed": None,
+                      **sizes, "seconds": 0.0} for metric, value in data.majority_scores.items()]
+    results = _aggregate(rows)
+    write_json_atomically(ctx.out_dir / "results.json", results)
+    return {"results": results}

@@ -1,0 +1,93 @@
+"""The fine-tune stage across task families, seeds aggregated as mean ± std, finished runs skipped on rerun."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from data_prep.tokenizer import train_wordpiece
+from models.bert import BertModel, bert_config, save_encoder
+from pipeline import CONF_DIR, finetuning
+from pipeline.dag import StageContext
+from tests.conftest import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, write_sentiment_task
+
+WORDS = SUBJECTS + OBJECTS + POSITIVE + NEGATIVE + ["peter", "paris", "went", "to", "smith", "london"]
+
+
+def _write_stsb(root: Path) -> None:
+    """STS-B layout: a float similarity score for a sentence pair."""
+    rng = random.Random(1)
+    root.mkdir(parents=True)
+    for name, n in (("train.tsv", 40), ("dev.tsv", 12)):
+        rows = ["index\tsentence1\tsentence2\tscore"]
+        for i in range(n):
+            rows.append(f"{i}\t{rng.choice(SUBJECTS)} {rng.choice(POSITIVE)}\t{rng.choice(SUBJECTS)}\t{rng.uniform(0, 5):.2f}")
+        (root / name).write_text("\n".join(rows) + "\n")
+
+
+def _write_conll(root: Path) -> None:
+    root.mkdir(parents=True)
+    sentence = "Peter NNP B-NP I-PER\nwent VBD B-VP O\nto TO B-PP O\nParis NNP B-NP I-LOC\n"
+    for name in ("eng.train", "eng.testa"):
+        (root / name).write_text("-DOCSTART- -X- -X- O\n\n" + "\n".join([sentence] * 6))
+
+
+@pytest.fixture
+def ctx(tmp_path) -> StageContext:
+    tok_dir, pretrain_dir = tmp_path / "tokenizer", tmp_path / "pretrain"
+    rng = random.Random(0)
+    train_wordpiece([" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(300)], tok_dir, vocab_size=120,
+                    min_frequency=1)
+    save_encoder(BertModel(bert_config("bert_tiny", vocab_size=128, max_position_embeddings=64)),
+                 pretrain_dir / "encoder")
+    glue = tmp_path / "glue"
+    write_sentiment_task(glue / "SST-2", n_train=32, n_dev=16)
+    _write_stsb(glue / "STS-B")
+    _write_conll(glue / "conll2003")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "+experiment=bert_tiny", f"paths.run_dir={tmp_path}", f"paths.cache_dir={tmp_path / 'cache'}",
+            "logger=csv", "trainer.precision=32-true", "finetune.task=[sst2,stsb,conll2003]",
+            f"finetune.data_dir={glue}", "finetune.models=[pretrained]", "finetune.seeds=[1,2]",
+            "finetune.epochs=1", "finetune.batch_size=8", "finetune.max_seq_length=16"])
+    out = tmp_path / "finetune"
+    out.mkdir()
+    return StageContext(cfg, "finetune", out, {"tokenizer": tok_dir, "pretrain": pretrain_dir})
+
+
+def test_every_task_family_is_scored_with_its_metric_over_seeds_and_reruns_skip(ctx, monkeypatch, capsys):
+    results = finetuning.finetune(ctx)["results"]
+    by_key = {(r["model"], r["task"], r["metric"]): r for r in results}
+    assert {k for k in by_key if k[0] == "pretrained"} == {
+        ("pretrained", "sst2", "accuracy"), ("pretrained", "stsb", "pearson"), ("pretrained", "stsb", "spearman"),
+        ("pretrained", "conll2003", "precision"), ("pretrained", "conll2003", "recall"),
+        ("pretrained", "conll2003", "f1")}
+    assert all(r["seeds"] == 2 for k, r in by_key.items() if k[0] == "pretrained")
+    assert ("majority_class", "sst2", "accuracy") in by_key  # classification tasks only
+    assert not any(k[0] == "majority_class" and k[1] != "sst2" for k in by_key)
+    assert by_key[("pretrained", "sst2", "accuracy")]["dev_examples"] == 16
+    assert len(list((ctx.out_dir / "finished").glob("*.json"))) == 6  # 3 tasks × 1 model × 2 seeds
+
+    def must_not_train(*args, **kwargs):
+        raise AssertionError("a finished (task, model, seed) was trained again")
+
+    monkeypatch.setattr(finetuning, "finetune_once", must_not_train)
+    again = finetuning.finetune(ctx)["results"]
+    assert again == results
+    assert capsys.readouterr().out.count("skipping") == 6
+
+
+def test_unknown_model_kind_is_rejected_with_the_valid_ones(ctx):
+    ctx.cfg.finetune.models = ["pretrained", "bert_large"]
+    with pytest.raises(ValueError, match=r"bert_large.*pretrained"):
+        finetuning.finetune(ctx)
+
+
+def test_external_hf_encoder_without_tokenizer_files_is_a_clear_error(ctx, tmp_path):
+    ctx.cfg.finetune.encoder = str(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(FileNotFoundError, match="tokenizer"):
+        finetuning.encoder_and_tokenizer(ctx)

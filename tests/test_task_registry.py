@@ -1,0 +1,104 @@
+"""Every task YAML in conf/task/ reads a tiny fixture written in that task's own file layout."""
+import json
+
+import pytest
+
+from data_prep.conll import iob1_to_iob2, read_conll
+from data_prep.squad import read_squad
+from pipeline.metrics import METRICS
+from pipeline.tasks import available_tasks, load_task, read_split
+
+
+
+def _write_tsv(task, path, n: int = 6) -> list:
+    """n examples in the task's column layout, with an extra column so that columns are found by name or index and
+    not by position; returns the labels read_split should give back."""
+    headerless = not task.get("header", True)
+    columns = [c for c in (task.text_a, task.text_b, task.label) if c is not None]
+    layout = list(range(max(columns) + 1)) if headerless else ["index", *columns]
+    lines = [] if headerless else ["\t".join(layout)]
+    expected = []
+    for i in range(n):
+        if task.labels is None:
+            label_text, label = f"{i * 0.75:.3f}", i * 0.75
+        else:
+            label = i % len(task.labels)
+            label_text = str(task.labels[label])
+        values = {task.text_a: f"first sentence {i}", task.label: label_text}
+        if task.text_b is not None:
+            values[task.text_b] = f"second sentence {i}"
+        lines.append("\t".join(values.get(column, f"extra {column}") for column in layout))
+        expected.append(label)
+    path.write_text("\n".join(lines) + "\n")
+    return expected
+
+
+def _write_conll(task, path) -> list[list[str]]:
+    entity_tags = [t for t in task.labels if t != "O"]
+    sentences = [[("Peter", entity_tags[0]), ("went", "O")], [("to", "O"), ("Paris", entity_tags[-1])]]
+    path.write_text("-DOCSTART- -X- -X- O\n\n" + "\n\n".join(
+        "\n".join(f"{word} NNP B-NP {tag}" for word, tag in sentence) for sentence in sentences) + "\n")
+    return [[tag for _, tag in sentence] for sentence in sentences]
+
+
+def _write_squad(task, path) -> list[str]:
+    context = "The Seine flows through Paris."
+    path.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": [{
+        "context": context, "qas": [{"id": "q1", "question": "Which river?",
+                                     "answers": [{"text": "The Seine", "answer_start": 0}]}]}]}]}))
+    return ["The Seine"]
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in available_tasks()])
+def test_task_yaml_names_a_known_format_and_metric(name):
+    task = load_task(name)
+    assert task.name == name
+    assert task.format in {"tsv", "conll", "squad"}
+    assert task.metric in METRICS
+    assert task.train_file and task.dev_file and task.train_file != task.dev_file
+
+
+@pytest.mark.parametrize("name", available_tasks())
+def test_task_reads_a_fixture_in_its_layout(name, tmp_path):
+    task = load_task(name)
+    path = tmp_path / task.dev_file
+    if task.format == "tsv":
+        expected = _write_tsv(task, path)
+        split = read_split(task, path)
+        assert split.labels == pytest.approx(expected)
+        assert split.texts_a == [f"first sentence {i}" for i in range(len(expected))]
+        if task.text_b is None:
+            assert split.texts_b is None
+        else:
+            assert split.texts_b == [f"second sentence {i}" for i in range(len(expected))]
+    elif task.format == "conll":
+        expected = _write_conll(task, path)
+        sentences = read_conll(path)
+        assert [s.tags for s in sentences] == expected
+        assert {t for s in sentences for t in iob1_to_iob2(s.tags)} <= set(task.labels)
+    else:
+        expected = _write_squad(task, path)
+        assert [e.answers[0] for e in read_squad(path)] == expected
+
+
+def test_mrpc_header_with_byte_order_mark(tmp_path):
+    """GLUE's MRPC files start with a UTF-8 byte-order mark before the 'Quality' column name."""
+    path = tmp_path / "dev.tsv"
+    path.write_text("\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t10\t11\tHe left .\tHe went away .\n",
+                    encoding="utf-8")
+    split = read_split(load_task("mrpc"), path)
+    assert (split.texts_a, split.texts_b, split.labels) == (["He left ."], ["He went away ."], [1])
+
+
+def test_regression_label_that_is_not_a_number_names_file_and_line(tmp_path):
+    path = tmp_path / "dev.tsv"
+    path.write_text("sentence1\tsentence2\tscore\na\tb\t4.5\nc\td\tfive\n")
+    with pytest.raises(ValueError, match=r"dev.tsv:3: label 'five' is not a number"):
+        read_split(load_task("stsb"), path)
+
+
+def test_headerless_row_with_too_few_fields_names_file_and_line(tmp_path):
+    path = tmp_path / "dev.tsv"
+    path.write_text("gj04\t1\t\tGood sentence .\ngj04\t0\n")
+    with pytest.raises(ValueError, match=r"dev.tsv:2: expected at least 4 tab-separated fields, got 2"):
+        read_split(load_task("cola"), path)
