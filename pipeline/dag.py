@@ -20,7 +20,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -34,7 +34,9 @@ LOG_FILE = "stage.log"
 class Stage:
     name: str
     fn: Callable[["StageContext"], dict]
-    upstream: tuple[str, ...] = ()
+    # Stages whose outputs this one reads; a function of the config where that depends on the experiment (the
+    # evaluate stage reads whichever encoders it is asked to compare).
+    upstream: tuple[str, ...] | Callable[[DictConfig], tuple[str, ...]] = ()
     config_keys: tuple[str, ...] = ()  # dotted config paths that determine the stage's outputs
     version: int = 1                   # bump when the stage's code changes what it writes
     fingerprint: Callable[[DictConfig], str] | None = None  # identity of external inputs (files on disk)
@@ -62,6 +64,17 @@ class StageContext:
 
 class StageFailed(RuntimeError):
     pass
+
+
+def resolve_upstream(stages: dict[str, Stage], cfg: DictConfig) -> dict[str, Stage]:
+    """The stage graph of this configuration: every upstream given as a tuple of stage names."""
+    resolved = {n: s if isinstance(s.upstream, tuple) else replace(s, upstream=tuple(s.upstream(cfg)))
+                for n, s in stages.items()}
+    for name, stage in resolved.items():
+        unknown = [u for u in stage.upstream if u not in resolved]
+        if unknown:
+            raise ValueError(f"stage {name} reads unknown stage(s) {unknown}; known: {list(resolved)}")
+    return resolved
 
 
 def topological_order(stages: dict[str, Stage]) -> list[str]:
@@ -114,6 +127,7 @@ def _config_subset(cfg: DictConfig, keys: tuple[str, ...]) -> dict:
 
 
 def stage_hashes(cfg: DictConfig, stages: dict[str, Stage], names: list[str]) -> dict[str, str]:
+    stages = resolve_upstream(stages, cfg)
     hashes: dict[str, str] = {}
     for name in topological_order({n: stages[n] for n in _closure(stages, names)}):
         stage = stages[name]
@@ -229,21 +243,24 @@ def directory_size(path: Path) -> int:
 
 @dataclass
 class Plan:
+    stages: dict[str, Stage]  # the stage graph resolved for this configuration
     order: list[str]
     hashes: dict[str, str]
     dirs: dict[str, Path]
     cached: dict[str, bool]
 
-    def describe(self, stages: dict[str, Stage]) -> str:
+    def describe(self) -> str:
         lines = [f"{'stage':<12} {'state':<8} {'hash':<17} upstream → output"]
         for name in self.order:
             state = "cached" if self.cached[name] else "pending"
-            ups = ",".join(stages[name].upstream) or "-"
+            ups = ",".join(self.stages[name].upstream) or "-"
             lines.append(f"{name:<12} {state:<8} {self.hashes[name]:<17} {ups} → {self.dirs[name]}")
         return "\n".join(lines)
 
 
 def plan(cfg: DictConfig, stages: dict[str, Stage]) -> Plan:
+    """What a run of `cfg` would execute: stages in order, their hashes, output dirs, and which are complete."""
+    stages = resolve_upstream(stages, cfg)
     p = cfg.pipeline
     unknown = [s for s in [*p.stages, *(p.force or []), *([p.until] if p.until else [])] if s not in stages]
     if unknown:
@@ -255,7 +272,7 @@ def plan(cfg: DictConfig, stages: dict[str, Stage]) -> Plan:
     for name in list(forced):
         forced |= descendants(stages, name)
     cached = {n: is_complete(dirs[n]) and n not in forced for n in order}
-    return Plan(order, hashes, dirs, cached)
+    return Plan(stages, order, hashes, dirs, cached)
 
 
 def _link(run_dir: Path, name: str, target: Path) -> None:
@@ -272,8 +289,9 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
     import ray
 
     the_plan = plan(cfg, stages)
+    stages = the_plan.stages
     if cfg.pipeline.dry_run:
-        print(the_plan.describe(stages))
+        print(the_plan.describe())
         return {}
     for name in the_plan.order:
         if not the_plan.cached[name] and is_complete(the_plan.dirs[name]):  # forced: invalidate, then rerun

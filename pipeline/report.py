@@ -62,28 +62,45 @@ def _score(row: dict) -> str:
     return f"{row['score']:.4f} ± {row['std']:.4f}" if row["seeds"] > 1 else f"{row['score']:.4f}"
 
 
+def _pivot(rows: list[dict]) -> list[str]:
+    """Markdown table, one row per encoder and one column per task metric (SentEval's layout)."""
+    columns = list(dict.fromkeys(f"{r['task']} {r['metric']}" for r in rows))
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    cell = {(r["model"], f"{r['task']} {r['metric']}"): f"{r['score']:.4f}" for r in rows}
+    return ["| encoder | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"] + \
+        [f"| {m} | " + " | ".join(cell.get((m, c), "–") for c in columns) + " |" for m in models]
+
+
 def write_report(stage_dirs: dict[str, Path], out: Path, title: str) -> dict[str, Path]:
-    """results.md/results.csv from the finetune stage's results and the pretrain stage's loss curve."""
-    results = json.loads((stage_dirs["finetune"] / "results.json").read_text())
+    """results.md / results.csv (one row per model, task and metric) from the finetune and evaluate stages, and the
+    pretraining loss curve (summary and plot) from the pretrain stage."""
+    lines = [f"# Results: {title}"]
+    rows = []
+    for stage, heading in (("finetune", "Fine-tuning (dev set)"), ("evaluate", "Frozen sentence embeddings (SentEval-style probes)")):
+        if stage not in stage_dirs:
+            continue
+        results = json.loads((stage_dirs[stage] / "results.json").read_text())
+        rows += [{"stage": stage, **r} for r in results]
+        lines += ["", f"## {heading}", ""]
+        if stage == "finetune":
+            lines += ["| model | task | metric | score | seeds |", "|---|---|---|---|---|"]
+            lines += [f"| {r['model']} | {r['task']} | {r['metric']} | {_score(r)} | {r['seeds']} |" for r in results]
+        else:
+            lines += _pivot(results)
     with open(out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=RESULT_COLUMNS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=["stage", *RESULT_COLUMNS], extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(results)
-    lines = [f"# Results: {title}", "", "| model | task | metric | score | seeds |", "|---|---|---|---|---|"]
-    lines += [f"| {r['model']} | {r['task']} | {r['metric']} | {_score(r)} | {r['seeds']} |" for r in results]
+        writer.writerows(rows)
     paths = {"results_md": out / "results.md", "results_csv": out / "results.csv"}
-    curve = stage_dirs["pretrain"] / "loss_curve.csv"
-    if curve.is_file():
-        train, val = _loss_curve(curve)
+    if "pretrain" in stage_dirs:
+        train, val = _loss_curve(stage_dirs["pretrain"] / "loss_curve.csv")
         lines += ["", "## Pretraining", ""] + summarise_loss(train, val)
+        info = json.loads((stage_dirs["pretrain"] / "stage.json").read_text())
+        lines += [f"- {info.get('steps')} steps in {info.get('seconds')} s, precision {info.get('precision')}, "
+                  f"{info.get('num_parameters')} parameters"]
         if train:
             plot_loss(train, val, out / "loss_curve.png")
             lines += ["", "![pretraining loss](loss_curve.png)"]
             paths["loss_plot"] = out / "loss_curve.png"
-    summary = stage_dirs["pretrain"] / "stage.json"
-    if summary.is_file():
-        info = json.loads(summary.read_text())
-        lines += [f"- {info.get('steps')} steps in {info.get('seconds')} s, precision {info.get('precision')}, "
-                  f"{info.get('num_parameters')} parameters"]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     return paths

@@ -51,7 +51,7 @@ def run_pipeline(cfg: DictConfig) -> Path:
     run_dir = Path(cfg.paths.run_dir)
     Path(cfg.paths.cache_dir).mkdir(parents=True, exist_ok=True)
     if cfg.pipeline.dry_run:
-        print(plan(cfg, STAGES).describe(STAGES))
+        print(plan(cfg, STAGES).describe())
         return run_dir
     os.environ["WANDB_MODE"] = cfg.logger.mode  # inherited by Ray workers: offline unless asked otherwise
     init_ray(cfg)

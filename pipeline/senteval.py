@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from data_prep.senteval_data import (LabelledSentences, SentencePairs, read_labelled_tsv, read_mr, read_mrpc,
                                      read_sick)
 from data_prep.tokenizer import CLS_ID, PAD_ID, SEP_ID, encode_batch_ids
+from data_prep.word_vectors import WordVectors
 
 log = logging.getLogger(__name__)
 
@@ -65,21 +66,21 @@ class Encoder(Protocol):
 
 class GloveBagOfWords:
     """Mean of the word vectors of a sentence's known words: SentEval's bow.py baseline (seed 000). A sentence with
-    no known word gets the zero vector, as in bow.py."""
+    no known word gets the zero vector, as in bow.py. GloVe 6B 50-d: GloveBagOfWords(word_vectors.load_glove())."""
 
-    def __init__(self, vectors: Mapping[str, np.ndarray], name: str = "glove_bow"):
+    def __init__(self, vectors: WordVectors, name: str = "glove_bow"):
         self.vectors = vectors
         self.name = name
         self._table: dict[str, np.ndarray] | None = None
 
     def prepare(self, samples: list[list[str]]) -> None:
-        # As bow.py: keep only the task's words, so a lazily loaded vector file is read once per word, not per use.
-        vocabulary = {word for sentence in samples for word in sentence}
-        self._table = {w: np.asarray(self.vectors[w], dtype=np.float32) for w in vocabulary if w in self.vectors}
-        if not self._table:
-            raise ValueError(f"{self.name}: none of the task's {len(vocabulary)} words has a vector; the vectors "
-                             "must be keyed by lowercased tokens as data_prep.senteval_data.tokenize produces them")
-        self._dim = len(next(iter(self._table.values())))
+        # As bow.py: keep only the task's words.
+        known = sorted({word for sentence in samples for word in sentence if word in self.vectors})
+        if not known:
+            raise ValueError(f"{self.name}: no word of the task has a vector; the vectors must be keyed by "
+                             "lowercased tokens as data_prep.senteval_data.tokenize produces them")
+        self._table = dict(zip(known, self.vectors.rows(known).astype(np.float32)))
+        self._dim = self.vectors.vectors.shape[1]
 
     def batcher(self, batch: list[list[str]]) -> np.ndarray:
         if self._table is None:
@@ -99,11 +100,13 @@ class BertEncoder:
     """Frozen BERT features: the final hidden state of [CLS] ("cls"; not the pooler, whose tanh layer was trained
     for next sentence prediction only) or the mean of the final hidden states over the real tokens, [CLS] and [SEP]
     included ("mean", as Sentence-BERT, Reimers & Gurevych 2019). Input is [CLS] sentence [SEP], cut to
-    max_seq_length pieces."""
+    max_seq_length pieces (default: the model's max_position_embeddings)."""
 
-    def __init__(self, model, tokenizer, pooling: str = "cls", max_seq_length: int = 128, name: str | None = None):
+    def __init__(self, model, tokenizer, pooling: str = "cls", max_seq_length: int | None = None,
+                 name: str | None = None):
         if pooling not in BERT_POOLINGS:
             raise ValueError(f"pooling must be one of {BERT_POOLINGS}, got {pooling!r}")
+        max_seq_length = max_seq_length or model.config.max_position_embeddings
         if not 2 < max_seq_length <= model.config.max_position_embeddings:
             raise ValueError(f"max_seq_length must be in 3..{model.config.max_position_embeddings} (the model's "
                              f"max_position_embeddings), got {max_seq_length}")
@@ -298,7 +301,8 @@ def stratified_folds(labels: np.ndarray, k: int, rng: np.random.Generator) -> li
     """k disjoint index arrays covering every example, each class shuffled and dealt evenly across the folds."""
     labels = np.asarray(labels)
     if len(labels) < k:
-        raise ValueError(f"{len(labels)} examples cannot be split into {k} folds; lower senteval.classifier folds")
+        raise ValueError(f"{len(labels)} examples cannot be split into {k} folds; lower "
+                         "senteval.classifier.cv_folds or inner_folds, or give the task more examples")
     folds: list[list[int]] = [[] for _ in range(k)]
     offset = 0
     for label in np.unique(labels):
@@ -310,11 +314,10 @@ def stratified_folds(labels: np.ndarray, k: int, rng: np.random.Generator) -> li
     return [np.sort(np.asarray(fold, dtype=np.int64)) for fold in folds]
 
 
-def inner_validation(train: Examples, labels: np.ndarray, k: int,
-                     rng: np.random.Generator) -> list[tuple[Examples, Examples]]:
-    """(train, validation) pairs of stratified k-fold cross-validation within `train`."""
-    folds = stratified_folds(labels, k, rng)
-    everything = np.arange(len(labels))
+def inner_validation(train: Examples, k: int, rng: np.random.Generator) -> list[tuple[Examples, Examples]]:
+    """(train, validation) pairs of k-fold cross-validation within `train`, stratified by its class ids (truth)."""
+    folds = stratified_folds(train.truth, k, rng)
+    everything = np.arange(len(train.truth))
     return [(train.subset(np.setdiff1d(everything, fold)), train.subset(fold)) for fold in folds]
 
 
@@ -354,7 +357,7 @@ def cross_validated_accuracy(features: np.ndarray, labels: np.ndarray, num_class
     fold_accuracies = []
     for test_fold in stratified_folds(labels, settings.cv_folds, rng):
         train = examples.subset(np.setdiff1d(everything, test_fold))
-        validation = inner_validation(train, train.truth, settings.inner_folds, rng)
+        validation = inner_validation(train, settings.inner_folds, rng)
         model, _ = fit_selecting_l2(train, validation, classification_accuracy, settings)
         fold_accuracies.append(classification_accuracy(model.predict_proba(features[test_fold]), labels[test_fold]))
     return float(np.mean(fold_accuracies))
@@ -427,7 +430,7 @@ def _pair_classifier(features: dict[str, np.ndarray], splits: dict[str, Sentence
         return Examples(features[name], one_hot(labels, num_classes), labels)
 
     train = examples("train")
-    validation = (inner_validation(train, train.truth, settings.inner_folds, rng) if selection == "train"
+    validation = (inner_validation(train, settings.inner_folds, rng) if selection == "train"
                   else [(train, examples(selection))])
     model, _ = fit_selecting_l2(train, validation, classification_accuracy, settings)
     return model.predict_proba(features[report]).argmax(1)

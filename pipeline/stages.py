@@ -19,6 +19,7 @@ from data_prep.shards import open_shards, shard_paths
 from data_prep.tokenizer import encode_batch_ids, load_tokenizer, train_wordpiece
 from pipeline.dag import Stage, StageContext
 from pipeline.data import read_arrow
+from pipeline.evaluation import evaluate, evaluate_upstream
 from pipeline.finetuning import finetune, task_names
 from pipeline.pretraining import pretrain
 from pipeline.report import write_report
@@ -91,8 +92,15 @@ def examples(ctx: StageContext) -> dict:
     return {"instances": int(sum(counts)), "files": len(counts)}
 
 
+REPORTED_STAGES = ("pretrain", "finetune", "evaluate")
+
+
+def report_upstream(cfg: DictConfig) -> tuple[str, ...]:
+    return tuple(s for s in REPORTED_STAGES if s in cfg.pipeline.stages)
+
+
 def report(ctx: StageContext) -> dict:
-    paths = write_report({name: ctx.stage_dir(name) for name in ("pretrain", "finetune")}, ctx.out_dir,
+    paths = write_report({name: ctx.stage_dir(name) for name in report_upstream(ctx.cfg)}, ctx.out_dir,
                          title=ctx.cfg.experiment_name)
     return {k: str(v) for k, v in paths.items()}
 
@@ -117,6 +125,13 @@ def _finetune_fingerprint(cfg: DictConfig) -> str:
     return hashlib.sha256("".join(parts).encode()).hexdigest()
 
 
+def _senteval_fingerprint(cfg: DictConfig) -> str:
+    root = Path(str(cfg.senteval.data_root)).expanduser()
+    return hashlib.sha256("".join(_files_fingerprint(root / str(t.path), "*") if (root / str(t.path)).is_dir()
+                                  else _files_fingerprint((root / str(t.path)).parent, (root / str(t.path)).name)
+                                  for t in cfg.senteval.tasks.values()).encode()).hexdigest()
+
+
 def _all_cpus(cfg: DictConfig) -> float:
     return float(cfg.ray.num_cpus)
 
@@ -130,5 +145,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
           num_cpus=_all_cpus),
     Stage("finetune", finetune, ("tokenizer", "pretrain"), ("finetune", "trainer", "seed"), version=1,
           fingerprint=_finetune_fingerprint, num_cpus=_all_cpus),
-    Stage("report", report, ("pretrain", "finetune"), ("experiment_name",), version=1),
+    Stage("evaluate", evaluate, evaluate_upstream, ("evaluate", "senteval", "seed"), version=1,
+          fingerprint=_senteval_fingerprint, num_cpus=_all_cpus),
+    Stage("report", report, report_upstream, ("experiment_name",), version=1),
 ]}

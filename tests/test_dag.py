@@ -71,7 +71,7 @@ def test_changing_a_pretraining_key_changes_pretraining_and_downstream_hashes_on
     changed = tiny_config(tmp_path, ["pretrain.lr=5e-4"])
     names = list(STAGES)
     a, b = stage_hashes(base, STAGES, names), stage_hashes(changed, STAGES, names)
-    assert [n for n in names if a[n] != b[n]] == ["pretrain", "finetune", "report"]
+    assert [n for n in names if a[n] != b[n]] == ["pretrain", "finetune", "evaluate", "report"]
     logger_only = tiny_config(tmp_path, ["logger=wandb"])
     assert stage_hashes(logger_only, STAGES, names) == a  # tracking does not change what a stage computes
 
@@ -99,7 +99,7 @@ def test_force_reruns_the_stage_and_its_downstream_until_stops_early(tmp_path, r
 
 def test_dry_run_prints_the_dag_with_cached_and_pending_state(tmp_path, ray_session):
     run_dag(_cfg(tmp_path, **{"pipeline.until": "source"}), FAKE, tmp_path / "run1")
-    description = plan(_cfg(tmp_path), FAKE).describe(FAKE)
+    description = plan(_cfg(tmp_path), FAKE).describe()
     lines = description.splitlines()
     assert lines[1].startswith("source") and "cached" in lines[1]
     assert lines[2].startswith("double") and "pending" in lines[2] and "source →" in lines[2]

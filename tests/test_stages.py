@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.dag import execute_stage, plan
 from pipeline.stages import STAGES
-from tests.conftest import tiny_config
+from tests.conftest import NEGATIVE, POSITIVE, SUBJECTS, tiny_config
 
 
 class TinyRun:
@@ -22,14 +22,29 @@ class TinyRun:
         return self.plan.dirs[name]
 
     def run_stage(self, name: str) -> dict:
-        inputs = {u: (self.plan.dirs[u], self.plan.hashes[u]) for u in STAGES[name].upstream}
-        return execute_stage(STAGES, self.cfg, name, self.plan.hashes[name], self.plan.dirs[name], inputs,
+        inputs = {u: (self.plan.dirs[u], self.plan.hashes[u]) for u in self.plan.stages[name].upstream}
+        return execute_stage(self.plan.stages, self.cfg, name, self.plan.hashes[name], self.plan.dirs[name], inputs,
                              Path(self.cfg.paths.run_dir))
+
+
+def write_mr(root: Path) -> Path:
+    """The MR layout (rt-polarity.pos / .neg, one sentence per line), with a learnable polarity."""
+    root.mkdir(parents=True)
+    for name, words in (("rt-polarity.pos", POSITIVE), ("rt-polarity.neg", NEGATIVE)):
+        (root / name).write_text("\n".join(f"{s} was {w}" for s in SUBJECTS for w in words[:3]) + "\n")
+    return root
 
 
 @pytest.fixture(scope="module")
 def ctx(tmp_path_factory, ray_session) -> TinyRun:
-    return TinyRun(tiny_config(tmp_path_factory.mktemp("stages")))
+    tmp = tmp_path_factory.mktemp("stages")
+    write_mr(tmp / "senteval" / "MR")
+    return TinyRun(tiny_config(tmp, [
+        "pipeline.stages=[prepare,tokenizer,examples,pretrain,finetune,evaluate,report]",
+        "evaluate.encoders=[bert_cls,bert_mean]", f"senteval.data_root={tmp / 'senteval'}",
+        "senteval.tasks.MR.path=MR", "~senteval.tasks.SICKEntailment", "~senteval.tasks.SICKRelatedness",
+        "~senteval.tasks.MRPC", "senteval.classifier.cv_folds=3",
+        "senteval.classifier.inner_folds=2"]))
 
 
 def test_prepare_writes_shards_and_manifest(ctx):
@@ -86,13 +101,21 @@ def test_finetune_compares_pretrained_and_random_init(ctx):
         assert row["dev_examples"] == 40
 
 
+def test_evaluate_probes_frozen_encoders(ctx):
+    rows = ctx.run_stage("evaluate")["results"]
+    assert [(r["model"], r["task"], r["metric"]) for r in rows] == [("bert_cls", "MR", "accuracy"),
+                                                                    ("bert_mean", "MR", "accuracy")]
+    assert all(0.0 <= r["score"] <= 1.0 for r in rows)
+
+
 def test_report_writes_results_table_and_loss_summary(ctx):
     ctx.run_stage("report")
     out = ctx.stage_dir("report")
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [r["model"] for r in rows] == ["pretrained", "random_init", "majority_class"]
-    assert set(rows[0]) == {"model", "task", "metric", "score", "std", "seeds"}
+    assert [r["model"] for r in rows] == ["pretrained", "random_init", "majority_class", "bert_cls", "bert_mean"]
+    assert set(rows[0]) == {"stage", "model", "task", "metric", "score", "std", "seeds"}
     md = (out / "results.md").read_text()
     assert "| pretrained | sst2 | accuracy |" in md and "train loss (MLM + NSP)" in md
+    assert "| encoder | MR accuracy |" in md
     assert (out / "loss_curve.png").stat().st_size > 1000

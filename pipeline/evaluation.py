@@ -1,0 +1,46 @@
+"""The evaluate stage: SentEval-style probes of frozen sentence embeddings (Conneau & Kiela 2018; seed 000), one
+row per encoder and task, comparing the model families with the bag-of-GloVe baseline of the seed."""
+from __future__ import annotations
+
+from typing import Callable
+
+from omegaconf import DictConfig
+
+from data_prep.word_vectors import load_glove
+from pipeline.dag import StageContext, write_json_atomically
+from pipeline.senteval import BertEncoder, Encoder, GloveBagOfWords, run_senteval
+
+
+def _bert(pooling: str) -> Callable[[StageContext], Encoder]:
+    def build(ctx: StageContext) -> Encoder:
+        return BertEncoder.from_directories(ctx.stage_dir("pretrain") / "encoder", ctx.stage_dir("tokenizer"),
+                                            pooling=pooling, name=f"bert_{pooling}")
+    return build
+
+
+# encoder name -> (the stages whose outputs it needs, how to build it from them)
+ENCODERS: dict[str, tuple[tuple[str, ...], Callable[[StageContext], Encoder]]] = {
+    "bert_cls": (("tokenizer", "pretrain"), _bert("cls")),
+    "bert_mean": (("tokenizer", "pretrain"), _bert("mean")),
+    "glove_bow": ((), lambda ctx: GloveBagOfWords(load_glove())),
+}
+
+
+def _check(cfg: DictConfig) -> list[str]:
+    unknown = [e for e in cfg.evaluate.encoders if e not in ENCODERS]
+    if unknown:
+        raise ValueError(f"evaluate.encoders: unknown {unknown}; choose from {list(ENCODERS)}")
+    return list(cfg.evaluate.encoders)
+
+
+def evaluate_upstream(cfg: DictConfig) -> tuple[str, ...]:
+    needed = {stage for name in _check(cfg) for stage in ENCODERS[name][0]}
+    return tuple(sorted(needed))
+
+
+def evaluate(ctx: StageContext) -> dict:
+    encoders = [ENCODERS[name][1](ctx) for name in _check(ctx.cfg)]
+    rows = [{"model": row.pop("encoder"), **row, "std": 0.0, "seeds": 1}
+            for row in run_senteval(encoders, ctx.cfg.senteval, ctx.cfg.seed)]
+    write_json_atomically(ctx.out_dir / "results.json", rows)
+    return {"results": rows}

@@ -1,0 +1,381 @@
+"""SentEval-style evaluation: readers, metrics, the logistic-regression protocol, encoders, run_senteval."""
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from data_prep.senteval_data import (read_labelled_tsv, read_mr, read_mrpc, read_sick, tokenize)
+from data_prep.tokenizer import train_wordpiece
+from data_prep.word_vectors import WordVectors
+from models.bert import BertConfig, BertModel, save_encoder
+from pipeline import CONF_DIR
+from pipeline.senteval import (TASK_KINDS, BertEncoder, ClassifierSettings, Encoder, Examples, GloveBagOfWords,
+                               average_ranks, cross_validated_accuracy, embed, expected_relatedness, f1_score,
+                               fit_selecting_l2, pair_features, pearson, relatedness_regression, relatedness_targets,
+                               results_table, run_senteval, spearman, stratified_folds)
+from tests.conftest import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, VERBS, write_sentiment_task
+
+SICK_HEADER = ("pair_ID\tsentence_A\tsentence_B\tentailment_label\trelatedness_score\tentailment_AB\tentailment_BA\t"
+               "sentence_A_original\tsentence_B_original\tsentence_A_dataset\tsentence_B_dataset\tSemEval_set")
+
+
+# -----------------------------------------------------------------------------
+# Classifier protocol on synthetic features
+
+
+def test_separable_task_cross_validates_above_95_percent_and_random_labels_stay_near_chance():
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(400, 10)).astype(np.float32)
+    separable = (features @ rng.normal(size=10) > 0).astype(np.int64)
+    random_labels = rng.permutation(np.repeat([0, 1], 200))  # balanced: chance is exactly 50 %
+    settings = ClassifierSettings(l2_grid=(1e-4, 1e-2, 1.0))  # SentEval's 10 outer x 5 inner folds, a shorter grid
+
+    assert cross_validated_accuracy(features, separable, 2, settings, np.random.default_rng(1)) > 0.95
+    # Labels independent of the features: each held-out prediction is right with probability 1/2, so the accuracy
+    # over 400 examples has standard deviation sqrt(0.25 / 400) = 0.025; 0.1 is four of them.
+    chance = cross_validated_accuracy(features, random_labels, 2, settings, np.random.default_rng(1))
+    assert abs(chance - 0.5) < 0.1
+
+
+def test_cross_validation_is_deterministic_given_the_seed():
+    rng = np.random.default_rng(3)
+    features = rng.normal(size=(120, 6)).astype(np.float32)
+    labels = (features[:, 0] + 0.8 * rng.normal(size=120) > 0).astype(np.int64)
+    settings = ClassifierSettings(l2_grid=(1e-3, 1e-1), cv_folds=5, inner_folds=3)
+    runs = [cross_validated_accuracy(features, labels, 2, settings, np.random.default_rng(7)) for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_stratified_folds_partition_the_examples_and_balance_each_class():
+    labels = np.array([0] * 30 + [1] * 10 + [2] * 5)
+    folds = stratified_folds(labels, 5, np.random.default_rng(0))
+    assert sorted(np.concatenate(folds).tolist()) == list(range(len(labels)))
+    for fold in folds:
+        assert np.bincount(labels[fold], minlength=3).tolist() == [6, 2, 1]
+    again = stratified_folds(labels, 5, np.random.default_rng(0))
+    assert all(np.array_equal(a, b) for a, b in zip(folds, again))
+    with pytest.raises(ValueError, match="cannot be split into 10 folds"):
+        stratified_folds(labels[:4], 10, np.random.default_rng(0))
+
+
+def test_model_selection_keeps_the_l2_with_the_best_validation_score():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, size=60)
+    examples = Examples(rng.normal(size=(60, 5)).astype(np.float32), np.eye(2)[labels], labels)
+    settings = ClassifierSettings(l2_grid=(1e-4, 1.0, 100.0))
+    # Stronger L2 -> smaller weights -> predictions closer to uniform: a score rewarding confidence must pick the
+    # weakest value, one rewarding uncertainty the strongest.
+    confidence = lambda probabilities, truth: float(probabilities.max(1).mean())  # noqa: E731
+    uncertainty = lambda probabilities, truth: -confidence(probabilities, truth)  # noqa: E731
+    assert fit_selecting_l2(examples, [(examples, examples)], confidence, settings)[1] == 1e-4
+    assert fit_selecting_l2(examples, [(examples, examples)], uncertainty, settings)[1] == 100.0
+
+
+def test_pair_features_are_u_v_absolute_difference_product_in_that_order():
+    u, v = np.array([[1.0, 2.0]]), np.array([[3.0, -1.0]])
+    assert pair_features(u, v).tolist() == [[1.0, 2.0, 3.0, -1.0, 2.0, 3.0, 3.0, -2.0]]
+    assert pair_features(np.ones((5, 7)), np.zeros((5, 7))).shape == (5, 28)
+
+
+# -----------------------------------------------------------------------------
+# Metrics
+
+
+def test_average_ranks_share_the_mean_rank_among_ties():
+    assert average_ranks(np.array([10, 20, 20, 30])).tolist() == [1.0, 2.5, 2.5, 4.0]
+    assert average_ranks(np.array([5, 1, 5, 5])).tolist() == [3.0, 1.0, 3.0, 3.0]
+
+
+def test_spearman_with_ties_matches_the_hand_computed_value():
+    # ranks of x: 1, 2.5, 2.5, 4; of y: 1, 3, 2, 4. Centred: (-1.5, 0, 0, 1.5) and (-1.5, .5, -.5, 1.5);
+    # products sum to 4.5, squares to 4.5 and 5, so rho = 4.5 / sqrt(22.5) = 3 / sqrt(10).
+    assert spearman(np.array([1, 2, 2, 3]), np.array([1, 3, 2, 4])) == pytest.approx(3 / math.sqrt(10))
+    assert spearman(np.array([1, 2, 3]), np.array([10, 100, 1000])) == pytest.approx(1.0)
+
+
+def test_pearson_and_f1_on_hand_cases():
+    assert pearson(np.array([1, 2, 3]), np.array([2, 4, 6])) == pytest.approx(1.0)
+    assert math.isnan(pearson(np.array([1, 1, 1]), np.array([1, 2, 3])))
+    # tp = 2, fp = 1, fn = 1 -> F1 = 4 / 6
+    assert f1_score(np.array([1, 1, 1, 0, 0]), np.array([1, 1, 0, 1, 0])) == pytest.approx(2 / 3)
+
+
+# -----------------------------------------------------------------------------
+# Relatedness (Tai et al. 2015)
+
+
+def test_relatedness_targets_put_the_score_between_its_two_neighbouring_classes():
+    targets = relatedness_targets(np.array([3.4, 5.0, 1.0]))
+    np.testing.assert_allclose(targets, [[0, 0, 0.6, 0.4, 0], [0, 0, 0, 0, 1], [1, 0, 0, 0, 0]], atol=1e-6)
+    scores = np.random.default_rng(0).uniform(1, 5, size=50)
+    np.testing.assert_allclose(expected_relatedness(relatedness_targets(scores)), scores, atol=1e-5)
+    with pytest.raises(ValueError, match=r"\[1, 5\]"):
+        relatedness_targets(np.array([0.5, 3.0]))
+
+
+def test_relatedness_regression_recovers_a_linear_relation():
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(700, 8)).astype(np.float32)
+    scores = np.clip(3 + features @ (0.4 * rng.normal(size=8)) + 0.1 * rng.normal(size=700), 1, 5)
+    split = lambda a, b: (features[a:b], scores[a:b])  # noqa: E731
+    metrics = relatedness_regression(split(0, 400), split(400, 500), split(500, 700), ClassifierSettings())
+    assert metrics["pearson"] > 0.9
+    assert metrics["spearman"] > 0.9
+
+
+# -----------------------------------------------------------------------------
+# Readers
+
+
+def test_tokenize_lowercases_and_splits_punctuation_and_clitics():
+    assert tokenize("Don't stop, it's 2.5 km!") == ["do", "n't", "stop", ",", "it", "'s", "2.5", "km", "!"]
+
+
+def test_read_mr_decodes_latin1_and_utf8_files(tmp_path):
+    (tmp_path / "rt-polarity.pos").write_bytes("a caf\xe9 worth the trip .\n\nFunny and warm\n".encode("latin-1"))
+    (tmp_path / "rt-polarity.neg").write_text("a dull café\n", encoding="utf-8")
+    mr = read_mr(tmp_path)
+    assert mr.sentences == [["a", "dull", "café"], ["a", "café", "worth", "the", "trip", "."], ["funny", "and", "warm"]]
+    assert mr.labels == [0, 1, 1]
+    (tmp_path / "rt-polarity.neg").unlink()
+    with pytest.raises(FileNotFoundError, match="rt-polarity.neg"):
+        read_mr(tmp_path)
+
+
+def _write_sick(path, rows):
+    lines = [SICK_HEADER] + ["\t".join([str(i), a, b, label, score, "x", "x", a, b, "FLICKR", "FLICKR", split])
+                             for i, (a, b, label, score, split) in enumerate(rows, 1)]
+    path.write_text("\r\n".join(lines) + "\n")  # the release has DOS line ends except on its last line
+    return path
+
+
+def test_read_sick_splits_by_semeval_set_and_reports_malformed_lines(tmp_path):
+    path = _write_sick(tmp_path / "SICK.txt", [
+        ("A man is playing", "A man plays", "ENTAILMENT", "4.5", "TRAIN"),
+        ("A dog runs", "Nobody runs", "CONTRADICTION", "2", "TRIAL"),
+        ('The "quoted" cat', "A cat", "NEUTRAL", "3.1", "TEST"),
+    ])
+    sick = read_sick(path)
+    assert {k: len(v.labels) for k, v in sick.items()} == {"train": 1, "dev": 1, "test": 1}
+    assert sick["train"].sentences_a == [["a", "man", "is", "playing"]]
+    assert sick["test"].sentences_a == [["the", '"', "quoted", '"', "cat"]]
+    assert [sick[s].labels[0] for s in ("train", "dev", "test")] == [2, 0, 1]
+    assert sick["test"].scores == [3.1]
+
+    good = path.read_text()
+    path.write_text(good.replace("4.5", "high"))
+    with pytest.raises(ValueError, match=r"SICK.txt:2: relatedness_score 'high' is not a number"):
+        read_sick(path)
+    path.write_text(good + "4\tA cat\tA dog\tNEUTRAL\t3\tTRAIN\n")
+    with pytest.raises(ValueError, match=r"SICK.txt:5: expected 12 tab-separated fields"):
+        read_sick(path)
+    path.write_text(good.replace("TRIAL", "DEV"))
+    with pytest.raises(ValueError, match=r"SICK.txt:3: SemEval_set 'DEV'"):
+        read_sick(path)
+
+
+def test_read_mrpc_keeps_bare_quotes_and_names_bad_lines(tmp_path):
+    header = "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String"
+    (tmp_path / "train.tsv").write_text(f'{header}\n1\t1\t2\tHe said " yes .\tHe agreed .\n0\t3\t4\tA\tB\n')
+    (tmp_path / "dev.tsv").write_text(f"{header}\n1\t5\t6\tC\tD\n")
+    mrpc = read_mrpc(tmp_path)
+    assert mrpc["train"].sentences_a[0] == ["he", "said", '"', "yes", "."]
+    assert mrpc["train"].labels == [1, 0] and mrpc["dev"].labels == [1]
+    (tmp_path / "dev.tsv").write_text(f"{header}\n1\t5\t6\tC\tD\nyes\t7\t8\tE\tF\n")
+    with pytest.raises(ValueError, match=r"dev.tsv:3: Quality 'yes'"):
+        read_mrpc(tmp_path)
+
+
+def test_read_labelled_tsv_maps_labels_and_rejects_unknown_ones(tmp_path):
+    path = tmp_path / "task.tsv"
+    path.write_text("id\tsentence\tlabel\n1\tGood film\tpos\n2\tBad film\tneg\n")
+    task = read_labelled_tsv(path, "sentence", "label")
+    assert task.label_names == ["neg", "pos"] and task.labels == [1, 0]
+    with pytest.raises(ValueError, match=r"task.tsv:3: label 'neg' is not one of \['pos', 'neutral'\]"):
+        read_labelled_tsv(path, "sentence", "label", ["pos", "neutral"])
+    with pytest.raises(ValueError, match=r"task.tsv:1: header .* lacks column\(s\) \['text'\]"):
+        read_labelled_tsv(path, "text", "label")
+
+
+# -----------------------------------------------------------------------------
+# Encoders
+
+
+class LengthEncoder:
+    """Embeds a sentence as [its length, the batch size it came in]: shows what embed() hands the batcher."""
+    name = "length"
+
+    def prepare(self, samples):
+        self.prepared = samples
+
+    def batcher(self, batch):
+        return np.array([[len(s), len(batch)] for s in batch], dtype=np.float32)
+
+
+def test_embed_returns_rows_in_input_order_and_embeds_each_distinct_sentence_once():
+    encoder = LengthEncoder()
+    assert isinstance(encoder, Encoder)
+    sentences = [["a"] * 3, ["b"], ["a"] * 3, ["c"] * 2, ["d"] * 5]
+    vectors = embed(encoder, sentences, batch_size=3)
+    assert vectors[:, 0].tolist() == [3, 1, 3, 2, 5]
+    # distinct sentences by length: b c a | d. Embedding the repeated "a a a" twice would give b c a | a d.
+    assert vectors[:, 1].tolist() == [3, 3, 3, 3, 1]
+
+
+def test_embed_names_the_encoder_whose_batcher_returns_the_wrong_shape():
+    class Broken(LengthEncoder):
+        name = "broken"
+
+        def batcher(self, batch):
+            return np.zeros((len(batch) + 1, 3))
+
+    with pytest.raises(ValueError, match="encoder broken: batcher returned shape"):
+        embed(Broken(), [["x"], ["y"]], batch_size=8)
+
+
+def test_glove_bag_of_words_averages_known_words_and_needs_prepare():
+    vectors = WordVectors(("good", "film"), np.array([[1.0, 0.0], [0.0, 2.0]]))
+    bow = GloveBagOfWords(vectors)
+    with pytest.raises(RuntimeError, match="call prepare"):
+        bow.batcher([["good"]])
+    bow.prepare([["good", "film", "unknownword"], ["zzz"]])
+    np.testing.assert_allclose(bow.batcher([["good", "film", "unknownword"], ["zzz"], []]),
+                               [[0.5, 1.0], [0.0, 0.0], [0.0, 0.0]])
+    with pytest.raises(ValueError, match="no word of the task has a vector"):
+        GloveBagOfWords(vectors).prepare([["zzz"]])
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    rng = random.Random(0)
+    sentences = [f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)}" for _ in range(200)]
+    tokenizer_dir = tmp_path_factory.mktemp("tokenizer")
+    tokenizer = train_wordpiece(sentences, tokenizer_dir, vocab_size=200, min_frequency=1)
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                                 num_attention_heads=2, intermediate_size=64, max_position_embeddings=64))
+    return model, tokenizer, tokenizer_dir
+
+
+def test_bert_encoder_pools_cls_or_mean_and_ignores_padding(tiny_bert):
+    model, tokenizer, _ = tiny_bert
+    short, long = tokenize("the king saw the ship"), tokenize("the old man followed a letter to the dark forest")
+    cls, mean = BertEncoder(model, tokenizer, "cls"), BertEncoder(model, tokenizer, "mean")
+    for encoder in (cls, mean):
+        batch = encoder.batcher([short, long])
+        assert batch.shape == (2, 32)
+        # alone the short sentence has no padding; beside the long one it does: same vector means padding is unseen
+        np.testing.assert_allclose(encoder.batcher([short])[0], batch[0], atol=1e-5)
+    assert not np.allclose(cls.batcher([short]), mean.batcher([short]), atol=1e-3)
+    assert BertEncoder(model, tokenizer, "mean", max_seq_length=4).batcher([long]).shape == (1, 32)
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        BertEncoder(model, tokenizer, "max")
+
+
+def test_bert_encoder_mean_is_the_average_hidden_state_of_cls_pieces_and_sep(tiny_bert):
+    model, tokenizer, _ = tiny_bert
+    sentence = tokenize("my brother remembered the river")
+    ids = torch.tensor([tokenizer.encode(" ".join(sentence)).ids])  # [CLS] pieces [SEP]
+    with torch.no_grad():
+        hidden, _ = model.eval()(ids)
+    np.testing.assert_allclose(BertEncoder(model, tokenizer, "mean").batcher([sentence])[0],
+                               hidden[0].mean(0).numpy(), atol=1e-5)
+    np.testing.assert_allclose(BertEncoder(model, tokenizer, "cls").batcher([sentence])[0], hidden[0, 0].numpy(),
+                               atol=1e-5)
+
+
+def test_bert_encoder_loads_from_pipeline_directories(tiny_bert, tmp_path):
+    model, tokenizer, tokenizer_dir = tiny_bert
+    save_encoder(model, tmp_path / "encoder")
+    loaded = BertEncoder.from_directories(tmp_path / "encoder", tokenizer_dir, pooling="mean", name="bert_tiny_mean")
+    sentence = [tokenize("the captain found the city")]
+    assert loaded.name == "bert_tiny_mean"
+    np.testing.assert_allclose(loaded.batcher(sentence), BertEncoder(model, tokenizer, "mean").batcher(sentence),
+                               atol=1e-6)
+
+
+# -----------------------------------------------------------------------------
+# run_senteval end to end on synthetic files
+
+
+def _sentiment_vectors(dim: int = 8) -> WordVectors:
+    """Random word vectors, except that sentiment words carry +-3 on the first axis."""
+    rng = np.random.default_rng(0)
+    words = sorted({w for phrase in SUBJECTS + OBJECTS + VERBS for w in phrase.split()} | {"found"})
+    vectors = np.concatenate([rng.normal(size=(len(words), dim)),
+                              np.tile(np.eye(dim)[0] * 3, (len(POSITIVE), 1)),
+                              np.tile(-np.eye(dim)[0] * 3, (len(NEGATIVE), 1))])
+    return WordVectors(tuple(words + POSITIVE + NEGATIVE), vectors)
+
+
+def _write_pair_tasks(root):
+    rng = random.Random(0)
+    rows = []
+    for i in range(160):
+        a = f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)}"
+        same = i % 2 == 0
+        b = a if same else f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)}"
+        rows.append((a, b, "ENTAILMENT" if same else "NEUTRAL", "5" if same else f"{rng.uniform(1, 3):.1f}",
+                     ["TRAIN", "TRAIN", "TRIAL", "TEST"][i // 2 % 4]))
+    _write_sick(root / "SICK.txt", rows)
+    header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
+    for name, chunk in (("train.tsv", rows[:120]), ("dev.tsv", rows[120:])):
+        lines = [f"{int(r[2] == 'ENTAILMENT')}\t{i}\t{i}\t{r[0]}\t{r[1]}" for i, r in enumerate(chunk)]
+        (root / "MRPC").mkdir(exist_ok=True)
+        (root / "MRPC" / name).write_text("\n".join([header, *lines]) + "\n")
+
+
+def test_run_senteval_covers_every_task_kind_and_pivots_into_one_row_per_encoder(tmp_path):
+    write_sentiment_task(tmp_path / "sentiment", n_train=200)
+    _write_pair_tasks(tmp_path)
+    (tmp_path / "MR").mkdir()
+    (tmp_path / "MR" / "rt-polarity.pos").write_text("\n".join(f"a {w} film" for w in POSITIVE * 5))
+    (tmp_path / "MR" / "rt-polarity.neg").write_text("\n".join(f"a {w} film" for w in NEGATIVE * 5))
+    cfg = OmegaConf.create({
+        "data_root": str(tmp_path), "batch_size": 16,
+        "classifier": {"l2_grid": [1e-3, 1e-1], "max_iter": 50, "cv_folds": 5, "inner_folds": 3},
+        "tasks": {
+            "Sentiment": {"kind": "tsv", "path": "sentiment/train.tsv", "text_column": "sentence",
+                          "label_column": "label", "label_names": [0, 1]},
+            "MR": {"kind": "mr", "path": "MR"},
+            "SICKEntailment": {"kind": "sick_entailment", "path": "SICK.txt"},
+            "SICKRelatedness": {"kind": "sick_relatedness", "path": "SICK.txt"},
+            "MRPC": {"kind": "mrpc", "path": "MRPC"},
+        },
+    })
+    rows = run_senteval([GloveBagOfWords(_sentiment_vectors()), LengthEncoder()], cfg, seed=0)
+    scores = {(r["encoder"], r["task"], r["metric"]): r["score"] for r in rows}
+    assert set(scores) == {(e, t, m) for e in ("glove_bow", "length") for t, m in [
+        ("Sentiment", "accuracy"), ("MR", "accuracy"), ("SICKEntailment", "accuracy"),
+        ("SICKRelatedness", "pearson"), ("SICKRelatedness", "spearman"), ("MRPC", "accuracy"), ("MRPC", "f1")]}
+    assert scores["glove_bow", "Sentiment", "accuracy"] > 0.95
+    assert scores["glove_bow", "MR", "accuracy"] > 0.95
+    # identical pairs have |u - v| = 0 under any deterministic encoder, so bag-of-words separates them
+    assert scores["glove_bow", "SICKEntailment", "accuracy"] > 0.9
+    assert scores["glove_bow", "MRPC", "accuracy"] > 0.9
+    assert scores["glove_bow", "SICKRelatedness", "pearson"] > 0.8
+
+    table = results_table(rows)
+    assert [row["encoder"] for row in table] == ["glove_bow", "length"]
+    assert table[0]["MRPC f1"] == scores["glove_bow", "MRPC", "f1"]
+    assert list(table[0])[:3] == ["encoder", "Sentiment accuracy", "MR accuracy"]
+
+
+def test_run_senteval_rejects_an_unknown_task_kind(tmp_path):
+    cfg = OmegaConf.load(CONF_DIR / "senteval" / "default.yaml")
+    cfg.tasks = {"STS": {"kind": "sts", "path": "STS"}}
+    with pytest.raises(ValueError, match="senteval task STS: unknown kind 'sts'"):
+        run_senteval([LengthEncoder()], cfg, seed=0)
+
+
+def test_default_config_names_known_task_kinds_and_reads_the_data_root_from_the_environment(monkeypatch):
+    monkeypatch.setenv("TEXTREP_SHARED_DATA", "/data/shared")
+    cfg = OmegaConf.load(CONF_DIR / "senteval" / "default.yaml")
+    assert cfg.data_root == "/data/shared"
+    assert {spec.kind for spec in cfg.tasks.values()} <= set(TASK_KINDS)
+    assert ClassifierSettings.from_config(cfg.classifier).l2_grid == (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
