@@ -10,7 +10,7 @@ export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/textrep/torch_extensions
 EXPERIMENT ?= bert_tiny
 ARGS ?=
 
-.PHONY: help install run test test-slow test-all clean
+.PHONY: help install run test test-slow clean bench-elmo bench-skip-thought
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
@@ -36,6 +36,12 @@ test: $(STAMP)  ## fast tests (no ../shared needed)
 
 test-slow: $(STAMP)  ## slow tests only
 	$(PY) -m pytest -m slow -q $(ARGS)
+
+bench-elmo: $(STAMP)  ## ELMo biLM training step vs this CPU's fp32 matmul peak (ARGS=--quick)
+	$(PY) benchmarks/bench_elmo.py $(ARGS)
+
+bench-skip-thought: $(STAMP)  ## Skip-Thought training step vs this CPU's fp32 matmul peak (ARGS=--quick)
+	$(PY) benchmarks/bench_skip_thought.py $(ARGS)
 
 clean:  ## remove run outputs (keeps .venv and the data cache)
 	rm -rf outputs multirun

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import Dataset
 
 
-def _list_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+def list_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
     """(offsets, values) of a list column, zero-copy from a memory-mapped IPC file when it has one chunk.
 
     `.values` of a sliced ListArray is the whole chunk, so offsets are taken as they are, not rebased."""
@@ -28,8 +28,8 @@ class PretrainingInstances(Dataset):
         for table in tables:
             if table.num_rows == 0:
                 continue
-            offsets, ids = _list_column(table, "input_ids")
-            _, types = _list_column(table, "token_type_ids")
+            offsets, ids = list_column(table, "input_ids")
+            _, types = list_column(table, "token_type_ids")
             nsp = table.column("next_sentence_label").to_numpy()
             self.parts.append((offsets, ids, types, nsp))
         self.cumulative = np.cumsum([len(p[3]) for p in self.parts])

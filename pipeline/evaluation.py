@@ -8,7 +8,9 @@ from omegaconf import DictConfig
 
 from data_prep.word_vectors import load_glove
 from pipeline.dag import StageContext, write_json_atomically
+from pipeline.elmo_stages import elmo_encoder
 from pipeline.senteval import BertEncoder, Encoder, GloveBagOfWords, run_senteval
+from pipeline.skip_thought_stages import skip_thought_encoder
 
 
 def _bert(pooling: str) -> Callable[[StageContext], Encoder]:
@@ -23,6 +25,9 @@ ENCODERS: dict[str, tuple[tuple[str, ...], Callable[[StageContext], Encoder]]] =
     "bert_cls": (("tokenizer", "pretrain"), _bert("cls")),
     "bert_mean": (("tokenizer", "pretrain"), _bert("mean")),
     "glove_bow": ((), lambda ctx: GloveBagOfWords(load_glove())),
+    "elmo": (("elmo_vocab", "elmo_pretrain"), elmo_encoder),
+    "skip_thought": (("skip_thought_pretrain",), skip_thought_encoder(expand_vocabulary=False)),
+    "skip_thought_expanded": (("skip_thought_pretrain",), skip_thought_encoder(expand_vocabulary=True)),
 }
 
 

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from data_prep.skip_thought_examples import TRIPLE_SCHEMA, collate_triples
 from models.skip_thought import SkipThoughts
-from pipeline.data import _list_column
+from pipeline.data import list_column
 from pipeline.lit import adamw_with_linear_schedule
 
 
@@ -34,7 +34,7 @@ class SkipThoughtTriples(Dataset):
 
     def __init__(self, tables: list[pa.Table]):
         tables = [t for t in tables if t.num_rows]
-        self.parts = [[_list_column(t, name) for name in TRIPLE_SCHEMA.names] for t in tables]
+        self.parts = [[list_column(t, name) for name in TRIPLE_SCHEMA.names] for t in tables]
         self.cumulative = np.cumsum([t.num_rows for t in tables])
 
     def __len__(self) -> int:

@@ -1,71 +1,293 @@
-"""The BERT pretraining stage: masked LM + next sentence prediction over the examples stage's Arrow files."""
+"""The BERT pretraining stage: masked LM + next sentence prediction over the examples stage's Arrow files.
+
+Checkpoints go to `<out_dir>/checkpoints/` every `pretrain.checkpoint_every_steps`; a rerun of a crashed stage
+re-enters the same directory (pipeline/dag.py) and continues from the newest one: weights, optimizer, schedule,
+data position and RNG, so the steps after the resume are the steps an uninterrupted run would have taken.
+One process by default; `trainer.num_workers > 1` or DeepSpeed train in Ray Train workers (pipeline/distributed.py).
+"""
 from __future__ import annotations
 
+import json
+import os
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import hydra
 import lightning as L
 import numpy as np
 import torch
-from omegaconf import OmegaConf
-from torch.utils.data import DataLoader, Subset
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from data_prep.bert_examples import BertPretrainingCollator
 from data_prep.tokenizer import SPECIAL_TOKENS, load_tokenizer
 from models.bert import save_encoder
-from pipeline.dag import StageContext
+from pipeline.dag import StageContext, write_json_atomically
 from pipeline.data import PretrainingInstances, read_arrow
+from pipeline.distributed import (DistributedSettings, checkpoint_tags, consolidated_state_dict, deepspeed_config,
+                                  lightning_strategy, run_on_ray_workers, train_deepspeed,
+                                  use_deepspeed_cpu_accelerator, validate_distributed)
 from pipeline.lit import BertPretrainModule
+from pipeline.sampler import ResumableRandomSampler, SeededBatchSampler
 from pipeline.tracking import LossHistory
 from pipeline.training import make_trainer
 
+CHECKPOINT_DIR = "checkpoints"
+KEEP_CHECKPOINTS = 2
+WORKER_SUMMARY = "train_summary.json"  # how rank 0 of the Ray Train workers hands the stage its summary
+
 
 def pretrain(ctx: StageContext) -> dict:
-    cfg, out = ctx.cfg, ctx.stage_dir("pretrain")
-    tok = load_tokenizer(ctx.stage_dir("tokenizer"))
-    vocab_size = tok.get_vocab_size()
+    validate_distributed(ctx.cfg)
+    settings = DistributedSettings.from_config(ctx.cfg)
+    if not settings.uses_ray_train:
+        return _train_with_lightning(ctx, settings, rank=0, world_size=1)
+    worker = _deepspeed_cpu_worker if settings.deepspeed_on_cpu else _lightning_worker
+    (ctx.out_dir / WORKER_SUMMARY).unlink(missing_ok=True)
+    run_on_ray_workers(worker, {"cfg": OmegaConf.to_container(ctx.cfg, resolve=True), "name": ctx.name,
+                                "out_dir": str(ctx.out_dir), "inputs": {k: str(v) for k, v in ctx.inputs.items()}},
+                       settings, ctx.out_dir)
+    return json.loads((ctx.out_dir / WORKER_SUMMARY).read_text())
+
+
+class MaskedBatches(Dataset):
+    """Batches keyed by `(seed, indices)` (SeededBatchSampler): rows gathered, padded and masked with that seed."""
+
+    def __init__(self, rows: Dataset, collator: BertPretrainingCollator):
+        self.rows, self.collator = rows, collator
+
+    def __getitem__(self, key: tuple[int, list[int]]) -> dict[str, torch.Tensor]:
+        seed, indices = key
+        self.collator.generator = torch.Generator().manual_seed(seed)
+        return self.collator([self.rows[i] for i in indices])
+
+
+@dataclass
+class _Setup:
+    model: nn.Module
+    module: BertPretrainModule
+    train_loader: DataLoader
+    batch_sampler: SeededBatchSampler
+    val_batches: list[dict]
+    train_instances: int
+
+
+def _build_model(cfg: DictConfig, vocab_size: int) -> nn.Module:
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     model_cfg["config"]["vocab_size"] = -(-vocab_size // 64) * 64  # padded to a multiple of 64 for matmul tiles
-    L.seed_everything(cfg.seed, workers=True)
-    model = hydra.utils.instantiate(model_cfg, _convert_="all")
+    return hydra.utils.instantiate(model_cfg, _convert_="all")
+
+
+def _setup(ctx: StageContext, rank: int, world_size: int) -> _Setup:
+    cfg, p = ctx.cfg, ctx.cfg.pretrain
+    tok = load_tokenizer(ctx.stage_dir("tokenizer"))
+    vocab_size = tok.get_vocab_size()
+    L.seed_everything(cfg.seed, workers=True)  # same initial weights on every rank
+    model = _build_model(cfg, vocab_size)
 
     dataset = PretrainingInstances([read_arrow(p) for p in sorted(ctx.stage_dir("examples").glob("*.arrow"))])
     order = np.random.default_rng(cfg.seed).permutation(len(dataset))
-    n_val = max(1, int(len(dataset) * cfg.pretrain.val_fraction))
+    n_val = max(1, int(len(dataset) * p.val_fraction))
     train_set, val_set = Subset(dataset, order[n_val:].tolist()), Subset(dataset, order[:n_val].tolist())
-    p = cfg.pretrain
     special_ids = [tok.token_to_id(t) for t in SPECIAL_TOKENS]
-
-    def collator(seed: int) -> BertPretrainingCollator:
-        return BertPretrainingCollator(pad_id=tok.token_to_id("[PAD]"), mask_id=tok.token_to_id("[MASK]"),
+    collator = BertPretrainingCollator(pad_id=tok.token_to_id("[PAD]"), mask_id=tok.token_to_id("[MASK]"),
                                        vocab_size=vocab_size, special_ids=special_ids,
                                        mlm_probability=p.mlm_probability,
                                        max_predictions_per_seq=p.max_predictions_per_seq,
-                                       generator=torch.Generator().manual_seed(seed))
-
-    train_loader = DataLoader(train_set, batch_size=p.batch_size, shuffle=True, drop_last=True,
-                              collate_fn=collator(cfg.seed), num_workers=p.num_workers,
-                              generator=torch.Generator().manual_seed(cfg.seed))
+                                       generator=torch.Generator().manual_seed(cfg.seed + 1))
+    batch_sampler = SeededBatchSampler(ResumableRandomSampler(len(train_set), cfg.seed, world_size, rank),
+                                       p.batch_size)
+    # A generator of its own: creating a loader iterator would otherwise draw from the global RNG (dropout's).
+    train_loader = DataLoader(MaskedBatches(train_set, collator), sampler=batch_sampler, batch_size=None,
+                              num_workers=p.num_workers, generator=torch.Generator().manual_seed(cfg.seed))
     # Held-out batches are masked once, so every evaluation scores the same predictions.
-    val_collate = collator(cfg.seed + 1)
     val_rows = [val_set[i] for i in range(len(val_set))]
-    val_batches = [val_collate(val_rows[i:i + p.batch_size]) for i in range(0, len(val_rows), p.batch_size)]
-    val_loader = DataLoader(val_batches, batch_size=None)
-
-    module = BertPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=p.betas,
+    val_batches = [collator(val_rows[i:i + p.batch_size]) for i in range(0, len(val_rows), p.batch_size)]
+    # plain Python values: a checkpoint's hyperparameters must load with torch.load(weights_only=True)
+    module = BertPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
                                 warmup_steps=p.warmup_steps, max_steps=p.max_steps)
+    return _Setup(model, module, train_loader, batch_sampler, val_batches, len(train_set))
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """A checkpoint appears under its name only once fully written, and only the newest `keep` stay.
+
+    A kill mid-save leaves the previous checkpoints intact. Pruning lives here rather than in ModelCheckpoint's
+    top-k, which forgets the checkpoints of the run before a resume."""
+
+    def __init__(self, keep: int):
+        super().__init__()
+        self.keep = keep
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        for old in sorted(path.parent.glob("step-*.ckpt"))[:-self.keep]:  # zero-padded: name order is step order
+            old.unlink()
+
+
+class TrainingPosition(L.Callback):
+    """Saves and restores what Lightning's checkpoint leaves out: the data position and the global torch RNG.
+
+    The position is the batches the trainer has processed this epoch, not what the sampler has handed out:
+    DataLoader workers read ahead of the training step."""
+
+    def __init__(self, batch_sampler: SeededBatchSampler):
+        self.batch_sampler = batch_sampler
+
+    def state_dict(self) -> dict:
+        processed = self._trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return {"data": self.batch_sampler.state_dict(batches_consumed=processed), "rng": torch.get_rng_state()}
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self._trainer = trainer
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batch_sampler.load_state_dict(state["data"])
+        torch.set_rng_state(state["rng"])
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    checkpoints = sorted((out_dir / CHECKPOINT_DIR).glob("step-*.ckpt"))  # zero-padded: name order is step order
+    return checkpoints[-1] if checkpoints else None
+
+
+def _train_with_lightning(ctx: StageContext, settings: DistributedSettings, rank: int, world_size: int,
+                          plugins: tuple = ()) -> dict:
+    cfg, p, out = ctx.cfg, ctx.cfg.pretrain, ctx.stage_dir("pretrain")
+    setup = _setup(ctx, rank, world_size)
     history = LossHistory()
-    trainer = make_trainer(ctx, [history], max_steps=p.max_steps, gradient_clip_val=p.grad_clip,
-                       val_check_interval=min(p.val_every_steps, p.max_steps), check_val_every_n_epoch=None,
-                       num_sanity_val_steps=0, enable_checkpointing=False)
+    checkpoints = ModelCheckpoint(dirpath=out / CHECKPOINT_DIR, filename="step-{step:06d}",
+                                  auto_insert_metric_name=False, every_n_train_steps=p.checkpoint_every_steps,
+                                  save_top_k=-1)
+    strategy = lightning_strategy(settings, deepspeed_config(settings, p.batch_size, p.grad_clip))
+    atomic_io = () if settings.strategy == "deepspeed" else (AtomicCheckpointIO(KEEP_CHECKPOINTS),)  # DeepSpeed writes directories
+    trainer = make_trainer(ctx, [history, TrainingPosition(setup.batch_sampler), checkpoints],
+                           max_steps=p.max_steps, gradient_clip_val=None if settings.strategy == "deepspeed"
+                           else p.grad_clip, val_check_interval=min(p.val_every_steps, p.max_steps),
+                           check_val_every_n_epoch=None, num_sanity_val_steps=0, strategy=strategy,
+                           plugins=[*plugins, *atomic_io], use_distributed_sampler=False)
+    if settings.num_workers > 1:
+        from ray.train.lightning import prepare_trainer
+
+        trainer = prepare_trainer(trainer)
+    resume_from = latest_checkpoint(out)
+    if resume_from:
+        print(f"resuming from {resume_from}", flush=True)
     started = time.perf_counter()
-    trainer.fit(module, train_loader, val_loader)
+    trainer.fit(setup.module, setup.train_loader, DataLoader(setup.val_batches, batch_size=None),
+                ckpt_path=str(resume_from) if resume_from else None)
     seconds = time.perf_counter() - started
+    steps_run = trainer.global_step - (_step_of(resume_from) if resume_from else 0)
+    summary = {"steps": trainer.global_step, "resumed_from_step": _step_of(resume_from) if resume_from else None,
+               "workers": world_size, "train_instances": setup.train_instances,
+               "val_instances": sum(len(b["input_ids"]) for b in setup.val_batches), "seconds": round(seconds, 1),
+               "padded_tokens_per_s": round(steps_run * p.batch_size * world_size * cfg.examples.max_seq_length
+                                            / seconds, 1),
+               "precision": trainer.precision, "final_val_loss": history.last("val/loss"),
+               "final_val_mlm_acc": history.last("val/mlm_acc"), "final_val_nsp_acc": history.last("val/nsp_acc"),
+               "num_parameters": sum(t.numel() for t in setup.model.parameters())}
+    if trainer.is_global_zero:
+        _write_outputs(out, setup.model, history, summary, settings.uses_ray_train)
+    return summary
+
+
+def _step_of(checkpoint: Path) -> int:
+    return int(checkpoint.name.removeprefix("step-").split(".")[0])
+
+
+def _write_outputs(out: Path, model: nn.Module, history: LossHistory, summary: dict, in_ray_worker: bool) -> None:
     save_encoder(model.bert, out / "encoder")
     history.write_csv(out / "loss_curve.csv")
-    tokens = trainer.global_step * p.batch_size * cfg.examples.max_seq_length
-    return {"steps": trainer.global_step, "train_instances": len(train_set), "val_instances": len(val_set),
-            "seconds": round(seconds, 1), "padded_tokens_per_s": round(tokens / seconds, 1),
-            "precision": trainer.precision, "final_val_loss": history.last("val/loss"),
-            "final_val_mlm_acc": history.last("val/mlm_acc"), "final_val_nsp_acc": history.last("val/nsp_acc"),
-            "num_parameters": sum(t.numel() for t in model.parameters())}
+    if in_ray_worker:
+        write_json_atomically(out / WORKER_SUMMARY, summary)
+
+
+def _worker_context(config: dict) -> StageContext:
+    """The stage context inside a Ray Train worker; the stage's W&B run stays with the stage (CSV logs here)."""
+    return StageContext(OmegaConf.create(config["cfg"]), config["name"], Path(config["out_dir"]),
+                        {k: Path(v) for k, v in config["inputs"].items()})
+
+
+def _lightning_worker(config: dict) -> None:
+    import ray.train
+    from ray.train.lightning import RayLightningEnvironment
+
+    ctx = _worker_context(config)
+    context = ray.train.get_context()
+    _train_with_lightning(ctx, DistributedSettings.from_config(ctx.cfg), context.get_world_rank(),
+                          context.get_world_size(), plugins=(RayLightningEnvironment(),))
+
+
+class PretrainingObjective(nn.Module):
+    """BertPretrainModule's losses as a forward pass: a DeepSpeed engine trains a module through `forward`."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    forward = BertPretrainModule.model_step  # reads only self.model: one definition of the loss for both paths
+
+
+def _deepspeed_cpu_worker(config: dict) -> None:
+    use_deepspeed_cpu_accelerator()
+    import torch.distributed as dist
+
+    ctx = _worker_context(config)
+    cfg, p, out = ctx.cfg, ctx.cfg.pretrain, ctx.out_dir
+    settings = DistributedSettings.from_config(cfg)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    setup = _setup(ctx, rank, world_size)
+    optimization = setup.module.configure_optimizers()
+    history = LossHistory()
+    checkpoint_dir = out / CHECKPOINT_DIR
+    sampler = setup.batch_sampler
+
+    def record(step: int, loss: float) -> None:
+        history.rows.append({"step": step, "split": "train", "name": "train/loss", "value": loss})
+
+    started = time.perf_counter()
+    resumed_from = checkpoint_tags(checkpoint_dir)
+    train_deepspeed(PretrainingObjective(setup.model), optimization["optimizer"],
+                    optimization["lr_scheduler"]["scheduler"],
+                    deepspeed_config(settings, p.batch_size, p.grad_clip), batches=lambda: setup.train_loader,
+                    data_state=lambda consumed: {**sampler.state_dict(batches_consumed=consumed),
+                                                 "history": history.rows},
+                    load_data_state=lambda state: (sampler.load_state_dict(state),
+                                                   history.rows.extend(state["history"])),
+                    next_epoch=lambda: sampler.set_epoch(sampler.sampler.epoch + 1), max_steps=p.max_steps,
+                    checkpoint_dir=checkpoint_dir, checkpoint_every_steps=p.checkpoint_every_steps,
+                    keep_checkpoints=KEEP_CHECKPOINTS, on_step=record)
+    seconds = time.perf_counter() - started
+    if rank != 0:
+        return
+    tag = checkpoint_tags(checkpoint_dir)[-1]
+    model = _build_model(cfg, load_tokenizer(ctx.stage_dir("tokenizer")).get_vocab_size())
+    model.load_state_dict({k.removeprefix("model."): v for k, v in consolidated_state_dict(checkpoint_dir, tag).items()})
+    val = _validate(model, setup.val_batches)
+    history.rows.extend({"step": p.max_steps, "split": "val", "name": f"val/{k}", "value": v} for k, v in val.items())
+    summary = {"steps": p.max_steps,
+               "resumed_from_step": int(resumed_from[-1].removeprefix("step-")) if resumed_from else None,
+               "workers": world_size, "zero_stage": settings.zero_stage, "consolidated_from": str(checkpoint_dir / tag),
+               "train_instances": setup.train_instances, "seconds": round(seconds, 1),
+               "final_val_loss": round(val["loss"], 4), "final_val_mlm_acc": round(val["mlm_acc"], 4),
+               "final_val_nsp_acc": round(val["nsp_acc"], 4),
+               "num_parameters": sum(t.numel() for t in model.parameters())}
+    _write_outputs(out, model, history, summary, in_ray_worker=True)
+
+
+@torch.no_grad()
+def _validate(model: nn.Module, batches: list[dict]) -> dict[str, float]:
+    objective = PretrainingObjective(model).eval()
+    results = [objective(batch) for batch in batches]
+    return {k: float(torch.stack([r[k] for r in results]).mean()) for k in ("loss", "mlm_acc", "nsp_acc")}

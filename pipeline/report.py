@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 RESULT_COLUMNS = ["model", "task", "metric", "score", "std", "seeds"]
+PRETRAINING_STAGES = ("pretrain", "elmo_pretrain", "skip_thought_pretrain")
 
 
 def _loss_curve(path: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
@@ -36,21 +37,21 @@ def summarise_loss(train: list[tuple[int, float]], val: list[tuple[int, float]])
     last_step = train[-1][0]
     window = max(1, last_step // 10)
     first, final = _windowed_mean(train, 0, window), _windowed_mean(train, last_step - window, last_step)
-    lines = [f"- train loss (MLM + NSP): {first:.3f} over steps 0–{window} → {final:.3f} over steps "
+    lines = [f"- train loss: {first:.3f} over steps 0–{window} → {final:.3f} over steps "
              f"{last_step - window}–{last_step} ({len(train)} steps logged)"]
     if val:
         lines.append("- held-out loss: " + ", ".join(f"{v:.3f} @ {s}" for s, v in val))
     return lines
 
 
-def plot_loss(train, val, path: Path) -> None:
+def plot_loss(train, val, path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([s for s, _ in train], [v for _, v in train], lw=0.8, alpha=0.6, label="train (MLM + NSP)")
+    ax.plot([s for s, _ in train], [v for _, v in train], lw=0.8, alpha=0.6, label="train")
     if val:
         ax.plot([s for s, _ in val], [v for _, v in val], "o-", label="held-out")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title("Pretraining loss")
+    ax.set_title(title)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -92,15 +93,17 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str) -> dict[str
         writer.writeheader()
         writer.writerows(rows)
     paths = {"results_md": out / "results.md", "results_csv": out / "results.csv"}
-    if "pretrain" in stage_dirs:
-        train, val = _loss_curve(stage_dirs["pretrain"] / "loss_curve.csv")
-        lines += ["", "## Pretraining", ""] + summarise_loss(train, val)
-        info = json.loads((stage_dirs["pretrain"] / "stage.json").read_text())
-        lines += [f"- {info.get('steps')} steps in {info.get('seconds')} s, precision {info.get('precision')}, "
+    for stage in PRETRAINING_STAGES:
+        if stage not in stage_dirs:
+            continue
+        train, val = _loss_curve(stage_dirs[stage] / "loss_curve.csv")
+        lines += ["", f"## Pretraining ({stage})", ""] + summarise_loss(train, val)
+        info = json.loads((stage_dirs[stage] / "stage.json").read_text())
+        lines += [f"- {info.get('steps')} steps in {info.get('duration_s')} s, precision {info.get('precision')}, "
                   f"{info.get('num_parameters')} parameters"]
         if train:
-            plot_loss(train, val, out / "loss_curve.png")
-            lines += ["", "![pretraining loss](loss_curve.png)"]
-            paths["loss_plot"] = out / "loss_curve.png"
+            plot_loss(train, val, out / f"{stage}_loss.png", title=f"Pretraining loss ({stage})")
+            lines += ["", f"![{stage} loss]({stage}_loss.png)"]
+            paths[f"{stage}_loss_plot"] = out / f"{stage}_loss.png"
     (out / "results.md").write_text("\n".join(lines) + "\n")
     return paths

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from pipeline.dag import StageFailed, plan, run_dag
+from pipeline.dag import StageFailed, plan, resolve_upstream, run_dag
+from pipeline.distributed import validate_distributed
 from pipeline.finetuning import task_names
 from pipeline.stages import STAGES
 from pipeline.tasks import load_task
@@ -30,6 +31,8 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"logger.kind={cfg.logger.kind!r}; use one of {LOGGER_KINDS} (logger=wandb|csv)")
     for name in task_names(cfg):
         load_task(name)
+    validate_distributed(cfg)
+    resolve_upstream(STAGES, cfg)  # e.g. an unknown evaluate.encoders name
 
 
 def init_ray(cfg: DictConfig) -> None:

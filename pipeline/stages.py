@@ -18,11 +18,14 @@ from data_prep.prepare import prepare_corpus
 from data_prep.shards import open_shards, shard_paths
 from data_prep.tokenizer import encode_batch_ids, load_tokenizer, train_wordpiece
 from pipeline.dag import Stage, StageContext
+from pipeline.distributed import stage_cpus
 from pipeline.data import read_arrow
+from pipeline.elmo_stages import ELMO_STAGES
 from pipeline.evaluation import evaluate, evaluate_upstream
 from pipeline.finetuning import finetune, task_names
 from pipeline.pretraining import pretrain
 from pipeline.report import write_report
+from pipeline.skip_thought_stages import SKIP_THOUGHT_STAGES
 from pipeline.tasks import load_task, resolve_task_dir
 
 
@@ -92,7 +95,7 @@ def examples(ctx: StageContext) -> dict:
     return {"instances": int(sum(counts)), "files": len(counts)}
 
 
-REPORTED_STAGES = ("pretrain", "finetune", "evaluate")
+REPORTED_STAGES = ("pretrain", "elmo_pretrain", "skip_thought_pretrain", "finetune", "evaluate")
 
 
 def report_upstream(cfg: DictConfig) -> tuple[str, ...]:
@@ -141,11 +144,13 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("prepare", prepare, (), ("data",), version=1, fingerprint=_corpus_fingerprint),
     Stage("tokenizer", tokenizer, ("prepare",), ("tokenizer",), version=1),
     Stage("examples", examples, ("prepare", "tokenizer"), ("examples", "seed"), version=1),
-    Stage("pretrain", pretrain, ("tokenizer", "examples"), ("model", "pretrain", "trainer", "seed"), version=1,
-          num_cpus=_all_cpus),
+    Stage("pretrain", pretrain, ("tokenizer", "examples"), ("model", "pretrain", "trainer", "seed"), version=2,
+          num_cpus=stage_cpus),
     Stage("finetune", finetune, ("tokenizer", "pretrain"), ("finetune", "trainer", "seed"), version=1,
           fingerprint=_finetune_fingerprint, num_cpus=_all_cpus),
     Stage("evaluate", evaluate, evaluate_upstream, ("evaluate", "senteval", "seed"), version=1,
           fingerprint=_senteval_fingerprint, num_cpus=_all_cpus),
+    *ELMO_STAGES,
+    *SKIP_THOUGHT_STAGES,
     Stage("report", report, report_upstream, ("experiment_name",), version=1),
 ]}

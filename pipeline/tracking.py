@@ -88,10 +88,17 @@ class ProgressLog(L.Callback):
 
 
 class LossHistory(L.Callback):
-    """Every logged train loss and every validation result, for the report's loss curve."""
+    """Every logged train loss and every validation result, for the report's loss curve; the rows recorded before
+    a checkpoint travel inside it, so the curve survives a resume."""
 
     def __init__(self):
         self.rows: list[dict] = []
+
+    def state_dict(self) -> dict:
+        return {"rows": list(self.rows)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rows = list(state["rows"])
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs

@@ -73,12 +73,12 @@ TINY_OVERRIDES = [
 ]
 
 
-def tiny_config(tmp_path: Path, extra: list[str] | None = None):
+def tiny_config(tmp_path: Path, extra: list[str] | None = None, experiment: str = "bert_tiny"):
     corpus, task = tmp_path / "books", tmp_path / "task"
     if not corpus.exists():  # written once: rewriting would change the files' fingerprint, i.e. the data
         write_books(corpus)
         write_sentiment_task(task)
-    overrides = ["+experiment=bert_tiny", f"data.corpus_dir={corpus}", f"finetune.data_dir={task}",
+    overrides = [f"+experiment={experiment}", f"data.corpus_dir={corpus}", f"finetune.data_dir={task}",
                  f"paths.cache_dir={tmp_path / 'cache'}", f"paths.run_dir={tmp_path / 'run'}", "logger=csv",
                  *TINY_OVERRIDES, *(extra or [])]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

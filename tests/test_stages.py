@@ -116,6 +116,6 @@ def test_report_writes_results_table_and_loss_summary(ctx):
     assert [r["model"] for r in rows] == ["pretrained", "random_init", "majority_class", "bert_cls", "bert_mean"]
     assert set(rows[0]) == {"stage", "model", "task", "metric", "score", "std", "seeds"}
     md = (out / "results.md").read_text()
-    assert "| pretrained | sst2 | accuracy |" in md and "train loss (MLM + NSP)" in md
+    assert "| pretrained | sst2 | accuracy |" in md and "## Pretraining (pretrain)" in md and "train loss" in md
     assert "| encoder | MR accuracy |" in md
-    assert (out / "loss_curve.png").stat().st_size > 1000
+    assert (out / "pretrain_loss.png").stat().st_size > 1000

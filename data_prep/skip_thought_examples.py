@@ -1,0 +1,150 @@
+"""Skip-Thought training data: a word vocabulary, sentences as word ids, and (previous, current, next) triples.
+
+Kiros et al. 2015 train on consecutive sentences of books; a triple must never span two books, since the last
+sentence of one book says nothing about the first of the next. The functions here are pure (no Ray, no files except
+the explicit I/O helpers); the pipeline maps them over the sentence shards, whose rows are ordered by book.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+PAD, UNK, EOS = "<pad>", "<unk>", "<eos>"
+SPECIAL_WORDS = (PAD, UNK, EOS)  # ids 0, 1, 2 in every vocabulary
+PAD_ID, UNK_ID, EOS_ID = range(len(SPECIAL_WORDS))
+# Words (with an inner apostrophe: "don't", "o'er") and single punctuation marks, the granularity of the
+# tokenised BookCorpus the paper's 20k vocabulary was counted on.
+_TOKEN = re.compile(r"\w+(?:'\w+)*|[^\w\s]")
+
+TRIPLE_SCHEMA = pa.schema([
+    pa.field("previous", pa.list_(pa.int32()), nullable=False),
+    pa.field("current", pa.list_(pa.int32()), nullable=False),
+    pa.field("next", pa.list_(pa.int32()), nullable=False),
+])
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-cased words and punctuation marks."""
+    return _TOKEN.findall(text.lower())
+
+
+def count_words(texts: Iterable[str]) -> Counter:
+    """Word frequencies of `texts`; per-shard counters add up with `+` to the corpus counts."""
+    counts = Counter()
+    for text in texts:
+        counts.update(tokenize(text))
+    return counts
+
+
+@dataclass(frozen=True)
+class WordVocab:
+    """Special words first, then words by decreasing frequency. `encode` maps unknown words to <unk>."""
+
+    words: tuple[str, ...]
+    index: dict[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.words[: len(SPECIAL_WORDS)] != SPECIAL_WORDS:
+            raise ValueError(f"a word vocabulary must start with {SPECIAL_WORDS}; build it with build_word_vocab")
+        object.__setattr__(self, "index", {w: i for i, w in enumerate(self.words)})
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def encode(self, text: str) -> list[int]:
+        return [self.index.get(w, UNK_ID) for w in tokenize(text)]
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).write_text("\n".join(self.words) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> WordVocab:
+        return cls(tuple(Path(path).read_text(encoding="utf-8").splitlines()))
+
+
+def build_word_vocab(counts: Mapping[str, int], vocab_size: int, min_count: int = 1) -> WordVocab:
+    """The `vocab_size - 3` most frequent words with at least `min_count` occurrences, after <pad> <unk> <eos>.
+
+    Ties are broken alphabetically so that the same counts always give the same ids."""
+    if vocab_size <= len(SPECIAL_WORDS):
+        raise ValueError(f"vocab_size={vocab_size} leaves no room for words after {SPECIAL_WORDS}; use e.g. 20000")
+    ranked = sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIAL_WORDS),
+                    key=lambda w: (-counts[w], w))
+    return WordVocab(SPECIAL_WORDS + tuple(ranked[: vocab_size - len(SPECIAL_WORDS)]))
+
+
+def make_triples(book_sentences: Sequence) -> list[tuple]:
+    """(previous, current, next) for every inner sentence of ONE book, in order: n sentences give n - 2 triples.
+
+    Call it once per book; never on sentences concatenated from several books."""
+    return [tuple(book_sentences[i - 1: i + 2]) for i in range(1, len(book_sentences) - 1)]
+
+
+def triples_from_shard(table: pa.Table, vocab: WordVocab, max_words: int) -> list[tuple[list[int], list[int], list[int]]]:
+    """Triples of word ids from a sentence shard (rows grouped by book, as data_prep.shards writes them).
+
+    Sentences are cut to `max_words` words. Kiros et al.'s code drops every triple with a sentence of 30 words or
+    more; cutting keeps those triples (long sentences are common in 19th-century books) and bounds T all the same.
+    Sentences that tokenize to nothing are left out before triples are formed, so neighbours stay neighbours."""
+    books: dict[str, list[list[int]]] = {}
+    for book_id, text in zip(table.column("book_id").to_pylist(), table.column("text").to_pylist()):
+        ids = vocab.encode(text)[:max_words]
+        if ids:
+            books.setdefault(book_id, []).append(ids)
+    return [triple for sentences in books.values() for triple in make_triples(sentences)]
+
+
+def write_triples(triples: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int]]], path: str | os.PathLike) -> None:
+    """An uncompressed Arrow IPC file with TRIPLE_SCHEMA (memory-mappable), written atomically."""
+    path = Path(path)
+    columns = []
+    for position, field_ in enumerate(TRIPLE_SCHEMA):
+        sentences = [triple[position] for triple in triples]
+        offsets = np.zeros(len(sentences) + 1, dtype=np.int32)
+        np.cumsum([len(s) for s in sentences], out=offsets[1:])
+        values = np.fromiter((w for s in sentences for w in s), dtype=np.int32, count=int(offsets[-1]))
+        columns.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(values), type=field_.type))
+    table = pa.Table.from_arrays(columns, schema=TRIPLE_SCHEMA)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as sink, pa.ipc.new_file(sink, TRIPLE_SCHEMA) as writer:
+            writer.write_table(table)
+        os.replace(tmp_name, path)
+    except BaseException:
+        os.unlink(tmp_name)
+        raise
+
+
+def pad_sentences(sentences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Word-id sentences -> right-padded ids (B, T) with <eos> appended, and lengths (B,) counting the <eos>.
+
+    The encoder reads the <eos> and each decoder learns to predict it, as in the authors' code. Use this for any
+    sentence given to SkipThoughts.encode, not only for training batches."""
+    lengths = torch.tensor([len(s) + 1 for s in sentences], dtype=torch.long)
+    ids = torch.full((len(sentences), int(lengths.max())), PAD_ID, dtype=torch.long)
+    for row, sentence in enumerate(sentences):
+        ids[row, : len(sentence)] = torch.as_tensor(np.asarray(sentence, dtype=np.int64))
+        ids[row, len(sentence)] = EOS_ID
+    return ids, lengths
+
+
+def collate_triples(rows: Sequence[Mapping[str, Sequence[int]]]) -> dict[str, torch.Tensor]:
+    """Rows with `previous`, `current`, `next` word ids -> the keyword arguments of SkipThoughts.forward:
+    ids/lengths (current sentence), previous_ids/previous_lengths, next_ids/next_lengths; each sentence padded
+    separately, to its own longest length."""
+    ids, lengths = pad_sentences([r["current"] for r in rows])
+    previous_ids, previous_lengths = pad_sentences([r["previous"] for r in rows])
+    next_ids, next_lengths = pad_sentences([r["next"] for r in rows])
+    return {"ids": ids, "lengths": lengths, "previous_ids": previous_ids, "previous_lengths": previous_lengths,
+            "next_ids": next_ids, "next_lengths": next_lengths}

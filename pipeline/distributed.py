@@ -1,0 +1,232 @@
+"""Data parallelism applied from the outside, by config: the models in models/ never know how they are trained.
+
+`trainer.strategy` (auto | ddp | deepspeed) and `trainer.num_workers` pick the path:
+- one process (`trainer=cpu`): plain Lightning, nothing from here;
+- `num_workers > 1`: Ray Train starts the worker processes (`TorchTrainer`, one device each) and Lightning trains
+  in each with `RayDDPStrategy` or `RayDeepSpeedStrategy`. Ray Train, not Lightning's own launchers, because a
+  stage already runs inside a Ray task: Lightning's DDP launcher re-executes `sys.argv` (a Ray worker's, there),
+  while Ray Train places the processes, sets up the gloo/NCCL process group, and scales out to a cluster unchanged;
+- DeepSpeed without CUDA: Lightning's DeepSpeedStrategy refuses a CPU accelerator, so each Ray Train worker drives
+  `deepspeed.initialize` itself (`train_deepspeed`), over gloo, with DeepSpeed's CPU accelerator.
+
+Trainer configs that leave `strategy`/`num_workers` out (`conf/trainer/cpu.yaml`) train in one process.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+STRATEGIES = ("auto", "ddp", "deepspeed")
+ZERO_STAGES = (1, 2, 3)
+CHECKPOINT_TAG_PREFIX = "step-"
+
+
+@dataclass(frozen=True)
+class DistributedSettings:
+    strategy: str
+    num_workers: int
+    accelerator: str
+    devices: object
+    precision: str
+    zero_stage: int | None
+    offload_optimizer: bool
+    offload_parameters: bool
+    accumulate_grad_batches: int
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> "DistributedSettings":
+        t = cfg.trainer
+        ds = t.get("deepspeed")
+        return cls(strategy=str(t.get("strategy", "auto")), num_workers=int(t.get("num_workers", 1)),
+                   accelerator=str(t.accelerator), devices=t.devices, precision=str(t.precision),
+                   zero_stage=int(ds.stage) if ds else None,
+                   offload_optimizer=bool(ds.offload_optimizer) if ds else False,
+                   offload_parameters=bool(ds.offload_parameters) if ds else False,
+                   accumulate_grad_batches=int(t.get("accumulate_grad_batches", 1)))
+
+    @property
+    def uses_cuda(self) -> bool:
+        return self.accelerator in ("gpu", "cuda") or (self.accelerator == "auto" and torch.cuda.is_available())
+
+    @property
+    def deepspeed_on_cpu(self) -> bool:
+        return self.strategy == "deepspeed" and not self.uses_cuda
+
+    @property
+    def uses_ray_train(self) -> bool:
+        return self.num_workers > 1 or self.deepspeed_on_cpu
+
+
+def validate_distributed(cfg: DictConfig) -> None:
+    """Impossible trainer settings fail here, before any work starts, with the config to use instead."""
+    s = DistributedSettings.from_config(cfg)
+    if s.strategy not in STRATEGIES:
+        raise ValueError(f"trainer.strategy={s.strategy!r}; use one of {STRATEGIES} (e.g. trainer=ddp_cpu or "
+                         "trainer=deepspeed_stage_2)")
+    if s.num_workers < 1:
+        raise ValueError(f"trainer.num_workers={s.num_workers}; use 1 (one process) or more (Ray Train workers)")
+    if s.zero_stage is not None and s.strategy != "deepspeed":
+        raise ValueError(f"trainer.deepspeed (ZeRO stage {s.zero_stage}) needs trainer.strategy=deepspeed, not "
+                         f"{s.strategy!r}; pick trainer=deepspeed_stage_{s.zero_stage} instead of adding ZeRO "
+                         "settings to another trainer")
+    if s.strategy == "deepspeed":
+        if s.zero_stage not in ZERO_STAGES:
+            raise ValueError(f"trainer.deepspeed.stage={s.zero_stage}; use one of {ZERO_STAGES}")
+        if s.offload_parameters and s.zero_stage != 3:
+            raise ValueError(f"trainer.deepspeed.offload_parameters needs ZeRO stage 3 (got stage {s.zero_stage}): "
+                             "only stage 3 partitions the parameters; use trainer=deepspeed_stage_3_offload")
+        if s.offload_optimizer and s.zero_stage == 1:
+            raise ValueError("trainer.deepspeed.offload_optimizer needs ZeRO stage 2 or 3; "
+                             "use trainer=deepspeed_stage_2_offload")
+        if s.precision.startswith("16") and not s.uses_cuda:
+            raise ValueError(f"trainer.precision={s.precision}: DeepSpeed on the CPU trains in fp32 or bf16; "
+                             "use trainer.precision=32-true or bf16-mixed")
+    if s.strategy == "ddp" and s.num_workers < 2:
+        raise ValueError("trainer.strategy=ddp needs trainer.num_workers >= 2 (one Ray Train worker per process); "
+                         "use trainer=ddp_cpu, or trainer=cpu for one process")
+    if str(s.devices) not in ("1", "auto"):
+        raise ValueError(f"trainer.devices={s.devices}: each training process drives one device; for more, set "
+                         "trainer.num_workers (Ray Train workers) and trainer.devices=auto")
+
+
+def stage_cpus(cfg: DictConfig) -> float:
+    """CPUs the stage's own Ray task reserves: none when Ray Train workers take them, or they would wait forever."""
+    return 0.0 if DistributedSettings.from_config(cfg).uses_ray_train else float(cfg.ray.num_cpus)
+
+
+def deepspeed_config(s: DistributedSettings, micro_batch_size: int, grad_clip: float) -> dict:
+    """The DeepSpeed JSON, generated from the trainer and pretrain configs."""
+    zero: dict = {"stage": s.zero_stage}
+    if s.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if s.offload_parameters:
+        zero["offload_param"] = {"device": "cpu"}
+    return {"train_micro_batch_size_per_gpu": micro_batch_size,
+            "gradient_accumulation_steps": s.accumulate_grad_batches,
+            "gradient_clipping": grad_clip,
+            "zero_optimization": zero,
+            "bf16": {"enabled": s.precision.startswith("bf16")},
+            # the optimizer is the pipeline's own AdamW (no decay on biases/LayerNorm, linear schedule), and
+            # torch's implementation needs no JIT-compiled DeepSpeed op, offloaded or not
+            "zero_allow_untested_optimizer": True,
+            "zero_force_ds_cpu_optimizer": False,
+            "steps_per_print": 1 << 30}
+
+
+def lightning_strategy(s: DistributedSettings, ds_config: dict):
+    """The Lightning strategy for a run in this process (one device) or in a Ray Train worker."""
+    if s.num_workers > 1:
+        from ray.train.lightning import RayDDPStrategy, RayDeepSpeedStrategy
+
+        if s.strategy == "deepspeed":
+            return RayDeepSpeedStrategy(config=ds_config)
+        return RayDDPStrategy(process_group_backend="nccl" if s.uses_cuda else "gloo")
+    if s.strategy == "deepspeed":
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        return DeepSpeedStrategy(config=ds_config)
+    return "auto"
+
+
+def run_on_ray_workers(train_fn: Callable[[dict], None], config: dict, s: DistributedSettings,
+                       storage_dir: Path) -> None:
+    """Run `train_fn(config)` in `s.num_workers` Ray Train workers (one CPU or GPU each) and wait for them."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    trainer = TorchTrainer(train_fn, train_loop_config=config,
+                           scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.uses_cuda),
+                           run_config=RunConfig(storage_path=str(storage_dir), name="ray_train"))
+    trainer.fit()
+
+
+def use_deepspeed_cpu_accelerator() -> None:
+    """Before deepspeed is first imported: its CPU accelerator, and a persistent cache for any JIT-built op."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR",
+                          str(Path.home() / ".cache" / "textrep" / "torch_extensions"))
+
+
+def checkpoint_tags(checkpoint_dir: Path) -> list[str]:
+    """Complete DeepSpeed checkpoints in `checkpoint_dir`, oldest first."""
+    tags = [p.name for p in checkpoint_dir.glob(f"{CHECKPOINT_TAG_PREFIX}*") if (p / "complete").is_file()]
+    return sorted(tags, key=lambda tag: int(tag.removeprefix(CHECKPOINT_TAG_PREFIX)))
+
+
+def train_deepspeed(module: nn.Module, optimizer: torch.optim.Optimizer, scheduler, ds_config: dict,
+                    batches: Callable[[], Iterable[dict]], data_state: Callable[[int], dict],
+                    load_data_state: Callable[[dict], None], next_epoch: Callable[[], None], max_steps: int,
+                    checkpoint_dir: Path, checkpoint_every_steps: int, keep_checkpoints: int = 2,
+                    on_step: Callable[[int, float], None] = lambda step, loss: None):
+    """Train `module` (whose forward returns {"loss": ...}) with a DeepSpeed engine; returns the engine.
+
+    Resumes from the newest complete checkpoint in `checkpoint_dir`, with the data position (`data_state(n)` of
+    `n` batches consumed this epoch) and the torch RNG saved next to it; keeps the newest `keep_checkpoints`."""
+    import deepspeed
+    import torch.distributed as dist
+
+    engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=ds_config)
+    consumed = 0
+    if tags := checkpoint_tags(checkpoint_dir):
+        _, client_state = engine.load_checkpoint(str(checkpoint_dir), tag=tags[-1])
+        load_data_state(client_state["data"])
+        consumed = client_state["batches_consumed"]
+        torch.set_rng_state(client_state["rng"])
+        print(f"resumed from DeepSpeed checkpoint {checkpoint_dir / tags[-1]}", flush=True)
+    micro_losses = []
+    while engine.global_steps < max_steps:
+        for batch in batches():
+            loss = engine(batch)["loss"]
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"pretraining loss is {loss.item()} at step {engine.global_steps}; "
+                                         "lower pretrain.lr or raise pretrain.warmup_steps (the last good "
+                                         f"checkpoint is kept in {checkpoint_dir})")
+            engine.backward(loss)
+            step_before = engine.global_steps
+            engine.step()  # an optimizer step only at the last micro-batch of gradient accumulation
+            consumed += 1
+            micro_losses.append(float(loss))
+            if engine.global_steps == step_before:
+                continue
+            step = engine.global_steps
+            on_step(step, sum(micro_losses) / len(micro_losses))
+            micro_losses = []
+            if step % checkpoint_every_steps == 0 or step == max_steps:
+                _save_checkpoint(engine, checkpoint_dir, step, keep_checkpoints,
+                                 {"data": data_state(consumed), "batches_consumed": consumed,
+                                  "rng": torch.get_rng_state()})
+            if step >= max_steps:
+                break
+        else:
+            next_epoch()
+            consumed = 0
+    dist.barrier()
+    return engine
+
+
+def _save_checkpoint(engine, checkpoint_dir: Path, step: int, keep: int, client_state: dict) -> None:
+    import torch.distributed as dist
+
+    tag = f"{CHECKPOINT_TAG_PREFIX}{step}"
+    engine.save_checkpoint(str(checkpoint_dir), tag=tag, client_state=client_state)
+    dist.barrier()  # every rank's shard is written before the checkpoint counts as complete
+    if dist.get_rank() == 0:
+        (checkpoint_dir / tag / "complete").touch()
+        for old in checkpoint_tags(checkpoint_dir)[:-keep]:
+            shutil.rmtree(checkpoint_dir / old)
+
+
+def consolidated_state_dict(checkpoint_dir: Path, tag: str) -> dict[str, torch.Tensor]:
+    """One fp32 state dict from a ZeRO checkpoint's partitions (any stage), loadable without DeepSpeed."""
+    use_deepspeed_cpu_accelerator()
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag=tag)

@@ -1,0 +1,106 @@
+"""ELMo's stages (Peters et al. 2018): a word vocabulary and per-book token streams built from the sentence shards,
+then biLM pretraining with truncated BPTT over whole books (pipeline/lit_elmo.py explains why windows, not
+sentence batches). The frozen biLM then serves the evaluate stage as a sentence encoder."""
+from __future__ import annotations
+
+import hydra
+import lightning as L
+import numpy as np
+import ray
+import torch
+from omegaconf import OmegaConf
+from torch.utils.data import DataLoader
+
+from data_prep.elmo_examples import (books_from_rows, build_word_vocab, read_word_vocab, write_token_streams,
+                                     write_word_vocab)
+from data_prep.shards import open_shards, shard_paths
+from models.elmo import ElmoEmbedder, ScalarMix, load_bilm, save_bilm
+from pipeline.dag import Stage, StageContext
+from pipeline.data import read_arrow
+from pipeline.lit_elmo import ElmoPretrainModule, build_elmo_datasets
+from pipeline.tracking import LossHistory
+from pipeline.training import make_trainer
+
+
+def elmo_vocab(ctx: StageContext) -> dict:
+    table = open_shards(ctx.stage_dir("prepare"))
+    texts = (t for batch in table.to_batches() for t in batch.column("text").to_pylist())
+    vocab = build_word_vocab(texts, ctx.cfg.elmo.vocab_size, ctx.cfg.elmo.min_count)
+    write_word_vocab(vocab, ctx.out_dir / "vocab.txt")
+    return {"vocab_size": len(vocab)}
+
+
+@ray.remote(num_cpus=1)
+def build_shard_streams(shard_path: str, out_path: str) -> int:
+    table = read_arrow(shard_path)
+    return write_token_streams(books_from_rows(table.column("book_id").to_pylist(), table.column("text").to_pylist()),
+                               out_path)
+
+
+def elmo_streams(ctx: StageContext) -> dict:
+    shards = shard_paths(ctx.stage_dir("prepare"))
+    books = ray.get([build_shard_streams.remote(str(s), str(ctx.out_dir / f"streams-{i:05d}.arrow"))
+                     for i, s in enumerate(shards)])
+    return {"books": int(sum(books)), "files": len(shards)}
+
+
+def elmo_pretrain(ctx: StageContext) -> dict:
+    cfg, e, p = ctx.cfg, ctx.cfg.elmo, ctx.cfg.pretrain
+    vocab = read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt")
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    model_cfg["config"]["vocab_size"] = len(vocab)
+    L.seed_everything(cfg.seed, workers=True)
+    model = hydra.utils.instantiate(model_cfg, _convert_="all")
+    train, heldout = build_elmo_datasets(sorted(ctx.stage_dir("elmo_streams").glob("streams-*.arrow")), vocab,
+                                         e.window, e.batch_size, e.holdout_books_fraction, cfg.seed,
+                                         char_inputs=model.config.token_encoder == "char_cnn")
+    module = ElmoPretrainModule(model, lr=p.lr, warmup_steps=p.warmup_steps, max_steps=p.max_steps,
+                                weight_decay=p.weight_decay)
+    history = LossHistory()
+    trainer = make_trainer(ctx, [history], max_steps=p.max_steps, gradient_clip_val=p.grad_clip,
+                           val_check_interval=min(p.val_every_steps, p.max_steps), check_val_every_n_epoch=None,
+                           num_sanity_val_steps=0, enable_checkpointing=False)
+    # batch_size=None and no shuffling: each batch row continues the book the previous batch's row was reading.
+    trainer.fit(module, DataLoader(train, batch_size=None), DataLoader(heldout, batch_size=None))
+    save_bilm(model, ctx.out_dir / "bilm")
+    history.write_csv(ctx.out_dir / "loss_curve.csv")
+    return {"steps": trainer.global_step, "heldout_perplexity": module.heldout_perplexities,
+            "precision": trainer.precision, "num_parameters": sum(t.numel() for t in model.parameters())}
+
+
+class ElmoSentenceEncoder:
+    """SentEval encoder: the mean over words of the frozen biLM's layers mixed with equal weights (an untrained
+    ScalarMix, s = 0, gamma = 1), as seed 000's SentEval section uses ELMo."""
+
+    def __init__(self, bilm_dir, vocab: list[str], name: str = "elmo"):
+        self.name = name
+        bilm = load_bilm(bilm_dir).eval()
+        self.embedder = ElmoEmbedder(bilm, vocab)
+        self.mix = ScalarMix(bilm.config.num_layers + 1)
+
+    def prepare(self, samples: list[list[str]]) -> None:
+        pass
+
+    @torch.no_grad()
+    def batcher(self, batch: list[list[str]]) -> np.ndarray:
+        layers, mask = self.embedder.embed([" ".join(tokens) for tokens in batch])  # (B, L+1, T, 2P), (B, T)
+        mixed = self.mix(layers, mask)                                                 # (B, T, 2P)
+        weights = mask.unsqueeze(-1).float()
+        return ((mixed * weights).sum(1) / weights.sum(1).clamp(min=1)).numpy()
+
+
+def elmo_encoder(ctx: StageContext) -> ElmoSentenceEncoder:
+    return ElmoSentenceEncoder(ctx.stage_dir("elmo_pretrain") / "bilm",
+                               read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"))
+
+
+def _all_cpus(cfg) -> float:
+    return float(cfg.ray.num_cpus)
+
+
+ELMO_STAGES = [
+    Stage("elmo_vocab", elmo_vocab, ("prepare",), ("elmo.vocab_size", "elmo.min_count"), version=1),
+    Stage("elmo_streams", elmo_streams, ("prepare",), (), version=1),
+    Stage("elmo_pretrain", elmo_pretrain, ("elmo_vocab", "elmo_streams"), ("model", "elmo", "pretrain", "trainer", "seed"),
+          version=1, num_cpus=_all_cpus),
+]

@@ -1,0 +1,131 @@
+"""Skip-Thought's stages (Kiros et al. 2015): a word vocabulary counted over the sentence shards, (previous,
+current, next) triples that never cross a book, then pretraining of the encoder and its two decoders. The trained
+encoder serves the evaluate stage, optionally with its vocabulary expanded through GloVe (§2.2 of the paper)."""
+from __future__ import annotations
+
+import shutil
+import time
+from collections import Counter
+
+import hydra
+import lightning as L
+import numpy as np
+import ray
+import torch
+from omegaconf import OmegaConf
+
+from data_prep.shards import shard_paths
+from data_prep.skip_thought_examples import (WordVocab, build_word_vocab, count_words, pad_sentences, tokenize,
+                                             triples_from_shard, write_triples)
+from data_prep.word_vectors import ExpandedVocabulary, WordVectors, fit_vocabulary_expansion, load_glove, shared_words
+from models.skip_thought import load_skip_thoughts, save_skip_thoughts
+from pipeline.dag import Stage, StageContext
+from pipeline.data import read_arrow
+from pipeline.lit_skip_thought import SkipThoughtPretrainModule, SkipThoughtTriples, triple_loaders
+from pipeline.tracking import LossHistory
+from pipeline.training import make_trainer
+
+
+@ray.remote(num_cpus=1)
+def count_shard_words(shard_path: str) -> Counter:
+    return count_words(read_arrow(shard_path).column("text").to_pylist())
+
+
+def skip_thought_vocab(ctx: StageContext) -> dict:
+    counts = sum(ray.get([count_shard_words.remote(str(p)) for p in shard_paths(ctx.stage_dir("prepare"))]),
+                 Counter())
+    vocab = build_word_vocab(counts, ctx.cfg.skip_thought.vocab_size, ctx.cfg.skip_thought.min_count)
+    vocab.save(ctx.out_dir / "vocab.txt")
+    return {"vocab_size": len(vocab), "distinct_words": len(counts)}
+
+
+@ray.remote(num_cpus=1)
+def build_shard_triples(shard_path: str, vocab_path: str, out_path: str, max_words: int) -> int:
+    triples = triples_from_shard(read_arrow(shard_path), WordVocab.load(vocab_path), max_words)
+    write_triples(triples, out_path)
+    return len(triples)
+
+
+def skip_thought_examples(ctx: StageContext) -> dict:
+    vocab_path = str(ctx.stage_dir("skip_thought_vocab") / "vocab.txt")
+    counts = ray.get([build_shard_triples.remote(str(p), vocab_path, str(ctx.out_dir / f"triples-{i:05d}.arrow"),
+                                                 ctx.cfg.skip_thought.max_words)
+                      for i, p in enumerate(shard_paths(ctx.stage_dir("prepare")))])
+    return {"triples": int(sum(counts)), "files": len(counts)}
+
+
+def skip_thought_pretrain(ctx: StageContext) -> dict:
+    cfg, p = ctx.cfg, ctx.cfg.pretrain
+    vocab_path = ctx.stage_dir("skip_thought_vocab") / "vocab.txt"
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    model_cfg["config"]["vocab_size"] = len(WordVocab.load(vocab_path))
+    L.seed_everything(cfg.seed, workers=True)
+    model = hydra.utils.instantiate(model_cfg, _convert_="all")
+    tables = [read_arrow(f) for f in sorted(ctx.stage_dir("skip_thought_examples").glob("triples-*.arrow"))]
+    train_loader, val_loader = triple_loaders(SkipThoughtTriples(tables), p.batch_size, p.val_fraction, cfg.seed,
+                                              p.num_workers)
+    module = SkipThoughtPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
+                                       warmup_steps=p.warmup_steps, max_steps=p.max_steps)
+    history = LossHistory()
+    trainer = make_trainer(ctx, [history], max_steps=p.max_steps, gradient_clip_val=p.grad_clip,
+                           val_check_interval=min(p.val_every_steps, len(train_loader), p.max_steps),
+                           check_val_every_n_epoch=None, num_sanity_val_steps=0, enable_checkpointing=False)
+    started = time.perf_counter()
+    trainer.fit(module, train_loader, val_loader)
+    seconds = time.perf_counter() - started
+    save_skip_thoughts(model, ctx.out_dir / "model")
+    shutil.copy(vocab_path, ctx.out_dir / "model" / "vocab.txt")
+    history.write_csv(ctx.out_dir / "loss_curve.csv")
+    return {"steps": trainer.global_step, "seconds": round(seconds, 1),
+            "triples_per_s": round(trainer.global_step * p.batch_size / seconds, 1),
+            "final_val_loss": history.last("val/loss"), "precision": trainer.precision,
+            "num_parameters": sum(t.numel() for t in model.parameters())}
+
+
+class SkipThoughtSentenceEncoder:
+    """SentEval encoder over a trained Skip-Thought encoder. With `expand_vocabulary`, words the encoder never saw
+    get GloVe vectors mapped into its embedding space by the least-squares map of Kiros et al. §2.2."""
+
+    def __init__(self, model_dir, expand_vocabulary: bool, name: str = "skip_thought"):
+        self.name = name
+        self.model = load_skip_thoughts(model_dir).eval()
+        self.vocab = WordVocab.load(model_dir / "vocab.txt")
+        self.expanded = None
+        if expand_vocabulary:
+            own = WordVectors(tuple(self.vocab.words), self.model.embedding.weight.detach().numpy())
+            glove = load_glove()
+            weight = fit_vocabulary_expansion(glove, own, shared_words(glove, own))
+            self.expanded = ExpandedVocabulary(own, glove, weight)
+
+    def prepare(self, samples: list[list[str]]) -> None:
+        pass
+
+    @torch.no_grad()
+    def batcher(self, batch: list[list[str]]) -> np.ndarray:
+        texts = [" ".join(tokens) for tokens in batch]
+        if self.expanded is None:
+            ids, lengths = pad_sentences([self.vocab.encode(t) for t in texts])
+            return self.model.encode(ids, lengths).numpy()
+        embedded, lengths = self.expanded.embed_sentences([tokenize(t) for t in texts])
+        return self.model.encode_embedded(embedded, lengths).numpy()
+
+
+def skip_thought_encoder(expand_vocabulary: bool):
+    def build(ctx: StageContext) -> SkipThoughtSentenceEncoder:
+        return SkipThoughtSentenceEncoder(ctx.stage_dir("skip_thought_pretrain") / "model", expand_vocabulary,
+                                          name="skip_thought_expanded" if expand_vocabulary else "skip_thought")
+    return build
+
+
+def _all_cpus(cfg) -> float:
+    return float(cfg.ray.num_cpus)
+
+
+SKIP_THOUGHT_STAGES = [
+    Stage("skip_thought_vocab", skip_thought_vocab, ("prepare",), ("skip_thought.vocab_size", "skip_thought.min_count"),
+          version=1),
+    Stage("skip_thought_examples", skip_thought_examples, ("prepare", "skip_thought_vocab"),
+          ("skip_thought.max_words",), version=1),
+    Stage("skip_thought_pretrain", skip_thought_pretrain, ("skip_thought_vocab", "skip_thought_examples"),
+          ("model", "pretrain", "trainer", "seed"), version=1, num_cpus=_all_cpus),
+]

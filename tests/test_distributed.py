@@ -1,0 +1,84 @@
+"""Data-parallel pretraining in 2 Ray Train workers on the CPU: DDP, and DeepSpeed ZeRO-2 with consolidation."""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.bert import BertConfig, BertForPreTraining, load_encoder
+from pipeline.dag import MARKER
+from pipeline.distributed import checkpoint_tags, consolidated_state_dict, validate_distributed
+from tests.conftest import tiny_config
+from tests.test_stages import TinyRun
+
+TWO_WORKER_OVERRIDES = ["++pretrain.checkpoint_every_steps=10", "pretrain.max_steps=20"]
+
+
+@pytest.fixture(scope="module")
+def tmp_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("distributed")
+
+
+def tiny_run(root: Path, trainer: list[str]) -> TinyRun:
+    run = TinyRun(tiny_config(root, [*TWO_WORKER_OVERRIDES, *trainer]))
+    for name in ("prepare", "tokenizer", "examples"):  # cached after the first run: they ignore trainer.*
+        run.run_stage(name)
+    return run
+
+
+def train_losses(out_dir: Path) -> list[float]:
+    with open(out_dir / "loss_curve.csv") as f:
+        return [float(r["value"]) for r in csv.DictReader(f) if r["name"] == "train/loss"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["trainer=ddp_cpu", "trainer.num_workers=1"], "needs trainer.num_workers >= 2"),
+    (["trainer=ddp_cpu", "+trainer.deepspeed={stage: 3, offload_optimizer: false, offload_parameters: false}"],
+     "needs trainer.strategy=deepspeed"),
+    (["trainer=deepspeed_stage_2", "trainer.deepspeed.offload_parameters=true"], "needs ZeRO stage 3"),
+    (["trainer=deepspeed_stage_1", "trainer.devices=4"], "set trainer.num_workers"),
+])
+def test_impossible_trainer_settings_fail_before_any_work(tmp_root, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        validate_distributed(tiny_config(tmp_root, overrides))
+
+
+@pytest.mark.slow  # Ray Train start-up of 2 workers: 1-3 min on a loaded 2-core machine
+def test_ddp_in_two_ray_train_workers(tmp_root, ray_session):
+    run = tiny_run(tmp_root, ["trainer=ddp_cpu"])
+    summary = run.run_stage("pretrain")
+    out = run.stage_dir("pretrain")
+    assert summary["workers"] == 2 and summary["steps"] == 20
+    losses = train_losses(out)
+    assert len(losses) == 20 and all(math.isfinite(x) for x in losses)
+    # rank 0 alone writes: one checkpoint per save, no leftovers of concurrent writers
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000010.ckpt", "step-000020.ckpt"]
+    assert load_encoder(out / "encoder").config.num_hidden_layers == 2
+
+
+@pytest.mark.slow  # Ray Train start-up plus DeepSpeed import in 2 workers: 2-4 min on 2 cores
+def test_deepspeed_zero2_on_cpu_consolidates_and_fine_tunes(tmp_root, ray_session):
+    run = tiny_run(tmp_root, ["trainer=deepspeed_stage_2", "trainer.accelerator=cpu"])
+    summary = run.run_stage("pretrain")
+    out = run.stage_dir("pretrain")
+    assert summary["workers"] == 2 and summary["zero_stage"] == 2 and math.isfinite(summary["final_val_loss"])
+    assert all(math.isfinite(x) for x in train_losses(out))
+    checkpoints = out / "checkpoints"
+    assert checkpoint_tags(checkpoints) == ["step-10", "step-20"]
+    fp32 = consolidated_state_dict(checkpoints, "step-20")
+    # ZeRO-2 keeps whole fp32 parameters on every rank: the engine's module weights, as DeepSpeed saved them
+    engine_weights = torch.load(checkpoints / "step-20" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    for name, tensor in engine_weights.items():
+        torch.testing.assert_close(fp32[name], tensor.float(), rtol=0, atol=0, msg=name)
+    encoder = load_encoder(out / "encoder")
+    fresh = BertForPreTraining(BertConfig.from_dict(encoder.config.to_dict()))
+    fresh.load_state_dict({k.removeprefix("model."): v for k, v in fp32.items()})
+    for name, tensor in encoder.state_dict().items():
+        torch.testing.assert_close(fresh.bert.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
+
+    results = run.run_stage("finetune")["results"]
+    assert {r["model"] for r in results} >= {"pretrained", "random_init"}
+    assert (run.stage_dir("finetune") / MARKER).exists()

