@@ -2,12 +2,13 @@
 import hydra
 from omegaconf import DictConfig
 
-from pipeline.runner import run_pipeline
+from pipeline.runner import finetune_objective, run_pipeline
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
-def main(cfg: DictConfig) -> None:
-    run_pipeline(cfg)
+def main(cfg: DictConfig) -> float | None:
+    """Returns the sweep objective (finetune_objective); a single run ignores it."""
+    return finetune_objective(run_pipeline(cfg))
 
 
 if __name__ == "__main__":

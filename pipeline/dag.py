@@ -284,6 +284,13 @@ def _link(run_dir: Path, name: str, target: Path) -> None:
     link.symlink_to(target, target_is_directory=True)
 
 
+def _write_pipeline_file(run_dir: Path, the_plan: Plan, results: dict[str, dict]) -> None:
+    write_json_atomically(run_dir / "pipeline.json", {"stages": {
+        n: {"hash": the_plan.hashes[n], "output": str(the_plan.dirs[n]),
+            "state": results.get(n, {}).get("state", "not run"),
+            "duration_s": results.get(n, {}).get("duration_s")} for n in the_plan.order}})
+
+
 def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[str, dict]:
     """Execute the plan on Ray: every stage whose upstream stages are complete is submitted as a Ray task."""
     import ray
@@ -297,6 +304,7 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
         if not the_plan.cached[name] and is_complete(the_plan.dirs[name]):  # forced: invalidate, then rerun
             (the_plan.dirs[name] / MARKER).unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
+    _write_pipeline_file(run_dir, the_plan, {})  # before any work: `python -m pipeline.status` sees a running run
     cfg_resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     remote = ray.remote(execute_stage)
     results: dict[str, dict] = {}
@@ -322,15 +330,12 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
             try:
                 results[name] = ray.get(ref)
             except ray.exceptions.RayTaskError as err:
-                cause = err.cause if isinstance(err.cause, StageFailed) else err
-                raise StageFailed(str(cause).splitlines()[0] if isinstance(cause, StageFailed) else str(err)) \
-                    from None
+                if isinstance(err.cause, StageFailed):  # its message names the stage and its log: enough
+                    raise StageFailed(str(err.cause)) from None
+                raise
             _link(run_dir, name, the_plan.dirs[name])
     finally:
         for ref in running:
             ray.cancel(ref, force=True)
-        write_json_atomically(run_dir / "pipeline.json", {
-            "stages": {n: {"hash": the_plan.hashes[n], "output": str(the_plan.dirs[n]),
-                           "state": results.get(n, {}).get("state", "not run"),
-                           "duration_s": results.get(n, {}).get("duration_s")} for n in the_plan.order}})
+        _write_pipeline_file(run_dir, the_plan, results)
     return results

@@ -1,8 +1,11 @@
 """Entry point of a pipeline run: validate the config, start (or join) Ray, execute the stage DAG."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+
+import numpy as np
 
 from omegaconf import DictConfig
 
@@ -47,6 +50,20 @@ def init_ray(cfg: DictConfig) -> None:
         ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, log_to_driver=True)
 
 
+def finetune_objective(run_dir: Path) -> float | None:
+    """The pretrained encoder's fine-tuning dev score, averaged over the tasks (each on its main metric, the first
+    one the task reports): what a sweep over finetune.* maximises (conf/sweep/). None when the run has no finetune."""
+    results = run_dir / "finetune" / "results.json"
+    if not results.is_file():
+        return None
+    rows = [r for r in json.loads(results.read_text()) if r["model"] == "pretrained"]
+    main_metric = {}
+    for row in rows:
+        main_metric.setdefault(row["task"], row["metric"])
+    scores = [r["score"] for r in rows if r["metric"] == main_metric[r["task"]]]
+    return float(np.mean(scores)) if scores else None
+
+
 def run_pipeline(cfg: DictConfig) -> Path:
     import ray
 
@@ -56,7 +73,7 @@ def run_pipeline(cfg: DictConfig) -> Path:
     if cfg.pipeline.dry_run:
         print(plan(cfg, STAGES).describe())
         return run_dir
-    os.environ["WANDB_MODE"] = cfg.logger.mode  # inherited by Ray workers: offline unless asked otherwise
+    os.environ["WANDB_MODE"] = cfg.logger.get("mode", "offline")  # inherited by Ray workers
     init_ray(cfg)
     try:
         run_dag(cfg, STAGES, run_dir)

@@ -5,7 +5,6 @@ import csv
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from tests.conftest import TINY_OVERRIDES, write_books, write_sentiment_task
 

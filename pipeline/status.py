@@ -1,0 +1,147 @@
+"""`python -m pipeline.status [RUN_DIR]`: what each stage of a run did, read from disk without starting anything.
+
+The run directory's `pipeline.json` (written by dag.run_dag) names every planned stage and its content-addressed
+output directory; the output directory tells the rest, because the engine's own files are the truth there:
+the marker (complete), `stage.json` (duration), `stage.log` (a traceback means the stage failed), and the
+per-output lock (held only while a process is executing the stage). Without RUN_DIR, the newest run under
+`outputs/` or `multirun/` is shown.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import fcntl
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.dag import LOG_FILE, MARKER, directory_size
+
+PIPELINE_FILE = "pipeline.json"
+RUN_ROOTS = ("outputs", "multirun")  # where Hydra puts single runs and sweeps (conf/config.yaml)
+
+
+@dataclass(frozen=True)
+class StageStatus:
+    name: str
+    state: str             # complete | cached | running | failed | interrupted | not run
+    hash: str
+    output: Path
+    duration_s: float | None
+    size_bytes: int | None
+
+    @property
+    def log(self) -> Path:
+        return self.output / LOG_FILE
+
+
+def latest_run_dir(roots: tuple[Path, ...]) -> Path:
+    """The run directory whose pipeline.json was written last."""
+    candidates = [p for root in roots if root.is_dir() for p in root.rglob(PIPELINE_FILE)]
+    if not candidates:
+        raise FileNotFoundError(f"no {PIPELINE_FILE} under {', '.join(str(r) for r in roots)}: run the pipeline "
+                                "first (python -m pipeline +experiment=bert_tiny), or pass a run directory")
+    return max(candidates, key=lambda p: p.stat().st_mtime).parent
+
+
+def _lock_is_held(lock_path: Path) -> bool:
+    """True while another process executes the stage: dag.execute_stage holds this flock for the whole stage."""
+    if not lock_path.is_file():
+        return False
+    with open(lock_path) as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno in (errno.EAGAIN, errno.EACCES):
+                return True
+            raise
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
+def _last_attempt_failed(log_path: Path, name: str) -> bool:
+    """The log is appended to by every attempt; only the output after the last start line counts."""
+    if not log_path.is_file():
+        return False
+    log = log_path.read_text(errors="replace")
+    last_attempt = log[log.rfind(f"stage {name}: running"):]
+    return "Traceback (most recent call last)" in last_attempt
+
+
+def stage_state(name: str, digest: str, output: Path, recorded_state: str) -> str:
+    if (output / MARKER).is_file():
+        return "cached" if recorded_state == "cached" else "complete"
+    if _lock_is_held(output.parent / f"{digest}.lock"):
+        return "running"
+    if not output.is_dir():
+        return "not run"
+    # Started, never finished: an exception leaves its traceback in the log, a killed process leaves none.
+    return "failed" if _last_attempt_failed(output / LOG_FILE, name) else "interrupted"
+
+
+def read_status(run_dir: Path) -> list[StageStatus]:
+    pipeline_file = run_dir / PIPELINE_FILE
+    if not pipeline_file.is_file():
+        raise FileNotFoundError(f"{pipeline_file} not found: {run_dir} is not a pipeline run directory, or its "
+                                "run is still planning or was killed before it wrote one; pass the directory "
+                                "that `python -m pipeline` printed as 'run directory:'")
+    statuses = []
+    for name, recorded in json.loads(pipeline_file.read_text())["stages"].items():
+        output = Path(recorded["output"])
+        state = stage_state(name, recorded["hash"], output, recorded["state"])
+        summary_file = output / "stage.json"
+        # For a cached stage this is how long the run that produced the output took: the work it saved.
+        duration = json.loads(summary_file.read_text()).get("duration_s") if summary_file.is_file() else None
+        size = directory_size(output) if output.is_dir() else None
+        statuses.append(StageStatus(name, state, recorded["hash"], output, duration, size))
+    return statuses
+
+
+def human_bytes(n: int) -> str:
+    if n < 1000:
+        return f"{n} B"
+    for unit in ("KB", "MB"):
+        n /= 1000
+        if n < 1000:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1000:.1f} GB"
+
+
+def human_duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def format_table(run_dir: Path, statuses: list[StageStatus]) -> str:
+    header = ("stage", "state", "hash", "duration", "size", "output")
+    rows = [(s.name, s.state, s.hash, human_duration(s.duration_s) if s.duration_s is not None else "-",
+             human_bytes(s.size_bytes) if s.size_bytes is not None else "-", str(s.output)) for s in statuses]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    lines = [f"run: {run_dir}"]
+    for row in [header, *rows]:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+    for s in statuses:
+        if s.state in ("failed", "interrupted"):
+            lines.append(f"{s.name} {s.state}: see {s.log}; rerun the same command to retry it (finished stages are reused)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.status", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", nargs="?", type=Path,
+                        help=f"a run directory (default: the newest under {' or '.join(RUN_ROOTS)}/)")
+    args = parser.parse_args(argv)
+    try:
+        run_dir = args.run_dir or latest_run_dir(tuple(Path(r) for r in RUN_ROOTS))
+        print(format_table(run_dir, read_status(run_dir)))
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

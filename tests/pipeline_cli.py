@@ -1,0 +1,53 @@
+"""`python -m pipeline` run as a user runs it, in a subprocess, on the tiny config and data the test writes.
+
+Shared by the tests that need a real process: sweeps (Hydra multirun), crash safety (SIGKILL) and Ray clusters."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import TINY_OVERRIDES, write_books, write_sentiment_task
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def tiny_overrides(tmp_path: Path, overrides: list[str]) -> list[str]:
+    """bert_tiny shrunk to seconds on test-written data, with `overrides` replacing the defaults of the same key."""
+    corpus, task = tmp_path / "books", tmp_path / "task"
+    if not corpus.exists():  # written once: rewriting changes the corpus fingerprint, i.e. the data
+        write_books(corpus)
+        write_sentiment_task(task)
+    defaults = ["+experiment=bert_tiny", f"data.corpus_dir={corpus}", f"finetune.data_dir={task}",
+                f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}",
+                f"hydra.sweep.dir={tmp_path / 'multirun'}", *TINY_OVERRIDES]
+    replaced = {o.split("=", 1)[0] for o in overrides}
+    return [o for o in defaults if o.split("=", 1)[0] not in replaced] + overrides
+
+
+def pipeline_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    # No W&B key, login or cached credentials (HOME): runs stay offline and never wait for a network.
+    return {**os.environ, "WANDB_MODE": "offline", "WANDB_API_KEY": "", "RAY_AUTH_MODE": "disabled",
+            "HOME": str(tmp_path / "home"), **extra}
+
+
+def pipeline_command(tmp_path: Path, overrides: list[str], multirun: bool = False) -> list[str]:
+    return [sys.executable, "-m", "pipeline", *(["-m"] if multirun else []), *tiny_overrides(tmp_path, overrides)]
+
+
+def run_pipeline_cli(tmp_path: Path, overrides: list[str], multirun: bool = False, timeout: float = 600,
+                     **env: str) -> subprocess.CompletedProcess:
+    """Runs the pipeline to completion and fails the test, with the output's tail, if it did not succeed."""
+    result = subprocess.run(pipeline_command(tmp_path, overrides, multirun), capture_output=True, text=True,
+                            cwd=REPO_ROOT, env=pipeline_env(tmp_path, **env), timeout=timeout,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result
+
+
+def stage_executions(cache_dir: Path, stage: str) -> int:
+    """How often `stage` was executed, in any process: every execution appends its start line to the stage.log
+    of its output directory (pipeline/dag.py)."""
+    return sum(log.read_text().count(f"stage {stage}: running")
+               for log in (cache_dir / "stages" / stage).glob("*/stage.log"))

@@ -1,0 +1,100 @@
+"""`python -m pipeline.status`: every stage state read back from what the engine really writes."""
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from pipeline import status
+from pipeline.dag import Stage, StageFailed, run_dag
+
+
+def produce(ctx) -> dict:
+    (ctx.out_dir / "data.bin").write_bytes(b"x" * 5000)
+    return {}
+
+
+def consume(ctx) -> dict:
+    if ctx.cfg.fail:
+        raise ValueError("consume is broken on purpose")
+    return {"size": (ctx.stage_dir("produce") / "data.bin").stat().st_size}
+
+
+def finish(ctx) -> dict:
+    return {}
+
+
+STAGES = {s.name: s for s in [Stage("produce", produce), Stage("consume", consume, ("produce",), ("fail",)),
+                               Stage("finish", finish, ("consume",))]}
+
+
+def _cfg(tmp_path: Path, fail: bool):
+    return OmegaConf.create({"fail": fail, "logger": {"kind": "csv"}, "paths": {"cache_dir": str(tmp_path / "cache")},
+                             "pipeline": {"stages": list(STAGES), "until": None, "force": [], "dry_run": False}})
+
+
+def _states(run_dir: Path) -> dict[str, str]:
+    return {s.name: s.state for s in status.read_status(run_dir)}
+
+
+def test_a_failed_run_then_its_rerun(tmp_path, ray_session):
+    with pytest.raises(StageFailed):
+        run_dag(_cfg(tmp_path, fail=True), STAGES, tmp_path / "run1")
+    by_name = {s.name: s for s in status.read_status(tmp_path / "run1")}
+    assert {n: s.state for n, s in by_name.items()} == {"produce": "complete", "consume": "failed",
+                                                        "finish": "not run"}
+    assert by_name["produce"].size_bytes >= 5000 and by_name["produce"].duration_s is not None
+    assert by_name["finish"].size_bytes is None and by_name["finish"].duration_s is None
+    table = status.format_table(tmp_path / "run1", list(by_name.values()))
+    assert f"consume failed: see {by_name['consume'].log}" in table
+    produce_row = next(line for line in table.splitlines() if line.startswith("produce"))
+    assert by_name["produce"].hash in produce_row and status.human_bytes(by_name["produce"].size_bytes) in produce_row
+
+    run_dag(_cfg(tmp_path, fail=False), STAGES, tmp_path / "run2")
+    assert _states(tmp_path / "run2") == {"produce": "cached", "consume": "complete", "finish": "complete"}
+
+
+def test_a_held_lock_is_running_and_a_start_without_end_is_interrupted(tmp_path, ray_session):
+    with pytest.raises(StageFailed):
+        run_dag(_cfg(tmp_path, fail=True), STAGES, tmp_path / "run")
+    consume = next(s for s in status.read_status(tmp_path / "run") if s.name == "consume")
+    # What a second attempt that was then SIGKILLed leaves: its start line, no traceback, no marker.
+    with open(consume.log, "a") as log:
+        log.write(f"stage consume: running ({consume.hash}) → {consume.output}\n")
+    with open(consume.output.parent / f"{consume.hash}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the engine holds this while the stage executes
+        assert _states(tmp_path / "run")["consume"] == "running"
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    assert _states(tmp_path / "run")["consume"] == "interrupted"
+    assert "consume interrupted: see" in status.format_table(tmp_path / "run", status.read_status(tmp_path / "run"))
+
+
+def test_without_an_argument_the_newest_run_is_shown(tmp_path, ray_session, monkeypatch, capsys):
+    for name in ("older", "newer"):
+        run_dag(_cfg(tmp_path, fail=False), STAGES, tmp_path / "outputs" / "exp" / name)
+    older = tmp_path / "outputs" / "exp" / "older" / status.PIPELINE_FILE
+    os.utime(older, (older.stat().st_atime, older.stat().st_mtime - 60))
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()  # the runs' own output
+    assert status.main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"run: {Path('outputs') / 'exp' / 'newer'}\n")
+    assert [line.split()[:2] for line in out.splitlines()[1:]] == [
+        ["stage", "state"], ["produce", "cached"], ["consume", "cached"], ["finish", "cached"]]
+
+
+def test_missing_run_says_what_to_do(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert status.main([]) == 1
+    assert "run the pipeline first" in capsys.readouterr().err
+    assert status.main([str(tmp_path)]) == 1
+    assert "pass the directory that `python -m pipeline` printed" in capsys.readouterr().err
+
+
+def test_sizes_and_durations_read_like_units():
+    assert [status.human_bytes(n) for n in (999, 5000, 2_500_000, 3_000_000_000)] == \
+        ["999 B", "5.0 KB", "2.5 MB", "3.0 GB"]
+    assert [status.human_duration(s) for s in (4.3, 125, 7384)] == ["4.3 s", "2m05s", "2h03m"]
