@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-LOGGER_KINDS = ("wandb", "csv")
+LOGGER_KINDS = ("wandb", "csv", "tensorboard")
 
 
 def _artifact(name: str, digest: str, out_dir: Path):
@@ -25,8 +25,8 @@ def _artifact(name: str, digest: str, out_dir: Path):
 
 def start_stage_run(cfg: DictConfig, name: str, digest: str, run_dir: Path | None,
                     inputs: dict[str, tuple[Path, str]]):
-    """A W&B run for one stage execution (None with logger=csv)."""
-    if cfg.logger.kind == "csv":
+    """A W&B run for one stage execution (None with logger=csv or logger=tensorboard)."""
+    if cfg.logger.kind in ("csv", "tensorboard"):
         return None
     if cfg.logger.kind != "wandb":
         raise ValueError(f"logger.kind={cfg.logger.kind!r}; use one of {LOGGER_KINDS}")
@@ -58,9 +58,12 @@ def finish_stage_run(run, name: str, digest: str, out_dir: Path, ok: bool, summa
 
 
 def make_logger(ctx, prefix: str = ""):
-    """The Lightning logger of a training stage: its stage's W&B run, or CSV files in the stage directory."""
+    """The Lightning logger of a training stage: its stage's W&B run, or CSV / TensorBoard files in the stage
+    directory (tensorboardX, which Ray Tune already installs, writes them when `tensorboard` is absent)."""
     if ctx.wandb_run is not None:
         return WandbLogger(experiment=ctx.wandb_run, prefix=prefix)
+    if ctx.cfg.logger.kind == "tensorboard":
+        return TensorBoardLogger(save_dir=str(ctx.out_dir), name="tensorboard", version=prefix or None)
     return CSVLogger(save_dir=str(ctx.out_dir), name="csv_logs", version=prefix or None)
 
 

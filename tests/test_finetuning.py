@@ -91,3 +91,12 @@ def test_external_hf_encoder_without_tokenizer_files_is_a_clear_error(ctx, tmp_p
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(FileNotFoundError, match="tokenizer"):
         finetuning.encoder_and_tokenizer(ctx)
+
+
+@pytest.mark.parametrize("kind, files", [("csv", "csv_logs/**/metrics.csv"), ("tensorboard", "tensorboard/**/events.out.tfevents*")])
+def test_training_stages_log_to_csv_or_tensorboard_without_wandb(ctx, kind, files):
+    ctx.cfg.logger = {"kind": kind}
+    ctx.cfg.finetune.task = "sst2"
+    ctx.cfg.finetune.seeds = [1]
+    finetuning.finetune(ctx)
+    assert list(ctx.out_dir.glob(files))
