@@ -3,6 +3,7 @@ for a network or an API key); stage outputs logged as artifacts and consumed wit
 from __future__ import annotations
 
 import csv
+import json
 import os
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 LOGGER_KINDS = ("wandb", "csv", "tensorboard")
+LINEAGE_FILE = "wandb_lineage.jsonl"  # offline runs' artifact inputs, one JSON line per stage run
 
 
 def _artifact(name: str, digest: str, out_dir: Path):
@@ -41,10 +43,13 @@ def start_stage_run(cfg: DictConfig, name: str, digest: str, run_dir: Path | Non
                      config={**OmegaConf.to_container(cfg, resolve=True), "stage": name, "stage_hash": digest,
                              "upstream_artifacts": upstream},
                      reinit="create_new", settings=wandb.Settings(init_timeout=120, silent=True))
-    # W&B refuses use_artifact offline; there the upstream artifact names in the config keep the lineage.
     if cfg.logger.mode == "online":
         for up, (up_dir, up_digest) in inputs.items():
             run.use_artifact(_artifact(up, up_digest, up_dir))
+    elif run_dir is not None:
+        # W&B refuses use_artifact offline: the edges are kept here and replayed by `python -m pipeline.sync`.
+        with open(Path(run_dir) / LINEAGE_FILE, "a") as f:
+            f.write(json.dumps({"run_id": run.id, "stage": name, "uses": sorted(upstream.values())}) + "\n")
     return run
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -28,4 +29,7 @@ def test_bert_tiny_end_to_end(tmp_path):
     assert f"results: {run_dir / 'report' / 'results.md'}" in result.stdout
     # W&B ran offline: one run directory per training stage, ready for `wandb sync`.
     offline_runs = list((run_dir / "wandb").glob("offline-run-*"))
-    assert len(offline_runs) >= 3, list((run_dir / "wandb").iterdir()) if (run_dir / "wandb").exists() else []
+    assert len(offline_runs) == 6  # one per stage
+    lineage = [json.loads(line) for line in (run_dir / "wandb_lineage.jsonl").read_text().splitlines()]
+    examples = next(edge for edge in lineage if edge["stage"] == "examples")
+    assert [name.split("-")[0] for name in examples["uses"]] == ["prepare", "tokenizer"]
