@@ -10,7 +10,7 @@ export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/textrep/torch_extensions
 EXPERIMENT ?= bert_tiny
 ARGS ?=
 
-.PHONY: help install run test test-slow clean bench-elmo bench-skip-thought
+.PHONY: help install run test test-slow clean bench-elmo bench-skip-thought bench-data
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
@@ -36,6 +36,10 @@ test: $(STAMP)  ## fast tests (no ../shared needed)
 
 test-slow: $(STAMP)  ## slow tests only
 	$(PY) -m pytest -m slow -q $(ARGS)
+
+bench-data: $(STAMP)  ## data prep vs HF datasets, RSS at 1x/4x corpus, 1 vs 2 workers (ARGS=--corpus DIR)
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) benchmarks/bench_data.py $(ARGS)
 
 bench-elmo: $(STAMP)  ## ELMo biLM training step vs this CPU's fp32 matmul peak (ARGS=--quick)
 	$(PY) benchmarks/bench_elmo.py $(ARGS)

@@ -65,6 +65,7 @@ class BookResult:
     reason: str = ""  # why it was rejected; empty when kept
     sentences: tuple[tuple[int, int, str], ...] = ()
     num_dropped_by_length: int = 0
+    utf8_replacements: int = 0  # invalid UTF-8 sequences replaced by U+FFFD (see decode_book)
     fingerprint: str = ""
 
     @classmethod
@@ -79,28 +80,36 @@ class BookResult:
 
 # UTF-8 first (what Gutenberg ships today); CP-1252 next because most legacy "ASCII" e-texts with curly
 # quotes are Windows-1252; Latin-1 last because it maps every byte, so decoding never fails.
-_STRICT_ENCODINGS = ("utf-8", "cp1252")
+_LEGACY_ENCODINGS = ("cp1252", "latin-1")
 
 
-def decode_book(raw: bytes) -> tuple[str, str]:
-    """Returns (text with LF line endings, encoding used). Never raises.
+def decode_book(raw: bytes) -> tuple[str, str, int]:
+    """Returns (text with LF line endings, encoding used, number of invalid UTF-8 sequences replaced by
+    U+FFFD). Never raises.
 
-    The encoding is "utf-8-sig" when a UTF-8 byte-order mark was present (and removed).
+    A UTF-8 file with a few corrupt bytes stays UTF-8, with each bad sequence replaced and counted:
+    re-decoding it all as CP-1252 would silently turn every accented letter and curly quote into
+    mojibake ("\u00e2\u20ac\u2122" for "\u2019"). It counts as UTF-8 when its valid non-ASCII characters
+    outnumber the invalid sequences; otherwise it is a legacy 8-bit file. The encoding is "utf-8-sig"
+    when a UTF-8 byte-order mark was present (and removed).
     """
     has_bom = raw.startswith(codecs.BOM_UTF8)
     if has_bom:
         raw = raw[len(codecs.BOM_UTF8):]
-    for encoding in _STRICT_ENCODINGS:
-        try:
-            text = raw.decode(encoding)
-            break
-        except UnicodeDecodeError:
-            pass
-    else:
-        encoding, text = "latin-1", raw.decode("latin-1")
-    if has_bom and encoding == "utf-8":
-        encoding = "utf-8-sig"
-    return text.replace("\r\n", "\n").replace("\r", "\n"), encoding
+    text = raw.decode("utf-8", errors="replace")
+    # Counted without building per-character lists: this runs on whole books.
+    replacements = text.count("\ufffd") - raw.count("\ufffd".encode("utf-8"))
+    valid_non_ascii = len(text) - len(text.encode("ascii", errors="ignore")) - text.count("\ufffd")
+    encoding = "utf-8-sig" if has_bom else "utf-8"
+    if replacements and valid_non_ascii < replacements:
+        replacements = 0
+        for encoding in _LEGACY_ENCODINGS:
+            try:
+                text = raw.decode(encoding)
+                break
+            except UnicodeDecodeError:
+                pass
+    return text.replace("\r\n", "\n").replace("\r", "\n"), encoding, replacements
 
 
 # C0/C1 control characters other than the whitespace ones (\t \n \v \f \r). A Latin-1 decode of binary
@@ -178,13 +187,34 @@ def header_field(header: str, field: str) -> str:
 # ------------------------------------------------------------------------------ paragraphs and sentences
 
 _BLANK_LINES = re.compile(r"\n[ \t\f\v]*\n\s*")
+# str.split() builds a list of every word (~60 bytes each; Python's regex sub likewise builds a list of
+# every piece), so collapsing a whole book on one 50 MB line in one go would cost ~1 GB. Chunks of this
+# many characters, cut at whitespace, bound that to one chunk's words.
+_COLLAPSE_CHUNK_CHARS = 1 << 16
+_WHITESPACE = re.compile(r"\s")  # on str patterns exactly str.isspace(), the whitespace str.split() uses
+
+
+def collapse_whitespace(text: str) -> str:
+    """`" ".join(text.split())`, in memory proportional to the text rather than to its number of words."""
+    if len(text) <= _COLLAPSE_CHUNK_CHARS:
+        return " ".join(text.split())
+    chunks = []
+    start = 0
+    while start < len(text):
+        next_space = _WHITESPACE.search(text, start + _COLLAPSE_CHUNK_CHARS)
+        end = next_space.start() if next_space else len(text)
+        chunk = " ".join(text[start:end].split())
+        if chunk:
+            chunks.append(chunk)
+        start = end
+    return " ".join(chunks)
 
 
 def split_paragraphs(body: str) -> list[list[str]]:
     """Blank lines separate paragraphs; returns each paragraph's non-empty lines, whitespace-collapsed."""
     paragraphs = []
     for block in _BLANK_LINES.split(body):
-        lines = [" ".join(line.split()) for line in block.split("\n")]
+        lines = [collapse_whitespace(line) for line in block.split("\n")]
         lines = [line for line in lines if line]
         if lines:
             paragraphs.append(lines)
@@ -197,18 +227,42 @@ def split_paragraphs(body: str) -> list[list[str]]:
 _TITLE_OR_INITIAL = re.compile(
     r"[\"'\u201c\u2018(\[]?(?:Mr|Mrs|Ms|Messrs|Mme|Mlle|Dr|St|Prof|Rev|Capt|Col|Gen|Lt|Sgt|Hon|[A-Z])\."
 )
+# Blingfire treats newlines as spaces but always ends a sentence at U+2029 PARAGRAPH SEPARATOR, so a whole
+# book goes through it in one call with paragraphs joined by this character. One call per paragraph spent
+# half of process_book's time in blingfire's Python wrapper (a ctypes buffer per call). The paragraphs
+# cannot contain the character themselves: it is whitespace, collapsed to " " by split_paragraphs.
+_PARAGRAPH_SEPARATOR = "\u2029"
 
 
-def split_sentences(paragraph: str) -> list[str]:
-    """Blingfire's rule-based splitter, with title/initial fragments glued back onto the sentence they
-    begin. Blingfire treats newlines as spaces, which is why it is called once per paragraph."""
-    sentences = []
-    for piece in blingfire.text_to_sentences(paragraph).split("\n"):
-        if sentences and _TITLE_OR_INITIAL.fullmatch(sentences[-1]):
-            sentences[-1] += " " + piece
-        elif piece:
-            sentences.append(piece)
-    return sentences
+class SentenceSplitError(Exception):
+    """Blingfire returned nothing, or lost paragraph boundaries; the book is rejected with this message."""
+
+
+def split_sentences(paragraphs: Sequence[str]) -> list[list[str]]:
+    """Blingfire's rule-based splitter over whitespace-collapsed paragraphs, one list of sentences per
+    paragraph, with title/initial fragments glued back onto the sentence they begin."""
+    joined = f" {_PARAGRAPH_SEPARATOR} ".join(paragraphs)
+    split = blingfire.text_to_sentences(joined)
+    if not split and joined.strip():
+        # The wrapper returns "" when the C library fails, instead of raising.
+        raise SentenceSplitError(f"blingfire could not split {len(joined.encode())} bytes of text")
+    del joined  # a whole book: do not hold it through the loop below
+    by_paragraph: list[list[str]] = [[]]
+    for piece in split.split("\n"):
+        for part_index, part in enumerate(piece.split(_PARAGRAPH_SEPARATOR)):
+            if part_index:
+                by_paragraph.append([])
+            sentences = by_paragraph[-1]
+            part = part.strip()
+            if not part:
+                continue
+            if sentences and _TITLE_OR_INITIAL.fullmatch(sentences[-1]):
+                sentences[-1] += " " + part
+            else:
+                sentences.append(part)
+    if len(by_paragraph) != len(paragraphs):
+        raise SentenceSplitError(f"blingfire returned {len(by_paragraph)} paragraphs for {len(paragraphs)}")
+    return by_paragraph
 
 
 def clean_text(text: str, nfkc: bool) -> str:
@@ -216,13 +270,13 @@ def clean_text(text: str, nfkc: bool) -> str:
     return unicodedata.normalize("NFKC", text) if nfkc else text
 
 
-def book_fingerprint(paragraphs: Sequence[Sequence[str]]) -> str:
-    """Exact-duplicate key: sha256 of the cleaned paragraphs, so copies that differ only in encoding,
-    line endings, wrapping or Gutenberg boilerplate collide. Near-duplicate detection (MinHash) is meant
-    to sit beside this as another function of the same paragraphs."""
+def book_fingerprint(paragraphs: Sequence[str]) -> str:
+    """Exact-duplicate key: sha256 of the cleaned, whitespace-collapsed paragraphs, so copies that differ
+    only in encoding, line endings, wrapping or Gutenberg boilerplate collide. Near duplicates are
+    `data_prep.dedup`'s job."""
     digest = hashlib.sha256()
-    for lines in paragraphs:
-        digest.update(" ".join(lines).encode("utf-8"))
+    for paragraph in paragraphs:
+        digest.update(paragraph.encode("utf-8"))
         digest.update(b"\n\n")
     return digest.hexdigest()
 
@@ -243,42 +297,51 @@ def process_book(path: str | PurePath, raw: bytes, options: IngestOptions) -> Bo
     book_id = PurePath(path).as_posix()
     if not raw.strip():
         return BookResult.rejected(book_id, "empty file", num_bytes=len(raw))
-    text, encoding = decode_book(raw)
+    text, encoding, utf8_replacements = decode_book(raw)
     binary_reason = binary_content_reason(raw, text)
     if binary_reason:
         return BookResult.rejected(book_id, binary_reason, num_bytes=len(raw), encoding=encoding)
 
     header, body = strip_gutenberg_boilerplate(text)
+    del text  # a book can be large; the body is all that is needed from here on
     title = header_field(header, "Title") or PurePath(book_id).stem
     author = header_field(header, "Author")
-    paragraphs = split_paragraphs(clean_text(body, options.nfkc))
+    paragraph_lines = split_paragraphs(clean_text(body, options.nfkc))
+    del body
+    paragraphs = [" ".join(lines) for lines in paragraph_lines]
+    common = dict(num_bytes=len(raw), encoding=encoding, title=title, author=author)
+    if not paragraphs:
+        return BookResult.rejected(book_id, "no text left after removing the Project Gutenberg header and footer",
+                                   **common)
+    fingerprint = book_fingerprint(paragraphs)
+    if options.input_format == "raw":
+        # Re-flow: a hard-wrapped paragraph is one run of text.
+        del paragraph_lines
+        try:
+            candidates_by_paragraph = split_sentences(paragraphs)
+            del paragraphs
+        except SentenceSplitError as exc:
+            return BookResult.rejected(book_id, f"sentence splitter failed: {exc}", **common)
+    else:
+        candidates_by_paragraph = paragraph_lines
 
     sentences = []
     num_dropped = 0
-    for lines in paragraphs:
-        if options.input_format == "raw":
-            # Re-flow: a hard-wrapped paragraph is one run of text.
-            candidates = split_sentences(" ".join(lines))
-        else:
-            candidates = lines
-        kept = [s for s in candidates if options.min_tokens <= len(s.split()) <= options.max_tokens]
+    for candidates in candidates_by_paragraph:
+        # Whitespace is collapsed to single spaces, so counting them counts tokens without a list of words.
+        kept = [s for s in candidates if options.min_tokens <= s.count(" ") + 1 <= options.max_tokens]
         num_dropped += len(candidates) - len(kept)
         if kept:
             paragraph_index = sentences[-1][0] + 1 if sentences else 0
             first_index = len(sentences)
             sentences.extend((paragraph_index, first_index + i, s) for i, s in enumerate(kept))
 
-    common = dict(num_bytes=len(raw), encoding=encoding, title=title, author=author,
-                  num_dropped_by_length=num_dropped)
-    if not paragraphs:
-        return BookResult.rejected(book_id, "no text left after removing the Project Gutenberg header and footer",
-                                   **common)
     if not sentences:
         return BookResult.rejected(
             book_id,
             f"zero sentences after filtering: all {num_dropped} fall outside "
             f"min_tokens={options.min_tokens}..max_tokens={options.max_tokens}",
-            **common,
+            num_dropped_by_length=num_dropped, **common,
         )
-    return BookResult(book_id=book_id, status="kept", sentences=tuple(sentences),
-                      fingerprint=book_fingerprint(paragraphs), **common)
+    return BookResult(book_id=book_id, status="kept", sentences=tuple(sentences), num_dropped_by_length=num_dropped,
+                      utf8_replacements=utf8_replacements, fingerprint=fingerprint, **common)

@@ -10,45 +10,79 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-import time
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
+import numpy as np
 import ray
 
+from data_prep.dedup import MinHasher, NearDuplicateIndex, NearDuplicateOptions, draw_minhasher, minhash_signature, \
+    shingle_hashes
 from data_prep.ingest import BookResult, IngestOptions, exact_duplicate_of, process_book
+from data_prep.progress import ProgressReporter
 from data_prep.shards import MANIFEST_NAME, SHARD_PREFIX, SHARD_SCHEMA, ShardWriter, write_json_atomically
 
-MANIFEST_FORMAT_VERSION = 1
+MANIFEST_FORMAT_VERSION = 2  # 2: near duplicates (status "near_duplicate", "similarity")
 # A group is one Ray task. Aim for ~4 groups per worker so a few big books do not leave workers idle
 # at the end, but keep tasks big enough that Ray's per-task overhead (~1 ms) stays invisible and small
-# enough that the results of the groups in flight bound the driver's memory.
+# enough that the results of the groups in flight bound the driver's memory. The cap is what keeps that
+# memory independent of the corpus size: groups of a fixed size, not a fixed share of the corpus.
 _GROUPS_PER_WORKER = 4
 _MIN_GROUP_BYTES = 1 << 20
-_MAX_GROUP_BYTES = 64 << 20
+_MAX_GROUP_BYTES = 4 << 20
 # Groups submitted ahead of the one the driver is writing, per worker: enough to keep every worker busy
 # while the driver writes, few enough that finished-but-unwritten results stay bounded.
 _IN_FLIGHT_PER_WORKER = 2
 
 
 def list_corpus_files(corpus_dir: Path, glob: str) -> list[str]:
-    """Relative POSIX paths of the files matching `glob`, sorted, so the order (and hence the shards)
-    does not depend on the filesystem's directory order."""
-    return sorted(path.relative_to(corpus_dir).as_posix() for path in corpus_dir.glob(glob) if path.is_file())
+    """Relative POSIX paths of everything matching `glob` that is not a directory, sorted, so the order
+    (and hence the shards) does not depend on the filesystem's directory order. Broken symlinks, FIFOs
+    and other non-regular files are listed too, so that `read_and_process` records them as rejected
+    instead of their silently vanishing."""
+    return sorted(path.relative_to(corpus_dir).as_posix() for path in corpus_dir.glob(glob) if not path.is_dir())
 
 
-def read_and_process(corpus_dir: str, book_ids: list[str], options: IngestOptions) -> list[BookResult]:
-    """One Ray task: reads and processes a group of files. A file that cannot be read is a rejected
-    book, not a failed run."""
-    results = []
+class ProcessedBook(NamedTuple):
+    result: BookResult
+    signature: np.ndarray | None  # MinHash signature of a kept book when near-duplicate detection is on
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The file's bytes; raises OSError for anything but a regular file (reading a FIFO would block
+    forever waiting for a writer; a device could be endless)."""
+    mode = path.stat().st_mode
+    if not stat.S_ISREG(mode):
+        kind = "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else \
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+        raise OSError(f"{kind}, not a book file")
+    return path.read_bytes()
+
+
+def read_and_process(corpus_dir: str, book_ids: list[str], options: IngestOptions,
+                     near_duplicates: NearDuplicateOptions | None = None,
+                     hasher: MinHasher | None = None) -> list[ProcessedBook]:
+    """One Ray task: reads and processes a group of files, and signs the kept books for near-duplicate
+    detection when `near_duplicates` (with its `hasher`) is given. A file that cannot be read is a
+    rejected book, not a failed run."""
+    processed = []
     for book_id in book_ids:
         try:
-            raw = (Path(corpus_dir) / book_id).read_bytes()
+            raw = _read_regular_file(Path(corpus_dir) / book_id)
         except OSError as exc:
-            results.append(BookResult.rejected(book_id, f"unreadable ({type(exc).__name__}: {exc.strerror or exc})"))
+            result = BookResult.rejected(book_id, f"unreadable ({type(exc).__name__}: {exc.strerror or exc}); "
+                                                  "fix or remove the file")
+            processed.append(ProcessedBook(result, None))
             continue
-        results.append(process_book(book_id, raw, options))
-    return results
+        result = process_book(book_id, raw, options)
+        signature = None
+        if near_duplicates is not None and result.status == "kept":
+            shingles = shingle_hashes((text for _, _, text in result.sentences), near_duplicates.shingle_words)
+            signature = minhash_signature(shingles, hasher)
+        processed.append(ProcessedBook(result, signature))
+    return processed
 
 
 def group_by_bytes(book_ids: list[str], sizes: list[int], target_bytes: int) -> list[list[str]]:
@@ -66,35 +100,60 @@ def group_by_bytes(book_ids: list[str], sizes: list[int], target_bytes: int) -> 
 
 
 def _results_in_order(corpus_dir: Path, groups: Iterable[list[str]], options: IngestOptions,
-                      max_in_flight: int) -> Iterator[BookResult]:
+                      near_duplicates: NearDuplicateOptions | None, max_in_flight: int) -> Iterator[ProcessedBook]:
     """Runs the groups as Ray tasks and yields their results in input order, holding at most
     `max_in_flight` groups submitted but not yet consumed."""
     task = ray.remote(read_and_process).options(num_cpus=1)
+    hasher = draw_minhasher(near_duplicates.num_perm, np.random.default_rng(near_duplicates.seed)) \
+        if near_duplicates else None
     in_flight = collections.deque()
     for group in groups:
-        in_flight.append(task.remote(str(corpus_dir), group, options))
+        in_flight.append(task.remote(str(corpus_dir), group, options, near_duplicates, hasher))
         if len(in_flight) >= max_in_flight:
             yield from ray.get(in_flight.popleft())
     while in_flight:
         yield from ray.get(in_flight.popleft())
 
 
-def _file_entry(result: BookResult, duplicate_of: str | None) -> dict:
+def _file_entry(result: BookResult, status: str, duplicate_of: str | None = None,
+                similarity: float | None = None) -> dict:
     entry = {
         "book_id": result.book_id,
-        "status": "duplicate" if duplicate_of else result.status,
+        "status": status,
         "title": result.title,
         "author": result.author,
         "encoding": result.encoding,
         "bytes": result.num_bytes,
-        "sentences": 0 if duplicate_of or result.status != "kept" else len(result.sentences),
+        "sentences": len(result.sentences) if status == "kept" else 0,
         "sentences_dropped_by_length": result.num_dropped_by_length,
     }
+    if result.utf8_replacements:
+        entry["invalid_utf8_sequences_replaced"] = result.utf8_replacements
     if duplicate_of:
         entry["duplicate_of"] = duplicate_of
+    if similarity is not None:
+        entry["similarity"] = round(similarity, 4)  # estimated Jaccard similarity of word 5-gram sets
     if result.reason:
         entry["reason"] = result.reason
     return entry
+
+
+def _classify(processed: ProcessedBook, first_by_fingerprint: dict[str, str],
+              near_duplicate_index: NearDuplicateIndex | None) -> dict:
+    """The manifest entry of one book, registering it as the original for later duplicates if kept.
+    Exact duplicates are checked first: they are certain and cheap."""
+    result, signature = processed
+    if result.status != "kept":
+        return _file_entry(result, result.status)
+    duplicate_of = exact_duplicate_of(result, first_by_fingerprint)
+    if duplicate_of:
+        return _file_entry(result, "duplicate", duplicate_of)
+    if near_duplicate_index is not None:
+        match = near_duplicate_index.match(signature)
+        if match:
+            return _file_entry(result, "near_duplicate", *match)
+        near_duplicate_index.add(result.book_id, signature)
+    return _file_entry(result, "kept")
 
 
 def _no_sentences_message(files: list[dict], options: IngestOptions) -> str:
@@ -122,16 +181,20 @@ def prepare_corpus(
     min_tokens: int = IngestOptions.min_tokens,
     max_tokens: int = IngestOptions.max_tokens,
     nfkc: bool = False,
+    near_duplicates: NearDuplicateOptions | None = NearDuplicateOptions(),
     num_workers: int,
+    progress_interval_s: float = 10.0,
 ) -> dict:
     """Cleans, splits and deduplicates every book under `corpus_dir` into Arrow shards in `out_dir`.
 
     Writes `shard-NNNNN.arrow` files and, last, `manifest.json` (returned as a dict): the options, every
-    input file's fate, the shards with their sha256, and totals. A previous run's shards and manifest in
-    `out_dir` are replaced. Uses the running Ray instance, or starts a local one with `num_workers` CPUs
-    (and shuts it down afterwards); either way at most 2 x `num_workers` groups of files are in flight.
+    input file's fate (kept, rejected with a reason, duplicate or near_duplicate of an earlier book), the
+    shards with their sha256, and totals. `near_duplicates=None` keeps near duplicates (exact duplicates
+    are always dropped). A previous run's shards and manifest in `out_dir` are replaced. Prints a progress
+    line every `progress_interval_s` seconds and a summary at the end. Uses the running Ray instance, or
+    starts a local one with `num_workers` CPUs (and shuts it down afterwards); either way at most
+    2 x `num_workers` groups of files are in flight.
     """
-    started = time.perf_counter()
     corpus_dir = Path(corpus_dir).resolve()
     out_dir = Path(out_dir)
     options = IngestOptions(input_format=input_format, min_tokens=min_tokens, max_tokens=max_tokens, nfkc=nfkc)
@@ -157,19 +220,22 @@ def prepare_corpus(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_previous_outputs(out_dir)
+    progress = ProgressReporter("prepare", len(book_ids), sum(sizes), interval_s=progress_interval_s)
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(num_cpus=num_workers, include_dashboard=False)
     try:
         files = []
         first_by_fingerprint: dict[str, str] = {}
+        near_duplicate_index = NearDuplicateIndex(near_duplicates) if near_duplicates else None
         with writer:
-            for result in _results_in_order(corpus_dir, groups, options, _IN_FLIGHT_PER_WORKER * num_workers):
-                duplicate_of = exact_duplicate_of(result, first_by_fingerprint) if result.status == "kept" else None
-                entry = _file_entry(result, duplicate_of)
+            for processed in _results_in_order(corpus_dir, groups, options, near_duplicates,
+                                               _IN_FLIGHT_PER_WORKER * num_workers):
+                entry = _classify(processed, first_by_fingerprint, near_duplicate_index)
                 files.append(entry)
                 if entry["status"] == "kept":
-                    writer.add_book(result.book_id, result.title, result.sentences)
+                    writer.add_book(processed.result.book_id, processed.result.title, processed.result.sentences)
+                progress.update(1, entry["bytes"])
             if not any(entry["sentences"] for entry in files):
                 raise ValueError(_no_sentences_message(files, options))
     finally:
@@ -180,12 +246,14 @@ def prepare_corpus(
     manifest = {
         "format_version": MANIFEST_FORMAT_VERSION,
         "corpus_dir": str(corpus_dir),
-        "options": {"glob": glob, "shard_bytes": shard_bytes, **dataclasses.asdict(options)},
+        "options": {"glob": glob, "shard_bytes": shard_bytes, **dataclasses.asdict(options),
+                    "near_duplicates": dataclasses.asdict(near_duplicates) if near_duplicates else None},
         "schema": {field.name: str(field.type) for field in SHARD_SCHEMA},
         "totals": {
             "files_read": len(files),
             "files_kept": status_counts["kept"],
             "files_duplicate": status_counts["duplicate"],
+            "files_near_duplicate": status_counts["near_duplicate"],
             "files_rejected": status_counts["rejected"],
             "sentences": sum(entry["sentences"] for entry in files),
             "sentences_dropped_by_length": sum(entry["sentences_dropped_by_length"] for entry in files),
@@ -199,10 +267,7 @@ def prepare_corpus(
     write_json_atomically(out_dir / MANIFEST_NAME, manifest)
 
     totals = manifest["totals"]
-    seconds = time.perf_counter() - started
-    megabytes = totals["input_bytes"] / 1e6
-    print(f"prepare_corpus: {totals['files_read']} files, {totals['files_kept']} kept, "
-          f"{totals['files_duplicate']} duplicates, {totals['files_rejected']} rejected, "
-          f"{totals['sentences']} sentences, {megabytes:.1f} MB in {seconds:.1f} s "
-          f"({megabytes / seconds:.2f} MB/s) -> {totals['shards']} shards in {out_dir}")
+    progress.finish(f"{totals['files_kept']} kept, {totals['files_duplicate']} duplicates, "
+                    f"{totals['files_near_duplicate']} near duplicates, {totals['files_rejected']} rejected, "
+                    f"{totals['sentences']} sentences -> {totals['shards']} shards in {out_dir}")
     return manifest

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from data_prep.bert_examples import create_training_instances, write_instances
 from data_prep.builtin import default_corpus
+from data_prep.dedup import NearDuplicateOptions
 from data_prep.prepare import prepare_corpus
 from data_prep.shards import open_shards, shard_paths
 from data_prep.tokenizer import encode_batch_ids, load_tokenizer, train_wordpiece
@@ -39,7 +40,9 @@ def prepare(ctx: StageContext) -> dict:
     corpus = corpus_dir(ctx.cfg)
     manifest = prepare_corpus(corpus, ctx.stage_dir("prepare"), glob=data.glob, input_format=data.input_format,
                               shard_bytes=int(data.shard_bytes), min_tokens=data.min_tokens,
-                              max_tokens=data.max_tokens, nfkc=data.nfkc, num_workers=ctx.cfg.ray.num_cpus)
+                              max_tokens=data.max_tokens, nfkc=data.nfkc, num_workers=ctx.cfg.ray.num_cpus,
+                              near_duplicates=None if data.near_duplicate_threshold is None
+                              else NearDuplicateOptions(threshold=data.near_duplicate_threshold))
     return {"corpus_dir": str(corpus), **manifest["totals"]}
 
 
@@ -141,7 +144,7 @@ def _all_cpus(cfg: DictConfig) -> float:
 
 # The DAG, declared once: (name, function, upstream stages, config keys that decide the output, code version).
 STAGES: dict[str, Stage] = {s.name: s for s in [
-    Stage("prepare", prepare, (), ("data",), version=1, fingerprint=_corpus_fingerprint),
+    Stage("prepare", prepare, (), ("data",), version=2, fingerprint=_corpus_fingerprint),
     Stage("tokenizer", tokenizer, ("prepare",), ("tokenizer",), version=1),
     Stage("examples", examples, ("prepare", "tokenizer"), ("examples", "seed"), version=1),
     Stage("pretrain", pretrain, ("tokenizer", "examples"), ("model", "pretrain", "trainer", "seed"), version=2,

@@ -35,16 +35,21 @@ def kept_texts(result: BookResult) -> list[str]:
 
 
 def test_decode_strips_utf8_bom_and_normalises_line_endings():
-    text, encoding = decode_book(b"\xef\xbb\xbfone\r\ntwo\rthree\n")
-    assert (text, encoding) == ("one\ntwo\nthree\n", "utf-8-sig")
-    assert decode_book("caf\u00e9".encode("utf-8")) == ("caf\u00e9", "utf-8")
+    assert decode_book(b"\xef\xbb\xbfone\r\ntwo\rthree\n") == ("one\ntwo\nthree\n", "utf-8-sig", 0)
+    assert decode_book("caf\u00e9".encode("utf-8")) == ("caf\u00e9", "utf-8", 0)
 
 
 def test_decode_falls_back_to_cp1252_then_latin1():
     # 0x93/0x94 are curly quotes in CP-1252 and invalid as UTF-8.
-    assert decode_book(b"\x93Hi\x94") == ("\u201cHi\u201d", "cp1252")
+    assert decode_book(b"\x93Hi\x94") == ("\u201cHi\u201d", "cp1252", 0)
     # 0x81 is undefined in CP-1252, so only Latin-1 (which maps every byte) decodes it.
-    assert decode_book(b"a\x81b") == ("a\x81b", "latin-1")
+    assert decode_book(b"a\x81b") == ("a\x81b", "latin-1", 0)
+
+
+def test_mostly_utf8_file_keeps_its_accents_and_counts_the_bad_bytes():
+    # One stray byte must not turn every "\u2019" into CP-1252 mojibake; a genuine U+FFFD is not counted.
+    raw = "It\u2019s caf\u00e9 time \ufffd.".encode() + b" \xff bad.\n"
+    assert decode_book(raw) == ("It\u2019s caf\u00e9 time \ufffd. \ufffd bad.\n", "utf-8", 1)
 
 
 def test_cp1252_book_records_its_encoding():
@@ -95,8 +100,14 @@ def test_reflow_keeps_paragraph_boundaries_and_cleans_whitespace():
 def test_split_keeps_a_title_that_starts_a_sentence():
     # Blingfire alone gives "He left the house." | "Mr." | "Smith came in." | ...
     paragraph = "He left the house. Mr. Smith came in. I was tired. \u201cDr. Jones is here,\u201d she said."
-    assert split_sentences(paragraph) == [
-        "He left the house.", "Mr. Smith came in.", "I was tired.", "\u201cDr. Jones is here,\u201d she said."]
+    assert split_sentences([paragraph]) == [[
+        "He left the house.", "Mr. Smith came in.", "I was tired.", "\u201cDr. Jones is here,\u201d she said."]]
+
+
+def test_one_splitter_call_keeps_paragraphs_apart():
+    # A paragraph that ends without punctuation, or with a title, still ends its sentence.
+    assert split_sentences(["CHAPTER I", "He met Mr.", "Smith was there. He left."]) == [
+        ["CHAPTER I"], ["He met Mr."], ["Smith was there.", "He left."]]
 
 
 def test_sentence_split_and_length_filter():
@@ -158,7 +169,7 @@ def test_exact_duplicates_ignore_encoding_wrapping_and_boilerplate():
     rewrapped = b"\xef\xbb\xbfA tale of two\r\ncities was here.   It was the best\r\nof times.\r\n\r\n"
     wrapped = process_book("b.txt", rewrapped, IngestOptions())
     other = process_book("c.txt", b"A different book entirely, it is.\n", IngestOptions())
-    assert plain.fingerprint == wrapped.fingerprint == book_fingerprint([["A tale of two cities was here. "
-                                                                           "It was the best of times."]])
+    assert plain.fingerprint == wrapped.fingerprint == book_fingerprint(["A tale of two cities was here. "
+                                                                          "It was the best of times."])
     first_by_fingerprint = {}
     assert [exact_duplicate_of(r, first_by_fingerprint) for r in (plain, other, wrapped)] == [None, None, "a.txt"]

@@ -80,12 +80,14 @@ def test_manifest_accounts_for_every_file(corpus, prepared):
     for book_id, entry in files.items():
         assert entry["bytes"] == (corpus / book_id).stat().st_size
     totals = manifest["totals"]
-    counts = [totals[f"files_{status}"] for status in ("read", "kept", "duplicate", "rejected")]
-    assert counts == [8, 5, 1, 2]
+    counts = [totals[f"files_{status}"] for status in ("read", "kept", "duplicate", "near_duplicate", "rejected")]
+    assert counts == [8, 5, 1, 0, 2]
     assert totals["sentences"] == sum(entry["sentences"] for entry in files.values()) == sum(
         shard["rows"] for shard in manifest["shards"])
     assert manifest["options"] == {"glob": "**/*.txt", "shard_bytes": SHARD_BYTES, "input_format": "raw",
-                                   "min_tokens": 3, "max_tokens": 200, "nfkc": False}
+                                   "min_tokens": 3, "max_tokens": 200, "nfkc": False,
+                                   "near_duplicates": {"threshold": 0.8, "shingle_words": 5, "num_perm": 128,
+                                                       "seed": 0}}
     assert json.loads((prepared[0] / MANIFEST_NAME).read_text()) == manifest
 
 
@@ -137,34 +139,39 @@ def test_output_does_not_depend_on_worker_count(corpus, prepared, tmp_path):
         [MANIFEST_NAME] + [shard["file"] for shard in manifest["shards"]])
 
 
-def test_unreadable_file_is_rejected_not_fatal(tmp_path):
-    (tmp_path / "ok.txt").write_text(make_prose(7, 2))
-    results = read_and_process(str(tmp_path), ["ok.txt", "vanished.txt"], IngestOptions())
-    assert [result.status for result in results] == ["kept", "rejected"]
-    assert results[1].reason.startswith("unreadable (FileNotFoundError")
-
-
-def test_missing_corpus_dir(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        prepare_corpus(tmp_path / "nope", tmp_path / "out", num_workers=1)
-
-
-def test_no_matching_files(tmp_path):
-    (tmp_path / "book.md").write_text("Not a txt file at all.\n")
-    with pytest.raises(ValueError, match="no files under .* match glob='\\*\\*/\\*.txt'"):
-        prepare_corpus(tmp_path, tmp_path / "out", num_workers=1)
-
-
-def test_corpus_filtered_to_nothing(tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    (corpus / "short.txt").write_text("Too short.\n\nAlso short.\n")
-    (corpus / "empty.txt").write_text("")
-    with pytest.raises(ValueError, match="no sentences left from 2 files .*widen min_tokens"):
-        prepare_corpus(corpus, tmp_path / "out", num_workers=1)
-    assert not list((tmp_path / "out").iterdir())
+def test_progress_lines_while_preparing(corpus, tmp_path, capsys):
+    prepare_corpus(corpus, tmp_path, shard_bytes=SHARD_BYTES, num_workers=2, progress_interval_s=0)
+    lines = capsys.readouterr().out.splitlines()
+    progress = [line for line in lines if line.startswith("prepare: ") and "ETA" in line]
+    assert len(progress) == 8  # one per file with a zero interval
+    assert progress[-1].startswith("prepare: 8/8 files, ") and progress[-1].endswith("ETA 0 s")
+    assert any(line.startswith("prepare: done, 8 files, ") and "1 duplicates, 0 near duplicates, 2 rejected" in line
+               for line in lines)
 
 
 def test_open_shards_refuses_an_unfinished_run(tmp_path):
     with pytest.raises(FileNotFoundError, match="run data_prep.prepare.prepare_corpus again"):
         open_shards(tmp_path)
+
+
+TRICKY_TEXTS = ["  Caf\u00e9 na\u00efve \u4e2d\u6587 x\x0by a\x85b \u2028 z  ", "", "w" * 150 + " \u201cHi,\u201d she said\u2026",
+                "\u0301b \t tab", "UPPER lower, Mixed."]
+
+
+def test_tokenized_shards_equal_encoding_each_sentence(prepared, tmp_path):
+    import pyarrow as pa
+
+    from data_prep.tokenize_shards import encode_by_word, tokenize_shard
+    from data_prep.tokenizer import TOKENIZER_FILE, encode_batch_ids, train_wordpiece
+
+    out_dir, manifest = prepared
+    texts = open_shards(out_dir).column("text").to_pylist()
+    tokenizer = train_wordpiece(texts + TRICKY_TEXTS, tmp_path / "tok", vocab_size=200, min_frequency=1)
+    assert encode_by_word(tokenizer, pa.array(TRICKY_TEXTS)).to_pylist() == encode_batch_ids(tokenizer, TRICKY_TEXTS)
+
+    shard = out_dir / manifest["shards"][0]["file"]
+    tokens = tokenize_shard(shard, tmp_path / "tok" / TOKENIZER_FILE, tmp_path / "ids.arrow")
+    table = pa.ipc.open_file(pa.memory_map(str(tmp_path / "ids.arrow"))).read_all()
+    expected = encode_batch_ids(tokenizer, pa.ipc.open_file(str(shard)).read_all().column("text").to_pylist())
+    assert table.column("input_ids").to_pylist() == expected
+    assert tokens == sum(map(len, expected)) > 0

@@ -1,0 +1,211 @@
+"""Data-preparation benchmark: raw books -> Arrow token ids, ours vs Hugging Face `datasets`, in one run.
+
+    python benchmarks/bench_data.py [--corpus /work/shared/data/books/gutenberg-raw]
+
+Every measured configuration runs in a fresh child process; the parent samples the resident set size
+(RSS) of the child's whole process tree (driver, Ray's raylet/GCS and workers, or `datasets`' map
+processes) every 50 ms with psutil and reports the peak of the sum. Ray's own daemons are included, so
+"ours" carries a fixed ~0.3-0.5 GB that does not grow with the corpus. Both sides use the same trained
+WordPiece tokenizer (trained here, once, on a sample of the corpus). Rates are input MB (raw file
+bytes) per second of wall time. Prints the machine's load average next to the table: on a shared machine
+ratios measured in the same run are what to compare, not absolute rates.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+DEFAULT_CORPUS = "/work/shared/data/books/gutenberg-raw"
+SHARD_BYTES = 8 << 20  # several shards, so tokenizing them is parallel across workers
+
+
+def corpus_bytes(corpus: Path) -> int:
+    return sum(path.stat().st_size for path in corpus.glob("**/*.txt") if path.is_file())
+
+
+# --------------------------------------------------------------------------- measured runs (child side)
+
+def run_ours(corpus: str, workdir: str, tokenizer_file: str, workers: int, tokenize: bool) -> dict:
+    import ray
+
+    from data_prep.prepare import prepare_corpus
+    from data_prep.shards import shard_paths
+    from data_prep.tokenize_shards import tokenize_shard
+
+    started = time.perf_counter()
+    ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+    try:
+        prepare_corpus(corpus, Path(workdir) / "shards", shard_bytes=SHARD_BYTES, num_workers=workers)
+        prepared = time.perf_counter()
+        tokens = 0
+        if tokenize:
+            task = ray.remote(tokenize_shard).options(num_cpus=1)
+            shards = shard_paths(Path(workdir) / "shards")
+            tokens = sum(ray.get([task.remote(str(shard), tokenizer_file, str(Path(workdir) / f"ids-{i:05d}.arrow"))
+                                  for i, shard in enumerate(shards)]))
+    finally:
+        ray.shutdown()
+    return {"seconds": time.perf_counter() - started, "prepare_seconds": prepared - started, "tokens": tokens}
+
+
+def run_hf(corpus: str, workdir: str, tokenizer_file: str) -> dict:
+    import datasets
+    import pyarrow.compute as pc
+    from tokenizers import Tokenizer
+
+    datasets.disable_progress_bars()
+    tokenizer = Tokenizer.from_file(tokenizer_file)
+
+    def tokenize(batch):
+        return {"input_ids": [e.ids for e in tokenizer.encode_batch_fast(batch["text"], add_special_tokens=False)]}
+
+    started = time.perf_counter()
+    files = sorted(str(path) for path in Path(corpus).glob("**/*.txt"))
+    dataset = datasets.load_dataset("text", data_files=files, split="train", cache_dir=str(Path(workdir) / "hf"))
+    tokenized = dataset.map(tokenize, batched=True, num_proc=2, remove_columns=["text"])
+    tokens = pc.sum(pc.list_value_length(tokenized.data.column("input_ids"))).as_py()
+    return {"seconds": time.perf_counter() - started, "tokens": tokens}
+
+
+def run_splitter(corpus: str) -> dict:
+    from data_prep.ingest import decode_book, split_paragraphs, split_sentences, strip_gutenberg_boilerplate
+
+    books = []
+    for path in sorted(Path(corpus).glob("**/*.txt")):
+        _, body = strip_gutenberg_boilerplate(decode_book(path.read_bytes())[0])
+        books.append([" ".join(lines) for lines in split_paragraphs(body)])
+    num_bytes = sum(len(p.encode()) for book in books for p in book)
+    started = time.perf_counter()
+    sentences = sum(len(s) for book in books for s in split_sentences(book))
+    return {"seconds": time.perf_counter() - started, "bytes": num_bytes, "sentences": sentences}
+
+
+# --------------------------------------------------------------------------- parent side
+
+def measure(args: list[str]) -> dict:
+    """Runs `bench_data.py --child ...` and returns its JSON result plus the peak RSS of its process tree."""
+    child = psutil.Popen([sys.executable, __file__, "--child", *args], stdout=subprocess.PIPE, cwd=REPO)
+    peak = 0
+    done = threading.Event()
+
+    def sample():
+        nonlocal peak
+        while not done.is_set():
+            try:
+                tree = [child, *child.children(recursive=True)]
+                total = 0
+                for process in tree:
+                    try:
+                        total += process.memory_info().rss
+                    except psutil.Error:
+                        pass
+                peak = max(peak, total)
+            except psutil.Error:
+                pass
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, _ = child.communicate()
+    done.set()
+    sampler.join()
+    if child.returncode:
+        raise SystemExit(f"benchmark child {args} failed with exit code {child.returncode}")
+    return {**json.loads(out.decode().strip().splitlines()[-1]), "peak_rss": peak}
+
+
+def make_scaled_corpus(corpus: Path, out: Path, copies: int) -> None:
+    """`copies` distinct copies of the corpus: copy k has every ASCII letter shifted by k places, so the
+    exact and near-duplicate detectors keep them all (identical copies would be dropped, measuring
+    nothing) while sizes, lines and sentence structure stay those of the real corpus."""
+    import string
+
+    for k in range(copies):
+        table = str.maketrans(string.ascii_lowercase + string.ascii_uppercase,
+                              string.ascii_lowercase[k:] + string.ascii_lowercase[:k]
+                              + string.ascii_uppercase[k:] + string.ascii_uppercase[:k])
+        target = out / f"copy{k}"
+        target.mkdir(parents=True)
+        for path in sorted(corpus.glob("**/*.txt")):
+            text = path.read_bytes().decode("utf-8", errors="surrogateescape")
+            (target / path.name).write_bytes(text.translate(table).encode("utf-8", errors="surrogateescape"))
+
+
+def train_tokenizer(corpus: Path, out: Path) -> str:
+    """A WordPiece vocabulary (8000 pieces, the bert_tiny setting) from every 5th line of the corpus."""
+    from data_prep.tokenizer import TOKENIZER_FILE, train_wordpiece
+
+    lines = [line for path in sorted(corpus.glob("**/*.txt"))
+             for line in path.read_text(errors="replace").splitlines()[::5] if line.strip()]
+    train_wordpiece(lines, out, vocab_size=8000)
+    return str(out / TOKENIZER_FILE)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--corpus", default=DEFAULT_CORPUS)
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, *rest = args.child
+        if kind == "ours":
+            result = run_ours(rest[0], rest[1], rest[2], int(rest[3]), rest[4] == "tokenize")
+        elif kind == "hf":
+            result = run_hf(*rest)
+        else:
+            result = run_splitter(*rest)
+        print(json.dumps(result))
+        return
+
+    corpus = Path(args.corpus)
+    if not corpus.is_dir():
+        raise SystemExit(f"corpus {corpus} not found; pass --corpus /path/to/books")
+    megabytes = corpus_bytes(corpus) / 1e6
+    with tempfile.TemporaryDirectory(prefix="bench_data_") as tmp:
+        tmp = Path(tmp)
+        tokenizer_file = train_tokenizer(corpus, tmp / "tokenizer")
+        rows = []
+
+        def rate(result, mb=megabytes):
+            return mb / result["seconds"]
+
+        hf = measure(["hf", str(corpus), str(tmp / "hf"), tokenizer_file])
+        ours2 = measure(["ours", str(corpus), str(tmp / "ours2"), tokenizer_file, "2", "tokenize"])
+        ours1 = measure(["ours", str(corpus), str(tmp / "ours1"), tokenizer_file, "1", "tokenize"])
+        rows.append(("raw -> token ids, HF datasets (num_proc=2)", f"{rate(hf):.2f} MB/s", "baseline",
+                     f"peak RSS {hf['peak_rss'] / 1e9:.2f} GB"))
+        rows.append(("raw -> token ids, ours (2 Ray workers)", f"{rate(ours2):.2f} MB/s",
+                     f"{rate(ours2) / rate(hf):.2f}x HF (target >= 2.0x)", f"peak RSS {ours2['peak_rss'] / 1e9:.2f} GB"))
+        rows.append(("raw -> token ids, ours (1 Ray worker)", f"{rate(ours1):.2f} MB/s",
+                     f"2 workers: {ours1['seconds'] / ours2['seconds']:.2f}x faster (target >= 1.7x)", ""))
+        make_scaled_corpus(corpus, tmp / "corpus4x", 4)
+        make_scaled_corpus(corpus, tmp / "corpus1x", 1)
+        prep1 = measure(["ours", str(tmp / "corpus1x"), str(tmp / "p1"), tokenizer_file, "2", "prepare-only"])
+        prep4 = measure(["ours", str(tmp / "corpus4x"), str(tmp / "p4"), tokenizer_file, "2", "prepare-only"])
+        rows.append(("prepare peak RSS, 1x corpus", f"{prep1['peak_rss'] / 1e9:.2f} GB", "", ""))
+        rows.append(("prepare peak RSS, 4x corpus (distinct copies)", f"{prep4['peak_rss'] / 1e9:.2f} GB",
+                     f"{prep4['peak_rss'] / prep1['peak_rss']:.2f}x the 1x peak (target <= 1.2x)", ""))
+        splitter = measure(["splitter", str(corpus)])
+        rows.append(("sentence splitter alone (1 process)", f"{splitter['bytes'] / 1e6 / splitter['seconds']:.2f} MB/s",
+                     "", ""))
+    print(f"\ncorpus {corpus}: {megabytes:.1f} MB; load average {os.getloadavg()}; {os.cpu_count()} CPUs")
+    width = max(len(row[0]) for row in rows)
+    for row in rows:
+        print(f"{row[0]:<{width}}  {row[1]:>12}  {row[2]}  {row[3]}")
+
+
+if __name__ == "__main__":
+    main()
