@@ -17,7 +17,8 @@ from data_prep.builtin import default_corpus
 from data_prep.dedup import NearDuplicateOptions
 from data_prep.prepare import prepare_corpus
 from data_prep.shards import open_shards, shard_paths
-from data_prep.tokenizer import encode_batch_ids, load_tokenizer, train_wordpiece
+from data_prep.tokenize_shards import encode_by_word
+from data_prep.tokenizer import load_tokenizer, train_wordpiece
 from pipeline.dag import Stage, StageContext
 from pipeline.distributed import stage_cpus
 from pipeline.data import read_arrow
@@ -59,7 +60,7 @@ def tokenizer(ctx: StageContext) -> dict:
 def _tokenized_books(shard_path: str, tok) -> list[list[list[int]]]:
     """The books of one sentence shard as lists of sentences of token ids, in shard order."""
     table = read_arrow(shard_path)
-    ids = encode_batch_ids(tok, table.column("text").to_pylist())
+    ids = encode_by_word(tok, table.column("text").combine_chunks()).to_pylist()  # each distinct word encoded once
     books, current = [], None
     for book_id, sentence_ids in zip(table.column("book_id").to_pylist(), ids):
         if book_id != current:
