@@ -17,9 +17,7 @@ Language Understanding".
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 from tokenizers import Tokenizer
+
+from data_prep.shards import atomic_arrow_file
 
 # [CLS] A [SEP] B [SEP]
 NUM_SPECIAL_TOKENS_IN_PAIR = 3
@@ -295,10 +295,9 @@ def write_instances(instances: Sequence[TrainingInstance], path: str | Path, cls
     """Write ``instances`` as an uncompressed Arrow IPC file with :data:`INSTANCE_SCHEMA`, atomically.
 
     Uncompressed so that :func:`read_instances` can memory-map it without copies. The file appears under its
-    final name only once complete (temporary file in the same directory, then ``os.replace``), so a crashed or
-    retried task never leaves a truncated shard that a later stage would read.
+    final name only once complete, so a crashed or retried task never leaves a truncated file that a later stage
+    would read.
     """
-    path = Path(path)
     features = [to_features(instance, cls_id, sep_id) for instance in instances]
     offsets = np.zeros(len(features) + 1, dtype=np.int32)
     np.cumsum([len(input_ids) for input_ids, _ in features], out=offsets[1:])
@@ -313,15 +312,8 @@ def write_instances(instances: Sequence[TrainingInstance], path: str | Path, cls
         ],
         schema=INSTANCE_SCHEMA,
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as sink, pa.ipc.new_file(sink, INSTANCE_SCHEMA) as writer:
-            writer.write_table(table)
-        os.replace(tmp_name, path)
-    except BaseException:
-        os.unlink(tmp_name)
-        raise
+    with atomic_arrow_file(path, INSTANCE_SCHEMA) as writer:
+        writer.write_table(table)
 
 
 def read_instances(path: str | Path) -> pa.Table:

@@ -23,6 +23,8 @@ import numpy as np
 import pyarrow as pa
 from tokenizers import pre_tokenizers
 
+from data_prep.shards import atomic_arrow_file
+
 BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
 SPECIAL_WORDS = (BOS, EOS, UNK)  # ids 0, 1, 2 of every vocabulary
 BOS_ID, EOS_ID, UNK_ID = range(len(SPECIAL_WORDS))
@@ -127,9 +129,10 @@ def books_from_rows(book_ids: Sequence[str], texts: Sequence[str]) -> Iterator[t
 
 
 def write_token_streams(books: Iterable[tuple[str, list[str]]], path: str | Path) -> int:
-    """One row per book; uncompressed Arrow IPC file so readers can memory-map it. Returns the number of books."""
+    """One row per book; uncompressed Arrow IPC file so readers can memory-map it, written atomically. Returns the
+    number of books."""
     count = 0
-    with pa.ipc.new_file(str(path), STREAM_SCHEMA) as writer:
+    with atomic_arrow_file(path, STREAM_SCHEMA) as writer:
         for book_id, tokens in books:
             columns = [pa.array([book_id]), pa.array([tokens], STREAM_SCHEMA.field("tokens").type)]
             writer.write_batch(pa.record_batch(columns, schema=STREAM_SCHEMA))

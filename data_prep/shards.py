@@ -8,6 +8,7 @@ reason: compressed buffers must be decompressed into private memory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -75,10 +76,28 @@ def commit_temp_file(tmp: Path, path: Path) -> None:
         os.close(dir_fd)
 
 
-def write_json_atomically(path: Path, obj) -> None:
+@contextlib.contextmanager
+def atomic_arrow_file(path: str | os.PathLike, schema: pa.Schema) -> Iterator[pa.ipc.RecordBatchFileWriter]:
+    """An uncompressed Arrow IPC file writer (memory-mappable, zero-copy reads) that writes to a temporary name and
+    commits on success; on an exception the temporary file is removed, so no reader ever sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path_for(path)
     try:
-        tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            yield writer
+        commit_temp_file(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomically(path: Path, obj) -> None:
+    """JSON committed like a shard; the temporary name carries the process id, so concurrent writers of one
+    path (two runs of the pipeline) never write into each other's temporary file."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}{TMP_SUFFIX}")
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
         commit_temp_file(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

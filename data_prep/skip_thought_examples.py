@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import torch
+
+from data_prep.shards import atomic_arrow_file
 
 PAD, UNK, EOS = "<pad>", "<unk>", "<eos>"
 SPECIAL_WORDS = (PAD, UNK, EOS)  # ids 0, 1, 2 in every vocabulary
@@ -106,7 +107,6 @@ def triples_from_shard(table: pa.Table, vocab: WordVocab, max_words: int) -> lis
 
 def write_triples(triples: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int]]], path: str | os.PathLike) -> None:
     """An uncompressed Arrow IPC file with TRIPLE_SCHEMA (memory-mappable), written atomically."""
-    path = Path(path)
     columns = []
     for position, field_ in enumerate(TRIPLE_SCHEMA):
         sentences = [triple[position] for triple in triples]
@@ -115,15 +115,8 @@ def write_triples(triples: Sequence[tuple[Sequence[int], Sequence[int], Sequence
         values = np.fromiter((w for s in sentences for w in s), dtype=np.int32, count=int(offsets[-1]))
         columns.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(values), type=field_.type))
     table = pa.Table.from_arrays(columns, schema=TRIPLE_SCHEMA)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as sink, pa.ipc.new_file(sink, TRIPLE_SCHEMA) as writer:
-            writer.write_table(table)
-        os.replace(tmp_name, path)
-    except BaseException:
-        os.unlink(tmp_name)
-        raise
+    with atomic_arrow_file(path, TRIPLE_SCHEMA) as writer:
+        writer.write_table(table)
 
 
 def pad_sentences(sentences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:

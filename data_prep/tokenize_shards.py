@@ -13,14 +13,13 @@ normaliser deletes rather than treating as a break, are deleted first.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
-from data_prep.shards import commit_temp_file, temp_path_for
+from data_prep.shards import atomic_arrow_file
 from data_prep.tokenizer import encode_batch_ids
 
 TOKEN_SCHEMA = pa.schema([
@@ -69,8 +68,6 @@ def tokenize_shard(shard_path: str | os.PathLike, tokenizer_path: str | os.PathL
     table = pa.ipc.open_file(pa.memory_map(str(shard_path))).read_all()
     ids = encode_by_word(tokenizer, table.column("text").combine_chunks())
     out = pa.table([table["book_id"], table["paragraph_index"], table["sentence_index"], ids], schema=TOKEN_SCHEMA)
-    tmp = temp_path_for(Path(out_path))
-    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, TOKEN_SCHEMA) as writer:
+    with atomic_arrow_file(out_path, TOKEN_SCHEMA) as writer:
         writer.write_table(out)
-    commit_temp_file(tmp, Path(out_path))
     return len(ids.values)

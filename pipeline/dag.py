@@ -16,7 +16,6 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
 import sys
 import time
 import traceback
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from omegaconf import DictConfig, OmegaConf
+
+from data_prep.shards import write_json_atomically
 
 MARKER = "_COMPLETE.json"
 LOG_FILE = "stage.log"
@@ -151,15 +152,6 @@ def output_dir(cache_dir: str | Path, name: str, digest: str) -> Path:
 
 def is_complete(out_dir: Path) -> bool:
     return (out_dir / MARKER).is_file()
-
-
-def write_json_atomically(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 @contextlib.contextmanager

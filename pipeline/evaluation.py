@@ -6,8 +6,9 @@ from typing import Callable
 
 from omegaconf import DictConfig
 
+from data_prep.shards import write_json_atomically
 from data_prep.word_vectors import load_glove
-from pipeline.dag import StageContext, write_json_atomically
+from pipeline.dag import StageContext
 from pipeline.elmo_stages import elmo_encoder
 from pipeline.senteval import BertEncoder, Encoder, GloveBagOfWords, run_senteval
 from pipeline.skip_thought_stages import skip_thought_encoder

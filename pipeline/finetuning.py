@@ -19,10 +19,11 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from data_prep.conll import TaggedSentence, encode_tagged_sentences, iob1_to_iob2, read_conll
+from data_prep.shards import write_json_atomically
 from data_prep.squad import read_squad, squad_features
 from data_prep.tokenizer import load_tokenizer
 from models.bert import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification, load_encoder
-from pipeline.dag import StageContext, write_json_atomically
+from pipeline.dag import StageContext
 from pipeline.data import EncodedTask, pad_classification_batch
 from pipeline.lit_downstream import (ClassificationModule, QuestionAnsweringModule, RegressionModule,
                                      TokenClassificationModule, collate_question_answering,

@@ -24,9 +24,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from data_prep.bert_examples import BertPretrainingCollator
+from data_prep.shards import write_json_atomically
 from data_prep.tokenizer import SPECIAL_TOKENS, load_tokenizer
 from models.bert import save_encoder
-from pipeline.dag import StageContext, write_json_atomically
+from pipeline.dag import StageContext
 from pipeline.data import PretrainingInstances, read_arrow
 from pipeline.distributed import (DistributedSettings, checkpoint_tags, consolidated_state_dict, deepspeed_config,
                                   lightning_strategy, run_on_ray_workers, train_deepspeed,
