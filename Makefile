@@ -10,7 +10,7 @@ export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/textrep/torch_extensions
 EXPERIMENT ?= bert_tiny
 ARGS ?=
 
-.PHONY: help install run test test-slow clean bench-elmo bench-skip-thought bench-data
+.PHONY: help install run test test-slow clean bench-elmo bench-skip-thought bench-data bench-train
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
@@ -46,6 +46,9 @@ bench-elmo: $(STAMP)  ## ELMo biLM training step vs this CPU's fp32 matmul peak 
 
 bench-skip-thought: $(STAMP)  ## Skip-Thought training step vs this CPU's fp32 matmul peak (ARGS=--quick)
 	$(PY) benchmarks/bench_skip_thought.py $(ARGS)
+
+bench-train: $(STAMP)  ## BERT train step, ours vs HF BertForPreTraining, fp32/bf16 (ARGS=--quick, --loss-curve 300)
+	$(PY) benchmarks/bench_train.py $(ARGS)
 
 clean:  ## remove run outputs (keeps .venv and the data cache)
 	rm -rf outputs multirun

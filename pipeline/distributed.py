@@ -49,7 +49,7 @@ class DistributedSettings:
                    zero_stage=int(ds.stage) if ds else None,
                    offload_optimizer=bool(ds.offload_optimizer) if ds else False,
                    offload_parameters=bool(ds.offload_parameters) if ds else False,
-                   accumulate_grad_batches=int(t.get("accumulate_grad_batches", 1)))
+                   accumulate_grad_batches=int(cfg.pretrain.accumulate_grad_batches))
 
     @property
     def uses_cuda(self) -> bool:

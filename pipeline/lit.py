@@ -9,16 +9,18 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def adamw_with_linear_schedule(module: nn.Module, lr: float, weight_decay: float, betas, warmup_steps: int,
-                               total_steps: int):
-    """AdamW without decay on biases and LayerNorm weights, linear warmup then linear decay to 0 (BERT §A.2)."""
+def _decay_groups(module: nn.Module, weight_decay: float) -> list[dict]:
+    """Parameter groups: weight decay on weight matrices and embeddings, none on biases and LayerNorm (BERT §A.2)."""
     decay, no_decay = [], []
-    for name, param in module.named_parameters():
-        if not param.requires_grad:
-            continue
-        (no_decay if param.ndim < 2 else decay).append(param)
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=tuple(betas))
+    for param in module.parameters():
+        if param.requires_grad:
+            (no_decay if param.ndim < 2 else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _with_linear_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int) -> dict:
+    """Lightning's optimizer dict: linear warmup to the peak lr over `warmup_steps`, then linear decay to 0 at
+    `total_steps`, stepped once per optimizer step (not per batch, so gradient accumulation keeps the schedule)."""
     warmup_steps = max(1, warmup_steps)
 
     def factor(step: int) -> float:
@@ -30,12 +32,82 @@ def adamw_with_linear_schedule(module: nn.Module, lr: float, weight_decay: float
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
+def adamw_with_linear_schedule(module: nn.Module, lr: float, weight_decay: float, betas, warmup_steps: int,
+                               total_steps: int):
+    """AdamW without decay on biases and LayerNorm weights, linear warmup then linear decay to 0 (BERT §A.2)."""
+    optimizer = torch.optim.AdamW(_decay_groups(module, weight_decay), lr=lr, betas=tuple(betas))
+    return _with_linear_schedule(optimizer, warmup_steps, total_steps)
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al. 2019, "Large Batch Optimization for Deep Learning", Algorithm 2): Adam's bias-corrected
+    direction plus decoupled weight decay, rescaled per parameter tensor by the trust ratio ||x|| / ||update||, so
+    every layer moves by about lr times its own norm however large the batch (and so the gradient) is.
+
+    Per tensor x with gradient g at step t:
+        m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g^2
+        u = (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + weight_decay * x
+        x = x - lr * (||x|| / ||u||) * u      (trust ratio 1 where ||x|| or ||u|| is 0, e.g. zero-init biases)
+    The paper's scaling function phi is the identity here, as in its experiments; layers without weight decay are
+    adapted too (the paper applies the ratio to every layer).
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.0):
+        if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"Lamb needs lr, eps, weight_decay >= 0 and betas in [0, 1); got lr={lr}, eps={eps}, "
+                             f"weight_decay={weight_decay}, betas={tuple(betas)}")
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for x in group["params"]:
+                if x.grad is None:
+                    continue
+                if x.grad.is_sparse:
+                    raise RuntimeError("Lamb does not support sparse gradients; use dense embeddings")
+                state = self.state[x]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(x, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(x, memory_format=torch.preserve_format)
+                state["step"] += 1
+                t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
+                m.lerp_(x.grad, 1 - beta1)
+                v.mul_(beta2).addcmul_(x.grad, x.grad, value=1 - beta2)
+                update = (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt_().add_(group["eps"]))
+                if group["weight_decay"]:
+                    update.add_(x, alpha=group["weight_decay"])
+                x_norm, u_norm = x.norm(), update.norm()
+                trust = torch.where((x_norm > 0) & (u_norm > 0), x_norm / u_norm, torch.ones_like(x_norm))
+                x.add_(update * trust, alpha=-group["lr"])
+        return loss
+
+
+def lamb_with_linear_schedule(module: nn.Module, lr: float, weight_decay: float, betas, warmup_steps: int,
+                              total_steps: int):
+    """LAMB with the same parameter groups and schedule as adamw_with_linear_schedule (You et al. §4: BERT with
+    batches up to 64k)."""
+    optimizer = Lamb(_decay_groups(module, weight_decay), lr=lr, betas=tuple(betas))
+    return _with_linear_schedule(optimizer, warmup_steps, total_steps)
+
+
+PRETRAIN_OPTIMIZERS = {"adamw": adamw_with_linear_schedule, "lamb": lamb_with_linear_schedule}
+
+
 class BertPretrainModule(L.LightningModule):
     """Masked LM + next sentence prediction (Devlin et al. 2019, §3.1) on a `BertForPreTraining`."""
 
     def __init__(self, model: nn.Module, lr: float, weight_decay: float, betas, warmup_steps: int,
-                 max_steps: int):
+                 max_steps: int, optimizer: str = "adamw"):
         super().__init__()
+        if optimizer not in PRETRAIN_OPTIMIZERS:
+            raise ValueError(f"pretrain.optimizer={optimizer!r} is not known; use one of {sorted(PRETRAIN_OPTIMIZERS)}")
         self.model = model
         self.save_hyperparameters(ignore=["model"])
 
@@ -72,8 +144,8 @@ class BertPretrainModule(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        return adamw_with_linear_schedule(self.model, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps,
-                                          hp.max_steps)
+        return PRETRAIN_OPTIMIZERS[hp.optimizer](self.model, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps,
+                                                 hp.max_steps)
 
 
 def resolve_precision(precision: str) -> str:

@@ -110,7 +110,7 @@ def _setup(ctx: StageContext, rank: int, world_size: int) -> _Setup:
     val_batches = [collator(val_rows[i:i + p.batch_size]) for i in range(0, len(val_rows), p.batch_size)]
     # plain Python values: a checkpoint's hyperparameters must load with torch.load(weights_only=True)
     module = BertPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
-                                warmup_steps=p.warmup_steps, max_steps=p.max_steps)
+                                warmup_steps=p.warmup_steps, max_steps=p.max_steps, optimizer=p.optimizer)
     return _Setup(model, module, train_loader, batch_sampler, val_batches, len(train_set))
 
 
@@ -175,9 +175,12 @@ def _train_with_lightning(ctx: StageContext, settings: DistributedSettings, rank
     atomic_io = () if settings.strategy == "deepspeed" else (AtomicCheckpointIO(KEEP_CHECKPOINTS),)  # DeepSpeed writes directories
     trainer = make_trainer(ctx, [history, TrainingPosition(setup.batch_sampler), checkpoints],
                            max_steps=p.max_steps, gradient_clip_val=None if settings.strategy == "deepspeed"
-                           else p.grad_clip, val_check_interval=min(p.val_every_steps, p.max_steps),
+                           else p.grad_clip,
+                           # Lightning counts val_check_interval in batches, max_steps in optimizer steps
+                           val_check_interval=min(p.val_every_steps, p.max_steps) * p.accumulate_grad_batches,
                            check_val_every_n_epoch=None, num_sanity_val_steps=0, strategy=strategy,
-                           plugins=[*plugins, *atomic_io], use_distributed_sampler=False)
+                           plugins=[*plugins, *atomic_io], use_distributed_sampler=False,
+                           accumulate_grad_batches=p.accumulate_grad_batches)
     if settings.num_workers > 1:
         from ray.train.lightning import prepare_trainer
 
@@ -193,8 +196,8 @@ def _train_with_lightning(ctx: StageContext, settings: DistributedSettings, rank
     summary = {"steps": trainer.global_step, "resumed_from_step": _step_of(resume_from) if resume_from else None,
                "workers": world_size, "train_instances": setup.train_instances,
                "val_instances": sum(len(b["input_ids"]) for b in setup.val_batches), "seconds": round(seconds, 1),
-               "padded_tokens_per_s": round(steps_run * p.batch_size * world_size * cfg.examples.max_seq_length
-                                            / seconds, 1),
+               "padded_tokens_per_s": round(steps_run * p.accumulate_grad_batches * p.batch_size * world_size
+                                            * cfg.examples.max_seq_length / seconds, 1),
                "precision": trainer.precision, "final_val_loss": history.last("val/loss"),
                "final_val_mlm_acc": history.last("val/mlm_acc"), "final_val_nsp_acc": history.last("val/nsp_acc"),
                "num_parameters": sum(t.numel() for t in setup.model.parameters())}

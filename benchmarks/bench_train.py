@@ -1,0 +1,248 @@
+"""BERT pretraining train-step throughput: ours (models.bert) against transformers.BertForPreTraining (eager and sdpa
+attention) at the same config, batch, sequence length and thread count, in fp32 and in bf16 autocast, measured in
+this run next to this CPU's fp32 and bf16 matmul throughput.
+
+    python benchmarks/bench_train.py                  # bert_mini and bert_base, 5 timed steps per row, + torch.compile
+    python benchmarks/bench_train.py --quick          # 2 timed steps per row, no torch.compile
+    python benchmarks/bench_train.py --loss-curve 300 # bert_mini fp32 vs bf16 on learnable synthetic data
+
+A step is forward + MLM/NSP loss + backward + AdamW update + zero_grad, timed as the median of the steps after
+warm-up (the machine may be shared: the load average is printed with the table).
+
+Model FLOPs per step count only the work the task needs (multiply-adds x 2; element-wise work not counted), with
+B sequences of T tokens, M = B x P masked positions, L layers, H hidden, I feed-forward width, V vocabulary:
+    encoder matmuls   2 * B*T * L * (4H^2 + 2HI)        (Q, K, V, output projections and the feed-forward)
+    attention         2 * B * L * 2 * T^2 * H            (Q K^T and probabilities x V)
+    MLM head          2 * M * (H^2 + H V)                (transform and tied decoder at the masked positions only)
+    pooler + NSP      2 * B * (H^2 + 2H)
+training = 3 x forward (backward computes input and weight gradients). So per token 6 x the encoder's matmul
+parameters, per sequence 12 L T^2 H for attention. HF computes the MLM head at all B*T positions; that extra work is
+not counted, so skipping it shows up as speed, not as a higher fraction of peak.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import time
+from contextlib import nullcontext
+
+import torch
+
+from models.bert import BertForPreTraining, bert_config
+from pipeline.lit import BertPretrainModule
+
+VOCAB_SIZE = 30522  # BERT's WordPiece vocabulary, as in the paper's models
+MAX_PREDICTIONS = 20  # google-research/bert's max_predictions_per_seq at length 128
+
+
+def bf16_supported() -> bool:
+    """Native bf16 matmul on this CPU (AMX or AVX512-BF16); elsewhere bf16 autocast is emulated and only slower."""
+    return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+
+
+def matmul_flops_per_s(dtype: torch.dtype, seconds: float, n: int = 2048) -> float:
+    """Best torch.mm throughput on n x n matrices of `dtype` within `seconds`."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    torch.mm(a, b)
+    best, deadline = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = max(best, 2 * n ** 3 / (time.perf_counter() - start))
+    return best
+
+
+def step_flops(size: str, batch_size: int, seq_len: int) -> int:
+    c = bert_config(size, vocab_size=VOCAB_SIZE)
+    L, H, I, V = c.num_hidden_layers, c.hidden_size, c.intermediate_size, VOCAB_SIZE
+    tokens, masked = batch_size * seq_len, batch_size * MAX_PREDICTIONS
+    forward = (2 * tokens * L * (4 * H * H + 2 * H * I) + 2 * batch_size * L * 2 * seq_len ** 2 * H
+               + 2 * masked * (H * H + H * V) + 2 * batch_size * (H * H + 2 * H))
+    return 3 * forward
+
+
+def make_batch(batch_size: int, seq_len: int, seed: int = 0) -> dict:
+    """Full-length sentence pairs with MAX_PREDICTIONS distinct masked positions per sequence (none at [CLS])."""
+    g = torch.Generator().manual_seed(seed)
+    positions = torch.stack([torch.randperm(seq_len - 1, generator=g)[:MAX_PREDICTIONS] + 1
+                             for _ in range(batch_size)]).sort(dim=1).values
+    mlm_labels = torch.randint(5, VOCAB_SIZE, (batch_size, MAX_PREDICTIONS), generator=g)
+    dense_labels = torch.full((batch_size, seq_len), -100).scatter(1, positions, mlm_labels)  # HF's layout
+    return {"input_ids": torch.randint(5, VOCAB_SIZE, (batch_size, seq_len), generator=g),
+            "token_type_ids": (torch.arange(seq_len) >= seq_len // 2).long().expand(batch_size, seq_len).contiguous(),
+            "attention_mask": torch.ones(batch_size, seq_len, dtype=torch.long),
+            "mlm_positions": positions, "mlm_labels": mlm_labels, "dense_labels": dense_labels,
+            "next_sentence_label": torch.randint(0, 2, (batch_size,), generator=g)}
+
+
+def ours(size: str, compiled: bool):
+    model = BertForPreTraining(bert_config(size, vocab_size=VOCAB_SIZE))
+    objective = BertPretrainModule(model, lr=1e-4, weight_decay=0.01, betas=(0.9, 0.999), warmup_steps=1,
+                                   max_steps=1)
+    step = torch.compile(objective.model_step) if compiled else objective.model_step
+    return model, lambda batch: step(batch)["loss"]
+
+
+def huggingface(size: str, attn_implementation: str):
+    import transformers
+
+    c = bert_config(size, vocab_size=VOCAB_SIZE)
+    hf_config = transformers.BertConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads, intermediate_size=c.intermediate_size,
+        max_position_embeddings=c.max_position_embeddings, layer_norm_eps=c.layer_norm_eps)
+    model = transformers.BertForPreTraining._from_config(hf_config, attn_implementation=attn_implementation)
+
+    def loss(batch):
+        return model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                     attention_mask=batch["attention_mask"], labels=batch["dense_labels"],
+                     next_sentence_label=batch["next_sentence_label"]).loss
+
+    return model, loss
+
+
+def time_steps(model, loss_fn, batch: dict, bf16: bool, warmup: int, steps: int) -> tuple[float, float]:
+    """(seconds of the first step, which includes any compilation; median seconds of the timed steps)."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
+    times = []
+    for _ in range(warmup + steps):
+        start = time.perf_counter()
+        with autocast:
+            loss = loss_fn(batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    return times[0], statistics.median(times[warmup:])
+
+
+def benchmark(args) -> None:
+    dtypes = [("fp32", False)] + ([("bf16", True)] if bf16_supported() else [])
+    if not bf16_supported():
+        print("this CPU has no native bf16 (AMX / AVX512-BF16): bf16 rows skipped\n")
+    peak_seconds = 2.0 if args.quick else 5.0
+    peaks = {name: matmul_flops_per_s(torch.bfloat16 if bf16 else torch.float32, peak_seconds)
+             for name, bf16 in dtypes}
+    warmup, steps = (1, 2) if args.quick else (2, 5)
+    B, T = args.batch_size, args.seq_len
+    batch = make_batch(B, T)
+    variants = [("ours", lambda s: ours(s, compiled=False)),
+                ("HF eager", lambda s: huggingface(s, "eager")), ("HF sdpa", lambda s: huggingface(s, "sdpa"))]
+    if args.compile:
+        variants.insert(1, ("ours + torch.compile", lambda s: ours(s, compiled=True)))
+    rows = []
+    for size in args.sizes:
+        flops = step_flops(size, B, T)
+        for dtype, bf16 in dtypes:
+            for name, build in variants:
+                torch.manual_seed(0)
+                model, loss_fn = build(size)
+                first, seconds = time_steps(model, loss_fn, batch, bf16, warmup + ("compile" in name), steps)
+                rows.append({"size": size, "dtype": dtype, "name": name, "first": first, "seconds": seconds,
+                             "tokens": B * T / seconds, "flops": flops / seconds})
+                print(f"  {size} {dtype} {name}: {seconds:.3f} s/step (first step {first:.1f} s)", flush=True)
+                del model, loss_fn
+    # Again after the runs, as the machine is shared: the better of the two is the reference.
+    peaks = {name: max(peaks[name], matmul_flops_per_s(torch.bfloat16 if bf16 else torch.float32, peak_seconds))
+             for name, bf16 in dtypes}
+
+    print(f"\nbatch {B} x seq {T}, {torch.get_num_threads()} threads, median of {steps} steps after {warmup} warm-up; "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print("matmul peak (2048^3 torch.mm): " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in peaks.items()))
+    print(f"{'size':10s} {'dtype':5s} {'model':22s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'of peak':>8s}"
+          f" {'vs HF best':>10s} {'1st step s':>10s}")
+    for r in rows:
+        same = [x for x in rows if x["size"] == r["size"] and x["dtype"] == r["dtype"]]
+        hf_best = max(x["tokens"] for x in same if x["name"].startswith("HF"))
+        print(f"{r['size']:10s} {r['dtype']:5s} {r['name']:22s} {r['seconds']:8.3f} {r['tokens']:9.0f} "
+              f"{r['flops'] / 1e9:8.1f} {r['flops'] / peaks[r['dtype']]:8.1%} {r['tokens'] / hf_best:9.2f}x "
+              f"{r['first']:10.1f}")
+    if len(dtypes) == 2:
+        for size in args.sizes:
+            for name, _ in variants:
+                if not name.startswith("HF"):
+                    t = {r["dtype"]: r["tokens"] for r in rows if r["size"] == size and r["name"] == name}
+                    print(f"{size} {name}: bf16 / fp32 = {t['bf16'] / t['fp32']:.2f}x")
+    print("targets: ours >= 1.3x HF's faster mode per dtype; bert_base fp32 >= 75% of fp32 peak; bf16 >= 2.5x fp32")
+
+
+def learnable_batch(g: torch.Generator, batch_size: int, seq_len: int, vocab: int) -> dict:
+    """Arithmetic sequences modulo `vocab` (random start and stride): a masked token follows from its neighbours.
+    The second half continues the first half's sequence (label 0, "is next") or starts a new one (label 1)."""
+    half = seq_len // 2
+    start, stride = torch.randint(5, vocab, (batch_size, 1), generator=g), torch.randint(1, 7, (batch_size, 1), generator=g)
+    ids = (start + stride * torch.arange(seq_len)) % (vocab - 5) + 5
+    is_random = torch.randint(0, 2, (batch_size,), generator=g)
+    other = (torch.randint(5, vocab, (batch_size, 1), generator=g) + stride * torch.arange(half)) % (vocab - 5) + 5
+    ids[:, half:] = torch.where(is_random[:, None].bool(), other, ids[:, half:])
+    positions = torch.stack([torch.randperm(seq_len - 1, generator=g)[:MAX_PREDICTIONS // 2] + 1
+                             for _ in range(batch_size)])
+    labels = ids.gather(1, positions)
+    masked = ids.scatter(1, positions, 4)  # 4 stands for [MASK]
+    return {"input_ids": masked, "token_type_ids": (torch.arange(seq_len) >= half).long().expand(batch_size, seq_len),
+            "attention_mask": torch.ones(batch_size, seq_len, dtype=torch.long), "mlm_positions": positions,
+            "mlm_labels": labels, "next_sentence_label": is_random}
+
+
+def loss_curve(args) -> None:
+    """bert_mini trained twice from the same weights on the same batches, fp32 and bf16 autocast: losses compared."""
+    if not bf16_supported():
+        raise SystemExit("this CPU has no native bf16 (AMX / AVX512-BF16); there is no bf16 curve to compare")
+    vocab, B, T = 512, 16, 64
+    curves = {}
+    for name, bf16 in (("fp32", False), ("bf16", True)):
+        torch.manual_seed(0)
+        module = BertPretrainModule(BertForPreTraining(bert_config("bert_mini", vocab_size=vocab)), lr=1e-3,
+                                    weight_decay=0.01, betas=(0.9, 0.999), warmup_steps=args.loss_curve // 10,
+                                    max_steps=args.loss_curve)
+        optimization = module.configure_optimizers()
+        optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
+        g, losses, started = torch.Generator().manual_seed(1), [], time.perf_counter()
+        for _ in range(args.loss_curve):
+            with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext():
+                loss = module.model_step(learnable_batch(g, B, T, vocab))["loss"]
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        curves[name] = losses
+        print(f"{name}: {args.loss_curve} steps in {time.perf_counter() - started:.0f} s, loss {losses[0]:.3f} -> "
+              f"{losses[-1]:.3f}", flush=True)
+    window = 20
+    smooth = {k: [sum(v[i:i + window]) / window for i in range(len(v) - window + 1)] for k, v in curves.items()}
+    rel = [abs(a - b) / a for a, b in zip(smooth["fp32"], smooth["bf16"])]
+    print(f"smoothed ({window}-step mean) losses, fp32 vs bf16: max relative difference {max(rel):.2%}, at window "
+          f"{rel.index(max(rel))}; final fp32 {smooth['fp32'][-1]:.3f}, bf16 {smooth['bf16'][-1]:.3f} "
+          f"(uniform guess: MLM {math.log(vocab):.2f} + NSP {math.log(2):.2f}); "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="2 timed steps per row, no torch.compile rows")
+    parser.add_argument("--sizes", nargs="+", default=["bert_mini", "bert_base"])
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="add a torch.compile row for ours (default: on, off with --quick)")
+    parser.add_argument("--loss-curve", type=int, metavar="STEPS",
+                        help="instead of timing: train bert_mini STEPS steps in fp32 and bf16 and compare the losses")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.compile is None:
+        args.compile = not args.quick
+    if args.loss_curve:
+        loss_curve(args)
+    else:
+        benchmark(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Pretraining optimisers: LAMB against a hand computation, the shared groups and schedule, gradient accumulation."""
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from models.bert import BertForPreTraining, bert_config
+from pipeline.lit import BertPretrainModule, Lamb, adamw_with_linear_schedule, lamb_with_linear_schedule
+
+
+def test_lamb_first_step_by_hand():
+    # Step 1 with eps = 0: the bias-corrected Adam direction is g / |g| = sign(g) = (1, -1).
+    x = torch.tensor([3.0, 4.0], requires_grad=True)  # ||x|| = 5
+    x.grad = torch.tensor([1.0, -2.0])
+    Lamb([x], lr=0.01, betas=(0.9, 0.999), eps=0.0, weight_decay=0.1).step()
+    u = (1 + 0.1 * 3, -1 + 0.1 * 4)  # sign(g) + weight_decay * x = (1.3, -0.6)
+    trust = 5 / math.sqrt(1.3 ** 2 + 0.6 ** 2)
+    expected = (3 - 0.01 * trust * u[0], 4 - 0.01 * trust * u[1])
+    assert x.detach().tolist() == pytest.approx(expected, rel=1e-6)
+
+
+def test_lamb_second_step_by_hand():
+    b1, b2, lr, eps, wd = 0.9, 0.999, 0.05, 1e-6, 0.01
+    x = torch.tensor([3.0, 4.0], requires_grad=True)
+    opt = Lamb([x], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)
+    grads = [(1.0, -2.0), (0.5, 0.5)]
+    ref = [3.0, 4.0]
+    m, v = [0.0, 0.0], [0.0, 0.0]
+    for t, g in enumerate(grads, start=1):
+        x.grad = torch.tensor(g)
+        opt.step()
+        m = [b1 * m[i] + (1 - b1) * g[i] for i in range(2)]
+        v = [b2 * v[i] + (1 - b2) * g[i] ** 2 for i in range(2)]
+        u = [(m[i] / (1 - b1 ** t)) / (math.sqrt(v[i] / (1 - b2 ** t)) + eps) + wd * ref[i] for i in range(2)]
+        trust = math.hypot(*ref) / math.hypot(*u)
+        ref = [ref[i] - lr * trust * u[i] for i in range(2)]
+    assert x.detach().tolist() == pytest.approx(ref, rel=1e-5)
+
+
+def test_lamb_trust_ratio_is_one_for_zero_parameters():
+    bias = torch.zeros(2, requires_grad=True)  # zero-initialised, as BERT's biases
+    bias.grad = torch.tensor([3.0, -0.5])
+    Lamb([bias], lr=0.1, eps=0.0).step()
+    assert bias.detach().tolist() == pytest.approx([-0.1, 0.1])
+
+
+def test_lamb_step_does_not_depend_on_gradient_scale():
+    # Why LAMB suits large batches: each layer's step is lr * ||x|| whatever the gradient's magnitude.
+    steps = []
+    for scale in (1.0, 1000.0):
+        torch.manual_seed(0)
+        x = torch.randn(4, 4, requires_grad=True)
+        start = x.detach().clone()
+        x.grad = torch.randn(4, 4) * scale
+        Lamb([x], lr=0.01, eps=0.0, weight_decay=0.01).step()
+        steps.append(x.detach() - start)
+    torch.testing.assert_close(steps[0], steps[1])
+    assert steps[0].norm().item() == pytest.approx(0.01 * start.norm().item(), rel=1e-5)
+
+
+def test_lamb_rejects_bad_hyperparameters():
+    with pytest.raises(ValueError, match="betas"):
+        Lamb([torch.zeros(1, requires_grad=True)], betas=(0.9, 1.0))
+
+
+@pytest.mark.parametrize("make", [adamw_with_linear_schedule, lamb_with_linear_schedule])
+def test_groups_and_schedule(make):
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
+    out = make(model, lr=1.0, weight_decay=0.01, betas=(0.9, 0.999), warmup_steps=4, total_steps=12)
+    decay, no_decay = out["optimizer"].param_groups
+    assert [p.ndim for p in decay["params"]] == [2] and decay["weight_decay"] == 0.01
+    assert all(p.ndim == 1 for p in no_decay["params"]) and no_decay["weight_decay"] == 0.0
+    scheduler, lrs = out["lr_scheduler"]["scheduler"], []
+    for _ in range(13):
+        lrs.append(out["optimizer"].param_groups[0]["lr"])
+        out["optimizer"].step()
+        scheduler.step()
+    assert lrs == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 7 / 8, 6 / 8, 5 / 8, 4 / 8, 3 / 8, 2 / 8, 1 / 8, 0.0])
+
+
+def _module(optimizer: str = "adamw") -> BertPretrainModule:
+    torch.manual_seed(0)
+    model = BertForPreTraining(bert_config("bert_tiny", vocab_size=64, hidden_dropout_prob=0.0,
+                                           attention_probs_dropout_prob=0.0, max_position_embeddings=16))
+    return BertPretrainModule(model, lr=1e-3, weight_decay=0.01, betas=(0.9, 0.999), warmup_steps=1, max_steps=10,
+                              optimizer=optimizer)
+
+
+def test_pretrain_module_picks_the_optimizer():
+    assert isinstance(_module("lamb").configure_optimizers()["optimizer"], Lamb)
+    assert isinstance(_module("adamw").configure_optimizers()["optimizer"], torch.optim.AdamW)
+    with pytest.raises(ValueError, match="lamb"):
+        _module("sgd")
+
+
+def _batch(n: int, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"input_ids": torch.randint(5, 64, (n, 12), generator=g), "token_type_ids": torch.zeros(n, 12, dtype=torch.long),
+            "attention_mask": torch.ones(n, 12, dtype=torch.long), "mlm_positions": torch.tensor([[1, 4, 7]] * n),
+            "mlm_labels": torch.randint(5, 64, (n, 3), generator=g),
+            "next_sentence_label": torch.arange(n) % 2}
+
+
+class _Gradients(L.Callback):
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.grads = {n: p.grad.clone() for n, p in pl_module.named_parameters() if p.grad is not None}
+
+
+def _one_optimizer_step(batches: list[dict], accumulate: int) -> tuple[dict, int]:
+    grads = _Gradients()
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, accumulate_grad_batches=accumulate, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[grads])
+    trainer.fit(_module(), DataLoader(batches, batch_size=None))
+    return grads.grads, trainer.global_step
+
+
+def test_gradient_accumulation_equals_the_large_batch():
+    full = _batch(8, seed=1)
+    halves = [{k: v[:4] for k, v in full.items()}, {k: v[4:] for k, v in full.items()}]
+    large, large_steps = _one_optimizer_step([full], accumulate=1)
+    accumulated, accumulated_steps = _one_optimizer_step(halves, accumulate=2)
+    assert large_steps == accumulated_steps == 1  # max_steps counts optimizer steps, not batches
+    assert large.keys() == accumulated.keys()
+    for name in large:
+        torch.testing.assert_close(accumulated[name], large[name], rtol=1e-4, atol=1e-6, msg=name)
