@@ -31,6 +31,11 @@ MARKER = "_COMPLETE.json"
 LOG_FILE = "stage.log"
 
 
+def all_cpus(cfg: DictConfig) -> float:
+    """A training stage's reservation: every CPU the run was given, for its torch threads."""
+    return float(cfg.ray.num_cpus)
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str

@@ -15,7 +15,7 @@ from data_prep.elmo_examples import (books_from_rows, build_word_vocab, read_wor
                                      write_word_vocab)
 from data_prep.shards import open_shards, shard_paths
 from models.elmo import ElmoEmbedder, ScalarMix, load_bilm, save_bilm
-from pipeline.dag import Stage, StageContext
+from pipeline.dag import Stage, StageContext, all_cpus
 from pipeline.data import read_arrow
 from pipeline.lit_elmo import ElmoPretrainModule, build_elmo_datasets
 from pipeline.tracking import LossHistory
@@ -94,13 +94,10 @@ def elmo_encoder(ctx: StageContext) -> ElmoSentenceEncoder:
                                read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"))
 
 
-def _all_cpus(cfg) -> float:
-    return float(cfg.ray.num_cpus)
-
 
 ELMO_STAGES = [
     Stage("elmo_vocab", elmo_vocab, ("prepare",), ("elmo.vocab_size", "elmo.min_count"), version=1),
     Stage("elmo_streams", elmo_streams, ("prepare",), (), version=1),
-    Stage("elmo_pretrain", elmo_pretrain, ("elmo_vocab", "elmo_streams"), ("model", "elmo", "pretrain", "trainer", "seed"),
-          version=1, num_cpus=_all_cpus),
+    Stage("elmo_pretrain", elmo_pretrain, ("elmo_vocab", "elmo_streams"),
+          ("model", "elmo", "pretrain", "trainer", "seed"), version=1, num_cpus=all_cpus),
 ]

@@ -22,7 +22,8 @@ from data_prep.conll import TaggedSentence, encode_tagged_sentences, iob1_to_iob
 from data_prep.shards import write_json_atomically
 from data_prep.squad import read_squad, squad_features
 from data_prep.tokenizer import load_tokenizer
-from models.bert import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification, load_encoder
+from models.bert import (BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification,
+                         load_encoder)
 from pipeline.dag import StageContext
 from pipeline.data import EncodedTask, pad_classification_batch
 from pipeline.lit_downstream import (ClassificationModule, QuestionAnsweringModule, RegressionModule,
@@ -63,7 +64,8 @@ def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, m
     if task.format == "tsv":
         train, dev = read_split(task, data_dir / task.train_file), read_split(task, data_dir / task.dev_file)
         keep = _subsample(list(range(len(train.labels))), max_train_examples, seed)
-        sets = [EncodedTask(tok, [s.texts_a[i] for i in idx], None if s.texts_b is None else [s.texts_b[i] for i in idx],
+        sets = [EncodedTask(tok, [s.texts_a[i] for i in idx],
+                            None if s.texts_b is None else [s.texts_b[i] for i in idx],
                             [s.labels[i] for i in idx], max_seq_length)
                 for s, idx in ((train, keep), (dev, range(len(dev.labels))))]
         if task.labels is None:  # regression (STS-B): one output, mean squared error
@@ -77,7 +79,8 @@ def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, m
     if task.format == "conll":
         def read(name: str) -> list[TaggedSentence]:  # IOB1 files; the task's labels are IOB2
             return [TaggedSentence(s.tokens, iob1_to_iob2(s.tags)) for s in read_conll(data_dir / name)]
-        train, dev, labels = _subsample(read(task.train_file), max_train_examples, seed), read(task.dev_file), list(task.labels)
+        train = _subsample(read(task.train_file), max_train_examples, seed)
+        dev, labels = read(task.dev_file), list(task.labels)
         return TaskData(encode_tagged_sentences(tok, train, labels, max_seq_length),
                         encode_tagged_sentences(tok, dev, labels, max_seq_length), collate_token_classification,
                         lambda c: BertForTokenClassification(c, len(labels)),

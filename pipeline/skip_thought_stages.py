@@ -19,7 +19,7 @@ from data_prep.skip_thought_examples import (WordVocab, build_word_vocab, count_
                                              triples_from_shard, write_triples)
 from data_prep.word_vectors import ExpandedVocabulary, WordVectors, fit_vocabulary_expansion, load_glove, shared_words
 from models.skip_thought import load_skip_thoughts, save_skip_thoughts
-from pipeline.dag import Stage, StageContext
+from pipeline.dag import Stage, StageContext, all_cpus
 from pipeline.data import read_arrow
 from pipeline.lit_skip_thought import SkipThoughtPretrainModule, SkipThoughtTriples, triple_loaders
 from pipeline.tracking import LossHistory
@@ -117,9 +117,6 @@ def skip_thought_encoder(expand_vocabulary: bool):
     return build
 
 
-def _all_cpus(cfg) -> float:
-    return float(cfg.ray.num_cpus)
-
 
 SKIP_THOUGHT_STAGES = [
     Stage("skip_thought_vocab", skip_thought_vocab, ("prepare",), ("skip_thought.vocab_size", "skip_thought.min_count"),
@@ -127,5 +124,5 @@ SKIP_THOUGHT_STAGES = [
     Stage("skip_thought_examples", skip_thought_examples, ("prepare", "skip_thought_vocab"),
           ("skip_thought.max_words",), version=1),
     Stage("skip_thought_pretrain", skip_thought_pretrain, ("skip_thought_vocab", "skip_thought_examples"),
-          ("model", "pretrain", "trainer", "seed"), version=1, num_cpus=_all_cpus),
+          ("model", "pretrain", "trainer", "seed"), version=1, num_cpus=all_cpus),
 ]

@@ -19,7 +19,7 @@ from data_prep.prepare import prepare_corpus
 from data_prep.shards import open_shards, shard_paths
 from data_prep.tokenize_shards import encode_by_word
 from data_prep.tokenizer import load_tokenizer, train_wordpiece
-from pipeline.dag import Stage, StageContext
+from pipeline.dag import Stage, StageContext, all_cpus
 from pipeline.distributed import stage_cpus
 from pipeline.data import read_arrow
 from pipeline.elmo_stages import ELMO_STAGES
@@ -91,9 +91,9 @@ def examples(ctx: StageContext) -> dict:
     out = ctx.stage_dir("examples")
     ex = ctx.cfg.examples
     # One seed per shard, derived from the run seed: the output does not depend on which worker ran what.
-    refs = [build_shard_examples.remote(str(shard), str(shards[(i + 1) % len(shards)]), str(ctx.stage_dir("tokenizer")),
-                                        str(out / f"examples-{i:05d}.arrow"), ex.max_seq_length,
-                                        ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed * 1000 + i)
+    refs = [build_shard_examples.remote(str(shard), str(shards[(i + 1) % len(shards)]),
+                                        str(ctx.stage_dir("tokenizer")), str(out / f"examples-{i:05d}.arrow"),
+                                        ex.max_seq_length, ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed * 1000 + i)
             for i, shard in enumerate(shards)]
     counts = ray.get(refs)
     return {"instances": int(sum(counts)), "files": len(counts)}
@@ -139,9 +139,6 @@ def _senteval_fingerprint(cfg: DictConfig) -> str:
                                   for t in cfg.senteval.tasks.values()).encode()).hexdigest()
 
 
-def _all_cpus(cfg: DictConfig) -> float:
-    return float(cfg.ray.num_cpus)
-
 
 # The DAG, declared once: (name, function, upstream stages, config keys that decide the output, code version).
 STAGES: dict[str, Stage] = {s.name: s for s in [
@@ -151,9 +148,9 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("pretrain", pretrain, ("tokenizer", "examples"), ("model", "pretrain", "trainer", "seed"), version=2,
           num_cpus=stage_cpus),
     Stage("finetune", finetune, ("tokenizer", "pretrain"), ("finetune", "trainer", "seed"), version=1,
-          fingerprint=_finetune_fingerprint, num_cpus=_all_cpus),
+          fingerprint=_finetune_fingerprint, num_cpus=all_cpus),
     Stage("evaluate", evaluate, evaluate_upstream, ("evaluate", "senteval", "seed"), version=1,
-          fingerprint=_senteval_fingerprint, num_cpus=_all_cpus),
+          fingerprint=_senteval_fingerprint, num_cpus=all_cpus),
     *ELMO_STAGES,
     *SKIP_THOUGHT_STAGES,
     Stage("report", report, report_upstream, ("experiment_name",), version=1),

@@ -12,7 +12,8 @@ def make_trainer(ctx: StageContext, callbacks: list, prefix: str = "", **kwargs)
     tcfg = ctx.cfg.trainer
     return L.Trainer(accelerator=tcfg.accelerator, devices=tcfg.devices,
                      precision=resolve_precision(str(tcfg.precision)),
-                     logger=make_logger(ctx, prefix), callbacks=[ProgressLog(f"{ctx.name} {prefix}".strip()), *callbacks],
+                     logger=make_logger(ctx, prefix),
+                     callbacks=[ProgressLog(f"{ctx.name} {prefix}".strip()), *callbacks],
                      log_every_n_steps=tcfg.log_every_n_steps, deterministic=tcfg.deterministic,
                      default_root_dir=str(ctx.out_dir), enable_model_summary=False, enable_progress_bar=False,
                      **kwargs)
