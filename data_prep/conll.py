@@ -26,9 +26,10 @@ def _check_tag(tag: str, path: Path, line_no: int) -> None:
         raise ValueError(f"{path}:{line_no}: tag {tag!r} is not IOB; the last column must be O, B-TYPE or I-TYPE")
 
 
-def read_conll(path: str | Path) -> list[TaggedSentence]:
+def read_conll(path: str | Path, labels: Sequence[str] | None = None) -> list[TaggedSentence]:
     """Sentences of a CoNLL file: one word per line, space-separated columns (CoNLL-2003: token POS chunk NER), the
-    NER tag in the last column, a blank line between sentences; `-DOCSTART-` lines mark documents and are dropped."""
+    NER tag in the last column, a blank line between sentences; `-DOCSTART-` lines mark documents and are dropped.
+    With `labels` (a task's tag set), any other tag is an error naming its line."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; pass the directory holding the CoNLL files as finetune.data_dir")
@@ -47,6 +48,9 @@ def read_conll(path: str | Path) -> list[TaggedSentence]:
                 raise ValueError(f"{path}:{line_no}: expected {max(2, num_columns)} space-separated columns "
                                  f"(word ... NER tag, as on the file's first word line), got {len(fields)}: {line!r}")
             _check_tag(fields[-1], path, line_no)
+            if labels is not None and fields[-1] not in labels:
+                raise ValueError(f"{path}:{line_no}: tag {fields[-1]!r} is not one of the task's labels "
+                                 f"{list(labels)}; fix the file, or add the tag to the task YAML's labels")
             tokens.append(fields[0])
             tags.append(fields[-1])
     if tokens:

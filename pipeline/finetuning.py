@@ -33,7 +33,8 @@ from pipeline.metrics import score_task
 from pipeline.tasks import load_task, read_split, resolve_task_dir
 from pipeline.training import make_trainer
 
-MODEL_KINDS = ("pretrained", "random_init")
+# pretrained: this run's encoder; random_init: the same architecture untrained; external: finetune.external_encoder
+MODEL_KINDS = ("pretrained", "random_init", "external")
 
 
 @dataclass
@@ -78,7 +79,7 @@ def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, m
                         score_task(task.metric, [majority] * len(dev.labels), dev.labels))
     if task.format == "conll":
         def read(name: str) -> list[TaggedSentence]:  # IOB1 files; the task's labels are IOB2
-            return [TaggedSentence(s.tokens, iob1_to_iob2(s.tags)) for s in read_conll(data_dir / name)]
+            return [TaggedSentence(s.tokens, iob1_to_iob2(s.tags)) for s in read_conll(data_dir / name, task.labels)]
         train = _subsample(read(task.train_file), max_train_examples, seed)
         dev, labels = read(task.dev_file), list(task.labels)
         return TaskData(encode_tagged_sentences(tok, train, labels, max_seq_length),
@@ -98,25 +99,39 @@ def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, m
     raise ValueError(f"task {task.name}: unknown format {task.format!r}; use tsv, conll or squad")
 
 
-def encoder_and_tokenizer(ctx: StageContext):
-    """The encoder to fine-tune and its tokenizer: `finetune.encoder` (an HF BERT directory or one of ours, with
-    its tokenizer files beside it) if set, else this run's pretraining checkpoint and tokenizer."""
-    path = ctx.cfg.finetune.encoder
-    if not path:
-        return ctx.stage_dir("pretrain") / "encoder", load_tokenizer(ctx.stage_dir("tokenizer"))
-    path = Path(path).expanduser()
+def external_tokenizer(path: Path):
+    """The tokenizer saved beside an external encoder (HF `tokenizer.json`, or a BERT `vocab.txt`)."""
     if (path / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
 
-        return path, Tokenizer.from_file(str(path / "tokenizer.json"))
+        return Tokenizer.from_file(str(path / "tokenizer.json"))
     if (path / "vocab.txt").is_file():
         from tokenizers.implementations import BertWordPieceTokenizer
 
-        lowercase = json.loads((path / "config.json").read_text()).get("do_lower_case", True) \
-            if (path / "config.json").is_file() else True
-        return path, BertWordPieceTokenizer(str(path / "vocab.txt"), lowercase=lowercase)
-    raise FileNotFoundError(f"finetune.encoder={path} has no tokenizer.json or vocab.txt; put the tokenizer "
-                            "files of that model beside its weights")
+        config = path / "tokenizer_config.json"
+        lowercase = json.loads(config.read_text()).get("do_lower_case", True) if config.is_file() else True
+        return BertWordPieceTokenizer(str(path / "vocab.txt"), lowercase=lowercase)
+    raise FileNotFoundError(f"finetune.external_encoder={path} has no tokenizer.json or vocab.txt; put the "
+                            "tokenizer files of that model beside its weights")
+
+
+def model_sources(ctx: StageContext) -> dict[str, tuple[Path, object]]:
+    """(encoder directory, tokenizer) of each model kind in finetune.models."""
+    f = ctx.cfg.finetune
+    unknown = [k for k in f.models if k not in MODEL_KINDS]
+    if unknown:
+        raise ValueError(f"finetune.models: unknown {unknown}; choose from {list(MODEL_KINDS)}")
+    sources = {}
+    if {"pretrained", "random_init"} & set(f.models):
+        ours = (ctx.stage_dir("pretrain") / "encoder", load_tokenizer(ctx.stage_dir("tokenizer")))
+        sources.update({kind: ours for kind in ("pretrained", "random_init") if kind in f.models})
+    if "external" in f.models:
+        if not f.external_encoder:
+            raise ValueError("finetune.models has external but finetune.external_encoder is not set; pass the "
+                             "directory of an HF BERT (config.json, weights and tokenizer files)")
+        path = Path(f.external_encoder).expanduser()
+        sources["external"] = (path, external_tokenizer(path))
+    return sources
 
 
 def finetune_once(ctx: StageContext, task: DictConfig, data: TaskData, encoder_dir: Path, kind: str,
@@ -125,7 +140,7 @@ def finetune_once(ctx: StageContext, task: DictConfig, data: TaskData, encoder_d
     L.seed_everything(seed, workers=True)  # the same head initialisation and data order for every model kind
     encoder = load_encoder(encoder_dir)
     model = data.make_model(encoder.config)
-    if kind == "pretrained":
+    if kind != "random_init":
         model.bert.load_state_dict(encoder.state_dict())
     train_loader = DataLoader(data.train, batch_size=f.batch_size, shuffle=True, collate_fn=data.collate,
                               generator=torch.Generator().manual_seed(seed))
@@ -140,16 +155,20 @@ def finetune_once(ctx: StageContext, task: DictConfig, data: TaskData, encoder_d
 
 
 def _aggregate(rows: list[dict]) -> list[dict]:
-    """Mean ± std over seeds, one row per (model, task, metric)."""
+    """Mean ± std over seeds, one row per (model, task, metric); `seeds` counts the seeds with a defined score."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((row["model"], row["task"], row["metric"]), []).append(row)
     out = []
     for (model, task, metric), members in groups.items():
-        scores = np.array([m["score"] for m in members], dtype=float)
-        out.append({"model": model, "task": task, "metric": metric, "score": round(float(scores.mean()), 4),
+        every = np.array([m["score"] for m in members], dtype=float)
+        # A correlation is undefined (NaN) when a model predicts a constant; such seeds are counted, not averaged.
+        scores = every[~np.isnan(every)]
+        out.append({"model": model, "task": task, "metric": metric,
+                    "score": round(float(scores.mean()), 4) if len(scores) else float("nan"),
                     "std": round(float(scores.std(ddof=1)), 4) if len(scores) > 1 else 0.0,
-                    "seeds": len(scores), "train_examples": members[0]["train_examples"],
+                    "seeds": len(scores), "undefined_seeds": int(np.isnan(every).sum()),
+                    "train_examples": members[0]["train_examples"],
                     "dev_examples": members[0]["dev_examples"],
                     "seconds": round(sum(m["seconds"] for m in members), 1)})
     return out
@@ -157,19 +176,21 @@ def _aggregate(rows: list[dict]) -> list[dict]:
 
 def finetune(ctx: StageContext) -> dict:
     f = ctx.cfg.finetune
-    unknown = [k for k in f.models if k not in MODEL_KINDS]
-    if unknown:
-        raise ValueError(f"finetune.models: unknown {unknown}; choose from {list(MODEL_KINDS)}")
-    encoder_dir, tok = encoder_and_tokenizer(ctx)
+    sources = model_sources(ctx)
     finished = ctx.out_dir / "finished"
     finished.mkdir(exist_ok=True)
     rows = []
     for name in task_names(ctx.cfg):
         task = load_task(name)
-        data = load_task_data(task, resolve_task_dir(task, f.data_dir, ctx.cfg.paths.cache_dir), tok,
-                              f.max_seq_length, f.max_train_examples, ctx.cfg.seed)
-        sizes = {"train_examples": len(data.train), "dev_examples": len(data.dev)}
+        data_dir = resolve_task_dir(task, f.data_dir, ctx.cfg.paths.cache_dir)
+        encoded: dict[int, TaskData] = {}  # per tokenizer: kinds sharing one encode the task once
         for kind in f.models:
+            encoder_dir, tok = sources[kind]
+            if id(tok) not in encoded:
+                encoded[id(tok)] = load_task_data(task, data_dir, tok, f.max_seq_length, f.max_train_examples,
+                                                  ctx.cfg.seed)
+            data = encoded[id(tok)]
+            sizes = {"train_examples": len(data.train), "dev_examples": len(data.dev)}
             for seed in f.seeds:
                 done = finished / f"{task.name}-{kind}-seed{seed}.json"
                 if done.is_file():
@@ -185,9 +206,11 @@ def finetune(ctx: StageContext) -> dict:
                 rows += result
                 print(f"finetune {task.name}/{kind}/seed{seed}: " +
                       ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), flush=True)
+        data = next(iter(encoded.values()))
         if data.majority_scores is not None:
             rows += [{"model": "majority_class", "task": task.name, "metric": metric, "score": value, "seed": None,
-                      **sizes, "seconds": 0.0} for metric, value in data.majority_scores.items()]
+                      "train_examples": len(data.train), "dev_examples": len(data.dev), "seconds": 0.0}
+                     for metric, value in data.majority_scores.items()]
     results = _aggregate(rows)
     write_json_atomically(ctx.out_dir / "results.json", results)
     return {"results": results}

@@ -1,36 +1,48 @@
-"""The run's results table (results.md / results.csv) and a summary of the pretraining loss curve."""
+"""The run's report: results.md / results.csv / results.json (one row per model, task and metric), pretraining
+loss and perplexity curves, a bar chart of task scores per model and, on request, a BERT attention heat-map; all
+logged to the report stage's W&B run as well when it has one."""
 from __future__ import annotations
 
 import csv
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from pipeline.plots import Curve, plot_attention, plot_pretraining, plot_task_scores
 
 RESULT_COLUMNS = ["model", "task", "metric", "score", "std", "seeds"]
 PRETRAINING_STAGES = ("pretrain", "elmo_pretrain", "skip_thought_pretrain")
+RESULT_STAGES = {"finetune": "Fine-tuning (dev set)", "evaluate": "Frozen sentence embeddings (SentEval-style probes)"}
+# Held-out perplexity as each family logs it: BERT's masked-LM perplexity, ELMo's biLM perplexity (mean of the two
+# directions). Skip-Thought logs none.
+PERPLEXITY_NAMES = ("val/mlm_perplexity", "val/perplexity")
 
 
-def _loss_curve(path: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    train, val = [], []
+@dataclass(frozen=True)
+class AttentionRequest:
+    """Which attention head to draw, on which sentence (report.attention_* in the config)."""
+    sentence: str
+    layer: int  # 0-based; negative counts from the last layer
+    head: int
+
+
+def read_curves(path: Path) -> dict[str, Curve]:
+    """metric name -> [(step, value)] from a stage's loss_curve.csv (pipeline.tracking.LossHistory)."""
+    curves: dict[str, Curve] = {}
     with open(path) as f:
         for row in csv.DictReader(f):
-            if row["name"] == "train/loss":
-                train.append((int(row["step"]), float(row["value"])))
-            elif row["name"] == "val/loss":
-                val.append((int(row["step"]), float(row["value"])))
-    return train, val
+            curves.setdefault(row["name"], []).append((int(row["step"]), float(row["value"])))
+    return curves
 
 
-def _windowed_mean(points: list[tuple[int, float]], start: int, end: int) -> float:
+def _windowed_mean(points: Curve, start: int, end: int) -> float:
     values = [v for s, v in points if start <= s <= end]
     return sum(values) / len(values) if values else float("nan")
 
 
-def summarise_loss(train: list[tuple[int, float]], val: list[tuple[int, float]]) -> list[str]:
+def summarise_loss(train: Curve, val: Curve) -> list[str]:
     """Markdown lines: loss at the start and the end (means over the first/last 10 % of steps), val losses."""
     if not train:
         return ["No pretraining loss was recorded."]
@@ -44,19 +56,42 @@ def summarise_loss(train: list[tuple[int, float]], val: list[tuple[int, float]])
     return lines
 
 
-def plot_loss(train, val, path: Path, title: str) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([s for s, _ in train], [v for _, v in train], lw=0.8, alpha=0.6, label="train")
-    if val:
-        ax.plot([s for s, _ in val], [v for _, v in val], "o-", label="held-out")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title(title)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+@dataclass(frozen=True)
+class AttentionMap:
+    tokens: list[str]  # [CLS] … [SEP]
+    matrix: np.ndarray  # (T, T); row i is query token i's distribution over the keys
+    layer: int  # 0-based, resolved from a negative request
+    num_layers: int
+    head: int
+
+
+def attention_matrix(encoder_dir: Path, tokenizer_dir: Path, request: AttentionRequest) -> AttentionMap:
+    """The attention probabilities of the requested layer and head of the encoder on the sentence, in eval mode
+    (no dropout)."""
+    import torch
+
+    from data_prep.tokenizer import load_tokenizer
+    from models.bert import load_encoder
+
+    model = load_encoder(encoder_dir).eval()
+    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    if not -layers <= request.layer < layers:
+        raise ValueError(f"report.attention_layer={request.layer}, but the encoder has {layers} layers; use "
+                         f"0..{layers - 1} (or -1 for the last)")
+    if not 0 <= request.head < heads:
+        raise ValueError(f"report.attention_head={request.head}, but the encoder has {heads} heads per layer; use "
+                         f"0..{heads - 1}")
+    encoding = load_tokenizer(tokenizer_dir).encode(request.sentence)
+    limit = model.config.max_position_embeddings
+    if model.config.position_embedding_type != "relative" and len(encoding.ids) > limit:
+        raise ValueError(f"report.attention_sentence is {len(encoding.ids)} tokens long with [CLS] and [SEP], more "
+                         f"than the encoder's {limit} positions; choose a shorter sentence")
+    input_ids = torch.tensor([encoding.ids])
+    with torch.no_grad():
+        _, _, probabilities = model(input_ids, torch.tensor([encoding.type_ids]), torch.ones_like(input_ids),
+                                    output_attentions=True)
+    return AttentionMap(list(encoding.tokens), probabilities[request.layer][0, request.head].numpy(),
+                        request.layer % layers, layers, request.head)
 
 
 def _score(row: dict) -> str:
@@ -72,38 +107,75 @@ def _pivot(rows: list[dict]) -> list[str]:
         [f"| {m} | " + " | ".join(cell.get((m, c), "–") for c in columns) + " |" for m in models]
 
 
-def write_report(stage_dirs: dict[str, Path], out: Path, title: str) -> dict[str, Path]:
-    """results.md / results.csv (one row per model, task and metric) from the finetune and evaluate stages, and the
-    pretraining loss curve (summary and plot) from the pretrain stage."""
-    lines = [f"# Results: {title}"]
-    rows = []
-    for stage, heading in (("finetune", "Fine-tuning (dev set)"), ("evaluate", "Frozen sentence embeddings (SentEval-style probes)")):
-        if stage not in stage_dirs:
-            continue
-        results = json.loads((stage_dirs[stage] / "results.json").read_text())
-        rows += [{"stage": stage, **r} for r in results]
-        lines += ["", f"## {heading}", ""]
-        if stage == "finetune":
-            lines += ["| model | task | metric | score | seeds |", "|---|---|---|---|---|"]
-            lines += [f"| {r['model']} | {r['task']} | {r['metric']} | {_score(r)} | {r['seeds']} |" for r in results]
-        else:
-            lines += _pivot(results)
+def _results_section(stage: str, results: list[dict]) -> list[str]:
+    lines = ["", f"## {RESULT_STAGES[stage]}", ""]
+    if stage == "finetune":
+        lines += ["| model | task | metric | score | seeds |", "|---|---|---|---|---|"]
+        return lines + [f"| {r['model']} | {r['task']} | {r['metric']} | {_score(r)} | {r['seeds']} |" for r in results]
+    return lines + _pivot(results)
+
+
+def _pretraining_section(stage: str, stage_dir: Path, out: Path, figures: dict[str, Path]) -> list[str]:
+    curves = read_curves(stage_dir / "loss_curve.csv")
+    train, val = curves.get("train/loss", []), curves.get("val/loss", [])
+    perplexity = next((curves[name] for name in PERPLEXITY_NAMES if name in curves), [])
+    info = json.loads((stage_dir / "stage.json").read_text())
+    lines = ["", f"## Pretraining ({stage})", "", *summarise_loss(train, val)]
+    if perplexity:
+        lines.append("- held-out perplexity: " + ", ".join(f"{v:.1f} @ {s}" for s, v in perplexity))
+    lines.append(f"- {info.get('steps')} steps in {info.get('duration_s')} s, precision {info.get('precision')}, "
+                 f"{info.get('num_parameters')} parameters")
+    if train:
+        path = out / f"{stage}_loss.png"
+        plot_pretraining(train, val, perplexity, path, title=f"Pretraining ({stage})")
+        figures[f"{stage}_loss_plot"] = path
+        lines += ["", f"![{stage} loss and perplexity]({path.name})"]
+    return lines
+
+
+def _log_to_wandb(run, rows: list[dict], figures: dict[str, Path]) -> None:
+    import wandb
+
+    table = wandb.Table(columns=["stage", *RESULT_COLUMNS], data=[[r.get(c) for c in ["stage", *RESULT_COLUMNS]]
+                                                                  for r in rows])
+    run.log({"report/results": table, **{f"report/{name}": wandb.Image(str(path)) for name, path in figures.items()}})
+
+
+def write_report(stage_dirs: dict[str, Path], out: Path, title: str, attention: AttentionRequest | None = None,
+                 wandb_run=None) -> dict[str, Path]:
+    """Everything the report stage writes into `out`, from the output directories of the stages it read
+    (finetune / evaluate results, pretraining curves; `pretrain` and `tokenizer` for the attention heat-map).
+    Returns name -> path of every file written. `wandb_run`: the stage's W&B run, or None."""
+    lines, rows, figures = [f"# Results: {title}"], [], {}
+    panels = {}
+    for stage in RESULT_STAGES:
+        if stage in stage_dirs:
+            results = json.loads((stage_dirs[stage] / "results.json").read_text())
+            rows += [{"stage": stage, **r} for r in results]
+            lines += _results_section(stage, results)
+            panels[RESULT_STAGES[stage]] = results
+    if panels:
+        figures["task_scores_plot"] = out / "task_scores.png"
+        plot_task_scores(panels, figures["task_scores_plot"], title=f"Task scores per model ({title})")
+        lines += ["", "![task scores per model](task_scores.png)"]
+    for stage in PRETRAINING_STAGES:
+        if stage in stage_dirs:
+            lines += _pretraining_section(stage, stage_dirs[stage], out, figures)
+    if attention is not None:
+        heat = attention_matrix(stage_dirs["pretrain"] / "encoder", stage_dirs["tokenizer"], attention)
+        where = f"layer {heat.layer} of {heat.num_layers} (0-based), head {heat.head}"
+        figures["attention_plot"] = out / "attention.png"
+        plot_attention(heat.matrix, heat.tokens, figures["attention_plot"], title=f"Pretrained BERT, {where}")
+        lines += ["", "## Attention", "", f"Pretrained BERT, {where}, on “{attention.sentence}”:", "",
+                  "![attention heat-map](attention.png)"]
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["stage", *RESULT_COLUMNS], extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    paths = {"results_md": out / "results.md", "results_csv": out / "results.csv"}
-    for stage in PRETRAINING_STAGES:
-        if stage not in stage_dirs:
-            continue
-        train, val = _loss_curve(stage_dirs[stage] / "loss_curve.csv")
-        lines += ["", f"## Pretraining ({stage})", ""] + summarise_loss(train, val)
-        info = json.loads((stage_dirs[stage] / "stage.json").read_text())
-        lines += [f"- {info.get('steps')} steps in {info.get('duration_s')} s, precision {info.get('precision')}, "
-                  f"{info.get('num_parameters')} parameters"]
-        if train:
-            plot_loss(train, val, out / f"{stage}_loss.png", title=f"Pretraining loss ({stage})")
-            lines += ["", f"![{stage} loss]({stage}_loss.png)"]
-            paths[f"{stage}_loss_plot"] = out / f"{stage}_loss.png"
+    # All fields (train/dev sizes, seconds), unlike the CSV's fixed columns: for scripts that compare runs.
+    (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
     (out / "results.md").write_text("\n".join(lines) + "\n")
-    return paths
+    if wandb_run is not None:
+        _log_to_wandb(wandb_run, rows, figures)
+    return {"results_md": out / "results.md", "results_csv": out / "results.csv",
+            "results_json": out / "results.json", **figures}

@@ -26,7 +26,7 @@ from pipeline.elmo_stages import ELMO_STAGES
 from pipeline.evaluation import evaluate, evaluate_upstream
 from pipeline.finetuning import finetune, task_names
 from pipeline.pretraining import pretrain
-from pipeline.report import write_report
+from pipeline.report import AttentionRequest, write_report
 from pipeline.skip_thought_stages import SKIP_THOUGHT_STAGES
 from pipeline.tasks import load_task, resolve_task_dir
 
@@ -102,13 +102,27 @@ def examples(ctx: StageContext) -> dict:
 REPORTED_STAGES = ("pretrain", "elmo_pretrain", "skip_thought_pretrain", "finetune", "evaluate")
 
 
+def _attention_request(cfg: DictConfig) -> AttentionRequest | None:
+    wanted = cfg.report
+    if not wanted.attention_sentence:
+        return None
+    return AttentionRequest(wanted.attention_sentence, wanted.attention_layer, wanted.attention_head)
+
+
 def report_upstream(cfg: DictConfig) -> tuple[str, ...]:
-    return tuple(s for s in REPORTED_STAGES if s in cfg.pipeline.stages)
+    stages = tuple(s for s in REPORTED_STAGES if s in cfg.pipeline.stages)
+    # The attention heat-map runs the pretrained BERT on a sentence, so it needs that BERT's tokenizer as well.
+    if "pretrain" in stages and _attention_request(cfg) is not None:
+        stages += ("tokenizer",)
+    return stages
 
 
 def report(ctx: StageContext) -> dict:
-    paths = write_report({name: ctx.stage_dir(name) for name in report_upstream(ctx.cfg)}, ctx.out_dir,
-                         title=ctx.cfg.experiment_name)
+    upstream = report_upstream(ctx.cfg)
+    paths = write_report({name: ctx.stage_dir(name) for name in upstream}, ctx.out_dir,
+                         title=ctx.cfg.experiment_name,
+                         attention=_attention_request(ctx.cfg) if "tokenizer" in upstream else None,
+                         wandb_run=ctx.wandb_run)
     return {k: str(v) for k, v in paths.items()}
 
 
@@ -127,8 +141,8 @@ def _finetune_fingerprint(cfg: DictConfig) -> str:
     """The task files and, when fine-tuning an external encoder, its files."""
     parts = [_files_fingerprint(resolve_task_dir(load_task(name), cfg.finetune.data_dir, cfg.paths.cache_dir), "*")
              for name in task_names(cfg)]
-    if cfg.finetune.encoder:
-        parts.append(_files_fingerprint(Path(cfg.finetune.encoder).expanduser(), "*"))
+    if "external" in cfg.finetune.models and cfg.finetune.external_encoder:
+        parts.append(_files_fingerprint(Path(cfg.finetune.external_encoder).expanduser(), "*"))
     return hashlib.sha256("".join(parts).encode()).hexdigest()
 
 
@@ -153,5 +167,5 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
           fingerprint=_senteval_fingerprint, num_cpus=all_cpus),
     *ELMO_STAGES,
     *SKIP_THOUGHT_STAGES,
-    Stage("report", report, report_upstream, ("experiment_name",), version=1),
+    Stage("report", report, report_upstream, ("experiment_name", "report"), version=2),
 ]}

@@ -57,7 +57,8 @@ def _label(task: DictConfig, label_index: dict[str, int] | None, raw: str, where
             raise ValueError(f"{where}: label {raw!r} is not a number; task {task.name} is a regression task "
                              "(labels: null)") from None
     if raw not in label_index:
-        raise ValueError(f"{where}: unknown label {raw!r}; task {task.name} has labels {list(label_index)}")
+        raise ValueError(f"{where}: unknown label {raw!r}; task {task.name} has labels {list(label_index)} "
+                         f"(fix the file, or add the label to {TASK_DIR / task.name}.yaml)")
     return label_index[raw]
 
 
@@ -66,7 +67,10 @@ def read_split(task: DictConfig, path: Path) -> TaskSplit:
     when the task has `labels: null` (regression, STS-B). With `header: false` (CoLA) the files have no header
     row and text_a/text_b/label are 0-based column indices."""
     if not path.is_file():
-        raise FileNotFoundError(f"task {task.name}: {path} not found")
+        where = f"finetune.data_dir (or its {task.data_subdir} subdirectory)" if task.get("data_subdir") \
+            else "finetune.data_dir"
+        raise FileNotFoundError(f"task {task.name}: {path} not found; {where} should hold {task.train_file} and "
+                                f"{task.dev_file}")
     label_index = None if task.labels is None else {str(label): i for i, label in enumerate(task.labels)}
     columns = [c for c in (task.text_a, task.text_b, task.label) if c is not None]
     texts_a, texts_b, labels = [], [] if task.text_b is not None else None, []
@@ -79,7 +83,8 @@ def read_split(task: DictConfig, path: Path) -> TaskSplit:
                 raise ValueError(f"{path}: empty file, expected a header row and examples")
             missing = [c for c in columns if c not in header]
             if missing:
-                raise ValueError(f"{path}:1: missing column(s) {missing}; header has {header}")
+                raise ValueError(f"{path}:1: missing column(s) {missing}; header has {header}. Rename the file's "
+                                 f"columns, or set text_a/text_b/label in {TASK_DIR / task.name}.yaml to its names")
             col = {name: header.index(name) for name in columns}
             width, first_line = len(header), 2
         else:

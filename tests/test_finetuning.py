@@ -1,15 +1,15 @@
 """The fine-tune stage across task families, seeds aggregated as mean ± std, finished runs skipped on rerun."""
 from __future__ import annotations
 
-import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 
 from data_prep.tokenizer import train_wordpiece
-from models.bert import BertModel, bert_config, save_encoder
+from models.bert import BertModel, bert_config, save_encoder, to_hf
 from pipeline import CONF_DIR, finetuning
 from pipeline.dag import StageContext
 from tests.conftest import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, write_sentiment_task
@@ -86,11 +86,25 @@ def test_unknown_model_kind_is_rejected_with_the_valid_ones(ctx):
         finetuning.finetune(ctx)
 
 
-def test_external_hf_encoder_without_tokenizer_files_is_a_clear_error(ctx, tmp_path):
-    ctx.cfg.finetune.encoder = str(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(FileNotFoundError, match="tokenizer"):
-        finetuning.encoder_and_tokenizer(ctx)
+def test_an_external_hf_bert_is_fine_tuned_with_its_own_tokenizer_in_the_same_table(ctx, tmp_path):
+    external = tmp_path / "hf_bert"
+    to_hf(BertModel(bert_config("bert_tiny", vocab_size=128, max_position_embeddings=64, num_hidden_layers=1)),
+          external)
+    ctx.cfg.finetune.models = ["pretrained", "external"]
+    ctx.cfg.finetune.task = "sst2"
+    ctx.cfg.finetune.seeds = [1]
+    ctx.cfg.finetune.external_encoder = str(external)
+    with pytest.raises(FileNotFoundError, match="tokenizer"):  # weights alone are not enough
+        finetuning.model_sources(ctx)
+    shutil.copy(ctx.inputs["tokenizer"] / "vocab.txt", external / "vocab.txt")
+    rows = {(r["model"], r["metric"]) for r in finetuning.finetune(ctx)["results"]}
+    assert {("pretrained", "accuracy"), ("external", "accuracy"), ("majority_class", "accuracy")} == rows
+
+
+def test_external_without_a_path_is_rejected(ctx):
+    ctx.cfg.finetune.models = ["external"]
+    with pytest.raises(ValueError, match="finetune.external_encoder"):
+        finetuning.model_sources(ctx)
 
 
 @pytest.mark.parametrize("kind, files", [("csv", "csv_logs/**/metrics.csv"), ("tensorboard", "tensorboard/**/events.out.tfevents*")])
@@ -100,3 +114,10 @@ def test_training_stages_log_to_csv_or_tensorboard_without_wandb(ctx, kind, file
     ctx.cfg.finetune.seeds = [1]
     finetuning.finetune(ctx)
     assert list(ctx.out_dir.glob(files))
+
+
+def test_seeds_with_an_undefined_correlation_are_counted_not_averaged():
+    rows = [{"model": "random_init", "task": "stsb", "metric": "pearson", "score": s, "train_examples": 4,
+             "dev_examples": 2, "seconds": 1.0} for s in (0.5, float("nan"), 0.7)]
+    (row,) = finetuning._aggregate(rows)
+    assert row["score"] == 0.6 and row["seeds"] == 2 and row["undefined_seeds"] == 1

@@ -44,7 +44,9 @@ def ctx(tmp_path_factory, ray_session) -> TinyRun:
         "evaluate.encoders=[bert_cls,bert_mean]", f"senteval.data_root={tmp / 'senteval'}",
         "senteval.tasks.MR.path=MR", "~senteval.tasks.SICKEntailment", "~senteval.tasks.SICKRelatedness",
         "~senteval.tasks.MRPC", "senteval.classifier.cv_folds=3",
-        "senteval.classifier.inner_folds=2"]))
+        "senteval.classifier.inner_folds=2",
+        # the default sentence is 42 pieces with the 300-word test vocabulary, more than the 32 positions
+        "report.attention_sentence='the king saw the ship'"]))
 
 
 def test_prepare_writes_shards_and_manifest(ctx):
@@ -119,3 +121,6 @@ def test_report_writes_results_table_and_loss_summary(ctx):
     assert "| pretrained | sst2 | accuracy |" in md and "## Pretraining (pretrain)" in md and "train loss" in md
     assert "| encoder | MR accuracy |" in md
     assert (out / "pretrain_loss.png").stat().st_size > 1000
+    assert json.loads((out / "results.json").read_text())[0]["model"] == "pretrained"
+    assert (out / "task_scores.png").stat().st_size > 1000 and (out / "attention.png").stat().st_size > 1000
+    assert "![attention heat-map](attention.png)" in md

@@ -1,0 +1,96 @@
+"""The report's figures, drawn with matplotlib's Agg backend (no display on a training machine). Each function takes
+plain data, writes one PNG and returns the closed Figure, whose artists tests (and callers) can still inspect."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import LogFormatter  # noqa: E402
+
+Curve = list[tuple[int, float]]  # (step, value)
+
+
+def _save(fig: Figure, path: Path) -> Figure:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return fig
+
+
+def plot_pretraining(train_loss: Curve, val_loss: Curve, val_perplexity: Curve, path: Path, title: str) -> Figure:
+    """Loss (train and held-out) and, when the stage logs it, held-out perplexity on a log axis beside it."""
+    panels = 2 if val_perplexity else 1
+    # One step axis for both panels: a perplexity measured a few times is read against the whole run.
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4), squeeze=False, sharex=True)
+    loss_ax = axes[0, 0]
+    loss_ax.plot([s for s, _ in train_loss], [v for _, v in train_loss], lw=0.8, alpha=0.6, label="train")
+    if val_loss:
+        loss_ax.plot([s for s, _ in val_loss], [v for _, v in val_loss], "o-", label="held-out")
+    loss_ax.set(xlabel="step", ylabel="loss", title="loss")
+    loss_ax.legend()
+    loss_ax.grid(alpha=0.3)
+    if val_perplexity:
+        ppl_ax = axes[0, 1]
+        ppl_ax.plot([s for s, _ in val_perplexity], [v for _, v in val_perplexity], "o-", color="tab:orange")
+        ppl_ax.set(xlabel="step", ylabel="perplexity (log scale)", title="held-out perplexity", yscale="log")
+        # Plain numbers ("60", not "6 × 10^1"); intermediate ticks labelled only as far as they fit the span.
+        ppl_ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+        ppl_ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+        ppl_ax.grid(alpha=0.3, which="both")
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_task_scores(panels: dict[str, list[dict]], path: Path, title: str) -> Figure:
+    """Grouped bars: one panel per results source (e.g. fine-tuning, frozen probes), one bar group per task, one bar
+    per model, error bars the std over seeds. `panels` maps a panel title to rows with model, task, metric, score,
+    std and seeds; each task is shown by the first metric it reports (results.md has all of them)."""
+    # Wide enough for a group of bars and a two-line label per task.
+    widths = [max(5.0, 1.3 * len({r["task"] for r in rows}) + 2.0) for rows in panels.values()]
+    fig, axes = plt.subplots(1, len(panels), figsize=(sum(widths), 4.5), squeeze=False,
+                             gridspec_kw={"width_ratios": widths})
+    for ax, (panel_title, rows) in zip(axes[0], panels.items()):
+        headline = {}
+        for row in rows:
+            headline.setdefault(row["task"], row["metric"])
+        tasks = list(headline)
+        models = list(dict.fromkeys(r["model"] for r in rows))
+        by_key = {(r["model"], r["task"]): r for r in rows if r["metric"] == headline[r["task"]]}
+        width = 0.8 / len(models)
+        x = np.arange(len(tasks))
+        for i, model in enumerate(models):
+            found = [by_key.get((model, task)) for task in tasks]
+            # A model missing from a task (the majority class on a regression task) leaves a gap, not a zero bar.
+            # No error bar where there is no spread to show: one seed, or the (deterministic) majority class.
+            bars = ax.bar(x + (i - (len(models) - 1) / 2) * width, [r["score"] if r else np.nan for r in found],
+                          width, yerr=[r["std"] if r and r["seeds"] > 1 else np.nan for r in found], capsize=3,
+                          label=model)
+            ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)
+        ax.set_xticks(x, [f"{task}\n{headline[task]}" for task in tasks], fontsize=8)
+        ax.axhline(0.0, color="black", lw=0.6)
+        ax.set(ylabel="dev score (mean ± std over seeds)", title=panel_title)
+        ax.grid(axis="y", alpha=0.3)
+        # Headroom above the tallest bar for the legend, so that it never covers a bar or its value label.
+        bottom, top = ax.get_ylim()
+        ax.set_ylim(bottom, top + 0.25 * (top - bottom))
+        ax.legend(fontsize=8, loc="upper center", ncol=min(len(models), 4))
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_attention(matrix: np.ndarray, tokens: Sequence[str], path: Path, title: str) -> Figure:
+    """Heat-map of one head's attention: row i is how query token i spreads its attention over the key tokens."""
+    size = max(4.0, 0.4 * len(tokens) + 1.5)
+    fig, ax = plt.subplots(figsize=(size + 1.0, size))
+    image = ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=float(matrix.max()))
+    ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=8)
+    ax.set_yticks(range(len(tokens)), tokens, fontsize=8)
+    ax.set(xlabel="attended-to token (key)", ylabel="attending token (query)", title=title)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="attention probability")
+    return _save(fig, path)

@@ -1,0 +1,221 @@
+"""The report stage's files, figures and W&B logging, from stage outputs the tests write themselves."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pytest
+import torch
+from matplotlib.container import BarContainer
+
+from data_prep.tokenizer import train_wordpiece
+from models.bert import BertModel, bert_config, save_encoder
+from pipeline.plots import plot_attention, plot_pretraining, plot_task_scores
+from pipeline.report import AttentionRequest, attention_matrix, write_report
+from tests.conftest import OBJECTS, SUBJECTS, VERBS
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SENTENCE = "The captain saw the ship"
+
+FINETUNE_ROWS = [
+    {"model": "pretrained", "task": "cola", "metric": "matthews_corrcoef", "score": 0.12, "std": 0.03, "seeds": 3},
+    {"model": "random_init", "task": "cola", "metric": "matthews_corrcoef", "score": -0.02, "std": 0.01, "seeds": 3},
+    {"model": "majority_class", "task": "cola", "metric": "matthews_corrcoef", "score": 0.0, "std": 0.0, "seeds": 1},
+    {"model": "pretrained", "task": "mrpc", "metric": "accuracy", "score": 0.70, "std": 0.02, "seeds": 3},
+    {"model": "pretrained", "task": "mrpc", "metric": "f1", "score": 0.81, "std": 0.01, "seeds": 3},
+    {"model": "random_init", "task": "mrpc", "metric": "accuracy", "score": 0.66, "std": 0.04, "seeds": 3},
+    {"model": "random_init", "task": "mrpc", "metric": "f1", "score": 0.79, "std": 0.02, "seeds": 3},
+    {"model": "majority_class", "task": "mrpc", "metric": "accuracy", "score": 0.68, "std": 0.0, "seeds": 1},
+    {"model": "majority_class", "task": "mrpc", "metric": "f1", "score": 0.81, "std": 0.0, "seeds": 1},
+    # regression: no majority-class row
+    {"model": "pretrained", "task": "stsb", "metric": "pearson", "score": 0.30, "std": 0.05, "seeds": 3},
+    {"model": "random_init", "task": "stsb", "metric": "pearson", "score": 0.10, "std": 0.02, "seeds": 3},
+]
+EVALUATE_ROWS = [
+    {"model": "bert_cls", "task": "MR", "metric": "accuracy", "score": 0.61, "std": 0.0, "seeds": 1},
+    {"model": "glove_bow", "task": "MR", "metric": "accuracy", "score": 0.74, "std": 0.0, "seeds": 1},
+]
+
+
+def _write_loss_curve(stage_dir: Path, perplexity_name: str | None) -> None:
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    rows = [{"step": s, "split": "train", "name": "train/loss", "value": 8.0 - s / 20} for s in range(1, 101)]
+    for step in (50, 100):
+        rows.append({"step": step, "split": "val", "name": "val/loss", "value": 8.0 - step / 25})
+        if perplexity_name:
+            rows.append({"step": step, "split": "val", "name": perplexity_name, "value": 3000.0 / step})
+    with open(stage_dir / "loss_curve.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["step", "split", "name", "value"])
+        writer.writeheader()
+        writer.writerows(rows)
+    (stage_dir / "stage.json").write_text(json.dumps({"steps": 100, "duration_s": 12.5, "precision": "32-true",
+                                                      "num_parameters": 1234}))
+
+
+@pytest.fixture(scope="module")
+def bert_dirs(tmp_path_factory) -> tuple[Path, Path]:
+    """A pretrain stage's outputs (a randomly initialised 2-layer, 2-head encoder, a loss curve with masked-LM
+    perplexity) and a tiny WordPiece tokenizer stage."""
+    root = tmp_path_factory.mktemp("bert")
+    sentences = [f"{s} {v} {o}" for s in SUBJECTS for v in VERBS for o in OBJECTS]
+    tok = train_wordpiece(sentences, root / "tokenizer", vocab_size=200, min_frequency=1)
+    torch.manual_seed(0)
+    config = bert_config("bert_tiny", vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                         max_position_embeddings=32)
+    save_encoder(BertModel(config), root / "pretrain" / "encoder")
+    _write_loss_curve(root / "pretrain", "val/mlm_perplexity")
+    return root / "pretrain", root / "tokenizer"
+
+
+@pytest.fixture
+def stage_dirs(tmp_path, bert_dirs) -> dict[str, Path]:
+    dirs = {"finetune": tmp_path / "finetune", "evaluate": tmp_path / "evaluate", "pretrain": bert_dirs[0],
+            "tokenizer": bert_dirs[1], "elmo_pretrain": tmp_path / "elmo_pretrain",
+            "skip_thought_pretrain": tmp_path / "skip_thought_pretrain"}
+    for stage, rows in (("finetune", FINETUNE_ROWS), ("evaluate", EVALUATE_ROWS)):
+        dirs[stage].mkdir()
+        (dirs[stage] / "results.json").write_text(json.dumps(rows))
+    _write_loss_curve(dirs["elmo_pretrain"], "val/perplexity")
+    _write_loss_curve(dirs["skip_thought_pretrain"], None)
+    return dirs
+
+
+def _assert_png(path: Path) -> None:
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    height, width, _ = matplotlib.image.imread(path).shape
+    assert height > 200 and width > 200
+
+
+class RecordingRun:
+    """Stands in for a W&B run: keeps what was logged."""
+
+    def __init__(self):
+        self.logged: dict = {}
+
+    def log(self, data: dict) -> None:
+        self.logged.update(data)
+
+
+def test_report_writes_tables_json_and_readable_plots(stage_dirs, tmp_path):
+    out = tmp_path / "report"
+    out.mkdir()
+    paths = write_report(stage_dirs, out, "unit", attention=AttentionRequest(SENTENCE, layer=-1, head=1))
+    assert set(paths) == {"results_md", "results_csv", "results_json", "task_scores_plot", "attention_plot",
+                          "pretrain_loss_plot", "elmo_pretrain_loss_plot", "skip_thought_pretrain_loss_plot"}
+    for name, path in paths.items():
+        if name.endswith("_plot"):
+            _assert_png(path)
+    expected = [{"stage": "finetune", **r} for r in FINETUNE_ROWS] + [{"stage": "evaluate", **r} for r in EVALUATE_ROWS]
+    assert json.loads(paths["results_json"].read_text()) == expected
+    with open(paths["results_csv"]) as f:
+        assert [(r["stage"], r["model"], r["task"], r["metric"]) for r in csv.DictReader(f)] == \
+            [(r["stage"], r["model"], r["task"], r["metric"]) for r in expected]
+    md = paths["results_md"].read_text()
+    assert "| pretrained | cola | matthews_corrcoef | 0.1200 ± 0.0300 | 3 |" in md
+    assert "| encoder | MR accuracy |" in md
+    assert "- held-out perplexity: 60.0 @ 50, 30.0 @ 100" in md  # BERT's val/mlm_perplexity and ELMo's val/perplexity
+    assert md.count("held-out perplexity") == 2  # Skip-Thought logs none
+    for name in ("task_scores.png", "attention.png", "pretrain_loss.png"):
+        assert f"]({name})" in md
+
+
+def test_report_logs_the_table_and_every_plot_to_the_wandb_run(stage_dirs, tmp_path):
+    import wandb
+
+    out = tmp_path / "report"
+    out.mkdir()
+    run = RecordingRun()
+    paths = write_report({k: stage_dirs[k] for k in ("finetune", "pretrain")}, out, "unit", wandb_run=run)
+    assert set(run.logged) == {"report/results", "report/task_scores_plot", "report/pretrain_loss_plot"}
+    table = run.logged["report/results"]
+    assert isinstance(table, wandb.Table)
+    assert table.columns == ["stage", "model", "task", "metric", "score", "std", "seeds"]
+    assert table.data[0] == ["finetune", "pretrained", "cola", "matthews_corrcoef", 0.12, 0.03, 3]
+    assert len(table.data) == len(FINETUNE_ROWS)
+    assert all(isinstance(run.logged[f"report/{n}"], wandb.Image) for n in paths if n.endswith("_plot"))
+
+
+def test_bar_chart_has_one_group_per_task_and_one_bar_per_model(tmp_path):
+    fig = plot_task_scores({"Fine-tuning": FINETUNE_ROWS}, tmp_path / "scores.png", "unit")
+    _assert_png(tmp_path / "scores.png")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["cola\nmatthews_corrcoef", "mrpc\naccuracy",
+                                                            "stsb\npearson"]
+    bars = {c.get_label(): c for c in ax.containers if isinstance(c, BarContainer)}
+    assert list(bars) == ["pretrained", "random_init", "majority_class"]
+    heights = {model: [bar.get_height() for bar in container] for model, container in bars.items()}
+    assert heights["pretrained"] == pytest.approx([0.12, 0.70, 0.30])
+    assert heights["majority_class"][:2] == pytest.approx([0.0, 0.68]) and np.isnan(heights["majority_class"][2])
+    # error bars: std over seeds, drawn from score - std to score + std; none for the single-seed majority class
+    (error_lines,) = bars["random_init"].errorbar.lines[2]
+    spans = [segment[1, 1] - segment[0, 1] for segment in error_lines.get_segments()]
+    assert spans == pytest.approx([0.02, 0.08, 0.04])
+    (majority_lines,) = bars["majority_class"].errorbar.lines[2]
+    assert all(segment.size == 0 for segment in majority_lines.get_segments())
+
+
+def test_pretraining_plot_adds_a_log_perplexity_panel_only_when_logged(tmp_path):
+    curve = [(s, 5.0 - s / 100) for s in range(1, 50)]
+    assert len(plot_pretraining(curve, curve[::10], [], tmp_path / "a.png", "no perplexity").axes) == 1
+    fig = plot_pretraining(curve, curve[::10], [(10, 300.0), (40, 90.0)], tmp_path / "b.png", "perplexity")
+    assert len(fig.axes) == 2 and fig.axes[1].get_yscale() == "log"
+    assert fig.axes[0].get_xlim() == fig.axes[1].get_xlim()  # perplexity read against the whole run's steps
+    _assert_png(tmp_path / "b.png")
+
+
+def _attention_by_hand(encoder_dir: Path, input_ids: torch.Tensor, layer: int, head: int) -> np.ndarray:
+    """softmax(q k^T / sqrt(d)) of one head, from the layer's own query/key weights applied to its input hidden
+    states, the latter computed layer by layer (post-LN BERT: a layer's attention reads its input unnormalised)."""
+    from models.bert import load_encoder
+
+    model = load_encoder(encoder_dir).eval()
+    with torch.no_grad():
+        hidden = model.embeddings(input_ids, torch.zeros_like(input_ids))
+        for block in model.encoder.layer[:layer]:
+            hidden, _ = block(hidden)
+        attention = model.encoder.layer[layer].attention.self
+        size = attention.attention_head_size
+        columns = slice(head * size, (head + 1) * size)
+        q, k = attention.query(hidden)[0, :, columns], attention.key(hidden)[0, :, columns]
+        return torch.softmax(q @ k.T / size ** 0.5, dim=-1).numpy()
+
+
+@pytest.mark.parametrize("layer,head", [(0, 0), (1, 1), (-1, 0)])
+def test_attention_matrix_is_the_models_attention_for_that_layer_and_head(bert_dirs, layer, head):
+    from data_prep.tokenizer import load_tokenizer
+
+    pretrain_dir, tokenizer_dir = bert_dirs
+    heat = attention_matrix(pretrain_dir / "encoder", tokenizer_dir, AttentionRequest(SENTENCE, layer, head))
+    assert heat.tokens == ["[CLS]", "the", "captain", "saw", "the", "ship", "[SEP]"]
+    assert (heat.layer, heat.num_layers, heat.head) == (layer % 2, 2, head)
+    ids = torch.tensor([load_tokenizer(tokenizer_dir).encode(SENTENCE).ids])
+    expected = _attention_by_hand(pretrain_dir / "encoder", ids, layer % 2, head)
+    np.testing.assert_allclose(heat.matrix, expected, atol=1e-5)
+    # distinct heads and layers really differ, so indexing mistakes cannot pass unnoticed
+    other = _attention_by_hand(pretrain_dir / "encoder", ids, (layer + 1) % 2, 1 - head)
+    assert not np.allclose(heat.matrix, other, atol=1e-3)
+
+
+@pytest.mark.parametrize("layer,head,message", [(2, 0, r"attention_layer=2, but the encoder has 2 layers"),
+                                                (0, 2, r"attention_head=2, but the encoder has 2 heads")])
+def test_attention_request_outside_the_model_says_what_exists(bert_dirs, layer, head, message):
+    with pytest.raises(ValueError, match=message):
+        attention_matrix(bert_dirs[0] / "encoder", bert_dirs[1], AttentionRequest(SENTENCE, layer, head))
+
+
+def test_attention_sentence_longer_than_the_encoder_says_so(bert_dirs):
+    with pytest.raises(ValueError, match=r"attention_sentence is \d+ tokens long .* encoder's 32 positions"):
+        attention_matrix(bert_dirs[0] / "encoder", bert_dirs[1], AttentionRequest(" ".join([SENTENCE] * 8), 0, 0))
+
+
+def test_attention_heat_map_draws_the_matrix_with_token_labels(tmp_path):
+    tokens = ["[CLS]", "it", "was", "tired", "[SEP]"]
+    matrix = np.random.default_rng(0).dirichlet(np.ones(5), size=5)
+    fig = plot_attention(matrix, tokens, tmp_path / "attention.png", "layer 1, head 0")
+    _assert_png(tmp_path / "attention.png")
+    ax = fig.axes[0]
+    np.testing.assert_array_equal(ax.images[0].get_array(), matrix)
+    assert [t.get_text() for t in ax.get_xticklabels()] == tokens == [t.get_text() for t in ax.get_yticklabels()]
