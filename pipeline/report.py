@@ -63,6 +63,7 @@ class AttentionMap:
     layer: int  # 0-based, resolved from a negative request
     num_layers: int
     head: int
+    truncated: bool = False  # the sentence had more tokens than the encoder has positions
 
 
 def attention_matrix(encoder_dir: Path, tokenizer_dir: Path, request: AttentionRequest) -> AttentionMap:
@@ -81,17 +82,18 @@ def attention_matrix(encoder_dir: Path, tokenizer_dir: Path, request: AttentionR
     if not 0 <= request.head < heads:
         raise ValueError(f"report.attention_head={request.head}, but the encoder has {heads} heads per layer; use "
                          f"0..{heads - 1}")
-    encoding = load_tokenizer(tokenizer_dir).encode(request.sentence)
-    limit = model.config.max_position_embeddings
-    if model.config.position_embedding_type != "relative" and len(encoding.ids) > limit:
-        raise ValueError(f"report.attention_sentence is {len(encoding.ids)} tokens long with [CLS] and [SEP], more "
-                         f"than the encoder's {limit} positions; choose a shorter sentence")
+    tokenizer = load_tokenizer(tokenizer_dir)
+    if model.config.position_embedding_type != "relative":
+        # A sentence longer than the encoder's positions is cut (keeping [CLS] … [SEP]), not an error: the heat-map
+        # must never cost a run its results table.
+        tokenizer.enable_truncation(max_length=model.config.max_position_embeddings)
+    encoding = tokenizer.encode(request.sentence)
     input_ids = torch.tensor([encoding.ids])
     with torch.no_grad():
         _, _, probabilities = model(input_ids, torch.tensor([encoding.type_ids]), torch.ones_like(input_ids),
                                     output_attentions=True)
     return AttentionMap(list(encoding.tokens), probabilities[request.layer][0, request.head].numpy(),
-                        request.layer % layers, layers, request.head)
+                        request.layer % layers, layers, request.head, truncated=bool(encoding.overflowing))
 
 
 def _score(row: dict) -> str:
@@ -166,7 +168,8 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str, attention: 
         where = f"layer {heat.layer} of {heat.num_layers} (0-based), head {heat.head}"
         figures["attention_plot"] = out / "attention.png"
         plot_attention(heat.matrix, heat.tokens, figures["attention_plot"], title=f"Pretrained BERT, {where}")
-        lines += ["", "## Attention", "", f"Pretrained BERT, {where}, on “{attention.sentence}”:", "",
+        cut = f" (its first {len(heat.tokens)} tokens: the encoder has no more positions)" if heat.truncated else ""
+        lines += ["", "## Attention", "", f"Pretrained BERT, {where}, on “{attention.sentence}”{cut}:", "",
                   "![attention heat-map](attention.png)"]
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["stage", *RESULT_COLUMNS], extrasaction="ignore")

@@ -112,7 +112,8 @@ def test_sigkill_during_prepare_then_rerun_gives_the_clean_runs_shards(tmp_path)
 
 @pytest.mark.slow
 def test_sigkill_during_finetune_then_rerun_keeps_the_finished_models(tmp_path):
-    overrides = ["finetune.seeds=[1,2,3]"]  # six fine-tuning runs: the kill lands after the first, before the last
+    # Six fine-tuning runs of ~30 epochs each, long enough that the kill lands after the first and before the last.
+    overrides = ["finetune.seeds=[1,2,3]", "finetune.epochs=30"]
     killed = _start(tmp_path, overrides)
     first = _wait_for_file(killed, tmp_path / "cache", "stages/finetune/*/finished/*.json")
     _kill_run(killed)

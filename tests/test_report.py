@@ -206,9 +206,11 @@ def test_attention_request_outside_the_model_says_what_exists(bert_dirs, layer, 
         attention_matrix(bert_dirs[0] / "encoder", bert_dirs[1], AttentionRequest(SENTENCE, layer, head))
 
 
-def test_attention_sentence_longer_than_the_encoder_says_so(bert_dirs):
-    with pytest.raises(ValueError, match=r"attention_sentence is \d+ tokens long .* encoder's 32 positions"):
-        attention_matrix(bert_dirs[0] / "encoder", bert_dirs[1], AttentionRequest(" ".join([SENTENCE] * 8), 0, 0))
+def test_attention_sentence_longer_than_the_encoder_is_cut_to_its_positions(bert_dirs):
+    heat = attention_matrix(bert_dirs[0] / "encoder", bert_dirs[1], AttentionRequest(" ".join([SENTENCE] * 8), 0, 0))
+    assert heat.truncated and heat.matrix.shape == (32, 32) and heat.tokens[0] == "[CLS]" and heat.tokens[-1] == "[SEP]"
+    short = attention_matrix(bert_dirs[0] / "encoder", bert_dirs[1], AttentionRequest(SENTENCE, 0, 0))
+    assert not short.truncated
 
 
 def test_attention_heat_map_draws_the_matrix_with_token_labels(tmp_path):
