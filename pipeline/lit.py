@@ -100,6 +100,16 @@ def lamb_with_linear_schedule(module: nn.Module, lr: float, weight_decay: float,
 PRETRAIN_OPTIMIZERS = {"adamw": adamw_with_linear_schedule, "lamb": lamb_with_linear_schedule}
 
 
+def log_step_outputs(module: L.LightningModule, split: str, out: dict, batch_size: int) -> None:
+    """Every value of a model_step's output as `<split>/<name>`: per step in training, per epoch otherwise; the
+    loss also on the progress bar."""
+    on_step = split == "train"
+    module.log_dict({f"{split}/{k}": v.detach() for k, v in out.items() if k != "loss"}, on_step=on_step,
+                    on_epoch=not on_step, batch_size=batch_size)
+    module.log(f"{split}/loss", out["loss"].detach(), prog_bar=True, on_step=on_step, on_epoch=not on_step,
+               batch_size=batch_size)
+
+
 class BertPretrainModule(L.LightningModule):
     """Masked LM + next sentence prediction (Devlin et al. 2019, §3.1) on a `BertForPreTraining`."""
 
@@ -124,12 +134,8 @@ class BertPretrainModule(L.LightningModule):
                 "mlm_acc": mlm_acc, "nsp_acc": nsp_acc}
 
     def _log(self, split: str, out: dict, batch_size: int) -> None:
-        metrics = {f"{split}/{k}": v.detach() for k, v in out.items() if k != "loss"}
-        metrics[f"{split}/mlm_perplexity"] = torch.exp(out["mlm_loss"].detach().clamp(max=50))
-        on_step = split == "train"
-        self.log_dict(metrics, on_step=on_step, on_epoch=not on_step, batch_size=batch_size)
-        self.log(f"{split}/loss", out["loss"].detach(), prog_bar=True, on_step=on_step, on_epoch=not on_step,
-                 batch_size=batch_size)
+        log_step_outputs(self, split, {**out, "mlm_perplexity": torch.exp(out["mlm_loss"].detach().clamp(max=50))},
+                         batch_size)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         out = self.model_step(batch)

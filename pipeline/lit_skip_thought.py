@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from data_prep.skip_thought_examples import TRIPLE_SCHEMA, collate_triples
 from models.skip_thought import SkipThoughts
 from pipeline.data import list_column
-from pipeline.lit import adamw_with_linear_schedule
+from pipeline.lit import adamw_with_linear_schedule, log_step_outputs
 
 
 class SkipThoughtTriples(Dataset):
@@ -81,26 +81,19 @@ class SkipThoughtPretrainModule(L.LightningModule):
         metrics["loss"] = metrics["previous_loss"] + metrics["next_loss"]
         return metrics
 
-    def _log(self, split: str, out: dict, batch_size: int) -> None:
-        on_step = split == "train"
-        metrics = {f"{split}/{k}": v.detach() for k, v in out.items() if k != "loss"}
-        self.log_dict(metrics, on_step=on_step, on_epoch=not on_step, batch_size=batch_size)
-        self.log(f"{split}/loss", out["loss"].detach(), prog_bar=True, on_step=on_step, on_epoch=not on_step,
-                 batch_size=batch_size)
-
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         out = self.model_step(batch)
         if not torch.isfinite(out["loss"]):
             raise FloatingPointError(f"Skip-Thought loss is {out['loss'].item()} at step {self.global_step}; "
                                      "lower pretrain.lr or set pretrain.grad_clip")
-        self._log("train", out, batch["ids"].shape[0])
+        log_step_outputs(self, "train", out, batch["ids"].shape[0])
         return out["loss"]
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._log("val", self.model_step(batch), batch["ids"].shape[0])
+        log_step_outputs(self, "val", self.model_step(batch), batch["ids"].shape[0])
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._log("test", self.model_step(batch), batch["ids"].shape[0])
+        log_step_outputs(self, "test", self.model_step(batch), batch["ids"].shape[0])
 
     def configure_optimizers(self):
         hp = self.hparams
