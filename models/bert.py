@@ -11,13 +11,15 @@ two other position schemes (fixed sinusoids, Shaw et al. relative positions) and
 
 import json
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
+
+from models.checkpoint import config_from_dict, load_checkpoint, read_config, save_checkpoint
 
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "relative")
 
@@ -57,9 +59,7 @@ class BertConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "BertConfig":
-        # Unknown keys are dropped so configs written by other tools (or a newer version of this file) still load.
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return config_from_dict(cls, d)
 
 
 # Named sizes: BERT-base from the paper, the smaller ones from Turc et al. 2019 ("Well-Read Students Learn Better").
@@ -485,21 +485,15 @@ CHECKPOINT_FORMAT = "textrep-bert"
 
 def save_encoder(model: BertModel, path) -> None:
     """Write the encoder to directory `path` in our format (readable back with load_encoder)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({**model.config.to_dict(), "format": CHECKPOINT_FORMAT}, indent=2))
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}  # safetensors wants contiguous
-    save_file(state, str(path / "model.safetensors"))
+    save_checkpoint(model, path, CHECKPOINT_FORMAT)
 
 
 def load_encoder(path) -> BertModel:
     """Load an encoder written by save_encoder, or a HuggingFace BERT directory (told apart by config.json)."""
     path = Path(path)
-    config = json.loads((path / "config.json").read_text())
+    config = read_config(path)
     if config.get("format") == CHECKPOINT_FORMAT:
-        model = BertModel(BertConfig.from_dict(config))
-        model.load_state_dict(load_file(str(path / "model.safetensors")))
-        return model
+        return load_checkpoint(path, BertModel, BertConfig, CHECKPOINT_FORMAT)
     if config.get("model_type") == "bert" or "architectures" in config:
         return from_hf(path)
     raise ValueError(f"{path}/config.json is neither a {CHECKPOINT_FORMAT} checkpoint nor a HuggingFace BERT config")

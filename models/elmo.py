@@ -13,16 +13,15 @@ bilm-tf also clips cell and projection values to [-3, 3]; `nn.LSTM` has no such 
 """
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from models.checkpoint import config_from_dict, load_checkpoint, save_checkpoint
 
 from data_prep.elmo_examples import IGNORE_TARGET, MAX_CHARACTERS_PER_TOKEN, N_CHARACTERS, sentence_batch_inputs
 
@@ -78,8 +77,7 @@ class ElmoConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ElmoConfig":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return config_from_dict(cls, d)
 
 
 # Named sizes. elmo_original: the paper's biLM. elmo_small: CPU-sized, the same architecture with a quarter of the
@@ -464,17 +462,12 @@ class ElmoTokenTagger(nn.Module):
 # Checkpoints: config.json + model.safetensors
 
 
+CHECKPOINT_FORMAT = "textrep-elmo-bilm"
+
+
 def save_bilm(model: BiLanguageModel, out_dir: str | Path) -> None:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2))
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    save_checkpoint(model, out_dir, CHECKPOINT_FORMAT)
 
 
 def load_bilm(out_dir: str | Path) -> BiLanguageModel:
-    path = Path(out_dir)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} holds no ELMo biLM (config.json missing); run the ELMo pretrain stage first")
-    model = BiLanguageModel(ElmoConfig.from_dict(json.loads((path / "config.json").read_text())))
-    model.load_state_dict(load_file(str(path / "model.safetensors")))
-    return model
+    return load_checkpoint(out_dir, BiLanguageModel, ElmoConfig, CHECKPOINT_FORMAT)

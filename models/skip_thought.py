@@ -14,15 +14,13 @@ Batches come in as right-padded (B, T) id tensors with their lengths; inside, ev
 so that every time step is one contiguous slice.
 """
 
-import json
-from dataclasses import asdict, dataclass, fields
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from models.checkpoint import config_from_dict, load_checkpoint, save_checkpoint
 
 ENCODER_KINDS = ("uni", "bi")
 CHECKPOINT_FORMAT = "textrep-skip-thoughts-v1"
@@ -52,8 +50,7 @@ class SkipThoughtConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "SkipThoughtConfig":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return config_from_dict(cls, d)
 
 
 SKIP_THOUGHT_SIZES: dict[str, dict] = {
@@ -293,17 +290,8 @@ class CombineSkip(nn.Module):
 
 def save_skip_thoughts(model: SkipThoughts, path) -> None:
     """Write the model to directory `path` (config.json + model.safetensors); read back with load_skip_thoughts."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({**model.config.to_dict(), "format": CHECKPOINT_FORMAT}, indent=2))
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
+    save_checkpoint(model, path, CHECKPOINT_FORMAT)
 
 
 def load_skip_thoughts(path) -> SkipThoughts:
-    path = Path(path)
-    config = json.loads((path / "config.json").read_text())
-    if config.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path}/config.json is not a {CHECKPOINT_FORMAT} checkpoint; write one with save_skip_thoughts")
-    model = SkipThoughts(SkipThoughtConfig.from_dict(config))
-    model.load_state_dict(load_file(str(path / "model.safetensors")))
-    return model
+    return load_checkpoint(path, SkipThoughts, SkipThoughtConfig, CHECKPOINT_FORMAT)

@@ -1,0 +1,45 @@
+"""The checkpoint layout every model family here uses: `config.json` (the model's config dataclass plus a `format`
+tag naming the family) and `model.safetensors` (its state dict). Plain torch and safetensors, no framework."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def config_from_dict(cls, d: dict):
+    """`cls(**d)` without the keys `cls` has no field for, so configs written by other tools (or a newer version
+    of this code, or with the `format` tag) still load."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def save_checkpoint(model: torch.nn.Module, path, checkpoint_format: str) -> None:
+    """Write `model` (which has a dataclass `config`) to directory `path`."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({**asdict(model.config), "format": checkpoint_format}, indent=2))
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}  # safetensors wants contiguous
+    save_file(state, str(path / "model.safetensors"))
+
+
+def read_config(path) -> dict:
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} holds no model checkpoint (config.json missing); run the stage that "
+                                "trains it first, or point at a directory written by one")
+    return json.loads((path / "config.json").read_text())
+
+
+def load_checkpoint(path, model_class, config_class, checkpoint_format: str) -> torch.nn.Module:
+    """A model written by save_checkpoint with `checkpoint_format`; any other directory is a clear error."""
+    config = read_config(path)
+    if config.get("format") != checkpoint_format:
+        raise ValueError(f"{path}/config.json is not a {checkpoint_format} checkpoint (format "
+                         f"{config.get('format')!r}); write one with this model family's save function")
+    model = model_class(config_from_dict(config_class, config))
+    model.load_state_dict(load_file(str(Path(path) / "model.safetensors")))
+    return model
