@@ -152,7 +152,9 @@ def _classify(processed: ProcessedBook, first_by_fingerprint: dict[str, str],
         match = near_duplicate_index.match(signature)
         if match:
             return _file_entry(result, "near_duplicate", *match)
-        near_duplicate_index.add(result.book_id, signature)
+        # A copy: Ray deserialises numpy arrays as views into the task's result in the object store, so
+        # keeping the view would pin every group's sentences there, growing memory with the corpus.
+        near_duplicate_index.add(result.book_id, signature.copy())
     return _file_entry(result, "kept")
 
 
