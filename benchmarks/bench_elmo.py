@@ -147,7 +147,7 @@ def main() -> None:
     print(f"{'model':34s} {'s/step':>8s} {'tokens/s':>10s} {'GFLOP/s':>9s} {'of peak':>8s}")
     for name, seconds, tokens, achieved in rows:
         print(f"{name:34s} {seconds:8.3f} {tokens:10.0f} {achieved / 1e9:9.1f} {achieved / peak:8.1%}")
-    print(f"\nnn.LSTM(proj_size) elmo_small vs seed-001 loop: {rows[2][1] / rows[1][1]:.2f}x faster")
+    print(f"\nour projected LSTM (elmo_small) vs seed-001 loop: {rows[2][1] / rows[1][1]:.2f}x faster")
     print(f"elmo_original: {rows[0][3] / peak:.1%} of matmul peak (target >= 55%)")
 
 

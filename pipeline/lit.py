@@ -32,10 +32,68 @@ def _with_linear_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, t
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
+class LazyAdamW(torch.optim.AdamW):
+    """AdamW that also takes sparse gradients (ELMo's sampled softmax gathers N + K rows of a 793k x 512 matrix):
+    for those, only the rows present get their moments and values updated, as in TF's LazyAdam and torch's
+    SparseAdam, with the bias correction of the parameter's step count and decoupled weight decay on those rows.
+    Dense gradients get torch's AdamW unchanged."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:  # Lightning's closure runs forward and backward: the gradients exist only after it
+            with torch.enable_grad():
+                loss = closure()
+        stashed = {}
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None and param.grad.is_sparse:
+                    self._sparse_step(group, param)
+                    stashed[param], param.grad = param.grad, None
+        super().step()
+        for param, grad in stashed.items():
+            param.grad = grad
+        return loss
+
+    def _sparse_step(self, group: dict, param: torch.Tensor) -> None:
+        grad = param.grad.coalesce()
+        rows, values = grad.indices()[0], grad.values()
+        state = self.state[param]
+        if not state:
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(param)
+            state["exp_avg_sq"] = torch.zeros_like(param)
+        state["step"] += 1
+        (beta1, beta2), lr, t = group["betas"], group["lr"], float(state["step"])
+        exp_avg = state["exp_avg"][rows].lerp_(values, 1 - beta1)
+        exp_avg_sq = state["exp_avg_sq"][rows].mul_(beta2).addcmul_(values, values, value=1 - beta2)
+        state["exp_avg"][rows], state["exp_avg_sq"][rows] = exp_avg, exp_avg_sq
+        update = (exp_avg / (1 - beta1 ** t)) / (exp_avg_sq / (1 - beta2 ** t)).sqrt_().add_(group["eps"])
+        param[rows] = param[rows].mul_(1 - lr * group["weight_decay"]).sub_(update, alpha=lr)
+
+
+def clip_grad_norm_with_sparse(parameters, max_norm: float) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ for gradients of which some are sparse (which it refuses): the global L2
+    norm over all gradients, sparse ones coalesced first so that repeated rows count once, summed."""
+    grads = []
+    for param in parameters:
+        if param.grad is not None:
+            if param.grad.is_sparse:
+                param.grad = param.grad.coalesce()
+            grads.append(param.grad)
+    norms = [(g.values() if g.is_sparse else g).float().norm() for g in grads]
+    total = torch.stack(norms).norm() if norms else torch.tensor(0.0)
+    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        (g.values() if g.is_sparse else g).mul_(scale.to(g.dtype))
+    return total
+
+
 def adamw_with_linear_schedule(module: nn.Module, lr: float, weight_decay: float, betas, warmup_steps: int,
                                total_steps: int):
-    """AdamW without decay on biases and LayerNorm weights, linear warmup then linear decay to 0 (BERT §A.2)."""
-    optimizer = torch.optim.AdamW(_decay_groups(module, weight_decay), lr=lr, betas=tuple(betas))
+    """AdamW without decay on biases and LayerNorm weights, linear warmup then linear decay to 0 (BERT §A.2).
+    LazyAdamW, which is AdamW for dense gradients, so that sparse ones (ELMo's sampled softmax) are taken too."""
+    optimizer = LazyAdamW(_decay_groups(module, weight_decay), lr=lr, betas=tuple(betas))
     return _with_linear_schedule(optimizer, warmup_steps, total_steps)
 
 

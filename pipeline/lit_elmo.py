@@ -32,7 +32,7 @@ from torch.utils.data import IterableDataset
 from data_prep.elmo_examples import (IGNORE_TARGET, MAX_CHARACTERS_PER_TOKEN, TokenStreams, WindowSlot, plan_windows,
                                      split_books, tokens_char_ids, word_ids)
 from models.elmo import BiLMOutput, ElmoEmbedder, detach_state
-from pipeline.lit import adamw_with_linear_schedule
+from pipeline.lit import adamw_with_linear_schedule, clip_grad_norm_with_sparse
 
 
 class LMWindowBatches(IterableDataset):
@@ -158,6 +158,13 @@ class ElmoPretrainModule(L.LightningModule):
         hp = self.hparams
         return adamw_with_linear_schedule(self.model, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps,
                                           hp.max_steps)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        # The sampled softmax's gradient is sparse, which Lightning's clipping (torch's clip_grad_norm_) refuses.
+        if gradient_clip_val:
+            if gradient_clip_algorithm not in (None, "norm"):
+                raise ValueError(f"ELMo clips by norm (bilm-tf); got gradient_clip_algorithm={gradient_clip_algorithm!r}")
+            clip_grad_norm_with_sparse(self.model.parameters(), gradient_clip_val)
 
 
 # -----------------------------------------------------------------------------

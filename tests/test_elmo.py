@@ -18,8 +18,8 @@ from data_prep.elmo_examples import (BOS, EOS, IGNORE_TARGET, MAX_CHARACTERS_PER
                                      books_from_rows, build_word_vocab, plan_windows, read_word_vocab,
                                      sentence_batch_inputs, split_books, word_char_ids, write_token_streams,
                                      write_word_vocab)
-from models.elmo import (BiLanguageModel, ElmoEmbedder, ElmoSentenceClassifier, ElmoTokenTagger, ScalarMix,
-                         elmo_config, load_bilm, save_bilm)
+from models.elmo import (BiLanguageModel, ElmoEmbedder, ElmoSentenceClassifier, ElmoTokenTagger, ProjectedLSTM,
+                         ScalarMix, elmo_config, load_bilm, save_bilm)
 from pipeline import CONF_DIR
 from pipeline.lit_elmo import (ElmoPretrainModule, ElmoTaskModule, LMWindowBatches, build_elmo_datasets,
                                make_elmo_task_collate)
@@ -32,6 +32,34 @@ TINY = dict(filters=[[1, 8], [2, 8], [3, 16]], projection_dim=16, lstm_dim=32, d
 def tiny_bilm(vocab_size: int = 50, **overrides) -> BiLanguageModel:
     torch.manual_seed(0)
     return BiLanguageModel(elmo_config("elmo_small", vocab_size=vocab_size, **{**TINY, **overrides})).eval()
+
+
+@pytest.mark.parametrize("use_state", [True, False])
+def test_projected_lstm_equals_nn_lstm_with_its_weights(use_state):
+    """Outputs, final state and every gradient (input, initial state, five weights) equal nn.LSTM(proj_size)'s."""
+    torch.manual_seed(0)
+    reference = torch.nn.LSTM(6, 10, proj_size=4, batch_first=True).double()
+    ours = ProjectedLSTM(6, 10, 4).double()
+    ours.load_state_dict(reference.state_dict())
+    x = torch.randn(3, 5, 6, dtype=torch.double, requires_grad=True)
+    state = (torch.randn(1, 3, 4, dtype=torch.double, requires_grad=True),
+             torch.randn(1, 3, 10, dtype=torch.double, requires_grad=True))
+    weights = torch.randn(3, 5, 4, dtype=torch.double)
+    results = []
+    for lstm in (reference, ours):
+        out, (h, c) = lstm(x, state)
+        loss = (out * weights).sum() + ((h * 1.3).sum() + (c * 0.7).sum() if use_state else 0)
+        results.append((out, h, c, torch.autograd.grad(loss, [x, *state, *lstm.parameters()])))
+    torch.testing.assert_close(results[0], results[1])
+
+
+def test_projected_lstm_runs_under_bf16_autocast():
+    lstm = ProjectedLSTM(8, 16, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, (h, c) = lstm(torch.randn(2, 3, 8))
+    out.float().sum().backward()
+    assert out.dtype == torch.bfloat16 and lstm.weight_hh_l0.grad.dtype == torch.float32
+    assert lstm.weight_hh_l0.grad.abs().sum() > 0
 
 
 def write_streams(tmp_path: Path, n_books: int = 6, sentences: int = 40, seed: int = 0) -> tuple[Path, list[str]]:
@@ -283,12 +311,15 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
-def test_pretraining_lowers_heldout_perplexity(tmp_path, one_thread):
+@pytest.mark.parametrize("softmax", ["full", "sampled"])
+def test_pretraining_lowers_heldout_perplexity(tmp_path, one_thread, softmax):
+    """Sampled: its sparse gradient goes through LazyAdamW and the sparse-aware clipping."""
     path, vocab = write_streams(tmp_path)
     train, val = build_elmo_datasets([path], vocab, window=10, batch_size=4, holdout_books_fraction=0.2, seed=0)
     assert len(val.books) == 1 and set(train.books).isdisjoint(val.books)
     L.seed_everything(0, verbose=False)
-    model = BiLanguageModel(elmo_config("elmo_small", vocab_size=len(vocab), **TINY))
+    model = BiLanguageModel(elmo_config("elmo_small", vocab_size=len(vocab), softmax=softmax,
+                                        num_samples=len(vocab) // 2, **TINY))
     module = ElmoPretrainModule(model, lr=1e-2, warmup_steps=5, max_steps=80)
     trainer = L.Trainer(max_steps=80, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=1.0,

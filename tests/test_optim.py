@@ -128,3 +128,41 @@ def test_gradient_accumulation_equals_the_large_batch():
     assert large.keys() == accumulated.keys()
     for name in large:
         torch.testing.assert_close(accumulated[name], large[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_lazy_adamw_on_sparse_rows_equals_adamw_and_leaves_other_rows_alone():
+    """Rows 1 and 3 get a gradient at every step: they follow AdamW exactly (dense moments of a row that never
+    gets a gradient stay 0, so AdamW would still move it by weight decay alone: rows 0 and 2 must not move)."""
+    from pipeline.lit import LazyAdamW
+
+    torch.manual_seed(0)
+    start = torch.randn(4, 3)
+    sparse_param, dense_param = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start[[1, 3]].clone())
+    lazy = LazyAdamW([sparse_param], lr=0.1, weight_decay=0.01)
+    reference = torch.optim.AdamW([dense_param], lr=0.1, weight_decay=0.01)
+    for step in range(3):
+        grad_rows = torch.randn(2, 3)
+        # rows listed twice and out of order: the optimizer must sum duplicates (coalesce)
+        values = torch.cat([grad_rows[[1, 0]], 0 * grad_rows[1:]])
+        sparse_param.grad = torch.sparse_coo_tensor(torch.tensor([[3, 1, 3]]), values, (4, 3))
+        dense_param.grad = grad_rows
+        lazy.step()
+        reference.step()
+    torch.testing.assert_close(sparse_param.detach()[[1, 3]], dense_param.detach())
+    torch.testing.assert_close(sparse_param.detach()[[0, 2]], start[[0, 2]])
+
+
+def test_clipping_with_sparse_gradients_equals_clip_grad_norm_on_dense_ones():
+    from pipeline.lit import clip_grad_norm_with_sparse
+
+    torch.manual_seed(0)
+    table, bias = torch.nn.Parameter(torch.randn(5, 2)), torch.nn.Parameter(torch.randn(2))
+    dense_table, dense_bias = torch.nn.Parameter(table.detach().clone()), torch.nn.Parameter(bias.detach().clone())
+    ids = torch.tensor([4, 1, 4])
+    for emb, b, sparse in ((table, bias, True), (dense_table, dense_bias, False)):
+        (torch.nn.functional.embedding(ids, emb, sparse=sparse) * torch.arange(6.0).view(3, 2) + b).sum().backward()
+    total = clip_grad_norm_with_sparse([table, bias], 1.0)
+    expected = torch.nn.utils.clip_grad_norm_([dense_table, dense_bias], 1.0)
+    torch.testing.assert_close(total, expected)
+    torch.testing.assert_close(table.grad.to_dense(), dense_table.grad)
+    torch.testing.assert_close(bias.grad, dense_bias.grad)
