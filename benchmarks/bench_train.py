@@ -6,8 +6,8 @@ this run next to this CPU's fp32 and bf16 matmul throughput.
     python benchmarks/bench_train.py --quick          # 2 timed steps per row, no torch.compile
     python benchmarks/bench_train.py --loss-curve 300 # bert_mini fp32 vs bf16 on learnable synthetic data
 
-A step is forward + MLM/NSP loss + backward + AdamW update + zero_grad, timed as the median of the steps after
-warm-up (the machine may be shared: the load average is printed with the table).
+A step is forward + MLM/NSP loss + backward + fused AdamW update (both sides) + zero_grad, timed as the median of
+the steps after warm-up (the machine may be shared: the load average is printed with the table).
 
 Model FLOPs per step count only the work the task needs (multiply-adds x 2; element-wise work not counted), with
 B sequences of T tokens, M = B x P masked positions, L layers, H hidden, I feed-forward width, V vocabulary:
@@ -106,7 +106,7 @@ def huggingface(size: str, attn_implementation: str):
 def time_steps(model, loss_fn, batch: dict, bf16: bool, warmup: int, steps: int) -> tuple[float, float]:
     """(seconds of the first step, which includes any compilation; median seconds of the timed steps)."""
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)  # as the pipeline's
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
     times = []
     for _ in range(warmup + steps):

@@ -57,8 +57,8 @@ def encode_words(tokenizer: Tokenizer, words: list[str]) -> tuple[np.ndarray, np
     joined = [words[i] for i in np.flatnonzero(together)]
     texts = [" ".join(f"{word} {SEP_TOKEN}" for word in joined[start:start + _WORDS_PER_TEXT])
              for start in range(0, len(joined), _WORDS_PER_TEXT)]
-    ids = np.concatenate([np.zeros(0, np.int32)] + [
-        np.array(encoding.ids, dtype=np.int32) for encoding in tokenizer.encode_batch_fast(texts, add_special_tokens=False)])
+    encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+    ids = np.concatenate([np.zeros(0, np.int32)] + [np.array(encoding.ids, dtype=np.int32) for encoding in encodings])
     is_separator = ids == separator
     ends = np.flatnonzero(is_separator)
     if len(ends) != len(joined):
@@ -70,8 +70,7 @@ def encode_words(tokenizer: Tokenizer, words: list[str]) -> tuple[np.ndarray, np
         # splice the words encoded alone back in at their places
         alone_ids = encode_batch_ids(tokenizer, [words[i] for i in alone])
         lengths[alone] = [len(word_ids) for word_ids in alone_ids]
-        starts = np.concatenate([[0], np.cumsum(lengths)])
-        merged = np.empty(int(starts[-1]), dtype=np.int32)
+        merged = np.empty(int(lengths.sum()), dtype=np.int32)
         in_together = np.repeat(together, lengths)
         merged[in_together] = flat
         merged[~in_together] = [i for word_ids in alone_ids for i in word_ids]

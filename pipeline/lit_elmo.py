@@ -163,7 +163,8 @@ class ElmoPretrainModule(L.LightningModule):
         # The sampled softmax's gradient is sparse, which Lightning's clipping (torch's clip_grad_norm_) refuses.
         if gradient_clip_val:
             if gradient_clip_algorithm not in (None, "norm"):
-                raise ValueError(f"ELMo clips by norm (bilm-tf); got gradient_clip_algorithm={gradient_clip_algorithm!r}")
+                raise ValueError("ELMo clips by norm (bilm-tf); got "
+                                 f"gradient_clip_algorithm={gradient_clip_algorithm!r}")
             clip_grad_norm_with_sparse(self.model.parameters(), gradient_clip_val)
 
 
