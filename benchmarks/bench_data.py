@@ -43,7 +43,11 @@ def run_ours(corpus: str, workdir: str, tokenizer_file: str, workers: int, token
 
     from data_prep.prepare import prepare_corpus
     from data_prep.shards import shard_paths
-    from data_prep.tokenize_shards import tokenize_shard
+    from data_prep.tokenize_shards import tokenize_shard, use_one_tokenizer_thread
+
+    def tokenize_in_worker(*args) -> int:
+        use_one_tokenizer_thread()
+        return tokenize_shard(*args)
 
     started = time.perf_counter()
     ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
@@ -53,7 +57,7 @@ def run_ours(corpus: str, workdir: str, tokenizer_file: str, workers: int, token
         prepared = time.perf_counter()
         tokens = 0
         if tokenize:
-            task = ray.remote(tokenize_shard).options(num_cpus=1)
+            task = ray.remote(tokenize_in_worker).options(num_cpus=1)
             shards = shard_paths(Path(workdir) / "shards")
             tokens = sum(ray.get([task.remote(str(shard), tokenizer_file, str(Path(workdir) / f"ids-{i:05d}.arrow"))
                                   for i, shard in enumerate(shards)]))

@@ -101,6 +101,14 @@ def encode_by_word(tokenizer: Tokenizer, texts: pa.Array) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(text_offsets), pa.array(flat_ids, pa.int32()))
 
 
+def use_one_tokenizer_thread() -> None:
+    """Call first in a worker process that shares the cores with others (a Ray task with num_cpus=1): the Rust
+    encoder's thread pool starts one thread per core in every process unless told otherwise (Ray sets
+    OMP_NUM_THREADS for its tasks, not this), so two workers on two cores would run four threads. Takes effect if
+    nothing in the process has encoded yet."""
+    os.environ.setdefault("RAYON_NUM_THREADS", "1")
+
+
 def tokenize_shard(shard_path: str | os.PathLike, tokenizer_path: str | os.PathLike,
                    out_path: str | os.PathLike) -> int:
     """Writes the token ids of one sentence shard to `out_path` (Arrow IPC file, TOKEN_SCHEMA, same rows in

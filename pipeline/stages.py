@@ -17,7 +17,7 @@ from data_prep.builtin import default_corpus
 from data_prep.dedup import NearDuplicateOptions
 from data_prep.prepare import prepare_corpus
 from data_prep.shards import open_shards, shard_paths
-from data_prep.tokenize_shards import encode_by_word
+from data_prep.tokenize_shards import encode_by_word, use_one_tokenizer_thread
 from data_prep.tokenizer import load_tokenizer, train_wordpiece
 from pipeline.dag import Stage, StageContext, all_cpus
 from pipeline.distributed import stage_cpus
@@ -77,6 +77,7 @@ def build_shard_examples(shard_path: str, neighbour_path: str, tokenizer_dir: st
 
     Random next sentences come from the shard's other books; a shard holding a single (long) book borrows the
     books of its neighbour shard for that, and only for that."""
+    use_one_tokenizer_thread()
     tok = load_tokenizer(tokenizer_dir)
     books = _tokenized_books(shard_path, tok)
     borrowed = _tokenized_books(neighbour_path, tok) if len(books) < 2 and neighbour_path != shard_path else []
