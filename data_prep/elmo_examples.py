@@ -99,11 +99,12 @@ def sentence_tokens(text: str) -> list[str]:
     return [BOS, *split_words(text), EOS]
 
 
-def sentence_batch_inputs(sentences: Sequence[str], word_index: dict[str, int] | None,
+def sentence_batch_inputs(sentences: Sequence[str | Sequence[str]], word_index: dict[str, int] | None,
                           max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN) -> tuple[np.ndarray, np.ndarray]:
-    """A padded batch of raw sentences, each wrapped in <S> ... </S>: (inputs, mask (B, T) bool). Inputs are
+    """A padded batch of sentences, each wrapped in <S> ... </S>: (inputs, mask (B, T) bool). A sentence is raw text
+    (split by split_words) or a list of words taken as they are (CoNLL tokens, whose tags are per word). Inputs are
     (B, T, max_chars) char ids, or (B, T) word ids when a word_index is given (word-input biLMs)."""
-    tokenized = [sentence_tokens(s) for s in sentences]
+    tokenized = [sentence_tokens(s) if isinstance(s, str) else [BOS, *s, EOS] for s in sentences]
     T = max((len(t) for t in tokenized), default=2)
     mask = np.zeros((len(tokenized), T), dtype=bool)
     shape = (len(tokenized), T) if word_index is not None else (len(tokenized), T, max_characters_per_token)

@@ -473,8 +473,9 @@ class ElmoEmbedder(nn.Module):
             raise ValueError("a word-input biLM needs its vocabulary: ElmoEmbedder(bilm, vocab=read_word_vocab(...))")
         self.word_index = None if vocab is None else {w: i for i, w in enumerate(vocab)}
 
-    def batch_inputs(self, sentences: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """What a DataLoader's collate_fn should produce: (inputs, mask) including the sentence boundary tokens."""
+    def batch_inputs(self, sentences: list[str] | list[list[str]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a DataLoader's collate_fn should produce: (inputs, mask) including the sentence boundary tokens;
+        sentences as raw text or as lists of words (see sentence_batch_inputs)."""
         word_index = self.word_index if self.bilm.config.token_encoder == "word" else None
         inputs, mask = sentence_batch_inputs(sentences, word_index, self.bilm.config.max_characters_per_token)
         return torch.from_numpy(inputs), torch.from_numpy(mask)

@@ -1,5 +1,6 @@
 """The fine-tune stage: every configured task × model × seed, BERT fine-tuned end to end (Devlin et al. 2019, §4;
-seed 003), next to the same architecture from random initialisation and a majority-class baseline.
+seed 003), next to the same architecture from random initialisation and a majority-class baseline, and ELMo used
+feature-based (Peters et al. 2018, §3.3: frozen biLM, trainable scalar mix, small task head).
 
 One finished (task, model, seed) is one small JSON file, so a run killed half-way skips what it had finished."""
 from __future__ import annotations
@@ -19,22 +20,32 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from data_prep.conll import TaggedSentence, encode_tagged_sentences, iob1_to_iob2, read_conll
+from data_prep.elmo_examples import read_word_vocab
 from data_prep.shards import write_json_atomically
 from data_prep.squad import read_squad, squad_features
 from data_prep.tokenizer import load_tokenizer
 from models.bert import (BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification,
                          load_encoder)
+from models.elmo import ElmoEmbedder, ElmoSentenceClassifier, ElmoTokenTagger, load_bilm
 from pipeline.dag import StageContext
 from pipeline.data import EncodedTask, pad_classification_batch
 from pipeline.lit_downstream import (ClassificationModule, QuestionAnsweringModule, RegressionModule,
                                      TokenClassificationModule, collate_question_answering,
                                      collate_token_classification)
+from pipeline.lit_elmo import ElmoTaskModule, make_elmo_task_collate
 from pipeline.metrics import score_task
 from pipeline.tasks import load_task, read_split, resolve_task_dir
 from pipeline.training import make_trainer
 
-# pretrained: this run's encoder; random_init: the same architecture untrained; external: finetune.external_encoder
-MODEL_KINDS = ("pretrained", "random_init", "external")
+# pretrained: this run's encoder; random_init: the same architecture untrained; external: finetune.external_encoder;
+# elmo: this run's ELMo biLM, frozen, with a trainable scalar mix and a BiLSTM head (feature-based, Peters et al. §3.3)
+MODEL_KINDS = ("pretrained", "random_init", "external", "elmo")
+
+
+def finetune_upstream(cfg: DictConfig) -> tuple[str, ...]:
+    models = set(cfg.finetune.models)
+    return ((("tokenizer", "pretrain") if {"pretrained", "random_init"} & models else ())
+            + (("elmo_vocab", "elmo_pretrain") if "elmo" in models else ()))
 
 
 @dataclass
@@ -43,7 +54,7 @@ class TaskData:
     train: list
     dev: list
     collate: Callable
-    make_model: Callable       # BertConfig -> nn.Module with a `.bert` encoder
+    make_model: Callable       # BertConfig -> nn.Module with a `.bert` encoder (ELMo: None -> head on the biLM)
     make_module: Callable      # (model, lr=, weight_decay=, warmup_steps=, total_steps=) -> LightningModule
     majority_scores: dict[str, float] | None  # majority-class baseline, for classification tasks only
 
@@ -99,6 +110,44 @@ def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, m
     raise ValueError(f"task {task.name}: unknown format {task.format!r}; use tsv, conll or squad")
 
 
+def load_elmo_task_data(task: DictConfig, data_dir: Path, bilm_and_vocab: tuple, max_train_examples: int | None,
+                        seed: int) -> TaskData:
+    """One task as rows of raw text (tsv) or of words (conll) for the frozen biLM; the heads of lit_elmo. The biLM
+    is loaded once and shared by every seed: it is frozen, only the mix and the head are built fresh."""
+    bilm, vocab = bilm_and_vocab
+    collate = make_elmo_task_collate(ElmoEmbedder(bilm, vocab))
+    if task.format == "tsv":
+        train, dev = read_split(task, data_dir / task.train_file), read_split(task, data_dir / task.dev_file)
+        pair = train.texts_b is not None
+
+        def rows(split, indices):
+            return [{"text_a": split.texts_a[i], "label": split.labels[i],
+                     **({"text_b": split.texts_b[i]} if pair else {})} for i in indices]
+
+        keep = _subsample(list(range(len(train.labels))), max_train_examples, seed)
+        train_rows, dev_rows = rows(train, keep), rows(dev, range(len(dev.labels)))
+        regression = task.labels is None
+        majority = None if regression else score_task(
+            task.metric, [int(np.bincount([train.labels[i] for i in keep]).argmax())] * len(dev.labels), dev.labels)
+        return TaskData(train_rows, dev_rows, collate,
+                        lambda _: ElmoSentenceClassifier(bilm, 1 if regression else len(task.labels), pair=pair,
+                                                         vocab=vocab),
+                        partial(ElmoTaskModule, metric="pearson_spearman" if regression else task.metric), majority)
+    if task.format == "conll":
+        labels = list(task.labels)
+        index = {tag: i for i, tag in enumerate(labels)}
+
+        def read(name: str) -> list[dict]:  # IOB1 files; the task's labels are IOB2
+            return [{"text_a": s.tokens, "label": [index[t] for t in iob1_to_iob2(s.tags)]}
+                    for s in read_conll(data_dir / name, task.labels)]
+
+        return TaskData(_subsample(read(task.train_file), max_train_examples, seed), read(task.dev_file), collate,
+                        lambda _: ElmoTokenTagger(bilm, len(labels), vocab=vocab),
+                        partial(ElmoTaskModule, metric="entity_f1", labels=labels), None)
+    raise ValueError(f"task {task.name}: ELMo's feature-based heads take tsv (classification, pairs, regression) "
+                     f"and conll (tagging) tasks, not {task.format!r}; drop elmo from finetune.models for it")
+
+
 def external_tokenizer(path: Path):
     """The tokenizer saved beside an external encoder (HF `tokenizer.json`, or a BERT `vocab.txt`)."""
     if (path / "tokenizer.json").is_file():
@@ -116,7 +165,7 @@ def external_tokenizer(path: Path):
 
 
 def model_sources(ctx: StageContext) -> dict[str, tuple[Path, object]]:
-    """(encoder directory, tokenizer) of each model kind in finetune.models."""
+    """(encoder directory, tokenizer) of each model kind in finetune.models; for elmo, (biLM, its vocabulary)."""
     f = ctx.cfg.finetune
     unknown = [k for k in f.models if k not in MODEL_KINDS]
     if unknown:
@@ -125,6 +174,10 @@ def model_sources(ctx: StageContext) -> dict[str, tuple[Path, object]]:
     if {"pretrained", "random_init"} & set(f.models):
         ours = (ctx.stage_dir("pretrain") / "encoder", load_tokenizer(ctx.stage_dir("tokenizer")))
         sources.update({kind: ours for kind in ("pretrained", "random_init") if kind in f.models})
+    if "elmo" in f.models:
+        bilm = load_bilm(ctx.stage_dir("elmo_pretrain") / "bilm").eval()
+        sources["elmo"] = (ctx.stage_dir("elmo_pretrain") / "bilm",
+                           (bilm, read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt")))
     if "external" in f.models:
         if not f.external_encoder:
             raise ValueError("finetune.models has external but finetune.external_encoder is not set; pass the "
@@ -138,10 +191,13 @@ def finetune_once(ctx: StageContext, task: DictConfig, data: TaskData, encoder_d
                   seed: int) -> dict[str, float]:
     f = ctx.cfg.finetune
     L.seed_everything(seed, workers=True)  # the same head initialisation and data order for every model kind
-    encoder = load_encoder(encoder_dir)
-    model = data.make_model(encoder.config)
-    if kind != "random_init":
-        model.bert.load_state_dict(encoder.state_dict())
+    if kind == "elmo":
+        model = data.make_model(None)  # the shared frozen biLM with a fresh mix and head
+    else:
+        encoder = load_encoder(encoder_dir)
+        model = data.make_model(encoder.config)
+        if kind != "random_init":
+            model.bert.load_state_dict(encoder.state_dict())
     train_loader = DataLoader(data.train, batch_size=f.batch_size, shuffle=True, collate_fn=data.collate,
                               generator=torch.Generator().manual_seed(seed))
     dev_loader = DataLoader(data.dev, batch_size=f.eval_batch_size, collate_fn=data.collate)
@@ -187,8 +243,9 @@ def finetune(ctx: StageContext) -> dict:
         for kind in f.models:
             encoder_dir, tok = sources[kind]
             if id(tok) not in encoded:
-                encoded[id(tok)] = load_task_data(task, data_dir, tok, f.max_seq_length, f.max_train_examples,
-                                                  ctx.cfg.seed)
+                encoded[id(tok)] = (
+                    load_elmo_task_data(task, data_dir, tok, f.max_train_examples, ctx.cfg.seed) if kind == "elmo"
+                    else load_task_data(task, data_dir, tok, f.max_seq_length, f.max_train_examples, ctx.cfg.seed))
             data = encoded[id(tok)]
             sizes = {"train_examples": len(data.train), "dev_examples": len(data.dev)}
             for seed in f.seeds:

@@ -48,9 +48,10 @@ def collate_question_answering(rows: list[dict], pad_id: int = 0) -> dict[str, t
             "feature_index": torch.tensor([index for index, _ in rows])}
 
 
-class _FinetuneModule(L.LightningModule):
-    """Training step, logging and BERT's optimiser shared by the modules below; subclasses save lr, weight_decay,
-    warmup_steps and total_steps as hyperparameters, and define model_step (loss first) and dev scoring."""
+class FinetuneModule(L.LightningModule):
+    """Training step, logging and BERT's optimiser shared by the modules below and pipeline.lit_elmo's
+    ElmoTaskModule; subclasses save lr, weight_decay, warmup_steps and total_steps as hyperparameters, and define
+    model_step (loss first) and dev scoring."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -62,7 +63,8 @@ class _FinetuneModule(L.LightningModule):
         if not torch.isfinite(loss):
             raise FloatingPointError(f"fine-tuning loss is {loss.item()} at step {self.global_step}; "
                                      "lower finetune.lr")
-        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        rows = batch["input_ids"] if "input_ids" in batch else batch["inputs"]  # BERT's or ELMo's inputs
+        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=rows.shape[0])
         return loss
 
     def _log_scores(self, scores: dict[str, float]) -> None:
@@ -75,7 +77,7 @@ class _FinetuneModule(L.LightningModule):
                                           hp.total_steps)
 
 
-class ClassificationModule(_FinetuneModule):
+class ClassificationModule(FinetuneModule):
     """BertForSequenceClassification with cross-entropy on the [CLS] head; dev scored by the task's metric
     (accuracy, MRPC's accuracy and F1, CoLA's Matthews correlation)."""
 
@@ -102,7 +104,7 @@ class ClassificationModule(_FinetuneModule):
         self._log_scores(score_task(self.hparams.metric, self._predictions, self._references))
 
 
-class RegressionModule(_FinetuneModule):
+class RegressionModule(FinetuneModule):
     """A one-output BertForSequenceClassification trained with mean squared error (STS-B, BERT Sec. 4.1); dev
     Pearson and Spearman correlation."""
 
@@ -131,7 +133,7 @@ class RegressionModule(_FinetuneModule):
         self._log_scores(score_task("pearson_spearman", self._predictions, self._references))
 
 
-class TokenClassificationModule(_FinetuneModule):
+class TokenClassificationModule(FinetuneModule):
     """BertForTokenClassification with cross-entropy on each word's first sub-token (BERT Sec. 5.3); dev
     entity-level precision/recall/F1 over words, against `dev_tags`, the gold word tags of the dev sentences."""
 
@@ -164,7 +166,7 @@ class TokenClassificationModule(_FinetuneModule):
                                     [self.dev_tags[i] for i in examples]))
 
 
-class QuestionAnsweringModule(_FinetuneModule):
+class QuestionAnsweringModule(FinetuneModule):
     """BertForQuestionAnswering with the mean of start and end cross-entropy (BERT's run_squad.py); dev exact match
     and F1 of the best span over each question's windows (`dev_features` from squad_features on `dev_examples`)."""
 

@@ -24,7 +24,7 @@ from pipeline.distributed import stage_cpus
 from pipeline.data import read_arrow
 from pipeline.elmo_stages import ELMO_STAGES
 from pipeline.evaluation import evaluate, evaluate_upstream
-from pipeline.finetuning import finetune, task_names
+from pipeline.finetuning import finetune, finetune_upstream, task_names
 from pipeline.pretraining import pretrain
 from pipeline.report import AttentionRequest, write_report
 from pipeline.skip_thought_stages import SKIP_THOUGHT_STAGES
@@ -162,7 +162,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("examples", examples, ("prepare", "tokenizer"), ("examples", "seed"), version=1),
     Stage("pretrain", pretrain, ("tokenizer", "examples"), ("model", "pretrain", "trainer", "seed"), version=2,
           num_cpus=stage_cpus),
-    Stage("finetune", finetune, ("tokenizer", "pretrain"), ("finetune", "trainer", "seed"), version=1,
+    Stage("finetune", finetune, finetune_upstream, ("finetune", "trainer", "seed"), version=1,
           fingerprint=_finetune_fingerprint, num_cpus=all_cpus),
     Stage("evaluate", evaluate, evaluate_upstream, ("evaluate", "senteval", "seed"), version=1,
           fingerprint=_senteval_fingerprint, num_cpus=all_cpus),

@@ -268,10 +268,10 @@ def test_downstream_models_train_only_the_mix_and_the_head(pair):
     module = ElmoTaskModule(model, lr=1e-2, weight_decay=0.0, warmup_steps=0, total_steps=10)
     optimizer = module.configure_optimizers()["optimizer"]
     model.train()
-    loss, hits, n = module.model_step(collate(rows))
+    loss, predictions = module.model_step(collate(rows))
     loss.backward()
     assert model.features.mix.scalar_parameters.grad.abs().sum() > 0 and model.features.mix.gamma.grad != 0
-    assert all(p.grad is None for p in bilm.parameters()) and n == 2
+    assert all(p.grad is None for p in bilm.parameters()) and predictions.shape == (2,)
     optimizer.step()
     assert all(torch.equal(v, frozen[k]) for k, v in bilm.state_dict().items())
     assert not model.features.embedder.training  # no dropout inside the frozen biLM
@@ -282,8 +282,13 @@ def test_token_tagger_scores_only_labelled_words():
     collate = make_elmo_task_collate(model.features.embedder)
     batch = collate([{"text_a": "a b c", "label": [0, 1, 2]}, {"text_a": "d", "label": [1]}])
     assert batch["labels"].tolist() == [[0, 1, 2], [1, IGNORE_TARGET, IGNORE_TARGET]]
-    loss, hits, n = ElmoTaskModule(model, 1e-3, 0.0, 0, 10).model_step(batch)
-    assert torch.isfinite(loss) and n == 4 and hits.numel() == 4
+    module = ElmoTaskModule(model, 1e-3, 0.0, 0, 10, metric="entity_f1", labels=["O", "B-PER", "I-PER"])
+    loss, predictions = module.model_step(batch)
+    assert torch.isfinite(loss) and predictions.shape == (2, 3)
+    module.on_validation_epoch_start()
+    module.validation_step(batch, 0)
+    assert [len(tags) for tags in module._references] == [3, 1]  # padding words are not scored
+    assert module._references[1] == ["B-PER"]
 
 
 # -----------------------------------------------------------------------------

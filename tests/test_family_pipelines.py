@@ -10,7 +10,7 @@ import pytest
 from pipeline.dag import run_dag
 from pipeline.runner import validate
 from pipeline.stages import STAGES
-from tests.conftest import tiny_config
+from tests.conftest import tiny_config, write_sentiment_task
 from tests.test_stages import write_mr
 
 SENTEVAL_MR_ONLY = ["~senteval.tasks.SICKEntailment", "~senteval.tasks.SICKRelatedness", "~senteval.tasks.MRPC",
@@ -27,16 +27,19 @@ def _run(tmp_path: Path, experiment: str, extra: list[str]) -> tuple[dict, list[
         return results, list(csv.DictReader(f))
 
 
-def test_elmo_small_pretrains_and_is_probed(tmp_path, ray_session):
+def test_elmo_small_pretrains_is_fine_tuned_and_is_probed(tmp_path, ray_session):
+    write_sentiment_task(tmp_path / "glue" / "SST-2", n_train=32, n_dev=16)
     results, rows = _run(tmp_path, "elmo_small", [
         "elmo.vocab_size=200", "elmo.min_count=1", "elmo.batch_size=4", "elmo.window=8",
         "elmo.holdout_books_fraction=0.2", "evaluate.encoders=[elmo]", "+model.config.lstm_dim=32",
-        "+model.config.projection_dim=16", "+model.config.filters=[[1,8],[2,8]]"])
-    assert list(results) == ["prepare", "elmo_vocab", "elmo_streams", "elmo_pretrain", "evaluate", "report"]
+        "+model.config.projection_dim=16", "+model.config.filters=[[1,8],[2,8]]", "finetune.task=sst2",
+        f"finetune.data_dir={tmp_path / 'glue'}", "finetune.epochs=1", "finetune.seeds=[1]"])
+    assert list(results) == ["prepare", "elmo_vocab", "elmo_streams", "elmo_pretrain", "finetune", "evaluate",
+                             "report"]
     perplexity = results["elmo_pretrain"]["heldout_perplexity"]
     assert 1.0 < perplexity["average"] < 200  # below a uniform guess over the 200-word vocabulary
     assert set(perplexity) == {"forward", "backward", "average"}
-    assert [(r["model"], r["task"]) for r in rows] == [("elmo", "MR")]
+    assert {(r["model"], r["task"]) for r in rows} == {("elmo", "sst2"), ("majority_class", "sst2"), ("elmo", "MR")}
 
 
 def test_skip_thought_small_pretrains_and_is_probed_with_vocabulary_expansion(tmp_path, ray_session):

@@ -121,3 +121,29 @@ def test_seeds_with_an_undefined_correlation_are_counted_not_averaged():
              "dev_examples": 2, "seconds": 1.0} for s in (0.5, float("nan"), 0.7)]
     (row,) = finetuning._aggregate(rows)
     assert row["score"] == 0.6 and row["seeds"] == 2 and row["undefined_seeds"] == 1
+
+
+def test_elmo_is_fine_tuned_feature_based_on_every_task_family(ctx, tmp_path):
+    """finetune.models=[elmo]: the elmo_pretrain stage's frozen biLM with a fresh scalar mix and head per seed, on
+    classification, regression and tagging, each scored by its task's metric."""
+    from data_prep.elmo_examples import BOS, EOS, UNK, write_word_vocab
+    from models.elmo import BiLanguageModel, elmo_config, save_bilm
+    from pipeline.finetuning import finetune_upstream
+
+    vocab = [BOS, EOS, UNK, *sorted(set(WORDS))]
+    (tmp_path / "elmo_vocab").mkdir()
+    write_word_vocab(vocab, tmp_path / "elmo_vocab" / "vocab.txt")
+    tiny = dict(filters=[[1, 8], [2, 8]], projection_dim=16, lstm_dim=32)
+    save_bilm(BiLanguageModel(elmo_config("elmo_small", vocab_size=len(vocab), **tiny)), tmp_path / "elmo" / "bilm")
+    ctx.cfg.finetune.models = ["elmo", "pretrained"]
+    assert finetune_upstream(ctx.cfg) == ("tokenizer", "pretrain", "elmo_vocab", "elmo_pretrain")
+    ctx.cfg.finetune.models = ["elmo"]
+    assert finetune_upstream(ctx.cfg) == ("elmo_vocab", "elmo_pretrain")
+    ctx.cfg.finetune.seeds = [1]
+    ctx.inputs.update({"elmo_vocab": tmp_path / "elmo_vocab", "elmo_pretrain": tmp_path / "elmo"})
+    by_key = {(r["model"], r["task"], r["metric"]): r for r in finetuning.finetune(ctx)["results"]}
+    assert {k for k in by_key if k[0] == "elmo"} == {
+        ("elmo", "sst2", "accuracy"), ("elmo", "stsb", "pearson"), ("elmo", "stsb", "spearman"),
+        ("elmo", "conll2003", "precision"), ("elmo", "conll2003", "recall"), ("elmo", "conll2003", "f1")}
+    assert by_key[("elmo", "sst2", "accuracy")]["dev_examples"] == 16
+    assert 0.0 <= by_key[("elmo", "conll2003", "f1")]["score"] <= 1.0
