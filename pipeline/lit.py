@@ -38,6 +38,13 @@ class LazyAdamW(torch.optim.AdamW):
     SparseAdam, with the bias correction of the parameter's step count and decoupled weight decay on those rows.
     Dense gradients get torch's AdamW unchanged."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # fused=True sets this, telling a GradScaler (and Lightning) that step() unscales gradients itself; then
+        # Lightning refuses gradient clipping, which needs them unscaled before the step. False: unscale first,
+        # as for any optimizer; the fused kernel runs the same with no scale to apply.
+        self._step_supports_amp_scaling = False
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None

@@ -130,6 +130,16 @@ def test_gradient_accumulation_equals_the_large_batch():
         torch.testing.assert_close(accumulated[name], large[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_pretraining_clips_gradients_in_every_precision(precision):
+    """The pipeline's setting (trainer precision auto = bf16-mixed on this CPU, pretrain.grad_clip): Lightning's
+    mixed-precision plugin refuses to clip for an optimizer that says it unscales gradients itself (fused AdamW)."""
+    trainer = L.Trainer(accelerator="cpu", max_steps=2, precision=precision, gradient_clip_val=1.0, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(_module(), DataLoader([_batch(4, seed=1), _batch(4, seed=2)], batch_size=None))
+    assert trainer.global_step == 2
+
+
 def test_lazy_adamw_on_sparse_rows_equals_adamw_and_leaves_other_rows_alone():
     """Rows 1 and 3 get a gradient at every step: they follow AdamW exactly (dense moments of a row that never
     gets a gradient stay 0, so AdamW would still move it by weight decay alone: rows 0 and 2 must not move)."""
