@@ -94,7 +94,6 @@ def elmo_encoder(ctx: StageContext) -> ElmoSentenceEncoder:
                                read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"))
 
 
-
 ELMO_STAGES = [
     Stage("elmo_vocab", elmo_vocab, ("prepare",), ("elmo.vocab_size", "elmo.min_count"), version=1),
     Stage("elmo_streams", elmo_streams, ("prepare",), (), version=1),

@@ -34,7 +34,7 @@ from pipeline.lit_downstream import (ClassificationModule, QuestionAnsweringModu
                                      collate_token_classification)
 from pipeline.lit_elmo import ElmoTaskModule, make_elmo_task_collate
 from pipeline.metrics import score_task
-from pipeline.tasks import load_task, read_split, resolve_task_dir
+from pipeline.tasks import TaskSplit, load_task, read_split, resolve_task_dir
 from pipeline.training import make_trainer
 
 # pretrained: this run's encoder; random_init: the same architecture untrained; external: finetune.external_encoder;
@@ -70,29 +70,40 @@ def task_names(cfg: DictConfig) -> list[str]:
     return [task] if isinstance(task, str) else list(task)
 
 
+def _tsv_splits(task: DictConfig, data_dir: Path, max_train_examples: int | None,
+                seed: int) -> tuple[TaskSplit, TaskSplit, dict[str, float] | None]:
+    """A TSV task's train split (subsampled to `max_train_examples`) and dev split, and the dev scores of always
+    predicting the train split's most frequent label (None for a regression task)."""
+    train, dev = read_split(task, data_dir / task.train_file), read_split(task, data_dir / task.dev_file)
+    keep = _subsample(list(range(len(train.labels))), max_train_examples, seed)
+    train = TaskSplit([train.texts_a[i] for i in keep], None if train.texts_b is None else
+                      [train.texts_b[i] for i in keep], [train.labels[i] for i in keep])
+    if task.labels is None:
+        return train, dev, None
+    majority = int(np.bincount(train.labels).argmax())
+    return train, dev, score_task(task.metric, [majority] * len(dev.labels), dev.labels)
+
+
+def _conll_sentences(task: DictConfig, data_dir: Path, name: str) -> list[TaggedSentence]:
+    """A CoNLL file's sentences with IOB2 tags: the files are IOB1, the task's labels IOB2."""
+    return [TaggedSentence(s.tokens, iob1_to_iob2(s.tags)) for s in read_conll(data_dir / name, task.labels)]
+
+
 def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, max_train_examples: int | None,
                    seed: int) -> TaskData:
     """Read and encode one task, dispatching on its `format` (tsv | conll | squad) and label type."""
     if task.format == "tsv":
-        train, dev = read_split(task, data_dir / task.train_file), read_split(task, data_dir / task.dev_file)
-        keep = _subsample(list(range(len(train.labels))), max_train_examples, seed)
-        sets = [EncodedTask(tok, [s.texts_a[i] for i in idx],
-                            None if s.texts_b is None else [s.texts_b[i] for i in idx],
-                            [s.labels[i] for i in idx], max_seq_length)
-                for s, idx in ((train, keep), (dev, range(len(dev.labels))))]
+        train, dev, majority_scores = _tsv_splits(task, data_dir, max_train_examples, seed)
+        sets = [EncodedTask(tok, s.texts_a, s.texts_b, s.labels, max_seq_length) for s in (train, dev)]
         if task.labels is None:  # regression (STS-B): one output, mean squared error
             return TaskData(*sets, pad_classification_batch, lambda c: BertForSequenceClassification(c, 1),
                             RegressionModule, None)
-        majority = int(np.bincount([train.labels[i] for i in keep]).argmax())
         return TaskData(*sets, pad_classification_batch,
                         lambda c: BertForSequenceClassification(c, len(task.labels)),
-                        partial(ClassificationModule, metric=task.metric),
-                        score_task(task.metric, [majority] * len(dev.labels), dev.labels))
+                        partial(ClassificationModule, metric=task.metric), majority_scores)
     if task.format == "conll":
-        def read(name: str) -> list[TaggedSentence]:  # IOB1 files; the task's labels are IOB2
-            return [TaggedSentence(s.tokens, iob1_to_iob2(s.tags)) for s in read_conll(data_dir / name, task.labels)]
-        train = _subsample(read(task.train_file), max_train_examples, seed)
-        dev, labels = read(task.dev_file), list(task.labels)
+        train = _subsample(_conll_sentences(task, data_dir, task.train_file), max_train_examples, seed)
+        dev, labels = _conll_sentences(task, data_dir, task.dev_file), list(task.labels)
         return TaskData(encode_tagged_sentences(tok, train, labels, max_seq_length),
                         encode_tagged_sentences(tok, dev, labels, max_seq_length), collate_token_classification,
                         lambda c: BertForTokenClassification(c, len(labels)),
@@ -117,31 +128,27 @@ def load_elmo_task_data(task: DictConfig, data_dir: Path, bilm_and_vocab: tuple,
     bilm, vocab = bilm_and_vocab
     collate = make_elmo_task_collate(ElmoEmbedder(bilm, vocab))
     if task.format == "tsv":
-        train, dev = read_split(task, data_dir / task.train_file), read_split(task, data_dir / task.dev_file)
-        pair = train.texts_b is not None
+        train, dev, majority_scores = _tsv_splits(task, data_dir, max_train_examples, seed)
+        pair, regression = train.texts_b is not None, task.labels is None
 
-        def rows(split, indices):
+        def rows(split: TaskSplit) -> list[dict]:
             return [{"text_a": split.texts_a[i], "label": split.labels[i],
-                     **({"text_b": split.texts_b[i]} if pair else {})} for i in indices]
+                     **({"text_b": split.texts_b[i]} if pair else {})} for i in range(len(split.labels))]
 
-        keep = _subsample(list(range(len(train.labels))), max_train_examples, seed)
-        train_rows, dev_rows = rows(train, keep), rows(dev, range(len(dev.labels)))
-        regression = task.labels is None
-        majority = None if regression else score_task(
-            task.metric, [int(np.bincount([train.labels[i] for i in keep]).argmax())] * len(dev.labels), dev.labels)
-        return TaskData(train_rows, dev_rows, collate,
+        return TaskData(rows(train), rows(dev), collate,
                         lambda _: ElmoSentenceClassifier(bilm, 1 if regression else len(task.labels), pair=pair,
                                                          vocab=vocab),
-                        partial(ElmoTaskModule, metric="pearson_spearman" if regression else task.metric), majority)
+                        partial(ElmoTaskModule, metric="pearson_spearman" if regression else task.metric),
+                        majority_scores)
     if task.format == "conll":
         labels = list(task.labels)
         index = {tag: i for i, tag in enumerate(labels)}
 
-        def read(name: str) -> list[dict]:  # IOB1 files; the task's labels are IOB2
-            return [{"text_a": s.tokens, "label": [index[t] for t in iob1_to_iob2(s.tags)]}
-                    for s in read_conll(data_dir / name, task.labels)]
+        def rows(name: str) -> list[dict]:
+            return [{"text_a": s.tokens, "label": [index[t] for t in s.tags]}
+                    for s in _conll_sentences(task, data_dir, name)]
 
-        return TaskData(_subsample(read(task.train_file), max_train_examples, seed), read(task.dev_file), collate,
+        return TaskData(_subsample(rows(task.train_file), max_train_examples, seed), rows(task.dev_file), collate,
                         lambda _: ElmoTokenTagger(bilm, len(labels), vocab=vocab),
                         partial(ElmoTaskModule, metric="entity_f1", labels=labels), None)
     raise ValueError(f"task {task.name}: ELMo's feature-based heads take tsv (classification, pairs, regression) "

@@ -32,6 +32,16 @@ def _with_linear_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, t
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
+def _adam_direction(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, grad: torch.Tensor, betas, eps: float,
+                    step: float) -> torch.Tensor:
+    """Adam's moment updates, in place, and its bias-corrected direction m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps)
+    (Kingma & Ba 2015, Algorithm 1); shared by LAMB and LazyAdamW's sparse rows."""
+    beta1, beta2 = betas
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    return (exp_avg / (1 - beta1 ** step)) / (exp_avg_sq / (1 - beta2 ** step)).sqrt_().add_(eps)
+
+
 class LazyAdamW(torch.optim.AdamW):
     """AdamW that also takes sparse gradients (ELMo's sampled softmax gathers N + K rows of a 793k x 512 matrix):
     for those, only the rows present get their moments and values updated, as in TF's LazyAdam and torch's
@@ -71,11 +81,10 @@ class LazyAdamW(torch.optim.AdamW):
             state["exp_avg"] = torch.zeros_like(param)
             state["exp_avg_sq"] = torch.zeros_like(param)
         state["step"] += 1
-        (beta1, beta2), lr, t = group["betas"], group["lr"], float(state["step"])
-        exp_avg = state["exp_avg"][rows].lerp_(values, 1 - beta1)
-        exp_avg_sq = state["exp_avg_sq"][rows].mul_(beta2).addcmul_(values, values, value=1 - beta2)
+        exp_avg, exp_avg_sq = state["exp_avg"][rows], state["exp_avg_sq"][rows]  # copies of the rows present
+        update = _adam_direction(exp_avg, exp_avg_sq, values, group["betas"], group["eps"], float(state["step"]))
         state["exp_avg"][rows], state["exp_avg_sq"][rows] = exp_avg, exp_avg_sq
-        update = (exp_avg / (1 - beta1 ** t)) / (exp_avg_sq / (1 - beta2 ** t)).sqrt_().add_(group["eps"])
+        lr = group["lr"]
         param[rows] = param[rows].mul_(1 - lr * group["weight_decay"]).sub_(update, alpha=lr)
 
 
@@ -132,7 +141,6 @@ class Lamb(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
             for x in group["params"]:
                 if x.grad is None:
                     continue
@@ -144,10 +152,8 @@ class Lamb(torch.optim.Optimizer):
                     state["exp_avg"] = torch.zeros_like(x, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(x, memory_format=torch.preserve_format)
                 state["step"] += 1
-                t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
-                m.lerp_(x.grad, 1 - beta1)
-                v.mul_(beta2).addcmul_(x.grad, x.grad, value=1 - beta2)
-                update = (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt_().add_(group["eps"]))
+                update = _adam_direction(state["exp_avg"], state["exp_avg_sq"], x.grad, group["betas"], group["eps"],
+                                         state["step"])
                 if group["weight_decay"]:
                     update.add_(x, alpha=group["weight_decay"])
                 x_norm, u_norm = x.norm(), update.norm()

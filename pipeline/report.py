@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data_prep.shards import write_json_atomically
 from pipeline.plots import Curve, plot_attention, plot_pretraining, plot_task_scores
 
 RESULT_COLUMNS = ["model", "task", "metric", "score", "std", "seeds"]
@@ -176,7 +177,7 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str, attention: 
         writer.writeheader()
         writer.writerows(rows)
     # All fields (train/dev sizes, seconds), unlike the CSV's fixed columns: for scripts that compare runs.
-    (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    write_json_atomically(out / "results.json", rows)
     (out / "results.md").write_text("\n".join(lines) + "\n")
     if wandb_run is not None:
         _log_to_wandb(wandb_run, rows, figures)

@@ -117,7 +117,6 @@ def skip_thought_encoder(expand_vocabulary: bool):
     return build
 
 
-
 SKIP_THOUGHT_STAGES = [
     Stage("skip_thought_vocab", skip_thought_vocab, ("prepare",), ("skip_thought.vocab_size", "skip_thought.min_count"),
           version=1),

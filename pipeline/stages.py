@@ -154,7 +154,6 @@ def _senteval_fingerprint(cfg: DictConfig) -> str:
                                   for t in cfg.senteval.tasks.values()).encode()).hexdigest()
 
 
-
 # The DAG, declared once: (name, function, upstream stages, config keys that decide the output, code version).
 STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("prepare", prepare, (), ("data",), version=2, fingerprint=_corpus_fingerprint),
