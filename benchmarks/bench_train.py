@@ -7,7 +7,9 @@ this run next to this CPU's fp32 and bf16 matmul throughput.
     python benchmarks/bench_train.py --loss-curve 300 # bert_mini fp32 vs bf16 on learnable synthetic data
 
 A step is forward + MLM/NSP loss + backward + fused AdamW update (both sides) + zero_grad, timed as the median of
-the steps after warm-up (the machine may be shared: the load average is printed with the table).
+the steps after warm-up (the machine may be shared: the load average is printed with the table). The pipeline's
+allocator setting (pipeline.training.keep_freed_memory_for_reuse) is made once for the whole process, so HF's rows
+run with it too.
 
 Model FLOPs per step count only the work the task needs (multiply-adds x 2; element-wise work not counted), with
 B sequences of T tokens, M = B x P masked positions, L layers, H hidden, I feed-forward width, V vocabulary:
@@ -32,6 +34,7 @@ import torch
 
 from models.bert import BertForPreTraining, bert_config
 from pipeline.lit import BertPretrainModule
+from pipeline.training import keep_freed_memory_for_reuse
 
 VOCAB_SIZE = 30522  # BERT's WordPiece vocabulary, as in the paper's models
 MAX_PREDICTIONS = 20  # google-research/bert's max_predictions_per_seq at length 128
@@ -244,6 +247,7 @@ def main() -> None:
                         help="instead of timing: train bert_mini STEPS steps in fp32 and bf16 and compare the losses")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    keep_freed_memory_for_reuse()
     if args.compile is None:
         args.compile = not args.quick
     if args.loss_curve:

@@ -415,6 +415,10 @@ class BertForPreTraining(BertPreTrainedModel):
         self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings.weight)
         # Only the heads: .bert initialised itself. (The tied decoder redraws the word embeddings from the same N(0, std).)
         self.cls.apply(self._init_weights)
+        # The tied decoder's gradient is dense over all V rows every step, so the lookup's gradient is added into it as
+        # the B*T rows it touches (sparse) rather than as a second dense (V, H) tensor that is zero-filled and summed
+        # (~0.3 s of a 5 s bert_base CPU step). The parameter's accumulated .grad is dense as before.
+        self.bert.embeddings.word_embeddings.sparse = True
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None):
         """Returns (mlm_logits, nsp_logits (B, 2)). mlm_logits is (B, T, V), or (B, P, V) for mlm_positions (B, P).

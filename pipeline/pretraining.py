@@ -35,7 +35,7 @@ from pipeline.distributed import (DistributedSettings, checkpoint_tags, consolid
 from pipeline.lit import BertPretrainModule
 from pipeline.sampler import ResumableRandomSampler, SeededBatchSampler
 from pipeline.tracking import LossHistory
-from pipeline.training import make_trainer
+from pipeline.training import keep_freed_memory_for_reuse, make_trainer
 
 CHECKPOINT_DIR = "checkpoints"
 KEEP_CHECKPOINTS = 2
@@ -245,6 +245,7 @@ class PretrainingObjective(nn.Module):
 
 def _deepspeed_cpu_worker(config: dict) -> None:
     use_deepspeed_cpu_accelerator()
+    keep_freed_memory_for_reuse()
     import torch.distributed as dist
 
     ctx = _worker_context(config)

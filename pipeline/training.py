@@ -1,6 +1,10 @@
 """The Lightning Trainer every training stage uses: precision, logging, progress lines, all from config."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import sys
+
 import lightning as L
 
 from pipeline.dag import StageContext
@@ -8,7 +12,28 @@ from pipeline.lit import resolve_precision
 from pipeline.tracking import ProgressLog, make_logger
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
+
+
+def keep_freed_memory_for_reuse() -> bool:
+    """Make glibc keep freed memory in the process instead of handing it back to the kernel; True where applied.
+
+    By default glibc serves every block over 32 MB (BERT's 94 MB word-embedding gradient, the MLM logits) with a
+    fresh mmap and trims the heap after large frees, so each training step faults its buffers back in page by page:
+    70-120k minor faults (~400 MB) per bert_base step on CPU, measured. Fixed thresholds reuse them instead (the
+    reason Intel's PyTorch CPU guides preload jemalloc/tcmalloc). The cost: resident memory stays at the step's
+    peak (+0.1 GB at bert_base). A no-op where the C library has no mallopt (macOS, musl).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    if not hasattr(libc, "mallopt"):
+        return False
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 30) and libc.mallopt(M_TRIM_THRESHOLD, 2_000_000_000))
+
+
 def make_trainer(ctx: StageContext, callbacks: list, prefix: str = "", **kwargs) -> L.Trainer:
+    keep_freed_memory_for_reuse()
     tcfg = ctx.cfg.trainer
     return L.Trainer(accelerator=tcfg.accelerator, devices=tcfg.devices,
                      precision=resolve_precision(str(tcfg.precision)),

@@ -186,6 +186,27 @@ def test_decoder_is_tied_to_word_embeddings():
     assert not torch.equal(model.bert.embeddings.word_embeddings.weight, before)
 
 
+
+def test_tied_word_embedding_gradient_is_dense_and_exact():
+    """The lookup's sparse gradient is summed into the decoder's dense one: same values as a dense lookup, a dense
+    .grad (what AdamW, DDP and DeepSpeed expect), also when two micro-batches accumulate."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(small_config()).eval()  # eval: no dropout, so both passes see the same function
+    reference = BertForPreTraining(small_config()).eval()
+    reference.load_state_dict(model.state_dict())
+    reference.bert.embeddings.word_embeddings.sparse = False
+    positions = torch.tensor([[1, 4, 5, 9], [0, 2, 3, 5], [10, 8, 6, 7]])
+    for m in (model, reference):
+        for seed in (0, 1):  # gradient accumulation over two micro-batches
+            mlm, nsp = m(*batch(seed=seed), mlm_positions=positions)
+            (mlm.square().mean() + nsp.square().mean()).backward()
+    grad, expected = model.bert.embeddings.word_embeddings.weight.grad, reference.bert.embeddings.word_embeddings.weight.grad
+    assert grad.layout == torch.strided
+    torch.testing.assert_close(grad, expected)
+    # Rows the batch never looks up still get the decoder's gradient; looked-up rows also get the lookup's.
+    looked_up = torch.unique(torch.cat([batch(seed=s)[0].flatten() for s in (0, 1)]))
+    assert looked_up.numel() < V and grad.abs().sum(1).gt(0).all()
+
 def test_mlm_positions_gather_equals_slicing_full_logits():
     torch.manual_seed(0)
     model = BertForPreTraining(small_config()).eval()
