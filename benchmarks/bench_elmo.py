@@ -14,7 +14,8 @@ W = max_characters_per_token, V_eff = vocabulary (full softmax) or num_samples +
     softmax       2 * (2N) * P * V_eff
 forward = the sum; a training step (forward + backward: input and weight gradients) = 3 x forward.
 Tokens/s counts N (each position is predicted once by each direction). The timed step is forward + backward;
-the optimizer update (memory-bound, outside the FLOP count) is left out.
+the optimizer update (memory-bound, outside the FLOP count) is left out. The process runs with the pipeline's
+allocator setting (pipeline.training.keep_freed_memory_for_reuse), as ELMo pretraining does.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from torch import nn
 
 from data_prep.elmo_examples import N_CHARACTERS
 from models.elmo import BiLanguageModel, ElmoConfig, elmo_config
+from pipeline.training import keep_freed_memory_for_reuse
 
 
 def forward_flops(config: ElmoConfig, batch_size: int, window: int) -> int:
@@ -125,6 +127,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    keep_freed_memory_for_reuse()
     steps = 2 if args.quick else 5
     B, T = args.batch_size, args.window
     torch.manual_seed(0)
