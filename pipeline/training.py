@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 
 import lightning as L
@@ -15,6 +16,7 @@ from pipeline.tracking import ProgressLog, make_logger
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
 
 
+@functools.cache  # a process-wide setting: made once, not again for every Trainer a stage builds
 def keep_freed_memory_for_reuse() -> bool:
     """Make glibc keep freed memory in the process instead of handing it back to the kernel; True where applied.
 

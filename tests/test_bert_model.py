@@ -186,7 +186,6 @@ def test_decoder_is_tied_to_word_embeddings():
     assert not torch.equal(model.bert.embeddings.word_embeddings.weight, before)
 
 
-
 def test_tied_word_embedding_gradient_is_dense_and_exact():
     """The lookup's sparse gradient is summed into the decoder's dense one: same values as a dense lookup, a dense
     .grad (what AdamW, DDP and DeepSpeed expect), also when two micro-batches accumulate."""
@@ -206,6 +205,7 @@ def test_tied_word_embedding_gradient_is_dense_and_exact():
     # Rows the batch never looks up still get the decoder's gradient; looked-up rows also get the lookup's.
     looked_up = torch.unique(torch.cat([batch(seed=s)[0].flatten() for s in (0, 1)]))
     assert looked_up.numel() < V and grad.abs().sum(1).gt(0).all()
+
 
 def test_mlm_positions_gather_equals_slicing_full_logits():
     torch.manual_seed(0)
