@@ -41,7 +41,8 @@ class DistributedSettings:
     accumulate_grad_batches: int
 
     @classmethod
-    def from_config(cls, cfg: DictConfig) -> "DistributedSettings":
+    def from_config(cls, cfg: DictConfig, training: DictConfig | None = None) -> "DistributedSettings":
+        """`training`: the settings of the pretraining run being set up (a phase's), by default `cfg.pretrain`."""
         t = cfg.trainer
         ds = t.get("deepspeed")
         return cls(strategy=str(t.get("strategy", "auto")), num_workers=int(t.get("num_workers", 1)),
@@ -49,7 +50,8 @@ class DistributedSettings:
                    zero_stage=int(ds.stage) if ds else None,
                    offload_optimizer=bool(ds.offload_optimizer) if ds else False,
                    offload_parameters=bool(ds.offload_parameters) if ds else False,
-                   accumulate_grad_batches=int(cfg.pretrain.accumulate_grad_batches))
+                   accumulate_grad_batches=int((cfg.pretrain if training is None else training)
+                                               .accumulate_grad_batches))
 
     @property
     def uses_cuda(self) -> bool:

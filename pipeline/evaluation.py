@@ -10,21 +10,28 @@ from data_prep.shards import write_json_atomically
 from data_prep.word_vectors import load_glove
 from pipeline.dag import StageContext
 from pipeline.elmo_stages import elmo_encoder
+from pipeline.pretraining import encoder_stage
 from pipeline.senteval import BertEncoder, Encoder, GloveBagOfWords, run_senteval
 from pipeline.skip_thought_stages import skip_thought_encoder
 
 
 def _bert(pooling: str) -> Callable[[StageContext], Encoder]:
     def build(ctx: StageContext) -> Encoder:
-        return BertEncoder.from_directories(ctx.stage_dir("pretrain") / "encoder", ctx.stage_dir("tokenizer"),
-                                            pooling=pooling, name=f"bert_{pooling}")
+        encoder_dir = ctx.stage_dir(encoder_stage(ctx.cfg)) / "encoder"
+        return BertEncoder.from_directories(encoder_dir, ctx.stage_dir("tokenizer"), pooling=pooling,
+                                            name=f"bert_{pooling}")
     return build
 
 
-# encoder name -> (the stages whose outputs it needs, how to build it from them)
-ENCODERS: dict[str, tuple[tuple[str, ...], Callable[[StageContext], Encoder]]] = {
-    "bert_cls": (("tokenizer", "pretrain"), _bert("cls")),
-    "bert_mean": (("tokenizer", "pretrain"), _bert("mean")),
+def _bert_stages(cfg: DictConfig) -> tuple[str, ...]:
+    return "tokenizer", encoder_stage(cfg)
+
+
+# encoder name -> (the stages whose outputs it needs, or a function of the config giving them; how to build it)
+ENCODERS: dict[str, tuple[tuple[str, ...] | Callable[[DictConfig], tuple[str, ...]],
+                          Callable[[StageContext], Encoder]]] = {
+    "bert_cls": (_bert_stages, _bert("cls")),
+    "bert_mean": (_bert_stages, _bert("mean")),
     "glove_bow": ((), lambda ctx: GloveBagOfWords(load_glove())),
     "elmo": (("elmo_vocab", "elmo_pretrain"), elmo_encoder),
     "skip_thought": (("skip_thought_pretrain",), skip_thought_encoder(expand_vocabulary=False)),
@@ -40,7 +47,8 @@ def _check(cfg: DictConfig) -> list[str]:
 
 
 def evaluate_upstream(cfg: DictConfig) -> tuple[str, ...]:
-    needed = {stage for name in _check(cfg) for stage in ENCODERS[name][0]}
+    needed = {stage for name in _check(cfg)
+              for stage in (ENCODERS[name][0](cfg) if callable(ENCODERS[name][0]) else ENCODERS[name][0])}
     return tuple(sorted(needed))
 
 

@@ -34,17 +34,19 @@ from pipeline.lit_downstream import (ClassificationModule, QuestionAnsweringModu
                                      collate_token_classification)
 from pipeline.lit_elmo import ElmoTaskModule, make_elmo_task_collate
 from pipeline.metrics import score_task
+from pipeline.pretraining import encoder_stage
 from pipeline.tasks import TaskSplit, load_task, read_split, resolve_task_dir
 from pipeline.training import make_trainer
 
-# pretrained: this run's encoder; random_init: the same architecture untrained; external: finetune.external_encoder;
+# pretrained: this run's encoder (of its last BERT pretraining phase); random_init: the same architecture untrained;
+# external: finetune.external_encoder;
 # elmo: this run's ELMo biLM, frozen, with a trainable scalar mix and a BiLSTM head (feature-based, Peters et al. §3.3)
 MODEL_KINDS = ("pretrained", "random_init", "external", "elmo")
 
 
 def finetune_upstream(cfg: DictConfig) -> tuple[str, ...]:
     models = set(cfg.finetune.models)
-    return ((("tokenizer", "pretrain") if {"pretrained", "random_init"} & models else ())
+    return ((("tokenizer", encoder_stage(cfg)) if {"pretrained", "random_init"} & models else ())
             + (("elmo_vocab", "elmo_pretrain") if "elmo" in models else ()))
 
 
@@ -179,7 +181,7 @@ def model_sources(ctx: StageContext) -> dict[str, tuple[Path, object]]:
         raise ValueError(f"finetune.models: unknown {unknown}; choose from {list(MODEL_KINDS)}")
     sources = {}
     if {"pretrained", "random_init"} & set(f.models):
-        ours = (ctx.stage_dir("pretrain") / "encoder", load_tokenizer(ctx.stage_dir("tokenizer")))
+        ours = (ctx.stage_dir(encoder_stage(ctx.cfg)) / "encoder", load_tokenizer(ctx.stage_dir("tokenizer")))
         sources.update({kind: ours for kind in ("pretrained", "random_init") if kind in f.models})
     if "elmo" in f.models:
         bilm = load_bilm(ctx.stage_dir("elmo_pretrain") / "bilm").eval()

@@ -1,8 +1,10 @@
-"""The BERT pretraining stage: masked LM + next sentence prediction over the examples stage's Arrow files.
+"""The BERT pretraining stages: masked LM + next sentence prediction over an examples stage's Arrow files, in
+BERT's two phases (Devlin et al. 2019, §A.2): `pretrain` at length 128 from random initialisation, then, when the run
+has it, `pretrain_phase2` at length 512 from phase 1's final weights. One code path trains both (`Phase`).
 
-Checkpoints go to `<out_dir>/checkpoints/` every `pretrain.checkpoint_every_steps`; a rerun of a crashed stage
-re-enters the same directory (pipeline/dag.py) and continues from the newest one: weights, optimizer, schedule,
-data position and RNG, so the steps after the resume are the steps an uninterrupted run would have taken.
+Checkpoints go to `<out_dir>/checkpoints/` every `pretrain.checkpoint_every_steps` (in either phase); a rerun of a
+crashed stage re-enters the same directory (pipeline/dag.py) and continues from the newest one: weights, optimizer,
+schedule, data position and RNG, so the steps after the resume are the steps an uninterrupted run would have taken.
 One process by default; `trainer.num_workers > 1` or DeepSpeed train in Ray Train workers (pipeline/distributed.py).
 """
 from __future__ import annotations
@@ -20,13 +22,14 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
+from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from data_prep.bert_examples import BertPretrainingCollator
 from data_prep.shards import write_json_atomically
 from data_prep.tokenizer import SPECIAL_TOKENS, load_tokenizer
-from models.bert import save_encoder
+from models.bert import BertConfig, load_encoder, save_encoder
 from pipeline.dag import StageContext
 from pipeline.data import PretrainingInstances, read_arrow
 from pipeline.distributed import (DistributedSettings, checkpoint_tags, consolidated_state_dict, deepspeed_config,
@@ -40,11 +43,67 @@ from pipeline.training import keep_freed_memory_for_reuse, make_trainer
 CHECKPOINT_DIR = "checkpoints"
 KEEP_CHECKPOINTS = 2
 WORKER_SUMMARY = "train_summary.json"  # how rank 0 of the Ray Train workers hands the stage its summary
+# The MLM and NSP heads, beside encoder/: what a later phase needs, besides the encoder, to continue pretraining.
+HEADS_FILE = "pretraining_heads.safetensors"
+TIED_DECODER = "cls.predictions.decoder.weight"  # the word embedding matrix itself: saved once, in encoder/
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One pretraining phase: the stage that trains it, the examples stage it reads, and where it starts from.
+
+    Devlin et al. 2019, §A.2: 90 % of the steps at sequence length 128, as attention is quadratic in the length,
+    then the rest at 512 "to learn the positional embeddings". Phase 2 continues phase 1's weights with a fresh
+    optimizer and schedule, as NVIDIA's DeepLearningExamples BERT does."""
+    stage: str
+    examples: str
+    length_key: str                  # the config key of its sequence length
+    config_blocks: tuple[str, ...]   # its settings; a later block's keys override an earlier one's
+    init_from: str | None = None     # the stage whose final weights (encoder and heads) it continues
+
+    def settings(self, cfg: DictConfig) -> DictConfig:
+        """This phase's pretraining settings: phase 2's block over `pretrain`, whose keys it need not repeat."""
+        merged = {k: v for block in self.config_blocks
+                  for k, v in OmegaConf.to_container(cfg[block], resolve=True).items()}
+        settings = OmegaConf.create(merged)
+        OmegaConf.set_struct(settings, True)  # a misspelt key is an error, as in the config it came from
+        return settings
+
+    def max_seq_length(self, cfg: DictConfig) -> int:
+        """The phase's sequence length, refused before any work if the model has no position for its end."""
+        length = int(OmegaConf.select(cfg, self.length_key))
+        model = cfg.model.config
+        positions = int(model.get("max_position_embeddings", BertConfig.max_position_embeddings))
+        if model.get("position_embedding_type", "learned") != "relative" and length > positions:
+            raise ValueError(f"{self.length_key}={length} is longer than the model's position table "
+                             f"(model.config.max_position_embeddings={positions}); set "
+                             f"model.config.max_position_embeddings={length} for the whole run (phase 1 must "
+                             f"train with the table phase 2 uses, as conf/model/bert_base.yaml does), or lower "
+                             f"{self.length_key}")
+        return length
+
+
+PHASES = (Phase("pretrain", "examples", "examples.max_seq_length", ("pretrain",)),
+          Phase("pretrain_phase2", "examples_phase2", "pretrain_phase2.max_seq_length",
+                ("pretrain", "pretrain_phase2"), init_from="pretrain"))
+
+
+def phase_of(stage: str) -> Phase:
+    """The phase a training or examples stage belongs to."""
+    return next(p for p in PHASES if stage in (p.stage, p.examples))
+
+
+def encoder_stage(cfg: DictConfig) -> str:
+    """The stage whose encoder the run's downstream stages read: its last pretraining phase in pipeline.stages."""
+    in_run = [p.stage for p in PHASES if p.stage in cfg.pipeline.stages]
+    return in_run[-1] if in_run else PHASES[0].stage
 
 
 def pretrain(ctx: StageContext) -> dict:
+    phase = phase_of(ctx.name)
+    phase.max_seq_length(ctx.cfg)  # too long for the position table: fail now, not at the first batch
     validate_distributed(ctx.cfg)
-    settings = DistributedSettings.from_config(ctx.cfg)
+    settings = DistributedSettings.from_config(ctx.cfg, phase.settings(ctx.cfg))
     if not settings.uses_ray_train:
         return _train_with_lightning(ctx, settings, rank=0, world_size=1)
     worker = _deepspeed_cpu_worker if settings.deepspeed_on_cpu else _lightning_worker
@@ -83,14 +142,30 @@ def _build_model(cfg: DictConfig, vocab_size: int) -> nn.Module:
     return hydra.utils.instantiate(model_cfg, _convert_="all")
 
 
+def _save_heads(model: nn.Module, path: Path) -> None:
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
+               if k.startswith("cls.") and k != TIED_DECODER}, str(path))
+
+
+def _continue_from(model: nn.Module, pretrain_dir: Path) -> None:
+    """Load a finished phase's encoder and MLM/NSP heads into `model`, which has the same configuration."""
+    state = {f"bert.{k}": v for k, v in load_encoder(pretrain_dir / "encoder").state_dict().items()}
+    state[TIED_DECODER] = state["bert.embeddings.word_embeddings.weight"]  # one Parameter under two names
+    # strict: any missing or extra tensor is an error
+    model.load_state_dict({**state, **load_file(str(pretrain_dir / HEADS_FILE))})
+
+
 def _setup(ctx: StageContext, rank: int, world_size: int) -> _Setup:
-    cfg, p = ctx.cfg, ctx.cfg.pretrain
+    cfg, phase = ctx.cfg, phase_of(ctx.name)
+    p = phase.settings(cfg)
     tok = load_tokenizer(ctx.stage_dir("tokenizer"))
     vocab_size = tok.get_vocab_size()
     L.seed_everything(cfg.seed, workers=True)  # same initial weights on every rank
     model = _build_model(cfg, vocab_size)
+    if phase.init_from:  # a resumed run then loads its own checkpoint over these
+        _continue_from(model, ctx.stage_dir(phase.init_from))
 
-    dataset = PretrainingInstances([read_arrow(p) for p in sorted(ctx.stage_dir("examples").glob("*.arrow"))])
+    dataset = PretrainingInstances([read_arrow(p) for p in sorted(ctx.stage_dir(phase.examples).glob("*.arrow"))])
     order = np.random.default_rng(cfg.seed).permutation(len(dataset))
     n_val = max(1, int(len(dataset) * p.val_fraction))
     train_set, val_set = Subset(dataset, order[n_val:].tolist()), Subset(dataset, order[:n_val].tolist())
@@ -165,7 +240,8 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
 
 def _train_with_lightning(ctx: StageContext, settings: DistributedSettings, rank: int, world_size: int,
                           plugins: tuple = ()) -> dict:
-    cfg, p, out = ctx.cfg, ctx.cfg.pretrain, ctx.stage_dir("pretrain")
+    cfg, phase, out = ctx.cfg, phase_of(ctx.name), ctx.out_dir
+    p = phase.settings(cfg)
     setup = _setup(ctx, rank, world_size)
     history = LossHistory()
     checkpoints = ModelCheckpoint(dirpath=out / CHECKPOINT_DIR, filename="step-{step:06d}",
@@ -197,10 +273,10 @@ def _train_with_lightning(ctx: StageContext, settings: DistributedSettings, rank
                "workers": world_size, "train_instances": setup.train_instances,
                "val_instances": sum(len(b["input_ids"]) for b in setup.val_batches), "seconds": round(seconds, 1),
                "padded_tokens_per_s": round(steps_run * p.accumulate_grad_batches * p.batch_size * world_size
-                                            * cfg.examples.max_seq_length / seconds, 1),
+                                            * phase.max_seq_length(cfg) / seconds, 1),
                "precision": trainer.precision, "final_val_loss": history.last("val/loss"),
                "final_val_mlm_acc": history.last("val/mlm_acc"), "final_val_nsp_acc": history.last("val/nsp_acc"),
-               "num_parameters": sum(t.numel() for t in setup.model.parameters())}
+               "num_parameters": sum(t.numel() for t in setup.model.parameters()), **_phase_summary(ctx)}
     if trainer.is_global_zero:
         _write_outputs(out, setup.model, history, summary, settings.uses_ray_train)
     return summary
@@ -210,8 +286,15 @@ def _step_of(checkpoint: Path) -> int:
     return int(checkpoint.name.removeprefix("step-").split(".")[0])
 
 
+def _phase_summary(ctx: StageContext) -> dict:
+    phase = phase_of(ctx.name)
+    return {"max_seq_length": phase.max_seq_length(ctx.cfg),
+            "initialised_from": str(ctx.stage_dir(phase.init_from)) if phase.init_from else None}
+
+
 def _write_outputs(out: Path, model: nn.Module, history: LossHistory, summary: dict, in_ray_worker: bool) -> None:
     save_encoder(model.bert, out / "encoder")
+    _save_heads(model, out / HEADS_FILE)
     history.write_csv(out / "loss_curve.csv")
     if in_ray_worker:
         write_json_atomically(out / WORKER_SUMMARY, summary)
@@ -229,8 +312,9 @@ def _lightning_worker(config: dict) -> None:
 
     ctx = _worker_context(config)
     context = ray.train.get_context()
-    _train_with_lightning(ctx, DistributedSettings.from_config(ctx.cfg), context.get_world_rank(),
-                          context.get_world_size(), plugins=(RayLightningEnvironment(),))
+    settings = DistributedSettings.from_config(ctx.cfg, phase_of(ctx.name).settings(ctx.cfg))
+    _train_with_lightning(ctx, settings, context.get_world_rank(), context.get_world_size(),
+                          plugins=(RayLightningEnvironment(),))
 
 
 class PretrainingObjective(nn.Module):
@@ -249,8 +333,9 @@ def _deepspeed_cpu_worker(config: dict) -> None:
     import torch.distributed as dist
 
     ctx = _worker_context(config)
-    cfg, p, out = ctx.cfg, ctx.cfg.pretrain, ctx.out_dir
-    settings = DistributedSettings.from_config(cfg)
+    cfg, out = ctx.cfg, ctx.out_dir
+    p = phase_of(ctx.name).settings(cfg)
+    settings = DistributedSettings.from_config(cfg, p)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     setup = _setup(ctx, rank, world_size)
     optimization = setup.module.configure_optimizers()
@@ -287,7 +372,7 @@ def _deepspeed_cpu_worker(config: dict) -> None:
                "train_instances": setup.train_instances, "seconds": round(seconds, 1),
                "final_val_loss": round(val["loss"], 4), "final_val_mlm_acc": round(val["mlm_acc"], 4),
                "final_val_nsp_acc": round(val["nsp_acc"], 4),
-               "num_parameters": sum(t.numel() for t in model.parameters())}
+               "num_parameters": sum(t.numel() for t in model.parameters()), **_phase_summary(ctx)}
     _write_outputs(out, model, history, summary, in_ray_worker=True)
 
 

@@ -14,7 +14,7 @@ from data_prep.shards import write_json_atomically
 from pipeline.plots import Curve, plot_attention, plot_pretraining, plot_task_scores
 
 RESULT_COLUMNS = ["model", "task", "metric", "score", "std", "seeds"]
-PRETRAINING_STAGES = ("pretrain", "elmo_pretrain", "skip_thought_pretrain")
+PRETRAINING_STAGES = ("pretrain", "pretrain_phase2", "elmo_pretrain", "skip_thought_pretrain")
 RESULT_STAGES = {"finetune": "Fine-tuning (dev set)", "evaluate": "Frozen sentence embeddings (SentEval-style probes)"}
 # Held-out perplexity as each family logs it: BERT's masked-LM perplexity, ELMo's biLM perplexity (mean of the two
 # directions). Skip-Thought logs none.
@@ -145,10 +145,10 @@ def _log_to_wandb(run, rows: list[dict], figures: dict[str, Path]) -> None:
 
 
 def write_report(stage_dirs: dict[str, Path], out: Path, title: str, attention: AttentionRequest | None = None,
-                 wandb_run=None) -> dict[str, Path]:
+                 attention_stage: str = "pretrain", wandb_run=None) -> dict[str, Path]:
     """Everything the report stage writes into `out`, from the output directories of the stages it read
-    (finetune / evaluate results, pretraining curves; `pretrain` and `tokenizer` for the attention heat-map).
-    Returns name -> path of every file written. `wandb_run`: the stage's W&B run, or None."""
+    (finetune / evaluate results, pretraining curves; `attention_stage`'s encoder and `tokenizer` for the attention
+    heat-map). Returns name -> path of every file written. `wandb_run`: the stage's W&B run, or None."""
     lines, rows, figures = [f"# Results: {title}"], [], {}
     panels = {}
     for stage in RESULT_STAGES:
@@ -165,7 +165,7 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str, attention: 
         if stage in stage_dirs:
             lines += _pretraining_section(stage, stage_dirs[stage], out, figures)
     if attention is not None:
-        heat = attention_matrix(stage_dirs["pretrain"] / "encoder", stage_dirs["tokenizer"], attention)
+        heat = attention_matrix(stage_dirs[attention_stage] / "encoder", stage_dirs["tokenizer"], attention)
         where = f"layer {heat.layer} of {heat.num_layers} (0-based), head {heat.head}"
         figures["attention_plot"] = out / "attention.png"
         plot_attention(heat.matrix, heat.tokens, figures["attention_plot"], title=f"Pretrained BERT, {where}")

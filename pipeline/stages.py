@@ -25,7 +25,7 @@ from pipeline.data import read_arrow
 from pipeline.elmo_stages import ELMO_STAGES
 from pipeline.evaluation import evaluate, evaluate_upstream
 from pipeline.finetuning import finetune, finetune_upstream, task_names
-from pipeline.pretraining import pretrain
+from pipeline.pretraining import PHASES, encoder_stage, phase_of, pretrain
 from pipeline.report import AttentionRequest, write_report
 from pipeline.skip_thought_stages import SKIP_THOUGHT_STAGES
 from pipeline.tasks import load_task, resolve_task_dir
@@ -88,19 +88,22 @@ def build_shard_examples(shard_path: str, neighbour_path: str, tokenizer_dir: st
 
 
 def examples(ctx: StageContext) -> dict:
+    """A pretraining phase's instances (`examples` at phase 1's length, `examples_phase2` at phase 2's), built from
+    the same shards and tokenizer with the `examples` settings."""
     shards = shard_paths(ctx.stage_dir("prepare"))
-    out = ctx.stage_dir("examples")
+    out = ctx.out_dir
     ex = ctx.cfg.examples
+    max_seq_length = phase_of(ctx.name).max_seq_length(ctx.cfg)
     # One seed per shard, derived from the run seed: the output does not depend on which worker ran what.
     refs = [build_shard_examples.remote(str(shard), str(shards[(i + 1) % len(shards)]),
                                         str(ctx.stage_dir("tokenizer")), str(out / f"examples-{i:05d}.arrow"),
-                                        ex.max_seq_length, ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed * 1000 + i)
+                                        max_seq_length, ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed * 1000 + i)
             for i, shard in enumerate(shards)]
     counts = ray.get(refs)
-    return {"instances": int(sum(counts)), "files": len(counts)}
+    return {"instances": int(sum(counts)), "files": len(counts), "max_seq_length": max_seq_length}
 
 
-REPORTED_STAGES = ("pretrain", "elmo_pretrain", "skip_thought_pretrain", "finetune", "evaluate")
+REPORTED_STAGES = (*(p.stage for p in PHASES), "elmo_pretrain", "skip_thought_pretrain", "finetune", "evaluate")
 
 
 def _attention_request(cfg: DictConfig) -> AttentionRequest | None:
@@ -113,7 +116,7 @@ def _attention_request(cfg: DictConfig) -> AttentionRequest | None:
 def report_upstream(cfg: DictConfig) -> tuple[str, ...]:
     stages = tuple(s for s in REPORTED_STAGES if s in cfg.pipeline.stages)
     # The attention heat-map runs the pretrained BERT on a sentence, so it needs that BERT's tokenizer as well.
-    if "pretrain" in stages and _attention_request(cfg) is not None:
+    if encoder_stage(cfg) in stages and _attention_request(cfg) is not None:
         stages += ("tokenizer",)
     return stages
 
@@ -123,7 +126,7 @@ def report(ctx: StageContext) -> dict:
     paths = write_report({name: ctx.stage_dir(name) for name in upstream}, ctx.out_dir,
                          title=ctx.cfg.experiment_name,
                          attention=_attention_request(ctx.cfg) if "tokenizer" in upstream else None,
-                         wandb_run=ctx.wandb_run)
+                         attention_stage=encoder_stage(ctx.cfg), wandb_run=ctx.wandb_run)
     return {k: str(v) for k, v in paths.items()}
 
 
@@ -159,8 +162,14 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("prepare", prepare, (), ("data",), version=2, fingerprint=_corpus_fingerprint),
     Stage("tokenizer", tokenizer, ("prepare",), ("tokenizer",), version=1),
     Stage("examples", examples, ("prepare", "tokenizer"), ("examples", "seed"), version=1),
-    Stage("pretrain", pretrain, ("tokenizer", "examples"), ("model", "pretrain", "trainer", "seed"), version=2,
+    # BERT's phase 2 (pipeline/pretraining.py, PHASES): its own examples, and phase 1's weights to continue from
+    Stage("examples_phase2", examples, ("prepare", "tokenizer"),
+          ("examples", "pretrain_phase2.max_seq_length", "seed"), version=1),
+    # version 3: writes the MLM/NSP heads too, which phase 2 continues from
+    Stage("pretrain", pretrain, ("tokenizer", "examples"), ("model", "pretrain", "trainer", "seed"), version=3,
           num_cpus=stage_cpus),
+    Stage("pretrain_phase2", pretrain, ("tokenizer", "examples_phase2", "pretrain"),
+          ("model", "pretrain", "pretrain_phase2", "trainer", "seed"), version=1, num_cpus=stage_cpus),
     Stage("finetune", finetune, finetune_upstream, ("finetune", "trainer", "seed"), version=1,
           fingerprint=_finetune_fingerprint, num_cpus=all_cpus),
     Stage("evaluate", evaluate, evaluate_upstream, ("evaluate", "senteval", "seed"), version=1,

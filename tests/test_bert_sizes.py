@@ -9,7 +9,9 @@ from omegaconf import OmegaConf
 
 from models.bert import BERT_SIZES
 from pipeline import CONF_DIR
+from pipeline.finetuning import finetune_upstream
 from pipeline.lit import BertPretrainModule
+from pipeline.pretraining import phase_of
 
 
 def _compose(*overrides: str):
@@ -42,6 +44,17 @@ def test_bert_base_recipe_is_the_papers():
     assert (p.batch_size, p.lr, p.warmup_steps, list(p.betas), p.weight_decay) == (256, 1e-4, 10_000, [0.9, 0.999], 0.01)
     assert cfg.examples.max_seq_length == 128 and p.max_steps == 900_000  # phase 1: 90 % of 1M steps at length 128
     assert cfg.tokenizer.vocab_size == 30522 and cfg.model.config.max_position_embeddings == 512
+
+
+def test_bert_base_runs_phase_2_at_512_from_phase_1_and_fine_tunes_its_encoder():
+    cfg = _compose("+experiment=bert_base")
+    phase1, phase2 = phase_of("pretrain").settings(cfg), phase_of("pretrain_phase2").settings(cfg)
+    assert (phase1.max_predictions_per_seq, phase_of("pretrain").max_seq_length(cfg)) == (20, 128)
+    assert (phase2.max_predictions_per_seq, phase_of("pretrain_phase2").max_seq_length(cfg)) == (80, 512)
+    assert (phase2.max_steps, phase2.batch_size, phase2.lr) == (100_000, 256, 1e-4)  # the last 10 % of 1M steps
+    assert (phase2.weight_decay, list(phase2.betas)) == (0.01, [0.9, 0.999])  # phase 1's, not repeated
+    assert cfg.model.config.max_position_embeddings >= 512
+    assert "pretrain_phase2" in cfg.pipeline.stages and finetune_upstream(cfg) == ("tokenizer", "pretrain_phase2")
 
 
 def test_bert_base_has_110m_parameters_and_trains_a_step():

@@ -1,0 +1,144 @@
+"""BERT's phase 2 on a tiny corpus: longer examples, phase 1's weights continued, its own cache entry and exact
+resume, and the downstream stages reading its encoder."""
+from __future__ import annotations
+
+import csv
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from models.bert import load_encoder
+from pipeline import finetuning
+from pipeline.dag import MARKER, StageContext, StageFailed, execute_stage, plan
+from pipeline.data import read_arrow
+from pipeline.pretraining import HEADS_FILE, _build_model, _setup
+from pipeline.stages import STAGES
+from tests.conftest import tiny_config
+from tests.test_stages import TinyRun
+
+PHASE2 = [
+    "pipeline.stages=[prepare,tokenizer,examples,pretrain,examples_phase2,pretrain_phase2,finetune,report]",
+    # phase 1 trains at 32 (TINY_OVERRIDES) with the table phase 2 needs, as bert_base does at 128 with 512
+    "model.config.max_position_embeddings=256", "pretrain.max_steps=10",
+    "pretrain_phase2.max_seq_length=256", "pretrain_phase2.max_steps=10", "pretrain_phase2.batch_size=4",
+    "pretrain_phase2.warmup_steps=2", "pretrain_phase2.max_predictions_per_seq=40",
+    "++pretrain_phase2.checkpoint_every_steps=5", "finetune.models=[pretrained]",
+    "report.attention_sentence='the king saw the ship'",
+]
+BEFORE_DOWNSTREAM = ("prepare", "tokenizer", "examples", "pretrain", "examples_phase2", "pretrain_phase2")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, ray_session) -> TinyRun:
+    tiny = TinyRun(tiny_config(tmp_path_factory.mktemp("phase2"), PHASE2))
+    for name in BEFORE_DOWNSTREAM:
+        tiny.run_stage(name)
+    return tiny
+
+
+def _root(run: TinyRun) -> Path:
+    return Path(run.cfg.paths.cache_dir).parent
+
+
+def _lengths(examples_dir: Path) -> list[int]:
+    return [len(ids) for f in sorted(examples_dir.glob("examples-*.arrow"))
+            for ids in read_arrow(f).column("input_ids").to_pylist()]
+
+
+def _train_losses(stage_dir: Path) -> dict[int, float]:
+    with open(stage_dir / "loss_curve.csv") as f:
+        return {int(r["step"]): float(r["value"]) for r in csv.DictReader(f) if r["name"] == "train/loss"}
+
+
+def test_phase2_examples_are_built_at_the_phase2_length(run):
+    phase1, phase2 = _lengths(run.stage_dir("examples")), _lengths(run.stage_dir("examples_phase2"))
+    assert max(phase1) <= 32
+    assert 128 < max(phase2) <= 256  # sequences phase 1 never saw, up to phase 2's length
+
+
+def test_phase2_starts_from_phase1s_final_weights(run):
+    phase1 = run.stage_dir("pretrain")
+    ctx = StageContext(run.cfg, "pretrain_phase2", run.stage_dir("pretrain_phase2"),
+                       {u: run.stage_dir(u) for u in run.plan.stages["pretrain_phase2"].upstream})
+    initial = _setup(ctx, rank=0, world_size=1).model.state_dict()
+    expected = {**{f"bert.{k}": v for k, v in load_encoder(phase1 / "encoder").state_dict().items()},
+                **load_file(str(phase1 / HEADS_FILE))}
+    assert set(expected) == set(initial) - {"cls.predictions.decoder.weight"}  # tied to the word embeddings
+    for name, tensor in expected.items():
+        torch.testing.assert_close(initial[name], tensor, rtol=0, atol=0, msg=name)
+    torch.manual_seed(run.cfg.seed)
+    fresh = _build_model(run.cfg, 300).state_dict()  # what phase 2 would start from without phase 1
+    assert not torch.equal(fresh["cls.seq_relationship.weight"], expected["cls.seq_relationship.weight"])
+
+
+def test_phase2_trains_its_own_steps_and_writes_encoder_and_heads(run):
+    summary = (run.stage_dir("pretrain_phase2") / MARKER).read_text()
+    out = run.stage_dir("pretrain_phase2")
+    assert '"steps": 10' in summary and '"max_seq_length": 256' in summary
+    assert f'"initialised_from": "{run.stage_dir("pretrain")}"' in summary
+    assert sorted(_train_losses(out)) == list(range(1, 11))
+    assert (out / HEADS_FILE).is_file()
+    before = load_encoder(run.stage_dir("pretrain") / "encoder").state_dict()
+    after = load_encoder(out / "encoder").state_dict()
+    assert not torch.equal(before["embeddings.position_embeddings.weight"],
+                           after["embeddings.position_embeddings.weight"])
+
+
+def test_changing_only_a_phase2_setting_reruns_phase2_and_not_phase1(run):
+    def pending(extra: list[str]) -> list[str]:
+        the_plan = plan(tiny_config(_root(run), [*PHASE2, *extra]), STAGES)
+        return [name for name in the_plan.order if not the_plan.cached[name]]
+
+    assert pending([]) == ["finetune", "report"]  # the fixture ran the rest
+    assert pending(["pretrain_phase2.lr=5e-4"]) == ["pretrain_phase2", "finetune", "report"]
+    assert pending(["pretrain_phase2.max_seq_length=200"]) == ["examples_phase2", "pretrain_phase2", "finetune",
+                                                               "report"]
+    assert pending(["pretrain.lr=5e-4"]) == ["pretrain", "pretrain_phase2", "finetune", "report"]
+
+
+def test_finetune_and_report_read_the_phase2_encoder(run, monkeypatch):
+    read = []
+
+    def recording_load_encoder(path):
+        read.append(Path(path))
+        return load_encoder(path)
+
+    monkeypatch.setattr(finetuning, "load_encoder", recording_load_encoder)
+    monkeypatch.setattr("models.bert.load_encoder", recording_load_encoder)  # the report's attention heat-map
+    assert run.plan.stages["finetune"].upstream == ("tokenizer", "pretrain_phase2")
+    run.run_stage("finetune")
+    run.run_stage("report")
+    assert read and set(read) == {run.stage_dir("pretrain_phase2") / "encoder"}
+    md = (run.stage_dir("report") / "results.md").read_text()
+    assert "## Pretraining (pretrain)" in md and "## Pretraining (pretrain_phase2)" in md
+
+
+def test_phase2_resumes_exactly_from_its_checkpoint(run, tmp_path):
+    finished = run.stage_dir("pretrain_phase2")
+    out = tmp_path / "pretrain_phase2"
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copy(finished / "checkpoints" / "step-000005.ckpt", out / "checkpoints")  # as if killed after step 5
+    inputs = {u: (run.plan.dirs[u], run.plan.hashes[u]) for u in run.plan.stages["pretrain_phase2"].upstream}
+    summary = execute_stage(run.plan.stages, run.cfg, "pretrain_phase2", run.plan.hashes["pretrain_phase2"], out,
+                            inputs, None)
+    assert summary["resumed_from_step"] == 5 and summary["steps"] == 10
+    resumed, uninterrupted = _train_losses(out), _train_losses(finished)
+    assert sorted(resumed) == list(range(1, 11))
+    torch.testing.assert_close([resumed[s] for s in range(6, 11)], [uninterrupted[s] for s in range(6, 11)],
+                               rtol=0, atol=0)
+
+
+def test_phase2_longer_than_the_position_table_fails_with_what_to_set(run):
+    def refused(stage: str, length: int) -> None:
+        too_long = TinyRun(tiny_config(_root(run), [*PHASE2, "model.config.max_position_embeddings=128",
+                                                    f"pretrain_phase2.max_seq_length={length}"]))
+        with pytest.raises(StageFailed, match=rf"pretrain_phase2.max_seq_length={length} is longer than the model's "
+                                              r"position table \(model.config.max_position_embeddings=128\); set "
+                                              rf"model.config.max_position_embeddings={length}"):
+            too_long.run_stage(stage)
+
+    refused("examples_phase2", 200)  # before building examples no model could train on
+    refused("pretrain_phase2", 256)  # its examples are cached: they do not depend on the model
