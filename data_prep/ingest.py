@@ -12,12 +12,18 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import hashlib
+import itertools
 import re
 import unicodedata
 from collections.abc import Sequence
 from pathlib import PurePath
 
 import blingfire
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from data_prep.shards import book_rows
 
 INPUT_FORMATS = ("raw", "sentence_per_line")
 
@@ -51,10 +57,11 @@ class IngestOptions:
 
 @dataclasses.dataclass(frozen=True)
 class BookResult:
-    """What `process_book` made of one file. `sentences` holds (paragraph_index, sentence_index, text),
-    both indices dense and 0-based within the book (a paragraph whose sentences were all filtered
-    out gets no index). `fingerprint` is the exact-duplicate key (see `book_fingerprint`), empty
-    when rejected."""
+    """What `process_book` made of one file. `rows` holds the kept book's sentences as shard rows
+    (`data_prep.shards.book_rows`): paragraph_index and sentence_index dense and 0-based within the book (a
+    paragraph whose sentences were all filtered out gets no index). Arrow rather than a Python object per
+    sentence, so a Ray task hands them to the driver as buffers. `fingerprint` is the exact-duplicate key
+    (see `book_fingerprint`), empty when rejected."""
 
     book_id: str
     title: str
@@ -63,10 +70,21 @@ class BookResult:
     num_bytes: int
     status: str  # "kept" or "rejected"
     reason: str = ""  # why it was rejected; empty when kept
-    sentences: tuple[tuple[int, int, str], ...] = ()
+    rows: pa.RecordBatch | None = None
     num_dropped_by_length: int = 0
     utf8_replacements: int = 0  # invalid UTF-8 sequences replaced by U+FFFD (see decode_book)
     fingerprint: str = ""
+
+    @property
+    def num_sentences(self) -> int:
+        return self.rows.num_rows if self.rows is not None else 0
+
+    @property
+    def sentences(self) -> tuple[tuple[int, int, str], ...]:
+        """(paragraph_index, sentence_index, text) of each kept sentence, as Python values."""
+        if self.rows is None:
+            return ()
+        return tuple(zip(*(self.rows[name].to_pylist() for name in ("paragraph_index", "sentence_index", "text"))))
 
     @classmethod
     def rejected(cls, book_id: str, reason: str, *, num_bytes: int = 0, encoding: str = "",
@@ -221,16 +239,24 @@ def split_paragraphs(body: str) -> list[list[str]]:
     return paragraphs
 
 
+def reflow_paragraphs(body: str) -> list[str]:
+    """Blank lines separate paragraphs; each hard-wrapped paragraph becomes one whitespace-collapsed line. Equal to
+    joining `split_paragraphs`' lines with spaces, in one split per paragraph instead of one per line."""
+    paragraphs = (collapse_whitespace(block) for block in _BLANK_LINES.split(body))
+    return [paragraph for paragraph in paragraphs if paragraph]
+
+
 # blingfire 0.1.8 knows "Mr." inside a sentence but splits after it when it starts one:
 # "He left the house. Mr. Smith came in." -> "He left the house." | "Mr." | "Smith came in.". In
 # gutenberg-raw about 1 sentence in 500 is such a fragment (a title or an initial, often after a quote).
 _TITLE_OR_INITIAL = re.compile(
     r"[\"'\u201c\u2018(\[]?(?:Mr|Mrs|Ms|Messrs|Mme|Mlle|Dr|St|Prof|Rev|Capt|Col|Gen|Lt|Sgt|Hon|[A-Z])\."
 )
+_LONGEST_TITLE_OR_INITIAL = len('"Messrs.')
 # Blingfire treats newlines as spaces but always ends a sentence at U+2029 PARAGRAPH SEPARATOR, so a whole
 # book goes through it in one call with paragraphs joined by this character. One call per paragraph spent
 # half of process_book's time in blingfire's Python wrapper (a ctypes buffer per call). The paragraphs
-# cannot contain the character themselves: it is whitespace, collapsed to " " by split_paragraphs.
+# cannot contain the character themselves: it is whitespace, collapsed to " " by reflow_paragraphs.
 _PARAGRAPH_SEPARATOR = "\u2029"
 
 
@@ -247,22 +273,23 @@ def split_sentences(paragraphs: Sequence[str]) -> list[list[str]]:
         # The wrapper returns "" when the C library fails, instead of raising.
         raise SentenceSplitError(f"blingfire could not split {len(joined.encode())} bytes of text")
     del joined  # a whole book: do not hold it through the loop below
-    by_paragraph: list[list[str]] = [[]]
-    for piece in split.split("\n"):
-        for part_index, part in enumerate(piece.split(_PARAGRAPH_SEPARATOR)):
-            if part_index:
-                by_paragraph.append([])
-            sentences = by_paragraph[-1]
-            part = part.strip()
-            if not part:
-                continue
-            if sentences and _TITLE_OR_INITIAL.fullmatch(sentences[-1]):
-                sentences[-1] += " " + part
-            else:
-                sentences.append(part)
+    by_paragraph = [[sentence for sentence in map(str.strip, block.split("\n")) if sentence]
+                    for block in split.split(_PARAGRAPH_SEPARATOR)]
     if len(by_paragraph) != len(paragraphs):
         raise SentenceSplitError(f"blingfire returned {len(by_paragraph)} paragraphs for {len(paragraphs)}")
-    return by_paragraph
+    return [_glue_title_fragments(sentences) for sentences in by_paragraph]
+
+
+def _glue_title_fragments(sentences: list[str]) -> list[str]:
+    if all(len(sentence) > _LONGEST_TITLE_OR_INITIAL for sentence in sentences[:-1]):
+        return sentences  # nearly every paragraph: nothing short enough to be a fragment
+    glued = sentences[:1]
+    for sentence in sentences[1:]:
+        if _TITLE_OR_INITIAL.fullmatch(glued[-1]):
+            glued[-1] += " " + sentence
+        else:
+            glued.append(sentence)
+    return glued
 
 
 def clean_text(text: str, nfkc: bool) -> str:
@@ -306,17 +333,18 @@ def process_book(path: str | PurePath, raw: bytes, options: IngestOptions) -> Bo
     del text  # a book can be large; the body is all that is needed from here on
     title = header_field(header, "Title") or PurePath(book_id).stem
     author = header_field(header, "Author")
-    paragraph_lines = split_paragraphs(clean_text(body, options.nfkc))
+    if options.input_format == "raw":
+        paragraphs = reflow_paragraphs(clean_text(body, options.nfkc))  # a hard-wrapped paragraph is one run of text
+    else:
+        paragraph_lines = split_paragraphs(clean_text(body, options.nfkc))
+        paragraphs = [" ".join(lines) for lines in paragraph_lines]
     del body
-    paragraphs = [" ".join(lines) for lines in paragraph_lines]
     common = dict(num_bytes=len(raw), encoding=encoding, title=title, author=author)
     if not paragraphs:
         return BookResult.rejected(book_id, "no text left after removing the Project Gutenberg header and footer",
                                    **common)
     fingerprint = book_fingerprint(paragraphs)
     if options.input_format == "raw":
-        # Re-flow: a hard-wrapped paragraph is one run of text.
-        del paragraph_lines
         try:
             candidates_by_paragraph = split_sentences(paragraphs)
             del paragraphs
@@ -325,23 +353,21 @@ def process_book(path: str | PurePath, raw: bytes, options: IngestOptions) -> Bo
     else:
         candidates_by_paragraph = paragraph_lines
 
-    sentences = []
-    num_dropped = 0
-    for candidates in candidates_by_paragraph:
-        # Whitespace is collapsed to single spaces, so counting them counts tokens without a list of words.
-        kept = [s for s in candidates if options.min_tokens <= s.count(" ") + 1 <= options.max_tokens]
-        num_dropped += len(candidates) - len(kept)
-        if kept:
-            paragraph_index = sentences[-1][0] + 1 if sentences else 0
-            first_index = len(sentences)
-            sentences.extend((paragraph_index, first_index + i, s) for i, s in enumerate(kept))
-
-    if not sentences:
+    # The length filter and the paragraph numbering run over Arrow/numpy columns, not a tuple per sentence.
+    candidates = pa.array(itertools.chain.from_iterable(candidates_by_paragraph), pa.string())
+    # Whitespace is collapsed to single spaces, so counting them counts tokens without a list of words.
+    num_tokens = pc.count_substring(candidates, " ").to_numpy() + 1
+    kept = (options.min_tokens <= num_tokens) & (num_tokens <= options.max_tokens)
+    num_dropped = int(len(kept) - kept.sum())
+    if not kept.any():
         return BookResult.rejected(
             book_id,
             f"zero sentences after filtering: all {num_dropped} fall outside "
             f"min_tokens={options.min_tokens}..max_tokens={options.max_tokens}",
             num_dropped_by_length=num_dropped, **common,
         )
-    return BookResult(book_id=book_id, status="kept", sentences=tuple(sentences), num_dropped_by_length=num_dropped,
+    paragraph_of = np.repeat(np.arange(len(candidates_by_paragraph)), [len(c) for c in candidates_by_paragraph])
+    _, paragraph_index = np.unique(paragraph_of[kept], return_inverse=True)  # dense: emptied paragraphs get none
+    rows = book_rows(book_id, title, paragraph_index, candidates.filter(kept))
+    return BookResult(book_id=book_id, status="kept", rows=rows, num_dropped_by_length=num_dropped,
                       utf8_replacements=utf8_replacements, fingerprint=fingerprint, **common)

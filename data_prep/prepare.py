@@ -79,8 +79,7 @@ def read_and_process(corpus_dir: str, book_ids: list[str], options: IngestOption
         result = process_book(book_id, raw, options)
         signature = None
         if near_duplicates is not None and result.status == "kept":
-            shingles = shingle_hashes((text for _, _, text in result.sentences), near_duplicates.shingle_words)
-            signature = minhash_signature(shingles, hasher)
+            signature = minhash_signature(shingle_hashes(result.rows["text"], near_duplicates.shingle_words), hasher)
         processed.append(ProcessedBook(result, signature))
     return processed
 
@@ -124,7 +123,7 @@ def _file_entry(result: BookResult, status: str, duplicate_of: str | None = None
         "author": result.author,
         "encoding": result.encoding,
         "bytes": result.num_bytes,
-        "sentences": len(result.sentences) if status == "kept" else 0,
+        "sentences": result.num_sentences if status == "kept" else 0,
         "sentences_dropped_by_length": result.num_dropped_by_length,
     }
     if result.utf8_replacements:
@@ -236,7 +235,7 @@ def prepare_corpus(
                 entry = _classify(processed, first_by_fingerprint, near_duplicate_index)
                 files.append(entry)
                 if entry["status"] == "kept":
-                    writer.add_book(processed.result.book_id, processed.result.title, processed.result.sentences)
+                    writer.add_book(processed.result.rows)
                 progress.update(1, entry["bytes"])
             if not any(entry["sentences"] for entry in files):
                 raise ValueError(_no_sentences_message(files, options))

@@ -104,15 +104,16 @@ def write_json_atomically(path: Path, obj) -> None:
         raise
 
 
-def _book_batch(book_id: str, title: str, sentences: Sequence[tuple[int, int, str]]) -> pa.RecordBatch:
-    paragraph_index, sentence_index, text = zip(*sentences)
+def book_rows(book_id: str, title: str, paragraph_index: np.ndarray, text: pa.StringArray) -> pa.RecordBatch:
+    """One book's rows as a record batch of SHARD_SCHEMA: its sentences `text`, in order, numbered 0..n-1."""
     n = len(text)
+    repeat = pa.array(np.zeros(n, dtype=np.int32))  # book_id and title are one value per book
     return pa.record_batch([
-        pa.array([book_id] * n, pa.string()),
-        pa.array([title] * n, pa.string()),
+        pa.array([book_id], pa.string()).take(repeat),
+        pa.array([title], pa.string()).take(repeat),
         pa.array(paragraph_index, pa.int32()),
-        pa.array(sentence_index, pa.int32()),
-        pa.array(text, pa.string()),
+        pa.array(np.arange(n, dtype=np.int32)),
+        text,
     ], schema=SHARD_SCHEMA)
 
 
@@ -158,11 +159,10 @@ class ShardWriter:
         else:
             self._abort()
 
-    def add_book(self, book_id: str, title: str, sentences: Sequence[tuple[int, int, str]]) -> None:
-        """Appends one book's (paragraph_index, sentence_index, text) rows, in order."""
-        if not sentences:
+    def add_book(self, batch: pa.RecordBatch) -> None:
+        """Appends one book's rows (`book_rows`), in order."""
+        if not batch.num_rows:
             return
-        batch = _book_batch(book_id, title, sentences)
         row_bytes = _row_bytes(batch)
         if self._shard_used and self._shard_used + int(row_bytes.sum()) > self.shard_bytes:
             self._finish_shard()

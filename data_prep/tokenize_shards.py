@@ -2,12 +2,13 @@
 
 The WordPiece encoder is the bottleneck of the data pipeline (about 2-3 MB/s per process on this project's
 machine, most of it per-character normalisation with alignment tracking inside `tokenizers`), so each
-distinct whitespace-separated word of a shard is encoded once and the ids are gathered for every
-occurrence, the way `tokenizers`' own BPE model caches words. Words repeat heavily (a 3 MB novel has
-~570k words but ~40k distinct ones with their punctuation attached). The ids are identical to encoding
-each sentence: BERT's pre-tokenizer splits at every whitespace (and more), so encoding the pieces between
-whitespace separately and concatenating gives the same ids, provided control characters, which BERT's
-normaliser deletes rather than treating as a break, are deleted first.
+distinct word of a shard is encoded once and the ids are gathered for every occurrence, the way
+`tokenizers`' own BPE model caches words. Words repeat heavily, and more so once punctuation is cut off
+and ASCII lowercased as BERT's pre-tokenizer and normaliser would do (an 8 MB shard of novels: 1.1M
+whitespace-separated words, 78k distinct with their punctuation attached, 28k without). The ids are
+identical to encoding each sentence: BERT's pre-tokenizer splits at every whitespace and punctuation
+character, so encoding the pieces between them separately and concatenating gives the same ids, provided
+control characters, which BERT's normaliser deletes rather than treating as a break, are deleted first.
 
 The distinct words are not encoded one sequence each either: `tokenizers` spends most of its time per
 sequence (an `Encoding` with its masks and alignment vectors), not per character, so the words go through
@@ -24,7 +25,7 @@ import re
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, normalizers, pre_tokenizers
 
 from data_prep.shards import atomic_arrow_file
 from data_prep.tokenizer import SEP_TOKEN, encode_batch_ids
@@ -38,9 +39,30 @@ TOKEN_SCHEMA = pa.schema([
 # Cc characters except \t \n \r: BERT's clean_text (tokenizers' BertNormalizer) deletes them, so
 # "a\x0bb" is one word to it, while Arrow's whitespace split would cut at \x0b and \x85.
 _DELETED_CONTROLS = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"
+# What BERT's pre-tokenizer cuts off as a word of its own (tokenizers' is_bert_punc): Unicode punctuation (P*) and
+# the ASCII symbols that google-research/bert's _is_punctuation counts too. RE2 syntax (Arrow's regex engine).
+_BERT_PUNCTUATION = r"[\p{P}$+<=>^`|~]"
 # Words per encoded text: past ~1000 the per-sequence cost is amortised; more would only make the batches
 # handed to the Rust thread pool fewer and coarser.
 _WORDS_PER_TEXT = 1024
+
+
+def _special_token_pattern(tokenizer: Tokenizer) -> str:
+    """A regex (Python and RE2 alike) matching the text of any added token, e.g. "[SEP]"."""
+    return "|".join(re.escape(token.content) for token in tokenizer.get_added_tokens_decoder().values())
+
+
+def _splice(flat: np.ndarray, lengths: np.ndarray, positions: np.ndarray, pieces: list[list[int]]) -> np.ndarray:
+    """`flat` holds the ids of every item but those at `positions`; returns the ids of all items in order, with
+    `pieces` (the ids of the items at `positions`) put in their places. Sets `lengths[positions]`."""
+    lengths[positions] = [len(piece) for piece in pieces]
+    is_piece = np.zeros(len(lengths), dtype=bool)
+    is_piece[positions] = True
+    in_pieces = np.repeat(is_piece, lengths)
+    merged = np.empty(int(lengths.sum()), dtype=np.int32)
+    merged[~in_pieces] = flat
+    merged[in_pieces] = [i for piece in pieces for i in piece]
+    return merged
 
 
 def encode_words(tokenizer: Tokenizer, words: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -49,8 +71,7 @@ def encode_words(tokenizer: Tokenizer, words: list[str]) -> tuple[np.ndarray, np
     separator = tokenizer.token_to_id(SEP_TOKEN)
     if separator is None:
         raise ValueError(f"the tokenizer has no {SEP_TOKEN} token; train it with data_prep.tokenizer.train_wordpiece")
-    special = re.compile("|".join(re.escape(token.content) for token in tokenizer.get_added_tokens_decoder().values()),
-                         re.IGNORECASE)
+    special = re.compile(_special_token_pattern(tokenizer), re.IGNORECASE)
     alone = [i for i, word in enumerate(words) if special.search(word)]
     together = np.ones(len(words), dtype=bool)
     together[alone] = False
@@ -67,38 +88,48 @@ def encode_words(tokenizer: Tokenizer, words: list[str]) -> tuple[np.ndarray, np
     lengths[together] = np.diff(ends, prepend=-1) - 1
     flat = ids[~is_separator]
     if alone:
-        # splice the words encoded alone back in at their places
-        alone_ids = encode_batch_ids(tokenizer, [words[i] for i in alone])
-        lengths[alone] = [len(word_ids) for word_ids in alone_ids]
-        merged = np.empty(int(lengths.sum()), dtype=np.int32)
-        in_together = np.repeat(together, lengths)
-        merged[in_together] = flat
-        merged[~in_together] = [i for word_ids in alone_ids for i in word_ids]
-        flat = merged
+        flat = _splice(flat, lengths, np.array(alone), encode_batch_ids(tokenizer, [words[i] for i in alone]))
     return flat, lengths
 
 
+def _pre_split(tokenizer: Tokenizer, texts: pa.Array) -> pa.Array:
+    """The texts with what the tokenizer would cut or fold anyway done in Arrow's kernels, so that fewer distinct
+    words reach the encoder ("House," "house." "(house" are all "house" plus punctuation): BERT's pre-tokenizer makes
+    every punctuation character a word of its own, and a lowercasing normaliser maps A-Z to a-z whatever else it
+    does to a character (so lowercasing ASCII first changes nothing). Other tokenizers get only the control
+    characters deleted."""
+    texts = pc.replace_substring_regex(texts, _DELETED_CONTROLS, "")
+    if isinstance(tokenizer.pre_tokenizer, pre_tokenizers.BertPreTokenizer):
+        texts = pc.replace_substring_regex(texts, _BERT_PUNCTUATION, r" \0 ")
+    if isinstance(tokenizer.normalizer, normalizers.BertNormalizer) and tokenizer.normalizer.lowercase:
+        texts = pc.ascii_lower(texts)
+    return texts
+
+
 def encode_by_word(tokenizer: Tokenizer, texts: pa.Array) -> pa.ListArray:
-    """Token ids of each text, without special tokens; equal to `encode_batch_ids(tokenizer, texts)`."""
-    cleaned = pc.replace_substring_regex(texts, _DELETED_CONTROLS, "")
-    words_per_text = pc.utf8_split_whitespace(cleaned)
-    words = words_per_text.flatten()
-    nonempty = pc.greater(pc.utf8_length(words), 0)  # the split keeps "" for leading/trailing whitespace
-    encoded = pc.dictionary_encode(words)
+    """Token ids of each text, without special tokens; equal to `encode_batch_ids(tokenizer, texts)`.
+
+    A text holding a special token's text ("[SEP]" typed into a book) is encoded whole: the tokenizer matches those
+    before any normalising, which pre-splitting at punctuation would break apart."""
+    has_special = pc.match_substring_regex(texts, _special_token_pattern(tokenizer), ignore_case=True)
+    has_special = has_special.to_numpy(zero_copy_only=False)
+    special_texts = np.flatnonzero(has_special)
+    words_per_text = pc.utf8_split_whitespace(_pre_split(tokenizer, pc.if_else(has_special, "", texts)))
+    # The split keeps "" for leading or trailing whitespace; like every word it is encoded once (to no ids).
+    encoded = pc.dictionary_encode(words_per_text.flatten())
     flat_per_word, lengths_per_word = encode_words(tokenizer, encoded.dictionary.to_pylist())
-    starts_per_word = np.concatenate([[0], np.cumsum(lengths_per_word)])
-
-    occurrence = encoded.indices.to_numpy(zero_copy_only=False)
-    occurrence_lengths = np.where(nonempty.to_numpy(zero_copy_only=False), lengths_per_word[occurrence], 0)
-    # every id of every occurrence: start of its word's ids plus 0..length-1
-    occurrence_ends = np.cumsum(occurrence_lengths)
-    total = int(occurrence_ends[-1]) if len(occurrence_ends) else 0
-    position_in_word = np.arange(total) - np.repeat(occurrence_ends - occurrence_lengths, occurrence_lengths)
-    flat_ids = flat_per_word[np.repeat(starts_per_word[occurrence], occurrence_lengths) + position_in_word]
-
+    ids_per_word = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(lengths_per_word)]), pa.int32()),
+                                            pa.array(flat_per_word, pa.int32()))
+    ids_per_occurrence = ids_per_word.take(encoded.indices)  # one gather in Arrow's kernels, no index arithmetic
+    flat_ids = ids_per_occurrence.flatten().to_numpy()
     word_offsets = words_per_text.offsets.to_numpy()
-    text_offsets = np.concatenate([[0], occurrence_ends])[word_offsets - word_offsets[0]].astype(np.int32)
-    return pa.ListArray.from_arrays(pa.array(text_offsets), pa.array(flat_ids, pa.int32()))
+    text_offsets = ids_per_occurrence.offsets.to_numpy()[word_offsets - word_offsets[0]]
+    if len(special_texts):
+        lengths_per_text = np.diff(text_offsets)
+        flat_ids = _splice(flat_ids, lengths_per_text, special_texts,
+                           encode_batch_ids(tokenizer, [texts[int(i)].as_py() for i in special_texts]))
+        text_offsets = np.concatenate([[0], np.cumsum(lengths_per_text)])
+    return pa.ListArray.from_arrays(pa.array(text_offsets, pa.int32()), pa.array(flat_ids, pa.int32()))
 
 
 def use_one_tokenizer_thread() -> None:

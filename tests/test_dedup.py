@@ -42,6 +42,22 @@ def test_shingles_ignore_case_punctuation_and_sentence_boundaries():
     assert len(shingle_hashes(["...", ""], 5)) == 0
 
 
+def test_words_are_runs_of_letters_and_digits_in_any_script():
+    def words(*texts):
+        return shingle_hashes(list(texts), 1)
+
+    # typographic punctuation and spaces break words as ASCII punctuation does
+    assert np.array_equal(words("a\u2014b \u201cc\u201d d\u00a0e \u00abf\u00bb g\u2026"), words("a b c d e f g"))
+    # accented and non-Latin letters belong to words; case is folded beyond ASCII
+    assert np.array_equal(words("\u00c9t\u00e9 \u0394\u03ac"), words("\u00e9t\u00e9 \u03b4\u03ac"))
+    assert not np.array_equal(words("\u00e9t\u00e9"), words("t t"))
+    # texts are words apart even with no space between them; empty texts add nothing
+    assert np.array_equal(words("ab", "", "cd", ""), words("ab cd"))
+    assert not np.array_equal(words("ab", "cd"), words("abcd"))
+    # a word longer than the hashed prefix still differs from others by its length
+    assert len(set(words("x" * 70, "x" * 71, "x" * 64).tolist())) == 3
+
+
 @pytest.mark.parametrize("fraction", [0.005, 0.02, 0.05])
 def test_signature_estimates_jaccard_of_edited_copies(fraction):
     original, copy = book_words(1), edited(book_words(1), fraction, seed=2)
