@@ -200,3 +200,25 @@ def test_near_duplicate_index_holds_no_view_into_task_results(corpus, tmp_path, 
     monkeypatch.setattr(NearDuplicateIndex, "add", recording_add)
     prepare_corpus(corpus, tmp_path / "out", shard_bytes=SHARD_BYTES, num_workers=2)
     assert owns_memory and all(owns_memory)
+
+
+def test_a_workers_word_cache_serves_each_tokenizer_its_own_ids(tmp_path, monkeypatch):
+    """A Ray worker keeps the ids of words it has encoded for the next shard: switching tokenizers must not reuse
+    them, and a full cache must still encode new words."""
+    import pyarrow as pa
+
+    from data_prep import tokenize_shards
+    from data_prep.tokenize_shards import encode_by_word
+    from data_prep.tokenizer import encode_batch_ids, train_wordpiece
+
+    texts = [" ".join(WORDS[i:] + WORDS[:i]) + "." for i in range(len(WORDS))] + TRICKY_TEXTS
+    small = train_wordpiece(texts, tmp_path / "small", vocab_size=80, min_frequency=1)
+    large = train_wordpiece(texts, tmp_path / "large", vocab_size=300, min_frequency=1)
+    assert encode_batch_ids(small, texts) != encode_batch_ids(large, texts)
+    for tokenizer in (small, large, small):
+        assert encode_by_word(tokenizer, pa.array(texts)).to_pylist() == encode_batch_ids(tokenizer, texts)
+    monkeypatch.setattr(tokenize_shards, "_encoded_words", None)
+    monkeypatch.setattr(tokenize_shards, "_CACHED_WORDS_MAX", 5)
+    more = texts + ["harbour walls, unseen words: zephyr quixotic"]
+    assert encode_by_word(small, pa.array(more)).to_pylist() == encode_batch_ids(small, more)
+    assert len(tokenize_shards._encoded_words.ids) <= 5
