@@ -1,6 +1,6 @@
 """Data-preparation benchmark: raw books -> Arrow token ids, ours vs Hugging Face `datasets`, in one run.
 
-    python benchmarks/bench_data.py [--corpus /work/shared/data/books/gutenberg-raw]
+    python benchmarks/bench_data.py [--corpus /work/shared/data/books/gutenberg-raw] [--repeat 3]
 
 Every measured configuration runs in a fresh child process; the parent samples the resident set size
 (RSS) of the child's whole process tree (driver, Ray's raylet/GCS and workers, or `datasets`' map
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -136,6 +137,11 @@ def measure(args: list[str]) -> dict:
     return {**json.loads(out.decode().strip().splitlines()[-1]), "peak_rss": peak}
 
 
+def median_of(results: list[dict]) -> dict:
+    """Each figure's median over repeated runs of one configuration."""
+    return {key: statistics.median(result[key] for result in results) for key in results[0]}
+
+
 def make_scaled_corpus(corpus: Path, out: Path, copies: int) -> None:
     """`copies` distinct copies of the corpus: copy k has every ASCII letter shifted by k places, so the
     exact and near-duplicate detectors keep them all (identical copies would be dropped, measuring
@@ -166,6 +172,7 @@ def train_tokenizer(corpus: Path, out: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", default=DEFAULT_CORPUS)
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each speed measurement (medians are shown)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -191,9 +198,14 @@ def main() -> None:
         def rate(result, mb=megabytes):
             return mb / result["seconds"]
 
-        hf = measure(["hf", str(corpus), str(tmp / "hf"), tokenizer_file])
-        ours2 = measure(["ours", str(corpus), str(tmp / "ours2"), tokenizer_file, "2", "tokenize"])
-        ours1 = measure(["ours", str(corpus), str(tmp / "ours1"), tokenizer_file, "1", "tokenize"])
+        # Interleaved repetitions, medians reported: on a shared VM one run of the same code moves by 30 %.
+        runs = {"hf": [], "ours2": [], "ours1": []}
+        for repetition in range(args.repeat):
+            runs["hf"].append(measure(["hf", str(corpus), str(tmp / f"hf{repetition}"), tokenizer_file]))
+            for workers in (2, 1):
+                runs[f"ours{workers}"].append(measure(["ours", str(corpus), str(tmp / f"ours{workers}-{repetition}"),
+                                                       tokenizer_file, str(workers), "tokenize"]))
+        hf, ours2, ours1 = (median_of(runs[name]) for name in ("hf", "ours2", "ours1"))
         rows.append(("raw -> token ids, HF datasets (num_proc=2)", f"{rate(hf):.2f} MB/s", "baseline",
                      f"peak RSS {hf['peak_rss'] / 1e9:.2f} GB"))
         rows.append(("raw -> token ids, ours (2 Ray workers)", f"{rate(ours2):.2f} MB/s",
