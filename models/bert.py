@@ -10,6 +10,7 @@ two other position schemes (fixed sinusoids, Shaw et al. relative positions) and
 """
 
 import json
+import math
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -80,6 +81,31 @@ def bert_config(name: str, **overrides) -> BertConfig:
 
 
 # -----------------------------------------------------------------------------
+# Dropout
+
+
+def cpu_keep_mask(shape: torch.Size, p: float) -> torch.Tensor:
+    """Bool mask, True with probability 1 - p (p rounded to a multiple of 1/65536: 0.1 -> 0.100006): every 64-bit draw
+    of torch's global generator gives four 16-bit uniforms, one per element."""
+    n = math.prod(shape)
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # all 64 bits random
+    threshold = round(p * 65536) - 32768  # P(int16 < threshold) = p
+    return (bits.view(torch.int16)[:n] >= threshold).view(shape)
+
+
+class BertDropout(nn.Dropout):
+    """nn.Dropout (inverted: kept values scaled by 1 / (1 - p)) whose CPU mask costs a quarter of a random draw per
+    element. PyTorch's CPU dropout draws a float per element with bernoulli_: 0.24 s of a 3.7 s bert_base training
+    step on 2 cores, against ~0.06 s here. The global generator draws the bits, so torch.manual_seed and a restored
+    RNG state reproduce the masks. Elsewhere (GPUs), F.dropout."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or not 0.0 < self.p < 1.0 or x.device.type != "cpu":
+            return super().forward(x)
+        return torch.where(cpu_keep_mask(x.shape, self.p), x * (1.0 / (1.0 - self.p)), 0.0)
+
+
+# -----------------------------------------------------------------------------
 # Embeddings
 
 
@@ -111,7 +137,7 @@ class BertEmbeddings(nn.Module):
             self.register_buffer("position_table", table, persistent=False)
         # "relative" adds no absolute position here: each attention layer sees relative distances instead.
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = BertDropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         T = input_ids.size(1)
@@ -164,7 +190,7 @@ class BertSelfAttention(nn.Module):
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+        self.dropout = BertDropout(config.attention_probs_dropout_prob)
         self.relative = config.position_embedding_type == "relative"
         if self.relative:
             # Shaw et al. 2018: one learned vector per clipped distance -k..k for keys and one for values, of head
@@ -182,9 +208,12 @@ class BertSelfAttention(nn.Module):
         k = self.key(hidden_states).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = self.value(hidden_states).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
 
-        if not (self.relative or output_attentions):
+        dropout_p = self.dropout.p if self.training else 0.0
+        # On the CPU, SDPA's fused kernel takes no dropout and its fallback draws the mask with bernoulli_: there the
+        # explicit path below with BertDropout's cheaper mask is faster (0.1 s of a bert_base training step).
+        cpu_dropout = dropout_p > 0.0 and hidden_states.device.type == "cpu"
+        if not (self.relative or output_attentions or cpu_dropout):
             # Fused kernel (flash / memory-efficient) whenever nobody needs the probabilities themselves.
-            dropout_p = self.dropout.p if self.training else 0.0
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=dropout_p)
             probs = None
         else:
@@ -214,7 +243,7 @@ class BertSelfOutput(nn.Module):
         self.pre_layer_norm = config.pre_layer_norm
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = BertDropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states, input_tensor):
         hidden_states = self.dropout(self.dense(hidden_states))
@@ -256,7 +285,7 @@ class BertOutput(nn.Module):
         self.pre_layer_norm = config.pre_layer_norm
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = BertDropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states, input_tensor):
         hidden_states = self.dropout(self.dense(hidden_states))
@@ -441,7 +470,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
         super().__init__(config)
         self.num_labels = num_labels
         self.bert = BertModel(config)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = BertDropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.classifier.apply(self._init_weights)  # only the head: .bert is initialised (or about to be loaded)
 
@@ -457,7 +486,7 @@ class BertForTokenClassification(BertPreTrainedModel):
         super().__init__(config)
         self.num_labels = num_labels
         self.bert = BertModel(config)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = BertDropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.classifier.apply(self._init_weights)
 

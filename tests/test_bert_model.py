@@ -8,6 +8,7 @@ from models.bert import (
     BERT_SIZES,
     POSITION_EMBEDDING_TYPES,
     BertConfig,
+    BertDropout,
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
@@ -205,6 +206,27 @@ def test_tied_word_embedding_gradient_is_dense_and_exact():
     # Rows the batch never looks up still get the decoder's gradient; looked-up rows also get the lookup's.
     looked_up = torch.unique(torch.cat([batch(seed=s)[0].flatten() for s in (0, 1)]))
     assert looked_up.numel() < V and grad.abs().sum(1).gt(0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_keeps_one_minus_p_scaled_and_reproducible(dtype):
+    dropout = BertDropout(0.1)
+    x = torch.rand(1000, 1000, dtype=dtype) + 1.0
+    torch.manual_seed(3)
+    out = dropout(x)
+    kept = out != 0
+    assert out.dtype == dtype and abs(kept.float().mean().item() - 0.9) < 5 * math.sqrt(0.9 * 0.1 / x.numel())
+    torch.testing.assert_close(out[kept], (x / 0.9)[kept])
+    # mask patterns are not repeating across the four 16-bit fields of each random draw
+    assert not torch.equal(kept.view(-1, 4)[:, 0], kept.view(-1, 4)[:, 1])
+    torch.manual_seed(3)
+    assert torch.equal(dropout(x), out)  # the global generator draws the mask: seeding reproduces it
+    x.requires_grad_(True)
+    torch.manual_seed(3)
+    dropout(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.where(kept, 1 / 0.9, 0.0).to(dtype))
+    assert torch.equal(dropout.eval()(x), x)
+    assert torch.equal(BertDropout(0.0).train()(x), x) and not BertDropout(1.0).train()(x).any()
 
 
 def test_mlm_positions_gather_equals_slicing_full_logits():
