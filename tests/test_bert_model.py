@@ -187,22 +187,35 @@ def test_decoder_is_tied_to_word_embeddings():
     assert not torch.equal(model.bert.embeddings.word_embeddings.weight, before)
 
 
-def test_tied_word_embedding_gradient_is_dense_and_exact():
-    """The lookup's sparse gradient is summed into the decoder's dense one: same values as a dense lookup, a dense
-    .grad (what AdamW, DDP and DeepSpeed expect), also when two micro-batches accumulate."""
+@pytest.mark.parametrize("bf16", [False, True])
+def test_tied_word_embedding_gradient_is_exact(bf16):
+    """The lookup's rows are added into the decoder's gradient of the shared matrix (TiedWordGradient): the same values
+    as autograd's own sum over a plain nn.Embedding and nn.Linear sharing the Parameter, a dense .grad (what AdamW,
+    DDP and DeepSpeed expect) reaching the Parameter once per backward, also when two micro-batches accumulate."""
     torch.manual_seed(0)
     model = BertForPreTraining(small_config()).eval()  # eval: no dropout, so both passes see the same function
     reference = BertForPreTraining(small_config()).eval()
     reference.load_state_dict(model.state_dict())
-    reference.bert.embeddings.word_embeddings.sparse = False
+    weight = reference.bert.embeddings.word_embeddings.weight
+    reference.bert.embeddings.word_embeddings = torch.nn.Embedding(*weight.shape, _weight=weight)
+    reference.cls.predictions.decoder = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    reference.bert.embeddings.word_embeddings.weight = reference.cls.predictions.decoder.weight = weight
+    arrivals = []
+    model.bert.embeddings.word_embeddings.weight.register_post_accumulate_grad_hook(lambda p: arrivals.append(1))
     positions = torch.tensor([[1, 4, 5, 9], [0, 2, 3, 5], [10, 8, 6, 7]])
     for m in (model, reference):
         for seed in (0, 1):  # gradient accumulation over two micro-batches
-            mlm, nsp = m(*batch(seed=seed), mlm_positions=positions)
-            (mlm.square().mean() + nsp.square().mean()).backward()
-    grad, expected = model.bert.embeddings.word_embeddings.weight.grad, reference.bert.embeddings.word_embeddings.weight.grad
-    assert grad.layout == torch.strided
-    torch.testing.assert_close(grad, expected)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                mlm, nsp = m(*batch(seed=seed), mlm_positions=positions)
+            (mlm.float().square().mean() + nsp.float().square().mean()).backward()
+    grad, expected = model.bert.embeddings.word_embeddings.weight.grad, weight.grad
+    assert grad.layout == torch.strided and grad.dtype == torch.float32 and arrivals == [1, 1]
+    torch.testing.assert_close(grad, expected, **({"atol": 2e-3, "rtol": 2e-2} if bf16 else {}))
+    for m in (model, reference):  # every other parameter's gradient is unchanged by the hand-over
+        m.bert.embeddings.word_embeddings.weight.grad = None
+    torch.testing.assert_close([p.grad for p in model.parameters() if p.grad is not None],
+                               [p.grad for p in reference.parameters() if p.grad is not None],
+                               **({"atol": 2e-3, "rtol": 2e-2} if bf16 else {}))
     # Rows the batch never looks up still get the decoder's gradient; looked-up rows also get the lookup's.
     looked_up = torch.unique(torch.cat([batch(seed=s)[0].flatten() for s in (0, 1)]))
     assert looked_up.numel() < V and grad.abs().sum(1).gt(0).all()
