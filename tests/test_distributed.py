@@ -82,3 +82,17 @@ def test_deepspeed_zero2_on_cpu_consolidates_and_fine_tunes(tmp_root, ray_sessio
     results = run.run_stage("finetune")["results"]
     assert {r["model"] for r in results} >= {"pretrained", "random_init"}
     assert (run.stage_dir("finetune") / MARKER).exists()
+
+
+@pytest.mark.slow  # Ray Train start-up plus DeepSpeed import in 2 workers: ~45 s when the data stages are cached
+def test_deepspeed_zero3_on_cpu_trains_the_tied_word_matrix(tmp_root, ray_session):
+    """ZeRO-3 partitions every parameter and gathers it around each module's forward and backward: the word matrix
+    that the lookup and the MLM decoder share (models.bert.TiedWordGradient) must still train."""
+    run = tiny_run(tmp_root, ["trainer=deepspeed_stage_3", "trainer.accelerator=cpu"])
+    summary = run.run_stage("pretrain")
+    losses = train_losses(run.stage_dir("pretrain"))
+    assert summary["zero_stage"] == 3 and len(losses) == 20 and all(math.isfinite(x) for x in losses)
+    assert sum(losses[-5:]) < sum(losses[:5])
+    fp32 = consolidated_state_dict(run.stage_dir("pretrain") / "checkpoints", "step-20")
+    torch.testing.assert_close(fp32["model.cls.predictions.decoder.weight"],
+                               fp32["model.bert.embeddings.word_embeddings.weight"], rtol=0, atol=0)
