@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import shutil
 import sys
 import time
 import traceback
@@ -298,8 +299,12 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
         print(the_plan.describe())
         return {}
     for name in the_plan.order:
-        if not the_plan.cached[name] and is_complete(the_plan.dirs[name]):  # forced: invalidate, then rerun
-            (the_plan.dirs[name] / MARKER).unlink()
+        out_dir = the_plan.dirs[name]
+        if not the_plan.cached[name] and is_complete(out_dir):
+            # Forced: rerun from scratch. Removing only the marker would let a stage that resumes (pretraining from
+            # its checkpoints, fine-tuning from its finished runs) redo nothing.
+            with exclusive_lock(out_dir.parent / f"{the_plan.hashes[name]}.lock"):
+                shutil.rmtree(out_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_pipeline_file(run_dir, the_plan, {})  # before any work: `python -m pipeline.status` sees a running run
     cfg_resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))

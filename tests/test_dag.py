@@ -92,8 +92,11 @@ def test_second_run_reuses_every_stage_and_a_change_reruns_only_downstream(tmp_p
 
 def test_force_reruns_the_stage_and_its_downstream_until_stops_early(tmp_path, ray_session):
     run_dag(_cfg(tmp_path), FAKE, tmp_path / "run1")
+    left_over = (tmp_path / "run1" / "double").resolve() / "checkpoint"  # what a resuming stage would continue from
+    left_over.write_text("step 1000")
     forced = run_dag(_cfg(tmp_path, **{"pipeline.force": ["double"]}), FAKE, tmp_path / "run2")
     assert {n: r["state"] for n, r in forced.items()} == {"source": "cached", "double": "ran", "sink": "ran"}
+    assert not left_over.exists()  # a forced stage starts from scratch
     partial = run_dag(_cfg(tmp_path, a=7, **{"pipeline.until": "double"}), FAKE, tmp_path / "run3")
     assert set(partial) == {"source", "double"}
 
