@@ -8,8 +8,9 @@ processes) every 50 ms with psutil and reports the peak of the sum. Ray's own da
 "ours" carries a fixed ~0.3-0.5 GB that does not grow with the corpus. Both sides use the same trained
 WordPiece tokenizer (trained here, once, on a sample of the corpus). Rates are input MB (raw file
 bytes) per second of wall time, from the start (Ray's start-up included) until the token files are
-written; Ray's shutdown after that is shown apart, since a pipeline run stops Ray once. Prints the machine's load average next to the table: on a shared machine
-ratios measured in the same run are what to compare, not absolute rates.
+written; Ray's shutdown after that is shown apart, since a pipeline run stops Ray once. Prints the
+machine's load average next to the table: on a shared machine ratios measured in the same run are what
+to compare, not absolute rates.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import pytest
 import ray
 
 from data_prep.ingest import IngestOptions, process_book
-from data_prep.prepare import prepare_corpus, read_and_process
+from data_prep.prepare import prepare_corpus
 from data_prep.shards import MANIFEST_NAME, file_sha256, iter_books, open_shards
 
 WORDS = "the a ship sailed over quiet grey water while old men watched from harbour walls and sang".split()
