@@ -60,6 +60,12 @@ def finish_stage_run(run, name: str, digest: str, out_dir: Path, ok: bool, summa
         run.summary.update({k: v for k, v in (summary or {}).items() if isinstance(v, (int, float, str))})
         run.log_artifact(_artifact(name, digest, out_dir))
     run.finish(exit_code=0 if ok else 1)
+    # Stages run in Ray workers, which Ray ends when it trims its pool of idle workers; W&B's own atexit teardown of
+    # the service process it started in this worker then finds the service gone and prints a ConnectionResetError
+    # traceback into the run's output. Tear it down here instead; the next stage in this worker starts a new one.
+    import wandb
+
+    wandb.teardown()
 
 
 def make_logger(ctx, prefix: str = ""):
