@@ -5,6 +5,7 @@ this run next to this CPU's fp32 and bf16 matmul throughput.
     python benchmarks/bench_train.py                  # bert_mini and bert_base, 5 timed steps per row, + torch.compile
     python benchmarks/bench_train.py --quick          # 2 timed steps per row, no torch.compile
     python benchmarks/bench_train.py --loss-curve 300 # bert_mini fp32 vs bf16 on learnable synthetic data
+    python benchmarks/bench_train.py --short-seq-prob 0.1  # padded batches as google-research/bert's data makes them
 
 A step is forward + MLM/NSP loss + backward + fused AdamW update (both sides) + zero_grad, timed as the median of
 the steps after warm-up (the machine may be shared: the load average is printed with the table). The pipeline's
@@ -19,7 +20,10 @@ B sequences of T tokens, M = B x P masked positions, L layers, H hidden, I feed-
     pooler + NSP      2 * B * (H^2 + 2H)
 training = 3 x forward (backward computes input and weight gradients). So per token 6 x the encoder's matmul
 parameters, per sequence 12 L T^2 H for attention. HF computes the MLM head at all B*T positions; that extra work is
-not counted, so skipping it shows up as speed, not as a higher fraction of peak.
+not counted, so skipping it shows up as speed, not as a higher fraction of peak. With --short-seq-prob some sequences
+are shorter than T and padded, as in real pretraining batches: then B*T counts the real tokens only (attention is
+still counted over T^2), tokens/s are real tokens per second, and ours skipping the padding outside attention
+(models.bert.RealTokens) is speed too.
 """
 from __future__ import annotations
 
@@ -57,25 +61,46 @@ def matmul_flops_per_s(dtype: torch.dtype, seconds: float, n: int = 2048) -> flo
     return best
 
 
-def step_flops(size: str, batch_size: int, seq_len: int) -> int:
+def step_flops(size: str, batch_size: int, seq_len: int, tokens: int | None = None, masked: int | None = None) -> int:
+    """tokens, masked: the batch's real tokens and masked positions, when not every sequence is full."""
     c = bert_config(size, vocab_size=VOCAB_SIZE)
     L, H, I, V = c.num_hidden_layers, c.hidden_size, c.intermediate_size, VOCAB_SIZE
-    tokens, masked = batch_size * seq_len, batch_size * MAX_PREDICTIONS
+    tokens = batch_size * seq_len if tokens is None else tokens
+    masked = batch_size * MAX_PREDICTIONS if masked is None else masked
     forward = (2 * tokens * L * (4 * H * H + 2 * H * I) + 2 * batch_size * L * 2 * seq_len ** 2 * H
                + 2 * masked * (H * H + H * V) + 2 * batch_size * (H * H + 2 * H))
     return 3 * forward
 
 
-def make_batch(batch_size: int, seq_len: int, seed: int = 0) -> dict:
-    """Full-length sentence pairs with MAX_PREDICTIONS distinct masked positions per sequence (none at [CLS])."""
+def sequence_lengths(batch_size: int, seq_len: int, short_seq_prob: float) -> list[int]:
+    """google-research/bert's create_pretraining_data gives a share short_seq_prob of its instances a target length
+    drawn uniformly from [2, T] (the rest fill T): here that share of the batch, rounded, gets lengths spread evenly
+    over that range (so a batch of 8 is as padded as the average batch), the others are full."""
+    num_short = round(batch_size * short_seq_prob)
+    short = [2 + round((seq_len - 2) * (i + 0.5) / num_short) for i in range(num_short)]
+    return short + [seq_len] * (batch_size - num_short)
+
+
+def make_batch(batch_size: int, seq_len: int, seed: int = 0, short_seq_prob: float = 0.0) -> dict:
+    """Sentence pairs with up to MAX_PREDICTIONS distinct masked positions per sequence (15 % of its tokens, none at
+    [CLS]; unused slots are label -100), padded to seq_len where sequence_lengths makes them shorter."""
     g = torch.Generator().manual_seed(seed)
-    positions = torch.stack([torch.randperm(seq_len - 1, generator=g)[:MAX_PREDICTIONS] + 1
-                             for _ in range(batch_size)]).sort(dim=1).values
-    mlm_labels = torch.randint(5, VOCAB_SIZE, (batch_size, MAX_PREDICTIONS), generator=g)
-    dense_labels = torch.full((batch_size, seq_len), -100).scatter(1, positions, mlm_labels)  # HF's layout
-    return {"input_ids": torch.randint(5, VOCAB_SIZE, (batch_size, seq_len), generator=g),
-            "token_type_ids": (torch.arange(seq_len) >= seq_len // 2).long().expand(batch_size, seq_len).contiguous(),
-            "attention_mask": torch.ones(batch_size, seq_len, dtype=torch.long),
+    lengths = sequence_lengths(batch_size, seq_len, short_seq_prob)
+    positions = torch.zeros(batch_size, MAX_PREDICTIONS, dtype=torch.long)
+    mlm_labels = torch.full((batch_size, MAX_PREDICTIONS), -100)
+    for row, length in enumerate(lengths):
+        n = min(MAX_PREDICTIONS, max(1, round(0.15 * length)))
+        positions[row, :n] = (torch.randperm(length - 1, generator=g)[:n] + 1).sort().values
+        mlm_labels[row, :n] = torch.randint(5, VOCAB_SIZE, (n,), generator=g)
+    predicted = mlm_labels != -100
+    dense_labels = torch.full((batch_size, seq_len), -100)  # HF's layout
+    dense_labels[torch.arange(batch_size)[:, None].expand_as(positions)[predicted], positions[predicted]] = \
+        mlm_labels[predicted]
+    attention_mask = (torch.arange(seq_len)[None, :] < torch.tensor(lengths)[:, None]).long()
+    second_segment = (torch.arange(seq_len) >= seq_len // 2).long().expand(batch_size, seq_len)
+    return {"input_ids": torch.randint(5, VOCAB_SIZE, (batch_size, seq_len), generator=g) * attention_mask,
+            "token_type_ids": second_segment * attention_mask,
+            "attention_mask": attention_mask,
             "mlm_positions": positions, "mlm_labels": mlm_labels, "dense_labels": dense_labels,
             "next_sentence_label": torch.randint(0, 2, (batch_size,), generator=g)}
 
@@ -132,28 +157,31 @@ def benchmark(args) -> None:
              for name, bf16 in dtypes}
     warmup, steps = (1, 2) if args.quick else (2, 5)
     B, T = args.batch_size, args.seq_len
-    batch = make_batch(B, T)
+    batch = make_batch(B, T, short_seq_prob=args.short_seq_prob)
+    real_tokens, masked = int(batch["attention_mask"].sum()), int((batch["mlm_labels"] != -100).sum())
     variants = [("ours", lambda s: ours(s, compiled=False)),
                 ("HF eager", lambda s: huggingface(s, "eager")), ("HF sdpa", lambda s: huggingface(s, "sdpa"))]
     if args.compile:
         variants.insert(1, ("ours + torch.compile", lambda s: ours(s, compiled=True)))
     rows = []
     for size in args.sizes:
-        flops = step_flops(size, B, T)
+        flops = step_flops(size, B, T, real_tokens, masked)
         for dtype, bf16 in dtypes:
             for name, build in variants:
                 torch.manual_seed(0)
                 model, loss_fn = build(size)
                 first, seconds = time_steps(model, loss_fn, batch, bf16, warmup + ("compile" in name), steps)
                 rows.append({"size": size, "dtype": dtype, "name": name, "first": first, "seconds": seconds,
-                             "tokens": B * T / seconds, "flops": flops / seconds})
+                             "tokens": real_tokens / seconds, "flops": flops / seconds})
                 print(f"  {size} {dtype} {name}: {seconds:.3f} s/step (first step {first:.1f} s)", flush=True)
                 del model, loss_fn
     # Again after the runs, as the machine is shared: the better of the two is the reference.
     peaks = {name: max(peaks[name], matmul_flops_per_s(torch.bfloat16 if bf16 else torch.float32, peak_seconds))
              for name, bf16 in dtypes}
 
-    print(f"\nbatch {B} x seq {T}, {torch.get_num_threads()} threads, median of {steps} steps after {warmup} warm-up; "
+    padding = f" ({B * T - real_tokens} of the {B * T} positions padding)" if real_tokens < B * T else ""
+    print(f"\nbatch {B} x seq {T}{padding}, {torch.get_num_threads()} threads, median of {steps} steps after {warmup} "
+          f"warm-up; "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print("matmul peak (2048^3 torch.mm): " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in peaks.items()))
     print(f"{'size':10s} {'dtype':5s} {'model':22s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'of peak':>8s}"
@@ -241,6 +269,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--short-seq-prob", type=float, default=0.0,
+                        help="share of the batch's sequences shorter than --seq-len and padded (google-research/bert: "
+                             "0.1); default: all full length")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="add a torch.compile row for ours (default: on, off with --quick)")
     parser.add_argument("--loss-curve", type=int, metavar="STEPS",

@@ -179,6 +179,25 @@ def relative_attention_values(probs: torch.Tensor, a_v: torch.Tensor) -> torch.T
     return out.view(T, B, nh, -1).permute(1, 2, 0, 3)  # (B, nh, T, hs)
 
 
+class RealTokens:
+    """Where the real tokens of a padded (B, T) batch are. Every layer except attention works token by token, so it can
+    run on the N real tokens alone, packed as (N, H) ("unpadding", as in NVIDIA's DeepLearningExamples BERT and
+    MosaicBERT); attention alone needs the (B, T) layout back, with zeros at the padding, which its mask hides anyway.
+    Padding then costs no matmul work outside attention (a quarter of the positions in this project's phase-2
+    examples at 512, most of them in fine-tuning batches of short sentences)."""
+
+    def __init__(self, attention_mask: torch.Tensor):  # (B, T), 1 = token, 0 = padding
+        self.batch_size, self.seq_len = attention_mask.shape
+        self.index = attention_mask.flatten().nonzero().squeeze(1)  # (N,) positions in the flattened batch
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(0, 1).index_select(0, self.index)  # (B, T, D) -> (N, D)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        padded = x.new_zeros(self.batch_size * self.seq_len, x.size(-1)).index_copy(0, self.index, x)
+        return padded.view(self.batch_size, self.seq_len, -1)  # (N, D) -> (B, T, D), zeros at the padding
+
+
 class BertSelfAttention(nn.Module):
     """Multi-head scaled dot-product attention (Vaswani et al. 2017), optionally with Shaw et al. relative positions."""
 
@@ -199,16 +218,21 @@ class BertSelfAttention(nn.Module):
             self.relative_key = nn.Embedding(2 * config.max_relative_position + 1, self.attention_head_size)
             self.relative_value = nn.Embedding(2 * config.max_relative_position + 1, self.attention_head_size)
 
-    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
-        """hidden_states (B, T, H); attention_mask additive, broadcastable to (B, nh, T, T), or None.
-        Returns the context (B, T, H) and the attention probabilities (B, nh, T, T), or None when not computed."""
-        B, T, H = hidden_states.shape
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False, tokens: RealTokens | None = None):
+        """hidden_states (B, T, H), or the packed real tokens (N, H) of `tokens`; attention_mask additive, broadcastable
+        to (B, nh, T, T), or None. Returns the context in the layout of hidden_states and the attention probabilities
+        (B, nh, T, T), or None when not computed."""
+        H = hidden_states.size(-1)
         nh, hs = self.num_attention_heads, self.attention_head_size
         # One matmul for the three projections: the input is read (and under autocast cast) once, and its gradient
         # comes out of one matmul instead of being summed from three.
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
         bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
-        qkv = F.linear(hidden_states, weight, bias).view(B, T, 3, nh, hs)
+        qkv = F.linear(hidden_states, weight, bias)
+        if tokens is not None:
+            qkv = tokens.unpack(qkv)  # (B, T, 3H)
+        B, T = qkv.shape[:2]
+        qkv = qkv.view(B, T, 3, nh, hs)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, nh, T, hs) each
 
         dropout_p = self.dropout.p if self.training else 0.0
@@ -235,7 +259,8 @@ class BertSelfAttention(nn.Module):
             if self.relative:
                 # z_i = sum_j alpha_ij (v_j + a^V_ij)   (Shaw et al. eq. 3)
                 context = context + relative_attention_values(dropped, a_v)
-        return context.transpose(1, 2).reshape(B, T, H), probs
+        context = context.transpose(1, 2).reshape(B, T, H)
+        return (context if tokens is None else tokens.pack(context)), probs
 
 
 class BertSelfOutput(nn.Module):
@@ -262,11 +287,11 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False, tokens: RealTokens | None = None):
         # Pre-LN normalises what goes into attention and leaves the residual stream un-normalised. The LayerNorm keeps
         # its post-LN name (attention.output.LayerNorm) so both variants share one parameter layout.
         x = self.output.LayerNorm(hidden_states) if self.pre_layer_norm else hidden_states
-        context, probs = self.self(x, attention_mask, output_attentions)
+        context, probs = self.self(x, attention_mask, output_attentions, tokens)
         return self.output(context, hidden_states), probs
 
 
@@ -307,8 +332,8 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
-        attention_output, probs = self.attention(hidden_states, attention_mask, output_attentions)
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False, tokens: RealTokens | None = None):
+        attention_output, probs = self.attention(hidden_states, attention_mask, output_attentions, tokens)
         x = self.output.LayerNorm(attention_output) if self.pre_layer_norm else attention_output
         return self.output(self.intermediate(x), attention_output), probs
 
@@ -320,10 +345,10 @@ class BertEncoder(nn.Module):
         # Pre-LN blocks never normalise the residual stream itself, so it gets one LayerNorm at the very end.
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_layer_norm else nn.Identity()
 
-    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False, tokens: RealTokens | None = None):
         all_probs = []
         for layer in self.layer:
-            hidden_states, probs = layer(hidden_states, attention_mask, output_attentions)
+            hidden_states, probs = layer(hidden_states, attention_mask, output_attentions, tokens)
             all_probs.append(probs)
         return self.LayerNorm(hidden_states), all_probs
 
@@ -385,17 +410,24 @@ class BertModel(BertPreTrainedModel):
         """input_ids (B, T); token_type_ids (B, T), default all segment 0; attention_mask (B, T), 1 = token, 0 = pad.
 
         Returns (sequence_output (B, T, H), pooled_output (B, H)), plus a list of per-layer attention probabilities
-        (B, nh, T, T) as a third element when output_attentions=True.
+        (B, nh, T, T) as a third element when output_attentions=True. sequence_output is zero at padded positions:
+        they skip the layers (RealTokens).
         """
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         hidden_states = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        tokens = None
         if attention_mask is not None:
+            if not bool(attention_mask.all()):
+                tokens = RealTokens(attention_mask)
+                hidden_states = tokens.pack(hidden_states)  # (N, H): the layers skip the padding (RealTokens)
             # (B, T) -> additive (B, 1, 1, T): 0 for tokens, the most negative float for padding keys, broadcast over
             # heads and queries. finfo.min rather than -inf keeps fully padded rows finite instead of NaN.
             dtype = hidden_states.dtype
             attention_mask = (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
-        sequence_output, all_probs = self.encoder(hidden_states, attention_mask, output_attentions)
+        sequence_output, all_probs = self.encoder(hidden_states, attention_mask, output_attentions, tokens)
+        if tokens is not None:
+            sequence_output = tokens.unpack(sequence_output)  # zeros at the padding
         pooled_output = self.pooler(sequence_output)
         if output_attentions:
             return sequence_output, pooled_output, all_probs

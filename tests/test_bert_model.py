@@ -116,6 +116,43 @@ def test_padding_does_not_change_real_positions(position_embedding_type):
     torch.testing.assert_close(pooled_p, pooled, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("pre_layer_norm", [False, True])
+@pytest.mark.parametrize("position_embedding_type", POSITION_EMBEDDING_TYPES)
+def test_layers_run_on_the_real_tokens_alone_with_the_padded_results(position_embedding_type, pre_layer_norm):
+    """RealTokens: with padding in the batch, every layer but attention sees only the N real tokens; outputs at the real
+    positions and all gradients equal the computation over the whole padded (B, T) batch."""
+    torch.manual_seed(0)
+    config = small_config(position_embedding_type=position_embedding_type, pre_layer_norm=pre_layer_norm,
+                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = BertModel(config).train()
+    input_ids, token_type_ids, attention_mask = batch()
+    attention_mask[2, 3:] = 0
+    real = attention_mask.bool()
+    rows_seen = []
+    model.encoder.layer[0].intermediate.dense.register_forward_hook(lambda m, inputs, out: rows_seen.append(inputs[0]))
+    weights = torch.randn(*input_ids.shape, config.hidden_size)
+
+    seq, pooled = model(input_ids, token_type_ids, attention_mask)
+    ((seq * weights)[real].sum() + pooled.sum()).backward()
+    unpadded = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+
+    # The same weights over the padded layout: the encoder called without RealTokens.
+    hidden = model.embeddings(input_ids, token_type_ids)
+    additive = (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
+    seq_padded, _ = model.encoder(hidden, additive)
+    pooled_padded = model.pooler(seq_padded)
+    ((seq_padded * weights)[real].sum() + pooled_padded.sum()).backward()
+
+    assert rows_seen[0].shape == (int(real.sum()), config.hidden_size)  # packed: no row for a padded position
+    assert rows_seen[1].shape == (*input_ids.shape, config.hidden_size)
+    assert torch.all(seq[~real] == 0)
+    torch.testing.assert_close(seq[real], seq_padded[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pooled, pooled_padded, atol=1e-5, rtol=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(unpadded[name], p.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
 def naive_relative_attention(attn: BertSelfAttention, x: torch.Tensor, mask: torch.Tensor):
     """Shaw et al. 2018 eqs. 2-5 written one (i, j) pair at a time. mask (B, T): 1 = token, 0 = pad."""
     B, T, H = x.shape
