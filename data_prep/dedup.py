@@ -115,6 +115,19 @@ def _hash_byte_runs(data: np.ndarray, starts: np.ndarray) -> np.ndarray:
         return _mix64(per_run + lengths.astype(np.uint64) * _SHINGLE_MULTIPLIER)
 
 
+def _hash_words(word_bytes: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """_hash_byte_runs of each word word_bytes[starts[i]:starts[i + 1]], computed once per distinct word: a book's
+    words are ~10x fewer distinct ones, which Arrow's hash table finds faster than numpy hashes every byte."""
+    bounds = np.append(starts, len(word_bytes)).astype(np.int64)
+    words = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(starts),
+                                             [None, pa.py_buffer(bounds), pa.py_buffer(word_bytes)])
+    encoded = pc.dictionary_encode(words)
+    distinct = encoded.dictionary
+    offsets = np.frombuffer(distinct.buffers()[1], np.int64)[distinct.offset: distinct.offset + len(distinct) + 1]
+    data = np.frombuffer(distinct.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
+    return _hash_byte_runs(data, offsets[:-1] - offsets[0])[encoded.indices.to_numpy()]
+
+
 def shingle_hashes(texts: pa.Array | Sequence[str], shingle_words: int) -> np.ndarray:
     """64-bit hashes of the book's word `shingle_words`-grams, repeats included (a minimum ignores them),
     running across sentence and paragraph boundaries. A book shorter than one shingle is a single shingle
@@ -133,7 +146,7 @@ def shingle_hashes(texts: pa.Array | Sequence[str], shingle_words: int) -> np.nd
     run_starts = np.flatnonzero(starts_word[is_word])  # where each word starts among the word bytes alone
     if len(run_starts) == 0:
         return np.zeros(0, dtype=np.uint64)
-    hashes = _hash_byte_runs(data[is_word], run_starts)
+    hashes = _hash_words(data[is_word], run_starts)
     width = min(shingle_words, len(hashes))
     shingles = np.zeros(len(hashes) - width + 1, dtype=np.uint64)
     with np.errstate(over="ignore"):  # arithmetic mod 2^64 is the point

@@ -3,8 +3,8 @@ import random
 import numpy as np
 import pytest
 
-from data_prep.dedup import (NearDuplicateIndex, NearDuplicateOptions, draw_minhasher, lsh_bands, minhash_signature,
-                             shingle_hashes)
+from data_prep.dedup import (NearDuplicateIndex, NearDuplicateOptions, _hash_byte_runs, _hash_words, draw_minhasher,
+                             lsh_bands, minhash_signature, shingle_hashes)
 from data_prep.prepare import prepare_corpus
 
 WORDS = ("ship sea harbour captain storm wind sail anchor rope deck wave night morning island shore gull "
@@ -56,6 +56,15 @@ def test_words_are_runs_of_letters_and_digits_in_any_script():
     assert not np.array_equal(words("ab", "cd"), words("abcd"))
     # a word longer than the hashed prefix still differs from others by its length
     assert len(set(words("x" * 70, "x" * 71, "x" * 64).tolist())) == 3
+
+
+def test_hashing_each_distinct_word_once_gives_every_words_own_hash():
+    words = [w.encode() for w in book_words(3, 500)] + ["\u00e9t\u00e9".encode(), b"x" * 70, b"ship"]
+    word_bytes = np.frombuffer(b"".join(words), np.uint8)
+    starts = np.cumsum([0] + [len(w) for w in words[:-1]])
+    expected = _hash_byte_runs(word_bytes, starts)
+    assert len(set(expected.tolist())) == len(set(words))  # the reference itself tells the words apart
+    assert np.array_equal(_hash_words(word_bytes, starts), expected)
 
 
 @pytest.mark.parametrize("fraction", [0.005, 0.02, 0.05])
