@@ -168,8 +168,9 @@ def _setup(ctx: StageContext, rank: int, world_size: int) -> _Setup:
 
     dataset = PretrainingInstances([read_arrow(p) for p in sorted(ctx.stage_dir(phase.examples).glob("*.arrow"))])
     order = np.random.default_rng(cfg.seed).permutation(len(dataset))
-    n_val = max(1, int(len(dataset) * p.val_fraction))
-    train_set, val_set = Subset(dataset, order[n_val:].tolist()), Subset(dataset, order[:n_val].tolist())
+    n_val = max(1, min(int(len(dataset) * p.val_fraction), p.val_max_instances))
+    # numpy indices, not lists: a list of 10^7 Python ints would take ~0.4 GB in the driver and in every loader worker
+    train_set, val_set = Subset(dataset, order[n_val:]), Subset(dataset, order[:n_val])
     special_ids = [tok.token_to_id(t) for t in SPECIAL_TOKENS]
     collator = BertPretrainingCollator(pad_id=tok.token_to_id("[PAD]"), mask_id=tok.token_to_id("[MASK]"),
                                        vocab_size=vocab_size, special_ids=special_ids,

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.dag import execute_stage, plan
+from pipeline.dag import StageContext, execute_stage, plan
+from pipeline.pretraining import _setup
 from pipeline.stages import STAGES
 from tests.conftest import NEGATIVE, POSITIVE, SUBJECTS, tiny_config
 
@@ -92,6 +93,24 @@ def test_pretrain_lowers_the_loss_and_saves_the_encoder(ctx):
         train = [float(r["value"]) for r in csv.DictReader(f) if r["name"] == "train/loss"]
     assert len(train) == 30
     assert sum(train[-5:]) / 5 < sum(train[:5]) / 5 - 0.5  # MLM on a 300-word vocabulary learns fast
+
+
+def test_held_out_instances_are_a_fraction_of_the_examples_up_to_a_cap(ctx):
+    ctx.run_stage("examples")
+
+    def held_out_and_train(**settings) -> tuple[int, int]:
+        cfg = ctx.cfg.copy()
+        for key, value in settings.items():
+            cfg.pretrain[key] = value
+        stage = StageContext(cfg, "pretrain", ctx.stage_dir("pretrain"),
+                             {u: ctx.stage_dir(u) for u in ctx.plan.stages["pretrain"].upstream})
+        setup = _setup(stage, rank=0, world_size=1)
+        return sum(len(batch["input_ids"]) for batch in setup.val_batches), setup.train_instances
+
+    held_out, train = held_out_and_train(val_fraction=0.1, val_max_instances=10**9)
+    total = held_out + train
+    assert held_out == int(0.1 * total) > 7
+    assert held_out_and_train(val_fraction=0.1, val_max_instances=7) == (7, total - 7)
 
 
 def test_finetune_compares_pretrained_and_random_init(ctx):
