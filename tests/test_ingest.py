@@ -83,6 +83,14 @@ def test_marker_variants(start, end):
     assert body.strip() == "The book itself."
 
 
+def test_markers_are_whole_lines_wherever_they_are_in_the_file():
+    first_line = "*** START OF THE PROJECT GUTENBERG EBOOK X ***\nBook.\n  *** END OF THE PROJECT GUTENBERG EBOOK X ***\nL.\n"
+    assert strip_gutenberg_boilerplate(first_line) == ("", "\nBook.\n")
+    mentioned = "He said *** END OF THE PROJECT GUTENBERG EBOOK and left.\nEnd of Project Gutenberg, he said.\n"
+    assert strip_gutenberg_boilerplate(mentioned) == ("", mentioned[:mentioned.index("End of")])
+    assert strip_gutenberg_boilerplate("Header\n*** START OF THE PROJECT GUTENBERG EBOOK X ***") == ("Header\n", "")
+
+
 def test_book_without_markers_is_kept_whole_with_file_stem_as_title():
     raw = b"First line of the book is here.\n\nLast line of the book is here.\n"
     result = process_book("dir/no_markers.txt", raw, IngestOptions())
