@@ -47,7 +47,7 @@ bench-elmo: $(STAMP)  ## ELMo biLM training step vs this CPU's fp32 matmul peak 
 bench-skip-thought: $(STAMP)  ## Skip-Thought training step vs this CPU's fp32 matmul peak (ARGS=--quick)
 	$(PY) benchmarks/bench_skip_thought.py $(ARGS)
 
-bench-train: $(STAMP)  ## BERT train step, ours vs HF BertForPreTraining, fp32/bf16 (ARGS=--quick, --loss-curve 300)
+bench-train: $(STAMP)  ## BERT train step, ours vs HF BertForPreTraining, fp32/bf16 (ARGS=--quick, --loss-curve 600)
 	$(PY) benchmarks/bench_train.py $(ARGS)
 
 clean:  ## remove run outputs (keeps .venv and the data cache)
