@@ -181,8 +181,7 @@ def benchmark(args) -> None:
 
     padding = f" ({B * T - real_tokens} of the {B * T} positions padding)" if real_tokens < B * T else ""
     print(f"\nbatch {B} x seq {T}{padding}, {torch.get_num_threads()} threads, median of {steps} steps after {warmup} "
-          f"warm-up; "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+          f"warm-up; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print("matmul peak (2048^3 torch.mm): " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in peaks.items()))
     print(f"{'size':10s} {'dtype':5s} {'model':22s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'of peak':>8s}"
           f" {'vs HF best':>10s} {'1st step s':>10s}")

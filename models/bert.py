@@ -183,8 +183,8 @@ class RealTokens:
     """Where the real tokens of a padded (B, T) batch are. Every layer except attention works token by token, so it can
     run on the N real tokens alone, packed as (N, H) ("unpadding", as in NVIDIA's DeepLearningExamples BERT and
     MosaicBERT); attention alone needs the (B, T) layout back, with zeros at the padding, which its mask hides anyway.
-    Padding then costs no matmul work outside attention (a quarter of the positions in this project's phase-2
-    examples at 512, most of them in fine-tuning batches of short sentences)."""
+    Padding then costs no matmul work outside attention: it is a quarter of the positions in this project's phase-2
+    examples at 512, and most positions of fine-tuning batches of short sentences."""
 
     def __init__(self, attention_mask: torch.Tensor):  # (B, T), 1 = token, 0 = padding
         self.batch_size, self.seq_len = attention_mask.shape

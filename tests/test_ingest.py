@@ -84,7 +84,8 @@ def test_marker_variants(start, end):
 
 
 def test_markers_are_whole_lines_wherever_they_are_in_the_file():
-    first_line = "*** START OF THE PROJECT GUTENBERG EBOOK X ***\nBook.\n  *** END OF THE PROJECT GUTENBERG EBOOK X ***\nL.\n"
+    first_line = ("*** START OF THE PROJECT GUTENBERG EBOOK X ***\nBook.\n"
+                  "  *** END OF THE PROJECT GUTENBERG EBOOK X ***\nL.\n")
     assert strip_gutenberg_boilerplate(first_line) == ("", "\nBook.\n")
     mentioned = "He said *** END OF THE PROJECT GUTENBERG EBOOK and left.\nEnd of Project Gutenberg, he said.\n"
     assert strip_gutenberg_boilerplate(mentioned) == ("", mentioned[:mentioned.index("End of")])
