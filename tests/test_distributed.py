@@ -98,12 +98,14 @@ def test_deepspeed_zero3_on_cpu_trains_the_tied_word_matrix(tmp_root, ray_sessio
                                fp32["model.bert.embeddings.word_embeddings.weight"], rtol=0, atol=0)
 
 
-@pytest.mark.slow  # two Ray Train start-ups with DeepSpeed in 2 workers: 2-4 min on 2 cores
-def test_phase2_under_deepspeed_zero2_starts_from_phase1(tmp_root, ray_session):
-    """Phase 2 loads phase 1's encoder and heads in every worker before DeepSpeed partitions the optimizer state:
-    with lr 0 its consolidated weights are exactly phase 1's, and its examples are longer than phase 1's."""
+@pytest.mark.slow  # two Ray Train start-ups in 2 workers: 1-2 min each on 2 cores
+@pytest.mark.parametrize("trainer", [["trainer=ddp_cpu"], ["trainer=deepspeed_stage_2", "trainer.accelerator=cpu"]],
+                         ids=["ddp", "zero2"])
+def test_phase2_in_two_workers_starts_from_phase1(tmp_root, ray_session, trainer):
+    """Phase 2 loads phase 1's encoder and heads in every worker (before DeepSpeed partitions the optimizer state):
+    with lr 0 its final weights are exactly phase 1's."""
     run = tiny_run(tmp_root, [
-        "trainer=deepspeed_stage_2", "trainer.accelerator=cpu",
+        *trainer,
         "pipeline.stages=[prepare,tokenizer,examples,pretrain,examples_phase2,pretrain_phase2]",
         "model.config.max_position_embeddings=64", "pretrain_phase2.max_seq_length=64", "pretrain_phase2.max_steps=4",
         "pretrain_phase2.batch_size=4", "pretrain_phase2.lr=0", "pretrain_phase2.max_predictions_per_seq=10",
@@ -111,7 +113,8 @@ def test_phase2_under_deepspeed_zero2_starts_from_phase1(tmp_root, ray_session):
     run.run_stage("pretrain")
     run.run_stage("examples_phase2")
     summary = run.run_stage("pretrain_phase2")
-    assert summary["workers"] == 2 and summary["zero_stage"] == 2 and summary["max_seq_length"] == 64
+    assert summary["workers"] == 2 and summary["max_seq_length"] == 64
+    assert summary.get("zero_stage") == (2 if "deepspeed" in trainer[0] else None)
     assert summary["initialised_from"] == str(run.stage_dir("pretrain"))
     losses = train_losses(run.stage_dir("pretrain_phase2"))
     assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
