@@ -92,10 +92,8 @@ def make_batch(batch_size: int, seq_len: int, seed: int = 0, short_seq_prob: flo
         n = min(MAX_PREDICTIONS, max(1, round(0.15 * length)))
         positions[row, :n] = (torch.randperm(length - 1, generator=g)[:n] + 1).sort().values
         mlm_labels[row, :n] = torch.randint(5, VOCAB_SIZE, (n,), generator=g)
-    predicted = mlm_labels != -100
-    dense_labels = torch.full((batch_size, seq_len), -100)  # HF's layout
-    dense_labels[torch.arange(batch_size)[:, None].expand_as(positions)[predicted], positions[predicted]] = \
-        mlm_labels[predicted]
+    # HF's layout; unused slots point at [CLS] (position 0) with label -100, which is its label anyway
+    dense_labels = torch.full((batch_size, seq_len), -100).scatter(1, positions, mlm_labels)
     attention_mask = (torch.arange(seq_len)[None, :] < torch.tensor(lengths)[:, None]).long()
     second_segment = (torch.arange(seq_len) >= seq_len // 2).long().expand(batch_size, seq_len)
     return {"input_ids": torch.randint(5, VOCAB_SIZE, (batch_size, seq_len), generator=g) * attention_mask,

@@ -96,8 +96,8 @@ def cpu_keep_mask(shape: torch.Size, p: float) -> torch.Tensor:
 class BertDropout(nn.Dropout):
     """nn.Dropout (inverted: kept values scaled by 1 / (1 - p)) whose CPU mask costs a quarter of a random draw per
     element. PyTorch's CPU dropout draws a float per element with bernoulli_: 0.24 s of a 3.7 s bert_base training
-    step on 2 cores, against ~0.09 s here (mask and where, forward and backward). The global generator draws the bits, so torch.manual_seed and a restored
-    RNG state reproduce the masks. Elsewhere (GPUs), F.dropout."""
+    step on 2 cores, against ~0.09 s here (mask and where, forward and backward). The global generator draws the
+    bits, so torch.manual_seed and a restored RNG state reproduce the masks. Elsewhere (GPUs), F.dropout."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or not 0.0 < self.p < 1.0 or x.device.type != "cpu":
