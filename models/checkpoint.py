@@ -26,6 +26,14 @@ def save_checkpoint(model: torch.nn.Module, path, checkpoint_format: str) -> Non
     save_file(state, str(path / "model.safetensors"))
 
 
+def random_twin(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """The same architecture (class and config) freshly initialised from `seed`, the global RNG left as it was: the
+    frozen random encoder a pretrained one must beat (Wieting & Kiela 2019, "No Training Required")."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return type(model)(model.config)
+
+
 def read_config(path) -> dict:
     path = Path(path)
     if not (path / "config.json").is_file():

@@ -46,6 +46,17 @@ class PretrainingInstances(Dataset):
         return {"input_ids": ids[start:end].astype(np.int64), "token_type_ids": types[start:end].astype(np.int64),
                 "next_sentence_label": int(nsp[row])}
 
+    def token_counts(self, vocab_size: int, excluded: np.ndarray = np.empty(0, dtype=np.int64)) -> np.ndarray:
+        """How often each token id occurs in the instances, leaving out those at indices `excluded` (a held-out
+        set): one bincount per file over its memory-mapped ids, so memory is the vocabulary, not the corpus."""
+        counts = np.zeros(vocab_size, dtype=np.int64)
+        for _, ids, _, _ in self.parts:
+            counts += np.bincount(ids, minlength=vocab_size)[:vocab_size]
+        if len(excluded):
+            held_out = np.concatenate([self[int(index)]["input_ids"] for index in excluded])
+            counts -= np.bincount(held_out, minlength=vocab_size)[:vocab_size]
+        return counts
+
 
 class EncodedTask(Dataset):
     """A downstream split encoded once with the pipeline's tokenizer: [CLS] a [SEP] (b [SEP])."""

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from data_prep.elmo_examples import (books_from_rows, build_word_vocab, read_word_vocab, write_token_streams,
                                      write_word_vocab)
 from data_prep.shards import open_shards, shard_paths
+from models.checkpoint import random_twin
 from models.elmo import ElmoEmbedder, ScalarMix, load_bilm, save_bilm
 from pipeline.dag import Stage, StageContext, all_cpus
 from pipeline.data import read_arrow
@@ -72,9 +73,10 @@ class ElmoSentenceEncoder:
     """SentEval encoder: the mean over words of the frozen biLM's layers mixed with equal weights (an untrained
     ScalarMix, s = 0, gamma = 1), as seed 000's SentEval section uses ELMo."""
 
-    def __init__(self, bilm_dir, vocab: list[str], name: str = "elmo"):
+    def __init__(self, bilm_dir, vocab: list[str], name: str = "elmo", random_init_seed: int | None = None):
         self.name = name
-        bilm = load_bilm(bilm_dir).eval()
+        bilm = load_bilm(bilm_dir)
+        bilm = (bilm if random_init_seed is None else random_twin(bilm, random_init_seed)).eval()
         self.embedder = ElmoEmbedder(bilm, vocab)
         self.mix = ScalarMix(bilm.config.num_layers + 1)
 
@@ -89,9 +91,14 @@ class ElmoSentenceEncoder:
         return ((mixed * weights).sum(1) / weights.sum(1).clamp(min=1)).numpy()
 
 
-def elmo_encoder(ctx: StageContext) -> ElmoSentenceEncoder:
-    return ElmoSentenceEncoder(ctx.stage_dir("elmo_pretrain") / "bilm",
-                               read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"))
+def elmo_encoder(random_init: bool = False):
+    """The evaluate stage's builder of this run's biLM encoder, or (random_init) of its randomly initialised twin."""
+    def build(ctx: StageContext) -> ElmoSentenceEncoder:
+        return ElmoSentenceEncoder(ctx.stage_dir("elmo_pretrain") / "bilm",
+                                   read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"),
+                                   name="elmo_random" if random_init else "elmo",
+                                   random_init_seed=ctx.cfg.seed if random_init else None)
+    return build
 
 
 ELMO_STAGES = [

@@ -15,11 +15,12 @@ from pipeline.senteval import BertEncoder, Encoder, GloveBagOfWords, run_senteva
 from pipeline.skip_thought_stages import skip_thought_encoder
 
 
-def _bert(pooling: str) -> Callable[[StageContext], Encoder]:
+def _bert(pooling: str, random_init: bool = False) -> Callable[[StageContext], Encoder]:
     def build(ctx: StageContext) -> Encoder:
         encoder_dir = ctx.stage_dir(encoder_stage(ctx.cfg)) / "encoder"
         return BertEncoder.from_directories(encoder_dir, ctx.stage_dir("tokenizer"), pooling=pooling,
-                                            name=f"bert_{pooling}")
+                                            random_init_seed=ctx.cfg.seed if random_init else None,
+                                            name=f"bert_{pooling}" + ("_random" if random_init else ""))
     return build
 
 
@@ -27,14 +28,21 @@ def _bert_stages(cfg: DictConfig) -> tuple[str, ...]:
     return "tokenizer", encoder_stage(cfg)
 
 
-# encoder name -> (the stages whose outputs it needs, or a function of the config giving them; how to build it)
+# encoder name -> (the stages whose outputs it needs, or a function of the config giving them; how to build it).
+# Each `*_random` is its family's architecture freshly initialised and frozen: random encoders are strong probing
+# baselines (Wieting & Kiela 2019), so a pretrained encoder has learned something only where it beats its twin.
 ENCODERS: dict[str, tuple[tuple[str, ...] | Callable[[DictConfig], tuple[str, ...]],
                           Callable[[StageContext], Encoder]]] = {
     "bert_cls": (_bert_stages, _bert("cls")),
     "bert_mean": (_bert_stages, _bert("mean")),
+    "bert_cls_random": (_bert_stages, _bert("cls", random_init=True)),
+    "bert_mean_random": (_bert_stages, _bert("mean", random_init=True)),
     "glove_bow": ((), lambda ctx: GloveBagOfWords(load_glove())),
-    "elmo": (("elmo_vocab", "elmo_pretrain"), elmo_encoder),
+    "elmo": (("elmo_vocab", "elmo_pretrain"), elmo_encoder()),
+    "elmo_random": (("elmo_vocab", "elmo_pretrain"), elmo_encoder(random_init=True)),
     "skip_thought": (("skip_thought_pretrain",), skip_thought_encoder(expand_vocabulary=False)),
+    "skip_thought_random": (("skip_thought_pretrain",), skip_thought_encoder(expand_vocabulary=False,
+                                                                             random_init=True)),
     "skip_thought_expanded": (("skip_thought_pretrain",), skip_thought_encoder(expand_vocabulary=True)),
 }
 

@@ -183,11 +183,27 @@ def log_step_outputs(module: L.LightningModule, split: str, out: dict, batch_siz
                batch_size=batch_size)
 
 
+def bert_pretraining_losses(model: nn.Module, batch: dict, next_sentence_prediction: bool = True) -> dict:
+    """Masked LM (+ next sentence prediction) losses and accuracies of a `BertForPreTraining` on one batch. Without
+    NSP the loss is the MLM loss alone (RoBERTa, Liu et al. 2019 §4.2; Cramming, Geiping & Goldstein 2023): the
+    NSP head is still scored, so its accuracy shows it learned nothing."""
+    mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                                   mlm_positions=batch["mlm_positions"])
+    labels = batch["mlm_labels"]
+    mlm_loss = F.cross_entropy(mlm_logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+    nsp_loss = F.cross_entropy(nsp_logits.float(), batch["next_sentence_label"])
+    predicted = labels != -100
+    mlm_acc = (mlm_logits.argmax(-1)[predicted] == labels[predicted]).float().mean()
+    nsp_acc = (nsp_logits.argmax(-1) == batch["next_sentence_label"]).float().mean()
+    return {"loss": mlm_loss + nsp_loss if next_sentence_prediction else mlm_loss, "mlm_loss": mlm_loss,
+            "nsp_loss": nsp_loss, "mlm_acc": mlm_acc, "nsp_acc": nsp_acc}
+
+
 class BertPretrainModule(L.LightningModule):
     """Masked LM + next sentence prediction (Devlin et al. 2019, §3.1) on a `BertForPreTraining`."""
 
     def __init__(self, model: nn.Module, lr: float, weight_decay: float, betas, warmup_steps: int,
-                 max_steps: int, optimizer: str = "adamw"):
+                 max_steps: int, optimizer: str = "adamw", next_sentence_prediction: bool = True):
         super().__init__()
         if optimizer not in PRETRAIN_OPTIMIZERS:
             raise ValueError(f"pretrain.optimizer={optimizer!r} is not known; use one of {sorted(PRETRAIN_OPTIMIZERS)}")
@@ -195,16 +211,7 @@ class BertPretrainModule(L.LightningModule):
         self.save_hyperparameters(ignore=["model"])
 
     def model_step(self, batch: dict) -> dict[str, torch.Tensor]:
-        mlm_logits, nsp_logits = self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
-                                            mlm_positions=batch["mlm_positions"])
-        labels = batch["mlm_labels"]
-        mlm_loss = F.cross_entropy(mlm_logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
-        nsp_loss = F.cross_entropy(nsp_logits.float(), batch["next_sentence_label"])
-        predicted = labels != -100
-        mlm_acc = (mlm_logits.argmax(-1)[predicted] == labels[predicted]).float().mean()
-        nsp_acc = (nsp_logits.argmax(-1) == batch["next_sentence_label"]).float().mean()
-        return {"loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss,
-                "mlm_acc": mlm_acc, "nsp_acc": nsp_acc}
+        return bert_pretraining_losses(self.model, batch, self.hparams.next_sentence_prediction)
 
     def _log(self, split: str, out: dict, batch_size: int) -> None:
         log_step_outputs(self, split, {**out, "mlm_perplexity": torch.exp(out["mlm_loss"].detach().clamp(max=50))},

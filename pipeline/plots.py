@@ -23,26 +23,46 @@ def _save(fig: Figure, path: Path) -> Figure:
     return fig
 
 
-def plot_pretraining(train_loss: Curve, val_loss: Curve, val_perplexity: Curve, path: Path, title: str) -> Figure:
-    """Loss (train and held-out) and, when the stage logs it, held-out perplexity on a log axis beside it."""
-    panels = 2 if val_perplexity else 1
-    # One step axis for both panels: a perplexity measured a few times is read against the whole run.
+def plot_pretraining(train_loss: Curve, val_loss: Curve, val_perplexity: Curve, path: Path, title: str, *,
+                     val_mlm_loss: Curve = (), unigram_loss: float | None = None,
+                     accuracies: dict[str, Curve] | None = None, majority_rate: float | None = None) -> Figure:
+    """Loss (train and held-out; for BERT also the held-out masked-LM loss against the unigram baseline, what token
+    frequencies alone give), held-out perplexity on a log axis when the stage logs it, and held-out accuracies
+    (masked LM, next sentence, with NSP's majority rate) when given."""
+    accuracies = {name: curve for name, curve in (accuracies or {}).items() if curve}
+    panels = 1 + bool(val_perplexity) + bool(accuracies)
+    # One step axis for all panels: a perplexity measured a few times is read against the whole run.
     fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4), squeeze=False, sharex=True)
-    loss_ax = axes[0, 0]
+    loss_ax, others = axes[0, 0], list(axes[0, 1:])
     loss_ax.plot([s for s, _ in train_loss], [v for _, v in train_loss], lw=0.8, alpha=0.6, label="train")
     if val_loss:
         loss_ax.plot([s for s, _ in val_loss], [v for _, v in val_loss], "o-", label="held-out")
-    loss_ax.set(xlabel="step", ylabel="loss", title="loss")
-    loss_ax.legend()
+    if val_mlm_loss:
+        loss_ax.plot([s for s, _ in val_mlm_loss], [v for _, v in val_mlm_loss], "s-", label="held-out masked LM")
+    if unigram_loss is not None:
+        loss_ax.axhline(unigram_loss, color="black", ls="--", lw=1.0,
+                        label=f"unigram baseline (masked LM) {unigram_loss:.2f}")
+    loss_ax.set(xlabel="step", ylabel="loss (nats)", title="loss")
+    loss_ax.legend(fontsize=8)
     loss_ax.grid(alpha=0.3)
     if val_perplexity:
-        ppl_ax = axes[0, 1]
+        ppl_ax = others.pop(0)
         ppl_ax.plot([s for s, _ in val_perplexity], [v for _, v in val_perplexity], "o-", color="tab:orange")
         ppl_ax.set(xlabel="step", ylabel="perplexity (log scale)", title="held-out perplexity", yscale="log")
         # Plain numbers ("60", not "6 × 10^1"); intermediate ticks labelled only as far as they fit the span.
         ppl_ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
         ppl_ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
         ppl_ax.grid(alpha=0.3, which="both")
+    if accuracies:
+        acc_ax = others.pop(0)
+        for name, curve in accuracies.items():
+            acc_ax.plot([s for s, _ in curve], [v for _, v in curve], "o-", label=name)
+        if majority_rate is not None:
+            acc_ax.axhline(majority_rate, color="black", ls=":", lw=1.0,
+                           label=f"next sentence: majority rate {majority_rate:.2f}")
+        acc_ax.set(xlabel="step", ylabel="accuracy", title="held-out accuracy", ylim=(0.0, 1.0))
+        acc_ax.legend(fontsize=8)
+        acc_ax.grid(alpha=0.3)
     fig.suptitle(title)
     return _save(fig, path)
 
@@ -80,6 +100,28 @@ def plot_task_scores(panels: dict[str, list[dict]], path: Path, title: str) -> F
         bottom, top = ax.get_ylim()
         ax.set_ylim(bottom, top + 0.25 * (top - bottom))
         ax.legend(fontsize=8, loc="upper center", ncol=min(len(models), 4))
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_label_efficiency(rows: list[dict], path: Path, title: str) -> Figure:
+    """Dev score against the number of labelled training examples (log axis), one line per model with the std over
+    seeds as error bars, one panel per task (its first metric). Rows: model, task, metric, score, std, seeds and
+    train_examples (the examples a run at that size actually had)."""
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        metric = next(r["metric"] for r in rows if r["task"] == task)
+        mine = [r for r in rows if r["task"] == task and r["metric"] == metric]
+        for model in dict.fromkeys(r["model"] for r in mine):
+            points = sorted((r["train_examples"], r["score"], r["std"] if r["seeds"] > 1 else 0.0)
+                            for r in mine if r["model"] == model)
+            ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points], marker="o",
+                        capsize=3, label=model)
+        ax.set(xscale="log", xlabel="labelled training examples (log scale)",
+               ylabel=f"dev {metric} (mean ± std over seeds)", title=task)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
     fig.suptitle(title)
     return _save(fig, path)
 

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from data_prep.bert_examples import BertPretrainingCollator
+from data_prep.bert_examples import IGNORE_INDEX, BertPretrainingCollator
 from data_prep.shards import write_json_atomically
 from data_prep.tokenizer import SPECIAL_TOKENS, load_tokenizer
 from models.bert import BertConfig, load_encoder, save_encoder
@@ -36,7 +36,8 @@ from pipeline.data import PretrainingInstances, read_arrow
 from pipeline.distributed import (DistributedSettings, checkpoint_tags, consolidated_state_dict, deepspeed_config,
                                   lightning_strategy, run_on_ray_workers, train_deepspeed,
                                   use_deepspeed_cpu_accelerator, validate_distributed)
-from pipeline.lit import BertPretrainModule
+from pipeline.lit import BertPretrainModule, bert_pretraining_losses
+from pipeline.pretrain_diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.sampler import ResumableRandomSampler, SeededBatchSampler
 from pipeline.tracking import LossHistory
 from pipeline.training import keep_freed_memory_for_reuse, make_trainer
@@ -135,6 +136,7 @@ class _Setup:
     batch_sampler: SeededBatchSampler
     val_batches: list[dict]
     train_instances: int
+    unigram_mlm_loss: float  # the held-out MLM loss of predicting from token frequencies alone
 
 
 def _build_model(cfg: DictConfig, vocab_size: int) -> nn.Module:
@@ -185,10 +187,15 @@ def _setup(ctx: StageContext, rank: int, world_size: int) -> _Setup:
     # Held-out batches are masked once, so every evaluation scores the same predictions.
     val_rows = [val_set[i] for i in range(len(val_set))]
     val_batches = [collator(val_rows[i:i + p.batch_size]) for i in range(0, len(val_rows), p.batch_size)]
+    counts = dataset.token_counts(vocab_size, excluded=order[:n_val])
+    counts[special_ids] = 0  # never a masked-LM target
+    targets = torch.cat([b["mlm_labels"][b["mlm_labels"] != IGNORE_INDEX] for b in val_batches]).numpy()
     # plain Python values: a checkpoint's hyperparameters must load with torch.load(weights_only=True)
     module = BertPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
-                                warmup_steps=p.warmup_steps, max_steps=p.max_steps, optimizer=p.optimizer)
-    return _Setup(model, module, train_loader, batch_sampler, val_batches, len(train_set))
+                                warmup_steps=p.warmup_steps, max_steps=p.max_steps, optimizer=p.optimizer,
+                                next_sentence_prediction=p.next_sentence_prediction)
+    return _Setup(model, module, train_loader, batch_sampler, val_batches, len(train_set),
+                  unigram_cross_entropy(counts, targets))
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -282,11 +289,25 @@ def _train_with_lightning(ctx: StageContext, settings: DistributedSettings, rank
                "padded_tokens_per_s": round(steps_run * p.accumulate_grad_batches * p.batch_size * world_size
                                             * phase.max_seq_length(cfg) / seconds, 1),
                "precision": trainer.precision, "final_val_loss": history.last("val/loss"),
-               "final_val_mlm_acc": history.last("val/mlm_acc"), "final_val_nsp_acc": history.last("val/nsp_acc"),
+               **_learning_summary(history.last("val/mlm_loss"), history.last("val/mlm_acc"),
+                                   history.last("val/nsp_acc") if p.next_sentence_prediction else None, setup),
                "num_parameters": sum(t.numel() for t in setup.model.parameters()), **_phase_summary(ctx)}
     if trainer.is_global_zero:
         _write_outputs(out, setup.model, history, summary, settings.uses_ray_train)
     return summary
+
+
+def _learning_summary(mlm_loss: float | None, mlm_acc: float | None, nsp_acc: float | None, setup: _Setup) -> dict:
+    """The held-out figures that say whether pretraining learned anything, next to what frequencies alone give: the
+    unigram MLM loss and the NSP majority rate. A run still on the unigram plateau says so on the console too."""
+    labels = torch.cat([b["next_sentence_label"] for b in setup.val_batches])
+    warning = plateau_message(mlm_loss, setup.unigram_mlm_loss)
+    if warning:
+        print(f"WARNING: {warning}", flush=True)
+    return {"final_val_mlm_loss": mlm_loss, "unigram_mlm_loss": round(setup.unigram_mlm_loss, 4),
+            "final_val_mlm_acc": mlm_acc, "final_val_nsp_acc": nsp_acc,
+            "nsp_majority_rate": round(float(max(labels.float().mean(), 1 - labels.float().mean())), 4),
+            "plateau_warning": warning}
 
 
 def _step_of(checkpoint: Path) -> int:
@@ -327,11 +348,12 @@ def _lightning_worker(config: dict) -> None:
 class PretrainingObjective(nn.Module):
     """BertPretrainModule's losses as a forward pass: a DeepSpeed engine trains a module through `forward`."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, next_sentence_prediction: bool = True):
         super().__init__()
-        self.model = model
+        self.model, self.next_sentence_prediction = model, next_sentence_prediction
 
-    forward = BertPretrainModule.model_step  # reads only self.model: one definition of the loss for both paths
+    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
+        return bert_pretraining_losses(self.model, batch, self.next_sentence_prediction)
 
 
 def _deepspeed_cpu_worker(config: dict) -> None:
@@ -355,7 +377,7 @@ def _deepspeed_cpu_worker(config: dict) -> None:
 
     started = time.perf_counter()
     resumed_from = checkpoint_tags(checkpoint_dir)
-    train_deepspeed(PretrainingObjective(setup.model), optimization["optimizer"],
+    train_deepspeed(PretrainingObjective(setup.model, p.next_sentence_prediction), optimization["optimizer"],
                     optimization["lr_scheduler"]["scheduler"],
                     deepspeed_config(settings, p.batch_size, p.grad_clip), batches=lambda: setup.train_loader,
                     data_state=lambda consumed: {**sampler.state_dict(batches_consumed=consumed),
@@ -371,20 +393,21 @@ def _deepspeed_cpu_worker(config: dict) -> None:
     tag = checkpoint_tags(checkpoint_dir)[-1]
     model = _build_model(cfg, load_tokenizer(ctx.stage_dir("tokenizer")).get_vocab_size())
     model.load_state_dict({k.removeprefix("model."): v for k, v in consolidated_state_dict(checkpoint_dir, tag).items()})
-    val = _validate(model, setup.val_batches)
+    val = _validate(model, setup.val_batches, p.next_sentence_prediction)
     history.rows.extend({"step": p.max_steps, "split": "val", "name": f"val/{k}", "value": v} for k, v in val.items())
     summary = {"steps": p.max_steps,
                "resumed_from_step": int(resumed_from[-1].removeprefix("step-")) if resumed_from else None,
                "workers": world_size, "zero_stage": settings.zero_stage, "consolidated_from": str(checkpoint_dir / tag),
                "train_instances": setup.train_instances, "seconds": round(seconds, 1),
-               "final_val_loss": round(val["loss"], 4), "final_val_mlm_acc": round(val["mlm_acc"], 4),
-               "final_val_nsp_acc": round(val["nsp_acc"], 4),
+               "final_val_loss": round(val["loss"], 4),
+               **_learning_summary(round(val["mlm_loss"], 4), round(val["mlm_acc"], 4),
+                                   round(val["nsp_acc"], 4) if p.next_sentence_prediction else None, setup),
                "num_parameters": sum(t.numel() for t in model.parameters()), **_phase_summary(ctx)}
     _write_outputs(out, model, history, summary, in_ray_worker=True)
 
 
 @torch.no_grad()
-def _validate(model: nn.Module, batches: list[dict]) -> dict[str, float]:
-    objective = PretrainingObjective(model).eval()
+def _validate(model: nn.Module, batches: list[dict], next_sentence_prediction: bool) -> dict[str, float]:
+    objective = PretrainingObjective(model, next_sentence_prediction).eval()
     results = [objective(batch) for batch in batches]
-    return {k: float(torch.stack([r[k] for r in results]).mean()) for k in ("loss", "mlm_acc", "nsp_acc")}
+    return {k: float(torch.stack([r[k] for r in results]).mean()) for k in ("loss", "mlm_loss", "mlm_acc", "nsp_acc")}

@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from data_prep.shards import write_json_atomically
-from pipeline.plots import Curve, plot_attention, plot_pretraining, plot_task_scores
+from pipeline.finetuning import headline_results, label_efficiency
+from pipeline.plots import Curve, plot_attention, plot_label_efficiency, plot_pretraining, plot_task_scores
 
-RESULT_COLUMNS = ["model", "task", "metric", "score", "std", "seeds"]
+RESULT_COLUMNS = ["model", "task", "metric", "score", "std", "seeds", "train_examples"]
 PRETRAINING_STAGES = ("pretrain", "pretrain_phase2", "elmo_pretrain", "skip_thought_pretrain")
 RESULT_STAGES = {"finetune": "Fine-tuning (dev set)", "evaluate": "Frozen sentence embeddings (SentEval-style probes)"}
 # Held-out perplexity as each family logs it: BERT's masked-LM perplexity, ELMo's biLM perplexity (mean of the two
@@ -111,11 +112,32 @@ def _pivot(rows: list[dict]) -> list[str]:
 
 
 def _results_section(stage: str, results: list[dict]) -> list[str]:
-    lines = ["", f"## {RESULT_STAGES[stage]}", ""]
+    heading = RESULT_STAGES[stage]
+    if any(r.get("scored_on") == "train_holdout" for r in results):
+        heading = "Fine-tuning (held-out part of the train split, finetune.selection_fraction; not the dev set)"
+    lines = ["", f"## {heading}", ""]
     if stage == "finetune":
-        lines += ["| model | task | metric | score | seeds |", "|---|---|---|---|---|"]
-        return lines + [f"| {r['model']} | {r['task']} | {r['metric']} | {_score(r)} | {r['seeds']} |" for r in results]
+        lines += ["| model | task | metric | score | seeds | train examples |", "|---|---|---|---|---|---|"]
+        return lines + [f"| {r['model']} | {r['task']} | {r['metric']} | {_score(r)} | {r['seeds']} | "
+                        f"{r.get('train_examples', '–')} |" for r in headline_results(results)]
     return lines + _pivot(results)
+
+
+def _label_efficiency_section(rows: list[dict], out: Path, title: str, figures: dict[str, Path]) -> list[str]:
+    """Dev score per number of labelled examples, pretrained next to random init: where pretraining pays most."""
+    figures["label_efficiency_plot"] = out / "label_efficiency.png"
+    plot_label_efficiency(rows, figures["label_efficiency_plot"], title=f"Label efficiency ({title})")
+    sizes = list(dict.fromkeys(r["train_examples"] for r in rows))
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    lines = ["", "## Label efficiency (dev score by labelled training examples)", ""]
+    for task, metric in dict.fromkeys((r["task"], r["metric"]) for r in rows):
+        cell = {(r["model"], r["train_examples"]): _score(r) for r in rows
+                if r["task"] == task and r["metric"] == metric}
+        seeds = max(r["seeds"] for r in rows if r["task"] == task)
+        lines += [f"{task} {metric}, {seeds} seeds:", "", "| model | " + " | ".join(map(str, sizes)) + " |",
+                  "|---" * (len(sizes) + 1) + "|"]
+        lines += [f"| {m} | " + " | ".join(cell.get((m, n), "–") for n in sizes) + " |" for m in models] + [""]
+    return lines + ["![label efficiency](label_efficiency.png)"]
 
 
 def _pretraining_section(stage: str, stage_dir: Path, out: Path, figures: dict[str, Path]) -> list[str]:
@@ -123,16 +145,39 @@ def _pretraining_section(stage: str, stage_dir: Path, out: Path, figures: dict[s
     train, val = curves.get("train/loss", []), curves.get("val/loss", [])
     perplexity = next((curves[name] for name in PERPLEXITY_NAMES if name in curves), [])
     info = json.loads((stage_dir / "stage.json").read_text())
-    lines = ["", f"## Pretraining ({stage})", "", *summarise_loss(train, val)]
+    lines = ["", f"## Pretraining ({stage})", "", *summarise_loss(train, val), *learning_lines(info)]
     if perplexity:
         lines.append("- held-out perplexity: " + ", ".join(f"{v:.1f} @ {s}" for s, v in perplexity))
     lines.append(f"- {info.get('steps')} steps in {info.get('duration_s')} s, precision {info.get('precision')}, "
                  f"{info.get('num_parameters')} parameters")
     if train:
         path = out / f"{stage}_loss.png"
-        plot_pretraining(train, val, perplexity, path, title=f"Pretraining ({stage})")
+        nsp_trained = "val/nsp_acc" in curves and info.get("final_val_nsp_acc") is not None
+        plot_pretraining(train, val, perplexity, path, title=f"Pretraining ({stage})",
+                         val_mlm_loss=curves.get("val/mlm_loss", []), unigram_loss=info.get("unigram_mlm_loss"),
+                         # no NSP curve for a run without the NSP loss: its head was never trained
+                         accuracies={"masked LM": curves.get("val/mlm_acc", []),
+                                     "next sentence": curves.get("val/nsp_acc", []) if nsp_trained else []},
+                         majority_rate=info.get("nsp_majority_rate") if nsp_trained else None)
         figures[f"{stage}_loss_plot"] = path
         lines += ["", f"![{stage} loss and perplexity]({path.name})"]
+    return lines
+
+
+def learning_lines(summary: dict) -> list[str]:
+    """Markdown lines: the final held-out MLM loss against the unigram baseline, the accuracies, and the plateau
+    warning of a run that has not learned more than token frequencies (pipeline/pretrain_diagnostics.py)."""
+    mlm, unigram = summary.get("final_val_mlm_loss"), summary.get("unigram_mlm_loss")
+    if mlm is None or unigram is None:
+        return []
+    lines = [f"- held-out masked-LM loss {mlm:.3f} against the unigram baseline {unigram:.3f} "
+             f"({unigram - mlm:+.2f} nats learned from context); masked-LM accuracy "
+             f"{summary.get('final_val_mlm_acc', float('nan')):.3f}"]
+    if summary.get("final_val_nsp_acc") is not None:
+        lines[-1] += (f"; next-sentence accuracy {summary['final_val_nsp_acc']:.3f} (majority rate "
+                      f"{summary.get('nsp_majority_rate', float('nan')):.3f})")
+    if summary.get("plateau_warning"):
+        lines.append(f"- **Warning: {summary['plateau_warning']}.**")
     return lines
 
 
@@ -157,7 +202,12 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str, attention: 
             rows += [{"stage": stage, **r} for r in results]
             lines += _results_section(stage, results)
             panels[RESULT_STAGES[stage]] = results
+    curve = label_efficiency(json.loads((stage_dirs["finetune"] / "results.json").read_text())) \
+        if "finetune" in stage_dirs else []
+    if curve:
+        lines += _label_efficiency_section(curve, out, title, figures)
     if panels:
+        panels = {name: headline_results(results) for name, results in panels.items()}
         figures["task_scores_plot"] = out / "task_scores.png"
         plot_task_scores(panels, figures["task_scores_plot"], title=f"Task scores per model ({title})")
         lines += ["", "![task scores per model](task_scores.png)"]

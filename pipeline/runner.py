@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from pipeline.dag import StageFailed, plan, resolve_upstream, run_dag
 from pipeline.distributed import validate_distributed
-from pipeline.finetuning import task_names
+from pipeline.finetuning import headline_results, task_names, train_sizes
 from pipeline.stages import STAGES
 from pipeline.tasks import load_task
 from pipeline.tracking import LOGGER_KINDS
@@ -34,6 +34,7 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"logger.kind={cfg.logger.kind!r}; use one of {LOGGER_KINDS} (logger=wandb|csv)")
     for name in task_names(cfg):
         load_task(name)
+    train_sizes(cfg)
     validate_distributed(cfg)
     resolve_upstream(STAGES, cfg)  # e.g. an unknown evaluate.encoders name
 
@@ -56,7 +57,7 @@ def finetune_objective(run_dir: Path) -> float | None:
     results = run_dir / "finetune" / "results.json"
     if not results.is_file():
         return None
-    rows = [r for r in json.loads(results.read_text()) if r["model"] == "pretrained"]
+    rows = [r for r in headline_results(json.loads(results.read_text())) if r["model"] == "pretrained"]
     main_metric = {}
     for row in rows:
         main_metric.setdefault(row["task"], row["metric"])

@@ -117,12 +117,18 @@ class BertEncoder:
         self.name = name or f"bert_{pooling}"
 
     @classmethod
-    def from_directories(cls, encoder_dir, tokenizer_dir, **kwargs) -> "BertEncoder":
-        """From a pretrain stage's encoder/ (or a HuggingFace BERT directory) and a tokenizer stage's directory."""
+    def from_directories(cls, encoder_dir, tokenizer_dir, random_init_seed: int | None = None,
+                         **kwargs) -> "BertEncoder":
+        """From a pretrain stage's encoder/ (or a HuggingFace BERT directory) and a tokenizer stage's directory; with
+        `random_init_seed`, its architecture freshly initialised instead of its weights."""
         from data_prep.tokenizer import load_tokenizer
         from models.bert import load_encoder
+        from models.checkpoint import random_twin
 
-        return cls(load_encoder(encoder_dir), load_tokenizer(tokenizer_dir), **kwargs)
+        model = load_encoder(encoder_dir)
+        if random_init_seed is not None:
+            model = random_twin(model, random_init_seed)
+        return cls(model, load_tokenizer(tokenizer_dir), **kwargs)
 
     def prepare(self, samples: list[list[str]]) -> None:
         """Nothing to fit: the encoder is frozen and its vocabulary fixed."""

@@ -18,6 +18,7 @@ from data_prep.shards import shard_paths
 from data_prep.skip_thought_examples import (WordVocab, build_word_vocab, count_words, pad_sentences, tokenize,
                                              triples_from_shard, write_triples)
 from data_prep.word_vectors import ExpandedVocabulary, WordVectors, fit_vocabulary_expansion, load_glove, shared_words
+from models.checkpoint import random_twin
 from models.skip_thought import load_skip_thoughts, save_skip_thoughts
 from pipeline.dag import Stage, StageContext, all_cpus
 from pipeline.data import read_arrow
@@ -86,9 +87,11 @@ class SkipThoughtSentenceEncoder:
     """SentEval encoder over a trained Skip-Thought encoder. With `expand_vocabulary`, words the encoder never saw
     get GloVe vectors mapped into its embedding space by the least-squares map of Kiros et al. §2.2."""
 
-    def __init__(self, model_dir, expand_vocabulary: bool, name: str = "skip_thought"):
+    def __init__(self, model_dir, expand_vocabulary: bool, name: str = "skip_thought",
+                 random_init_seed: int | None = None):
         self.name = name
-        self.model = load_skip_thoughts(model_dir).eval()
+        model = load_skip_thoughts(model_dir)
+        self.model = (model if random_init_seed is None else random_twin(model, random_init_seed)).eval()
         self.vocab = WordVocab.load(model_dir / "vocab.txt")
         self.expanded = None
         if expand_vocabulary:
@@ -110,10 +113,11 @@ class SkipThoughtSentenceEncoder:
         return self.model.encode_embedded(embedded, lengths).numpy()
 
 
-def skip_thought_encoder(expand_vocabulary: bool):
+def skip_thought_encoder(expand_vocabulary: bool, random_init: bool = False):
     def build(ctx: StageContext) -> SkipThoughtSentenceEncoder:
+        name = "skip_thought" + ("_expanded" if expand_vocabulary else "") + ("_random" if random_init else "")
         return SkipThoughtSentenceEncoder(ctx.stage_dir("skip_thought_pretrain") / "model", expand_vocabulary,
-                                          name="skip_thought_expanded" if expand_vocabulary else "skip_thought")
+                                          name=name, random_init_seed=ctx.cfg.seed if random_init else None)
     return build
 
 

@@ -1,10 +1,12 @@
 """The fine-tune stage across task families, seeds aggregated as mean ± std, finished runs skipped on rerun."""
 from __future__ import annotations
 
+import json
 import random
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -147,3 +149,76 @@ def test_elmo_is_fine_tuned_feature_based_on_every_task_family(ctx, tmp_path):
         ("elmo", "conll2003", "precision"), ("elmo", "conll2003", "recall"), ("elmo", "conll2003", "f1")}
     assert by_key[("elmo", "sst2", "accuracy")]["dev_examples"] == 16
     assert 0.0 <= by_key[("elmo", "conll2003", "f1")]["score"] <= 1.0
+
+
+def test_train_sizes_draw_stratified_subsets_deterministic_per_seed():
+    labels = [0] * 70 + [1] * 30
+    first = finetuning.stratified_subsample(labels, 10, 100, np.random.default_rng([1, 10]))
+    assert first.tolist() == finetuning.stratified_subsample(labels, 10, 100, np.random.default_rng([1, 10])).tolist()
+    other = finetuning.stratified_subsample(labels, 10, 100, np.random.default_rng([2, 10]))
+    assert first.tolist() != other.tolist()
+    for subset in (first, other):
+        assert len(set(subset.tolist())) == 10 and np.bincount(np.array(labels)[subset]).tolist() == [7, 3]
+    # largest remainder: 7 of a 70/30 split is 4.9 + 2.1 -> 5 + 2
+    assert np.bincount(np.array(labels)[finetuning.stratified_subsample(labels, 7, 100,
+                                                                         np.random.default_rng(0))]).tolist() == [5, 2]
+    assert finetuning.stratified_subsample(labels, None, 100, np.random.default_rng(0)).tolist() == list(range(100))
+    assert finetuning.stratified_subsample(labels, 500, 100, np.random.default_rng(0)).tolist() == list(range(100))
+    unlabelled = finetuning.stratified_subsample(None, 10, 100, np.random.default_rng(0))  # regression, tagging
+    assert len(set(unlabelled.tolist())) == 10
+
+
+def test_small_train_sizes_get_at_least_min_steps():
+    assert finetuning.finetune_epochs(epochs=3, min_steps=0, steps_per_epoch=4) == 3
+    assert finetuning.finetune_epochs(epochs=3, min_steps=100, steps_per_epoch=4) == 25
+    assert finetuning.finetune_epochs(epochs=3, min_steps=100, steps_per_epoch=300) == 3
+
+
+def test_train_sizes_give_a_label_efficiency_curve_in_the_report(ctx, tmp_path):
+    from pipeline.report import write_report
+
+    ctx.cfg.finetune.task = "sst2"
+    ctx.cfg.finetune.models = ["pretrained", "random_init"]
+    ctx.cfg.finetune.train_sizes = [8, 16, None]
+    results = finetuning.finetune(ctx)["results"]
+    # the stage's summary is the headline table: all the data
+    assert {(r["model"], r["train_size"], r["train_examples"]) for r in results} == {
+        ("pretrained", None, 32), ("random_init", None, 32), ("majority_class", None, 32)}
+    stored = json.loads((ctx.out_dir / "results.json").read_text())
+    curve = finetuning.label_efficiency(stored)
+    assert sorted({(r["model"], r["train_examples"], r["seeds"]) for r in curve}) == [
+        (kind, n, 2) for kind in ("pretrained", "random_init") for n in (8, 16, 32)]
+    # the same examples for both model kinds at one size and seed: the subsets differ by seed and size only
+    assert len(list((ctx.out_dir / "finished").glob("sst2-*-8-seed*.json"))) == 4
+    out = tmp_path / "report"
+    out.mkdir()
+    paths = write_report({"finetune": ctx.out_dir}, out, "unit")
+    assert paths["label_efficiency_plot"].stat().st_size > 1000
+    md = paths["results_md"].read_text()
+    assert "## Label efficiency" in md and "| model | 8 | 16 | 32 |" in md
+    assert md.count("| pretrained | sst2 | accuracy |") == 1  # the headline table shows all-data rows only
+
+
+def test_bad_train_sizes_are_refused_before_any_work(ctx):
+    ctx.cfg.finetune.train_sizes = [100, 0]
+    with pytest.raises(ValueError, match="finetune.train_sizes"):
+        finetuning.train_sizes(ctx.cfg)
+
+
+def test_selection_fraction_scores_a_held_out_part_of_train_instead_of_dev(ctx, tmp_path):
+    from pipeline.report import write_report
+
+    ctx.cfg.finetune.task = "sst2"
+    ctx.cfg.finetune.seeds = [1]
+    ctx.cfg.finetune.selection_fraction = 0.25
+    rows = finetuning.finetune(ctx)["results"]
+    assert {(r["train_examples"], r["dev_examples"], r["scored_on"]) for r in rows} == {(24, 8, "train_holdout")}
+    rest, held_out = finetuning.split_off(finetuning.TaskSplit(list("abcdefgh"), None, list(range(8))), 0.25, 1)
+    assert len(held_out.labels) == 2 and sorted(rest.labels + held_out.labels) == list(range(8))
+    out = tmp_path / "report"
+    out.mkdir()
+    md = write_report({"finetune": ctx.out_dir}, out, "unit")["results_md"].read_text()
+    assert "not the dev set" in md
+    ctx.cfg.finetune.task = "conll2003"
+    with pytest.raises(ValueError, match="selection_fraction"):
+        finetuning.finetune(ctx)

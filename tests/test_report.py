@@ -132,8 +132,8 @@ def test_report_logs_the_table_and_every_plot_to_the_wandb_run(stage_dirs, tmp_p
     assert set(run.logged) == {"report/results", "report/task_scores_plot", "report/pretrain_loss_plot"}
     table = run.logged["report/results"]
     assert isinstance(table, wandb.Table)
-    assert table.columns == ["stage", "model", "task", "metric", "score", "std", "seeds"]
-    assert table.data[0] == ["finetune", "pretrained", "cola", "matthews_corrcoef", 0.12, 0.03, 3]
+    assert table.columns == ["stage", "model", "task", "metric", "score", "std", "seeds", "train_examples"]
+    assert table.data[0] == ["finetune", "pretrained", "cola", "matthews_corrcoef", 0.12, 0.03, 3, None]
     assert len(table.data) == len(FINETUNE_ROWS)
     assert all(isinstance(run.logged[f"report/{n}"], wandb.Image) for n in paths if n.endswith("_plot"))
 
@@ -155,6 +155,37 @@ def test_bar_chart_has_one_group_per_task_and_one_bar_per_model(tmp_path):
     assert spans == pytest.approx([0.02, 0.08, 0.04])
     (majority_lines,) = bars["majority_class"].errorbar.lines[2]
     assert all(segment.size == 0 for segment in majority_lines.get_segments())
+
+
+def test_pretraining_plot_draws_the_unigram_baseline_and_the_held_out_accuracies(tmp_path):
+    curve = [(s, 7.0 - s / 100) for s in range(1, 50)]
+    fig = plot_pretraining(curve, curve[::10], [(10, 300.0)], tmp_path / "a.png", "diagnostics",
+                           val_mlm_loss=[(10, 6.5), (40, 5.9)], unigram_loss=6.81,
+                           accuracies={"masked LM": [(10, 0.1), (40, 0.2)], "next sentence": [(10, 0.5)]},
+                           majority_rate=0.56)
+    loss_ax, _, accuracy_ax = fig.axes
+    baseline = [line for line in loss_ax.get_lines() if line.get_label().startswith("unigram baseline")]
+    assert len(baseline) == 1 and baseline[0].get_ydata()[0] == pytest.approx(6.81)
+    assert {line.get_label() for line in accuracy_ax.get_lines()} >= {"masked LM", "next sentence"}
+    _assert_png(tmp_path / "a.png")
+
+
+def test_report_states_the_plateau_in_plain_words(stage_dirs, tmp_path):
+    from pipeline.pretrain_diagnostics import plateau_message
+
+    info = json.loads((stage_dirs["pretrain"] / "stage.json").read_text())
+    for name, mlm_loss in (("stuck", 6.70), ("learned", 5.20)):
+        stage = tmp_path / name
+        stage.mkdir()
+        (stage / "loss_curve.csv").write_text((stage_dirs["pretrain"] / "loss_curve.csv").read_text())
+        (stage / "stage.json").write_text(json.dumps({
+            **info, "final_val_mlm_loss": mlm_loss, "unigram_mlm_loss": 6.81, "final_val_mlm_acc": 0.2,
+            "final_val_nsp_acc": 0.6, "nsp_majority_rate": 0.55, "plateau_warning": plateau_message(mlm_loss, 6.81)}))
+        out = tmp_path / f"report_{name}"
+        out.mkdir()
+        md = write_report({"pretrain": stage}, out, "unit")["results_md"].read_text()
+        assert f"held-out masked-LM loss {mlm_loss:.3f} against the unigram baseline 6.810" in md
+        assert ("has not left the unigram plateau" in md) == (name == "stuck")
 
 
 def test_pretraining_plot_adds_a_log_perplexity_panel_only_when_logged(tmp_path):

@@ -299,6 +299,32 @@ def test_bert_encoder_loads_from_pipeline_directories(tiny_bert, tmp_path):
                                atol=1e-6)
 
 
+def test_random_twin_encoder_is_the_same_architecture_freshly_initialised(tiny_bert, tmp_path):
+    from models.checkpoint import random_twin
+
+    model, tokenizer, tokenizer_dir = tiny_bert
+    save_encoder(model, tmp_path / "encoder")
+    twin = BertEncoder.from_directories(tmp_path / "encoder", tokenizer_dir, pooling="mean", random_init_seed=7)
+    state_before = torch.get_rng_state()
+    again = random_twin(model, 7).state_dict()
+    assert torch.equal(torch.get_rng_state(), state_before)  # the global RNG (dropout, data order) is left alone
+    assert twin.model.config == model.config
+    trained, fresh = model.state_dict(), twin.model.state_dict()
+    assert trained.keys() == fresh.keys()
+    assert not torch.equal(trained["encoder.layer.0.attention.self.query.weight"],
+                           fresh["encoder.layer.0.attention.self.query.weight"])
+    assert all(torch.equal(fresh[k], again[k]) for k in fresh)  # deterministic in the seed
+    sentence = [tokenize("the captain found the city")]
+    assert not np.allclose(twin.batcher(sentence), BertEncoder(model, tokenizer, "mean").batcher(sentence))
+
+
+def test_every_family_offers_a_random_twin_to_the_evaluate_stage():
+    from pipeline.evaluation import ENCODERS
+
+    for trained in ("bert_cls", "bert_mean", "elmo", "skip_thought"):
+        assert f"{trained}_random" in ENCODERS and ENCODERS[f"{trained}_random"][0] == ENCODERS[trained][0]
+
+
 # -----------------------------------------------------------------------------
 # run_senteval end to end on synthetic files
 

@@ -135,8 +135,9 @@ def test_report_writes_results_table_and_loss_summary(ctx):
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["model"] for r in rows] == ["pretrained", "random_init", "majority_class", "bert_cls", "bert_mean"]
-    assert set(rows[0]) == {"stage", "model", "task", "metric", "score", "std", "seeds"}
+    assert set(rows[0]) == {"stage", "model", "task", "metric", "score", "std", "seeds", "train_examples"}
     md = (out / "results.md").read_text()
+    assert "against the unigram baseline" in md  # the pretrain stage measured it (pipeline/pretrain_diagnostics.py)
     assert "| pretrained | sst2 | accuracy |" in md and "## Pretraining (pretrain)" in md and "train loss" in md
     assert "| encoder | MR accuracy |" in md
     assert (out / "pretrain_loss.png").stat().st_size > 1000
