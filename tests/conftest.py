@@ -5,6 +5,7 @@ import os
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -92,3 +93,16 @@ def ray_session():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+def successor_corpus(rng, n: int, vocab: int) -> list[dict]:
+    """Pretraining rows of 14 tokens (ids 5..vocab-1; rng a numpy Generator) in which each token is its left
+    neighbour + 1, wrapping around: unigram-uniform, yet fully predictable from a neighbour, so only a model that
+    learned to use context (and positions) gets far below the unigram baseline."""
+    rows = []
+    for _ in range(n):
+        start = int(rng.integers(0, vocab - 5))
+        ids = [2, *((start + np.arange(14)) % (vocab - 5) + 5), 3]  # [CLS] ... [SEP]
+        rows.append({"input_ids": np.array(ids), "token_type_ids": np.zeros(len(ids), dtype=int),
+                     "next_sentence_label": int(rng.integers(0, 2))})
+    return rows

@@ -1,6 +1,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -301,10 +302,41 @@ def test_sinusoidal_table_matches_formula():
         [math.sin(pos / 10000 ** (i / d)) if i % 2 == 0 else math.cos(pos / 10000 ** ((i - 1) / d)) for i in range(d)]
         for pos in range(config.max_position_embeddings)
     ])
-    torch.testing.assert_close(table, expected.float(), atol=1e-6, rtol=0)
+    # scaled to the word embeddings' std (initializer_range): unscaled it drowns the words (see the next test)
+    torch.testing.assert_close(table, expected.float() * config.initializer_range * math.sqrt(2), atol=1e-6, rtol=0)
     # Fixed, not learned: neither a parameter nor saved in checkpoints.
     assert not any("position" in name for name, _ in model.named_parameters())
     assert not any("position" in name for name in model.state_dict())
+
+
+@pytest.mark.parametrize("position_embedding_type", ["learned", "sinusoidal", "relative"])
+def test_every_position_scheme_lets_masked_lm_learn_from_the_neighbours(position_embedding_type):
+    """A model that cannot tell positions apart (the unscaled sinusoidal table did this) stays at the unigram loss on
+    a task only neighbours solve; each scheme must get well below it in a few hundred steps."""
+    from data_prep.bert_examples import BertPretrainingCollator
+    from pipeline.lit import adamw_with_linear_schedule, bert_pretraining_losses
+    from tests.conftest import successor_corpus
+
+    vocab, rng = 45, np.random.default_rng(0)
+    collator = BertPretrainingCollator(pad_id=0, mask_id=4, vocab_size=vocab, special_ids=range(5),
+                                       generator=torch.Generator().manual_seed(0))
+    train, held_out = successor_corpus(rng, 2000, vocab), collator(successor_corpus(rng, 64, vocab))
+    torch.manual_seed(0)
+    model = BertForPreTraining(small_config(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                                            num_hidden_layers=1, max_position_embeddings=16, pre_layer_norm=True,
+                                            position_embedding_type=position_embedding_type,
+                                            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    steps = 300
+    optimization = adamw_with_linear_schedule(model, 3e-3, 0.0, (0.9, 0.999), 10, steps)
+    for _ in range(steps):
+        batch = collator([train[int(i)] for i in rng.integers(0, len(train), 32)])
+        optimization["optimizer"].zero_grad()
+        bert_pretraining_losses(model, batch)["mlm_loss"].backward()
+        optimization["optimizer"].step()
+        optimization["lr_scheduler"]["scheduler"].step()
+    with torch.no_grad():
+        held_out_loss = float(bert_pretraining_losses(model.eval(), held_out)["mlm_loss"])
+    assert held_out_loss < math.log(vocab - 5) - 1.0  # the unigram loss of this corpus is log 40
 
 
 @pytest.mark.parametrize("position_embedding_type,pre_layer_norm", [("learned", False), ("sinusoidal", True), ("relative", True)])

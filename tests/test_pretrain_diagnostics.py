@@ -14,6 +14,7 @@ from pipeline.data import PretrainingInstances, read_arrow
 from pipeline.lit import adamw_with_linear_schedule
 from pipeline.pretrain_diagnostics import PLATEAU_MARGIN_NATS, plateau_message, unigram_cross_entropy
 from pipeline.pretraining import PretrainingObjective
+from tests.conftest import successor_corpus
 
 CLS, SEP, MASK = 2, 3, 4
 
@@ -50,18 +51,6 @@ def test_plateau_message_fires_only_within_the_margin_of_the_baseline():
     assert "pretrain.max_steps" in plateau_message(6.7, 6.81)  # tells the user what to try
 
 
-def _successor_corpus(rng: np.random.Generator, n: int, vocab: int) -> list[dict]:
-    """Rows whose token i+1 is token i + 1 (mod the 40 ordinary ids): unigram-uniform, fully predictable from a
-    neighbour, so only a model that learned to use context gets far below the unigram baseline."""
-    rows = []
-    for _ in range(n):
-        start = int(rng.integers(0, vocab - 5))
-        ids = [CLS, *((start + np.arange(14)) % (vocab - 5) + 5), SEP]
-        rows.append({"input_ids": np.array(ids), "token_type_ids": np.zeros(len(ids), dtype=int),
-                     "next_sentence_label": int(rng.integers(0, 2))})
-    return rows
-
-
 @torch.no_grad()
 def _held_out_mlm_loss(model, batches) -> float:
     objective = PretrainingObjective(model).eval()
@@ -73,7 +62,7 @@ def test_the_warning_fires_on_an_untrained_model_and_not_on_a_trained_one():
     rng = np.random.default_rng(0)
     collator = BertPretrainingCollator(pad_id=0, mask_id=MASK, vocab_size=vocab, special_ids=range(5),
                                        mlm_probability=0.15, generator=torch.Generator().manual_seed(0))
-    train, held_out = _successor_corpus(rng, 2000, vocab), _successor_corpus(rng, 64, vocab)
+    train, held_out = successor_corpus(rng, 2000, vocab), successor_corpus(rng, 64, vocab)
     val_batches = [collator(held_out[i:i + 32]) for i in range(0, 64, 32)]
     counts = np.bincount(np.concatenate([r["input_ids"] for r in train]), minlength=vocab)
     counts[:5] = 0
