@@ -580,19 +580,31 @@ class BertForPreTraining(BertPreTrainedModel):
         return self.cls(sequence_output, pooled_output)
 
 
-class BertForSequenceClassification(BertPreTrainedModel):
-    """Classifier on the pooled [CLS] state; num_labels=1 makes it a regressor (e.g. STS-B)."""
+SEQUENCE_POOLINGS = ("cls", "mean")
 
-    def __init__(self, config: BertConfig, num_labels: int):
+
+class BertForSequenceClassification(BertPreTrainedModel):
+    """Classifier on the pooled [CLS] state (BERT), or on the mean of the final token states ("mean", as Sentence-BERT
+    pools); num_labels=1 makes it a regressor (e.g. STS-B). Mean pooling reads what masked-LM pretraining trains,
+    every token's state; the [CLS] state and its pooler are trained by next sentence prediction alone, so an encoder
+    whose NSP learned little hands a classifier an untrained summary."""
+
+    def __init__(self, config: BertConfig, num_labels: int, pooling: str = "cls"):
         super().__init__(config)
-        self.num_labels = num_labels
+        if pooling not in SEQUENCE_POOLINGS:
+            raise ValueError(f"pooling must be one of {SEQUENCE_POOLINGS}, got {pooling!r}")
+        self.num_labels, self.pooling = num_labels, pooling
         self.bert = BertModel(config)
         self.dropout = BertDropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.classifier.apply(self._init_weights)  # only the head: .bert is initialised (or about to be loaded)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None):
-        _, pooled_output = self.bert(input_ids, token_type_ids, attention_mask)
+        sequence_output, pooled_output = self.bert(input_ids, token_type_ids, attention_mask)
+        if self.pooling == "mean":
+            mask = (torch.ones_like(input_ids) if attention_mask is None else attention_mask).unsqueeze(-1)
+            mask = mask.to(sequence_output.dtype)  # (B, T, 1)
+            pooled_output = (sequence_output * mask).sum(1) / mask.sum(1)  # (B, H)
         return self.classifier(self.dropout(pooled_output))  # (B, num_labels)
 
 

@@ -138,8 +138,9 @@ def _conll_sentences(task: DictConfig, data_dir: Path, name: str) -> list[Tagged
 
 
 def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, max_train_examples: int | None,
-                   seed: int, selection_fraction: float | None = None) -> TaskData:
-    """Read and encode one task, dispatching on its `format` (tsv | conll | squad) and label type."""
+                   seed: int, selection_fraction: float | None = None, pooling: str = "cls") -> TaskData:
+    """Read and encode one task, dispatching on its `format` (tsv | conll | squad) and label type; sentence
+    (pair) tasks classify from `pooling` ("cls" or "mean", models.bert.BertForSequenceClassification)."""
     if selection_fraction and task.format != "tsv":
         raise ValueError(f"finetune.selection_fraction holds out part of a TSV task's train split; task {task.name} "
                          f"is {task.format}: leave it null for this task")
@@ -147,10 +148,11 @@ def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, m
         train, dev, majority_scores = _tsv_splits(task, data_dir, max_train_examples, seed, selection_fraction)
         sets = [EncodedTask(tok, s.texts_a, s.texts_b, s.labels, max_seq_length) for s in (train, dev)]
         if task.labels is None:  # regression (STS-B): one output, mean squared error
-            return TaskData(*sets, pad_classification_batch, lambda c: BertForSequenceClassification(c, 1),
+            return TaskData(*sets, pad_classification_batch,
+                            lambda c: BertForSequenceClassification(c, 1, pooling=pooling),
                             RegressionModule, None)
         return TaskData(*sets, pad_classification_batch,
-                        lambda c: BertForSequenceClassification(c, len(task.labels)),
+                        lambda c: BertForSequenceClassification(c, len(task.labels), pooling=pooling),
                         partial(ClassificationModule, metric=task.metric), majority_scores, train.labels)
     if task.format == "conll":
         train = _subsample(_conll_sentences(task, data_dir, task.train_file), max_train_examples, seed)
@@ -266,6 +268,7 @@ def finetune_once(ctx: StageContext, task: DictConfig, data: TaskData, encoder_d
     total_steps = len(train_loader) * epochs
     module = data.make_module(model, lr=f.lr, weight_decay=f.weight_decay,
                               warmup_steps=int(f.warmup_fraction * total_steps), total_steps=total_steps)
+    module.encoder_lr_factor = float(f.get("encoder_lr_factor", 1.0))
     trainer = make_trainer(ctx, [], prefix=f"{task.name}/{kind}/n{len(train_indices)}/seed{seed}",
                            max_epochs=epochs, num_sanity_val_steps=0, enable_checkpointing=False,
                            # dev is scored once, after the last epoch: no model is chosen by its dev score
@@ -322,7 +325,8 @@ def finetune(ctx: StageContext) -> dict:
                 encoded[id(tok)] = (
                     load_elmo_task_data(task, data_dir, tok, f.max_train_examples, ctx.cfg.seed, selection)
                     if kind == "elmo" else load_task_data(task, data_dir, tok, f.max_seq_length,
-                                                          f.max_train_examples, ctx.cfg.seed, selection))
+                                                          f.max_train_examples, ctx.cfg.seed, selection,
+                                                          f.get("pooling", "cls")))
             data = encoded[id(tok)]
             for size in sizes:
                 for seed in f.seeds:

@@ -70,6 +70,7 @@ TINY_OVERRIDES = [
     "examples.max_seq_length=32", "pretrain.max_steps=30", "pretrain.batch_size=8", "pretrain.warmup_steps=3",
     "pretrain.val_every_steps=15", "pretrain.val_fraction=0.1", "pretrain.lr=2e-3",
     "finetune.task=sst2", "finetune.epochs=1", "finetune.batch_size=16", "finetune.max_seq_length=16",
+    "finetune.seeds=[1]", "finetune.train_sizes=[null]", "finetune.min_steps=0",
     "trainer.precision=32-true",
 ]
 

@@ -69,6 +69,22 @@ def test_shapes(position_embedding_type, pre_layer_norm):
     assert start.shape == (B, T) and end.shape == (B, T)
 
 
+def test_mean_pooling_classifier_reads_the_mean_of_the_real_token_states():
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(small_config(), num_labels=2, pooling="mean").eval()
+    input_ids, token_type_ids, attention_mask = batch()
+    attention_mask[1, -4:] = 0
+    with torch.no_grad():
+        sequence, _ = model.bert(input_ids, token_type_ids, attention_mask)
+        expected = torch.stack([sequence[0].mean(0), sequence[1, :-4].mean(0), sequence[2].mean(0)])
+        torch.testing.assert_close(model(input_ids, token_type_ids, attention_mask), model.classifier(expected))
+        # padding changes nothing: the padded row alone, cut to its real tokens, scores the same
+        alone = model(input_ids[1:2, :-4], token_type_ids[1:2, :-4], attention_mask[1:2, :-4])
+        torch.testing.assert_close(alone, model(input_ids, token_type_ids, attention_mask)[1:2], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        BertForSequenceClassification(small_config(), num_labels=2, pooling="max")
+
+
 @pytest.mark.parametrize("pre_layer_norm", [False, True])
 def test_layer_norm_placement(pre_layer_norm):
     torch.manual_seed(0)

@@ -54,6 +54,7 @@ def ctx(tmp_path) -> StageContext:
             "+experiment=bert_tiny", f"paths.run_dir={tmp_path}", f"paths.cache_dir={tmp_path / 'cache'}",
             "logger=csv", "trainer.precision=32-true", "finetune.task=[sst2,stsb,conll2003]",
             f"finetune.data_dir={glue}", "finetune.models=[pretrained]", "finetune.seeds=[1,2]",
+            "finetune.train_sizes=[null]", "finetune.min_steps=0",
             "finetune.epochs=1", "finetune.batch_size=8", "finetune.max_seq_length=16"])
     out = tmp_path / "finetune"
     out.mkdir()

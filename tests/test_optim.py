@@ -176,3 +176,27 @@ def test_clipping_with_sparse_gradients_equals_clip_grad_norm_on_dense_ones():
     torch.testing.assert_close(total, expected)
     torch.testing.assert_close(table.grad.to_dense(), dense_table.grad)
     torch.testing.assert_close(bias.grad, dense_bias.grad)
+
+
+def test_a_slower_submodule_trains_at_its_factor_of_the_rate_through_the_schedule():
+    from pipeline.lit import adamw_with_linear_schedule
+    from models.bert import BertForSequenceClassification
+
+    model = BertForSequenceClassification(bert_config("bert_tiny", vocab_size=64, max_position_embeddings=16), 2)
+    out = adamw_with_linear_schedule(model, 1e-3, 0.01, (0.9, 0.999), warmup_steps=1, total_steps=10,
+                                     slower=(model.bert, 0.1))
+    optimizer, scheduler = out["optimizer"], out["lr_scheduler"]["scheduler"]
+    encoder = {id(p) for p in model.bert.parameters()}
+    rates = {}
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            rates[id(param)] = group["lr"]
+    assert [rates[i] for i in encoder] == pytest.approx([1e-4] * len(encoder))
+    head = [r for i, r in rates.items() if i not in encoder]
+    assert head == pytest.approx([1e-3] * len(head)) and len(head) == 2  # the classifier's weight and bias
+    assert len(rates) == sum(1 for _ in model.parameters())  # every parameter in exactly one group
+    optimizer.step()
+    scheduler.step()
+    scheduler.step()  # a linear decay scales both rates alike
+    assert sorted({round(g["lr"], 12) for g in optimizer.param_groups}) == pytest.approx([1e-4 * 8 / 9,
+                                                                                         1e-3 * 8 / 9])
