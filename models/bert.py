@@ -164,24 +164,24 @@ def relative_position_index(T: int, k: int, device=None) -> torch.Tensor:
     return (pos[None, :] - pos[:, None]).clamp(-k, k) + k
 
 
-def relative_attention_scores(q: torch.Tensor, a_k: torch.Tensor) -> torch.Tensor:
-    """q_i . a^K_ij for all i, j: q (B, nh, T, hs), a_k (T, T, hs) -> (B, nh, T, T).
+def relative_attention_scores(q: torch.Tensor, w_k: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """q_i . a^K_ij for all i, j: q (B, nh, T, hs), w_k (2k+1, hs) the relative key embeddings, index (T, T) from
+    relative_position_index -> (B, nh, T, T).
 
-    Shaw et al. 2018, Sec. 3.3: a^K is shared across heads and batch, so fold (B, nh) together and do one batched matmul
-    per query position i instead of materialising a (B, nh, T, T, hs) tensor.
+    Shaw et al. 2018, Sec. 3.3: a^K_ij is one of only 2k+1 vectors, shared across heads and batch, so each query is
+    scored against those once (one (B nh T, hs) x (hs, 2k+1) matmul) and the (T, T) scores gathered from them, instead
+    of T small matmuls against a materialised (T, T, hs) table (0.1 s of a 0.3 s bert_tiny step on 2 cores).
     """
-    B, nh, T, hs = q.shape
-    q_t = q.permute(2, 0, 1, 3).reshape(T, B * nh, hs)  # (T, B*nh, hs)
-    scores = q_t @ a_k.transpose(1, 2)  # (T, B*nh, hs) @ (T, hs, T) -> (T, B*nh, T)
-    return scores.view(T, B, nh, T).permute(1, 2, 0, 3)  # (B, nh, T, T)
+    per_distance = q @ w_k.t()  # (B, nh, T, 2k+1)
+    return per_distance.gather(-1, index.expand(*q.shape[:2], -1, -1))  # (B, nh, T, T)
 
 
-def relative_attention_values(probs: torch.Tensor, a_v: torch.Tensor) -> torch.Tensor:
-    """sum_j alpha_ij a^V_ij for all i: probs (B, nh, T, T), a_v (T, T, hs) -> (B, nh, T, hs). Same folding as above."""
-    B, nh, T, _ = probs.shape
-    p_t = probs.permute(2, 0, 1, 3).reshape(T, B * nh, T)  # (T, B*nh, T)
-    out = p_t @ a_v  # (T, B*nh, T) @ (T, T, hs) -> (T, B*nh, hs)
-    return out.view(T, B, nh, -1).permute(1, 2, 0, 3)  # (B, nh, T, hs)
+def relative_attention_values(probs: torch.Tensor, w_v: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """sum_j alpha_ij a^V_ij for all i: probs (B, nh, T, T), w_v (2k+1, hs), index (T, T) -> (B, nh, T, hs). The
+    probabilities are first summed per clipped distance (all keys beyond k share a^V), then one matmul with w_v."""
+    per_distance = probs.new_zeros(*probs.shape[:3], w_v.size(0))  # (B, nh, T, 2k+1)
+    per_distance.scatter_add_(-1, index.expand(*probs.shape[:2], -1, -1), probs)
+    return per_distance @ w_v  # (B, nh, T, hs)
 
 
 class RealTokens:
@@ -252,10 +252,9 @@ class BertSelfAttention(nn.Module):
             # Explicit softmax: relative positions need alpha for the value term, heat-maps need alpha itself.
             scores = (q @ k.transpose(-2, -1)) * hs**-0.5  # (B, nh, T, T)
             if self.relative:
-                idx = relative_position_index(T, self.max_relative_position, hidden_states.device)
-                a_k, a_v = self.relative_key(idx), self.relative_value(idx)  # (T, T, hs) each
+                index = relative_position_index(T, self.max_relative_position, hidden_states.device)  # (T, T)
                 # e_ij = (q_i . k_j + q_i . a^K_ij) / sqrt(hs)   (Shaw et al. eq. 4)
-                scores = scores + relative_attention_scores(q, a_k) * hs**-0.5
+                scores = scores + relative_attention_scores(q, self.relative_key.weight, index) * hs**-0.5
             if attention_mask is not None:
                 scores = scores + attention_mask
             probs = scores.softmax(dim=-1)
@@ -263,7 +262,7 @@ class BertSelfAttention(nn.Module):
             context = dropped @ v  # (B, nh, T, hs)
             if self.relative:
                 # z_i = sum_j alpha_ij (v_j + a^V_ij)   (Shaw et al. eq. 3)
-                context = context + relative_attention_values(dropped, a_v)
+                context = context + relative_attention_values(dropped, self.relative_value.weight, index)
         context = context.transpose(1, 2).reshape(B, T, H)
         return (context if tokens is None else tokens.pack(context)), probs
 

@@ -141,9 +141,6 @@ def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, m
                    seed: int, selection_fraction: float | None = None, pooling: str = "cls") -> TaskData:
     """Read and encode one task, dispatching on its `format` (tsv | conll | squad) and label type; sentence
     (pair) tasks classify from `pooling` ("cls" or "mean", models.bert.BertForSequenceClassification)."""
-    if selection_fraction and task.format != "tsv":
-        raise ValueError(f"finetune.selection_fraction holds out part of a TSV task's train split; task {task.name} "
-                         f"is {task.format}: leave it null for this task")
     if task.format == "tsv":
         train, dev, majority_scores = _tsv_splits(task, data_dir, max_train_examples, seed, selection_fraction)
         sets = [EncodedTask(tok, s.texts_a, s.texts_b, s.labels, max_seq_length) for s in (train, dev)]
@@ -180,9 +177,6 @@ def load_elmo_task_data(task: DictConfig, data_dir: Path, bilm_and_vocab: tuple,
     is loaded once and shared by every seed: it is frozen, only the mix and the head are built fresh."""
     bilm, vocab = bilm_and_vocab
     collate = make_elmo_task_collate(ElmoEmbedder(bilm, vocab))
-    if selection_fraction and task.format != "tsv":
-        raise ValueError(f"finetune.selection_fraction holds out part of a TSV task's train split; task {task.name} "
-                         f"is {task.format}: leave it null for this task")
     if task.format == "tsv":
         train, dev, majority_scores = _tsv_splits(task, data_dir, max_train_examples, seed, selection_fraction)
         pair, regression = train.texts_b is not None, task.labels is None
@@ -316,6 +310,9 @@ def finetune(ctx: StageContext) -> dict:
     rows = []
     for name in task_names(ctx.cfg):
         task = load_task(name)
+        if f.get("selection_fraction") and task.format != "tsv":
+            raise ValueError(f"finetune.selection_fraction holds out part of a TSV task's train split; task "
+                             f"{task.name} is {task.format}: leave it null for this task")
         data_dir = resolve_task_dir(task, f.data_dir, ctx.cfg.paths.cache_dir)
         encoded: dict[int, TaskData] = {}  # per tokenizer: kinds sharing one encode the task once
         for kind in f.models:

@@ -117,10 +117,30 @@ def _results_section(stage: str, results: list[dict]) -> list[str]:
         heading = "Fine-tuning (held-out part of the train split, finetune.selection_fraction; not the dev set)"
     lines = ["", f"## {heading}", ""]
     if stage == "finetune":
-        lines += ["| model | task | metric | score | seeds | train examples |", "|---|---|---|---|---|---|"]
-        return lines + [f"| {r['model']} | {r['task']} | {r['metric']} | {_score(r)} | {r['seeds']} | "
-                        f"{r.get('train_examples', '–')} |" for r in headline_results(results)]
+        headline = headline_results(results)
+        lines += ["| model | task | metric | score | seeds | per seed | train examples |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['task']} | {r['metric']} | {_score(r)} | {r['seeds']} | "
+                  f"{' / '.join('–' if v is None else f'{v:.4f}' for v in r.get('per_seed') or [])} | "
+                  f"{r.get('train_examples', '–')} |" for r in headline]
+        return lines + pretrained_vs_random(headline)
     return lines + _pivot(results)
+
+
+def pretrained_vs_random(rows: list[dict]) -> list[str]:
+    """One line per task and metric: the mean difference pretrained - random init and on how many seeds pretrained
+    was ahead (a mean can hide one collapsed seed)."""
+    by_key = {(r["model"], r["task"], r["metric"]): r for r in rows}
+    lines = []
+    for (model, task, metric), row in by_key.items():
+        twin = by_key.get(("random_init", task, metric))
+        if model != "pretrained" or twin is None or not row.get("per_seed") or not twin.get("per_seed"):
+            continue
+        pairs = [(a, b) for a, b in zip(row["per_seed"], twin["per_seed"]) if a is not None and b is not None]
+        ahead = sum(a > b for a, b in pairs)
+        lines.append(f"- {task} {metric}: pretrained - random init = {row['score'] - twin['score']:+.4f} "
+                     f"(mean over seeds); pretrained ahead on {ahead} of {len(pairs)} seeds")
+    return [""] + lines if lines else []
 
 
 def _label_efficiency_section(rows: list[dict], out: Path, title: str, figures: dict[str, Path]) -> list[str]:

@@ -208,11 +208,18 @@ def test_relative_attention_matches_naive_loop():
     mask[1, 5:] = 0
     additive = (1.0 - mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
 
-    with torch.no_grad():
-        context, probs = attn(x, additive)
-        expected, expected_probs = naive_relative_attention(attn, x, mask)
+    context, probs = attn(x, additive)
+    expected, expected_probs = naive_relative_attention(attn, x, mask)
     torch.testing.assert_close(probs, expected_probs, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(context, expected, atol=1e-5, rtol=1e-5)
+    # the gathered / scattered relative tables get the naive loop's gradients
+    weights = (attn.relative_key.weight, attn.relative_value.weight, attn.query.weight)
+    probe = torch.randn_like(context)
+    ours = torch.autograd.grad((context * probe).sum(), weights)
+    naive = torch.autograd.grad((expected * probe).sum(), weights)
+    for mine, reference in zip(ours, naive):
+        assert mine.abs().sum() > 0
+        torch.testing.assert_close(mine, reference, atol=1e-5, rtol=1e-4)
 
 
 def test_relative_positions_matter():

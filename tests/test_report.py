@@ -252,3 +252,17 @@ def test_attention_heat_map_draws_the_matrix_with_token_labels(tmp_path):
     ax = fig.axes[0]
     np.testing.assert_array_equal(ax.images[0].get_array(), matrix)
     assert [t.get_text() for t in ax.get_xticklabels()] == tokens == [t.get_text() for t in ax.get_yticklabels()]
+
+
+def test_finetune_table_shows_every_seed_and_how_often_pretraining_was_ahead(tmp_path):
+    rows = [{"model": "pretrained", "task": "rt", "metric": "accuracy", "score": 0.75, "std": 0.01, "seeds": 3,
+             "per_seed": [0.75, 0.76, 0.74], "train_size": None, "train_examples": 100},
+            {"model": "random_init", "task": "rt", "metric": "accuracy", "score": 0.72, "std": 0.07, "seeds": 3,
+             "per_seed": [0.64, 0.75, 0.77], "train_size": None, "train_examples": 100}]
+    (tmp_path / "finetune").mkdir()
+    (tmp_path / "finetune" / "results.json").write_text(json.dumps(rows))
+    out = tmp_path / "report"
+    out.mkdir()
+    md = write_report({"finetune": tmp_path / "finetune"}, out, "unit")["results_md"].read_text()
+    assert "| 0.6400 / 0.7500 / 0.7700 |" in md
+    assert "pretrained - random init = +0.0300 (mean over seeds); pretrained ahead on 2 of 3 seeds" in md
