@@ -23,6 +23,9 @@ PHASE2 = [
     "pipeline.stages=[prepare,tokenizer,examples,pretrain,examples_phase2,pretrain_phase2,finetune,report]",
     # phase 1 trains at 32 (TINY_OVERRIDES) with the table phase 2 needs, as bert_base does at 128 with 512
     "model.config.max_position_embeddings=256", "pretrain.max_steps=10",
+    # phase 2 exists to train the positions of a learned table that phase 1 never reached (bert_tiny's default,
+    # relative positions, has no table)
+    "model.config.position_embedding_type=learned",
     "pretrain_phase2.max_seq_length=256", "pretrain_phase2.max_steps=10", "pretrain_phase2.batch_size=4",
     "pretrain_phase2.warmup_steps=2", "pretrain_phase2.max_predictions_per_seq=40",
     "++pretrain_phase2.checkpoint_every_steps=5", "finetune.models=[pretrained]",
@@ -133,9 +136,7 @@ def test_phase2_resumes_exactly_from_its_checkpoint(run, tmp_path):
 
 def test_phase2_longer_than_the_position_table_fails_with_what_to_set(run):
     def refused(stage: str, length: int) -> None:
-        # learned positions have a table to run out of (relative ones, bert_tiny's default, have none)
         too_long = TinyRun(tiny_config(_root(run), [*PHASE2, "model.config.max_position_embeddings=128",
-                                                    "model.config.position_embedding_type=learned",
                                                     f"pretrain_phase2.max_seq_length={length}"]))
         with pytest.raises(StageFailed, match=rf"pretrain_phase2.max_seq_length={length} is longer than the model's "
                                               r"position table \(model.config.max_position_embeddings=128\); set "
