@@ -135,3 +135,20 @@ def test_concurrent_runs_share_one_execution(tmp_path):
         t.join()
     assert sorted(r["state"] for r in results) == ["cached", "ran"]
     assert _executions(tmp_path) == ["slow"]
+
+
+def threads(ctx) -> dict:
+    import torch
+
+    _record(ctx, f"{ctx.name}:{torch.get_num_threads()}")
+    return {}
+
+
+def test_each_stage_runs_torch_on_the_cpus_it_was_granted(tmp_path, ray_session):
+    """Ray reuses worker processes, and torch keeps the thread pool of the first task that imported it: a stage
+    granted two CPUs after a one-CPU stage must still get two threads."""
+    stages = {s.name: s for s in [Stage("one", threads, (), (), num_cpus=lambda cfg: 1),
+                                  Stage("two", threads, ("one",), (), num_cpus=lambda cfg: 2)]}
+    cfg = _cfg(tmp_path, **{"pipeline.stages": ["one", "two"]})
+    run_dag(cfg, stages, tmp_path / "run")
+    assert _executions(tmp_path) == ["one:1", "two:2"]
