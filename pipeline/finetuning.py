@@ -304,13 +304,14 @@ def finetune(ctx: StageContext) -> dict:
     f = ctx.cfg.finetune
     sources = model_sources(ctx)
     sizes = train_sizes(ctx.cfg)
-    scored_on = "train_holdout" if f.get("selection_fraction") else "dev"
+    selection = f.get("selection_fraction")
+    scored_on = "train_holdout" if selection else "dev"
     finished = ctx.out_dir / "finished"
     finished.mkdir(exist_ok=True)
     rows = []
     for name in task_names(ctx.cfg):
         task = load_task(name)
-        if f.get("selection_fraction") and task.format != "tsv":
+        if selection and task.format != "tsv":
             raise ValueError(f"finetune.selection_fraction holds out part of a TSV task's train split; task "
                              f"{task.name} is {task.format}: leave it null for this task")
         data_dir = resolve_task_dir(task, f.data_dir, ctx.cfg.paths.cache_dir)
@@ -318,7 +319,6 @@ def finetune(ctx: StageContext) -> dict:
         for kind in f.models:
             encoder_dir, tok = sources[kind]
             if id(tok) not in encoded:
-                selection = f.get("selection_fraction")
                 encoded[id(tok)] = (
                     load_elmo_task_data(task, data_dir, tok, f.max_train_examples, ctx.cfg.seed, selection)
                     if kind == "elmo" else load_task_data(task, data_dir, tok, f.max_seq_length,

@@ -221,13 +221,10 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str, attention: 
             results = json.loads((stage_dirs[stage] / "results.json").read_text())
             rows += [{"stage": stage, **r} for r in results]
             lines += _results_section(stage, results)
-            panels[RESULT_STAGES[stage]] = results
-    curve = label_efficiency(json.loads((stage_dirs["finetune"] / "results.json").read_text())) \
-        if "finetune" in stage_dirs else []
-    if curve:
-        lines += _label_efficiency_section(curve, out, title, figures)
+            panels[RESULT_STAGES[stage]] = headline_results(results)
+            if stage == "finetune" and (curve := label_efficiency(results)):
+                lines += _label_efficiency_section(curve, out, title, figures)
     if panels:
-        panels = {name: headline_results(results) for name, results in panels.items()}
         figures["task_scores_plot"] = out / "task_scores.png"
         plot_task_scores(panels, figures["task_scores_plot"], title=f"Task scores per model ({title})")
         lines += ["", "![task scores per model](task_scores.png)"]
