@@ -15,7 +15,7 @@ W = max_characters_per_token, V_eff = vocabulary (full softmax) or num_samples +
 forward = the sum; a training step (forward + backward: input and weight gradients) = 3 x forward.
 Tokens/s counts N (each position is predicted once by each direction). The timed step is forward + backward;
 the optimizer update (memory-bound, outside the FLOP count) is left out. The process runs with the pipeline's
-allocator setting (pipeline.training.keep_freed_memory_for_reuse), as ELMo pretraining does.
+allocator setting (pipeline.engine.training.keep_freed_memory_for_reuse), as ELMo pretraining does.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from torch import nn
 
 from data_prep.elmo_examples import N_CHARACTERS
 from models.elmo import BiLanguageModel, ElmoConfig, elmo_config
-from pipeline.training import keep_freed_memory_for_reuse
+from pipeline.engine.training import keep_freed_memory_for_reuse
 
 
 def forward_flops(config: ElmoConfig, batch_size: int, window: int) -> int:

@@ -9,7 +9,7 @@ this run next to this CPU's fp32 and bf16 matmul throughput.
 
 A step is forward + MLM/NSP loss + backward + fused AdamW update (both sides) + zero_grad, timed as the median of
 the steps after warm-up (the machine may be shared: the load average is printed with the table). The pipeline's
-allocator setting (pipeline.training.keep_freed_memory_for_reuse) is made once for the whole process, so HF's rows
+allocator setting (pipeline.engine.training.keep_freed_memory_for_reuse) is made once for the whole process, so HF's rows
 run with it too.
 
 Model FLOPs per step count only the work the task needs (multiply-adds x 2; element-wise work not counted), with
@@ -37,8 +37,8 @@ from contextlib import nullcontext
 import torch
 
 from models.bert import BertForPreTraining, bert_config
-from pipeline.lit import BertPretrainModule
-from pipeline.training import keep_freed_memory_for_reuse
+from pipeline.bert.module import BertPretrainModule
+from pipeline.engine.training import keep_freed_memory_for_reuse
 
 VOCAB_SIZE = 30522  # BERT's WordPiece vocabulary, as in the paper's models
 MAX_PREDICTIONS = 20  # google-research/bert's max_predictions_per_seq at length 128

@@ -6,15 +6,15 @@ import os
 from pathlib import Path
 
 import numpy as np
-
 from omegaconf import DictConfig
 
-from pipeline.dag import StageFailed, plan, resolve_upstream, run_dag
-from pipeline.distributed import validate_distributed
-from pipeline.finetuning import headline_results, task_names, train_sizes
+from pipeline.downstream.finetune import headline_results, task_names, train_sizes
+from pipeline.downstream.tasks import load_task
+from pipeline.engine.dag import StageFailed, plan, resolve_upstream, run_dag
+from pipeline.engine.distributed import validate_distributed
+from pipeline.engine.tracking import LOGGER_KINDS
+from pipeline.families import FAMILIES
 from pipeline.stages import STAGES
-from pipeline.tasks import load_task
-from pipeline.tracking import LOGGER_KINDS
 
 
 def validate(cfg: DictConfig) -> None:
@@ -36,6 +36,8 @@ def validate(cfg: DictConfig) -> None:
         load_task(name)
     train_sizes(cfg)
     validate_distributed(cfg)
+    for family in FAMILIES:
+        family.validate(cfg)
     resolve_upstream(STAGES, cfg)  # e.g. an unknown evaluate.encoders name
 
 

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.dag import LOG_FILE, MARKER, directory_size
+from pipeline.engine.dag import LOG_FILE, MARKER, directory_size
 
 PIPELINE_FILE = "pipeline.json"
 RUN_ROOTS = ("outputs", "multirun")  # where Hydra puts single runs and sweeps (conf/config.yaml)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.tracking import LINEAGE_FILE
+from pipeline.engine.tracking import LINEAGE_FILE
 
 
 def lineage_edges(run_dir: Path) -> list[dict]:

@@ -48,6 +48,6 @@ def run_pipeline_cli(tmp_path: Path, overrides: list[str], multirun: bool = Fals
 
 def stage_executions(cache_dir: Path, stage: str) -> int:
     """How often `stage` was executed, in any process: every execution appends its start line to the stage.log
-    of its output directory (pipeline/dag.py)."""
+    of its output directory (pipeline/engine/dag.py)."""
     return sum(log.read_text().count(f"stage {stage}: running")
                for log in (cache_dir / "stages" / stage).glob("*/stage.log"))

@@ -337,7 +337,8 @@ def test_every_position_scheme_lets_masked_lm_learn_from_the_neighbours(position
     """A model that cannot tell positions apart (the unscaled sinusoidal table did this) stays at the unigram loss on
     a task only neighbours solve; each scheme must get well below it in a few hundred steps."""
     from data_prep.bert_examples import BertPretrainingCollator
-    from pipeline.lit import adamw_with_linear_schedule, bert_pretraining_losses
+    from pipeline.bert.module import bert_pretraining_losses
+    from pipeline.optim import adamw_with_linear_schedule
     from tests.conftest import successor_corpus
 
     vocab, rng = 45, np.random.default_rng(0)

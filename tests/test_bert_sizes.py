@@ -9,9 +9,9 @@ from omegaconf import OmegaConf
 
 from models.bert import BERT_SIZES
 from pipeline import CONF_DIR
-from pipeline.finetuning import finetune_upstream
-from pipeline.lit import BertPretrainModule
-from pipeline.pretraining import phase_of
+from pipeline.bert.module import BertPretrainModule
+from pipeline.bert.pretrain import phase_of
+from pipeline.downstream.finetune import finetune_upstream
 
 
 def _compose(*overrides: str):

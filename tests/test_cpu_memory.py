@@ -6,7 +6,7 @@ import pytest
 # Trains a BERT-decoder-sized linear layer (a 94 MB weight, V=30522 x H=768) and prints the page faults of each step.
 STEPS = """
 import resource, sys, torch
-from pipeline.training import keep_freed_memory_for_reuse
+from pipeline.engine.training import keep_freed_memory_for_reuse
 torch.set_num_threads(1)
 if sys.argv[1] == "keep":
     assert keep_freed_memory_for_reuse()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.dag import MARKER, Stage, StageFailed, execute_stage, plan, run_dag, stage_hashes
+from pipeline.engine.dag import MARKER, Stage, StageFailed, execute_stage, plan, run_dag, stage_hashes
 from pipeline.stages import STAGES
 from tests.conftest import tiny_config
 

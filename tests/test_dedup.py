@@ -3,8 +3,16 @@ import random
 import numpy as np
 import pytest
 
-from data_prep.dedup import (NearDuplicateIndex, NearDuplicateOptions, _hash_byte_runs, _hash_words, draw_minhasher,
-                             lsh_bands, minhash_signature, shingle_hashes)
+from data_prep.dedup import (
+    NearDuplicateIndex,
+    NearDuplicateOptions,
+    _hash_byte_runs,
+    _hash_words,
+    draw_minhasher,
+    lsh_bands,
+    minhash_signature,
+    shingle_hashes,
+)
 from data_prep.prepare import prepare_corpus
 
 WORDS = ("ship sea harbour captain storm wind sail anchor rope deck wave night morning island shore gull "

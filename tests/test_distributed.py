@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from models.bert import BertConfig, BertForPreTraining, load_encoder
-from pipeline.dag import MARKER
-from pipeline.distributed import checkpoint_tags, consolidated_state_dict, validate_distributed
+from pipeline.engine.dag import MARKER
+from pipeline.engine.distributed import checkpoint_tags, consolidated_state_dict, validate_distributed
 from tests.conftest import tiny_config
 from tests.test_stages import TinyRun
 

@@ -14,15 +14,38 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
-from data_prep.elmo_examples import (BOS, EOS, IGNORE_TARGET, MAX_CHARACTERS_PER_TOKEN, UNK, UNK_ID, TokenStreams,
-                                     books_from_rows, build_word_vocab, plan_windows, read_word_vocab,
-                                     sentence_batch_inputs, split_books, word_char_ids, write_token_streams,
-                                     write_word_vocab)
-from models.elmo import (BiLanguageModel, ElmoEmbedder, ElmoSentenceClassifier, ElmoTokenTagger, ProjectedLSTM,
-                         ScalarMix, elmo_config, load_bilm, save_bilm)
+from data_prep.elmo_examples import (
+    BOS,
+    EOS,
+    IGNORE_TARGET,
+    MAX_CHARACTERS_PER_TOKEN,
+    UNK,
+    UNK_ID,
+    TokenStreams,
+    books_from_rows,
+    build_word_vocab,
+    plan_windows,
+    read_word_vocab,
+    sentence_batch_inputs,
+    split_books,
+    word_char_ids,
+    write_token_streams,
+    write_word_vocab,
+)
+from models.elmo import (
+    BiLanguageModel,
+    ElmoEmbedder,
+    ElmoSentenceClassifier,
+    ElmoTokenTagger,
+    ProjectedLSTM,
+    ScalarMix,
+    elmo_config,
+    load_bilm,
+    save_bilm,
+)
 from pipeline import CONF_DIR
-from pipeline.lit_elmo import (ElmoPretrainModule, ElmoTaskModule, LMWindowBatches, build_elmo_datasets,
-                               make_elmo_task_collate)
+from pipeline.elmo.downstream import ElmoTaskModule, make_elmo_task_collate
+from pipeline.elmo.module import ElmoPretrainModule, LMWindowBatches, build_elmo_datasets
 from tests.conftest import ENDINGS, OBJECTS, SUBJECTS, VERBS
 
 # elmo_small's architecture at a size that trains in seconds.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.dag import run_dag
+from pipeline.engine.dag import run_dag
 from pipeline.runner import validate
 from pipeline.stages import STAGES
 from tests.conftest import tiny_config, write_sentiment_task

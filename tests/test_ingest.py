@@ -1,7 +1,16 @@
 import pytest
 
-from data_prep.ingest import (BookResult, IngestOptions, book_fingerprint, decode_book, exact_duplicate_of,
-                              process_book, split_paragraphs, split_sentences, strip_gutenberg_boilerplate)
+from data_prep.ingest import (
+    BookResult,
+    IngestOptions,
+    book_fingerprint,
+    decode_book,
+    exact_duplicate_of,
+    process_book,
+    split_paragraphs,
+    split_sentences,
+    strip_gutenberg_boilerplate,
+)
 
 GUTENBERG_BOOK = """\
 The Project Gutenberg EBook of A Tiny Tale, by Jane Doe

@@ -11,7 +11,7 @@ from data_prep.conll import TaggedSentence, encode_tagged_sentences
 from data_prep.squad import SquadExample, squad_features
 from data_prep.tokenizer import train_wordpiece
 from models.bert import BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
-from pipeline.lit_downstream import (
+from pipeline.downstream.modules import (
     QuestionAnsweringModule,
     RegressionModule,
     TokenClassificationModule,

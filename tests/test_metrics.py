@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from pipeline.metrics import (
+from pipeline.evaluation.metrics import (
     METRICS,
     accuracy,
     average_ranks,

@@ -9,7 +9,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from models.bert import BertForPreTraining, bert_config
-from pipeline.lit import BertPretrainModule, Lamb, adamw_with_linear_schedule, lamb_with_linear_schedule
+from pipeline.bert.module import BertPretrainModule
+from pipeline.optim import Lamb, adamw_with_linear_schedule, lamb_with_linear_schedule
 
 
 def test_lamb_first_step_by_hand():
@@ -143,7 +144,7 @@ def test_pretraining_clips_gradients_in_every_precision(precision):
 def test_lazy_adamw_on_sparse_rows_equals_adamw_and_leaves_other_rows_alone():
     """Rows 1 and 3 get a gradient at every step: they follow AdamW exactly (dense moments of a row that never
     gets a gradient stay 0, so AdamW would still move it by weight decay alone: rows 0 and 2 must not move)."""
-    from pipeline.lit import LazyAdamW
+    from pipeline.optim import LazyAdamW
 
     torch.manual_seed(0)
     start = torch.randn(4, 3)
@@ -163,7 +164,7 @@ def test_lazy_adamw_on_sparse_rows_equals_adamw_and_leaves_other_rows_alone():
 
 
 def test_clipping_with_sparse_gradients_equals_clip_grad_norm_on_dense_ones():
-    from pipeline.lit import clip_grad_norm_with_sparse
+    from pipeline.optim import clip_grad_norm_with_sparse
 
     torch.manual_seed(0)
     table, bias = torch.nn.Parameter(torch.randn(5, 2)), torch.nn.Parameter(torch.randn(2))
@@ -179,8 +180,8 @@ def test_clipping_with_sparse_gradients_equals_clip_grad_norm_on_dense_ones():
 
 
 def test_a_slower_submodule_trains_at_its_factor_of_the_rate_through_the_schedule():
-    from pipeline.lit import adamw_with_linear_schedule
     from models.bert import BertForSequenceClassification
+    from pipeline.optim import adamw_with_linear_schedule
 
     model = BertForSequenceClassification(bert_config("bert_tiny", vocab_size=64, max_position_embeddings=16), 2)
     out = adamw_with_linear_schedule(model, 1e-3, 0.01, (0.9, 0.999), warmup_steps=1, total_steps=10,

@@ -1,5 +1,5 @@
 """Whether pretraining learned anything: the unigram baseline of the held-out masked-LM targets and the plateau
-warning (pipeline/pretrain_diagnostics.py), and the token counts they are computed from."""
+warning (pipeline/bert/diagnostics.py), and the token counts they are computed from."""
 from __future__ import annotations
 
 import math
@@ -10,10 +10,11 @@ import torch
 
 from data_prep.bert_examples import BertPretrainingCollator, TrainingInstance, write_instances
 from models.bert import BertForPreTraining, bert_config
-from pipeline.data import PretrainingInstances, read_arrow
-from pipeline.lit import adamw_with_linear_schedule
-from pipeline.pretrain_diagnostics import PLATEAU_MARGIN_NATS, plateau_message, unigram_cross_entropy
-from pipeline.pretraining import PretrainingObjective
+from pipeline.bert.data import PretrainingInstances
+from pipeline.bert.diagnostics import PLATEAU_MARGIN_NATS, plateau_message, unigram_cross_entropy
+from pipeline.bert.pretrain import PretrainingObjective
+from pipeline.engine.arrow import read_arrow
+from pipeline.optim import adamw_with_linear_schedule
 from tests.conftest import successor_corpus
 
 CLS, SEP, MASK = 2, 3, 4

@@ -11,10 +11,11 @@ import torch
 from safetensors.torch import load_file
 
 from models.bert import load_encoder
-from pipeline import finetuning
-from pipeline.dag import MARKER, StageContext, StageFailed, execute_stage, plan
-from pipeline.data import read_arrow
-from pipeline.pretraining import HEADS_FILE, _build_model, _setup
+from pipeline.downstream import finetune as finetuning
+from pipeline.bert.pretrain import HEADS_FILE, _build_model, _setup
+from pipeline.engine.arrow import read_arrow
+from pipeline.engine.dag import MARKER, StageContext, StageFailed, execute_stage, plan
+from pipeline.runner import validate
 from pipeline.stages import STAGES
 from tests.conftest import tiny_config
 from tests.test_stages import TinyRun
@@ -109,7 +110,7 @@ def test_finetune_and_report_read_the_phase2_encoder(run, monkeypatch):
         read.append(Path(path))
         return load_encoder(path)
 
-    monkeypatch.setattr(finetuning, "load_encoder", recording_load_encoder)
+    monkeypatch.setattr("pipeline.bert.downstream.load_encoder", recording_load_encoder)
     monkeypatch.setattr("models.bert.load_encoder", recording_load_encoder)  # the report's attention heat-map
     assert run.plan.stages["finetune"].upstream == ("tokenizer", "pretrain_phase2")
     run.run_stage("finetune")
@@ -135,13 +136,16 @@ def test_phase2_resumes_exactly_from_its_checkpoint(run, tmp_path):
 
 
 def test_phase2_longer_than_the_position_table_fails_with_what_to_set(run):
-    def refused(stage: str, length: int) -> None:
-        too_long = TinyRun(tiny_config(_root(run), [*PHASE2, "model.config.max_position_embeddings=128",
-                                                    f"pretrain_phase2.max_seq_length={length}"]))
-        with pytest.raises(StageFailed, match=rf"pretrain_phase2.max_seq_length={length} is longer than the model's "
-                                              r"position table \(model.config.max_position_embeddings=128\); set "
-                                              rf"model.config.max_position_embeddings={length}"):
-            too_long.run_stage(stage)
+    def message(length: int) -> str:
+        return (rf"pretrain_phase2.max_seq_length={length} is longer than the model's position table "
+                r"\(model.config.max_position_embeddings=128\); set "
+                rf"model.config.max_position_embeddings={length}")
 
-    refused("examples_phase2", 200)  # before building examples no model could train on
-    refused("pretrain_phase2", 256)  # its examples are cached: they do not depend on the model
+    def config(length: int):
+        return tiny_config(_root(run), [*PHASE2, "model.config.max_position_embeddings=128",
+                                        f"pretrain_phase2.max_seq_length={length}"])
+
+    with pytest.raises(ValueError, match=message(200)):  # at start-up, before any stage builds examples
+        validate(config(200))
+    with pytest.raises(StageFailed, match=message(256)):  # the stage itself refuses too (e.g. run without the CLI)
+        TinyRun(config(256)).run_stage("pretrain_phase2")

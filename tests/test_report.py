@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+from functools import partial
 from pathlib import Path
 
 import matplotlib.image
@@ -10,11 +11,15 @@ import numpy as np
 import pytest
 import torch
 from matplotlib.container import BarContainer
+from omegaconf import OmegaConf
 
 from data_prep.tokenizer import train_wordpiece
 from models.bert import BertModel, bert_config, save_encoder
-from pipeline.plots import plot_attention, plot_pretraining, plot_task_scores
-from pipeline.report import AttentionRequest, attention_matrix, write_report
+from pipeline.bert.attention import AttentionRequest, attention_matrix
+from pipeline.bert.attention import report_section as attention_section
+from pipeline.report.plots import plot_attention, plot_pretraining, plot_task_scores
+from pipeline.report.report import write_report as write_report_sections
+from pipeline.report.stage import pretraining_stages
 from tests.conftest import OBJECTS, SUBJECTS, VERBS
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -87,6 +92,17 @@ def _assert_png(path: Path) -> None:
     assert path.read_bytes()[:8] == PNG_SIGNATURE
     height, width, _ = matplotlib.image.imread(path).shape
     assert height > 200 and width > 200
+
+
+def write_report(stage_dirs: dict, out: Path, title: str, attention: AttentionRequest | None = None, **kwargs):
+    """The report stage's write_report: every family's pretraining stages, BERT's attention section on request."""
+    sections = ()
+    if attention is not None:
+        cfg = OmegaConf.create({"pipeline": {"stages": ["pretrain"]},
+                                "report": {"attention_sentence": attention.sentence,
+                                           "attention_layer": attention.layer, "attention_head": attention.head}})
+        sections = (partial(attention_section, cfg),)
+    return write_report_sections(stage_dirs, out, title, pretraining_stages(), sections, **kwargs)
 
 
 class RecordingRun:
@@ -171,7 +187,7 @@ def test_pretraining_plot_draws_the_unigram_baseline_and_the_held_out_accuracies
 
 
 def test_report_states_the_plateau_in_plain_words(stage_dirs, tmp_path):
-    from pipeline.pretrain_diagnostics import plateau_message
+    from pipeline.bert.diagnostics import plateau_message
 
     info = json.loads((stage_dirs["pretrain"] / "stage.json").read_text())
     for name, mlm_loss in (("stuck", 6.70), ("learned", 5.20)):

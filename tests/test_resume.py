@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.dag import MARKER, StageFailed, execute_stage
-from pipeline.sampler import ResumableRandomSampler, SeededBatchSampler
+from pipeline.engine.dag import MARKER, StageFailed, execute_stage
+from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler
 from pipeline.stages import STAGES
 from tests.conftest import tiny_config
 from tests.test_stages import TinyRun
@@ -83,7 +83,7 @@ def tiny(tmp_path_factory, ray_session) -> TinyRun:
 def run_pretrain(root: str, out_dir: str, seconds_per_step: float) -> None:
     """The pretrain stage as the engine runs it, in this process, into `out_dir` (entry point of the subprocess)."""
     if seconds_per_step:
-        from pipeline.lit import BertPretrainModule
+        from pipeline.bert.module import BertPretrainModule
 
         step = BertPretrainModule.training_step
 
@@ -150,7 +150,7 @@ def test_killed_pretraining_resumes_exactly_where_an_uninterrupted_run_would_be(
 
 
 def test_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(tiny, tmp_path, monkeypatch):
-    from pipeline.lit import BertPretrainModule
+    from pipeline.bert.module import BertPretrainModule
 
     model_step = BertPretrainModule.model_step
 

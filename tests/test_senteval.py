@@ -9,15 +9,33 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from data_prep.senteval_data import (read_labelled_tsv, read_mr, read_mrpc, read_sick, tokenize)
+from data_prep.senteval_data import read_labelled_tsv, read_mr, read_mrpc, read_sick, tokenize
 from data_prep.tokenizer import train_wordpiece
 from data_prep.word_vectors import WordVectors
 from models.bert import BertConfig, BertModel, save_encoder
 from pipeline import CONF_DIR
-from pipeline.senteval import (TASK_KINDS, BertEncoder, ClassifierSettings, Encoder, Examples, GloveBagOfWords,
-                               average_ranks, cross_validated_accuracy, embed, expected_relatedness, f1_score,
-                               fit_selecting_l2, pair_features, pearson, relatedness_regression, relatedness_targets,
-                               results_table, run_senteval, spearman, stratified_folds)
+from pipeline.bert.encoder import BertEncoder
+from pipeline.evaluation.senteval import (
+    TASK_KINDS,
+    ClassifierSettings,
+    Encoder,
+    Examples,
+    GloveBagOfWords,
+    average_ranks,
+    cross_validated_accuracy,
+    embed,
+    expected_relatedness,
+    f1_score,
+    fit_selecting_l2,
+    pair_features,
+    pearson,
+    relatedness_regression,
+    relatedness_targets,
+    results_table,
+    run_senteval,
+    spearman,
+    stratified_folds,
+)
 from tests.conftest import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, VERBS, write_sentiment_task
 
 SICK_HEADER = ("pair_ID\tsentence_A\tsentence_B\tentailment_label\trelatedness_score\tentailment_AB\tentailment_BA\t"
@@ -318,11 +336,13 @@ def test_random_twin_encoder_is_the_same_architecture_freshly_initialised(tiny_b
     assert not np.allclose(twin.batcher(sentence), BertEncoder(model, tokenizer, "mean").batcher(sentence))
 
 
-def test_every_family_offers_a_random_twin_to_the_evaluate_stage():
-    from pipeline.evaluation import ENCODERS
+def test_every_family_offers_a_random_twin_to_the_evaluate_stage(tmp_path):
+    from pipeline.evaluation.stage import ENCODERS
+    from tests.conftest import tiny_config
 
+    cfg = tiny_config(tmp_path)
     for trained in ("bert_cls", "bert_mean", "elmo", "skip_thought"):
-        assert f"{trained}_random" in ENCODERS and ENCODERS[f"{trained}_random"][0] == ENCODERS[trained][0]
+        assert ENCODERS[f"{trained}_random"].upstream(cfg) == ENCODERS[trained].upstream(cfg)
 
 
 # -----------------------------------------------------------------------------

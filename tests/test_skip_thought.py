@@ -11,17 +11,43 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from data_prep.skip_thought_examples import (EOS_ID, PAD_ID, SPECIAL_WORDS, UNK_ID, WordVocab, build_word_vocab,
-                                             collate_triples, count_words, make_triples, pad_sentences,
-                                             triples_from_shard, write_triples)
 from data_prep.shards import SHARD_SCHEMA
-from data_prep.word_vectors import (ExpandedVocabulary, WordVectors, fit_vocabulary_expansion, glove_data_dir,
-                                    load_glove, shared_words)
-from models.skip_thought import (BiSkipEncoder, CombineSkip, GRULayer, GRURecurrence, SkipThoughts,
-                                 load_skip_thoughts, reverse_padded, save_skip_thoughts, skip_thought_config)
+from data_prep.skip_thought_examples import (
+    EOS_ID,
+    PAD_ID,
+    SPECIAL_WORDS,
+    UNK_ID,
+    WordVocab,
+    build_word_vocab,
+    collate_triples,
+    count_words,
+    make_triples,
+    pad_sentences,
+    triples_from_shard,
+    write_triples,
+)
+from data_prep.word_vectors import (
+    ExpandedVocabulary,
+    WordVectors,
+    fit_vocabulary_expansion,
+    glove_data_dir,
+    load_glove,
+    shared_words,
+)
+from models.skip_thought import (
+    BiSkipEncoder,
+    CombineSkip,
+    GRULayer,
+    GRURecurrence,
+    SkipThoughts,
+    load_skip_thoughts,
+    reverse_padded,
+    save_skip_thoughts,
+    skip_thought_config,
+)
 from pipeline import CONF_DIR
-from pipeline.data import read_arrow
-from pipeline.lit_skip_thought import SkipThoughtPretrainModule, SkipThoughtTriples, triple_loaders
+from pipeline.engine.arrow import read_arrow
+from pipeline.skip_thought.module import SkipThoughtPretrainModule, SkipThoughtTriples, triple_loaders
 
 
 def tiny_config(**overrides):

@@ -6,7 +6,7 @@ import pytest
 
 from data_prep.squad import CLS_INDEX, best_answers, read_squad, squad_features
 from data_prep.tokenizer import train_wordpiece
-from pipeline.metrics import squad_scores
+from pipeline.evaluation.metrics import squad_scores
 
 WORDS = ["the", "river", "flows", "through", "old", "city", "of", "paris", "in", "france", "where", "does", "what",
          "is", "name", "boats", "sail", "slowly", "seine", "every", "morning"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.dag import StageContext, execute_stage, plan
-from pipeline.pretraining import _setup
+from pipeline.bert.pretrain import _setup
+from pipeline.engine.dag import StageContext, execute_stage, plan
 from pipeline.stages import STAGES
 from tests.conftest import NEGATIVE, POSITIVE, SUBJECTS, tiny_config
 
@@ -71,7 +71,7 @@ def test_tokenizer_trains_wordpiece_in_hf_format(ctx):
 
 
 def test_examples_builds_sentence_pairs(ctx):
-    from pipeline.data import read_arrow
+    from pipeline.engine.arrow import read_arrow
 
     summary = ctx.run_stage("examples")
     files = sorted(ctx.stage_dir("examples").glob("examples-*.arrow"))
@@ -137,7 +137,7 @@ def test_report_writes_results_table_and_loss_summary(ctx):
     assert [r["model"] for r in rows] == ["pretrained", "random_init", "majority_class", "bert_cls", "bert_mean"]
     assert set(rows[0]) == {"stage", "model", "task", "metric", "score", "std", "seeds", "train_examples"}
     md = (out / "results.md").read_text()
-    assert "against the unigram baseline" in md  # the pretrain stage measured it (pipeline/pretrain_diagnostics.py)
+    assert "against the unigram baseline" in md  # the pretrain stage measured it (pipeline/bert/diagnostics.py)
     assert "| pretrained | sst2 | accuracy |" in md and "## Pretraining (pretrain)" in md and "train loss" in md
     assert "| encoder | MR accuracy |" in md
     assert (out / "pretrain_loss.png").stat().st_size > 1000

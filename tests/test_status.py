@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipeline import status
-from pipeline.dag import Stage, StageFailed, run_dag
+from pipeline.engine.dag import Stage, StageFailed, run_dag
 
 
 def produce(ctx) -> dict:

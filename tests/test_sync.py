@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
+from pipeline.engine.tracking import LINEAGE_FILE
 from pipeline.sync import lineage_edges, replay_lineage
-from pipeline.tracking import LINEAGE_FILE
 
 
 class FakeRun:

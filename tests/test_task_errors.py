@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from data_prep.tokenizer import train_wordpiece
-from pipeline.finetuning import load_task_data
-from pipeline.tasks import load_task
+from pipeline.bert.downstream import load_task_data
+from pipeline.downstream.tasks import load_task
 
 CONTEXT = "The Seine flows through Paris."
 

@@ -5,9 +5,8 @@ import pytest
 
 from data_prep.conll import iob1_to_iob2, read_conll
 from data_prep.squad import read_squad
-from pipeline.metrics import METRICS
-from pipeline.tasks import available_tasks, load_task, read_split
-
+from pipeline.downstream.tasks import available_tasks, load_task, read_split
+from pipeline.evaluation.metrics import METRICS
 
 
 def _write_tsv(task, path, n: int = 6) -> list:

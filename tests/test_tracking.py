@@ -16,7 +16,7 @@ STAGE_RUN_THEN_WORKER_ENDS = textwrap.dedent("""
     import psutil
     from omegaconf import OmegaConf
 
-    from pipeline.tracking import finish_stage_run, start_stage_run
+    from pipeline.engine.tracking import finish_stage_run, start_stage_run
 
     cfg = OmegaConf.create({"experiment_name": "unit", "logger": {"kind": "wandb", "project": "p", "mode": "offline"}})
     run_dir = Path(sys.argv[1])

@@ -1,21 +1,14 @@
-"""Datasets over the pipeline's Arrow outputs and the downstream tasks' TSVs; batching lives here, not in models."""
+"""BERT's datasets: pretraining instances over the examples stage's Arrow files, masked batch by batch with a seed of
+their own (resumable), and downstream sentence (pair) tasks encoded with the model's tokenizer."""
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 
-
-def list_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, values) of a list column, zero-copy from a memory-mapped IPC file when it has one chunk.
-
-    `.values` of a sliced ListArray is the whole chunk, so offsets are taken as they are, not rebased."""
-    column = table.column(name)
-    array = column.chunk(0) if column.num_chunks == 1 else pa.concat_arrays(column.chunks)
-    return array.offsets.to_numpy(), array.values.to_numpy()
+from data_prep.bert_examples import BertPretrainingCollator
+from pipeline.engine.arrow import list_column
 
 
 class PretrainingInstances(Dataset):
@@ -93,6 +86,13 @@ def pad_classification_batch(rows: list[dict], pad_id: int = 0) -> dict[str, tor
                                    dtype=torch.float32 if isinstance(rows[0]["label"], float) else torch.long)}
 
 
-def read_arrow(path: str | Path) -> pa.Table:
-    """Memory-mapped read of an Arrow IPC file (zero-copy: uncompressed files only)."""
-    return pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+class MaskedBatches(Dataset):
+    """Batches keyed by `(seed, indices)` (SeededBatchSampler): rows gathered, padded and masked with that seed."""
+
+    def __init__(self, rows: Dataset, collator: BertPretrainingCollator):
+        self.rows, self.collator = rows, collator
+
+    def __getitem__(self, key: tuple[int, list[int]]) -> dict[str, torch.Tensor]:
+        seed, indices = key
+        self.collator.generator = torch.Generator().manual_seed(seed)
+        return self.collator([self.rows[i] for i in indices])

@@ -1,37 +1,27 @@
 """The run's report: results.md / results.csv / results.json (one row per model, task and metric), pretraining
-loss and perplexity curves, a bar chart of task scores per model and, on request, a BERT attention heat-map; all
-logged to the report stage's W&B run as well when it has one."""
+loss and perplexity curves, a bar chart of task scores per model and the sections the families add (BERT's attention
+heat-map); all logged to the report stage's W&B run as well when it has one."""
 from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import Callable
 
 from data_prep.shards import write_json_atomically
-from pipeline.finetuning import headline_results, label_efficiency
-from pipeline.plots import Curve, plot_attention, plot_label_efficiency, plot_pretraining, plot_task_scores
+from pipeline.downstream.finetune import headline_results, label_efficiency
+from pipeline.report.plots import Curve, plot_label_efficiency, plot_pretraining, plot_task_scores
 
 RESULT_COLUMNS = ["model", "task", "metric", "score", "std", "seeds", "train_examples"]
-PRETRAINING_STAGES = ("pretrain", "pretrain_phase2", "elmo_pretrain", "skip_thought_pretrain")
 RESULT_STAGES = {"finetune": "Fine-tuning (dev set)", "evaluate": "Frozen sentence embeddings (SentEval-style probes)"}
 # Held-out perplexity as each family logs it: BERT's masked-LM perplexity, ELMo's biLM perplexity (mean of the two
 # directions). Skip-Thought logs none.
 PERPLEXITY_NAMES = ("val/mlm_perplexity", "val/perplexity")
 
 
-@dataclass(frozen=True)
-class AttentionRequest:
-    """Which attention head to draw, on which sentence (report.attention_* in the config)."""
-    sentence: str
-    layer: int  # 0-based; negative counts from the last layer
-    head: int
-
 
 def read_curves(path: Path) -> dict[str, Curve]:
-    """metric name -> [(step, value)] from a stage's loss_curve.csv (pipeline.tracking.LossHistory)."""
+    """metric name -> [(step, value)] from a stage's loss_curve.csv (pipeline.engine.tracking.LossHistory)."""
     curves: dict[str, Curve] = {}
     with open(path) as f:
         for row in csv.DictReader(f):
@@ -57,45 +47,6 @@ def summarise_loss(train: Curve, val: Curve) -> list[str]:
         lines.append("- held-out loss: " + ", ".join(f"{v:.3f} @ {s}" for s, v in val))
     return lines
 
-
-@dataclass(frozen=True)
-class AttentionMap:
-    tokens: list[str]  # [CLS] … [SEP]
-    matrix: np.ndarray  # (T, T); row i is query token i's distribution over the keys
-    layer: int  # 0-based, resolved from a negative request
-    num_layers: int
-    head: int
-    truncated: bool = False  # the sentence had more tokens than the encoder has positions
-
-
-def attention_matrix(encoder_dir: Path, tokenizer_dir: Path, request: AttentionRequest) -> AttentionMap:
-    """The attention probabilities of the requested layer and head of the encoder on the sentence, in eval mode
-    (no dropout)."""
-    import torch
-
-    from data_prep.tokenizer import load_tokenizer
-    from models.bert import load_encoder
-
-    model = load_encoder(encoder_dir).eval()
-    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
-    if not -layers <= request.layer < layers:
-        raise ValueError(f"report.attention_layer={request.layer}, but the encoder has {layers} layers; use "
-                         f"0..{layers - 1} (or -1 for the last)")
-    if not 0 <= request.head < heads:
-        raise ValueError(f"report.attention_head={request.head}, but the encoder has {heads} heads per layer; use "
-                         f"0..{heads - 1}")
-    tokenizer = load_tokenizer(tokenizer_dir)
-    if model.config.position_embedding_type != "relative":
-        # A sentence longer than the encoder's positions is cut (keeping [CLS] … [SEP]), not an error: the heat-map
-        # must never cost a run its results table.
-        tokenizer.enable_truncation(max_length=model.config.max_position_embeddings)
-    encoding = tokenizer.encode(request.sentence)
-    input_ids = torch.tensor([encoding.ids])
-    with torch.no_grad():
-        _, _, probabilities = model(input_ids, torch.tensor([encoding.type_ids]), torch.ones_like(input_ids),
-                                    output_attentions=True)
-    return AttentionMap(list(encoding.tokens), probabilities[request.layer][0, request.head].numpy(),
-                        request.layer % layers, layers, request.head, truncated=bool(encoding.overflowing))
 
 
 def _score(row: dict) -> str:
@@ -186,7 +137,7 @@ def _pretraining_section(stage: str, stage_dir: Path, out: Path, figures: dict[s
 
 def learning_lines(summary: dict) -> list[str]:
     """Markdown lines: the final held-out MLM loss against the unigram baseline, the accuracies, and the plateau
-    warning of a run that has not learned more than token frequencies (pipeline/pretrain_diagnostics.py)."""
+    warning of a run that has not learned more than token frequencies (pipeline/bert/diagnostics.py)."""
     mlm, unigram = summary.get("final_val_mlm_loss"), summary.get("unigram_mlm_loss")
     if mlm is None or unigram is None:
         return []
@@ -209,11 +160,13 @@ def _log_to_wandb(run, rows: list[dict], figures: dict[str, Path]) -> None:
     run.log({"report/results": table, **{f"report/{name}": wandb.Image(str(path)) for name, path in figures.items()}})
 
 
-def write_report(stage_dirs: dict[str, Path], out: Path, title: str, attention: AttentionRequest | None = None,
-                 attention_stage: str = "pretrain", wandb_run=None) -> dict[str, Path]:
-    """Everything the report stage writes into `out`, from the output directories of the stages it read
-    (finetune / evaluate results, pretraining curves; `attention_stage`'s encoder and `tokenizer` for the attention
-    heat-map). Returns name -> path of every file written. `wandb_run`: the stage's W&B run, or None."""
+def write_report(stage_dirs: dict[str, Path], out: Path, title: str, pretraining_stages: tuple[str, ...] = (),
+                 sections: tuple[Callable[[dict[str, Path], Path, dict[str, Path]], list[str]], ...] = (),
+                 wandb_run=None) -> dict[str, Path]:
+    """Everything the report stage writes into `out`, from the output directories of the stages it read: finetune /
+    evaluate results, the curves of `pretraining_stages`, then each of `sections` (stage dirs, out, figures) ->
+    markdown lines, which records the figures it draws. Returns name -> path of every file written. `wandb_run`: the
+    stage's W&B run, or None."""
     lines, rows, figures = [f"# Results: {title}"], [], {}
     panels = {}
     for stage in RESULT_STAGES:
@@ -228,17 +181,11 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str, attention: 
         figures["task_scores_plot"] = out / "task_scores.png"
         plot_task_scores(panels, figures["task_scores_plot"], title=f"Task scores per model ({title})")
         lines += ["", "![task scores per model](task_scores.png)"]
-    for stage in PRETRAINING_STAGES:
+    for stage in pretraining_stages:
         if stage in stage_dirs:
             lines += _pretraining_section(stage, stage_dirs[stage], out, figures)
-    if attention is not None:
-        heat = attention_matrix(stage_dirs[attention_stage] / "encoder", stage_dirs["tokenizer"], attention)
-        where = f"layer {heat.layer} of {heat.num_layers} (0-based), head {heat.head}"
-        figures["attention_plot"] = out / "attention.png"
-        plot_attention(heat.matrix, heat.tokens, figures["attention_plot"], title=f"Pretrained BERT, {where}")
-        cut = f" (its first {len(heat.tokens)} tokens: the encoder has no more positions)" if heat.truncated else ""
-        lines += ["", "## Attention", "", f"Pretrained BERT, {where}, on “{attention.sentence}”{cut}:", "",
-                  "![attention heat-map](attention.png)"]
+    for section in sections:
+        lines += section(stage_dirs, out, figures)
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["stage", *RESULT_COLUMNS], extrasaction="ignore")
         writer.writeheader()

@@ -3,9 +3,9 @@ BERT's two phases (Devlin et al. 2019, §A.2): `pretrain` at length 128 from ran
 has it, `pretrain_phase2` at length 512 from phase 1's final weights. One code path trains both (`Phase`).
 
 Checkpoints go to `<out_dir>/checkpoints/` every `pretrain.checkpoint_every_steps` (in either phase); a rerun of a
-crashed stage re-enters the same directory (pipeline/dag.py) and continues from the newest one: weights, optimizer,
+crashed stage re-enters the same directory (pipeline/engine/dag.py) and continues from the newest one: weights, optimizer,
 schedule, data position and RNG, so the steps after the resume are the steps an uninterrupted run would have taken.
-One process by default; `trainer.num_workers > 1` or DeepSpeed train in Ray Train workers (pipeline/distributed.py).
+One process by default; `trainer.num_workers > 1` or DeepSpeed train in Ray Train workers (pipeline/engine/distributed.py).
 """
 from __future__ import annotations
 
@@ -25,22 +25,31 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file, save_file
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Subset
 
 from data_prep.bert_examples import IGNORE_INDEX, BertPretrainingCollator
 from data_prep.shards import write_json_atomically
 from data_prep.tokenizer import SPECIAL_TOKENS, load_tokenizer
 from models.bert import BertConfig, load_encoder, save_encoder
-from pipeline.dag import StageContext
-from pipeline.data import PretrainingInstances, read_arrow
-from pipeline.distributed import (DistributedSettings, checkpoint_tags, consolidated_state_dict, deepspeed_config,
-                                  lightning_strategy, run_on_ray_workers, train_deepspeed,
-                                  use_deepspeed_cpu_accelerator, validate_distributed)
-from pipeline.lit import BertPretrainModule, bert_pretraining_losses
-from pipeline.pretrain_diagnostics import plateau_message, unigram_cross_entropy
-from pipeline.sampler import ResumableRandomSampler, SeededBatchSampler
-from pipeline.tracking import LossHistory
-from pipeline.training import keep_freed_memory_for_reuse, make_trainer
+from pipeline.bert.data import MaskedBatches, PretrainingInstances
+from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
+from pipeline.bert.module import BertPretrainModule, bert_pretraining_losses
+from pipeline.engine.arrow import read_arrow
+from pipeline.engine.dag import StageContext
+from pipeline.engine.distributed import (
+    DistributedSettings,
+    checkpoint_tags,
+    consolidated_state_dict,
+    deepspeed_config,
+    lightning_strategy,
+    run_on_ray_workers,
+    train_deepspeed,
+    use_deepspeed_cpu_accelerator,
+    validate_distributed,
+)
+from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler
+from pipeline.engine.tracking import LossHistory
+from pipeline.engine.training import keep_freed_memory_for_reuse, make_trainer
 
 CHECKPOINT_DIR = "checkpoints"
 KEEP_CHECKPOINTS = 2
@@ -95,6 +104,13 @@ def phase_of(stage: str) -> Phase:
     return next(p for p in PHASES if stage in (p.stage, p.examples))
 
 
+def validate(cfg: DictConfig) -> None:
+    """Before any stage runs: every phase in the run fits the model's position table."""
+    for phase in PHASES:
+        if {phase.stage, phase.examples} & set(cfg.pipeline.stages):
+            phase.max_seq_length(cfg)
+
+
 def encoder_stage(cfg: DictConfig) -> str:
     """The stage whose encoder the run's downstream stages read: its last pretraining phase in pipeline.stages."""
     in_run = [p.stage for p in PHASES if p.stage in cfg.pipeline.stages]
@@ -115,17 +131,6 @@ def pretrain(ctx: StageContext) -> dict:
                        settings, ctx.out_dir)
     return json.loads((ctx.out_dir / WORKER_SUMMARY).read_text())
 
-
-class MaskedBatches(Dataset):
-    """Batches keyed by `(seed, indices)` (SeededBatchSampler): rows gathered, padded and masked with that seed."""
-
-    def __init__(self, rows: Dataset, collator: BertPretrainingCollator):
-        self.rows, self.collator = rows, collator
-
-    def __getitem__(self, key: tuple[int, list[int]]) -> dict[str, torch.Tensor]:
-        seed, indices = key
-        self.collator.generator = torch.Generator().manual_seed(seed)
-        return self.collator([self.rows[i] for i in indices])
 
 
 @dataclass

@@ -25,16 +25,21 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import IterableDataset
 
-from data_prep.elmo_examples import (IGNORE_TARGET, MAX_CHARACTERS_PER_TOKEN, TokenStreams, WindowSlot, plan_windows,
-                                     split_books, tokens_char_ids, word_ids)
-from models.elmo import BiLMOutput, ElmoEmbedder, detach_state
-from pipeline.lit import adamw_with_linear_schedule, clip_grad_norm_with_sparse
-from pipeline.lit_downstream import FinetuneModule
-from pipeline.metrics import score_task
+from data_prep.elmo_examples import (
+    IGNORE_TARGET,
+    MAX_CHARACTERS_PER_TOKEN,
+    TokenStreams,
+    WindowSlot,
+    plan_windows,
+    split_books,
+    tokens_char_ids,
+    word_ids,
+)
+from models.elmo import BiLMOutput, detach_state
+from pipeline.optim import adamw_with_linear_schedule, clip_grad_norm_with_sparse
 
 
 class LMWindowBatches(IterableDataset):
@@ -174,71 +179,4 @@ class ElmoPretrainModule(L.LightningModule):
 # Feature-based downstream tasks
 
 
-def make_elmo_task_collate(embedder: ElmoEmbedder):
-    """collate_fn for rows {"text_a", optional "text_b", "label"}: a label per sentence (int class, or float score)
-    or per word (list of ints, padded with IGNORE_TARGET); text as raw text (words as
-    `data_prep.elmo_examples.split_words` splits them) or as a list of words."""
 
-    def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
-        inputs, mask = embedder.batch_inputs([r["text_a"] for r in rows])
-        batch = {"inputs": inputs, "mask": mask}
-        if "text_b" in rows[0]:
-            batch["pair_inputs"], batch["pair_mask"] = embedder.batch_inputs([r["text_b"] for r in rows])
-        if isinstance(rows[0]["label"], (int, float)):  # a class id, or a score to regress
-            dtype = torch.long if isinstance(rows[0]["label"], int) else torch.float32
-            batch["labels"] = torch.tensor([r["label"] for r in rows], dtype=dtype)
-        else:
-            labels = torch.full((len(rows), mask.shape[1] - 2), IGNORE_TARGET, dtype=torch.long)
-            for i, r in enumerate(rows):
-                labels[i, : len(r["label"])] = torch.as_tensor(r["label"])
-            batch["labels"] = labels
-        return batch
-
-    return collate
-
-
-class ElmoTaskModule(FinetuneModule):
-    """Feature-based use of a frozen biLM (Peters et al. §3.3): only the scalar mix and the head train. The fine-tune
-    stage's three task families: sentences or pairs classified (`ElmoSentenceClassifier`, cross-entropy), a
-    one-output classifier regressed with mean squared error (STS-B), and words tagged (`ElmoTokenTagger`, labels per
-    word, IGNORE_TARGET skipped). Dev is scored by `metric` (pipeline.metrics.score_task); tagging needs the tag
-    names `labels`, for entity F1 over the words."""
-
-    def __init__(self, model: nn.Module, lr: float, weight_decay: float, warmup_steps: int, total_steps: int,
-                 metric: str = "accuracy", labels: Sequence[str] | None = None):
-        super().__init__(model)
-        self.save_hyperparameters(ignore=["model"])
-        self._predictions, self._references = [], []
-
-    def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss, predictions): label ids, or scores for regression."""
-        labels = batch["labels"]
-        if labels.dim() == 2:  # tagging
-            logits, _ = self.model(batch["inputs"], batch["mask"])
-            loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_TARGET)
-            return loss, logits.argmax(-1)
-        logits = self.model(batch["inputs"], batch["mask"], batch.get("pair_inputs"), batch.get("pair_mask"))
-        if labels.is_floating_point():
-            scores = logits.squeeze(-1)
-            return F.mse_loss(scores.float(), labels), scores
-        return F.cross_entropy(logits.float(), labels), logits.argmax(-1)
-
-    def on_validation_epoch_start(self) -> None:
-        self._predictions, self._references = [], []
-
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        loss, predictions = self.model_step(batch)
-        labels = batch["labels"]
-        if labels.dim() == 2:
-            names = self.hparams.labels
-            for predicted, gold in zip(predictions.tolist(), labels.tolist()):
-                words = [i for i, tag in enumerate(gold) if tag != IGNORE_TARGET]
-                self._predictions.append([names[predicted[i]] for i in words])
-                self._references.append([names[gold[i]] for i in words])
-        else:
-            self._predictions += predictions.float().tolist() if labels.is_floating_point() else predictions.tolist()
-            self._references += labels.tolist()
-        self.log("val/loss", loss.detach(), on_epoch=True, batch_size=labels.shape[0])
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_scores(score_task(self.hparams.metric, self._predictions, self._references))

@@ -1,6 +1,6 @@
 """Skip-Thought pretraining (Kiros et al. 2015): the LightningModule and the data helpers a pipeline stage needs.
 
-How a stage uses this module (the stages themselves live in pipeline/stages.py):
+How a stage uses this module (the stages themselves live in pipeline/skip_thought/stages.py):
 
 1. vocabulary: `count_words` over every sentence shard (one Ray task per shard, counters added up), then
    `build_word_vocab(counts, cfg.skip_thought.vocab_size).save(<stage>/vocab.txt)`.
@@ -23,8 +23,9 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from data_prep.skip_thought_examples import TRIPLE_SCHEMA, collate_triples
 from models.skip_thought import SkipThoughts
-from pipeline.data import list_column
-from pipeline.lit import adamw_with_linear_schedule, log_step_outputs
+from pipeline.engine.arrow import list_column
+from pipeline.engine.training import log_step_outputs
+from pipeline.optim import adamw_with_linear_schedule
 
 
 class SkipThoughtTriples(Dataset):

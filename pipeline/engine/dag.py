@@ -206,7 +206,7 @@ def execute_stage(stages: dict[str, Stage], cfg: DictConfig, name: str, digest: 
 
     `inputs` maps each upstream stage to (output directory, hash). Everything the stage prints also goes to
     `<out_dir>/stage.log`; a failure leaves no marker and raises StageFailed naming the stage and that log."""
-    from pipeline.tracking import finish_stage_run, start_stage_run
+    from pipeline.engine.tracking import finish_stage_run, start_stage_run
 
     stage = stages[name]
     with exclusive_lock(out_dir.parent / f"{digest}.lock"):
@@ -354,3 +354,10 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
             ray.cancel(ref, force=True)
         _write_pipeline_file(run_dir, the_plan, results)
     return results
+
+
+def files_fingerprint(root: Path, pattern: str) -> str:
+    """Names, sizes and modification times of the input files: a changed corpus is new work."""
+    files = sorted(p for p in root.glob(pattern) if p.is_file())
+    listing = [(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    return hashlib.sha256(json.dumps([str(root), listing]).encode()).hexdigest()

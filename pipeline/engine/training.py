@@ -7,11 +7,10 @@ import functools
 import sys
 
 import lightning as L
+import torch
 
-from pipeline.dag import StageContext
-from pipeline.lit import resolve_precision
-from pipeline.tracking import ProgressLog, make_logger
-
+from pipeline.engine.dag import StageContext
+from pipeline.engine.tracking import ProgressLog, make_logger
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
 
@@ -44,3 +43,23 @@ def make_trainer(ctx: StageContext, callbacks: list, prefix: str = "", **kwargs)
                      log_every_n_steps=tcfg.log_every_n_steps, deterministic=tcfg.deterministic,
                      default_root_dir=str(ctx.out_dir), enable_model_summary=False, enable_progress_bar=False,
                      **kwargs)
+
+
+def log_step_outputs(module: L.LightningModule, split: str, out: dict, batch_size: int) -> None:
+    """Every value of a model_step's output as `<split>/<name>`: per step in training, per epoch otherwise; the
+    loss also on the progress bar."""
+    on_step = split == "train"
+    module.log_dict({f"{split}/{k}": v.detach() for k, v in out.items() if k != "loss"}, on_step=on_step,
+                    on_epoch=not on_step, batch_size=batch_size)
+    module.log(f"{split}/loss", out["loss"].detach(), prog_bar=True, on_step=on_step, on_epoch=not on_step,
+               batch_size=batch_size)
+
+
+def resolve_precision(precision: str) -> str:
+    """`auto`: bf16 autocast where the CPU computes bf16 natively (AMX or AVX512-BF16), else fp32."""
+    if precision != "auto":
+        return precision
+    if torch.cuda.is_available():
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    native = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+    return "bf16-mixed" if native else "32-true"

@@ -1,26 +1,28 @@
 """ELMo's stages (Peters et al. 2018): a word vocabulary and per-book token streams built from the sentence shards,
-then biLM pretraining with truncated BPTT over whole books (pipeline/lit_elmo.py explains why windows, not
+then biLM pretraining with truncated BPTT over whole books (pipeline/elmo/module.py explains why windows, not
 sentence batches). The frozen biLM then serves the evaluate stage as a sentence encoder."""
 from __future__ import annotations
 
 import hydra
 import lightning as L
-import numpy as np
 import ray
-import torch
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
-from data_prep.elmo_examples import (books_from_rows, build_word_vocab, read_word_vocab, write_token_streams,
-                                     write_word_vocab)
+from data_prep.elmo_examples import (
+    books_from_rows,
+    build_word_vocab,
+    read_word_vocab,
+    write_token_streams,
+    write_word_vocab,
+)
 from data_prep.shards import open_shards, shard_paths
-from models.checkpoint import random_twin
-from models.elmo import ElmoEmbedder, ScalarMix, load_bilm, save_bilm
-from pipeline.dag import Stage, StageContext, all_cpus
-from pipeline.data import read_arrow
-from pipeline.lit_elmo import ElmoPretrainModule, build_elmo_datasets
-from pipeline.tracking import LossHistory
-from pipeline.training import make_trainer
+from models.elmo import save_bilm
+from pipeline.elmo.module import ElmoPretrainModule, build_elmo_datasets
+from pipeline.engine.arrow import read_arrow
+from pipeline.engine.dag import Stage, StageContext, all_cpus
+from pipeline.engine.tracking import LossHistory
+from pipeline.engine.training import make_trainer
 
 
 def elmo_vocab(ctx: StageContext) -> dict:
@@ -68,37 +70,6 @@ def elmo_pretrain(ctx: StageContext) -> dict:
     return {"steps": trainer.global_step, "heldout_perplexity": module.heldout_perplexities,
             "precision": trainer.precision, "num_parameters": sum(t.numel() for t in model.parameters())}
 
-
-class ElmoSentenceEncoder:
-    """SentEval encoder: the mean over words of the frozen biLM's layers mixed with equal weights (an untrained
-    ScalarMix, s = 0, gamma = 1), as seed 000's SentEval section uses ELMo."""
-
-    def __init__(self, bilm_dir, vocab: list[str], name: str = "elmo", random_init_seed: int | None = None):
-        self.name = name
-        bilm = load_bilm(bilm_dir)
-        bilm = (bilm if random_init_seed is None else random_twin(bilm, random_init_seed)).eval()
-        self.embedder = ElmoEmbedder(bilm, vocab)
-        self.mix = ScalarMix(bilm.config.num_layers + 1)
-
-    def prepare(self, samples: list[list[str]]) -> None:
-        pass
-
-    @torch.no_grad()
-    def batcher(self, batch: list[list[str]]) -> np.ndarray:
-        layers, mask = self.embedder.embed([" ".join(tokens) for tokens in batch])  # (B, L+1, T, 2P), (B, T)
-        mixed = self.mix(layers, mask)                                                 # (B, T, 2P)
-        weights = mask.unsqueeze(-1).float()
-        return ((mixed * weights).sum(1) / weights.sum(1).clamp(min=1)).numpy()
-
-
-def elmo_encoder(random_init: bool = False):
-    """The evaluate stage's builder of this run's biLM encoder, or (random_init) of its randomly initialised twin."""
-    def build(ctx: StageContext) -> ElmoSentenceEncoder:
-        return ElmoSentenceEncoder(ctx.stage_dir("elmo_pretrain") / "bilm",
-                                   read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"),
-                                   name="elmo_random" if random_init else "elmo",
-                                   random_init_seed=ctx.cfg.seed if random_init else None)
-    return build
 
 
 ELMO_STAGES = [

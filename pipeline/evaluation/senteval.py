@@ -41,9 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data_prep.senteval_data import (LabelledSentences, SentencePairs, read_labelled_tsv, read_mr, read_mrpc,
-                                     read_sick)
-from data_prep.tokenizer import CLS_ID, PAD_ID, SEP_ID, encode_batch_ids
+from data_prep.senteval_data import LabelledSentences, SentencePairs, read_labelled_tsv, read_mr, read_mrpc, read_sick
 from data_prep.word_vectors import WordVectors
 
 log = logging.getLogger(__name__)
@@ -92,65 +90,6 @@ class GloveBagOfWords:
                 out[i] = np.mean(known, axis=0)
         return out
 
-
-BERT_POOLINGS = ("cls", "mean")
-
-
-class BertEncoder:
-    """Frozen BERT features: the final hidden state of [CLS] ("cls"; not the pooler, whose tanh layer was trained
-    for next sentence prediction only) or the mean of the final hidden states over the real tokens, [CLS] and [SEP]
-    included ("mean", as Sentence-BERT, Reimers & Gurevych 2019). Input is [CLS] sentence [SEP], cut to
-    max_seq_length pieces (default: the model's max_position_embeddings)."""
-
-    def __init__(self, model, tokenizer, pooling: str = "cls", max_seq_length: int | None = None,
-                 name: str | None = None):
-        if pooling not in BERT_POOLINGS:
-            raise ValueError(f"pooling must be one of {BERT_POOLINGS}, got {pooling!r}")
-        max_seq_length = max_seq_length or model.config.max_position_embeddings
-        if not 2 < max_seq_length <= model.config.max_position_embeddings:
-            raise ValueError(f"max_seq_length must be in 3..{model.config.max_position_embeddings} (the model's "
-                             f"max_position_embeddings), got {max_seq_length}")
-        self.model = model.eval()  # dropout off: the same sentence must get the same vector in any batch
-        self.tokenizer = tokenizer
-        self.pooling = pooling
-        self.max_seq_length = max_seq_length
-        self.name = name or f"bert_{pooling}"
-
-    @classmethod
-    def from_directories(cls, encoder_dir, tokenizer_dir, random_init_seed: int | None = None,
-                         **kwargs) -> "BertEncoder":
-        """From a pretrain stage's encoder/ (or a HuggingFace BERT directory) and a tokenizer stage's directory; with
-        `random_init_seed`, its architecture freshly initialised instead of its weights."""
-        from data_prep.tokenizer import load_tokenizer
-        from models.bert import load_encoder
-        from models.checkpoint import random_twin
-
-        model = load_encoder(encoder_dir)
-        if random_init_seed is not None:
-            model = random_twin(model, random_init_seed)
-        return cls(model, load_tokenizer(tokenizer_dir), **kwargs)
-
-    def prepare(self, samples: list[list[str]]) -> None:
-        """Nothing to fit: the encoder is frozen and its vocabulary fixed."""
-
-    @torch.inference_mode()
-    def batcher(self, batch: list[list[str]]) -> np.ndarray:
-        pieces = encode_batch_ids(self.tokenizer, [" ".join(sentence) for sentence in batch])
-        ids = [[CLS_ID, *p[: self.max_seq_length - 2], SEP_ID] for p in pieces]
-        device = next(self.model.parameters()).device
-        input_ids = torch.full((len(ids), max(map(len, ids))), PAD_ID, dtype=torch.long)
-        attention_mask = torch.zeros_like(input_ids)
-        for row, sequence in enumerate(ids):
-            input_ids[row, : len(sequence)] = torch.tensor(sequence)
-            attention_mask[row, : len(sequence)] = 1
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        hidden, _ = self.model(input_ids, attention_mask=attention_mask)  # (B, T, H)
-        if self.pooling == "cls":
-            pooled = hidden[:, 0]
-        else:
-            mask = attention_mask[:, :, None].to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1)
-        return pooled.float().cpu().numpy()
 
 
 def embed(encoder: Encoder, sentences: list[list[str]], batch_size: int) -> np.ndarray:

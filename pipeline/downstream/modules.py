@@ -2,7 +2,7 @@
 classification (CoNLL-2003 NER) and extractive QA (SQuAD v1.1), the heads of BERT's Figure 4 (Devlin et al. 2019),
 plus their batch collators.
 
-Each module has one `model_step` for train and dev, scores dev with pipeline/metrics.py at epoch end, and exposes
+Each module has one `model_step` for train and dev, scores dev with pipeline/evaluation/metrics.py at epoch end, and exposes
 the last dev scores as `scores`."""
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from torch import nn
 
 from data_prep.conll import IGNORE_INDEX, word_level_tags
 from data_prep.squad import SquadExample, best_answers
-from pipeline.lit import adamw_with_linear_schedule
-from pipeline.metrics import score_task
+from pipeline.evaluation.metrics import score_task
+from pipeline.optim import adamw_with_linear_schedule
 
 
 def _pad(sequences: Sequence[np.ndarray], value: int) -> torch.Tensor:
@@ -49,8 +49,8 @@ def collate_question_answering(rows: list[dict], pad_id: int = 0) -> dict[str, t
 
 
 class FinetuneModule(L.LightningModule):
-    """Training step, logging and BERT's optimiser shared by the modules below and pipeline.lit_elmo's
-    ElmoTaskModule; subclasses save lr, weight_decay, warmup_steps and total_steps as hyperparameters, and define
+    """Training step, logging and BERT's optimiser shared by the modules below and ELMo's ElmoTaskModule
+    (pipeline/elmo/downstream.py); subclasses save lr, weight_decay, warmup_steps and total_steps as hyperparameters, and define
     model_step (loss first) and dev scoring."""
 
     def __init__(self, model: nn.Module):

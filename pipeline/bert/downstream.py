@@ -1,0 +1,139 @@
+"""BERT fine-tuned end to end on the downstream tasks (Devlin et al. 2019, §4; seed 003): each task encoded with the
+model's tokenizer, a task head on the encoder. Three kinds of `finetune.models`: `pretrained` (this run's encoder, of
+its last pretraining phase), `random_init` (the same architecture untrained: what pretraining must beat) and
+`external` (`finetune.external_encoder`, an HF BERT directory)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from omegaconf import DictConfig
+from torch import nn
+
+from data_prep.conll import encode_tagged_sentences
+from data_prep.squad import read_squad, squad_features
+from data_prep.tokenizer import load_tokenizer
+from models.bert import (
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    load_encoder,
+)
+from pipeline.bert.data import EncodedTask, pad_classification_batch
+from pipeline.bert.pretrain import encoder_stage
+from pipeline.downstream.modules import (
+    ClassificationModule,
+    QuestionAnsweringModule,
+    RegressionModule,
+    TokenClassificationModule,
+    collate_question_answering,
+    collate_token_classification,
+)
+from pipeline.downstream.task_data import TaskData, conll_sentences, subsample, tsv_splits
+from pipeline.engine.dag import StageContext, files_fingerprint
+from pipeline.engine.family import FinetuneKind
+
+
+@dataclass
+class BertTaskModels:
+    """An encoder directory and its tokenizer; `pretrained`: start from the encoder's weights, else from a fresh
+    initialisation of its architecture."""
+    encoder_dir: Path
+    tokenizer: object
+    encoding_key: str
+    pretrained: bool = True
+
+    def encode(self, task: DictConfig, data_dir: Path, finetune: DictConfig, seed: int,
+               selection_fraction: float | None) -> TaskData:
+        return load_task_data(task, data_dir, self.tokenizer, finetune.max_seq_length, finetune.max_train_examples,
+                              seed, selection_fraction, finetune.get("pooling", "cls"))
+
+    def build(self, data: TaskData) -> nn.Module:
+        encoder = load_encoder(self.encoder_dir)
+        model = data.make_model(encoder.config)
+        if self.pretrained:
+            model.bert.load_state_dict(encoder.state_dict())
+        return model
+
+
+def _this_run(pretrained: bool):
+    def load(ctx: StageContext) -> BertTaskModels:
+        tokenizer_dir = ctx.stage_dir("tokenizer")
+        return BertTaskModels(ctx.stage_dir(encoder_stage(ctx.cfg)) / "encoder", load_tokenizer(tokenizer_dir),
+                              str(tokenizer_dir), pretrained)
+    return load
+
+
+def _external(ctx: StageContext) -> BertTaskModels:
+    f = ctx.cfg.finetune
+    if not f.external_encoder:
+        raise ValueError("finetune.models has external but finetune.external_encoder is not set; pass the "
+                         "directory of an HF BERT (config.json, weights and tokenizer files)")
+    path = Path(f.external_encoder).expanduser()
+    return BertTaskModels(path, external_tokenizer(path), str(path))
+
+
+def _external_files(cfg: DictConfig) -> str:
+    path = cfg.finetune.external_encoder
+    return files_fingerprint(Path(path).expanduser(), "*") if path else ""
+
+
+def _this_run_stages(cfg: DictConfig) -> tuple[str, ...]:
+    return "tokenizer", encoder_stage(cfg)
+
+
+FINETUNE_KINDS = {"pretrained": FinetuneKind(_this_run_stages, _this_run(pretrained=True)),
+                  "random_init": FinetuneKind(_this_run_stages, _this_run(pretrained=False)),
+                  "external": FinetuneKind(lambda cfg: (), _external, fingerprint=_external_files)}
+
+
+def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, max_train_examples: int | None,
+                   seed: int, selection_fraction: float | None = None, pooling: str = "cls") -> TaskData:
+    """Read and encode one task, dispatching on its `format` (tsv | conll | squad) and label type; sentence
+    (pair) tasks classify from `pooling` ("cls" or "mean", models.bert.BertForSequenceClassification)."""
+    if task.format == "tsv":
+        train, dev, majority_scores = tsv_splits(task, data_dir, max_train_examples, seed, selection_fraction)
+        sets = [EncodedTask(tok, s.texts_a, s.texts_b, s.labels, max_seq_length) for s in (train, dev)]
+        if task.labels is None:  # regression (STS-B): one output, mean squared error
+            return TaskData(*sets, pad_classification_batch,
+                            lambda c: BertForSequenceClassification(c, 1, pooling=pooling),
+                            RegressionModule, None)
+        return TaskData(*sets, pad_classification_batch,
+                        lambda c: BertForSequenceClassification(c, len(task.labels), pooling=pooling),
+                        partial(ClassificationModule, metric=task.metric), majority_scores, train.labels)
+    if task.format == "conll":
+        train = subsample(conll_sentences(task, data_dir, task.train_file), max_train_examples, seed)
+        dev, labels = conll_sentences(task, data_dir, task.dev_file), list(task.labels)
+        return TaskData(encode_tagged_sentences(tok, train, labels, max_seq_length),
+                        encode_tagged_sentences(tok, dev, labels, max_seq_length), collate_token_classification,
+                        lambda c: BertForTokenClassification(c, len(labels)),
+                        partial(TokenClassificationModule, labels=labels, dev_tags=[s.tags for s in dev]), None)
+    if task.format == "squad":
+        train = subsample(read_squad(data_dir / task.train_file), max_train_examples, seed)
+        dev = read_squad(data_dir / task.dev_file)
+        windows = dict(max_seq_length=max_seq_length, doc_stride=task.doc_stride,
+                       max_query_length=task.max_query_length)
+        dev_features = squad_features(tok, dev, **windows)
+        return TaskData(list(enumerate(squad_features(tok, train, **windows))), list(enumerate(dev_features)),
+                        collate_question_answering, BertForQuestionAnswering,
+                        partial(QuestionAnsweringModule, dev_examples=dev, dev_features=dev_features,
+                                n_best_size=task.n_best_size, max_answer_length=task.max_answer_length), None)
+    raise ValueError(f"task {task.name}: unknown format {task.format!r}; use tsv, conll or squad")
+
+
+def external_tokenizer(path: Path):
+    """The tokenizer saved beside an external encoder (HF `tokenizer.json`, or a BERT `vocab.txt`)."""
+    if (path / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(path / "tokenizer.json"))
+    if (path / "vocab.txt").is_file():
+        from tokenizers.implementations import BertWordPieceTokenizer
+
+        config = path / "tokenizer_config.json"
+        lowercase = json.loads(config.read_text()).get("do_lower_case", True) if config.is_file() else True
+        return BertWordPieceTokenizer(str(path / "vocab.txt"), lowercase=lowercase)
+    raise FileNotFoundError(f"finetune.external_encoder={path} has no tokenizer.json or vocab.txt; put the "
+                            "tokenizer files of that model beside its weights")

@@ -1,0 +1,63 @@
+"""BERT's pretraining objective as a LightningModule: masked LM + next sentence prediction on a
+`models.bert.BertForPreTraining` (Devlin et al. 2019, §3.1)."""
+from __future__ import annotations
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from data_prep.bert_examples import IGNORE_INDEX
+from pipeline.engine.training import log_step_outputs
+from pipeline.optim import PRETRAIN_OPTIMIZERS
+
+
+def bert_pretraining_losses(model: nn.Module, batch: dict, next_sentence_prediction: bool = True) -> dict:
+    """Masked LM (+ next sentence prediction) losses and accuracies of a `BertForPreTraining` on one batch. Without
+    NSP the loss is the MLM loss alone (RoBERTa, Liu et al. 2019 §4.2; Cramming, Geiping & Goldstein 2023): the
+    NSP head is still scored, so its accuracy shows it learned nothing."""
+    mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                                   mlm_positions=batch["mlm_positions"])
+    labels = batch["mlm_labels"]
+    mlm_loss = F.cross_entropy(mlm_logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+    nsp_loss = F.cross_entropy(nsp_logits.float(), batch["next_sentence_label"])
+    predicted = labels != IGNORE_INDEX
+    mlm_acc = (mlm_logits.argmax(-1)[predicted] == labels[predicted]).float().mean()
+    nsp_acc = (nsp_logits.argmax(-1) == batch["next_sentence_label"]).float().mean()
+    return {"loss": mlm_loss + nsp_loss if next_sentence_prediction else mlm_loss, "mlm_loss": mlm_loss,
+            "nsp_loss": nsp_loss, "mlm_acc": mlm_acc, "nsp_acc": nsp_acc}
+
+
+class BertPretrainModule(L.LightningModule):
+    """Masked LM + next sentence prediction (Devlin et al. 2019, §3.1) on a `BertForPreTraining`."""
+
+    def __init__(self, model: nn.Module, lr: float, weight_decay: float, betas, warmup_steps: int,
+                 max_steps: int, optimizer: str = "adamw", next_sentence_prediction: bool = True):
+        super().__init__()
+        if optimizer not in PRETRAIN_OPTIMIZERS:
+            raise ValueError(f"pretrain.optimizer={optimizer!r} is not known; use one of {sorted(PRETRAIN_OPTIMIZERS)}")
+        self.model = model
+        self.save_hyperparameters(ignore=["model"])
+
+    def model_step(self, batch: dict) -> dict[str, torch.Tensor]:
+        return bert_pretraining_losses(self.model, batch, self.hparams.next_sentence_prediction)
+
+    def _log(self, split: str, out: dict, batch_size: int) -> None:
+        log_step_outputs(self, split, {**out, "mlm_perplexity": torch.exp(out["mlm_loss"].detach().clamp(max=50))},
+                         batch_size)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        out = self.model_step(batch)
+        if not torch.isfinite(out["loss"]):
+            raise FloatingPointError(f"pretraining loss is {out['loss'].item()} at step {self.global_step}; "
+                                     "lower pretrain.lr or raise pretrain.warmup_steps")
+        self._log("train", out, batch["input_ids"].shape[0])
+        return out["loss"]
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._log("val", self.model_step(batch), batch["input_ids"].shape[0])
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        return PRETRAIN_OPTIMIZERS[hp.optimizer](self.model, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps,
+                                                 hp.max_steps)

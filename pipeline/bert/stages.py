@@ -1,0 +1,90 @@
+"""BERT's data stages: a WordPiece vocabulary trained on the sentence shards, then sentence-pair instances per
+shard (google-research/bert's create_pretraining_data), one Ray task per shard."""
+from __future__ import annotations
+
+import random
+from functools import partial
+
+import ray
+from omegaconf import OmegaConf
+
+from data_prep.bert_examples import create_training_instances, write_instances
+from data_prep.shards import open_shards, shard_paths
+from data_prep.tokenize_shards import encode_by_word, use_one_tokenizer_thread
+from data_prep.tokenizer import load_tokenizer, train_wordpiece
+from pipeline.bert.pretrain import PHASES, pretrain
+from pipeline.engine.arrow import read_arrow
+from pipeline.engine.dag import Stage, StageContext
+from pipeline.engine.distributed import stage_cpus
+
+
+def tokenizer(ctx: StageContext) -> dict:
+    table = open_shards(ctx.stage_dir("prepare"))
+    # Record batches stream from the memory map: the trainer never holds the corpus as Python strings.
+    sentences = (text for batch in table.to_batches() for text in batch.column("text").to_pylist())
+    tok_cfg = ctx.cfg.tokenizer
+    trained = train_wordpiece(sentences, ctx.stage_dir("tokenizer"), vocab_size=tok_cfg.vocab_size,
+                              min_frequency=tok_cfg.min_frequency, lowercase=tok_cfg.lowercase)
+    return {"vocab_size": trained.get_vocab_size()}
+
+
+def _tokenized_books(shard_path: str, tok) -> list[list[list[int]]]:
+    """The books of one sentence shard as lists of sentences of token ids, in shard order."""
+    table = read_arrow(shard_path)
+    ids = encode_by_word(tok, table.column("text").combine_chunks()).to_pylist()  # each distinct word encoded once
+    books, current = [], None
+    for book_id, sentence_ids in zip(table.column("book_id").to_pylist(), ids):
+        if book_id != current:
+            books.append([])
+            current = book_id
+        books[-1].append(sentence_ids)
+    return books
+
+
+@ray.remote(num_cpus=1)
+def build_shard_examples(shard_path: str, neighbour_path: str, tokenizer_dir: str, out_path: str,
+                         max_seq_length: int, short_seq_prob: float, dupe_factor: int, seed: int) -> int:
+    """Tokenize one sentence shard and write its BERT sentence-pair instances.
+
+    Random next sentences come from the shard's other books; a shard holding a single (long) book borrows the
+    books of its neighbour shard for that, and only for that."""
+    use_one_tokenizer_thread()
+    tok = load_tokenizer(tokenizer_dir)
+    books = _tokenized_books(shard_path, tok)
+    borrowed = _tokenized_books(neighbour_path, tok) if len(books) < 2 and neighbour_path != shard_path else []
+    instances = create_training_instances(books, max_seq_length, short_seq_prob, dupe_factor,
+                                          random.Random(seed), random_next_documents=borrowed)
+    write_instances(instances, out_path, tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]"))
+    return len(instances)
+
+
+def examples(ctx: StageContext, length_key: str) -> dict:
+    """Sentence-pair instances at the sequence length configured under `length_key` (`examples` at phase 1's,
+    `examples_phase2` at phase 2's), built from the same shards and tokenizer with the `examples` settings."""
+    shards = shard_paths(ctx.stage_dir("prepare"))
+    out = ctx.out_dir
+    ex = ctx.cfg.examples
+    max_seq_length = int(OmegaConf.select(ctx.cfg, length_key))
+    # One seed per shard, derived from the run seed: the output does not depend on which worker ran what.
+    refs = [build_shard_examples.remote(str(shard), str(shards[(i + 1) % len(shards)]),
+                                        str(ctx.stage_dir("tokenizer")), str(out / f"examples-{i:05d}.arrow"),
+                                        max_seq_length, ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed * 1000 + i)
+            for i, shard in enumerate(shards)]
+    counts = ray.get(refs)
+    return {"instances": int(sum(counts)), "files": len(counts), "max_seq_length": max_seq_length}
+
+
+PHASE_1, PHASE_2 = PHASES
+BERT_STAGES = (
+    Stage("tokenizer", tokenizer, ("prepare",), ("tokenizer",), version=1),
+    Stage(PHASE_1.examples, partial(examples, length_key=PHASE_1.length_key), ("prepare", "tokenizer"),
+          ("examples", "seed"), version=1),
+    # phase 2 (Devlin et al. §A.2; PHASES in pipeline/bert/pretrain.py): its own examples, and phase 1's weights
+    Stage(PHASE_2.examples, partial(examples, length_key=PHASE_2.length_key), ("prepare", "tokenizer"),
+          ("examples", PHASE_2.length_key, "seed"), version=1),
+    # version 3: writes the MLM/NSP heads too, which phase 2 continues from
+    Stage(PHASE_1.stage, pretrain, ("tokenizer", PHASE_1.examples), ("model", "pretrain", "trainer", "seed"),
+          version=3, num_cpus=stage_cpus),
+    Stage(PHASE_2.stage, pretrain, ("tokenizer", PHASE_2.examples, PHASE_1.stage),
+          ("model", "pretrain", "pretrain_phase2", "trainer", "seed"), version=1, num_cpus=stage_cpus),
+)

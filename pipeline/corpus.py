@@ -1,0 +1,35 @@
+"""The stage every family starts from: the corpus (the configured directory of books, or the built-in one) cleaned,
+deduplicated and split into sentence shards (data_prep/prepare.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from data_prep.builtin import default_corpus
+from data_prep.dedup import NearDuplicateOptions
+from data_prep.prepare import prepare_corpus
+from pipeline.engine.dag import Stage, StageContext, files_fingerprint
+
+
+def corpus_dir(cfg: DictConfig) -> Path:
+    """The configured corpus, or the built-in one (downloaded on first use)."""
+    return Path(cfg.data.corpus_dir).expanduser() if cfg.data.corpus_dir else default_corpus(cfg.paths.cache_dir)
+
+
+def prepare(ctx: StageContext) -> dict:
+    data = ctx.cfg.data
+    corpus = corpus_dir(ctx.cfg)
+    manifest = prepare_corpus(corpus, ctx.stage_dir("prepare"), glob=data.glob, input_format=data.input_format,
+                              shard_bytes=int(data.shard_bytes), min_tokens=data.min_tokens,
+                              max_tokens=data.max_tokens, nfkc=data.nfkc, num_workers=ctx.cfg.ray.num_cpus,
+                              near_duplicates=None if data.near_duplicate_threshold is None
+                              else NearDuplicateOptions(threshold=data.near_duplicate_threshold))
+    return {"corpus_dir": str(corpus), **manifest["totals"]}
+
+
+def _corpus_fingerprint(cfg: DictConfig) -> str:
+    return files_fingerprint(corpus_dir(cfg), cfg.data.glob)
+
+
+PREPARE = Stage("prepare", prepare, (), ("data",), version=3, fingerprint=_corpus_fingerprint)

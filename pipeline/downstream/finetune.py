@@ -1,0 +1,196 @@
+"""The fine-tune stage: every configured task × model kind × train size × seed. The model kinds are the families'
+(`finetune.models`; pipeline/families.py): BERT fine-tuned end to end (Devlin et al. 2019, §4; seed 003) next to the
+same architecture from random initialisation, ELMo used feature-based (Peters et al. 2018, §3.3); a majority-class
+baseline for classification tasks.
+
+One finished (task, model, size, seed) is one small JSON file, so a run killed half-way skips what it had finished."""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+import lightning as L
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader, Subset
+
+from data_prep.shards import write_json_atomically
+from pipeline.downstream.task_data import TaskData, stratified_subsample
+from pipeline.downstream.tasks import load_task, resolve_task_dir
+from pipeline.engine.dag import Stage, StageContext, all_cpus, files_fingerprint
+from pipeline.engine.family import FinetuneKind, TaskModels
+from pipeline.engine.training import make_trainer
+from pipeline.families import FAMILIES
+
+MODEL_KINDS: dict[str, FinetuneKind] = {name: kind for family in FAMILIES
+                                        for name, kind in family.finetune_kinds.items()}
+
+
+def _kinds(cfg: DictConfig) -> dict[str, FinetuneKind]:
+    unknown = [k for k in cfg.finetune.models if k not in MODEL_KINDS]
+    if unknown:
+        raise ValueError(f"finetune.models: unknown {unknown}; choose from {list(MODEL_KINDS)}")
+    return {name: MODEL_KINDS[name] for name in cfg.finetune.models}
+
+
+def finetune_upstream(cfg: DictConfig) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(stage for kind in _kinds(cfg).values() for stage in kind.upstream(cfg)))
+
+
+def train_sizes(cfg: DictConfig) -> list[int | None]:
+    """finetune.train_sizes: labelled examples per fine-tuning run (None: all), in the order given."""
+    sizes = list(cfg.finetune.get("train_sizes") or [None])
+    bad = [s for s in sizes if s is not None and (not isinstance(s, int) or s < 1)]
+    if bad:
+        raise ValueError(f"finetune.train_sizes={sizes}: each must be a positive number of examples or null (all)")
+    return sizes
+
+
+
+def task_names(cfg: DictConfig) -> list[str]:
+    task = cfg.finetune.task
+    return [task] if isinstance(task, str) else list(task)
+
+
+
+def model_sources(ctx: StageContext) -> dict[str, TaskModels]:
+    """Each kind in finetune.models, loaded once for every task and seed."""
+    return {name: kind.load(ctx) for name, kind in _kinds(ctx.cfg).items()}
+
+
+def finetune_once(ctx: StageContext, task: DictConfig, data: TaskData, models: TaskModels, kind: str,
+                  seed: int, train_indices: np.ndarray) -> dict[str, float]:
+    f = ctx.cfg.finetune
+    L.seed_everything(seed, workers=True)  # the same head initialisation and data order for every model kind
+    model = models.build(data)
+    train_loader = DataLoader(Subset(data.train, train_indices.tolist()), batch_size=f.batch_size, shuffle=True,
+                              collate_fn=data.collate, generator=torch.Generator().manual_seed(seed))
+    dev_loader = DataLoader(data.dev, batch_size=f.eval_batch_size, collate_fn=data.collate)
+    epochs = finetune_epochs(f.epochs, f.get("min_steps", 0), len(train_loader))
+    total_steps = len(train_loader) * epochs
+    module = data.make_module(model, lr=f.lr, weight_decay=f.weight_decay,
+                              warmup_steps=int(f.warmup_fraction * total_steps), total_steps=total_steps)
+    module.encoder_lr_factor = float(f.get("encoder_lr_factor", 1.0))
+    trainer = make_trainer(ctx, [], prefix=f"{task.name}/{kind}/n{len(train_indices)}/seed{seed}",
+                           max_epochs=epochs, num_sanity_val_steps=0, enable_checkpointing=False,
+                           # dev is scored once, after the last epoch: no model is chosen by its dev score
+                           check_val_every_n_epoch=epochs)
+    trainer.fit(module, train_loader, dev_loader)
+    return dict(module.scores)
+
+
+def finetune_epochs(epochs: int, min_steps: int, steps_per_epoch: int) -> int:
+    """finetune.epochs, raised until the run takes at least finetune.min_steps optimizer steps: a few hundred labelled
+    examples give a handful of steps per epoch, too few to move a head, let alone an encoder (Mosbach et al. 2021,
+    "On the Stability of Fine-tuning BERT", train small data sets for more iterations)."""
+    return max(epochs, -(-min_steps // max(1, steps_per_epoch)))
+
+
+def _aggregate(rows: list[dict]) -> list[dict]:
+    """Mean ± std over seeds, one row per (model, task, metric, train size); `seeds` counts the seeds with a defined
+    score."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["model"], row["task"], row["metric"], row.get("train_size")), []).append(row)
+    out = []
+    for (model, task, metric, train_size), members in groups.items():
+        every = np.array([m["score"] for m in members], dtype=float)
+        # A correlation is undefined (NaN) when a model predicts a constant; such seeds are counted, not averaged.
+        scores = every[~np.isnan(every)]
+        out.append({"model": model, "task": task, "metric": metric,
+                    "score": round(float(scores.mean()), 4) if len(scores) else float("nan"),
+                    "std": round(float(scores.std(ddof=1)), 4) if len(scores) > 1 else 0.0,
+                    "seeds": len(scores), "undefined_seeds": int(np.isnan(every).sum()),
+                    "per_seed": [None if np.isnan(v) else round(float(v), 4) for v in every],
+                    "train_size": train_size, "train_examples": members[0]["train_examples"],
+                    "dev_examples": members[0]["dev_examples"], "scored_on": members[0].get("scored_on", "dev"),
+                    "seconds": round(sum(m["seconds"] for m in members), 1)})
+    return out
+
+
+def finetune(ctx: StageContext) -> dict:
+    f = ctx.cfg.finetune
+    sources = model_sources(ctx)
+    sizes = train_sizes(ctx.cfg)
+    selection = f.get("selection_fraction")
+    scored_on = "train_holdout" if selection else "dev"
+    finished = ctx.out_dir / "finished"
+    finished.mkdir(exist_ok=True)
+    rows = []
+    for name in task_names(ctx.cfg):
+        task = load_task(name)
+        if selection and task.format != "tsv":
+            raise ValueError(f"finetune.selection_fraction holds out part of a TSV task's train split; task "
+                             f"{task.name} is {task.format}: leave it null for this task")
+        data_dir = resolve_task_dir(task, f.data_dir, ctx.cfg.paths.cache_dir)
+        encoded: dict[str, TaskData] = {}  # kinds with the same inputs (tokenizer) encode the task once
+        for kind, models in sources.items():
+            if models.encoding_key not in encoded:
+                encoded[models.encoding_key] = models.encode(task, data_dir, f, ctx.cfg.seed, selection)
+            data = encoded[models.encoding_key]
+            for size in sizes:
+                for seed in f.seeds:
+                    # The same examples for every model kind at a given size and seed: rows differ by the encoder only.
+                    subset = stratified_subsample(data.train_labels, size, len(data.train),
+                                                  np.random.default_rng([seed, size or 0]))
+                    tag = f"{task.name}/{kind}/{'all' if size is None else size}/seed{seed}"
+                    done = finished / (tag.replace("/", "-") + ".json")
+                    if done.is_file():
+                        print(f"finetune {tag}: found {done.name}, skipping")
+                        rows += json.loads(done.read_text())
+                        continue
+                    started = time.perf_counter()
+                    scores = finetune_once(ctx, task, data, models, kind, seed, subset)
+                    result = [{"model": kind, "task": task.name, "metric": metric, "score": value, "seed": seed,
+                               "train_size": size, "train_examples": len(subset), "dev_examples": len(data.dev),
+                               "scored_on": scored_on, "seconds": round(time.perf_counter() - started, 1)}
+                              for metric, value in scores.items()]
+                    write_json_atomically(done, result)
+                    rows += result
+                    print(f"finetune {tag}: " + ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), flush=True)
+        data = next(iter(encoded.values()))
+        if data.majority_scores is not None:
+            rows += [{"model": "majority_class", "task": task.name, "metric": metric, "score": value, "seed": None,
+                      "train_size": None, "train_examples": len(data.train), "dev_examples": len(data.dev),
+                      "scored_on": scored_on, "seconds": 0.0}
+                     for metric, value in data.majority_scores.items()]
+    results = _aggregate(rows)
+    write_json_atomically(ctx.out_dir / "results.json", results)
+    return {"results": headline_results(results)}
+
+
+def _size_order(row: dict) -> float:
+    return float("inf") if row.get("train_size") is None else row["train_size"]
+
+
+def headline_results(results: list[dict]) -> list[dict]:
+    """The rows of the largest training size (all data when finetune.train_sizes has null) of each model, task and
+    metric: the results table; the smaller sizes are the label-efficiency curve."""
+    best: dict[tuple, dict] = {}
+    for row in results:
+        key = (row["model"], row["task"], row["metric"])
+        if key not in best or _size_order(row) > _size_order(best[key]):
+            best[key] = row
+    return list(best.values())
+
+
+def label_efficiency(results: list[dict]) -> list[dict]:
+    """The rows of a run with several training sizes (none when it had one), smallest size first."""
+    sizes = {r.get("train_size") for r in results if r["model"] != "majority_class"}
+    if len(sizes) < 2:
+        return []
+    return sorted((r for r in results if r["model"] != "majority_class"), key=_size_order)
+
+
+def _finetune_fingerprint(cfg: DictConfig) -> str:
+    """The task files, and the files a model kind reads from outside the cache (an external encoder's)."""
+    parts = [files_fingerprint(resolve_task_dir(load_task(name), cfg.finetune.data_dir, cfg.paths.cache_dir), "*")
+             for name in task_names(cfg)]
+    parts += [kind.fingerprint(cfg) for kind in _kinds(cfg).values()]
+    return hashlib.sha256("".join(parts).encode()).hexdigest()
+
+
+FINETUNE = Stage("finetune", finetune, finetune_upstream, ("finetune", "trainer", "seed"), version=1,
+                 fingerprint=_finetune_fingerprint, num_cpus=all_cpus)

@@ -1,0 +1,88 @@
+"""A downstream task read once per fine-tune stage, for any model kind: its splits (a held-out part of train in
+place of dev when selecting a recipe), subsets of train, and what builds the model and LightningModule for it."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from omegaconf import DictConfig
+
+from data_prep.conll import TaggedSentence, iob1_to_iob2, read_conll
+from pipeline.downstream.tasks import TaskSplit, read_split
+from pipeline.evaluation.metrics import score_task
+
+
+@dataclass
+class TaskData:
+    """A task encoded once with one tokenizer, with what builds its model head and LightningModule."""
+    train: list
+    dev: list
+    collate: Callable
+    make_model: Callable       # BertConfig -> nn.Module with a `.bert` encoder (ELMo: None -> head on the biLM)
+    make_module: Callable      # (model, lr=, weight_decay=, warmup_steps=, total_steps=) -> LightningModule
+    majority_scores: dict[str, float] | None  # majority-class baseline, for classification tasks only
+    train_labels: list | None = None  # class of each train example, for stratified subsets; None: not a class task
+
+
+def stratified_subsample(labels: list | None, size: int | None, count: int, rng: np.random.Generator) -> np.ndarray:
+    """Sorted indices of `size` of the `count` training examples (all of them for size None or >= count), drawn
+    without replacement by `rng`. With class labels, each class gets its share of the size (largest remainder) so
+    that a small subset keeps the label distribution, as few-shot learning curves do (e.g. Gao et al. 2021)."""
+    if size is None or size >= count:
+        return np.arange(count)
+    if labels is None:
+        return np.sort(rng.choice(count, size, replace=False))
+    labels = np.asarray(labels)
+    classes, frequencies = np.unique(labels, return_counts=True)
+    quota = frequencies * size / count
+    take = np.floor(quota).astype(int)
+    for c in np.argsort(-(quota - take), kind="stable")[: size - int(take.sum())]:
+        take[c] += 1
+    picked = [rng.choice(np.flatnonzero(labels == c), k, replace=False) for c, k in zip(classes, take) if k]
+    return np.sort(np.concatenate(picked))
+
+
+def subsample(items: list, limit: int | None, seed: int) -> list:
+    if not limit or len(items) <= limit:
+        return items
+    return [items[i] for i in sorted(random.Random(seed).sample(range(len(items)), limit))]
+
+
+def split_off(train: TaskSplit, fraction: float, seed: int) -> tuple[TaskSplit, TaskSplit]:
+    """(rest, held out): a random `fraction` of the train split held out to score on in its dev split's place, so
+    that settings are chosen without reading the dev set they are reported on (finetune.selection_fraction)."""
+    order = np.random.default_rng(seed).permutation(len(train.labels))
+    cut = max(1, int(round(fraction * len(order))))
+
+    def part(indices) -> TaskSplit:
+        indices = sorted(indices.tolist())
+        return TaskSplit([train.texts_a[i] for i in indices],
+                         None if train.texts_b is None else [train.texts_b[i] for i in indices],
+                         [train.labels[i] for i in indices])
+
+    return part(order[cut:]), part(order[:cut])
+
+
+def tsv_splits(task: DictConfig, data_dir: Path, max_train_examples: int | None, seed: int,
+                selection_fraction: float | None = None) -> tuple[TaskSplit, TaskSplit, dict[str, float] | None]:
+    """A TSV task's train split (subsampled to `max_train_examples`) and dev split (a held-out part of train with
+    `selection_fraction`), and the dev scores of always predicting the train split's most frequent label (None for a
+    regression task)."""
+    train, dev = read_split(task, data_dir / task.train_file), read_split(task, data_dir / task.dev_file)
+    if selection_fraction:
+        train, dev = split_off(train, selection_fraction, seed)
+    keep = subsample(list(range(len(train.labels))), max_train_examples, seed)
+    train = TaskSplit([train.texts_a[i] for i in keep], None if train.texts_b is None else
+                      [train.texts_b[i] for i in keep], [train.labels[i] for i in keep])
+    if task.labels is None:
+        return train, dev, None
+    majority = int(np.bincount(train.labels).argmax())
+    return train, dev, score_task(task.metric, [majority] * len(dev.labels), dev.labels)
+
+
+def conll_sentences(task: DictConfig, data_dir: Path, name: str) -> list[TaggedSentence]:
+    """A CoNLL file's sentences with IOB2 tags: the files are IOB1, the task's labels IOB2."""
+    return [TaggedSentence(s.tokens, iob1_to_iob2(s.tags)) for s in read_conll(data_dir / name, task.labels)]

@@ -1,0 +1,57 @@
+"""What a model family offers the pipeline: one record per family (pipeline/<family>/family.py), listed once in
+pipeline/families.py. The stage graph, `evaluate`, `finetune` and `report` read these records and never name a family.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+from omegaconf import DictConfig
+from torch import nn
+
+from pipeline.engine.dag import Stage, StageContext
+from pipeline.evaluation.senteval import Encoder  # SentEval's prepare/batcher protocol
+
+Upstream = Callable[[DictConfig], tuple[str, ...]]  # the stages a consumer reads, given the run's config
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    """A frozen encoder the evaluate stage can probe: the stages it reads and how to build it in that stage."""
+    upstream: Upstream
+    build: Callable[[StageContext], Encoder]
+
+
+class TaskModels(Protocol):
+    """One fine-tune model kind, loaded once per finetune stage: it encodes a task for its inputs and builds a fresh
+    model (encoder + task head) for every (task, train size, seed)."""
+    encoding_key: str  # kinds with the same key read the same inputs (tokenizer): the task is encoded once for them
+
+    def encode(self, task: DictConfig, data_dir: Path, finetune: DictConfig, seed: int,
+               selection_fraction: float | None): ...   # -> pipeline.downstream.task_data.TaskData
+
+    def build(self, data) -> nn.Module: ...
+
+
+@dataclass(frozen=True)
+class FinetuneKind:
+    """A value of `finetune.models`: the stages it reads and how the finetune stage loads it."""
+    upstream: Upstream
+    load: Callable[[StageContext], TaskModels]
+    fingerprint: Callable[[DictConfig], str] = lambda cfg: ""  # identity of files it reads outside the cache
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    stages: tuple[Stage, ...]
+    # the stages whose loss curves and learning summary the report shows (each writes loss_curve.csv, stage.json)
+    pretraining_stages: tuple[str, ...]
+    encoders: dict[str, EncoderSpec] = field(default_factory=dict)        # evaluate.encoders names it offers
+    finetune_kinds: dict[str, FinetuneKind] = field(default_factory=dict)  # finetune.models names it offers
+    # extra report sections: the stages they read, and a function (cfg, stage dirs, out dir, figures) -> markdown
+    # lines, recording every figure it draws in `figures`
+    report_upstream: Upstream = lambda cfg: ()
+    report_section: Callable[[DictConfig, dict[str, Path], Path, dict[str, Path]], list[str]] | None = None
+    validate: Callable[[DictConfig], None] = lambda cfg: None  # settings that cannot work: raise before any stage

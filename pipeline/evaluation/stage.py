@@ -1,0 +1,54 @@
+"""The evaluate stage: SentEval-style probes of frozen sentence embeddings (Conneau & Kiela 2018; seed 000), one
+row per encoder and task, comparing the families' encoders (pipeline/families.py) with the bag-of-GloVe baseline of
+the seed."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from data_prep.shards import write_json_atomically
+from data_prep.word_vectors import load_glove
+from pipeline.engine.dag import Stage, StageContext, all_cpus, files_fingerprint
+from pipeline.engine.family import EncoderSpec
+from pipeline.evaluation.senteval import GloveBagOfWords, run_senteval
+from pipeline.families import FAMILIES
+
+# evaluate.encoders name -> its spec. Each family's `*_random` is its architecture freshly initialised and frozen:
+# random encoders are strong probing baselines (Wieting & Kiela 2019), so a pretrained encoder has learned something
+# only where it beats its twin.
+ENCODERS: dict[str, EncoderSpec] = {
+    "glove_bow": EncoderSpec(lambda cfg: (), lambda ctx: GloveBagOfWords(load_glove())),
+    **{name: spec for family in FAMILIES for name, spec in family.encoders.items()},
+}
+
+
+def _check(cfg: DictConfig) -> list[str]:
+    unknown = [e for e in cfg.evaluate.encoders if e not in ENCODERS]
+    if unknown:
+        raise ValueError(f"evaluate.encoders: unknown {unknown}; choose from {list(ENCODERS)}")
+    return list(cfg.evaluate.encoders)
+
+
+def evaluate_upstream(cfg: DictConfig) -> tuple[str, ...]:
+    return tuple(sorted({stage for name in _check(cfg) for stage in ENCODERS[name].upstream(cfg)}))
+
+
+def evaluate(ctx: StageContext) -> dict:
+    encoders = [ENCODERS[name].build(ctx) for name in _check(ctx.cfg)]
+    rows = [{"model": row.pop("encoder"), **row, "std": 0.0, "seeds": 1}
+            for row in run_senteval(encoders, ctx.cfg.senteval, ctx.cfg.seed)]
+    write_json_atomically(ctx.out_dir / "results.json", rows)
+    return {"results": rows}
+
+
+def _senteval_fingerprint(cfg: DictConfig) -> str:
+    root = Path(str(cfg.senteval.data_root)).expanduser()
+    return hashlib.sha256("".join(files_fingerprint(root / str(t.path), "*") if (root / str(t.path)).is_dir()
+                                  else files_fingerprint((root / str(t.path)).parent, (root / str(t.path)).name)
+                                  for t in cfg.senteval.tasks.values()).encode()).hexdigest()
+
+
+EVALUATE = Stage("evaluate", evaluate, evaluate_upstream, ("evaluate", "senteval", "seed"), version=1,
+                 fingerprint=_senteval_fingerprint, num_cpus=all_cpus)

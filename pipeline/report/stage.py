@@ -1,0 +1,32 @@
+"""The report stage: reads whatever result and pretraining stages the run has, and the sections its families add."""
+from __future__ import annotations
+
+from functools import partial
+
+from omegaconf import DictConfig
+
+from pipeline.engine.dag import Stage, StageContext
+from pipeline.families import FAMILIES
+from pipeline.report.report import RESULT_STAGES, write_report
+
+
+def pretraining_stages() -> tuple[str, ...]:
+    return tuple(stage for family in FAMILIES for stage in family.pretraining_stages)
+
+
+def report_upstream(cfg: DictConfig) -> tuple[str, ...]:
+    stages = tuple(s for s in (*pretraining_stages(), *RESULT_STAGES) if s in cfg.pipeline.stages)
+    extra = [s for family in FAMILIES for s in family.report_upstream(cfg) if s not in stages]
+    return stages + tuple(dict.fromkeys(extra))
+
+
+def report(ctx: StageContext) -> dict:
+    cfg = ctx.cfg
+    paths = write_report({name: ctx.stage_dir(name) for name in report_upstream(cfg)}, ctx.out_dir,
+                         title=cfg.experiment_name, pretraining_stages=pretraining_stages(),
+                         sections=tuple(partial(f.report_section, cfg) for f in FAMILIES if f.report_section),
+                         wandb_run=ctx.wandb_run)
+    return {k: str(v) for k, v in paths.items()}
+
+
+REPORT = Stage("report", report, report_upstream, ("experiment_name", "report"), version=2)
