@@ -1,6 +1,5 @@
-"""Thin LightningModules around the plain nn.Modules in models/: losses, metrics, optimiser, schedule.
-
-One `model_step` serves train/val/test (lightning-hydra-template); the model itself is injected (Hydra `_target_`)."""
+"""The optimisers and schedules every family trains with: AdamW without decay on biases and LayerNorm and a linear
+warmup/decay schedule (BERT §A.2), LazyAdamW for sparse gradients (ELMo's sampled softmax), LAMB for large batches."""
 from __future__ import annotations
 
 import torch

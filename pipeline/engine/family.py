@@ -5,15 +5,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Protocol, runtime_checkable
 
+import numpy as np
 from omegaconf import DictConfig
 from torch import nn
 
 from pipeline.engine.dag import Stage, StageContext
-from pipeline.evaluation.senteval import Encoder  # SentEval's prepare/batcher protocol
 
 Upstream = Callable[[DictConfig], tuple[str, ...]]  # the stages a consumer reads, given the run's config
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    """A frozen sentence encoder in SentEval's prepare/batcher interface; the contract is in
+    pipeline/evaluation/senteval.py's docstring."""
+
+    name: str
+
+    def prepare(self, samples: list[list[str]]) -> None: ...
+
+    def batcher(self, batch: list[list[str]]) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,6 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -43,23 +42,13 @@ import torch.nn.functional as F
 
 from data_prep.senteval_data import LabelledSentences, SentencePairs, read_labelled_tsv, read_mr, read_mrpc, read_sick
 from data_prep.word_vectors import WordVectors
+from pipeline.engine.family import Encoder
 
 log = logging.getLogger(__name__)
 
 
 # -----------------------------------------------------------------------------
 # Encoders
-
-
-@runtime_checkable
-class Encoder(Protocol):
-    """SentEval's prepare/batcher interface; see the module docstring for the contract."""
-
-    name: str
-
-    def prepare(self, samples: list[list[str]]) -> None: ...
-
-    def batcher(self, batch: list[list[str]]) -> np.ndarray: ...
 
 
 class GloveBagOfWords:
