@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import re
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -37,12 +38,72 @@ _MAX_GROUP_BYTES = 4 << 20
 _IN_FLIGHT_PER_WORKER = 2
 
 
-def list_corpus_files(corpus_dir: Path, glob: str) -> list[str]:
-    """Relative POSIX paths of everything matching `glob` that is not a directory, sorted, so the order
-    (and hence the shards) does not depend on the filesystem's directory order. Broken symlinks, FIFOs
-    and other non-regular files are listed too, so that `read_and_process` records them as rejected
-    instead of their silently vanishing."""
-    return sorted(path.relative_to(corpus_dir).as_posix() for path in corpus_dir.glob(glob) if not path.is_dir())
+def _glob_regex(pattern: str) -> re.Pattern:
+    """`pattern` as a regex over relative POSIX paths, with pathlib's meaning (`*`, `?` and `[...]` stay within
+    one path component, a `**` component is any number of directories) and ignoring case: a book saved as
+    BOOK.TXT is as much a book as book.txt."""
+    regex = ""
+    for component in pattern.split("/"):
+        regex += "(?:[^/]*/)*" if component == "**" else _component_regex(component) + "/"
+    return re.compile(regex.removesuffix("/"), re.IGNORECASE)
+
+
+def _component_regex(component: str) -> str:
+    regex, i = "", 0
+    while i < len(component):
+        char = component[i]
+        class_end = component.find("]", i + 2) if char == "[" else -1
+        if char == "*":
+            regex += "[^/]*"
+        elif char == "?":
+            regex += "[^/]"
+        elif class_end != -1:
+            members = component[i + 1:class_end].replace("\\", "\\\\")
+            regex += f"[^/{members[1:]}]" if members.startswith("!") else f"[{members}]"
+            i = class_end
+        else:
+            regex += re.escape(char)
+        i += 1
+    return regex
+
+
+def list_corpus_files(root: Path, pattern: str) -> list[str]:
+    """Relative POSIX paths of everything under `root` matching the glob `pattern` (case-insensitively) that is not
+    a directory, sorted, so the order (and hence the shards) does not depend on the filesystem's directory order.
+
+    Directory symlinks are followed, unlike pathlib's `glob("**")`, which would silently leave out a shelf of books
+    linked into the corpus; a directory reached a second time (a link loop, or two links to one folder) is not
+    entered again. Broken symlinks, FIFOs and other non-regular files are listed too, so that `read_and_process`
+    records them as rejected instead of their silently vanishing."""
+    regex = _glob_regex(pattern)
+    # Without "**" a match lies at a fixed depth: no need to walk below it.
+    max_depth = None if "**" in pattern.split("/") else pattern.count("/")
+    try:
+        visited = {_directory_key(root)}
+    except OSError:
+        return []
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        relative_dir = Path(dirpath).relative_to(root).as_posix()
+        prefix = "" if relative_dir == "." else relative_dir + "/"
+        found.extend(prefix + name for name in filenames if regex.fullmatch(prefix + name))
+        if max_depth is not None and prefix.count("/") >= max_depth:
+            dirnames.clear()
+            continue
+        dirnames.sort()  # the first path to a twice-linked folder is the one listed, on every filesystem
+        keep = []
+        for name in dirnames:
+            key = _directory_key(Path(dirpath) / name)
+            if key not in visited:
+                visited.add(key)
+                keep.append(name)
+        dirnames[:] = keep
+    return sorted(found)
+
+
+def _directory_key(path: Path) -> tuple[int, int]:
+    info = path.stat()
+    return info.st_dev, info.st_ino
 
 
 class ProcessedBook(NamedTuple):
@@ -188,6 +249,7 @@ def prepare_corpus(
 ) -> dict:
     """Cleans, splits and deduplicates every book under `corpus_dir` into Arrow shards in `out_dir`.
 
+    The books are the files `list_corpus_files` finds for `glob`: matched ignoring case, through linked folders.
     Writes `shard-NNNNN.arrow` files and, last, `manifest.json` (returned as a dict): the options, every
     input file's fate (kept, rejected with a reason, duplicate or near_duplicate of an earlier book), the
     shards with their sha256, and totals. `near_duplicates=None` keeps near duplicates (exact duplicates

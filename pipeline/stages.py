@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from data_prep.bert_examples import create_training_instances, write_instances
 from data_prep.builtin import default_corpus
 from data_prep.dedup import NearDuplicateOptions
-from data_prep.prepare import prepare_corpus
+from data_prep.prepare import list_corpus_files, prepare_corpus
 from data_prep.shards import open_shards, shard_paths
 from data_prep.tokenize_shards import encode_by_word, use_one_tokenizer_thread
 from data_prep.tokenizer import load_tokenizer, train_wordpiece
@@ -131,9 +131,15 @@ def report(ctx: StageContext) -> dict:
 
 
 def _files_fingerprint(root: Path, pattern: str) -> str:
-    """Names, sizes and modification times of the input files: a changed corpus is new work."""
-    files = sorted(p for p in root.glob(pattern) if p.is_file())
-    listing = [(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    """Names, sizes and modification times of the input files, listed as prepare lists them: a changed corpus is
+    new work."""
+    listing = []
+    for name in list_corpus_files(root, pattern):
+        try:
+            info = (root / name).stat()
+            listing.append((name, info.st_size, info.st_mtime_ns))
+        except OSError:  # a broken link, rejected by prepare: repairing it must rerun prepare
+            listing.append((name, None, None))
     return hashlib.sha256(json.dumps([str(root), listing]).encode()).hexdigest()
 
 

@@ -127,6 +127,18 @@ def test_broken_symlink_and_fifo_are_rejected_not_skipped_or_blocking(tmp_path):
     assert manifest["totals"]["files_read"] == 4
 
 
+def test_books_behind_a_linked_folder_and_in_upper_case_are_prepared(tmp_path):
+    corpus = corpus_with(tmp_path, "BOOK.TXT", b"A farmer ploughed the long field before the rain came.\n")
+    shelf = tmp_path / "shelf"
+    shelf.mkdir()
+    (shelf / "linked.txt").write_text("The children ran laughing down the hill to the river.\n")
+    (corpus / "shelf").symlink_to(shelf, target_is_directory=True)
+    (shelf / "back").symlink_to(corpus, target_is_directory=True)  # a loop: corpus/shelf/back/shelf/back/...
+    manifest = prepare(corpus, tmp_path / "out")
+    assert {file["book_id"]: file["status"] for file in manifest["files"]} == {
+        "BOOK.TXT": "kept", "good.txt": "kept", "shelf/linked.txt": "kept"}
+
+
 def test_corpus_filtered_to_zero_sentences(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -77,6 +77,22 @@ def test_changing_a_pretraining_key_changes_pretraining_and_downstream_hashes_on
     assert stage_hashes(logger_only, STAGES, names) == a  # tracking does not change what a stage computes
 
 
+def test_books_behind_a_linked_folder_and_in_upper_case_are_in_the_prepare_hash(tmp_path):
+    cfg = tiny_config(tmp_path)
+    hashes = [stage_hashes(cfg, STAGES, ["prepare"])["prepare"]]
+    shelf = tmp_path / "shelf"
+    shelf.mkdir()
+    (shelf / "linked.txt").write_text("A book on a shelf linked into the corpus.\n")
+    (tmp_path / "books" / "shelf").symlink_to(shelf, target_is_directory=True)
+    (shelf / "back").symlink_to(tmp_path / "books", target_is_directory=True)  # a loop
+    hashes.append(stage_hashes(cfg, STAGES, ["prepare"])["prepare"])
+    (shelf / "linked.txt").write_text("The linked book, rewritten to a different length.\n")
+    hashes.append(stage_hashes(cfg, STAGES, ["prepare"])["prepare"])
+    (tmp_path / "books" / "SHOUTED.TXT").write_text("A book whose name is in capitals.\n")
+    hashes.append(stage_hashes(cfg, STAGES, ["prepare"])["prepare"])
+    assert len(set(hashes)) == 4, hashes
+
+
 def test_second_run_reuses_every_stage_and_a_change_reruns_only_downstream(tmp_path, ray_session, capsys):
     first = run_dag(_cfg(tmp_path), FAKE, tmp_path / "run1")
     assert {n: r["state"] for n, r in first.items()} == {"source": "ran", "double": "ran", "sink": "ran"}
