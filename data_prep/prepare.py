@@ -189,6 +189,8 @@ def _file_entry(result: BookResult, status: str, duplicate_of: str | None = None
     }
     if result.utf8_replacements:
         entry["invalid_utf8_sequences_replaced"] = result.utf8_replacements
+    if result.nuls_removed:
+        entry["nul_characters_removed"] = result.nuls_removed
     if duplicate_of:
         entry["duplicate_of"] = duplicate_of
     if similarity is not None:
@@ -320,6 +322,7 @@ def prepare_corpus(
             "files_rejected": status_counts["rejected"],
             "sentences": sum(entry["sentences"] for entry in files),
             "sentences_dropped_by_length": sum(entry["sentences_dropped_by_length"] for entry in files),
+            "nul_characters_removed": sum(entry.get("nul_characters_removed", 0) for entry in files),
             "input_bytes": sum(entry["bytes"] for entry in files),
             "shards": len(writer.shards),
             "output_bytes": sum(shard.bytes for shard in writer.shards),

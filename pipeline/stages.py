@@ -165,7 +165,8 @@ def _senteval_fingerprint(cfg: DictConfig) -> str:
 
 # The DAG, declared once: (name, function, upstream stages, config keys that decide the output, code version).
 STAGES: dict[str, Stage] = {s.name: s for s in [
-    Stage("prepare", prepare, (), ("data",), version=3, fingerprint=_corpus_fingerprint),
+    # version 4: decodes UTF-16/32 books, keeps books with a few stray NULs
+    Stage("prepare", prepare, (), ("data",), version=4, fingerprint=_corpus_fingerprint),
     Stage("tokenizer", tokenizer, ("prepare",), ("tokenizer",), version=1),
     Stage("examples", examples, ("prepare", "tokenizer"), ("examples", "seed"), version=1),
     # BERT's phase 2 (pipeline/pretraining.py, PHASES): its own examples, and phase 1's weights to continue from

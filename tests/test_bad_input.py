@@ -1,6 +1,7 @@
 """Every kind of bad input gets a clear outcome through `prepare_corpus`: an error that says what to do,
 or a rejected file with a reason in the manifest. Never a traceback from deep inside, never a file that
 silently disappears."""
+import codecs
 import os
 import subprocess
 import sys
@@ -46,7 +47,7 @@ def test_empty_directory(tmp_path):
 
 @pytest.mark.parametrize("content, reason", [
     (b"", "empty file"),
-    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" * 100, "binary file (contains NUL bytes)"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" * 100, "binary file (contains NUL bytes: 20% of characters)"),
     (bytes(range(1, 9)) * 500, "binary file (100% of characters are control codes)"),
 ])
 def test_empty_and_binary_files_are_rejected_with_a_reason(tmp_path, content, reason):
@@ -64,6 +65,24 @@ def test_invalid_utf8_is_replaced_and_counted_not_turned_into_mojibake(tmp_path)
     texts = [text for file in (tmp_path / "out").glob("shard-*.arrow") for text in _texts(file)]
     assert "\u201cIt\u2019s a caf\u00e9,\u201d she said to the old man." in texts
     assert "A bad \ufffd\ufffd byte pair here." in texts
+
+
+def test_utf16_books_are_decoded_and_stray_nuls_removed_and_counted(tmp_path):
+    tale = "The lighthouse keeper climbed the stairs each night.\n\nHis lamp guided the fishing boats home.\n"
+    corpus = corpus_with(tmp_path, "le.txt", codecs.BOM_UTF16_LE + tale.encode("utf-16-le"))
+    (corpus / "be.txt").write_bytes(codecs.BOM_UTF16_BE + tale.encode("utf-16-be"))
+    diary = "".join(f"On day {day} the baker sold fresh bread to the village.\n" for day in range(10))
+    (corpus / "nuls.txt").write_bytes(diary.replace("baker", "baker\x00", 3).encode())  # 3 NULs in ~570 bytes
+    manifest = prepare(corpus, tmp_path / "out")
+    le, be, nuls = (entry(manifest, name) for name in ("le.txt", "be.txt", "nuls.txt"))
+    assert (be["status"], be["encoding"]) == ("kept", "utf-16-be")
+    # Its exact duplicate: the same text once decoded.
+    assert (le["status"], le["encoding"], le["duplicate_of"]) == ("duplicate", "utf-16-le", "be.txt")
+    assert (nuls["status"], nuls["nul_characters_removed"]) == ("kept", 3)
+    assert manifest["totals"]["nul_characters_removed"] == 3
+    texts = [text for file in (tmp_path / "out").glob("shard-*.arrow") for text in _texts(file)]
+    assert "His lamp guided the fishing boats home." in texts
+    assert "On day 0 the baker sold fresh bread to the village." in texts and not any("\x00" in t for t in texts)
 
 
 def _texts(shard: Path) -> list[str]:
