@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import os
 import re
 import stat
@@ -225,6 +226,27 @@ def _no_sentences_message(files: list[dict], options: IngestOptions) -> str:
     listed = "; ".join(f"{count} x {reason}" for reason, count in reasons.most_common(3))
     return (f"no sentences left from {len(files)} files ({listed}). Check input_format={options.input_format!r} "
             f"matches the files, or widen min_tokens={options.min_tokens}/max_tokens={options.max_tokens}")
+
+
+def manifest_summary(shard_dir: str | os.PathLike, names_per_reason: int = 3) -> str:
+    """The totals of a finished prepare output and its rejected files grouped by reason, the first
+    `names_per_reason` names of each, with the path of the manifest that gives every file's full reason."""
+    manifest_path = (Path(shard_dir) / MANIFEST_NAME).resolve()
+    manifest = json.loads(manifest_path.read_text())
+    totals = manifest["totals"]
+    lines = [f"prepare: {totals['files_kept']} of {totals['files_read']} files kept, {totals['files_duplicate']} "
+             f"duplicates, {totals['files_near_duplicate']} near duplicates, {totals['files_rejected']} rejected; "
+             f"every file's fate and reason: {manifest_path}"]
+    by_reason = collections.defaultdict(list)
+    for entry in manifest["files"]:
+        if entry["status"] == "rejected":
+            # "binary file (contains NUL bytes: 20% ...)", "unreadable (FileNotFoundError: ...)": the kind of
+            # rejection, without the per-file details that would give each file a group of its own.
+            by_reason[re.split(r" \(|: |; ", entry["reason"], maxsplit=1)[0]].append(entry["book_id"])
+    for reason, names in sorted(by_reason.items(), key=lambda item: -len(item[1])):
+        more = f" and {len(names) - names_per_reason} more" if len(names) > names_per_reason else ""
+        lines.append(f"  rejected, {reason} ({len(names)}): {', '.join(names[:names_per_reason])}{more}")
+    return "\n".join(lines)
 
 
 def _remove_previous_outputs(out_dir: Path) -> None:

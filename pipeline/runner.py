@@ -9,6 +9,7 @@ import numpy as np
 
 from omegaconf import DictConfig
 
+from data_prep.prepare import manifest_summary
 from pipeline.dag import StageFailed, plan, resolve_upstream, run_dag
 from pipeline.distributed import validate_distributed
 from pipeline.finetuning import headline_results, task_names, train_sizes
@@ -77,7 +78,7 @@ def run_pipeline(cfg: DictConfig) -> Path:
     os.environ["WANDB_MODE"] = cfg.logger.get("mode", "offline")  # inherited by Ray workers
     init_ray(cfg)
     try:
-        run_dag(cfg, STAGES, run_dir)
+        results = run_dag(cfg, STAGES, run_dir)
     except StageFailed as err:
         raise SystemExit(f"error: {err}") from None
     finally:
@@ -85,5 +86,7 @@ def run_pipeline(cfg: DictConfig) -> Path:
     report = run_dir / "report" / "results.md"
     if report.is_file():
         print(f"\nresults: {report}\n{report.read_text()}")
+    if "prepare" in results:  # the stage's own summary is printed in a Ray worker, whose last output Ray often drops
+        print(manifest_summary(run_dir / "prepare"))
     print(f"run directory: {run_dir}")
     return run_dir

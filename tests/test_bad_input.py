@@ -9,8 +9,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import ray
 
 from data_prep.prepare import prepare_corpus
+from pipeline import runner
+from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -156,6 +159,33 @@ def test_books_behind_a_linked_folder_and_in_upper_case_are_prepared(tmp_path):
     manifest = prepare(corpus, tmp_path / "out")
     assert {file["book_id"]: file["status"] for file in manifest["files"]} == {
         "BOOK.TXT": "kept", "good.txt": "kept", "shelf/linked.txt": "kept"}
+
+
+def test_the_driver_lists_rejected_files_by_reason_and_the_manifest(tmp_path, monkeypatch, capsys):
+    corpus = corpus_with(tmp_path, "dangling.txt", b"")
+    (corpus / "dangling.txt").unlink()
+    (corpus / "dangling.txt").symlink_to(tmp_path / "gone.txt")
+    for n in range(4):
+        (corpus / f"image{n}.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" * (n + 1))
+    prepared = tmp_path / "prepared"
+    prepare(corpus, prepared)
+
+    def run_dag(cfg, stages, run_dir):  # what the DAG leaves behind: the run directory links each stage's output
+        run_dir.mkdir(parents=True)
+        (run_dir / "prepare").symlink_to(prepared, target_is_directory=True)
+        return {"prepare": {"state": "ran"}}
+
+    monkeypatch.setattr(runner, "run_dag", run_dag)
+    monkeypatch.setattr(runner, "init_ray", lambda cfg: None)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)  # the session's Ray serves the other tests
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    capsys.readouterr()
+    runner.run_pipeline(tiny_config(tmp_path))
+    assert capsys.readouterr().out.splitlines()[-4:-1] == [
+        f"prepare: 1 of 6 files kept, 0 duplicates, 0 near duplicates, 5 rejected; every file's fate and reason: "
+        f"{prepared / 'manifest.json'}",
+        "  rejected, binary file (4): image0.txt, image1.txt, image2.txt and 1 more",
+        "  rejected, unreadable (1): dangling.txt"]
 
 
 def test_corpus_filtered_to_zero_sentences(tmp_path):
