@@ -47,11 +47,11 @@ class IngestOptions:
 
     def __post_init__(self):
         if self.input_format not in INPUT_FORMATS:
-            raise ValueError(f"input_format={self.input_format!r} is not supported; use one of {INPUT_FORMATS}")
+            raise ValueError(f"data.input_format={self.input_format!r} is not supported; use one of {INPUT_FORMATS}")
         if not 1 <= self.min_tokens <= self.max_tokens:
             raise ValueError(
-                f"need 1 <= min_tokens <= max_tokens, got min_tokens={self.min_tokens}, "
-                f"max_tokens={self.max_tokens}; fix the bounds"
+                f"need 1 <= data.min_tokens <= data.max_tokens, got data.min_tokens={self.min_tokens}, "
+                f"data.max_tokens={self.max_tokens}; fix the bounds"
             )
 
 
@@ -392,7 +392,7 @@ def process_book(path: str | PurePath, raw: bytes, options: IngestOptions) -> Bo
         return BookResult.rejected(
             book_id,
             f"zero sentences after filtering: all {num_dropped} fall outside "
-            f"min_tokens={options.min_tokens}..max_tokens={options.max_tokens}",
+            f"data.min_tokens={options.min_tokens}..data.max_tokens={options.max_tokens}",
             num_dropped_by_length=num_dropped, **common,
         )
     paragraph_of = np.repeat(np.arange(len(candidates_by_paragraph)), [len(c) for c in candidates_by_paragraph])

@@ -224,8 +224,9 @@ def _classify(processed: ProcessedBook, first_by_fingerprint: dict[str, str],
 def _no_sentences_message(files: list[dict], options: IngestOptions) -> str:
     reasons = collections.Counter(entry.get("reason", entry["status"]) for entry in files)
     listed = "; ".join(f"{count} x {reason}" for reason, count in reasons.most_common(3))
-    return (f"no sentences left from {len(files)} files ({listed}). Check input_format={options.input_format!r} "
-            f"matches the files, or widen min_tokens={options.min_tokens}/max_tokens={options.max_tokens}")
+    return (f"no sentences left from {len(files)} files ({listed}). Check data.input_format="
+            f"{options.input_format!r} matches the files, or widen data.min_tokens={options.min_tokens}/"
+            f"data.max_tokens={options.max_tokens}")
 
 
 def manifest_summary(shard_dir: str | os.PathLike, names_per_reason: int = 3) -> str:
@@ -286,15 +287,15 @@ def prepare_corpus(
     out_dir = Path(out_dir)
     options = IngestOptions(input_format=input_format, min_tokens=min_tokens, max_tokens=max_tokens, nfkc=nfkc)
     if num_workers < 1:
-        raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+        raise ValueError(f"num_workers (ray.num_cpus in the pipeline) must be at least 1, got {num_workers}")
     writer = ShardWriter(out_dir, shard_bytes)  # validates shard_bytes before any work is done
     if not corpus_dir.is_dir():
         raise FileNotFoundError(f"corpus directory {corpus_dir} does not exist or is not a directory; "
-                                "pass the folder that holds the book files")
+                                "pass the folder that holds the book files (data.corpus_dir)")
     book_ids = list_corpus_files(corpus_dir, glob)
     if not book_ids:
-        raise ValueError(f"no files under {corpus_dir} match glob={glob!r}; check the directory, or pass "
-                         "the pattern its books follow (e.g. glob='**/*.txt')")
+        raise ValueError(f"no files under {corpus_dir} match data.glob={glob!r}; check the directory "
+                         "(data.corpus_dir), or set data.glob to the pattern its books follow (e.g. '**/*.txt')")
 
     sizes = []
     for book_id in book_ids:

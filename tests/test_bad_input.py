@@ -8,11 +8,15 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import ray
 
+from data_prep import elmo_examples, skip_thought_examples
+from data_prep.dedup import NearDuplicateOptions
 from data_prep.prepare import prepare_corpus
 from pipeline import runner
+from pipeline.senteval import stratified_folds
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -44,7 +48,7 @@ def test_missing_directory(tmp_path):
 
 def test_empty_directory(tmp_path):
     (tmp_path / "corpus").mkdir()
-    with pytest.raises(ValueError, match="no files under .* match glob='\\*\\*/\\*.txt'; check the directory"):
+    with pytest.raises(ValueError, match="no files under .* match data.glob='\\*\\*/\\*.txt'; check the directory"):
         prepare(tmp_path / "corpus", tmp_path / "out")
 
 
@@ -149,6 +153,31 @@ def test_broken_symlink_and_fifo_are_rejected_not_skipped_or_blocking(tmp_path):
     assert manifest["totals"]["files_read"] == 4
 
 
+@pytest.mark.parametrize("option, message", [
+    (dict(glob="**/*.epub"), "match data.glob='**/*.epub'; check the directory (data.corpus_dir), or set data.glob"),
+    (dict(input_format="xml"), "data.input_format='xml' is not supported"),
+    (dict(min_tokens=10, max_tokens=5), "got data.min_tokens=10, data.max_tokens=5"),
+    (dict(shard_bytes=0), "data.shard_bytes must be positive"),
+    (dict(num_workers=0), "num_workers (ray.num_cpus in the pipeline) must be at least 1"),
+])
+def test_messages_name_the_full_config_key(tmp_path, option, message):
+    corpus = corpus_with(tmp_path, "other.txt", GOOD_BOOK.encode())
+    with pytest.raises(ValueError) as err:
+        prepare_corpus(corpus, tmp_path / "out", **{"num_workers": 2, "shard_bytes": 1 << 20, **option})
+    assert message in str(err.value)
+
+
+def test_vocabulary_and_near_duplicate_messages_name_the_full_config_key():
+    with pytest.raises(ValueError, match="data.near_duplicate_threshold must be in"):
+        NearDuplicateOptions(threshold=0)
+    with pytest.raises(ValueError, match="elmo.vocab_size=3 leaves no room"):
+        elmo_examples.build_word_vocab(["a b"], max_size=3, min_count=1)
+    with pytest.raises(ValueError, match="skip_thought.vocab_size=3 leaves no room"):
+        skip_thought_examples.build_word_vocab({"a": 1}, vocab_size=3)
+    with pytest.raises(ValueError, match="lower senteval.classifier.cv_folds or senteval.classifier.inner_folds"):
+        stratified_folds(np.array([0, 1]), 5, np.random.default_rng(0))
+
+
 def test_books_behind_a_linked_folder_and_in_upper_case_are_prepared(tmp_path):
     corpus = corpus_with(tmp_path, "BOOK.TXT", b"A farmer ploughed the long field before the rain came.\n")
     shelf = tmp_path / "shelf"
@@ -193,6 +222,6 @@ def test_corpus_filtered_to_zero_sentences(tmp_path):
     corpus.mkdir()
     (corpus / "short.txt").write_text("Too short.\n\nAlso short.\n")
     (corpus / "empty.txt").write_text("")
-    with pytest.raises(ValueError, match="no sentences left from 2 files .*widen min_tokens"):
+    with pytest.raises(ValueError, match="no sentences left from 2 files .*widen data.min_tokens"):
         prepare(corpus, tmp_path / "out")
     assert not list((tmp_path / "out").iterdir())

@@ -188,7 +188,7 @@ def test_bad_content_is_rejected_with_a_reason_never_raised(raw, reason):
 def test_invalid_options_say_what_to_fix():
     with pytest.raises(ValueError, match="input_format"):
         IngestOptions(input_format="xml")
-    with pytest.raises(ValueError, match="min_tokens <= max_tokens"):
+    with pytest.raises(ValueError, match="data.min_tokens <= data.max_tokens"):
         IngestOptions(min_tokens=10, max_tokens=5)
 
 
