@@ -386,6 +386,7 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
             try:
                 results[name] = ray.get(ref)
             except ray.exceptions.RayTaskError as err:
+                results[name] = {"state": "failed"}  # what pipeline.json records, as `python -m pipeline.status` says
                 if isinstance(err.cause, StageFailed):  # its message names the stage and its log: enough
                     raise StageFailed(str(err.cause)) from None
                 raise
