@@ -52,7 +52,8 @@ class NearDuplicateOptions:
 
     def __post_init__(self):
         if not 0.0 < self.threshold <= 1.0:
-            raise ValueError(f"near-duplicate threshold must be in (0, 1], got {self.threshold}; 0.8 is typical")
+            raise ValueError(f"data.near_duplicate_threshold must be in (0, 1], got {self.threshold}; 0.8 is "
+                             "typical, null keeps near duplicates")
         if self.shingle_words < 1:
             raise ValueError(f"shingle_words must be positive, got {self.shingle_words}")
         if self.num_perm < 2 or self.num_perm & (self.num_perm - 1):

@@ -51,7 +51,7 @@ def build_word_vocab(sentences: Iterable[str], max_size: int, min_count: int) ->
 
     Sorted by frequency on purpose: the sampled softmax draws log-uniform (Zipfian) candidates by rank."""
     if max_size <= len(SPECIAL_WORDS):
-        raise ValueError(f"max_size={max_size} leaves no room for words next to {SPECIAL_WORDS}; raise it")
+        raise ValueError(f"elmo.vocab_size={max_size} leaves no room for words next to {SPECIAL_WORDS}; raise it")
     counts = Counter(word for text in sentences for word in split_words(text))
     for special in SPECIAL_WORDS:
         counts.pop(special, None)

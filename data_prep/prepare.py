@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import os
+import re
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -37,12 +39,72 @@ _MAX_GROUP_BYTES = 4 << 20
 _IN_FLIGHT_PER_WORKER = 2
 
 
-def list_corpus_files(corpus_dir: Path, glob: str) -> list[str]:
-    """Relative POSIX paths of everything matching `glob` that is not a directory, sorted, so the order
-    (and hence the shards) does not depend on the filesystem's directory order. Broken symlinks, FIFOs
-    and other non-regular files are listed too, so that `read_and_process` records them as rejected
-    instead of their silently vanishing."""
-    return sorted(path.relative_to(corpus_dir).as_posix() for path in corpus_dir.glob(glob) if not path.is_dir())
+def _glob_regex(pattern: str) -> re.Pattern:
+    """`pattern` as a regex over relative POSIX paths, with pathlib's meaning (`*`, `?` and `[...]` stay within
+    one path component, a `**` component is any number of directories) and ignoring case: a book saved as
+    BOOK.TXT is as much a book as book.txt."""
+    regex = ""
+    for component in pattern.split("/"):
+        regex += "(?:[^/]*/)*" if component == "**" else _component_regex(component) + "/"
+    return re.compile(regex.removesuffix("/"), re.IGNORECASE)
+
+
+def _component_regex(component: str) -> str:
+    regex, i = "", 0
+    while i < len(component):
+        char = component[i]
+        class_end = component.find("]", i + 2) if char == "[" else -1
+        if char == "*":
+            regex += "[^/]*"
+        elif char == "?":
+            regex += "[^/]"
+        elif class_end != -1:
+            members = component[i + 1:class_end].replace("\\", "\\\\")
+            regex += f"[^/{members[1:]}]" if members.startswith("!") else f"[{members}]"
+            i = class_end
+        else:
+            regex += re.escape(char)
+        i += 1
+    return regex
+
+
+def list_corpus_files(root: Path, pattern: str) -> list[str]:
+    """Relative POSIX paths of everything under `root` matching the glob `pattern` (case-insensitively) that is not
+    a directory, sorted, so the order (and hence the shards) does not depend on the filesystem's directory order.
+
+    Directory symlinks are followed, unlike pathlib's `glob("**")`, which would silently leave out a shelf of books
+    linked into the corpus; a directory reached a second time (a link loop, or two links to one folder) is not
+    entered again. Broken symlinks, FIFOs and other non-regular files are listed too, so that `read_and_process`
+    records them as rejected instead of their silently vanishing."""
+    regex = _glob_regex(pattern)
+    # Without "**" a match lies at a fixed depth: no need to walk below it.
+    max_depth = None if "**" in pattern.split("/") else pattern.count("/")
+    try:
+        visited = {_directory_key(root)}
+    except OSError:
+        return []
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        relative_dir = Path(dirpath).relative_to(root).as_posix()
+        prefix = "" if relative_dir == "." else relative_dir + "/"
+        found.extend(prefix + name for name in filenames if regex.fullmatch(prefix + name))
+        if max_depth is not None and prefix.count("/") >= max_depth:
+            dirnames.clear()
+            continue
+        dirnames.sort()  # the first path to a twice-linked folder is the one listed, on every filesystem
+        keep = []
+        for name in dirnames:
+            key = _directory_key(Path(dirpath) / name)
+            if key not in visited:
+                visited.add(key)
+                keep.append(name)
+        dirnames[:] = keep
+    return sorted(found)
+
+
+def _directory_key(path: Path) -> tuple[int, int]:
+    info = path.stat()
+    return info.st_dev, info.st_ino
 
 
 class ProcessedBook(NamedTuple):
@@ -128,6 +190,8 @@ def _file_entry(result: BookResult, status: str, duplicate_of: str | None = None
     }
     if result.utf8_replacements:
         entry["invalid_utf8_sequences_replaced"] = result.utf8_replacements
+    if result.nuls_removed:
+        entry["nul_characters_removed"] = result.nuls_removed
     if duplicate_of:
         entry["duplicate_of"] = duplicate_of
     if similarity is not None:
@@ -160,8 +224,30 @@ def _classify(processed: ProcessedBook, first_by_fingerprint: dict[str, str],
 def _no_sentences_message(files: list[dict], options: IngestOptions) -> str:
     reasons = collections.Counter(entry.get("reason", entry["status"]) for entry in files)
     listed = "; ".join(f"{count} x {reason}" for reason, count in reasons.most_common(3))
-    return (f"no sentences left from {len(files)} files ({listed}). Check input_format={options.input_format!r} "
-            f"matches the files, or widen min_tokens={options.min_tokens}/max_tokens={options.max_tokens}")
+    return (f"no sentences left from {len(files)} files ({listed}). Check data.input_format="
+            f"{options.input_format!r} matches the files, or widen data.min_tokens={options.min_tokens}/"
+            f"data.max_tokens={options.max_tokens}")
+
+
+def manifest_summary(shard_dir: str | os.PathLike, names_per_reason: int = 3) -> str:
+    """The totals of a finished prepare output and its rejected files grouped by reason, the first
+    `names_per_reason` names of each, with the path of the manifest that gives every file's full reason."""
+    manifest_path = (Path(shard_dir) / MANIFEST_NAME).resolve()
+    manifest = json.loads(manifest_path.read_text())
+    totals = manifest["totals"]
+    lines = [f"prepare: {totals['files_kept']} of {totals['files_read']} files kept, {totals['files_duplicate']} "
+             f"duplicates, {totals['files_near_duplicate']} near duplicates, {totals['files_rejected']} rejected; "
+             f"every file's fate and reason: {manifest_path}"]
+    by_reason = collections.defaultdict(list)
+    for entry in manifest["files"]:
+        if entry["status"] == "rejected":
+            # "binary file (contains NUL bytes: 20% ...)", "unreadable (FileNotFoundError: ...)": the kind of
+            # rejection, without the per-file details that would give each file a group of its own.
+            by_reason[re.split(r" \(|: |; ", entry["reason"], maxsplit=1)[0]].append(entry["book_id"])
+    for reason, names in sorted(by_reason.items(), key=lambda item: -len(item[1])):
+        more = f" and {len(names) - names_per_reason} more" if len(names) > names_per_reason else ""
+        lines.append(f"  rejected, {reason} ({len(names)}): {', '.join(names[:names_per_reason])}{more}")
+    return "\n".join(lines)
 
 
 def _remove_previous_outputs(out_dir: Path) -> None:
@@ -188,6 +274,7 @@ def prepare_corpus(
 ) -> dict:
     """Cleans, splits and deduplicates every book under `corpus_dir` into Arrow shards in `out_dir`.
 
+    The books are the files `list_corpus_files` finds for `glob`: matched ignoring case, through linked folders.
     Writes `shard-NNNNN.arrow` files and, last, `manifest.json` (returned as a dict): the options, every
     input file's fate (kept, rejected with a reason, duplicate or near_duplicate of an earlier book), the
     shards with their sha256, and totals. `near_duplicates=None` keeps near duplicates (exact duplicates
@@ -200,15 +287,15 @@ def prepare_corpus(
     out_dir = Path(out_dir)
     options = IngestOptions(input_format=input_format, min_tokens=min_tokens, max_tokens=max_tokens, nfkc=nfkc)
     if num_workers < 1:
-        raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+        raise ValueError(f"num_workers (ray.num_cpus in the pipeline) must be at least 1, got {num_workers}")
     writer = ShardWriter(out_dir, shard_bytes)  # validates shard_bytes before any work is done
     if not corpus_dir.is_dir():
         raise FileNotFoundError(f"corpus directory {corpus_dir} does not exist or is not a directory; "
-                                "pass the folder that holds the book files")
+                                "pass the folder that holds the book files (data.corpus_dir)")
     book_ids = list_corpus_files(corpus_dir, glob)
     if not book_ids:
-        raise ValueError(f"no files under {corpus_dir} match glob={glob!r}; check the directory, or pass "
-                         "the pattern its books follow (e.g. glob='**/*.txt')")
+        raise ValueError(f"no files under {corpus_dir} match data.glob={glob!r}; check the directory "
+                         "(data.corpus_dir), or set data.glob to the pattern its books follow (e.g. '**/*.txt')")
 
     sizes = []
     for book_id in book_ids:
@@ -258,6 +345,7 @@ def prepare_corpus(
             "files_rejected": status_counts["rejected"],
             "sentences": sum(entry["sentences"] for entry in files),
             "sentences_dropped_by_length": sum(entry["sentences_dropped_by_length"] for entry in files),
+            "nul_characters_removed": sum(entry.get("nul_characters_removed", 0) for entry in files),
             "input_bytes": sum(entry["bytes"] for entry in files),
             "shards": len(writer.shards),
             "output_bytes": sum(shard.bytes for shard in writer.shards),

@@ -136,7 +136,8 @@ class ShardWriter:
 
     def __init__(self, out_dir: str | os.PathLike, shard_bytes: int):
         if shard_bytes <= 0:
-            raise ValueError(f"shard_bytes must be positive, got {shard_bytes}; pass a target size such as 256 << 20")
+            raise ValueError(f"data.shard_bytes must be positive, got {shard_bytes}; use a target size such as "
+                             "1_000_000")
         self.out_dir = Path(out_dir)
         self.shard_bytes = shard_bytes
         self.shards: list[ShardInfo] = []

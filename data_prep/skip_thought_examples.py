@@ -78,7 +78,8 @@ def build_word_vocab(counts: Mapping[str, int], vocab_size: int, min_count: int 
 
     Ties are broken alphabetically so that the same counts always give the same ids."""
     if vocab_size <= len(SPECIAL_WORDS):
-        raise ValueError(f"vocab_size={vocab_size} leaves no room for words after {SPECIAL_WORDS}; use e.g. 20000")
+        raise ValueError(f"skip_thought.vocab_size={vocab_size} leaves no room for words after {SPECIAL_WORDS}; "
+                         "use e.g. 20000")
     ranked = sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIAL_WORDS),
                     key=lambda w: (-counts[w], w))
     return WordVocab(SPECIAL_WORDS + tuple(ranked[: vocab_size - len(SPECIAL_WORDS)]))

@@ -32,4 +32,5 @@ def _corpus_fingerprint(cfg: DictConfig) -> str:
     return files_fingerprint(corpus_dir(cfg), cfg.data.glob)
 
 
-PREPARE = Stage("prepare", prepare, (), ("data",), version=3, fingerprint=_corpus_fingerprint)
+# version 4: decodes UTF-16/32 books, keeps books with a few stray NULs
+PREPARE = Stage("prepare", prepare, (), ("data",), version=4, fingerprint=_corpus_fingerprint)

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
+from data_prep.prepare import manifest_summary
 from pipeline.downstream.finetune import headline_results, task_names, train_sizes
 from pipeline.downstream.tasks import load_task
 from pipeline.engine.dag import StageFailed, plan, resolve_upstream, run_dag
@@ -79,7 +80,7 @@ def run_pipeline(cfg: DictConfig) -> Path:
     os.environ["WANDB_MODE"] = cfg.logger.get("mode", "offline")  # inherited by Ray workers
     init_ray(cfg)
     try:
-        run_dag(cfg, STAGES, run_dir)
+        results = run_dag(cfg, STAGES, run_dir)
     except StageFailed as err:
         raise SystemExit(f"error: {err}") from None
     finally:
@@ -87,5 +88,7 @@ def run_pipeline(cfg: DictConfig) -> Path:
     report = run_dir / "report" / "results.md"
     if report.is_file():
         print(f"\nresults: {report}\n{report.read_text()}")
+    if "prepare" in results:  # the stage's own summary is printed in a Ray worker, whose last output Ray often drops
+        print(manifest_summary(run_dir / "prepare"))
     print(f"run directory: {run_dir}")
     return run_dir

@@ -5,6 +5,9 @@ output directory; the output directory tells the rest, because the engine's own 
 the marker (complete), `stage.json` (duration), `stage.log` (a traceback means the stage failed), and the
 per-output lock (held only while a process is executing the stage). Without RUN_DIR, the newest run under
 `outputs/` or `multirun/` is shown.
+
+Exit status: 0 when no stage failed or was interrupted, 1 when one did (rerun the same command to retry it) or when
+there is no run to show, so that scripts can test a run with it.
 """
 from __future__ import annotations
 
@@ -130,17 +133,19 @@ def format_table(run_dir: Path, statuses: list[StageStatus]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.status", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pipeline.status", description=__doc__.splitlines()[0],
+                                     epilog=__doc__.split("\n\n")[-1])
     parser.add_argument("run_dir", nargs="?", type=Path,
                         help=f"a run directory (default: the newest under {' or '.join(RUN_ROOTS)}/)")
     args = parser.parse_args(argv)
     try:
         run_dir = args.run_dir or latest_run_dir(tuple(Path(r) for r in RUN_ROOTS))
-        print(format_table(run_dir, read_status(run_dir)))
+        statuses = read_status(run_dir)
     except FileNotFoundError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    return 0
+    print(format_table(run_dir, statuses))
+    return 1 if any(s.state in ("failed", "interrupted") for s in statuses) else 0
 
 
 if __name__ == "__main__":

@@ -1,15 +1,23 @@
 """Every kind of bad input gets a clear outcome through `prepare_corpus`: an error that says what to do,
 or a rejected file with a reason in the manifest. Never a traceback from deep inside, never a file that
 silently disappears."""
+import codecs
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
+import ray
 
+from data_prep import elmo_examples, skip_thought_examples
+from data_prep.dedup import NearDuplicateOptions
 from data_prep.prepare import prepare_corpus
+from pipeline import runner
+from pipeline.evaluation.senteval import stratified_folds
+from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -40,13 +48,13 @@ def test_missing_directory(tmp_path):
 
 def test_empty_directory(tmp_path):
     (tmp_path / "corpus").mkdir()
-    with pytest.raises(ValueError, match="no files under .* match glob='\\*\\*/\\*.txt'; check the directory"):
+    with pytest.raises(ValueError, match="no files under .* match data.glob='\\*\\*/\\*.txt'; check the directory"):
         prepare(tmp_path / "corpus", tmp_path / "out")
 
 
 @pytest.mark.parametrize("content, reason", [
     (b"", "empty file"),
-    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" * 100, "binary file (contains NUL bytes)"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" * 100, "binary file (contains NUL bytes: 20% of characters)"),
     (bytes(range(1, 9)) * 500, "binary file (100% of characters are control codes)"),
 ])
 def test_empty_and_binary_files_are_rejected_with_a_reason(tmp_path, content, reason):
@@ -64,6 +72,24 @@ def test_invalid_utf8_is_replaced_and_counted_not_turned_into_mojibake(tmp_path)
     texts = [text for file in (tmp_path / "out").glob("shard-*.arrow") for text in _texts(file)]
     assert "\u201cIt\u2019s a caf\u00e9,\u201d she said to the old man." in texts
     assert "A bad \ufffd\ufffd byte pair here." in texts
+
+
+def test_utf16_books_are_decoded_and_stray_nuls_removed_and_counted(tmp_path):
+    tale = "The lighthouse keeper climbed the stairs each night.\n\nHis lamp guided the fishing boats home.\n"
+    corpus = corpus_with(tmp_path, "le.txt", codecs.BOM_UTF16_LE + tale.encode("utf-16-le"))
+    (corpus / "be.txt").write_bytes(codecs.BOM_UTF16_BE + tale.encode("utf-16-be"))
+    diary = "".join(f"On day {day} the baker sold fresh bread to the village.\n" for day in range(10))
+    (corpus / "nuls.txt").write_bytes(diary.replace("baker", "baker\x00", 3).encode())  # 3 NULs in ~570 bytes
+    manifest = prepare(corpus, tmp_path / "out")
+    le, be, nuls = (entry(manifest, name) for name in ("le.txt", "be.txt", "nuls.txt"))
+    assert (be["status"], be["encoding"]) == ("kept", "utf-16-be")
+    # Its exact duplicate: the same text once decoded.
+    assert (le["status"], le["encoding"], le["duplicate_of"]) == ("duplicate", "utf-16-le", "be.txt")
+    assert (nuls["status"], nuls["nul_characters_removed"]) == ("kept", 3)
+    assert manifest["totals"]["nul_characters_removed"] == 3
+    texts = [text for file in (tmp_path / "out").glob("shard-*.arrow") for text in _texts(file)]
+    assert "His lamp guided the fishing boats home." in texts
+    assert "On day 0 the baker sold fresh bread to the village." in texts and not any("\x00" in t for t in texts)
 
 
 def _texts(shard: Path) -> list[str]:
@@ -127,11 +153,75 @@ def test_broken_symlink_and_fifo_are_rejected_not_skipped_or_blocking(tmp_path):
     assert manifest["totals"]["files_read"] == 4
 
 
+@pytest.mark.parametrize("option, message", [
+    (dict(glob="**/*.epub"), "match data.glob='**/*.epub'; check the directory (data.corpus_dir), or set data.glob"),
+    (dict(input_format="xml"), "data.input_format='xml' is not supported"),
+    (dict(min_tokens=10, max_tokens=5), "got data.min_tokens=10, data.max_tokens=5"),
+    (dict(shard_bytes=0), "data.shard_bytes must be positive"),
+    (dict(num_workers=0), "num_workers (ray.num_cpus in the pipeline) must be at least 1"),
+])
+def test_messages_name_the_full_config_key(tmp_path, option, message):
+    corpus = corpus_with(tmp_path, "other.txt", GOOD_BOOK.encode())
+    with pytest.raises(ValueError) as err:
+        prepare_corpus(corpus, tmp_path / "out", **{"num_workers": 2, "shard_bytes": 1 << 20, **option})
+    assert message in str(err.value)
+
+
+def test_vocabulary_and_near_duplicate_messages_name_the_full_config_key():
+    with pytest.raises(ValueError, match="data.near_duplicate_threshold must be in"):
+        NearDuplicateOptions(threshold=0)
+    with pytest.raises(ValueError, match="elmo.vocab_size=3 leaves no room"):
+        elmo_examples.build_word_vocab(["a b"], max_size=3, min_count=1)
+    with pytest.raises(ValueError, match="skip_thought.vocab_size=3 leaves no room"):
+        skip_thought_examples.build_word_vocab({"a": 1}, vocab_size=3)
+    with pytest.raises(ValueError, match="lower senteval.classifier.cv_folds or senteval.classifier.inner_folds"):
+        stratified_folds(np.array([0, 1]), 5, np.random.default_rng(0))
+
+
+def test_books_behind_a_linked_folder_and_in_upper_case_are_prepared(tmp_path):
+    corpus = corpus_with(tmp_path, "BOOK.TXT", b"A farmer ploughed the long field before the rain came.\n")
+    shelf = tmp_path / "shelf"
+    shelf.mkdir()
+    (shelf / "linked.txt").write_text("The children ran laughing down the hill to the river.\n")
+    (corpus / "shelf").symlink_to(shelf, target_is_directory=True)
+    (shelf / "back").symlink_to(corpus, target_is_directory=True)  # a loop: corpus/shelf/back/shelf/back/...
+    manifest = prepare(corpus, tmp_path / "out")
+    assert {file["book_id"]: file["status"] for file in manifest["files"]} == {
+        "BOOK.TXT": "kept", "good.txt": "kept", "shelf/linked.txt": "kept"}
+
+
+def test_the_driver_lists_rejected_files_by_reason_and_the_manifest(tmp_path, monkeypatch, capsys):
+    corpus = corpus_with(tmp_path, "dangling.txt", b"")
+    (corpus / "dangling.txt").unlink()
+    (corpus / "dangling.txt").symlink_to(tmp_path / "gone.txt")
+    for n in range(4):
+        (corpus / f"image{n}.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" * (n + 1))
+    prepared = tmp_path / "prepared"
+    prepare(corpus, prepared)
+
+    def run_dag(cfg, stages, run_dir):  # what the DAG leaves behind: the run directory links each stage's output
+        run_dir.mkdir(parents=True)
+        (run_dir / "prepare").symlink_to(prepared, target_is_directory=True)
+        return {"prepare": {"state": "ran"}}
+
+    monkeypatch.setattr(runner, "run_dag", run_dag)
+    monkeypatch.setattr(runner, "init_ray", lambda cfg: None)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)  # the session's Ray serves the other tests
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    capsys.readouterr()
+    runner.run_pipeline(tiny_config(tmp_path))
+    assert capsys.readouterr().out.splitlines()[-4:-1] == [
+        f"prepare: 1 of 6 files kept, 0 duplicates, 0 near duplicates, 5 rejected; every file's fate and reason: "
+        f"{prepared / 'manifest.json'}",
+        "  rejected, binary file (4): image0.txt, image1.txt, image2.txt and 1 more",
+        "  rejected, unreadable (1): dangling.txt"]
+
+
 def test_corpus_filtered_to_zero_sentences(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "short.txt").write_text("Too short.\n\nAlso short.\n")
     (corpus / "empty.txt").write_text("")
-    with pytest.raises(ValueError, match="no sentences left from 2 files .*widen min_tokens"):
+    with pytest.raises(ValueError, match="no sentences left from 2 files .*widen data.min_tokens"):
         prepare(corpus, tmp_path / "out")
     assert not list((tmp_path / "out").iterdir())

@@ -2,11 +2,17 @@
 failures that leave no marker, and concurrent runs that share work instead of corrupting it."""
 from __future__ import annotations
 
+import errno
+import os
+import re
+import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
+import ray
 from omegaconf import OmegaConf
 
 from pipeline.engine.dag import MARKER, Stage, StageFailed, execute_stage, plan, run_dag, stage_hashes
@@ -77,6 +83,22 @@ def test_changing_a_pretraining_key_changes_pretraining_and_downstream_hashes_on
     assert stage_hashes(logger_only, STAGES, names) == a  # tracking does not change what a stage computes
 
 
+def test_books_behind_a_linked_folder_and_in_upper_case_are_in_the_prepare_hash(tmp_path):
+    cfg = tiny_config(tmp_path)
+    hashes = [stage_hashes(cfg, STAGES, ["prepare"])["prepare"]]
+    shelf = tmp_path / "shelf"
+    shelf.mkdir()
+    (shelf / "linked.txt").write_text("A book on a shelf linked into the corpus.\n")
+    (tmp_path / "books" / "shelf").symlink_to(shelf, target_is_directory=True)
+    (shelf / "back").symlink_to(tmp_path / "books", target_is_directory=True)  # a loop
+    hashes.append(stage_hashes(cfg, STAGES, ["prepare"])["prepare"])
+    (shelf / "linked.txt").write_text("The linked book, rewritten to a different length.\n")
+    hashes.append(stage_hashes(cfg, STAGES, ["prepare"])["prepare"])
+    (tmp_path / "books" / "SHOUTED.TXT").write_text("A book whose name is in capitals.\n")
+    hashes.append(stage_hashes(cfg, STAGES, ["prepare"])["prepare"])
+    assert len(set(hashes)) == 4, hashes
+
+
 def test_second_run_reuses_every_stage_and_a_change_reruns_only_downstream(tmp_path, ray_session, capsys):
     first = run_dag(_cfg(tmp_path), FAKE, tmp_path / "run1")
     assert {n: r["state"] for n, r in first.items()} == {"source": "ran", "double": "ran", "sink": "ran"}
@@ -135,6 +157,78 @@ def test_concurrent_runs_share_one_execution(tmp_path):
         t.join()
     assert sorted(r["state"] for r in results) == ["cached", "ran"]
     assert _executions(tmp_path) == ["slow"]
+
+
+def fill_with_bytes(ctx) -> dict:
+    print("x" * 4000)  # the log's page nearly used: printing the traceback needs space the disk no longer has
+    (ctx.out_dir / "big.bin").write_bytes(b"x" * (2 << 20))
+    return {}
+
+
+def fill_with_torch_save(ctx) -> dict:
+    import torch
+
+    torch.save(torch.zeros(1 << 19), ctx.out_dir / "big.pt")  # a full disk is a RuntimeError about "unexpected pos"
+    return {}
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs, where the test may mount one; test_a_full_disk_in_a_patched_writer_names_the_cache_directory
+    checks the message everywhere."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    if not shutil.which("mount") or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+                                                   capture_output=True).returncode:
+        pytest.skip("cannot mount a size-limited tmpfs here (needs root)")
+    yield mount_point
+    subprocess.run(["umount", "--lazy", str(mount_point)], check=True)  # torch may still hold its file open
+
+
+@pytest.mark.parametrize("fill, says", [
+    (fill_with_bytes, "no space left on device: the cache directory paths.cache_dir={} is full ("),
+    (fill_with_torch_save, "perhaps for want of space: the cache directory paths.cache_dir={} is full ("),
+], ids=["write_bytes", "torch.save"])
+def test_a_full_disk_names_the_cache_directory(small_disk, fill, says):
+    cache_dir = small_disk / "cache"
+    cfg = _cfg(small_disk, **{"paths.cache_dir": str(cache_dir), "pipeline.stages": ["fill"]})
+    stages = {"fill": Stage("fill", fill)}
+    the_plan = plan(cfg, stages)
+    with pytest.raises(StageFailed) as err:
+        execute_stage(stages, cfg, "fill", the_plan.hashes["fill"], the_plan.dirs["fill"], {}, None)
+    assert says.format(cache_dir) in str(err.value)
+    assert "set paths.cache_dir to a bigger disk, then rerun the same command" in str(err.value)
+    assert not (the_plan.dirs["fill"] / MARKER).exists()
+
+
+@ray.remote
+def _write_in_a_ray_task() -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def write_in_the_stage(ctx) -> dict:
+    (ctx.out_dir / "out.bin").write_bytes(b"data")
+    return {}
+
+
+def write_in_a_ray_task(ctx) -> dict:
+    ray.get(_write_in_a_ray_task.remote())
+    return {}
+
+
+@pytest.mark.parametrize("write", [write_in_the_stage, write_in_a_ray_task])
+def test_a_full_disk_in_a_patched_writer_names_the_cache_directory(tmp_path, ray_session, monkeypatch, write):
+    def full(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    cfg = _cfg(tmp_path, **{"pipeline.stages": ["write"]})
+    stages = {"write": Stage("write", write)}
+    the_plan = plan(cfg, stages)
+    with pytest.raises(StageFailed, match=re.escape(
+            f"stage write failed: no space left on device: the cache directory paths.cache_dir={tmp_path / 'cache'} "
+            "is full (")):
+        execute_stage(stages, cfg, "write", the_plan.hashes["write"], the_plan.dirs["write"], {}, None)
 
 
 def threads(ctx) -> dict:

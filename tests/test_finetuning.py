@@ -177,8 +177,6 @@ def test_small_train_sizes_get_at_least_min_steps():
 
 
 def test_train_sizes_give_a_label_efficiency_curve_in_the_report(ctx, tmp_path):
-    from pipeline.downstream.task_data import split_off
-    from pipeline.downstream.tasks import TaskSplit
     from pipeline.report.report import write_report
 
     ctx.cfg.finetune.task = "sst2"

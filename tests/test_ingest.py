@@ -48,6 +48,24 @@ def test_decode_strips_utf8_bom_and_normalises_line_endings():
     assert decode_book("caf\u00e9".encode("utf-8")) == ("caf\u00e9", "utf-8", 0)
 
 
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"])
+def test_utf16_and_utf32_with_a_byte_order_mark_read_as_their_utf8_text(encoding):
+    mark = "\ufeff".encode(encoding)
+    text = "\u201cCaf\u00e9 au lait,\u201d said the old sailor to the waiter.\r\nHe drank it by the window.\r\n"
+    assert decode_book(mark + text.encode(encoding)) == (text.replace("\r\n", "\n"), encoding, 0)
+    as_utf8, as_utf16 = (process_book("b.txt", raw, IngestOptions()) for raw in (text.encode(),
+                                                                                 mark + text.encode(encoding)))
+    assert (as_utf16.status, as_utf16.encoding) == ("kept", encoding)
+    assert as_utf16.sentences == as_utf8.sentences and as_utf16.fingerprint == as_utf8.fingerprint
+
+
+def test_stray_nuls_are_removed_and_counted():
+    prose = "".join(f"Chapter {n} begins with the captain on the deck of his ship.\n" for n in range(8))
+    result = process_book("b.txt", prose.replace("captain", "captain\x00", 3).encode(), IngestOptions())
+    assert (result.status, result.nuls_removed) == ("kept", 3)
+    assert kept_texts(result) == kept_texts(process_book("b.txt", prose.encode(), IngestOptions()))
+
+
 def test_decode_falls_back_to_cp1252_then_latin1():
     # 0x93/0x94 are curly quotes in CP-1252 and invalid as UTF-8.
     assert decode_book(b"\x93Hi\x94") == ("\u201cHi\u201d", "cp1252", 0)
@@ -161,7 +179,9 @@ def test_nfkc_is_optional():
 @pytest.mark.parametrize("raw, reason", [
     (b"", "empty file"),
     (b" \n\r\n\t", "empty file"),
-    (b"PK\x03\x04\x00\x00binary zip data", "binary file (contains NUL bytes)"),
+    (b"PK\x03\x04\x00\x00binary zip data", "binary file (contains NUL bytes: 10% of characters)"),
+    ("A sentence saved as UTF-16 without a byte-order mark.".encode("utf-16-le"),
+     "binary file (contains NUL bytes: 50% of characters); if it is UTF-16 text without a byte-order mark, save it"),
     (bytes(range(1, 32)) * 20, "binary file"),
     (b"CHAPTER I.\n\nThe End.\n", "zero sentences after filtering"),
     (b"*** START OF THE PROJECT GUTENBERG EBOOK X ***\n\n*** END OF THE PROJECT GUTENBERG EBOOK X ***\n",
@@ -177,7 +197,7 @@ def test_bad_content_is_rejected_with_a_reason_never_raised(raw, reason):
 def test_invalid_options_say_what_to_fix():
     with pytest.raises(ValueError, match="input_format"):
         IngestOptions(input_format="xml")
-    with pytest.raises(ValueError, match="min_tokens <= max_tokens"):
+    with pytest.raises(ValueError, match="data.min_tokens <= data.max_tokens"):
         IngestOptions(min_tokens=10, max_tokens=5)
 
 

@@ -11,7 +11,6 @@ import torch
 from safetensors.torch import load_file
 
 from models.bert import load_encoder
-from pipeline.downstream import finetune as finetuning
 from pipeline.bert.pretrain import HEADS_FILE, _build_model, _setup
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import MARKER, StageContext, StageFailed, execute_stage, plan

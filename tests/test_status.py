@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 from pathlib import Path
 
@@ -57,6 +58,17 @@ def test_a_failed_run_then_its_rerun(tmp_path, ray_session):
     assert _states(tmp_path / "run2") == {"produce": "cached", "consume": "complete", "finish": "complete"}
 
 
+def test_a_failed_stage_is_failed_in_pipeline_json_and_in_the_exit_status(tmp_path, ray_session, capsys):
+    with pytest.raises(StageFailed):
+        run_dag(_cfg(tmp_path, fail=True), STAGES, tmp_path / "failed")
+    recorded = json.loads((tmp_path / "failed" / status.PIPELINE_FILE).read_text())["stages"]
+    assert {name: stage["state"] for name, stage in recorded.items()} == {
+        "produce": "ran", "consume": "failed", "finish": "not run"}
+    assert status.main([str(tmp_path / "failed")]) == 1
+    run_dag(_cfg(tmp_path, fail=False), STAGES, tmp_path / "fixed")
+    assert status.main([str(tmp_path / "fixed")]) == 0
+
+
 def test_a_held_lock_is_running_and_a_start_without_end_is_interrupted(tmp_path, ray_session):
     with pytest.raises(StageFailed):
         run_dag(_cfg(tmp_path, fail=True), STAGES, tmp_path / "run")
@@ -69,6 +81,7 @@ def test_a_held_lock_is_running_and_a_start_without_end_is_interrupted(tmp_path,
         assert _states(tmp_path / "run")["consume"] == "running"
         fcntl.flock(lock, fcntl.LOCK_UN)
     assert _states(tmp_path / "run")["consume"] == "interrupted"
+    assert status.main([str(tmp_path / "run")]) == 1
     assert "consume interrupted: see" in status.format_table(tmp_path / "run", status.read_status(tmp_path / "run"))
 
 

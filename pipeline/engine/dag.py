@@ -13,6 +13,7 @@ on by default from Kubeflow, resume-by-reusing-finished-steps from Metaflow and 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -26,6 +27,7 @@ from typing import Callable, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
+from data_prep.prepare import list_corpus_files
 from data_prep.shards import write_json_atomically
 
 MARKER = "_COMPLETE.json"
@@ -200,6 +202,46 @@ def _captured_output(log_path: Path) -> Iterator[None]:
             sys.stdout, sys.stderr = out, err
 
 
+# With this little space left on the cache directory's disk, a failed stage has likely failed for want of more:
+# torch.save reports a full disk only as "RuntimeError: [enforce fail at inline_container.cc] unexpected pos".
+_NEARLY_FULL_BYTES = 64 << 20
+
+
+def _out_of_space(err: BaseException | None) -> bool:
+    """Whether `err` is a full disk, or was raised from one or while handling one (a log that could not take the
+    traceback, a Ray task's error wrapping its cause)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return True
+        cause = getattr(err, "cause", None)
+        err = cause if isinstance(cause, BaseException) else err.__cause__ or err.__context__
+    return False
+
+
+def _failure_message(cfg: DictConfig, name: str, err: BaseException, log_path: Path) -> str:
+    cache_dir = Path(cfg.paths.cache_dir).resolve()
+    free = shutil.disk_usage(cache_dir).free
+    full = f"the cache directory paths.cache_dir={cache_dir} is full ({free / 1e6:.0f} MB free now)"
+    advice = ("free space there or set paths.cache_dir to a bigger disk, then rerun the same command (finished stages "
+              "are reused)")
+    if _out_of_space(err):
+        return f"stage {name} failed: no space left on device: {full}; {advice} (full log: {log_path})"
+    message = f"stage {name} failed: {type(err).__name__}: {err}"
+    if free < _NEARLY_FULL_BYTES:
+        message += f"; perhaps for want of space: {full}; {advice}"
+    return f"{message} (full log: {log_path})"
+
+
+@contextlib.contextmanager
+def _failure_names_the_stage(cfg: DictConfig, name: str, log_path: Path) -> Iterator[None]:
+    try:
+        yield
+    except BaseException as err:
+        raise StageFailed(_failure_message(cfg, name, err, log_path)) from err
+
+
 def execute_stage(stages: dict[str, Stage], cfg: DictConfig, name: str, digest: str, out_dir: Path,
                   inputs: dict[str, tuple[Path, str]], run_dir: Path | None) -> dict:
     """Run one stage into its content-addressed directory, unless it is (or meanwhile became) complete.
@@ -214,18 +256,18 @@ def execute_stage(stages: dict[str, Stage], cfg: DictConfig, name: str, digest: 
             return {**json.loads((out_dir / MARKER).read_text()), "state": "cached"}
         out_dir.mkdir(parents=True, exist_ok=True)
         log_path = out_dir / LOG_FILE
-        with _captured_output(log_path):
+        # Outside the captured output, so that a log the full disk cannot take still gives the message.
+        with _failure_names_the_stage(cfg, name, log_path), _captured_output(log_path):
             print(f"stage {name}: running ({digest}) → {out_dir}", flush=True)
             tracker = start_stage_run(cfg, name, digest, run_dir, inputs)
             started = time.perf_counter()
             try:
                 summary = stage.fn(StageContext(cfg, name, out_dir, {k: v[0] for k, v in inputs.items()},
                                                 run_dir, tracker))
-            except BaseException as err:
+            except BaseException:
                 traceback.print_exc()
                 finish_stage_run(tracker, name, digest, out_dir, ok=False)
-                raise StageFailed(f"stage {name} failed: {type(err).__name__}: {err} "
-                                  f"(full log: {log_path})") from err
+                raise
             summary = {"stage": name, "hash": digest, "state": "ran", **summary,
                        "duration_s": round(time.perf_counter() - started, 1)}
             write_json_atomically(out_dir / "stage.json", summary)
@@ -345,6 +387,7 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
             try:
                 results[name] = ray.get(ref)
             except ray.exceptions.RayTaskError as err:
+                results[name] = {"state": "failed"}  # what pipeline.json records, as `python -m pipeline.status` says
                 if isinstance(err.cause, StageFailed):  # its message names the stage and its log: enough
                     raise StageFailed(str(err.cause)) from None
                 raise
@@ -357,7 +400,13 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
 
 
 def files_fingerprint(root: Path, pattern: str) -> str:
-    """Names, sizes and modification times of the input files: a changed corpus is new work."""
-    files = sorted(p for p in root.glob(pattern) if p.is_file())
-    listing = [(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    """Names, sizes and modification times of the input files, listed as prepare lists them: a changed corpus is
+    new work."""
+    listing = []
+    for name in list_corpus_files(root, pattern):
+        try:
+            info = (root / name).stat()
+            listing.append((name, info.st_size, info.st_mtime_ns))
+        except OSError:  # a broken link, rejected by prepare: repairing it must rerun prepare
+            listing.append((name, None, None))
     return hashlib.sha256(json.dumps([str(root), listing]).encode()).hexdigest()

@@ -236,7 +236,8 @@ def stratified_folds(labels: np.ndarray, k: int, rng: np.random.Generator) -> li
     labels = np.asarray(labels)
     if len(labels) < k:
         raise ValueError(f"{len(labels)} examples cannot be split into {k} folds; lower "
-                         "senteval.classifier.cv_folds or inner_folds, or give the task more examples")
+                         "senteval.classifier.cv_folds or senteval.classifier.inner_folds, or give the task more "
+                         "examples")
     folds: list[list[int]] = [[] for _ in range(k)]
     offset = 0
     for label in np.unique(labels):
