@@ -644,13 +644,13 @@ class BertForQuestionAnswering(BertPreTrainedModel):
 CHECKPOINT_FORMAT = "textrep-bert"
 
 
-def save_encoder(model: BertModel, path) -> None:
-    """Write the encoder to directory `path` in our format (readable back with load_encoder)."""
+def save_pretrained(model: BertModel, path) -> None:
+    """Write the encoder to directory `path` in our format (readable back with load_pretrained)."""
     save_checkpoint(model, path, CHECKPOINT_FORMAT)
 
 
-def load_encoder(path) -> BertModel:
-    """Load an encoder written by save_encoder, or a HuggingFace BERT directory (told apart by config.json)."""
+def load_pretrained(path) -> BertModel:
+    """Load an encoder written by save_pretrained, or a HuggingFace BERT directory (told apart by config.json)."""
     path = Path(path)
     config = read_config(path)
     if config.get("format") == CHECKPOINT_FORMAT:

@@ -580,9 +580,9 @@ class ElmoTokenTagger(nn.Module):
 CHECKPOINT_FORMAT = "textrep-elmo-bilm"
 
 
-def save_bilm(model: BiLanguageModel, out_dir: str | Path) -> None:
+def save_pretrained(model: BiLanguageModel, out_dir: str | Path) -> None:
     save_checkpoint(model, out_dir, CHECKPOINT_FORMAT)
 
 
-def load_bilm(out_dir: str | Path) -> BiLanguageModel:
+def load_pretrained(out_dir: str | Path) -> BiLanguageModel:
     return load_checkpoint(out_dir, BiLanguageModel, ElmoConfig, CHECKPOINT_FORMAT)

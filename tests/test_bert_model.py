@@ -17,8 +17,8 @@ from models.bert import (
     BertModel,
     BertSelfAttention,
     bert_config,
-    load_encoder,
-    save_encoder,
+    load_pretrained,
+    save_pretrained,
 )
 
 V = 101
@@ -364,25 +364,25 @@ def test_every_position_scheme_lets_masked_lm_learn_from_the_neighbours(position
 
 
 @pytest.mark.parametrize("position_embedding_type,pre_layer_norm", [("learned", False), ("sinusoidal", True), ("relative", True)])
-def test_save_load_encoder_round_trip(tmp_path, position_embedding_type, pre_layer_norm):
+def test_save_load_pretrained_round_trip(tmp_path, position_embedding_type, pre_layer_norm):
     torch.manual_seed(0)
     config = small_config(position_embedding_type=position_embedding_type, pre_layer_norm=pre_layer_norm)
     model = BertModel(config).eval()
-    save_encoder(model, tmp_path / "ckpt")
+    save_pretrained(model, tmp_path / "ckpt")
     saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     assert saved["format"] == "textrep-bert" and (tmp_path / "ckpt" / "model.safetensors").exists()
 
-    loaded = load_encoder(tmp_path / "ckpt").eval()
+    loaded = load_pretrained(tmp_path / "ckpt").eval()
     assert loaded.config == config
     input_ids, token_type_ids, attention_mask = batch()
     for a, b in zip(model(input_ids, token_type_ids, attention_mask), loaded(input_ids, token_type_ids, attention_mask)):
         assert torch.equal(a, b)
 
 
-def test_load_encoder_rejects_unknown_format(tmp_path):
+def test_load_pretrained_rejects_unknown_format(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
     with pytest.raises(ValueError):
-        load_encoder(tmp_path)
+        load_pretrained(tmp_path)
 
 
 def test_config_dict_round_trip_ignores_unknown_keys():

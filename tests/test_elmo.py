@@ -40,8 +40,8 @@ from models.elmo import (
     ProjectedLSTM,
     ScalarMix,
     elmo_config,
-    load_bilm,
-    save_bilm,
+    load_pretrained,
+    save_pretrained,
 )
 from pipeline import CONF_DIR
 from pipeline.elmo.downstream import ElmoTaskModule, make_elmo_task_collate
@@ -271,8 +271,8 @@ def test_word_input_bilm_and_checkpoint_round_trip(tmp_path):
         ElmoEmbedder(bilm)
     inputs, mask = sentence_batch_inputs(["a short odd one"], {w: i for i, w in enumerate(vocab)})
     assert inputs.tolist() == [[0, 3, 4, UNK_ID, 5, 1]] and mask.all()
-    save_bilm(bilm, tmp_path / "bilm")
-    loaded = load_bilm(tmp_path / "bilm").eval()
+    save_pretrained(bilm, tmp_path / "bilm")
+    loaded = load_pretrained(tmp_path / "bilm").eval()
     a, _ = ElmoEmbedder(bilm, vocab).embed(["a short one"])
     b, _ = ElmoEmbedder(loaded, vocab).embed(["a short one"])
     assert torch.equal(a, b)

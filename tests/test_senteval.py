@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from data_prep.senteval_data import read_labelled_tsv, read_mr, read_mrpc, read_sick, tokenize
 from data_prep.tokenizer import train_wordpiece
 from data_prep.word_vectors import WordVectors
-from models.bert import BertConfig, BertModel, save_encoder
+from models.bert import BertConfig, BertModel, save_pretrained
 from pipeline import CONF_DIR
 from pipeline.bert.encoder import BertEncoder
 from pipeline.evaluation.senteval import (
@@ -309,7 +309,7 @@ def test_bert_encoder_mean_is_the_average_hidden_state_of_cls_pieces_and_sep(tin
 
 def test_bert_encoder_loads_from_pipeline_directories(tiny_bert, tmp_path):
     model, tokenizer, tokenizer_dir = tiny_bert
-    save_encoder(model, tmp_path / "encoder")
+    save_pretrained(model, tmp_path / "encoder")
     loaded = BertEncoder.from_directories(tmp_path / "encoder", tokenizer_dir, pooling="mean", name="bert_tiny_mean")
     sentence = [tokenize("the captain found the city")]
     assert loaded.name == "bert_tiny_mean"
@@ -321,7 +321,7 @@ def test_random_twin_encoder_is_the_same_architecture_freshly_initialised(tiny_b
     from models.checkpoint import random_twin
 
     model, tokenizer, tokenizer_dir = tiny_bert
-    save_encoder(model, tmp_path / "encoder")
+    save_pretrained(model, tmp_path / "encoder")
     twin = BertEncoder.from_directories(tmp_path / "encoder", tokenizer_dir, pooling="mean", random_init_seed=7)
     state_before = torch.get_rng_state()
     again = random_twin(model, 7).state_dict()

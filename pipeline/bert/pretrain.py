@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, Subset
 from data_prep.bert_examples import IGNORE_INDEX, BertPretrainingCollator
 from data_prep.shards import write_json_atomically
 from data_prep.tokenizer import SPECIAL_TOKENS, load_tokenizer
-from models.bert import BertConfig, load_encoder, save_encoder
+from models.bert import BertConfig, load_pretrained, save_pretrained
 from pipeline.bert.data import MaskedBatches, PretrainingInstances
 from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import BertPretrainModule, bert_pretraining_losses
@@ -157,7 +157,7 @@ def _save_heads(model: nn.Module, path: Path) -> None:
 
 def _continue_from(model: nn.Module, pretrain_dir: Path) -> None:
     """Load a finished phase's encoder and MLM/NSP heads into `model`, which has the same configuration."""
-    state = {f"bert.{k}": v for k, v in load_encoder(pretrain_dir / "encoder").state_dict().items()}
+    state = {f"bert.{k}": v for k, v in load_pretrained(pretrain_dir / "encoder").state_dict().items()}
     state[TIED_DECODER] = state["bert.embeddings.word_embeddings.weight"]  # one Parameter under two names
     # strict: any missing or extra tensor is an error
     model.load_state_dict({**state, **load_file(str(pretrain_dir / HEADS_FILE))})
@@ -326,7 +326,7 @@ def _phase_summary(ctx: StageContext) -> dict:
 
 
 def _write_outputs(out: Path, model: nn.Module, history: LossHistory, summary: dict, in_ray_worker: bool) -> None:
-    save_encoder(model.bert, out / "encoder")
+    save_pretrained(model.bert, out / "encoder")
     _save_heads(model, out / HEADS_FILE)
     history.write_csv(out / "loss_curve.csv")
     if in_ray_worker:

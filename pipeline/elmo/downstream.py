@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from data_prep.elmo_examples import IGNORE_TARGET, read_word_vocab
-from models.elmo import ElmoEmbedder, ElmoSentenceClassifier, ElmoTokenTagger, load_bilm
+from models.elmo import ElmoEmbedder, ElmoSentenceClassifier, ElmoTokenTagger, load_pretrained
 from pipeline.downstream.modules import FinetuneModule
 from pipeline.downstream.task_data import TaskData, conll_sentences, subsample, tsv_splits
 from pipeline.downstream.tasks import TaskSplit
@@ -40,7 +40,7 @@ class ElmoTaskModels:
 
 def _load(ctx: StageContext) -> ElmoTaskModels:
     bilm_dir = ctx.stage_dir("elmo_pretrain") / "bilm"
-    return ElmoTaskModels(load_bilm(bilm_dir).eval(), read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"),
+    return ElmoTaskModels(load_pretrained(bilm_dir).eval(), read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"),
                           str(bilm_dir))
 
 

@@ -17,7 +17,7 @@ from data_prep.elmo_examples import (
     write_word_vocab,
 )
 from data_prep.shards import open_shards, shard_paths
-from models.elmo import save_bilm
+from models.elmo import save_pretrained
 from pipeline.elmo.module import ElmoPretrainModule, build_elmo_datasets
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext, all_cpus
@@ -65,7 +65,7 @@ def elmo_pretrain(ctx: StageContext) -> dict:
                            num_sanity_val_steps=0, enable_checkpointing=False)
     # batch_size=None and no shuffling: each batch row continues the book the previous batch's row was reading.
     trainer.fit(module, DataLoader(train, batch_size=None), DataLoader(heldout, batch_size=None))
-    save_bilm(model, ctx.out_dir / "bilm")
+    save_pretrained(model, ctx.out_dir / "bilm")
     history.write_csv(ctx.out_dir / "loss_curve.csv")
     return {"steps": trainer.global_step, "heldout_perplexity": module.heldout_perplexities,
             "precision": trainer.precision, "num_parameters": sum(t.numel() for t in model.parameters())}

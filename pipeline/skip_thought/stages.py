@@ -20,7 +20,7 @@ from data_prep.skip_thought_examples import (
     triples_from_shard,
     write_triples,
 )
-from models.skip_thought import save_skip_thoughts
+from models.skip_thought import save_pretrained
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.tracking import LossHistory
@@ -75,7 +75,7 @@ def skip_thought_pretrain(ctx: StageContext) -> dict:
     started = time.perf_counter()
     trainer.fit(module, train_loader, val_loader)
     seconds = time.perf_counter() - started
-    save_skip_thoughts(model, ctx.out_dir / "model")
+    save_pretrained(model, ctx.out_dir / "model")
     shutil.copy(vocab_path, ctx.out_dir / "model" / "vocab.txt")
     history.write_csv(ctx.out_dir / "loss_curve.csv")
     return {"steps": trainer.global_step, "seconds": round(seconds, 1),
