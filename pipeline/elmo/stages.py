@@ -3,9 +3,10 @@ then biLM pretraining with truncated BPTT over whole books (pipeline/elmo/module
 sentence batches). The frozen biLM then serves the evaluate stage as a sentence encoder."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import hydra
 import lightning as L
-import ray
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
@@ -21,6 +22,7 @@ from models.elmo import save_pretrained
 from pipeline.elmo.module import ElmoPretrainModule, build_elmo_datasets
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext, all_cpus
+from pipeline.engine.shard_tasks import map_shards
 from pipeline.engine.tracking import LossHistory
 from pipeline.engine.training import make_trainer
 
@@ -33,17 +35,15 @@ def elmo_vocab(ctx: StageContext) -> dict:
     return {"vocab_size": len(vocab)}
 
 
-@ray.remote(num_cpus=1)
-def build_shard_streams(shard_path: str, out_path: str) -> int:
+def build_shard_streams(index: int, shard_path: Path, out_dir: Path) -> int:
     table = read_arrow(shard_path)
     return write_token_streams(books_from_rows(table.column("book_id").to_pylist(), table.column("text").to_pylist()),
-                               out_path)
+                               out_dir / f"streams-{index:05d}.arrow")
 
 
 def elmo_streams(ctx: StageContext) -> dict:
     shards = shard_paths(ctx.stage_dir("prepare"))
-    books = ray.get([build_shard_streams.remote(str(s), str(ctx.out_dir / f"streams-{i:05d}.arrow"))
-                     for i, s in enumerate(shards)])
+    books = map_shards(build_shard_streams, shards, ctx.out_dir)
     return {"books": int(sum(books)), "files": len(shards)}
 
 
