@@ -130,11 +130,11 @@ def test_seeds_with_an_undefined_correlation_are_counted_not_averaged():
 def test_elmo_is_fine_tuned_feature_based_on_every_task_family(ctx, tmp_path):
     """finetune.models=[elmo]: the elmo_pretrain stage's frozen biLM with a fresh scalar mix and head per seed, on
     classification, regression and tagging, each scored by its task's metric."""
-    from data_prep.elmo_examples import BOS, EOS, UNK, write_word_vocab
+    from data_prep.elmo_examples import write_word_vocab
     from models import elmo
     from pipeline.downstream.finetune import finetune_upstream
 
-    vocab = [BOS, EOS, UNK, *sorted(set(WORDS))]
+    vocab = [*elmo.SPECIAL_WORDS, *sorted(set(WORDS))]
     (tmp_path / "elmo_vocab").mkdir()
     write_word_vocab(vocab, tmp_path / "elmo_vocab" / "vocab.txt")
     tiny = dict(filters=[[1, 8], [2, 8]], projection_dim=16, lstm_dim=32)

@@ -27,9 +27,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
-from data_prep.bert_examples import IGNORE_INDEX, BertPretrainingCollator
+from data_prep.bert_examples import BertPretrainingCollator
 from data_prep.shards import write_json_atomically
 from data_prep.tokenizer import SPECIAL_TOKENS, load_tokenizer
+from models import IGNORE_INDEX
 from models.bert import BertConfig, load_pretrained, save_pretrained
 from pipeline.bert.data import MaskedBatches, PretrainingInstances
 from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from data_prep.conll import IGNORE_INDEX, word_level_tags
+from data_prep.conll import word_level_tags
 from data_prep.squad import SquadExample, best_answers
+from models import IGNORE_INDEX
 from pipeline.evaluation.metrics import score_task
 from pipeline.optim import adamw_with_linear_schedule
 
