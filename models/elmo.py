@@ -598,22 +598,35 @@ class BiLSTMHead(nn.Module):
         return out  # (B, T, 2H)
 
 
-class ElmoSentenceClassifier(nn.Module):
+class ElmoTaskModel(nn.Module):
+    """ELMo features and a BiLSTM over them, under a task's output layers (the subclasses add them)."""
+
+    def __init__(self, bilm: BiLanguageModel, hidden_size: int, vocab: list[str] | None, do_layer_norm: bool,
+                 dropout: float):
+        super().__init__()
+        self.features = ElmoFeatures(bilm, vocab, do_layer_norm, dropout)
+        self.bilstm = BiLSTMHead(self.features.output_dim, hidden_size)
+
+    @property
+    def encoder(self) -> BiLanguageModel:
+        """The pretrained encoder under the task layers, whatever the family calls it (frozen here)."""
+        return self.features.embedder.bilm
+
+
+class ElmoSentenceClassifier(ElmoTaskModel):
     """Single sentences or pairs: ELMo -> BiLSTM -> max-pool to u (InferSent, Conneau et al. 2017); a pair is
     classified from [u, v, |u - v|, u * v]. Only the mix, the BiLSTM and the output layers train."""
 
     def __init__(self, bilm: BiLanguageModel, num_labels: int, hidden_size: int = 256, pair: bool = False,
                  vocab: list[str] | None = None, do_layer_norm: bool = False, dropout: float = 0.5):
-        super().__init__()
+        super().__init__(bilm, hidden_size, vocab, do_layer_norm, dropout)
         self.pair = pair
-        self.features = ElmoFeatures(bilm, vocab, do_layer_norm, dropout)
-        self.encoder = BiLSTMHead(self.features.output_dim, hidden_size)
         self.classifier = nn.Sequential(nn.Linear((4 if pair else 1) * 2 * hidden_size, hidden_size), nn.ReLU(),
                                         nn.Dropout(dropout), nn.Linear(hidden_size, num_labels))
 
     def encode(self, inputs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x, word_mask = self.features(inputs, mask)
-        h = self.encoder(x, word_mask)  # (B, T, 2H)
+        h = self.bilstm(x, word_mask)  # (B, T, 2H)
         h = h.masked_fill(~word_mask.bool()[:, :, None], float("-inf")).amax(1)  # (B, 2H)
         return torch.where(torch.isinf(h), torch.zeros_like(h), h)  # an empty sentence pools to zeros
 
@@ -629,19 +642,17 @@ class ElmoSentenceClassifier(nn.Module):
         return self.classifier(u)  # (B, num_labels)
 
 
-class ElmoTokenTagger(nn.Module):
+class ElmoTokenTagger(ElmoTaskModel):
     """Token tagging (NER, POS): ELMo -> BiLSTM -> a label per word, (B, T_words, num_tags)."""
 
     def __init__(self, bilm: BiLanguageModel, num_tags: int, hidden_size: int = 256,
                  vocab: list[str] | None = None, do_layer_norm: bool = False, dropout: float = 0.5):
-        super().__init__()
-        self.features = ElmoFeatures(bilm, vocab, do_layer_norm, dropout)
-        self.encoder = BiLSTMHead(self.features.output_dim, hidden_size)
+        super().__init__(bilm, hidden_size, vocab, do_layer_norm, dropout)
         self.output = nn.Linear(2 * hidden_size, num_tags)
 
     def forward(self, inputs: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x, word_mask = self.features(inputs, mask)
-        return self.output(self.encoder(x, word_mask)), word_mask
+        return self.output(self.bilstm(x, word_mask)), word_mask
 
 
 # -----------------------------------------------------------------------------

@@ -248,6 +248,31 @@ def test_decoder_is_tied_to_word_embeddings():
     assert not torch.equal(model.bert.embeddings.word_embeddings.weight, before)
 
 
+def test_heads_and_encoder_continue_a_pretraining_model_exactly():
+    """What a later phase continues from: heads_state_dict (without the decoder, which is the word embedding matrix)
+    and the encoder load back into a fresh model tensor for tensor, the decoder still tied; a missing head is an
+    error."""
+    torch.manual_seed(0)
+    trained = BertForPreTraining(small_config())
+    heads = trained.heads_state_dict()
+    assert heads and all(k.startswith("cls.") for k in heads) and BertForPreTraining.TIED_DECODER not in heads
+    torch.manual_seed(1)
+    fresh = BertForPreTraining(small_config())
+    fresh.load_encoder_and_heads(trained.bert, heads)
+    for name, tensor in trained.state_dict().items():
+        torch.testing.assert_close(fresh.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
+    assert fresh.cls.predictions.decoder.weight is fresh.bert.embeddings.word_embeddings.weight
+    with pytest.raises(RuntimeError, match="cls.seq_relationship.weight"):
+        fresh.load_encoder_and_heads(trained.bert, {k: v for k, v in heads.items() if "seq_relationship" not in k})
+
+
+def test_task_models_name_their_pretrained_encoder():
+    config = small_config()
+    for model in (BertForSequenceClassification(config, 3), BertForTokenClassification(config, 5),
+                  BertForQuestionAnswering(config)):
+        assert model.encoder is model.bert and isinstance(model.encoder, BertModel)
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 def test_tied_word_embedding_gradient_is_exact(bf16):
     """The lookup's rows are added into the decoder's gradient of the shared matrix (TiedWordGradient): the same values

@@ -288,7 +288,9 @@ def test_downstream_models_train_only_the_mix_and_the_head(pair):
     if pair:
         for r in rows:
             r["text_b"] = "another sentence"
+    assert model.encoder is bilm  # the pretrained encoder, by the name every family's task model gives it
     module = ElmoTaskModule(model, lr=1e-2, weight_decay=0.0, warmup_steps=0, total_steps=10)
+    module.encoder_lr_factor = 0.1  # a frozen encoder stays frozen whatever its learning rate
     optimizer = module.configure_optimizers()["optimizer"]
     model.train()
     loss, predictions = module.model_step(collate(rows))

@@ -54,7 +54,7 @@ class BertTaskModels:
         encoder = load_pretrained(self.encoder_dir)
         model = data.make_model(encoder.config)
         if self.pretrained:
-            model.bert.load_state_dict(encoder.state_dict())
+            model.encoder.load_state_dict(encoder.state_dict())
         return model
 
 
