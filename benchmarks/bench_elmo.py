@@ -25,8 +25,7 @@ import time
 import torch
 from torch import nn
 
-from data_prep.elmo_examples import N_CHARACTERS
-from models.elmo import BiLanguageModel, ElmoConfig, elmo_config
+from models.elmo import N_CHARACTERS, BiLanguageModel, ElmoConfig, elmo_config
 from pipeline.engine.training import keep_freed_memory_for_reuse
 
 

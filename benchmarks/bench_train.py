@@ -36,6 +36,7 @@ from contextlib import nullcontext
 
 import torch
 
+from models import IGNORE_INDEX
 from models.bert import BertForPreTraining, bert_config
 from pipeline.bert.module import BertPretrainModule
 from pipeline.engine.training import keep_freed_memory_for_reuse
@@ -83,17 +84,17 @@ def sequence_lengths(batch_size: int, seq_len: int, short_seq_prob: float) -> li
 
 def make_batch(batch_size: int, seq_len: int, seed: int = 0, short_seq_prob: float = 0.0) -> dict:
     """Sentence pairs with up to MAX_PREDICTIONS distinct masked positions per sequence (15 % of its tokens, none at
-    [CLS]; unused slots are label -100), padded to seq_len where sequence_lengths makes them shorter."""
+    [CLS]; unused slots are label IGNORE_INDEX), padded to seq_len where sequence_lengths makes them shorter."""
     g = torch.Generator().manual_seed(seed)
     lengths = sequence_lengths(batch_size, seq_len, short_seq_prob)
     positions = torch.zeros(batch_size, MAX_PREDICTIONS, dtype=torch.long)
-    mlm_labels = torch.full((batch_size, MAX_PREDICTIONS), -100)
+    mlm_labels = torch.full((batch_size, MAX_PREDICTIONS), IGNORE_INDEX)
     for row, length in enumerate(lengths):
         n = min(MAX_PREDICTIONS, max(1, round(0.15 * length)))
         positions[row, :n] = (torch.randperm(length - 1, generator=g)[:n] + 1).sort().values
         mlm_labels[row, :n] = torch.randint(5, VOCAB_SIZE, (n,), generator=g)
-    # HF's layout; unused slots point at [CLS] (position 0) with label -100, which is its label anyway
-    dense_labels = torch.full((batch_size, seq_len), -100).scatter(1, positions, mlm_labels)
+    # HF's layout; unused slots point at [CLS] (position 0) with label IGNORE_INDEX (HF's default ignore_index too)
+    dense_labels = torch.full((batch_size, seq_len), IGNORE_INDEX).scatter(1, positions, mlm_labels)
     attention_mask = (torch.arange(seq_len)[None, :] < torch.tensor(lengths)[:, None]).long()
     second_segment = (torch.arange(seq_len) >= seq_len // 2).long().expand(batch_size, seq_len)
     return {"input_ids": torch.randint(5, VOCAB_SIZE, (batch_size, seq_len), generator=g) * attention_mask,
@@ -156,7 +157,7 @@ def benchmark(args) -> None:
     warmup, steps = (1, 2) if args.quick else (2, 5)
     B, T = args.batch_size, args.seq_len
     batch = make_batch(B, T, short_seq_prob=args.short_seq_prob)
-    real_tokens, masked = int(batch["attention_mask"].sum()), int((batch["mlm_labels"] != -100).sum())
+    real_tokens, masked = int(batch["attention_mask"].sum()), int((batch["mlm_labels"] != IGNORE_INDEX).sum())
     variants = [("ours", lambda s: ours(s, compiled=False)),
                 ("HF eager", lambda s: huggingface(s, "eager")), ("HF sdpa", lambda s: huggingface(s, "sdpa"))]
     if args.compile:

@@ -28,6 +28,7 @@ import torch
 from tokenizers import Tokenizer
 
 from data_prep.shards import atomic_arrow_file
+from models import IGNORE_INDEX
 
 # [CLS] A [SEP] B [SEP]
 NUM_SPECIAL_TOKENS_IN_PAIR = 3
@@ -36,8 +37,6 @@ NUM_SPECIAL_TOKENS_IN_PAIR = 3
 # the model keep a contextual representation of every input token.
 MASK_FRACTION = 0.8
 RANDOM_FRACTION = 0.1
-# Loss ignore index of torch.nn.functional.cross_entropy, used for padded prediction slots.
-IGNORE_INDEX = -100
 
 INSTANCE_SCHEMA = pa.schema(
     [
@@ -333,7 +332,7 @@ class BertPretrainingCollator:
 
     Returns int64 tensors: ``input_ids``, ``token_type_ids``, ``attention_mask`` (B, T) with T the longest row;
     ``mlm_positions`` and ``mlm_labels`` (B, P) with P the most predictions in the batch, padded with position 0
-    and label -100; ``next_sentence_label`` (B,). Positions + labels instead of a (B, T) label tensor let the
+    and label IGNORE_INDEX; ``next_sentence_label`` (B,). Positions + labels instead of a (B, T) label tensor let the
     model gather the P hidden states and run the vocabulary projection only there (as run_pretraining.py's
     gather_indexes does), instead of over all T.
 

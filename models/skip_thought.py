@@ -288,10 +288,10 @@ class CombineSkip(nn.Module):
 # Checkpoint I/O
 
 
-def save_skip_thoughts(model: SkipThoughts, path) -> None:
-    """Write the model to directory `path` (config.json + model.safetensors); read back with load_skip_thoughts."""
+def save_pretrained(model: SkipThoughts, path) -> None:
+    """Write the model to directory `path` (config.json + model.safetensors); read back with load_pretrained."""
     save_checkpoint(model, path, CHECKPOINT_FORMAT)
 
 
-def load_skip_thoughts(path) -> SkipThoughts:
+def load_pretrained(path) -> SkipThoughts:
     return load_checkpoint(path, SkipThoughts, SkipThoughtConfig, CHECKPOINT_FORMAT)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from data_prep.builtin import default_corpus
+from data_prep.builtin import DEFAULT_CORPUS
 from data_prep.dedup import NearDuplicateOptions
 from data_prep.prepare import prepare_corpus
 from pipeline.engine.dag import Stage, StageContext, files_fingerprint
@@ -14,7 +14,7 @@ from pipeline.engine.dag import Stage, StageContext, files_fingerprint
 
 def corpus_dir(cfg: DictConfig) -> Path:
     """The configured corpus, or the built-in one (downloaded on first use)."""
-    return Path(cfg.data.corpus_dir).expanduser() if cfg.data.corpus_dir else default_corpus(cfg.paths.cache_dir)
+    return Path(cfg.data.corpus_dir).expanduser() if cfg.data.corpus_dir else DEFAULT_CORPUS.fetch(cfg.paths.cache_dir)
 
 
 def prepare(ctx: StageContext) -> dict:
@@ -29,7 +29,8 @@ def prepare(ctx: StageContext) -> dict:
 
 
 def _corpus_fingerprint(cfg: DictConfig) -> str:
-    return files_fingerprint(corpus_dir(cfg), cfg.data.glob)
+    """The configured corpus's files, or the built-in corpus's pinned releases: planning never downloads."""
+    return files_fingerprint(corpus_dir(cfg), cfg.data.glob) if cfg.data.corpus_dir else DEFAULT_CORPUS.fingerprint
 
 
 # version 4: decodes UTF-16/32 books, keeps books with a few stray NULs

@@ -19,6 +19,7 @@ from data_prep.bert_examples import (
     write_instances,
 )
 from data_prep.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID, encode_batch_ids, train_wordpiece
+from models import IGNORE_INDEX
 
 SPECIAL_IDS = (PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID)
 VOCAB_SIZE = 1000
@@ -303,7 +304,7 @@ def test_collator_shapes_and_labels():
         labels = batch["mlm_labels"][b].tolist()
         assert positions[:k] == sorted(set(positions[:k]))
         assert labels[:k] == [ids[p] for p in positions[:k]]
-        assert positions[k:] == [0] * (len(positions) - k) and labels[k:] == [-100] * (len(labels) - k)
+        assert positions[k:] == [0] * (len(positions) - k) and labels[k:] == [IGNORE_INDEX] * (len(labels) - k)
         assert all(ids[p] not in SPECIAL_IDS for p in positions[:k])
         unmasked = sorted(set(range(n)) - set(positions[:k]))
         assert batch["input_ids"][b, unmasked].tolist() == [ids[i] for i in unmasked]
@@ -312,7 +313,7 @@ def test_collator_shapes_and_labels():
 def test_collator_rate_and_80_10_10_over_large_batch():
     sequences = _sequences(2000, seed=1)
     batch = _collator(seed=0, max_predictions_per_seq=1000)(_rows(sequences))
-    is_prediction = batch["mlm_labels"] != -100
+    is_prediction = batch["mlm_labels"] != IGNORE_INDEX
     assert is_prediction.sum(dim=1).tolist() == [round(0.15 * (len(s) - 3)) for s in sequences]
     masked = batch["input_ids"].gather(1, batch["mlm_positions"])[is_prediction].numpy()
     originals = batch["mlm_labels"][is_prediction].numpy()
@@ -323,7 +324,7 @@ def test_collator_never_masks_special_or_padding_and_caps():
     sequences = _sequences(64, seed=2)
     collator = _collator(mlm_probability=0.9, max_predictions_per_seq=5)
     batch = collator(_rows(sequences))
-    assert batch["mlm_positions"].shape == (64, 5) and (batch["mlm_labels"] != -100).all()
+    assert batch["mlm_positions"].shape == (64, 5) and (batch["mlm_labels"] != IGNORE_INDEX).all()
     for b, ids in enumerate(sequences):
         assert all(ids[p] not in SPECIAL_IDS for p in batch["mlm_positions"][b].tolist())
         specials = [i for i, t in enumerate(ids) if t in SPECIAL_IDS]
@@ -331,7 +332,7 @@ def test_collator_never_masks_special_or_padding_and_caps():
         assert (batch["input_ids"][b, len(ids):] == PAD_ID).all()
     # A sequence with one maskable token still gets a prediction; one with none gets only padding slots.
     batch = collator(_rows([[CLS_ID, 42, SEP_ID, SEP_ID], [CLS_ID, SEP_ID, SEP_ID]]))
-    assert batch["mlm_positions"].tolist() == [[1], [0]] and batch["mlm_labels"].tolist() == [[42], [-100]]
+    assert batch["mlm_positions"].tolist() == [[1], [0]] and batch["mlm_labels"].tolist() == [[42], [IGNORE_INDEX]]
 
 
 def test_collator_generator_is_deterministic_and_masks_change():

@@ -13,7 +13,7 @@ from models.bert import (  # noqa: E402
     BertModel,
     from_hf,
     from_hf_pretraining,
-    load_encoder,
+    load_pretrained,
     to_hf,
 )
 
@@ -65,8 +65,8 @@ def test_hf_to_ours(tmp_path):
     ours = from_hf(tmp_path)
     assert ours.config.position_embedding_type == "learned" and ours.config.hidden_size == 64
     assert_parity(ours, hf_model, SMALL["vocab_size"])
-    # The fine-tune stage loads either format through load_encoder.
-    assert_parity(load_encoder(tmp_path), hf_model, SMALL["vocab_size"])
+    # The fine-tune stage loads either format through load_pretrained.
+    assert_parity(load_pretrained(tmp_path), hf_model, SMALL["vocab_size"])
 
 
 def test_hf_state_dict_needs_config():

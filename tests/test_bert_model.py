@@ -17,8 +17,8 @@ from models.bert import (
     BertModel,
     BertSelfAttention,
     bert_config,
-    load_encoder,
-    save_encoder,
+    load_pretrained,
+    save_pretrained,
 )
 
 V = 101
@@ -248,6 +248,31 @@ def test_decoder_is_tied_to_word_embeddings():
     assert not torch.equal(model.bert.embeddings.word_embeddings.weight, before)
 
 
+def test_heads_and_encoder_continue_a_pretraining_model_exactly():
+    """What a later phase continues from: heads_state_dict (without the decoder, which is the word embedding matrix)
+    and the encoder load back into a fresh model tensor for tensor, the decoder still tied; a missing head is an
+    error."""
+    torch.manual_seed(0)
+    trained = BertForPreTraining(small_config())
+    heads = trained.heads_state_dict()
+    assert heads and all(k.startswith("cls.") for k in heads) and BertForPreTraining.TIED_DECODER not in heads
+    torch.manual_seed(1)
+    fresh = BertForPreTraining(small_config())
+    fresh.load_encoder_and_heads(trained.bert, heads)
+    for name, tensor in trained.state_dict().items():
+        torch.testing.assert_close(fresh.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
+    assert fresh.cls.predictions.decoder.weight is fresh.bert.embeddings.word_embeddings.weight
+    with pytest.raises(RuntimeError, match="cls.seq_relationship.weight"):
+        fresh.load_encoder_and_heads(trained.bert, {k: v for k, v in heads.items() if "seq_relationship" not in k})
+
+
+def test_task_models_name_their_pretrained_encoder():
+    config = small_config()
+    for model in (BertForSequenceClassification(config, 3), BertForTokenClassification(config, 5),
+                  BertForQuestionAnswering(config)):
+        assert model.encoder is model.bert and isinstance(model.encoder, BertModel)
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 def test_tied_word_embedding_gradient_is_exact(bf16):
     """The lookup's rows are added into the decoder's gradient of the shared matrix (TiedWordGradient): the same values
@@ -364,25 +389,25 @@ def test_every_position_scheme_lets_masked_lm_learn_from_the_neighbours(position
 
 
 @pytest.mark.parametrize("position_embedding_type,pre_layer_norm", [("learned", False), ("sinusoidal", True), ("relative", True)])
-def test_save_load_encoder_round_trip(tmp_path, position_embedding_type, pre_layer_norm):
+def test_save_load_pretrained_round_trip(tmp_path, position_embedding_type, pre_layer_norm):
     torch.manual_seed(0)
     config = small_config(position_embedding_type=position_embedding_type, pre_layer_norm=pre_layer_norm)
     model = BertModel(config).eval()
-    save_encoder(model, tmp_path / "ckpt")
+    save_pretrained(model, tmp_path / "ckpt")
     saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     assert saved["format"] == "textrep-bert" and (tmp_path / "ckpt" / "model.safetensors").exists()
 
-    loaded = load_encoder(tmp_path / "ckpt").eval()
+    loaded = load_pretrained(tmp_path / "ckpt").eval()
     assert loaded.config == config
     input_ids, token_type_ids, attention_mask = batch()
     for a, b in zip(model(input_ids, token_type_ids, attention_mask), loaded(input_ids, token_type_ids, attention_mask)):
         assert torch.equal(a, b)
 
 
-def test_load_encoder_rejects_unknown_format(tmp_path):
+def test_load_pretrained_rejects_unknown_format(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
     with pytest.raises(ValueError):
-        load_encoder(tmp_path)
+        load_pretrained(tmp_path)
 
 
 def test_config_dict_round_trip_ignores_unknown_keys():

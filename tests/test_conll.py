@@ -3,7 +3,6 @@ import random
 import pytest
 
 from data_prep.conll import (
-    IGNORE_INDEX,
     TaggedSentence,
     encode_tagged_sentences,
     iob1_to_iob2,
@@ -12,6 +11,7 @@ from data_prep.conll import (
     word_level_tags,
 )
 from data_prep.tokenizer import CLS_ID, SEP_ID, train_wordpiece
+from models import IGNORE_INDEX
 
 CONLL_TEXT = """-DOCSTART- -X- -X- O
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.bert import BertConfig, BertForPreTraining, load_encoder
+from models.bert import BertConfig, BertForPreTraining, load_pretrained
 from pipeline.engine.dag import MARKER
 from pipeline.engine.distributed import checkpoint_tags, consolidated_state_dict, validate_distributed
 from tests.conftest import tiny_config
@@ -56,7 +56,7 @@ def test_ddp_in_two_ray_train_workers(tmp_root, ray_session):
     assert len(losses) == 20 and all(math.isfinite(x) for x in losses)
     # rank 0 alone writes: one checkpoint per save, no leftovers of concurrent writers
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000010.ckpt", "step-000020.ckpt"]
-    assert load_encoder(out / "encoder").config.num_hidden_layers == 2
+    assert load_pretrained(out / "encoder").config.num_hidden_layers == 2
 
 
 @pytest.mark.slow  # Ray Train start-up plus DeepSpeed import in 2 workers: 2-4 min on 2 cores
@@ -73,7 +73,7 @@ def test_deepspeed_zero2_on_cpu_consolidates_and_fine_tunes(tmp_root, ray_sessio
     engine_weights = torch.load(checkpoints / "step-20" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
     for name, tensor in engine_weights.items():
         torch.testing.assert_close(fp32[name], tensor.float(), rtol=0, atol=0, msg=name)
-    encoder = load_encoder(out / "encoder")
+    encoder = load_pretrained(out / "encoder")
     fresh = BertForPreTraining(BertConfig.from_dict(encoder.config.to_dict()))
     fresh.load_state_dict({k.removeprefix("model."): v for k, v in fp32.items()})
     for name, tensor in encoder.state_dict().items():
@@ -118,8 +118,8 @@ def test_phase2_in_two_workers_starts_from_phase1(tmp_root, ray_session, trainer
     assert summary["initialised_from"] == str(run.stage_dir("pretrain"))
     losses = train_losses(run.stage_dir("pretrain_phase2"))
     assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
-    phase1 = load_encoder(run.stage_dir("pretrain") / "encoder").state_dict()
-    phase2 = load_encoder(run.stage_dir("pretrain_phase2") / "encoder").state_dict()
+    phase1 = load_pretrained(run.stage_dir("pretrain") / "encoder").state_dict()
+    phase2 = load_pretrained(run.stage_dir("pretrain_phase2") / "encoder").state_dict()
     assert set(phase1) == set(phase2)
     for name, tensor in phase1.items():
         torch.testing.assert_close(phase2[name], tensor, rtol=0, atol=0, msg=name)

@@ -15,24 +15,22 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from data_prep.elmo_examples import (
-    BOS,
-    EOS,
-    IGNORE_TARGET,
-    MAX_CHARACTERS_PER_TOKEN,
-    UNK,
-    UNK_ID,
     TokenStreams,
     books_from_rows,
     build_word_vocab,
     plan_windows,
     read_word_vocab,
-    sentence_batch_inputs,
     split_books,
-    word_char_ids,
     write_token_streams,
     write_word_vocab,
 )
+from models import IGNORE_INDEX
 from models.elmo import (
+    BOS,
+    EOS,
+    MAX_CHARACTERS_PER_TOKEN,
+    UNK,
+    UNK_ID,
     BiLanguageModel,
     ElmoEmbedder,
     ElmoSentenceClassifier,
@@ -40,8 +38,10 @@ from models.elmo import (
     ProjectedLSTM,
     ScalarMix,
     elmo_config,
-    load_bilm,
-    save_bilm,
+    load_pretrained,
+    save_pretrained,
+    sentence_batch_inputs,
+    word_char_ids,
 )
 from pipeline import CONF_DIR
 from pipeline.elmo.downstream import ElmoTaskModule, make_elmo_task_collate
@@ -160,7 +160,7 @@ def test_window_batches_carry_rows_within_a_book_and_reverse_it_for_the_backward
     assert batches[0]["forward_targets"].tolist() == [[3, 4, 5, 1]]
     assert batches[0]["backward_inputs"].tolist() == [[1, 7, 6, 0]]  # </S> w5 w4 <S>: book a read from its end
     assert batches[0]["backward_targets"].tolist() == [[7, 6, 0, 1]]
-    assert batches[2]["forward_targets"].tolist() == [[8, 1, IGNORE_TARGET, IGNORE_TARGET]]
+    assert batches[2]["forward_targets"].tolist() == [[8, 1, IGNORE_INDEX, IGNORE_INDEX]]
 
 
 def test_split_books_holds_out_whole_books():
@@ -248,7 +248,7 @@ def test_softmax_options_give_finite_losses_and_exact_eval_nll(softmax):
     gen = torch.Generator().manual_seed(1)
     inputs = torch.randint(1, 262, (2, 3, 5, MAX_CHARACTERS_PER_TOKEN), generator=gen)
     targets = torch.randint(0, 400, (2, 3, 5), generator=gen)
-    targets[1, 0, 2:] = IGNORE_TARGET
+    targets[1, 0, 2:] = IGNORE_INDEX
     bilm.train()
     loss = bilm(inputs[0], inputs[1], targets[0], targets[1]).loss
     loss.backward()
@@ -258,7 +258,7 @@ def test_softmax_options_give_finite_losses_and_exact_eval_nll(softmax):
     assert out.forward_tokens == 15 and out.backward_tokens == 12
     if softmax != "adaptive":  # eval scores the full softmax, sampled or not
         top = bilm.backward_lstm(bilm.token_encoder(inputs[1]), None)[0][-1].flatten(0, 1)
-        keep = targets[1].flatten() != IGNORE_TARGET
+        keep = targets[1].flatten() != IGNORE_INDEX
         logits = top[keep] @ bilm.softmax.weight.T + bilm.softmax.bias
         expected = torch.nn.functional.cross_entropy(logits, targets[1].flatten()[keep], reduction="sum")
         assert torch.allclose(out.backward_nll_sum, expected, rtol=1e-5)
@@ -271,8 +271,8 @@ def test_word_input_bilm_and_checkpoint_round_trip(tmp_path):
         ElmoEmbedder(bilm)
     inputs, mask = sentence_batch_inputs(["a short odd one"], {w: i for i, w in enumerate(vocab)})
     assert inputs.tolist() == [[0, 3, 4, UNK_ID, 5, 1]] and mask.all()
-    save_bilm(bilm, tmp_path / "bilm")
-    loaded = load_bilm(tmp_path / "bilm").eval()
+    save_pretrained(bilm, tmp_path / "bilm")
+    loaded = load_pretrained(tmp_path / "bilm").eval()
     a, _ = ElmoEmbedder(bilm, vocab).embed(["a short one"])
     b, _ = ElmoEmbedder(loaded, vocab).embed(["a short one"])
     assert torch.equal(a, b)
@@ -288,7 +288,9 @@ def test_downstream_models_train_only_the_mix_and_the_head(pair):
     if pair:
         for r in rows:
             r["text_b"] = "another sentence"
+    assert model.encoder is bilm  # the pretrained encoder, by the name every family's task model gives it
     module = ElmoTaskModule(model, lr=1e-2, weight_decay=0.0, warmup_steps=0, total_steps=10)
+    module.encoder_lr_factor = 0.1  # a frozen encoder stays frozen whatever its learning rate
     optimizer = module.configure_optimizers()["optimizer"]
     model.train()
     loss, predictions = module.model_step(collate(rows))
@@ -304,7 +306,7 @@ def test_token_tagger_scores_only_labelled_words():
     model = ElmoTokenTagger(tiny_bilm(), num_tags=3, hidden_size=8)
     collate = make_elmo_task_collate(model.features.embedder)
     batch = collate([{"text_a": "a b c", "label": [0, 1, 2]}, {"text_a": "d", "label": [1]}])
-    assert batch["labels"].tolist() == [[0, 1, 2], [1, IGNORE_TARGET, IGNORE_TARGET]]
+    assert batch["labels"].tolist() == [[0, 1, 2], [1, IGNORE_INDEX, IGNORE_INDEX]]
     module = ElmoTaskModule(model, 1e-3, 0.0, 0, 10, metric="entity_f1", labels=["O", "B-PER", "I-PER"])
     loss, predictions = module.model_step(batch)
     assert torch.isfinite(loss) and predictions.shape == (2, 3)

@@ -11,7 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from data_prep.tokenizer import train_wordpiece
-from models.bert import BertModel, bert_config, save_encoder, to_hf
+from models.bert import BertModel, bert_config, save_pretrained, to_hf
 from pipeline import CONF_DIR
 from pipeline.downstream import finetune as finetuning
 from pipeline.engine.dag import StageContext
@@ -44,8 +44,8 @@ def ctx(tmp_path) -> StageContext:
     rng = random.Random(0)
     train_wordpiece([" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(300)], tok_dir, vocab_size=120,
                     min_frequency=1)
-    save_encoder(BertModel(bert_config("bert_tiny", vocab_size=128, max_position_embeddings=64)),
-                 pretrain_dir / "encoder")
+    save_pretrained(BertModel(bert_config("bert_tiny", vocab_size=128, max_position_embeddings=64)),
+                    pretrain_dir / "encoder")
     glue = tmp_path / "glue"
     write_sentiment_task(glue / "SST-2", n_train=32, n_dev=16)
     _write_stsb(glue / "STS-B")
@@ -130,15 +130,16 @@ def test_seeds_with_an_undefined_correlation_are_counted_not_averaged():
 def test_elmo_is_fine_tuned_feature_based_on_every_task_family(ctx, tmp_path):
     """finetune.models=[elmo]: the elmo_pretrain stage's frozen biLM with a fresh scalar mix and head per seed, on
     classification, regression and tagging, each scored by its task's metric."""
-    from data_prep.elmo_examples import BOS, EOS, UNK, write_word_vocab
-    from models.elmo import BiLanguageModel, elmo_config, save_bilm
+    from data_prep.elmo_examples import write_word_vocab
+    from models import elmo
     from pipeline.downstream.finetune import finetune_upstream
 
-    vocab = [BOS, EOS, UNK, *sorted(set(WORDS))]
+    vocab = [*elmo.SPECIAL_WORDS, *sorted(set(WORDS))]
     (tmp_path / "elmo_vocab").mkdir()
     write_word_vocab(vocab, tmp_path / "elmo_vocab" / "vocab.txt")
     tiny = dict(filters=[[1, 8], [2, 8]], projection_dim=16, lstm_dim=32)
-    save_bilm(BiLanguageModel(elmo_config("elmo_small", vocab_size=len(vocab), **tiny)), tmp_path / "elmo" / "bilm")
+    elmo.save_pretrained(elmo.BiLanguageModel(elmo.elmo_config("elmo_small", vocab_size=len(vocab), **tiny)),
+                         tmp_path / "elmo" / "bilm")
     ctx.cfg.finetune.models = ["elmo", "pretrained"]
     assert set(finetune_upstream(ctx.cfg)) == {"tokenizer", "pretrain", "elmo_vocab", "elmo_pretrain"}
     ctx.cfg.finetune.models = ["elmo"]

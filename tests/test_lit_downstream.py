@@ -12,6 +12,7 @@ from data_prep.squad import SquadExample, squad_features
 from data_prep.tokenizer import train_wordpiece
 from models.bert import BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from pipeline.downstream.modules import (
+    ClassificationModule,
     QuestionAnsweringModule,
     RegressionModule,
     TokenClassificationModule,
@@ -150,3 +151,14 @@ def test_regression_module_refuses_integer_labels():
     batch["labels"] = batch["labels"].long()
     with pytest.raises(TypeError, match="collate them as float"):
         module.model_step(batch)
+
+
+def test_encoder_lr_factor_slows_exactly_the_task_models_encoder():
+    """finetune.encoder_lr_factor reaches the encoder through the task model's `encoder`, not a family's name for it."""
+    model = BertForSequenceClassification(tiny_config(50), 3)
+    module = ClassificationModule(model, "accuracy", total_steps=10, **OPTIMISER)
+    module.encoder_lr_factor = 0.1
+    groups = module.configure_optimizers()["optimizer"].param_groups
+    slow = {id(p) for g in groups if g["initial_lr"] == pytest.approx(0.1 * OPTIMISER["lr"]) for p in g["params"]}
+    assert slow == {id(p) for p in model.bert.parameters()}
+    assert {id(p) for g in groups for p in g["params"]} == {id(p) for p in model.parameters()}

@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 
 from pipeline.evaluation.metrics import (
@@ -67,6 +68,23 @@ def test_spearman_averages_tied_ranks():
     assert average_ranks([3, 3, 3]).tolist() == [2.0, 2.0, 2.0]
     # ranks (1, 2.5, 2.5, 4) vs (1, 2, 3, 4): scipy.stats.spearmanr gives 0.9486832980505138
     assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)
+    # ranks of y: 1, 3, 2, 4. Centred: (-1.5, 0, 0, 1.5) and (-1.5, .5, -.5, 1.5); products sum to 4.5, squares to
+    # 4.5 and 5, so rho = 4.5 / sqrt(22.5) = 3 / sqrt(10).
+    assert spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(3 / math.sqrt(10))
+
+
+def test_metrics_take_numpy_arrays_and_return_plain_floats():
+    """The SentEval probes score numpy arrays (argmax predictions, int64 labels, float scores) with these same
+    functions; the results go to JSON, so they must be Python floats, not numpy scalars."""
+    labels = np.array([1, 1, 0, 1, 0], dtype=np.int64)
+    predicted = np.array([1, 1, 1, 0, 0], dtype=np.int64)
+    scores = (accuracy(predicted, labels), binary_f1(predicted, labels),
+              pearson(np.array([1.0, 2.0, 3.0]), np.array([2.0, 4.0, 6.0])),
+              spearman(np.array([1, 2, 2, 3]), np.array([1, 3, 2, 4])))
+    assert [type(s) for s in scores] == [float] * 4
+    # tp = 2, fp = 1, fn = 1: accuracy 3/5, F1 = 4 / 6
+    assert scores[:2] == pytest.approx((3 / 5, 2 / 3))
+    assert average_ranks(np.array([5, 1, 5, 5])).tolist() == [3.0, 1.0, 3.0, 3.0]
 
 
 def test_entity_spans_iob2_and_iob1():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from data_prep.bert_examples import BertPretrainingCollator, TrainingInstance, write_instances
+from models import IGNORE_INDEX
 from models.bert import BertForPreTraining, bert_config
 from pipeline.bert.data import PretrainingInstances
 from pipeline.bert.diagnostics import PLATEAU_MARGIN_NATS, plateau_message, unigram_cross_entropy
@@ -67,7 +68,7 @@ def test_the_warning_fires_on_an_untrained_model_and_not_on_a_trained_one():
     val_batches = [collator(held_out[i:i + 32]) for i in range(0, 64, 32)]
     counts = np.bincount(np.concatenate([r["input_ids"] for r in train]), minlength=vocab)
     counts[:5] = 0
-    targets = torch.cat([b["mlm_labels"][b["mlm_labels"] != -100] for b in val_batches]).numpy()
+    targets = torch.cat([b["mlm_labels"][b["mlm_labels"] != IGNORE_INDEX] for b in val_batches]).numpy()
     unigram = unigram_cross_entropy(counts, targets)
     assert unigram == pytest.approx(math.log(vocab - 5), abs=0.05)
 

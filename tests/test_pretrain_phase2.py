@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from models.bert import load_encoder
+from models.bert import BertForPreTraining, load_pretrained
 from pipeline.bert.pretrain import HEADS_FILE, _build_model, _setup
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import MARKER, StageContext, StageFailed, execute_stage, plan
@@ -67,9 +67,9 @@ def test_phase2_starts_from_phase1s_final_weights(run):
     ctx = StageContext(run.cfg, "pretrain_phase2", run.stage_dir("pretrain_phase2"),
                        {u: run.stage_dir(u) for u in run.plan.stages["pretrain_phase2"].upstream})
     initial = _setup(ctx, rank=0, world_size=1).model.state_dict()
-    expected = {**{f"bert.{k}": v for k, v in load_encoder(phase1 / "encoder").state_dict().items()},
+    expected = {**{f"bert.{k}": v for k, v in load_pretrained(phase1 / "encoder").state_dict().items()},
                 **load_file(str(phase1 / HEADS_FILE))}
-    assert set(expected) == set(initial) - {"cls.predictions.decoder.weight"}  # tied to the word embeddings
+    assert set(expected) == set(initial) - {BertForPreTraining.TIED_DECODER}  # tied to the word embeddings
     for name, tensor in expected.items():
         torch.testing.assert_close(initial[name], tensor, rtol=0, atol=0, msg=name)
     torch.manual_seed(run.cfg.seed)
@@ -84,8 +84,8 @@ def test_phase2_trains_its_own_steps_and_writes_encoder_and_heads(run):
     assert f'"initialised_from": "{run.stage_dir("pretrain")}"' in summary
     assert sorted(_train_losses(out)) == list(range(1, 11))
     assert (out / HEADS_FILE).is_file()
-    before = load_encoder(run.stage_dir("pretrain") / "encoder").state_dict()
-    after = load_encoder(out / "encoder").state_dict()
+    before = load_pretrained(run.stage_dir("pretrain") / "encoder").state_dict()
+    after = load_pretrained(out / "encoder").state_dict()
     assert not torch.equal(before["embeddings.position_embeddings.weight"],
                            after["embeddings.position_embeddings.weight"])
 
@@ -105,12 +105,12 @@ def test_changing_only_a_phase2_setting_reruns_phase2_and_not_phase1(run):
 def test_finetune_and_report_read_the_phase2_encoder(run, monkeypatch):
     read = []
 
-    def recording_load_encoder(path):
+    def recording_load_pretrained(path):
         read.append(Path(path))
-        return load_encoder(path)
+        return load_pretrained(path)
 
-    monkeypatch.setattr("pipeline.bert.downstream.load_encoder", recording_load_encoder)
-    monkeypatch.setattr("models.bert.load_encoder", recording_load_encoder)  # the report's attention heat-map
+    monkeypatch.setattr("pipeline.bert.downstream.load_pretrained", recording_load_pretrained)
+    monkeypatch.setattr("models.bert.load_pretrained", recording_load_pretrained)  # the report's attention heat-map
     assert run.plan.stages["finetune"].upstream == ("tokenizer", "pretrain_phase2")
     run.run_stage("finetune")
     run.run_stage("report")

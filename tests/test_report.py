@@ -14,7 +14,7 @@ from matplotlib.container import BarContainer
 from omegaconf import OmegaConf
 
 from data_prep.tokenizer import train_wordpiece
-from models.bert import BertModel, bert_config, save_encoder
+from models.bert import BertModel, bert_config, save_pretrained
 from pipeline.bert.attention import AttentionRequest, attention_matrix
 from pipeline.bert.attention import report_section as attention_section
 from pipeline.report.plots import plot_attention, plot_pretraining, plot_task_scores
@@ -70,7 +70,7 @@ def bert_dirs(tmp_path_factory) -> tuple[Path, Path]:
     torch.manual_seed(0)
     config = bert_config("bert_tiny", vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
                          max_position_embeddings=32)
-    save_encoder(BertModel(config), root / "pretrain" / "encoder")
+    save_pretrained(BertModel(config), root / "pretrain" / "encoder")
     _write_loss_curve(root / "pretrain", "val/mlm_perplexity")
     return root / "pretrain", root / "tokenizer"
 
@@ -216,9 +216,9 @@ def test_pretraining_plot_adds_a_log_perplexity_panel_only_when_logged(tmp_path)
 def _attention_by_hand(encoder_dir: Path, input_ids: torch.Tensor, layer: int, head: int) -> np.ndarray:
     """softmax(q k^T / sqrt(d)) of one head, from the layer's own query/key weights applied to its input hidden
     states, the latter computed layer by layer (post-LN BERT: a layer's attention reads its input unnormalised)."""
-    from models.bert import load_encoder
+    from models.bert import load_pretrained
 
-    model = load_encoder(encoder_dir).eval()
+    model = load_pretrained(encoder_dir).eval()
     with torch.no_grad():
         hidden = model.embeddings(input_ids, torch.zeros_like(input_ids))
         for block in model.encoder.layer[:layer]:

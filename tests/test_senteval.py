@@ -1,7 +1,7 @@
-"""SentEval-style evaluation: readers, metrics, the logistic-regression protocol, encoders, run_senteval."""
+"""SentEval-style evaluation: readers, the logistic-regression protocol, encoders, run_senteval (the metrics are
+pipeline/evaluation/metrics.py's, tested in test_metrics.py)."""
 from __future__ import annotations
 
-import math
 import random
 
 import numpy as np
@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from data_prep.senteval_data import read_labelled_tsv, read_mr, read_mrpc, read_sick, tokenize
 from data_prep.tokenizer import train_wordpiece
 from data_prep.word_vectors import WordVectors
-from models.bert import BertConfig, BertModel, save_encoder
+from models.bert import BertConfig, BertModel, save_pretrained
 from pipeline import CONF_DIR
 from pipeline.bert.encoder import BertEncoder
 from pipeline.evaluation.senteval import (
@@ -21,19 +21,15 @@ from pipeline.evaluation.senteval import (
     Encoder,
     Examples,
     GloveBagOfWords,
-    average_ranks,
     cross_validated_accuracy,
     embed,
     expected_relatedness,
-    f1_score,
     fit_selecting_l2,
     pair_features,
-    pearson,
     relatedness_regression,
     relatedness_targets,
     results_table,
     run_senteval,
-    spearman,
     stratified_folds,
 )
 from tests.conftest import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, VERBS, write_sentiment_task
@@ -98,29 +94,6 @@ def test_pair_features_are_u_v_absolute_difference_product_in_that_order():
     u, v = np.array([[1.0, 2.0]]), np.array([[3.0, -1.0]])
     assert pair_features(u, v).tolist() == [[1.0, 2.0, 3.0, -1.0, 2.0, 3.0, 3.0, -2.0]]
     assert pair_features(np.ones((5, 7)), np.zeros((5, 7))).shape == (5, 28)
-
-
-# -----------------------------------------------------------------------------
-# Metrics
-
-
-def test_average_ranks_share_the_mean_rank_among_ties():
-    assert average_ranks(np.array([10, 20, 20, 30])).tolist() == [1.0, 2.5, 2.5, 4.0]
-    assert average_ranks(np.array([5, 1, 5, 5])).tolist() == [3.0, 1.0, 3.0, 3.0]
-
-
-def test_spearman_with_ties_matches_the_hand_computed_value():
-    # ranks of x: 1, 2.5, 2.5, 4; of y: 1, 3, 2, 4. Centred: (-1.5, 0, 0, 1.5) and (-1.5, .5, -.5, 1.5);
-    # products sum to 4.5, squares to 4.5 and 5, so rho = 4.5 / sqrt(22.5) = 3 / sqrt(10).
-    assert spearman(np.array([1, 2, 2, 3]), np.array([1, 3, 2, 4])) == pytest.approx(3 / math.sqrt(10))
-    assert spearman(np.array([1, 2, 3]), np.array([10, 100, 1000])) == pytest.approx(1.0)
-
-
-def test_pearson_and_f1_on_hand_cases():
-    assert pearson(np.array([1, 2, 3]), np.array([2, 4, 6])) == pytest.approx(1.0)
-    assert math.isnan(pearson(np.array([1, 1, 1]), np.array([1, 2, 3])))
-    # tp = 2, fp = 1, fn = 1 -> F1 = 4 / 6
-    assert f1_score(np.array([1, 1, 1, 0, 0]), np.array([1, 1, 0, 1, 0])) == pytest.approx(2 / 3)
 
 
 # -----------------------------------------------------------------------------
@@ -309,7 +282,7 @@ def test_bert_encoder_mean_is_the_average_hidden_state_of_cls_pieces_and_sep(tin
 
 def test_bert_encoder_loads_from_pipeline_directories(tiny_bert, tmp_path):
     model, tokenizer, tokenizer_dir = tiny_bert
-    save_encoder(model, tmp_path / "encoder")
+    save_pretrained(model, tmp_path / "encoder")
     loaded = BertEncoder.from_directories(tmp_path / "encoder", tokenizer_dir, pooling="mean", name="bert_tiny_mean")
     sentence = [tokenize("the captain found the city")]
     assert loaded.name == "bert_tiny_mean"
@@ -321,7 +294,7 @@ def test_random_twin_encoder_is_the_same_architecture_freshly_initialised(tiny_b
     from models.checkpoint import random_twin
 
     model, tokenizer, tokenizer_dir = tiny_bert
-    save_encoder(model, tmp_path / "encoder")
+    save_pretrained(model, tmp_path / "encoder")
     twin = BertEncoder.from_directories(tmp_path / "encoder", tokenizer_dir, pooling="mean", random_init_seed=7)
     state_before = torch.get_rng_state()
     again = random_twin(model, 7).state_dict()

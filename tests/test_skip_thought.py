@@ -40,9 +40,9 @@ from models.skip_thought import (
     GRULayer,
     GRURecurrence,
     SkipThoughts,
-    load_skip_thoughts,
+    load_pretrained,
     reverse_padded,
-    save_skip_thoughts,
+    save_pretrained,
     skip_thought_config,
 )
 from pipeline import CONF_DIR
@@ -174,8 +174,8 @@ def test_combine_skip_concatenates_uni_and_bi():
 def test_save_and_load_round_trip(tmp_path):
     torch.manual_seed(0)
     model = SkipThoughts(tiny_config(encoder="bi")).eval()
-    save_skip_thoughts(model, tmp_path / "model")
-    loaded = load_skip_thoughts(tmp_path / "model").eval()
+    save_pretrained(model, tmp_path / "model")
+    loaded = load_pretrained(tmp_path / "model").eval()
     ids, lengths = pad_sentences([[5, 6, 7]])
     torch.testing.assert_close(loaded.encode(ids, lengths), model.encode(ids, lengths))
 

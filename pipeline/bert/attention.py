@@ -36,9 +36,9 @@ def attention_matrix(encoder_dir: Path, tokenizer_dir: Path, request: AttentionR
     import torch
 
     from data_prep.tokenizer import load_tokenizer
-    from models.bert import load_encoder
+    from models.bert import load_pretrained
 
-    model = load_encoder(encoder_dir).eval()
+    model = load_pretrained(encoder_dir).eval()
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
     if not -layers <= request.layer < layers:
         raise ValueError(f"report.attention_layer={request.layer}, but the encoder has {layers} layers; use "

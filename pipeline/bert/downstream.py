@@ -19,7 +19,7 @@ from models.bert import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
-    load_encoder,
+    load_pretrained,
 )
 from pipeline.bert.data import EncodedTask, pad_classification_batch
 from pipeline.bert.pretrain import encoder_stage
@@ -51,10 +51,10 @@ class BertTaskModels:
                               seed, selection_fraction, finetune.get("pooling", "cls"))
 
     def build(self, data: TaskData) -> nn.Module:
-        encoder = load_encoder(self.encoder_dir)
+        encoder = load_pretrained(self.encoder_dir)
         model = data.make_model(encoder.config)
         if self.pretrained:
-            model.bert.load_state_dict(encoder.state_dict())
+            model.encoder.load_state_dict(encoder.state_dict())
         return model
 
 

@@ -39,10 +39,10 @@ class BertEncoder:
         """From a pretrain stage's encoder/ (or a HuggingFace BERT directory) and a tokenizer stage's directory; with
         `random_init_seed`, its architecture freshly initialised instead of its weights."""
         from data_prep.tokenizer import load_tokenizer
-        from models.bert import load_encoder
+        from models.bert import load_pretrained
         from models.checkpoint import random_twin
 
-        model = load_encoder(encoder_dir)
+        model = load_pretrained(encoder_dir)
         if random_init_seed is not None:
             model = random_twin(model, random_init_seed)
         return cls(model, load_tokenizer(tokenizer_dir), **kwargs)

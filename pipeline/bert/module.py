@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from data_prep.bert_examples import IGNORE_INDEX
+from models import IGNORE_INDEX
 from pipeline.engine.training import log_step_outputs
 from pipeline.optim import PRETRAIN_OPTIMIZERS
 

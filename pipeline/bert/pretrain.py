@@ -27,10 +27,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
-from data_prep.bert_examples import IGNORE_INDEX, BertPretrainingCollator
+from data_prep.bert_examples import BertPretrainingCollator
 from data_prep.shards import write_json_atomically
 from data_prep.tokenizer import SPECIAL_TOKENS, load_tokenizer
-from models.bert import BertConfig, load_encoder, save_encoder
+from models import IGNORE_INDEX
+from models.bert import BertConfig, load_pretrained, save_pretrained
 from pipeline.bert.data import MaskedBatches, PretrainingInstances
 from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import BertPretrainModule, bert_pretraining_losses
@@ -56,7 +57,6 @@ KEEP_CHECKPOINTS = 2
 WORKER_SUMMARY = "train_summary.json"  # how rank 0 of the Ray Train workers hands the stage its summary
 # The MLM and NSP heads, beside encoder/: what a later phase needs, besides the encoder, to continue pretraining.
 HEADS_FILE = "pretraining_heads.safetensors"
-TIED_DECODER = "cls.predictions.decoder.weight"  # the word embedding matrix itself: saved once, in encoder/
 
 
 @dataclass(frozen=True)
@@ -150,17 +150,9 @@ def _build_model(cfg: DictConfig, vocab_size: int) -> nn.Module:
     return hydra.utils.instantiate(model_cfg, _convert_="all")
 
 
-def _save_heads(model: nn.Module, path: Path) -> None:
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
-               if k.startswith("cls.") and k != TIED_DECODER}, str(path))
-
-
 def _continue_from(model: nn.Module, pretrain_dir: Path) -> None:
     """Load a finished phase's encoder and MLM/NSP heads into `model`, which has the same configuration."""
-    state = {f"bert.{k}": v for k, v in load_encoder(pretrain_dir / "encoder").state_dict().items()}
-    state[TIED_DECODER] = state["bert.embeddings.word_embeddings.weight"]  # one Parameter under two names
-    # strict: any missing or extra tensor is an error
-    model.load_state_dict({**state, **load_file(str(pretrain_dir / HEADS_FILE))})
+    model.load_encoder_and_heads(load_pretrained(pretrain_dir / "encoder"), load_file(str(pretrain_dir / HEADS_FILE)))
 
 
 def _setup(ctx: StageContext, rank: int, world_size: int) -> _Setup:
@@ -326,8 +318,8 @@ def _phase_summary(ctx: StageContext) -> dict:
 
 
 def _write_outputs(out: Path, model: nn.Module, history: LossHistory, summary: dict, in_ray_worker: bool) -> None:
-    save_encoder(model.bert, out / "encoder")
-    _save_heads(model, out / HEADS_FILE)
+    save_pretrained(model.bert, out / "encoder")
+    save_file(model.heads_state_dict(), str(out / HEADS_FILE))
     history.write_csv(out / "loss_curve.csv")
     if in_ray_worker:
         write_json_atomically(out / WORKER_SUMMARY, summary)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 from functools import partial
+from pathlib import Path
 
-import ray
 from omegaconf import OmegaConf
 
 from data_prep.bert_examples import create_training_instances, write_instances
@@ -16,6 +16,7 @@ from pipeline.bert.pretrain import PHASES, pretrain
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.distributed import stage_cpus
+from pipeline.engine.shard_tasks import map_shards
 
 
 def tokenizer(ctx: StageContext) -> dict:
@@ -28,7 +29,7 @@ def tokenizer(ctx: StageContext) -> dict:
     return {"vocab_size": trained.get_vocab_size()}
 
 
-def _tokenized_books(shard_path: str, tok) -> list[list[list[int]]]:
+def _tokenized_books(shard_path: Path, tok) -> list[list[list[int]]]:
     """The books of one sentence shard as lists of sentences of token ids, in shard order."""
     table = read_arrow(shard_path)
     ids = encode_by_word(tok, table.column("text").combine_chunks()).to_pylist()  # each distinct word encoded once
@@ -41,20 +42,21 @@ def _tokenized_books(shard_path: str, tok) -> list[list[list[int]]]:
     return books
 
 
-@ray.remote(num_cpus=1)
-def build_shard_examples(shard_path: str, neighbour_path: str, tokenizer_dir: str, out_path: str,
+def build_shard_examples(index: int, shard_path: Path, shards: list[Path], tokenizer_dir: Path, out_dir: Path,
                          max_seq_length: int, short_seq_prob: float, dupe_factor: int, seed: int) -> int:
-    """Tokenize one sentence shard and write its BERT sentence-pair instances.
+    """Tokenize shard `index` of `shards` and write its BERT sentence-pair instances to examples-<index>.arrow.
 
     Random next sentences come from the shard's other books; a shard holding a single (long) book borrows the
-    books of its neighbour shard for that, and only for that."""
+    books of its neighbour shard for that, and only for that. One seed per shard, derived from the run seed."""
     use_one_tokenizer_thread()
     tok = load_tokenizer(tokenizer_dir)
     books = _tokenized_books(shard_path, tok)
+    neighbour_path = shards[(index + 1) % len(shards)]
     borrowed = _tokenized_books(neighbour_path, tok) if len(books) < 2 and neighbour_path != shard_path else []
     instances = create_training_instances(books, max_seq_length, short_seq_prob, dupe_factor,
-                                          random.Random(seed), random_next_documents=borrowed)
-    write_instances(instances, out_path, tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]"))
+                                          random.Random(seed * 1000 + index), random_next_documents=borrowed)
+    write_instances(instances, out_dir / f"examples-{index:05d}.arrow", tok.token_to_id("[CLS]"),
+                    tok.token_to_id("[SEP]"))
     return len(instances)
 
 
@@ -62,15 +64,10 @@ def examples(ctx: StageContext, length_key: str) -> dict:
     """Sentence-pair instances at the sequence length configured under `length_key` (`examples` at phase 1's,
     `examples_phase2` at phase 2's), built from the same shards and tokenizer with the `examples` settings."""
     shards = shard_paths(ctx.stage_dir("prepare"))
-    out = ctx.out_dir
     ex = ctx.cfg.examples
     max_seq_length = int(OmegaConf.select(ctx.cfg, length_key))
-    # One seed per shard, derived from the run seed: the output does not depend on which worker ran what.
-    refs = [build_shard_examples.remote(str(shard), str(shards[(i + 1) % len(shards)]),
-                                        str(ctx.stage_dir("tokenizer")), str(out / f"examples-{i:05d}.arrow"),
-                                        max_seq_length, ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed * 1000 + i)
-            for i, shard in enumerate(shards)]
-    counts = ray.get(refs)
+    counts = map_shards(build_shard_examples, shards, shards, ctx.stage_dir("tokenizer"), ctx.out_dir, max_seq_length,
+                        ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed)
     return {"instances": int(sum(counts)), "files": len(counts), "max_seq_length": max_seq_length}
 
 

@@ -18,8 +18,8 @@ from torch.utils.data import DataLoader, Subset
 
 from data_prep.shards import write_json_atomically
 from pipeline.downstream.task_data import TaskData, stratified_subsample
-from pipeline.downstream.tasks import load_task, resolve_task_dir
-from pipeline.engine.dag import Stage, StageContext, all_cpus, files_fingerprint
+from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fingerprint
+from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import FinetuneKind, TaskModels
 from pipeline.engine.training import make_trainer
 from pipeline.families import FAMILIES
@@ -186,7 +186,7 @@ def label_efficiency(results: list[dict]) -> list[dict]:
 
 def _finetune_fingerprint(cfg: DictConfig) -> str:
     """The task files, and the files a model kind reads from outside the cache (an external encoder's)."""
-    parts = [files_fingerprint(resolve_task_dir(load_task(name), cfg.finetune.data_dir, cfg.paths.cache_dir), "*")
+    parts = [task_data_fingerprint(load_task(name), cfg.finetune.data_dir, cfg.paths.cache_dir)
              for name in task_names(cfg)]
     parts += [kind.fingerprint(cfg) for kind in _kinds(cfg).values()]
     return hashlib.sha256("".join(parts).encode()).hexdigest()

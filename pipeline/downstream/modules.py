@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from data_prep.conll import IGNORE_INDEX, word_level_tags
+from data_prep.conll import word_level_tags
 from data_prep.squad import SquadExample, best_answers
+from models import IGNORE_INDEX
 from pipeline.evaluation.metrics import score_task
 from pipeline.optim import adamw_with_linear_schedule
 
@@ -71,13 +72,12 @@ class FinetuneModule(L.LightningModule):
         self.scores = scores
         self.log_dict({f"val/{name}": float(value) for name, value in scores.items()}, prog_bar=True)
 
-    # finetune.encoder_lr_factor: the pretrained encoder (`.bert`) trains at this factor x the head's lr
+    # finetune.encoder_lr_factor: the task model's pretrained `encoder` trains at this factor x the head's lr
     encoder_lr_factor: float = 1.0
 
     def configure_optimizers(self):
         hp = self.hparams
-        encoder = getattr(self.model, "bert", None)
-        slower = (encoder, self.encoder_lr_factor) if encoder is not None and self.encoder_lr_factor != 1.0 else None
+        slower = (self.model.encoder, self.encoder_lr_factor) if self.encoder_lr_factor != 1.0 else None
         return adamw_with_linear_schedule(self.model, hp.lr, hp.weight_decay, (0.9, 0.999), hp.warmup_steps,
                                           hp.total_steps, slower=slower)
 

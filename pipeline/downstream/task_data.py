@@ -21,7 +21,7 @@ class TaskData:
     train: list
     dev: list
     collate: Callable
-    make_model: Callable       # BertConfig -> nn.Module with a `.bert` encoder (ELMo: None -> head on the biLM)
+    make_model: Callable       # BertConfig -> task model with an `.encoder` (ELMo: None -> head on the biLM)
     make_module: Callable      # (model, lr=, weight_decay=, warmup_steps=, total_steps=) -> LightningModule
     majority_scores: dict[str, float] | None  # majority-class baseline, for classification tasks only
     train_labels: list | None = None  # class of each train example, for stratified subsets; None: not a class task

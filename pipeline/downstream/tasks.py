@@ -9,6 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data_prep.builtin import BUILTIN_TASK_DATA
 from pipeline import CONF_DIR
+from pipeline.engine.dag import files_fingerprint
 
 TASK_DIR = CONF_DIR / "task"
 
@@ -37,9 +38,16 @@ def resolve_task_dir(task: DictConfig, data_dir: str | None, cache_dir: str) -> 
                                     f"pass finetune.data_dir=DIR with {task.train_file} and {task.dev_file}")
         return path
     if task.builtin:
-        return BUILTIN_TASK_DATA[task.builtin](cache_dir)
+        return BUILTIN_TASK_DATA[task.builtin].fetch(cache_dir)
     raise ValueError(f"task {task.name} has no built-in data: pass finetune.data_dir=DIR "
                      f"with {task.train_file} and {task.dev_file}")
+
+
+def task_data_fingerprint(task: DictConfig, data_dir: str | None, cache_dir: str) -> str:
+    """The files of resolve_task_dir, or the built-in data's pinned releases: planning never downloads."""
+    if not data_dir and task.builtin:
+        return BUILTIN_TASK_DATA[task.builtin].fingerprint
+    return files_fingerprint(resolve_task_dir(task, data_dir, cache_dir), "*")
 
 
 @dataclass

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from data_prep.elmo_examples import IGNORE_TARGET, read_word_vocab
-from models.elmo import ElmoEmbedder, ElmoSentenceClassifier, ElmoTokenTagger, load_bilm
+from data_prep.elmo_examples import read_word_vocab
+from models import IGNORE_INDEX
+from models.elmo import ElmoEmbedder, ElmoSentenceClassifier, ElmoTokenTagger, load_pretrained
 from pipeline.downstream.modules import FinetuneModule
 from pipeline.downstream.task_data import TaskData, conll_sentences, subsample, tsv_splits
 from pipeline.downstream.tasks import TaskSplit
@@ -40,7 +41,7 @@ class ElmoTaskModels:
 
 def _load(ctx: StageContext) -> ElmoTaskModels:
     bilm_dir = ctx.stage_dir("elmo_pretrain") / "bilm"
-    return ElmoTaskModels(load_bilm(bilm_dir).eval(), read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"),
+    return ElmoTaskModels(load_pretrained(bilm_dir).eval(), read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"),
                           str(bilm_dir))
 
 
@@ -83,8 +84,8 @@ def load_elmo_task_data(task: DictConfig, data_dir: Path, bilm_and_vocab: tuple,
 
 def make_elmo_task_collate(embedder: ElmoEmbedder):
     """collate_fn for rows {"text_a", optional "text_b", "label"}: a label per sentence (int class, or float score)
-    or per word (list of ints, padded with IGNORE_TARGET); text as raw text (words as
-    `data_prep.elmo_examples.split_words` splits them) or as a list of words."""
+    or per word (list of ints, padded with IGNORE_INDEX); text as raw text (words as
+    `models.elmo.split_words` splits them) or as a list of words."""
 
     def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
         inputs, mask = embedder.batch_inputs([r["text_a"] for r in rows])
@@ -95,7 +96,7 @@ def make_elmo_task_collate(embedder: ElmoEmbedder):
             dtype = torch.long if isinstance(rows[0]["label"], int) else torch.float32
             batch["labels"] = torch.tensor([r["label"] for r in rows], dtype=dtype)
         else:
-            labels = torch.full((len(rows), mask.shape[1] - 2), IGNORE_TARGET, dtype=torch.long)
+            labels = torch.full((len(rows), mask.shape[1] - 2), IGNORE_INDEX, dtype=torch.long)
             for i, r in enumerate(rows):
                 labels[i, : len(r["label"])] = torch.as_tensor(r["label"])
             batch["labels"] = labels
@@ -108,8 +109,8 @@ class ElmoTaskModule(FinetuneModule):
     """Feature-based use of a frozen biLM (Peters et al. §3.3): only the scalar mix and the head train. The fine-tune
     stage's three task families: sentences or pairs classified (`ElmoSentenceClassifier`, cross-entropy), a
     one-output classifier regressed with mean squared error (STS-B), and words tagged (`ElmoTokenTagger`, labels per
-    word, IGNORE_TARGET skipped). Dev is scored by `metric` (pipeline.evaluation.metrics.score_task); tagging needs the tag
-    names `labels`, for entity F1 over the words."""
+    word, IGNORE_INDEX skipped). Dev is scored by `metric` (pipeline.evaluation.metrics.score_task); tagging needs the
+    tag names `labels`, for entity F1 over the words."""
 
     def __init__(self, model: nn.Module, lr: float, weight_decay: float, warmup_steps: int, total_steps: int,
                  metric: str = "accuracy", labels: Sequence[str] | None = None):
@@ -122,7 +123,7 @@ class ElmoTaskModule(FinetuneModule):
         labels = batch["labels"]
         if labels.dim() == 2:  # tagging
             logits, _ = self.model(batch["inputs"], batch["mask"])
-            loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_TARGET)
+            loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
             return loss, logits.argmax(-1)
         logits = self.model(batch["inputs"], batch["mask"], batch.get("pair_inputs"), batch.get("pair_mask"))
         if labels.is_floating_point():
@@ -139,7 +140,7 @@ class ElmoTaskModule(FinetuneModule):
         if labels.dim() == 2:
             names = self.hparams.labels
             for predicted, gold in zip(predictions.tolist(), labels.tolist()):
-                words = [i for i, tag in enumerate(gold) if tag != IGNORE_TARGET]
+                words = [i for i, tag in enumerate(gold) if tag != IGNORE_INDEX]
                 self._predictions.append([names[predicted[i]] for i in words])
                 self._references.append([names[gold[i]] for i in words])
         else:

@@ -6,7 +6,7 @@ import torch
 
 from data_prep.elmo_examples import read_word_vocab
 from models.checkpoint import random_twin
-from models.elmo import ElmoEmbedder, ScalarMix, load_bilm
+from models.elmo import ElmoEmbedder, ScalarMix, load_pretrained
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec
 
@@ -17,7 +17,7 @@ class ElmoSentenceEncoder:
 
     def __init__(self, bilm_dir, vocab: list[str], name: str = "elmo", random_init_seed: int | None = None):
         self.name = name
-        bilm = load_bilm(bilm_dir)
+        bilm = load_pretrained(bilm_dir)
         bilm = (bilm if random_init_seed is None else random_twin(bilm, random_init_seed)).eval()
         self.embedder = ElmoEmbedder(bilm, vocab)
         self.mix = ScalarMix(bilm.config.num_layers + 1)

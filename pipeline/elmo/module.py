@@ -28,23 +28,15 @@ import torch
 from torch import nn
 from torch.utils.data import IterableDataset
 
-from data_prep.elmo_examples import (
-    IGNORE_TARGET,
-    MAX_CHARACTERS_PER_TOKEN,
-    TokenStreams,
-    WindowSlot,
-    plan_windows,
-    split_books,
-    tokens_char_ids,
-    word_ids,
-)
-from models.elmo import BiLMOutput, detach_state
+from data_prep.elmo_examples import TokenStreams, WindowSlot, plan_windows, split_books
+from models import IGNORE_INDEX
+from models.elmo import MAX_CHARACTERS_PER_TOKEN, BiLMOutput, detach_state, tokens_char_ids, word_ids
 from pipeline.optim import adamw_with_linear_schedule, clip_grad_norm_with_sparse
 
 
 class LMWindowBatches(IterableDataset):
     """(B, T) windows of the forward stream and of the reversed (backward) stream of the given books, with the
-    per-row reset mask. Targets are output-vocabulary ids (IGNORE_TARGET where a row has no token); inputs are
+    per-row reset mask. Targets are output-vocabulary ids (IGNORE_INDEX where a row has no token); inputs are
     character ids (char-CNN) or the same word ids (word-input biLM).
 
     repeat=False: one pass in the given book order (held-out data). repeat=True: endless epochs, the book order
@@ -76,7 +68,7 @@ class LMWindowBatches(IterableDataset):
         B, T = self.batch_size, self.window
         input_shape = (2, B, T, self.max_chars) if self.char_inputs else (2, B, T)
         inputs = np.zeros(input_shape, dtype=np.int64)  # [forward, backward]
-        targets = np.full((2, B, T), IGNORE_TARGET, dtype=np.int64)
+        targets = np.full((2, B, T), IGNORE_INDEX, dtype=np.int64)
         reset = np.ones(B, dtype=bool)
         for row, slot in enumerate(slots):
             if slot is None:

@@ -3,9 +3,10 @@ then biLM pretraining with truncated BPTT over whole books (pipeline/elmo/module
 sentence batches). The frozen biLM then serves the evaluate stage as a sentence encoder."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import hydra
 import lightning as L
-import ray
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
@@ -17,10 +18,11 @@ from data_prep.elmo_examples import (
     write_word_vocab,
 )
 from data_prep.shards import open_shards, shard_paths
-from models.elmo import save_bilm
+from models.elmo import save_pretrained
 from pipeline.elmo.module import ElmoPretrainModule, build_elmo_datasets
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext, all_cpus
+from pipeline.engine.shard_tasks import map_shards
 from pipeline.engine.tracking import LossHistory
 from pipeline.engine.training import make_trainer
 
@@ -33,17 +35,15 @@ def elmo_vocab(ctx: StageContext) -> dict:
     return {"vocab_size": len(vocab)}
 
 
-@ray.remote(num_cpus=1)
-def build_shard_streams(shard_path: str, out_path: str) -> int:
+def build_shard_streams(index: int, shard_path: Path, out_dir: Path) -> int:
     table = read_arrow(shard_path)
     return write_token_streams(books_from_rows(table.column("book_id").to_pylist(), table.column("text").to_pylist()),
-                               out_path)
+                               out_dir / f"streams-{index:05d}.arrow")
 
 
 def elmo_streams(ctx: StageContext) -> dict:
     shards = shard_paths(ctx.stage_dir("prepare"))
-    books = ray.get([build_shard_streams.remote(str(s), str(ctx.out_dir / f"streams-{i:05d}.arrow"))
-                     for i, s in enumerate(shards)])
+    books = map_shards(build_shard_streams, shards, ctx.out_dir)
     return {"books": int(sum(books)), "files": len(shards)}
 
 
@@ -65,7 +65,7 @@ def elmo_pretrain(ctx: StageContext) -> dict:
                            num_sanity_val_steps=0, enable_checkpointing=False)
     # batch_size=None and no shuffling: each batch row continues the book the previous batch's row was reading.
     trainer.fit(module, DataLoader(train, batch_size=None), DataLoader(heldout, batch_size=None))
-    save_bilm(model, ctx.out_dir / "bilm")
+    save_pretrained(model, ctx.out_dir / "bilm")
     history.write_csv(ctx.out_dir / "loss_curve.csv")
     return {"steps": trainer.global_step, "heldout_perplexity": module.heldout_perplexities,
             "precision": trainer.precision, "num_parameters": sum(t.numel() for t in model.parameters())}

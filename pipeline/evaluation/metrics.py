@@ -1,4 +1,5 @@
-"""Downstream metrics as pure functions of python lists: the numbers GLUE, CoNLL-2003 and SQuAD v1.1 report.
+"""Metrics as pure functions of python lists or numpy arrays: the numbers GLUE, CoNLL-2003, SQuAD v1.1 and the
+SentEval probes (pipeline/evaluation/senteval.py) report, each a plain float.
 
 Every score is a fraction in [0, 1] (SQuAD's official script prints 100x these). A task's YAML names one entry of
 `METRICS`; `score_task` turns predictions and references into a dict of one or more named numbers."""
@@ -18,21 +19,20 @@ def _check_lengths(predictions: Sequence, references: Sequence) -> None:
         raise ValueError(f"{len(predictions)} predictions for {len(references)} references; "
                          "score exactly one prediction per reference example")
     if len(references) == 0:
-        raise ValueError("no examples to score; the dev split is empty")
+        raise ValueError("no examples to score; the split being scored (e.g. dev) is empty")
 
 
 def accuracy(predictions: Sequence, references: Sequence) -> float:
     _check_lengths(predictions, references)
-    return sum(p == r for p, r in zip(predictions, references)) / len(references)
+    return float(np.mean(np.asarray(predictions) == np.asarray(references)))
 
 
 def binary_f1(predictions: Sequence, references: Sequence, positive=1) -> float:
     """F1 of the `positive` class (GLUE's MRPC/QQP F1); 0.0 when the class is neither predicted nor present."""
     _check_lengths(predictions, references)
-    true_pos = sum(p == positive and r == positive for p, r in zip(predictions, references))
-    predicted = sum(p == positive for p in predictions)
-    actual = sum(r == positive for r in references)
-    return 2 * true_pos / (predicted + actual) if predicted + actual else 0.0
+    predicted, actual = np.asarray(predictions) == positive, np.asarray(references) == positive
+    denominator = int(predicted.sum() + actual.sum())
+    return 2 * int((predicted & actual).sum()) / denominator if denominator else 0.0
 
 
 def matthews_corrcoef(predictions: Sequence, references: Sequence) -> float:
@@ -54,24 +54,20 @@ def matthews_corrcoef(predictions: Sequence, references: Sequence) -> float:
 def pearson(predictions: Sequence[float], references: Sequence[float]) -> float:
     """Pearson's r (STS-B); NaN when either side is constant, where the correlation is undefined (as scipy)."""
     _check_lengths(predictions, references)
-    x = np.asarray(predictions, dtype=np.float64) - np.mean(predictions)
-    y = np.asarray(references, dtype=np.float64) - np.mean(references)
+    x, y = np.asarray(predictions, dtype=np.float64), np.asarray(references, dtype=np.float64)
+    x, y = x - x.mean(), y - y.mean()
     denominator = math.sqrt(float(x @ x) * float(y @ y))
     return float(x @ y) / denominator if denominator else math.nan
 
 
 def average_ranks(values: Sequence[float]) -> np.ndarray:
-    """1-based ranks, tied values sharing the mean of the ranks they span (scipy.stats.rankdata's 'average')."""
+    """1-based ranks, tied values sharing the mean of the ranks they span (scipy.stats.rankdata's 'average'):
+    [10, 20, 20, 30] -> [1, 2.5, 2.5, 4]."""
     values = np.asarray(values, dtype=np.float64)
     order = np.argsort(values, kind="stable")
+    _, first, counts = np.unique(values[order], return_index=True, return_counts=True)
     ranks = np.empty(len(values), dtype=np.float64)
-    start = 0
-    while start < len(order):
-        end = start
-        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
-            end += 1
-        ranks[order[start:end + 1]] = (start + end) / 2 + 1
-        start = end + 1
+    ranks[order] = np.repeat(first + (counts + 1) / 2, counts)
     return ranks
 
 

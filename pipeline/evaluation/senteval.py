@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from data_prep.senteval_data import LabelledSentences, SentencePairs, read_labelled_tsv, read_mr, read_mrpc, read_sick
 from data_prep.word_vectors import WordVectors
 from pipeline.engine.family import Encoder
+from pipeline.evaluation.metrics import accuracy, binary_f1, pearson, spearman
 
 log = logging.getLogger(__name__)
 
@@ -108,45 +109,6 @@ def embed(encoder: Encoder, sentences: list[list[str]], batch_size: int) -> np.n
 def pair_features(u: np.ndarray, v: np.ndarray) -> np.ndarray:
     """[u, v, |u - v|, u * v] (InferSent, Conneau et al. 2017): (N, D), (N, D) -> (N, 4D)."""
     return np.concatenate([u, v, np.abs(u - v), u * v], axis=1)
-
-
-# -----------------------------------------------------------------------------
-# Metrics
-
-
-def accuracy(predicted: np.ndarray, labels: np.ndarray) -> float:
-    return float(np.mean(np.asarray(predicted) == np.asarray(labels)))
-
-
-def f1_score(predicted: np.ndarray, labels: np.ndarray, positive: int = 1) -> float:
-    """F1 of the positive class (MRPC's "paraphrase"); 0 when nothing is predicted or labelled positive."""
-    predicted, labels = np.asarray(predicted) == positive, np.asarray(labels) == positive
-    true_positives = np.sum(predicted & labels)
-    denominator = predicted.sum() + labels.sum()
-    return float(2 * true_positives / denominator) if denominator else 0.0
-
-
-def pearson(x: np.ndarray, y: np.ndarray) -> float:
-    """Pearson's r; NaN when either side is constant (undefined)."""
-    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    x, y = x - x.mean(), y - y.mean()
-    denominator = np.sqrt((x * x).sum() * (y * y).sum())
-    return float((x * y).sum() / denominator) if denominator > 0 else float("nan")
-
-
-def average_ranks(x: np.ndarray) -> np.ndarray:
-    """1-based ranks, tied values sharing the mean of their ranks: [10, 20, 20, 30] -> [1, 2.5, 2.5, 4]."""
-    x = np.asarray(x)
-    order = np.argsort(x, kind="stable")
-    _, first, counts = np.unique(x[order], return_index=True, return_counts=True)
-    ranks = np.empty(len(x), dtype=np.float64)
-    ranks[order] = np.repeat(first + (counts + 1) / 2, counts)
-    return ranks
-
-
-def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman's rho: Pearson's r of the tie-averaged ranks."""
-    return pearson(average_ranks(x), average_ranks(y))
 
 
 # -----------------------------------------------------------------------------
@@ -390,7 +352,7 @@ def evaluate_mrpc(encoder: Encoder, splits: dict[str, SentencePairs], settings: 
     features = _embed_pairs(encoder, splits, batch_size)
     predicted = _pair_classifier(features, splits, "train", "dev", settings, rng)
     labels = splits["dev"].labels
-    return {"accuracy": accuracy(predicted, labels), "f1": f1_score(predicted, labels)}
+    return {"accuracy": accuracy(predicted, labels), "f1": binary_f1(predicted, labels)}
 
 
 def _read_tsv_task(path: Path, spec: Mapping) -> LabelledSentences:

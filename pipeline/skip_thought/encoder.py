@@ -8,7 +8,7 @@ import torch
 from data_prep.skip_thought_examples import WordVocab, pad_sentences, tokenize
 from data_prep.word_vectors import ExpandedVocabulary, WordVectors, fit_vocabulary_expansion, load_glove, shared_words
 from models.checkpoint import random_twin
-from models.skip_thought import load_skip_thoughts
+from models.skip_thought import load_pretrained
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec
 
@@ -20,7 +20,7 @@ class SkipThoughtSentenceEncoder:
     def __init__(self, model_dir, expand_vocabulary: bool, name: str = "skip_thought",
                  random_init_seed: int | None = None):
         self.name = name
-        model = load_skip_thoughts(model_dir)
+        model = load_pretrained(model_dir)
         self.model = (model if random_init_seed is None else random_twin(model, random_init_seed)).eval()
         self.vocab = WordVocab.load(model_dir / "vocab.txt")
         self.expanded = None

@@ -10,7 +10,7 @@ How a stage uses this module (the stages themselves live in pipeline/skip_though
    `train_loader, val_loader = triple_loaders(SkipThoughtTriples(tables), batch_size, val_fraction, seed)`,
    model from the Hydra `model` config with `config.vocab_size = len(vocab)`,
    `SkipThoughtPretrainModule(model, lr, weight_decay, betas, warmup_steps, max_steps)`, `trainer.fit(...)`,
-   then `models.skip_thought.save_skip_thoughts(model, <stage>/model)` and copy vocab.txt next to it.
+   then `models.skip_thought.save_pretrained(model, <stage>/model)` and copy vocab.txt next to it.
 """
 from __future__ import annotations
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import shutil
 import time
 from collections import Counter
+from pathlib import Path
 
 import hydra
 import lightning as L
-import ray
 from omegaconf import OmegaConf
 
 from data_prep.shards import shard_paths
@@ -20,39 +20,35 @@ from data_prep.skip_thought_examples import (
     triples_from_shard,
     write_triples,
 )
-from models.skip_thought import save_skip_thoughts
+from models.skip_thought import save_pretrained
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext, all_cpus
+from pipeline.engine.shard_tasks import map_shards
 from pipeline.engine.tracking import LossHistory
 from pipeline.engine.training import make_trainer
 from pipeline.skip_thought.module import SkipThoughtPretrainModule, SkipThoughtTriples, triple_loaders
 
 
-@ray.remote(num_cpus=1)
-def count_shard_words(shard_path: str) -> Counter:
+def count_shard_words(index: int, shard_path: Path) -> Counter:
     return count_words(read_arrow(shard_path).column("text").to_pylist())
 
 
 def skip_thought_vocab(ctx: StageContext) -> dict:
-    counts = sum(ray.get([count_shard_words.remote(str(p)) for p in shard_paths(ctx.stage_dir("prepare"))]),
-                 Counter())
+    counts = sum(map_shards(count_shard_words, shard_paths(ctx.stage_dir("prepare"))), Counter())
     vocab = build_word_vocab(counts, ctx.cfg.skip_thought.vocab_size, ctx.cfg.skip_thought.min_count)
     vocab.save(ctx.out_dir / "vocab.txt")
     return {"vocab_size": len(vocab), "distinct_words": len(counts)}
 
 
-@ray.remote(num_cpus=1)
-def build_shard_triples(shard_path: str, vocab_path: str, out_path: str, max_words: int) -> int:
+def build_shard_triples(index: int, shard_path: Path, vocab_path: Path, out_dir: Path, max_words: int) -> int:
     triples = triples_from_shard(read_arrow(shard_path), WordVocab.load(vocab_path), max_words)
-    write_triples(triples, out_path)
+    write_triples(triples, out_dir / f"triples-{index:05d}.arrow")
     return len(triples)
 
 
 def skip_thought_examples(ctx: StageContext) -> dict:
-    vocab_path = str(ctx.stage_dir("skip_thought_vocab") / "vocab.txt")
-    counts = ray.get([build_shard_triples.remote(str(p), vocab_path, str(ctx.out_dir / f"triples-{i:05d}.arrow"),
-                                                 ctx.cfg.skip_thought.max_words)
-                      for i, p in enumerate(shard_paths(ctx.stage_dir("prepare")))])
+    counts = map_shards(build_shard_triples, shard_paths(ctx.stage_dir("prepare")),
+                        ctx.stage_dir("skip_thought_vocab") / "vocab.txt", ctx.out_dir, ctx.cfg.skip_thought.max_words)
     return {"triples": int(sum(counts)), "files": len(counts)}
 
 
@@ -75,7 +71,7 @@ def skip_thought_pretrain(ctx: StageContext) -> dict:
     started = time.perf_counter()
     trainer.fit(module, train_loader, val_loader)
     seconds = time.perf_counter() - started
-    save_skip_thoughts(model, ctx.out_dir / "model")
+    save_pretrained(model, ctx.out_dir / "model")
     shutil.copy(vocab_path, ctx.out_dir / "model" / "vocab.txt")
     history.write_csv(ctx.out_dir / "loss_curve.csv")
     return {"steps": trainer.global_step, "seconds": round(seconds, 1),
