@@ -1,5 +1,7 @@
-"""models/gpt.py: the causal LM, its KV cache and its checkpoints."""
+"""models/gpt.py and models/generation.py: the causal LM, its KV cache, and greedy / sampling / beam-search decoding."""
+import itertools
 import math
+import unittest.mock
 
 import hydra
 import pytest
@@ -7,6 +9,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from models.generation import beam_search, filter_logits, greedy, length_penalty, sample
 from models.gpt import (
     GPT_SIZES,
     GPTConfig,
@@ -235,3 +238,208 @@ def test_load_pretrained_rejects_another_format(tmp_path):
                                       intermediate_size=8)), tmp_path)
     with pytest.raises(ValueError, match="neither a textrep-gpt checkpoint nor a HuggingFace GPT-2 config"):
         load_pretrained(tmp_path)
+
+
+# -----------------------------------------------------------------------------
+# Greedy and sampling
+
+
+def uncached_greedy(model, prompt, n):
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
+def test_greedy_is_the_argmax_continuation_for_a_batch_of_unequal_prompts():
+    model = tiny_model()
+    prompts = [[1, 2, 3, 4, 5], [6], [7, 8, 9]]
+    out = greedy(model, prompts, 8)
+    assert out == [uncached_greedy(model, p, 8) for p in prompts]
+    assert out == [greedy(model, [p], 8)[0] for p in prompts]
+
+
+def test_greedy_stops_each_row_at_eos():
+    model = tiny_model()
+    prompts = [[1, 2, 3], [4, 5]]
+    free = greedy(model, prompts, 10)
+    eos = free[0][3]
+    assert eos not in free[0][:3] and eos not in free[1]  # the seed gives a row that ends and one that does not
+    model.config.eos_token_id = eos
+    out = greedy(model, prompts, 10)
+    assert out == [free[0][:4], free[1]]
+    model.config.eos_token_id = free[0][0]
+    assert greedy(model, prompts[:1], 10) == [free[0][:1]]
+
+
+def test_generation_runs_without_dropout_and_restores_the_mode():
+    model = tiny_model(embd_pdrop=0.5, attn_pdrop=0.5, resid_pdrop=0.5)
+    expected = greedy(model, [[1, 2, 3]], 6)
+    model.train()
+    assert greedy(model, [[1, 2, 3]], 6) == expected and model.training
+
+
+def test_zero_new_tokens():
+    assert greedy(tiny_model(), [[1, 2], [3]], 0) == [[], []]
+    assert [h.tokens for h in beam_search(tiny_model(), [1, 2], 0, num_beams=2)] == [[]]
+
+
+def test_filter_logits_top_k_and_nucleus():
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    inf = float("-inf")
+    assert filter_logits(logits, top_k=2)[0, 2:].tolist() == [inf, inf]
+    assert filter_logits(logits, top_k=2)[0, :2].tolist() == logits[0, :2].tolist()
+    # the nucleus is the smallest set reaching p: 0.5 + 0.3 reaches 0.8, 0.5 + 0.3 + 0.15 is needed for 0.81
+    assert filter_logits(logits, top_p=0.8).isinf().tolist() == [[False, False, True, True]]
+    assert filter_logits(logits, top_p=0.81).isinf().tolist() == [[False, False, False, True]]
+    assert filter_logits(logits, top_p=0.01).isinf().tolist() == [[False, True, True, True]]
+    shuffled = logits[:, [2, 0, 3, 1]]  # the nucleus is found in vocabulary order, whatever it is
+    assert filter_logits(shuffled, top_p=0.8).isinf().tolist() == [[True, False, True, False]]
+
+
+def test_sampling_draws_from_the_tempered_filtered_distribution():
+    model = tiny_model(scale=0.1)
+    prompt = [3, 1, 4]
+    logits = model(torch.tensor([prompt])).logits[0, -1]
+    n = 20000
+    draws = sample(model, [prompt] * n, 1, temperature=0.7, top_k=10, generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(torch.tensor(draws).flatten(), minlength=V).double()
+    expected = filter_logits((logits / 0.7)[None], top_k=10)[0].softmax(-1).double()
+    assert (counts[expected == 0] == 0).all()
+    assert (counts / n - expected).abs().max() < 4 * math.sqrt(0.25 / n)  # 4 standard deviations at worst
+
+
+def test_sampling_is_reproducible_from_its_generator_alone():
+    model = tiny_model()
+    prompts = [[1, 2, 3], [4]]
+    state = torch.get_rng_state()
+    a = sample(model, prompts, 10, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(torch.get_rng_state(), state)  # the global RNG is not drawn from
+    torch.manual_seed(123)
+    assert sample(model, prompts, 10, generator=torch.Generator().manual_seed(5)) == a
+    assert sample(model, prompts, 10, generator=torch.Generator().manual_seed(6)) != a
+
+
+def test_sampling_with_one_candidate_is_greedy():
+    model = tiny_model()
+    prompts = [[1, 2, 3], [4]]
+    g = torch.Generator().manual_seed(0)
+    assert sample(model, prompts, 8, top_k=1, generator=g) == greedy(model, prompts, 8)
+    assert sample(model, prompts, 8, top_p=1e-6, generator=g) == greedy(model, prompts, 8)
+
+
+# -----------------------------------------------------------------------------
+# Beam search
+
+
+def test_gnmt_length_penalty():
+    assert length_penalty(1, 0.6) == 1.0 and length_penalty(7, 0.0) == 1.0
+    assert length_penalty(7, 0.6) == pytest.approx(2 ** 0.6)
+
+
+def test_one_beam_is_greedy():
+    model = tiny_model()
+    prompt = [5, 6, 7]
+    free = greedy(model, [prompt], 10)[0]
+    for alpha in (0.0, 0.6, 2.0):  # without an end token every hypothesis has the same length
+        [best] = beam_search(model, prompt, 10, num_beams=1, alpha=alpha)
+        assert best.tokens == free and not best.finished
+    model.config.eos_token_id = free[4]
+    assert free[4] not in free[:4]
+    [best] = beam_search(model, prompt, 10, num_beams=1, alpha=0.0)
+    assert best.tokens == free[:5] == greedy(model, [prompt], 10)[0] and best.finished
+    # Two tokens, one the end: the end is often the runner-up, and a beam of one must not keep it as finished
+    for seed in range(12):
+        model = tiny_model(vocab_size=2, scale=0.5, seed=seed, eos_token_id=0)
+        [best] = beam_search(model, [1, 1], 8, num_beams=1, alpha=0.0)
+        assert best.tokens == greedy(model, [[1, 1]], 8)[0], seed
+
+
+def sequence_log_prob(model, prompt, continuation) -> float:
+    seq = torch.tensor([list(prompt) + list(continuation)])
+    log_probs = model(seq).logits[0].double().log_softmax(-1)
+    return sum(log_probs[len(prompt) - 1 + i, t].item() for i, t in enumerate(continuation))
+
+
+def exhaustive(model, prompt, max_new_tokens, alpha) -> list[tuple[float, tuple]]:
+    """(score, continuation) of every continuation: ended by the end token, or max_new_tokens long; best first."""
+    eos, vocab = model.config.eos_token_id, range(model.config.vocab_size)
+    scored = []
+    for n in range(1, max_new_tokens + 1):
+        for seq in itertools.product(vocab, repeat=n):
+            if eos in seq[:-1] or (n < max_new_tokens and seq[-1] != eos):
+                continue
+            scored.append((sequence_log_prob(model, prompt, seq) / length_penalty(n, alpha), seq))
+    return sorted(scored, reverse=True)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+def test_wide_beam_search_finds_the_best_sequence(alpha):
+    """V=5, 3 steps: 125 beams keep every prefix, so beam search must return the exhaustive optimum."""
+    model = tiny_model(vocab_size=5, scale=1.0, eos_token_id=0)
+    prompt = [1, 2]
+    reference = exhaustive(model, prompt, 3, alpha)
+    found = beam_search(model, prompt, 3, num_beams=125, alpha=alpha)
+    for hypothesis, (score, seq) in zip(found, reference[:10]):
+        assert tuple(hypothesis.tokens) == seq and hypothesis.score == pytest.approx(score, abs=1e-4)
+        assert hypothesis.finished == (seq[-1] == 0)
+        assert hypothesis.log_prob == pytest.approx(sequence_log_prob(model, prompt, seq), abs=1e-4)
+    assert any(h.finished for h in found[:3]) and not all(h.finished for h in found[:10])
+
+
+def test_beam_search_stops_early_only_when_nothing_can_beat_the_finished():
+    """Two tokens, one the end: every continuation is 1^k then the end, or 1^8, and 2 beams hold them all (one live,
+    the rest finished), so beam search must return the best two however early it stops. Among these seeds, one
+    (scale 0.5, alpha 2, seed 3) has a live beam that overtakes the finished ones only at the longest length's
+    penalty: a bound at the next length's would stop too early."""
+    stopped_early = 0
+    for scale, alpha, seed in itertools.product((0.5, 1.5), (0.0, 1.0, 2.0), range(12)):
+        model = tiny_model(vocab_size=2, scale=scale, seed=seed, eos_token_id=0)
+        forward = model.transformer.forward
+        with unittest.mock.patch.object(model.transformer, "forward", side_effect=forward) as calls:
+            found = beam_search(model, [1, 1], 8, num_beams=2, alpha=alpha)
+        stopped_early += calls.call_count < 8  # the prompt, then fewer than 7 more steps
+        log_probs = model(torch.tensor([[1, 1] + [1] * 8])).logits[0, 1:].double().log_softmax(-1)  # (9, 2)
+        ones = [0.0] + log_probs[:, 1].cumsum(0).tolist()  # log P(1^k)
+        reference = [((ones[k] + log_probs[k, 0].item()) / length_penalty(k + 1, alpha), (1,) * k + (0,))
+                     for k in range(8)]
+        reference = sorted(reference + [(ones[8] / length_penalty(8, alpha), (1,) * 8)], reverse=True)
+        assert [tuple(h.tokens) for h in found] == [seq for _, seq in reference[:2]], (scale, alpha, seed)
+        assert [h.score for h in found] == pytest.approx([score for score, _ in reference[:2]], rel=1e-5, abs=1e-5)
+    assert stopped_early >= 20
+
+
+def test_beam_hypotheses_score_what_the_model_assigns():
+    model = tiny_model(eos_token_id=3)
+    prompt = [4, 5, 6]
+    found = beam_search(model, prompt, 12, num_beams=4, alpha=0.6)
+    assert len(found) == 4 and [h.score for h in found] == sorted([h.score for h in found], reverse=True)
+    for h in found:
+        assert h.log_prob == pytest.approx(sequence_log_prob(model, prompt, h.tokens), abs=1e-4)
+        assert h.score == pytest.approx(h.log_prob / length_penalty(len(h.tokens), 0.6))
+        assert h.finished == (h.tokens[-1] == 3) and 3 not in h.tokens[:-1]
+
+
+# -----------------------------------------------------------------------------
+# Bad input
+
+
+@pytest.mark.parametrize("call,argument", [
+    (lambda m: greedy(m, [[]], 5), "prompt is empty"),
+    (lambda m: greedy(m, [], 5), "prompts is empty"),
+    (lambda m: greedy(m, [1, 2, 3], 5), "prompts is a list of prompts"),
+    (lambda m: greedy(m, [[1] * 25], 0), "prompt of 25 tokens is longer than the model's context n_positions=24"),
+    (lambda m: greedy(m, [[1] * 20], 5), "max_new_tokens=5 .* ask for at most 4"),
+    (lambda m: greedy(m, [[1]], -1), "max_new_tokens must be >= 0"),
+    (lambda m: sample(m, [[1]], 5, temperature=0.0), "temperature must be > 0"),
+    (lambda m: sample(m, [[1]], 5, top_k=0), "top_k must be >= 1"),
+    (lambda m: sample(m, [[1]], 5, top_p=0.0), r"top_p must be in \(0, 1\]"),
+    (lambda m: beam_search(m, [1], 5, num_beams=0), "num_beams must be >= 1"),
+    (lambda m: beam_search(m, [], 5), "prompt is empty"),
+    (lambda m: beam_search(m, [1] * 25, 5), "longer than the model's context"),
+    (lambda m: beam_search(m, [1], -2), "max_new_tokens must be >= 0"),
+])
+def test_bad_requests_are_one_line_errors(call, argument):
+    with pytest.raises(ValueError, match=argument) as error:
+        call(tiny_model())
+    assert "\n" not in str(error.value)

@@ -4,6 +4,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from models.generation import greedy  # noqa: E402
 from models.gpt import GPTConfig, GPTLMHeadModel, config_from_hf, from_hf, load_pretrained, to_hf  # noqa: E402
 
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -72,6 +73,16 @@ def test_ours_to_hf(tmp_path):
     assert (hf.config.eos_token_id, hf.config.bos_token_id, hf.config.resid_pdrop) == (5, 5, 0.05)
     assert from_hf(tmp_path).config == config
     assert_same_logits(ours, hf)
+
+
+def test_greedy_decoding_matches_hf_generate():
+    torch.manual_seed(0)
+    hf = hf_model().eval()
+    ours = from_hf(hf.state_dict(), GPTConfig(**SMALL))
+    prompt = [5, 17, 3, 42]
+    expected = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)
+    assert greedy(ours, [prompt], 12) == [expected[0, len(prompt):].tolist()]
 
 
 @pytest.mark.parametrize("field,value", [("activation_function", "relu"), ("n_inner", 100),
