@@ -40,8 +40,8 @@ class GPTConfig:
     # The end-of-document token the data stage puts between books (GPT-2's <|endoftext|>, 50256): generation stops
     # when it is produced. None: the vocabulary has none, and generation runs to max_new_tokens.
     eos_token_id: int | None = None
-    # Label smoothing (Szegedy et al. 2016) of the training loss; Vaswani et al. 2017 used 0.1 (the Annotated
-    # Transformer's LabelSmoothing, seed 000). GPT-2 uses none, hence off.
+    # Label smoothing (Szegedy et al. 2016) of the loss in training mode; Vaswani et al. 2017 used 0.1 (the Annotated
+    # Transformer's LabelSmoothing, seed 000). GPT-2 uses none, hence off. The eval-mode loss is never smoothed.
     label_smoothing: float = 0.0
 
     def __post_init__(self):
