@@ -1,0 +1,187 @@
+"""
+Decoding from a GPTLMHeadModel with its KV cache: greedy, sampling (temperature, top-k, top-p) and beam search.
+
+Prompts and continuations are lists of token ids; a continuation ends with the model's eos_token_id when the model
+produced it, and is at most max_new_tokens long. The model runs in eval mode (no dropout) and without gradients, and is
+left in the mode it was in.
+"""
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from models.gpt import GPTLMHeadModel
+
+
+def check_request(model: GPTLMHeadModel, prompt_lengths: Sequence[int], max_new_tokens: int) -> None:
+    """One-line ValueErrors, naming the argument, for what no decoding can serve."""
+    n_positions = model.config.n_positions
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not prompt_lengths:
+        raise ValueError("prompts is empty: give at least one prompt")
+    if min(prompt_lengths) == 0:
+        raise ValueError("prompt is empty: give at least one token (GPT-2 starts a document with <|endoftext|>)")
+    longest = max(prompt_lengths)
+    if longest > n_positions:
+        raise ValueError(f"prompt of {longest} tokens is longer than the model's context n_positions={n_positions}; "
+                         f"keep its last {n_positions} tokens")
+    if longest + max_new_tokens > n_positions:
+        raise ValueError(f"max_new_tokens={max_new_tokens} after a prompt of {longest} tokens runs past the model's "
+                         f"context n_positions={n_positions}; ask for at most {n_positions - longest}")
+
+
+@contextlib.contextmanager
+def _inference(model: GPTLMHeadModel):
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+# -----------------------------------------------------------------------------
+# Greedy and sampling: one token per prompt and step, a batch of prompts at once
+
+
+def _decode(model: GPTLMHeadModel, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+            choose: Callable[[torch.Tensor], torch.Tensor]) -> list[list[int]]:
+    """The continuation of every prompt, each next token chosen by `choose` from the logits (B, V) -> (B,)."""
+    if prompts and isinstance(prompts[0], int):
+        raise ValueError("prompts is a list of prompts, each a list of token ids: wrap a single prompt as [prompt]")
+    check_request(model, [len(p) for p in prompts], max_new_tokens)
+    device, eos = model.transformer.wte.weight.device, model.config.eos_token_id
+    # Unequal prompts are left-padded, so every row's newest token sits in the last column (KVCache.pad)
+    T = max(len(p) for p in prompts)
+    pad = torch.tensor([T - len(p) for p in prompts], device=device)
+    idx = torch.tensor([[0] * (T - len(p)) + list(p) for p in prompts], device=device)  # (B, T)
+    with _inference(model):
+        cache = model.new_cache(len(prompts), T + max_new_tokens, pad if bool(pad.any()) else None)
+        logits = model(idx, cache=cache).logits[:, -1]  # (B, V)
+        chosen, finished = [], torch.zeros(len(prompts), dtype=torch.bool, device=device)
+        for step in range(max_new_tokens):
+            next_ids = choose(logits.float())  # (B,)
+            chosen.append(next_ids)
+            if eos is not None:
+                finished |= next_ids == eos
+                if bool(finished.all()):
+                    break
+            if step + 1 < max_new_tokens:
+                logits = model(next_ids[:, None], cache=cache).logits[:, -1]
+    out = torch.stack(chosen, 1).tolist() if chosen else [[] for _ in prompts]  # (B, steps)
+    return [row[: row.index(eos) + 1] if eos in row else row for row in out]
+
+
+def greedy(model: GPTLMHeadModel, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+    """The most likely next token at every step, for each prompt."""
+    return _decode(model, prompts, max_new_tokens, lambda logits: logits.argmax(-1))
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """logits (B, V) with every token outside the top-k, and outside the top-p nucleus, set to -inf. The nucleus
+    (Holtzman et al. 2020) is the smallest set of most likely tokens whose probability reaches p; the most likely
+    token is always kept. Applied in this order, as in HF's generate."""
+    if top_k is not None and top_k < logits.size(-1):
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        outside = probs.cumsum(-1) - probs >= top_p  # the tokens ranked above already reach p
+        logits = logits.masked_fill(torch.zeros_like(outside).scatter(-1, order, outside), float("-inf"))
+    return logits
+
+
+def sample(model: GPTLMHeadModel, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
+           top_k: int | None = None, top_p: float | None = None,
+           generator: torch.Generator | None = None) -> list[list[int]]:
+    """Ancestral sampling from softmax(logits / temperature), restricted to the top-k tokens and/or the top-p nucleus.
+    Draws come from `generator` (on the model's device) when given, so a seeded generator reproduces the samples
+    without touching the global RNG."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature} (greedy() is the temperature -> 0 limit)")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+    def choose(logits):
+        probs = filter_logits(logits / temperature, top_k, top_p).softmax(-1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+    return _decode(model, prompts, max_new_tokens, choose)
+
+
+# -----------------------------------------------------------------------------
+# Beam search
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT's lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016, eq. 14): a hypothesis scores log P(Y) / lp(Y), so with
+    alpha > 0 longer ones are penalised less than by log P alone (which falls with every token); alpha = 0 ranks by
+    log P. Wu et al. found alpha in [0.6, 0.7] best. The +5 keeps the penalty gentle for the shortest hypotheses, where
+    |Y|^alpha (HF's form) would change most."""
+    return ((5 + length) / 6) ** alpha
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # the continuation, ending with eos_token_id when finished
+    log_prob: float  # log P(tokens | prompt)
+    score: float  # log_prob / length_penalty(len(tokens), alpha): what beam search maximises
+    finished: bool  # ended with eos_token_id; else cut at max_new_tokens
+
+
+def beam_search(model: GPTLMHeadModel, prompt: Sequence[int], max_new_tokens: int, num_beams: int = 4,
+                alpha: float = 0.6) -> list[Hypothesis]:
+    """The num_beams best continuations of one prompt found by beam search, best first.
+
+    At each step every live beam is extended by every token, and the best 2 * num_beams extensions by log P are read
+    in order (as in HF's and fairseq's beam search): one ending with eos_token_id becomes a finished hypothesis if it
+    ranks among the first num_beams, as a beam of that width would have kept it (the best num_beams finished ones are
+    kept); the others become the next live beams until there are num_beams of them. Search stops once num_beams
+    hypotheses have finished and no live beam can still beat the worst of them (its log P can only fall, and its
+    length penalty can grow at most to that of the next or of the longest allowed length, whichever is larger), or
+    after max_new_tokens, when the live beams join the finished ones as unfinished hypotheses. With num_beams=1 and
+    alpha=0 (or no eos_token_id) this is greedy decoding.
+    """
+    if num_beams < 1:
+        raise ValueError(f"num_beams must be >= 1, got {num_beams}")
+    check_request(model, [len(prompt)], max_new_tokens)
+    device, eos = model.transformer.wte.weight.device, model.config.eos_token_id
+    finished: list[Hypothesis] = []
+    beams, beam_log_probs = [[]], torch.zeros(1, device=device)  # the live beams' tokens and log P, best first
+    with _inference(model):
+        cache = model.new_cache(num_beams, len(prompt) + max_new_tokens)
+        logits = model(torch.tensor([list(prompt)], device=device), cache=cache).logits[:, -1]  # (1, V)
+        for step in range(1, max_new_tokens + 1):
+            candidates = beam_log_probs[:, None] + logits.float().log_softmax(-1)  # (n, V)
+            top, flat = candidates.flatten().topk(min(2 * num_beams, candidates.numel()))
+            kept = []  # (row, token, log P) of the next live beams
+            for rank, (log_prob, i) in enumerate(zip(top.tolist(), flat.tolist())):
+                row, token = divmod(i, candidates.size(1))
+                if token != eos:
+                    if len(kept) < num_beams:
+                        kept.append((row, token, log_prob))
+                elif rank < num_beams:
+                    finished.append(Hypothesis(beams[row] + [token], log_prob,
+                                               log_prob / length_penalty(step, alpha), True))
+            finished = sorted(finished, key=lambda h: h.score, reverse=True)[:num_beams]
+            beams = [beams[row] + [token] for row, token, _ in kept]
+            beam_log_probs = torch.tensor([log_prob for *_, log_prob in kept], device=device)
+            if not beams or step == max_new_tokens:
+                break
+            if len(finished) == num_beams:
+                most_lenient = max(length_penalty(step + 1, alpha), length_penalty(max_new_tokens, alpha))
+                if kept[0][2] / most_lenient <= finished[-1].score:
+                    beams = []
+                    break
+            cache.reorder(torch.tensor([row for row, *_ in kept], device=device))
+            logits = model(torch.tensor([[token] for _, token, _ in kept], device=device), cache=cache).logits[:, -1]
+    unfinished = [Hypothesis(tokens, log_prob, log_prob / length_penalty(len(tokens), alpha), False)
+                  for tokens, log_prob in zip(beams, beam_log_probs.tolist())]
+    return sorted(finished + unfinished, key=lambda h: h.score, reverse=True)[:num_beams]

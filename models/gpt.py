@@ -1,0 +1,386 @@
+"""
+GPT (Radford et al. 2018; GPT-2, Radford et al. 2019) in one file of plain PyTorch: a causal Transformer language model.
+
+Read top to bottom: config -> KV cache -> attention -> MLP -> block -> GPTModel -> GPTLMHeadModel -> checkpoint I/O (our
+own format, plus import/export of HuggingFace GPT-2 checkpoints). Decoding strategies live in models/generation.py.
+
+The layout is GPT-2's as in nanoGPT and HuggingFace's `GPT2LMHeadModel` (`transformer.h.0.attn.c_attn`, `ln_1`,
+`mlp.c_fc`, ...): pre-LN blocks, a final LayerNorm, the LM head tied to the token embeddings. HF stores its projections
+as `Conv1D` with the weight transposed relative to nn.Linear, so converting weights is renaming plus four transposes.
+"""
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from models.bert import BertDropout
+from models.checkpoint import load_checkpoint, read_config, save_checkpoint
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 50257  # GPT-2's byte-level BPE: 256 bytes + 50000 merges + <|endoftext|>
+    n_positions: int = 1024  # the context (block size): the learned position table's length; defaults are GPT-2 small
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12  # head size is n_embd / n_head
+    # GPT-2's three dropout sites, named as in HF's GPT2Config so its configs convert field for field
+    embd_pdrop: float = 0.1
+    attn_pdrop: float = 0.1
+    resid_pdrop: float = 0.1
+    layer_norm_epsilon: float = 1e-5
+    initializer_range: float = 0.02  # std of the normal init; residual projections get it / sqrt(2 n_layer)
+    # The end-of-document token the data stage puts between books (GPT-2's <|endoftext|>, 50256): generation stops
+    # when it is produced. None: the vocabulary has none, and generation runs to max_new_tokens.
+    eos_token_id: int | None = None
+    # Label smoothing (Szegedy et al. 2016) of the loss in training mode; Vaswani et al. 2017 used 0.1 (the Annotated
+    # Transformer's LabelSmoothing, seed 000). GPT-2 uses none, hence off. The eval-mode loss is never smoothed.
+    label_smoothing: float = 0.0
+
+    def __post_init__(self):
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"n_embd {self.n_embd} is not a multiple of n_head {self.n_head}")
+        if self.eos_token_id is not None and not 0 <= self.eos_token_id < self.vocab_size:
+            raise ValueError(f"eos_token_id {self.eos_token_id} is outside the vocabulary of {self.vocab_size}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+
+
+# Named sizes. gpt_tiny and gpt_mini have bert_tiny's and bert_mini's shapes (Turc et al. 2019), so BERT and GPT compare
+# at equal size; gpt_small is GPT-2 small: 124,439,808 parameters with GPT-2's vocabulary and 1024 positions.
+GPT_SIZES: dict[str, dict] = {
+    "gpt_tiny": dict(n_layer=2, n_embd=128, n_head=2),
+    "gpt_mini": dict(n_layer=4, n_embd=256, n_head=4),
+    "gpt_small": dict(n_layer=12, n_embd=768, n_head=12),
+}
+
+
+def gpt_config(name: str, **overrides) -> GPTConfig:
+    """The named size from GPT_SIZES with any GPTConfig field overridden: gpt_config("gpt_tiny", vocab_size=8000)."""
+    if name not in GPT_SIZES:
+        raise KeyError(f"unknown GPT size {name!r}; known: {sorted(GPT_SIZES)}")
+    return GPTConfig(**{**GPT_SIZES[name], **overrides})
+
+
+# -----------------------------------------------------------------------------
+# KV cache
+
+
+class KVCache:
+    """The keys and values every layer has computed so far, so that decoding step t runs the model on one new token
+    instead of all t. Preallocated to `max_len` positions: a step writes one column in place, where concatenating would
+    copy the whole past again at every step.
+
+    `pad` (B,) holds how many left-padding positions each row of a batch of unequal prompts starts with: those keys are
+    hidden from every query, and positions count from each row's first real token, so a padded row decodes as it would
+    alone.
+    """
+
+    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, pad: torch.Tensor | None = None,
+                 device=None, dtype=None):
+        hs = config.n_embd // config.n_head
+        shape = (config.n_layer, batch_size, config.n_head, max_len, hs)  # (L, B, nh, max_len, hs)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_len = max_len
+        self.length = 0  # positions filled, the same in every row
+        self.pad = pad
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this layer's keys and values of the new positions, k and v (B, nh, T, hs); return all of the
+        layer's so far, (B, nh, length + T, hs). The caller advances `length` once every layer has appended."""
+        B, end = k.size(0), self.length + k.size(2)
+        self.k[layer, :B, :, self.length:end] = k
+        self.v[layer, :B, :, self.length:end] = v
+        return self.k[layer, :B, :, :end], self.v[layer, :B, :, :end]
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Row i becomes the old row rows[i] (beam search keeping, and duplicating, the surviving beams' pasts)."""
+        n, end = rows.numel(), self.length
+        self.k[:, :n, :, :end] = self.k[:, rows, :, :end]  # advanced indexing copies first, so overlap is safe
+        self.v[:, :n, :, :end] = self.v[:, rows, :, :end]
+        if self.pad is not None:
+            self.pad = self.pad[rows]
+
+
+def causal_mask(past: int, T: int, pad: torch.Tensor | None, device=None) -> torch.Tensor | None:
+    """Boolean attention mask (True = may attend) for T new queries at positions past..past+T-1 over keys
+    0..past+T-1: (T, past+T), or (B, 1, T, past+T) with left padding `pad` (B,). None where SDPA needs none: with no
+    past, its is_causal is this mask (and faster); a single newest query may see every key."""
+    if pad is None and (past == 0 or T == 1):
+        return None
+    query = past + torch.arange(T, device=device)[:, None]  # (T, 1)
+    key = torch.arange(past + T, device=device)  # (S,)
+    allowed = key <= query  # (T, S)
+    if pad is None:
+        return allowed
+    # A padding query still sees itself, so no query is left without a key and the result never depends on what a
+    # backend makes of one: a plain softmax gives NaN, which would reach the real tokens through the next layer's keys
+    # and values (0 * NaN) even though they are masked.
+    allowed = allowed & ((key >= pad[:, None, None]) | (key == query))  # (B, T, S)
+    return allowed[:, None]  # (B, 1, T, S), broadcast over heads
+
+
+# -----------------------------------------------------------------------------
+# Blocks
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head masked self-attention (Vaswani et al. 2017): each position attends to itself and the positions before
+    it, through F.scaled_dot_product_attention (a fused kernel wherever one applies)."""
+
+    def __init__(self, config: GPTConfig, layer: int):
+        super().__init__()
+        self.n_head, self.layer = config.n_head, layer
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v in one matmul, GPT-2's layout
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.attn_pdrop = config.attn_pdrop
+        self.resid_dropout = BertDropout(config.resid_pdrop)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4).unbind(0)
+        if cache is not None:  # q, k, v (B, nh, T, hs)
+            k, v = cache.append(self.layer, k, v)  # (B, nh, S, hs), S = past + T
+        dropout_p = self.attn_pdrop if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                           is_causal=mask is None and T > 1)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.dropout = BertDropout(config.resid_pdrop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # GPT-2's GELU is the tanh approximation (HF's "gelu_new"); the exact erf GELU would be off by up to ~1e-3
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    """Pre-LN decoder block (GPT-2, Sec. 2.3): x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+
+    def __init__(self, config: GPTConfig, layer: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.attn = CausalSelfAttention(config, layer)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.mlp = MLP(config)
+
+    def forward(self, x, mask=None, cache=None):
+        x = x + self.attn(self.ln_1(x), mask, cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+# -----------------------------------------------------------------------------
+# Models
+
+
+class GPTModel(nn.Module):
+    """The decoder: token + learned position embeddings -> n_layer blocks -> final LayerNorm (GPT-2 added it: pre-LN
+    blocks never normalise the residual stream itself). The LM wraps it as `.transformer`; a fine-tuning head reads its
+    states."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.n_positions, config.n_embd)
+        self.drop = BertDropout(config.embd_pdrop)
+        self.h = nn.ModuleList([Block(config, layer) for layer in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """idx (B, T) token ids: the whole sequence, or with `cache` the T positions after those it holds (then
+        appended to it). Returns the final states (B, T, n_embd)."""
+        T = idx.size(1)
+        past = 0 if cache is None else cache.length
+        pad = None if cache is None else cache.pad
+        if past + T > self.config.n_positions:
+            raise ValueError(f"sequence of {past + T} tokens is longer than the context n_positions="
+                             f"{self.config.n_positions}; feed at most {self.config.n_positions} positions")
+        if cache is not None and past + T > cache.max_len:
+            raise ValueError(f"the KV cache holds {cache.max_len} positions, {past + T} needed; allocate it longer")
+        pos = past + torch.arange(T, device=idx.device)  # (T,)
+        if pad is not None:
+            pos = (pos - pad[:, None]).clamp(min=0)  # (B, T): each row counts from its first real token
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        mask = causal_mask(past, T, pad, idx.device)
+        for block in self.h:
+            x = block(x, mask, cache)
+        if cache is not None:
+            cache.length += T
+        return self.ln_f(x)
+
+
+class LMOutput(NamedTuple):
+    logits: torch.Tensor  # (B, T, V): scores of the token after each position
+    loss: torch.Tensor | None  # mean cross-entropy against `targets`, when given
+
+
+class GPTLMHeadModel(nn.Module):
+    """The causal language model: GPTModel, then scores over the vocabulary against the token embedding matrix itself
+    (tied weights, Press & Wolf 2017, as in GPT-1 and GPT-2). The head is that matrix, not a module holding it, so the
+    state dict (and HF's file) has one copy."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = GPTModel(config)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self):
+        # GPT-2 (as in HF and nanoGPT): weights and embeddings ~ N(0, 0.02), biases zero, LayerNorm the identity; the
+        # two projections that write into the residual stream in each block ~ N(0, 0.02 / sqrt(2 n_layer)), so the
+        # stream's variance does not grow with depth (GPT-2, Sec. 2.3).
+        std = self.config.initializer_range
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.normal_(mean=0.0, std=std)
+            if isinstance(module, nn.Linear):
+                module.bias.zero_()
+            elif isinstance(module, nn.LayerNorm):
+                module.weight.fill_(1.0)
+                module.bias.zero_()
+        for name, param in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                param.normal_(mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None) -> LMOutput:
+        """idx (B, T) token ids (see GPTModel.forward for `cache`); targets (B, T) the next token at each position
+        (idx shifted left by one, as nanoGPT; -100 = not scored). The loss is label-smoothed only in training mode:
+        in eval mode it is the plain cross-entropy, so exp(loss) is the held-out perplexity."""
+        x = self.transformer(idx, cache)  # (B, T, C)
+        logits = F.linear(x, self.transformer.wte.weight)  # (B, T, V)
+        loss = None
+        if targets is not None:
+            smoothing = self.config.label_smoothing if self.training else 0.0
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
+                                   label_smoothing=smoothing)
+        return LMOutput(logits, loss)
+
+    def new_cache(self, batch_size: int, max_len: int, pad: torch.Tensor | None = None) -> KVCache:
+        """An empty KV cache on this model's device and in its dtype."""
+        weight = self.transformer.wte.weight
+        return KVCache(self.config, batch_size, max_len, pad, device=weight.device, dtype=weight.dtype)
+
+
+# -----------------------------------------------------------------------------
+# Checkpoint I/O. Our format: config.json (GPTConfig fields + "format") and model.safetensors (the LM's state dict).
+
+CHECKPOINT_FORMAT = "textrep-gpt"
+
+
+def save_pretrained(model: GPTLMHeadModel, path) -> None:
+    """Write `model` to directory `path` in our format (readable back with load_pretrained)."""
+    save_checkpoint(model, path, CHECKPOINT_FORMAT)
+
+
+def load_pretrained(path) -> GPTLMHeadModel:
+    """Load a model written by save_pretrained, or a HuggingFace GPT-2 directory (told apart by config.json)."""
+    path = Path(path)
+    config = read_config(path)
+    if config.get("format") == CHECKPOINT_FORMAT:
+        return load_checkpoint(path, GPTLMHeadModel, GPTConfig, CHECKPOINT_FORMAT)
+    if config.get("model_type") == "gpt2":
+        return from_hf(path)
+    raise ValueError(f"{path}/config.json is neither a {CHECKPOINT_FORMAT} checkpoint nor a HuggingFace GPT-2 config; "
+                     "write one with models.gpt.save_pretrained or to_hf")
+
+
+# HuggingFace interop. HF's parameter names are ours; its Conv1D keeps (in, out) weights, nn.Linear (out, in).
+
+HF_CONFIG_KEYS = (
+    "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "embd_pdrop", "attn_pdrop", "resid_pdrop",
+    "layer_norm_epsilon", "initializer_range", "eos_token_id",
+)
+CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def config_from_hf(hf: dict) -> GPTConfig:
+    """Our GPTConfig from the dict of a HuggingFace GPT-2 config.json; an error for what our blocks do not compute."""
+    unsupported = {
+        "activation_function": (hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh")),
+        "n_inner": hf.get("n_inner") not in (None, 4 * hf.get("n_embd", 768)),
+        "scale_attn_weights": not hf.get("scale_attn_weights", True),
+        "scale_attn_by_inverse_layer_idx": hf.get("scale_attn_by_inverse_layer_idx", False),
+        "add_cross_attention": hf.get("add_cross_attention", False),
+        "tie_word_embeddings": not hf.get("tie_word_embeddings", True),
+    }
+    bad = [f"{key}={hf.get(key)!r}" for key, is_bad in unsupported.items() if is_bad]
+    if bad:
+        raise ValueError(f"models.gpt computes GPT-2 with tanh GELU, a 4x MLP, 1/sqrt(hs) attention scaling and a "
+                         f"tied head only; this config has {', '.join(bad)}")
+    return GPTConfig(**{k: hf[k] for k in HF_CONFIG_KEYS if k in hf})
+
+
+def _state_from_hf(state: dict) -> dict:
+    """Our state dict from a GPT2LMHeadModel's or GPT2Model's: `transformer.` prefix, Linear weights; HF's tied
+    lm_head copy and the causal-mask buffers of old checkpoints (`attn.bias`, `attn.masked_bias`) dropped."""
+    out = {}
+    for key, value in state.items():
+        if key == "lm_head.weight" or key.endswith((".attn.bias", ".attn.masked_bias")):
+            continue
+        if not key.startswith("transformer."):
+            key = "transformer." + key
+        out[key] = value.t() if key.endswith(CONV1D_WEIGHTS) else value
+    return out
+
+
+def from_hf(path_or_state_dict, config: GPTConfig | None = None) -> GPTLMHeadModel:
+    """GPTLMHeadModel from HuggingFace GPT-2 weights: a directory (config.json + model.safetensors or pytorch_model.bin)
+    or a GPT2LMHeadModel / GPT2Model state dict (then `config` is required)."""
+    if isinstance(path_or_state_dict, dict):
+        if config is None:
+            raise ValueError("from_hf(state_dict) needs config=GPTConfig(...)")
+        state = path_or_state_dict
+    else:
+        path = Path(path_or_state_dict)
+        if config is None:
+            config = config_from_hf(read_config(path))
+        if (path / "model.safetensors").exists():
+            state = load_file(str(path / "model.safetensors"))
+        elif (path / "pytorch_model.bin").exists():
+            state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        else:
+            raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {path} (sharded checkpoints are "
+                                    "not supported)")
+    model = GPTLMHeadModel(config)
+    missing, unexpected = model.load_state_dict(_state_from_hf(state), strict=False)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match the config: missing {missing}, unexpected {unexpected}")
+    return model
+
+
+def to_hf(model: GPTLMHeadModel, path) -> None:
+    """Write `model` as a HuggingFace GPT2LMHeadModel directory (config.json + model.safetensors). HF ties lm_head to
+    transformer.wte on load, as its own save_pretrained leaves it out."""
+    c = model.config
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    hf_config = {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "activation_function": "gelu_new",
+        "tie_word_embeddings": True,
+        **{k: getattr(c, k) for k in HF_CONFIG_KEYS},
+        "bos_token_id": c.eos_token_id,  # GPT-2 starts and ends documents with the same <|endoftext|>
+    }
+    (path / "config.json").write_text(json.dumps(hf_config, indent=2))
+    state = {}
+    for key, value in model.state_dict().items():
+        value = value.detach().cpu()
+        state[key] = (value.t() if key.endswith(CONV1D_WEIGHTS) else value).contiguous()
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})  # HF checks for "format": "pt"
