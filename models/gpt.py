@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from models import IGNORE_INDEX
 from models.bert import BertDropout
 from models.checkpoint import load_checkpoint, read_config, save_checkpoint
 
@@ -260,14 +261,14 @@ class GPTLMHeadModel(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None) -> LMOutput:
         """idx (B, T) token ids (see GPTModel.forward for `cache`); targets (B, T) the next token at each position
-        (idx shifted left by one, as nanoGPT; -100 = not scored). The loss is label-smoothed only in training mode:
+        (idx shifted left by one, as nanoGPT; IGNORE_INDEX = not scored). The loss is label-smoothed only in training mode:
         in eval mode it is the plain cross-entropy, so exp(loss) is the held-out perplexity."""
         x = self.transformer(idx, cache)  # (B, T, C)
         logits = F.linear(x, self.transformer.wte.weight)  # (B, T, V)
         loss = None
         if targets is not None:
             smoothing = self.config.label_smoothing if self.training else 0.0
-            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
                                    label_smoothing=smoothing)
         return LMOutput(logits, loss)
 

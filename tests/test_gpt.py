@@ -9,6 +9,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from models import IGNORE_INDEX
 from models.generation import beam_search, filter_logits, greedy, length_penalty, sample
 from models.gpt import (
     GPT_SIZES,
@@ -112,10 +113,10 @@ def hand_log_probs(logits):
 def test_loss_is_the_cross_entropy_of_the_next_token():
     model = tiny_model()
     idx, targets = tokens(3, 9), tokens(3, 9, seed=1)
-    targets[1, 4:] = -100  # not scored
+    targets[1, 4:] = IGNORE_INDEX  # not scored
     out = model(idx, targets)
     log_probs = hand_log_probs(out.logits.double())
-    scored = targets != -100
+    scored = targets != IGNORE_INDEX
     nll = -log_probs[scored].gather(-1, targets[scored][:, None]).mean()
     assert out.logits.shape == (3, 9, V)
     assert abs(out.loss.item() - nll.item()) < 1e-5
