@@ -29,7 +29,7 @@ def prepare(ctx: StageContext) -> dict:
 
 
 def _corpus_fingerprint(cfg: DictConfig) -> str:
-    return files_fingerprint(corpus_dir(cfg), cfg.data.glob)
+    return files_fingerprint(corpus_dir(cfg), cfg.data.glob, cfg.paths.cache_dir)
 
 
-PREPARE = Stage("prepare", prepare, (), ("data",), version=3, fingerprint=_corpus_fingerprint)
+PREPARE = Stage("prepare", prepare, (), ("data",), fingerprint=_corpus_fingerprint)

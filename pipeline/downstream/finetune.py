@@ -186,11 +186,11 @@ def label_efficiency(results: list[dict]) -> list[dict]:
 
 def _finetune_fingerprint(cfg: DictConfig) -> str:
     """The task files, and the files a model kind reads from outside the cache (an external encoder's)."""
-    parts = [files_fingerprint(resolve_task_dir(load_task(name), cfg.finetune.data_dir, cfg.paths.cache_dir), "*")
-             for name in task_names(cfg)]
+    parts = [files_fingerprint(resolve_task_dir(load_task(name), cfg.finetune.data_dir, cfg.paths.cache_dir), "*",
+                               cfg.paths.cache_dir) for name in task_names(cfg)]
     parts += [kind.fingerprint(cfg) for kind in _kinds(cfg).values()]
     return hashlib.sha256("".join(parts).encode()).hexdigest()
 
 
-FINETUNE = Stage("finetune", finetune, finetune_upstream, ("finetune", "trainer", "seed"), version=1,
+FINETUNE = Stage("finetune", finetune, finetune_upstream, ("finetune", "trainer", "seed"),
                  fingerprint=_finetune_fingerprint, num_cpus=all_cpus)

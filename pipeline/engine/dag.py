@@ -1,11 +1,12 @@
 """The workflow engine: stages declared once, outputs cached by content hash, executed as Ray tasks.
 
 Ray Workflows was removed from Ray (last in 2.47), so this layer is ours, small and explicit. It borrows caching
-on by default from Kubeflow, resume-by-reusing-finished-steps from Metaflow and cache versions from Flyte:
+on by default from Kubeflow, resume-by-reusing-finished-steps from Metaflow and cache versions from Flyte (derived from
+the stage's source code, not bumped by hand):
 - a stage's output directory is `<cache_dir>/stages/<name>/<hash>/`, the hash covering the stage's config
-  subset, its upstream hashes, a fingerprint of its external inputs and its code version, so the same work is
-  found again from any run directory, and changing e.g. a pretraining hyperparameter reruns pretraining and
-  what follows it, not data prep;
+  subset, its upstream hashes, the contents of its external input files and its code (pipeline/engine/fingerprints.py),
+  so the same work is found again from any run directory, and changing e.g. a pretraining hyperparameter reruns
+  pretraining and what follows it, not data prep;
 - a stage is complete only once its marker is written, atomically, after its outputs; a crashed stage leaves
   no marker and is run again (into the same directory, so stages that checkpoint can resume);
 - a per-output file lock makes two concurrent runs of the same experiment wait for, then reuse, each other's work.
@@ -27,6 +28,7 @@ from typing import Callable, Iterator
 from omegaconf import DictConfig, OmegaConf
 
 from data_prep.shards import write_json_atomically
+from pipeline.engine.fingerprints import code_version, content_digests
 
 MARKER = "_COMPLETE.json"
 LOG_FILE = "stage.log"
@@ -45,7 +47,6 @@ class Stage:
     # evaluate stage reads whichever encoders it is asked to compare).
     upstream: tuple[str, ...] | Callable[[DictConfig], tuple[str, ...]] = ()
     config_keys: tuple[str, ...] = ()  # dotted config paths that determine the stage's outputs
-    version: int = 1                   # bump when the stage's code changes what it writes
     fingerprint: Callable[[DictConfig], str] | None = None  # identity of external inputs (files on disk)
     num_cpus: Callable[[DictConfig], float] = lambda cfg: 1
 
@@ -138,7 +139,7 @@ def stage_hashes(cfg: DictConfig, stages: dict[str, Stage], names: list[str]) ->
     hashes: dict[str, str] = {}
     for name in topological_order({n: stages[n] for n in _closure(stages, names)}):
         stage = stages[name]
-        payload = {"stage": name, "version": stage.version, "config": _config_subset(cfg, stage.config_keys),
+        payload = {"stage": name, "code": code_version(stage.fn), "config": _config_subset(cfg, stage.config_keys),
                    "upstream": {up: hashes[up] for up in stage.upstream},
                    "inputs": stage.fingerprint(cfg) if stage.fingerprint else None}
         hashes[name] = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -356,8 +357,11 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
     return results
 
 
-def files_fingerprint(root: Path, pattern: str) -> str:
-    """Names, sizes and modification times of the input files: a changed corpus is new work."""
+def files_fingerprint(root: Path, pattern: str, cache_dir: str | Path) -> str:
+    """Names and contents of the input files (pipeline/engine/fingerprints.py; a file that cannot be read counts as
+    such): a changed corpus is new work, and so is a fixed one. Digests are memoised under `cache_dir`."""
     files = sorted(p for p in root.glob(pattern) if p.is_file())
-    listing = [(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    memo_name = hashlib.sha256(f"{root}\0{pattern}".encode()).hexdigest()[:16]
+    memo = Path(cache_dir) / "file_digests" / f"{memo_name}.json"
+    listing = list(zip((str(p.relative_to(root)) for p in files), content_digests(files, memo)))
     return hashlib.sha256(json.dumps([str(root), listing]).encode()).hexdigest()
