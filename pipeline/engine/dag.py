@@ -202,8 +202,9 @@ def _captured_output(log_path: Path) -> Iterator[None]:
 
 
 def execute_stage(stages: dict[str, Stage], cfg: DictConfig, name: str, digest: str, out_dir: Path,
-                  inputs: dict[str, tuple[Path, str]], run_dir: Path | None) -> dict:
-    """Run one stage into its content-addressed directory, unless it is (or meanwhile became) complete.
+                  inputs: dict[str, tuple[Path, str]], run_dir: Path | None, forced: bool = False) -> dict:
+    """Run one stage into its content-addressed directory, unless it is (or meanwhile became) complete; `forced`:
+    replace a complete output, removing it only now that its replacement starts.
 
     `inputs` maps each upstream stage to (output directory, hash). Everything the stage prints also goes to
     `<out_dir>/stage.log`; a failure leaves no marker and raises StageFailed naming the stage and that log."""
@@ -211,8 +212,12 @@ def execute_stage(stages: dict[str, Stage], cfg: DictConfig, name: str, digest: 
 
     stage = stages[name]
     with exclusive_lock(out_dir.parent / f"{digest}.lock"):
-        if is_complete(out_dir):  # a concurrent run of the same experiment finished it while we waited
-            return {**json.loads((out_dir / MARKER).read_text()), "state": "cached"}
+        if is_complete(out_dir):
+            if not forced:  # a concurrent run of the same experiment finished it while we waited
+                return {**json.loads((out_dir / MARKER).read_text()), "state": "cached"}
+            # Rerun from scratch. Removing only the marker would let a stage that resumes (pretraining from its
+            # checkpoints, fine-tuning from its finished runs) redo nothing.
+            shutil.rmtree(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         log_path = out_dir / LOG_FILE
         with _captured_output(log_path):
@@ -258,6 +263,7 @@ class Plan:
     hashes: dict[str, str]
     dirs: dict[str, Path]
     cached: dict[str, bool]
+    forced: set[str]  # pipeline.force and their descendants: rerun even if complete
 
     def describe(self) -> str:
         lines = [f"{'stage':<12} {'state':<8} {'hash':<17} upstream → output"]
@@ -282,7 +288,7 @@ def plan(cfg: DictConfig, stages: dict[str, Stage]) -> Plan:
     for name in list(forced):
         forced |= descendants(stages, name)
     cached = {n: is_complete(dirs[n]) and n not in forced for n in order}
-    return Plan(stages, order, hashes, dirs, cached)
+    return Plan(stages, order, hashes, dirs, cached, forced)
 
 
 def _link(run_dir: Path, name: str, target: Path) -> None:
@@ -310,13 +316,6 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
     if cfg.pipeline.dry_run:
         print(the_plan.describe())
         return {}
-    for name in the_plan.order:
-        out_dir = the_plan.dirs[name]
-        if not the_plan.cached[name] and is_complete(out_dir):
-            # Forced: rerun from scratch. Removing only the marker would let a stage that resumes (pretraining from
-            # its checkpoints, fine-tuning from its finished runs) redo nothing.
-            with exclusive_lock(out_dir.parent / f"{the_plan.hashes[name]}.lock"):
-                shutil.rmtree(out_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_pipeline_file(run_dir, the_plan, {})  # before any work: `python -m pipeline.status` sees a running run
     cfg_resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
@@ -337,7 +336,7 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
                 cpus = stages[name].num_cpus(cfg)
                 ref = remote.options(num_cpus=cpus, max_retries=0, name=f"stage:{name}") \
                     .remote(int(cpus), stages, cfg_resolved, name, the_plan.hashes[name], the_plan.dirs[name], inputs,
-                            run_dir)
+                            run_dir, name in the_plan.forced)
                 running[ref] = name
             if not running:
                 raise RuntimeError(f"stages {pending} wait on upstream stages that are not in this run")
