@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.downstream.finetune import headline_results, task_names, train_sizes
+from pipeline.downstream.finetune import FINETUNE, check_task_files, headline_results, task_names, train_sizes
 from pipeline.downstream.tasks import load_task
 from pipeline.engine.dag import StageFailed, plan, resolve_upstream, run_dag, select_stages
 from pipeline.engine.distributed import validate_distributed
@@ -97,6 +97,8 @@ def validate(cfg: DictConfig) -> None:
     in_run = select_stages(stages, list(plan_check.stages), plan_check.until)
     for family in FAMILIES:
         family.validate(cfg, in_run)
+    if FINETUNE.name in in_run:
+        check_task_files(cfg)  # read now, not after pretraining
 
 
 def init_ray(cfg: DictConfig) -> None:

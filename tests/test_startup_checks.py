@@ -1,5 +1,5 @@
-"""Bad numbers fail before the first stage runs, naming the setting, and leave the cache as it was (issue 21, item 5):
-they used to surface in pretraining, hours in, or hang."""
+"""Bad numbers and bad task files fail before the first stage runs, naming the setting or the file and line, and leave
+the cache as it was (issue 21, items 5 and 7): they used to surface in pretraining or fine-tuning, hours in, or hang."""
 from __future__ import annotations
 
 import json
@@ -62,3 +62,28 @@ def test_a_sequence_longer_than_the_position_table_fails_at_start_up(tmp_path, s
                                  f"pipeline.stages={stages}"])
     _fails_before_any_stage(cfg, ValueError, r"examples\.max_seq_length=100000 is longer than the model's position "
                                              r"table \(model\.config\.max_position_embeddings=64\)")
+
+
+def _break_task_file(tmp_path: Path, line: int, row: str) -> Path:
+    """The tiny run's sentiment task (tests/conftest.py) with line `line` (1-based, header included) of train.tsv
+    replaced by `row`."""
+    tiny_config(tmp_path)  # writes the task
+    train = tmp_path / "task" / "train.tsv"
+    lines = train.read_text().splitlines()
+    lines[line - 1] = row
+    train.write_text("\n".join(lines) + "\n")
+    return train
+
+
+@pytest.mark.parametrize("row, message", [
+    ("a dull film\tnegative", r"train\.tsv:5: unknown label 'negative'; task sst2 has labels \['0', '1'\]"),
+    ("a dull film\t0\ta stray tab", r"train\.tsv:5: expected 2 tab-separated fields, as on the file's header, got 3"),
+])
+def test_a_bad_task_file_fails_before_any_stage_naming_file_and_line(tmp_path, row, message):
+    _break_task_file(tmp_path, 5, row)
+    _fails_before_any_stage(tiny_config(tmp_path), ValueError, message)
+
+
+def test_task_files_are_not_read_by_a_run_without_finetune(tmp_path):
+    _break_task_file(tmp_path, 5, "a dull film\tnegative")
+    validate(tiny_config(tmp_path, ["pipeline.until=pretrain"]))

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Subset
 
 from data_prep.shards import write_json_atomically
-from pipeline.downstream.task_data import TaskData, stratified_subsample
+from pipeline.downstream.task_data import TaskData, read_task_files, stratified_subsample
 from pipeline.downstream.tasks import load_task, resolve_task_dir
 from pipeline.engine.dag import Stage, StageContext, all_cpus, files_fingerprint
 from pipeline.engine.family import FinetuneKind, TaskModels
@@ -53,6 +53,16 @@ def task_names(cfg: DictConfig) -> list[str]:
     task = cfg.finetune.task
     return [task] if isinstance(task, str) else list(task)
 
+
+
+def check_task_files(cfg: DictConfig) -> None:
+    """The user's task files (finetune.data_dir) read as this stage will read them, so that a wrong label or a
+    malformed row is reported before the first stage runs instead of after pretraining. Built-in data is ours."""
+    if not cfg.finetune.data_dir:
+        return
+    for name in task_names(cfg):
+        task = load_task(name)
+        read_task_files(task, resolve_task_dir(task, cfg.finetune.data_dir, cfg.paths.cache_dir))
 
 
 def model_sources(ctx: StageContext) -> dict[str, TaskModels]:
