@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,7 +129,17 @@ def finetune_objective(run_dir: Path) -> float | None:
     return float(np.mean(scores)) if scores else None
 
 
+INTERRUPTED = "interrupted; rerun the same command to resume"
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def run_pipeline(cfg: DictConfig) -> Path:
+    """Validate, run, print where the results are. SIGINT (Ctrl-C) and SIGTERM end a run alike: the stages' Ray tasks
+    are cancelled and Ray is shut down, one line says how to resume, and the exit code is 130, where a user used to
+    get a KeyboardInterrupt traceback (and exit code 1 during Ray's start-up)."""
     import ray
 
     validate(cfg)
@@ -137,13 +149,25 @@ def run_pipeline(cfg: DictConfig) -> Path:
         print(plan(cfg, STAGES).describe())
         return run_dir
     os.environ["WANDB_MODE"] = cfg.logger.get("mode", "offline")  # inherited by Ray workers
-    init_ray(cfg)
+    handlers = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    interrupted = False
     try:
+        init_ray(cfg)
+        signal.signal(signal.SIGTERM, _interrupt)  # ray.init installs its own, which exits on the spot
         run_dag(cfg, STAGES, run_dir)
     except StageFailed as err:
         raise SystemExit(f"error: {err}") from None
+    except KeyboardInterrupt:
+        interrupted = True
+        for sig in handlers:  # a second Ctrl-C must not cut the shutdown short
+            signal.signal(sig, signal.SIG_IGN)
     finally:
         ray.shutdown()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    if interrupted:
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+        raise SystemExit(130)
     report = run_dir / "report" / "results.md"
     if report.is_file():
         print(f"\nresults: {report}\n{report.read_text()}")
