@@ -30,8 +30,9 @@ def prepare(ctx: StageContext) -> dict:
 
 def _corpus_fingerprint(cfg: DictConfig) -> str:
     """The configured corpus's files, or the built-in corpus's pinned releases: planning never downloads."""
-    return files_fingerprint(corpus_dir(cfg), cfg.data.glob) if cfg.data.corpus_dir else DEFAULT_CORPUS.fingerprint
+    if not cfg.data.corpus_dir:
+        return DEFAULT_CORPUS.fingerprint
+    return files_fingerprint(corpus_dir(cfg), cfg.data.glob, cfg.paths.cache_dir)
 
 
-# version 4: decodes UTF-16/32 books, keeps books with a few stray NULs
-PREPARE = Stage("prepare", prepare, (), ("data",), version=4, fingerprint=_corpus_fingerprint)
+PREPARE = Stage("prepare", prepare, (), ("data",), fingerprint=_corpus_fingerprint)

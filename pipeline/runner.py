@@ -3,19 +3,77 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from data_prep.prepare import manifest_summary
-from pipeline.downstream.finetune import headline_results, task_names, train_sizes
+from pipeline.downstream.finetune import FINETUNE, check_task_files, headline_results, task_names, train_sizes
 from pipeline.downstream.tasks import load_task
-from pipeline.engine.dag import StageFailed, plan, resolve_upstream, run_dag
+from pipeline.engine.dag import StageFailed, plan, resolve_upstream, run_dag, select_stages
 from pipeline.engine.distributed import validate_distributed
 from pipeline.engine.tracking import LOGGER_KINDS
 from pipeline.families import FAMILIES
 from pipeline.stages import STAGES
+
+
+@dataclass(frozen=True)
+class Number:
+    """What a numeric setting must be. Checked at start-up: a bad number otherwise surfaced in a later stage (hours
+    in, after pretraining), with a message that did not name the setting, or hung (ray.num_cpus=0)."""
+    kind: type                 # int: a whole number; float: any number
+    low: float
+    high: float | None = None
+    low_open: bool = False     # `low` itself is excluded
+    nullable: bool = False
+    unless: str | None = None  # not checked when this setting is set
+
+    def accepts(self, value) -> bool:
+        if value is None:
+            return self.nullable
+        if isinstance(value, bool) or not isinstance(value, int if self.kind is int else (int, float)):
+            return False
+        return (value > self.low if self.low_open else value >= self.low) and (self.high is None or value <= self.high)
+
+    def describe(self) -> str:
+        upper = "" if self.high is None else f" and <= {self.high:g}"
+        return (f"{'an integer' if self.kind is int else 'a number'} {'>' if self.low_open else '>='} {self.low:g}"
+                f"{upper}{' or null' if self.nullable else ''}")
+
+
+POSITIVE_INT, COUNT = Number(int, 1), Number(int, 0)
+RATE, FRACTION = Number(float, 0, low_open=True), Number(float, 0, 1)
+NUMBERS = {
+    "ray.num_cpus": Number(int, 1, unless="ray.address"),  # a cluster owns its resources (README)
+    "data.shard_bytes": POSITIVE_INT, "data.min_tokens": POSITIVE_INT, "data.max_tokens": POSITIVE_INT,
+    "tokenizer.vocab_size": POSITIVE_INT, "examples.max_seq_length": POSITIVE_INT,
+    "examples.dupe_factor": POSITIVE_INT, "examples.short_seq_prob": FRACTION,
+    "pretrain.max_steps": POSITIVE_INT, "pretrain.batch_size": POSITIVE_INT, "pretrain.lr": RATE,
+    "pretrain.warmup_steps": COUNT, "pretrain.weight_decay": Number(float, 0),
+    "pretrain.accumulate_grad_batches": POSITIVE_INT, "pretrain.mlm_probability": Number(float, 0, 1, low_open=True),
+    "pretrain.max_predictions_per_seq": POSITIVE_INT, "pretrain.val_fraction": FRACTION,
+    "pretrain.val_every_steps": POSITIVE_INT, "pretrain.checkpoint_every_steps": POSITIVE_INT,
+    "pretrain_phase2.max_seq_length": POSITIVE_INT, "pretrain_phase2.max_steps": POSITIVE_INT,
+    "pretrain_phase2.batch_size": POSITIVE_INT, "pretrain_phase2.lr": RATE, "pretrain_phase2.warmup_steps": COUNT,
+    "finetune.max_seq_length": POSITIVE_INT, "finetune.batch_size": POSITIVE_INT,
+    "finetune.eval_batch_size": POSITIVE_INT, "finetune.lr": RATE, "finetune.epochs": POSITIVE_INT,
+    "finetune.min_steps": COUNT, "finetune.warmup_fraction": FRACTION,
+    "finetune.max_train_examples": Number(int, 1, nullable=True),
+    "finetune.selection_fraction": Number(float, 0, 1, low_open=True, nullable=True),
+    "elmo.batch_size": POSITIVE_INT, "elmo.window": POSITIVE_INT, "skip_thought.max_words": POSITIVE_INT,
+}
+
+
+def check_numbers(cfg: DictConfig) -> None:
+    for key, number in NUMBERS.items():
+        value = OmegaConf.select(cfg, key)
+        if not (number.unless and OmegaConf.select(cfg, number.unless)) and not number.accepts(value):
+            raise ValueError(f"{key}={value!r}: expected {number.describe()}; set {key} on the command line "
+                             "or in the experiment's config")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -26,6 +84,7 @@ def validate(cfg: DictConfig) -> None:
         unknown.append(plan_check.until)
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; valid stages, in order: {list(STAGES)}")
+    check_numbers(cfg)
     if cfg.data.corpus_dir and not Path(cfg.data.corpus_dir).expanduser().is_dir():
         raise FileNotFoundError(f"data.corpus_dir={cfg.data.corpus_dir} is not a directory; point it at a "
                                 "directory of .txt books, or leave it null for the built-in corpus")
@@ -37,9 +96,12 @@ def validate(cfg: DictConfig) -> None:
         load_task(name)
     train_sizes(cfg)
     validate_distributed(cfg)
+    stages = resolve_upstream(STAGES, cfg)  # e.g. an unknown evaluate.encoders name
+    in_run = select_stages(stages, list(plan_check.stages), plan_check.until)
     for family in FAMILIES:
-        family.validate(cfg)
-    resolve_upstream(STAGES, cfg)  # e.g. an unknown evaluate.encoders name
+        family.validate(cfg, in_run)
+    if FINETUNE.name in in_run:
+        check_task_files(cfg)  # read now, not after pretraining
 
 
 def init_ray(cfg: DictConfig) -> None:
@@ -68,7 +130,17 @@ def finetune_objective(run_dir: Path) -> float | None:
     return float(np.mean(scores)) if scores else None
 
 
+INTERRUPTED = "interrupted; rerun the same command to resume"
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def run_pipeline(cfg: DictConfig) -> Path:
+    """Validate, run, print where the results are. SIGINT (Ctrl-C) and SIGTERM end a run alike: the stages' Ray tasks
+    are cancelled and Ray is shut down, one line says how to resume, and the exit code is 130, where a user used to
+    get a KeyboardInterrupt traceback (and exit code 1 during Ray's start-up)."""
     import ray
 
     validate(cfg)
@@ -78,13 +150,25 @@ def run_pipeline(cfg: DictConfig) -> Path:
         print(plan(cfg, STAGES).describe())
         return run_dir
     os.environ["WANDB_MODE"] = cfg.logger.get("mode", "offline")  # inherited by Ray workers
-    init_ray(cfg)
+    handlers = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    interrupted = False
     try:
+        init_ray(cfg)
+        signal.signal(signal.SIGTERM, _interrupt)  # ray.init installs its own, which exits on the spot
         results = run_dag(cfg, STAGES, run_dir)
     except StageFailed as err:
         raise SystemExit(f"error: {err}") from None
+    except KeyboardInterrupt:
+        interrupted = True
+        for sig in handlers:  # a second Ctrl-C must not cut the shutdown short
+            signal.signal(sig, signal.SIG_IGN)
     finally:
         ray.shutdown()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    if interrupted:
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+        raise SystemExit(130)
     report = run_dir / "report" / "results.md"
     if report.is_file():
         print(f"\nresults: {report}\n{report.read_text()}")

@@ -1,11 +1,13 @@
 """`python -m pipeline` run as a user runs it, in a subprocess, on the tiny config and data the test writes.
 
-Shared by the tests that need a real process: sweeps (Hydra multirun), crash safety (SIGKILL) and Ray clusters."""
+Shared by the tests that need a real process: sweeps (Hydra multirun), crash safety (SIGKILL), interrupts (SIGINT,
+SIGTERM) and Ray clusters."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.conftest import TINY_OVERRIDES, write_books, write_sentiment_task
@@ -51,3 +53,25 @@ def stage_executions(cache_dir: Path, stage: str) -> int:
     of its output directory (pipeline/engine/dag.py)."""
     return sum(log.read_text().count(f"stage {stage}: running")
                for log in (cache_dir / "stages" / stage).glob("*/stage.log"))
+
+
+def start_pipeline_cli(tmp_path: Path, overrides: list[str]) -> subprocess.Popen:
+    # A session of its own: the driver, the Ray instance it started and that instance's workers share one
+    # process group, so a single killpg is what a crash of the machine's user session (SIGKILL) or Ctrl-C in a
+    # terminal (SIGINT) looks like.
+    return subprocess.Popen(pipeline_command(tmp_path, overrides), cwd=REPO_ROOT, env=pipeline_env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def wait_for_file(proc: subprocess.Popen, cache_dir: Path, pattern: str, timeout: float = 600) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = sorted(cache_dir.glob(pattern))
+        if found:
+            return found[0]
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before {pattern} appeared:\n"
+                                 + proc.stdout.read()[-4000:])
+        time.sleep(0.02)
+    raise AssertionError(f"no {pattern} under {cache_dir} after {timeout} s")

@@ -4,12 +4,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from pipeline import CONF_DIR
+from pipeline.downstream.finetune import task_names
+from pipeline.downstream.tasks import load_task
 from pipeline.runner import validate
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
@@ -26,7 +29,26 @@ def test_experiment_composes(name, tmp_path):
     resolved = OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
     assert resolved["experiment_name"] == name
     assert cfg.model._target_.startswith("models.")
+    if cfg.finetune.data_dir:  # e.g. GLUE under ../shared, which a fresh clone has not: validate reads the files
+        cfg.finetune.data_dir = str(_write_task_files(tmp_path / "tasks", task_names(cfg)))
     validate(cfg)
+
+
+def _write_task_files(root: Path, names: list[str]) -> Path:
+    """A one-example train and dev split of each TSV task, laid out as its YAML in conf/task/ describes."""
+    for name in names:
+        task = load_task(name)
+        columns = [c for c in (task.text_a, task.text_b, task.label) if c is not None]
+        label = str(task.labels[0]) if task.labels is not None else "0.5"
+        if task.get("header", True):
+            rows = [columns, [label if c == task.label else "some words" for c in columns]]
+        else:
+            rows = [[label if i == task.label else "some words" for i in range(max(columns) + 1)]]
+        directory = root / task.data_subdir
+        directory.mkdir(parents=True)
+        for split in (task.train_file, task.dev_file):
+            (directory / split).write_text("".join("\t".join(row) + "\n" for row in rows))
+    return root
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

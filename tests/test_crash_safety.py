@@ -17,7 +17,7 @@ import pytest
 from data_prep.shards import file_sha256
 from pipeline.engine.dag import MARKER
 from tests.conftest import ENDINGS, OBJECTS, SUBJECTS, VERBS
-from tests.pipeline_cli import REPO_ROOT, pipeline_command, pipeline_env, run_pipeline_cli, stage_executions
+from tests.pipeline_cli import run_pipeline_cli, stage_executions, start_pipeline_cli, wait_for_file
 
 
 def _write_big_corpus(root: Path, n_books: int = 40, book_bytes: int = 300_000) -> Path:
@@ -33,27 +33,6 @@ def _write_big_corpus(root: Path, n_books: int = 40, book_bytes: int = 300_000) 
             size += len(paragraph) + 2
         (root / f"book_{b:02d}.txt").write_text(f"Book {b}\n\n" + "\n\n".join(paragraphs) + "\n")
     return root
-
-
-def _start(tmp_path: Path, overrides: list[str]) -> subprocess.Popen:
-    # A session of its own: the driver, the Ray instance it started and that instance's workers share one
-    # process group, so a single killpg is what a crash of the machine's user session looks like.
-    return subprocess.Popen(pipeline_command(tmp_path, overrides), cwd=REPO_ROOT, env=pipeline_env(tmp_path),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-
-
-def _wait_for_file(proc: subprocess.Popen, cache_dir: Path, pattern: str, timeout: float = 600) -> Path:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = sorted(cache_dir.glob(pattern))
-        if found:
-            return found[0]
-        if proc.poll() is not None:
-            raise AssertionError(f"the run ended (exit {proc.returncode}) before {pattern} appeared:\n"
-                                 + proc.stdout.read()[-4000:])
-        time.sleep(0.02)
-    raise AssertionError(f"no {pattern} under {cache_dir} after {timeout} s")
 
 
 def _kill_run(proc: subprocess.Popen) -> None:
@@ -82,8 +61,8 @@ def test_sigkill_during_prepare_then_rerun_gives_the_clean_runs_shards(tmp_path)
     corpus = _write_big_corpus(tmp_path / "big_books")
     overrides = [f"data.corpus_dir={corpus}", "data.shard_bytes=200000", "pipeline.until=prepare"]
 
-    killed = _start(tmp_path, overrides)
-    first = _wait_for_file(killed, tmp_path / "cache", "stages/prepare/*/shard-*")
+    killed = start_pipeline_cli(tmp_path, overrides)
+    first = wait_for_file(killed, tmp_path / "cache", "stages/prepare/*/shard-*")
     _kill_run(killed)
     prepare_dir = first.parent
     before = _snapshot(prepare_dir)
@@ -114,8 +93,8 @@ def test_sigkill_during_prepare_then_rerun_gives_the_clean_runs_shards(tmp_path)
 def test_sigkill_during_finetune_then_rerun_keeps_the_finished_models(tmp_path):
     # Six fine-tuning runs of ~30 epochs each, long enough that the kill lands after the first and before the last.
     overrides = ["finetune.seeds=[1,2,3]", "finetune.epochs=30"]
-    killed = _start(tmp_path, overrides)
-    first = _wait_for_file(killed, tmp_path / "cache", "stages/finetune/*/finished/*.json")
+    killed = start_pipeline_cli(tmp_path, overrides)
+    first = wait_for_file(killed, tmp_path / "cache", "stages/finetune/*/finished/*.json")
     _kill_run(killed)
     finished_dir = first.parent
     finished_before = {p.name: p.read_bytes() for p in finished_dir.glob("*.json")}
@@ -135,7 +114,7 @@ def test_sigkill_during_finetune_then_rerun_keeps_the_finished_models(tmp_path):
 
 @pytest.mark.slow
 def test_two_concurrent_runs_share_one_preparation(tmp_path):
-    runs = [_start(tmp_path, ["pipeline.until=examples", f"hydra.run.dir={tmp_path / name}"])
+    runs = [start_pipeline_cli(tmp_path, ["pipeline.until=examples", f"hydra.run.dir={tmp_path / name}"])
             for name in ("run1", "run2")]
     for proc in runs:
         output, _ = proc.communicate(timeout=900)

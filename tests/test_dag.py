@@ -123,6 +123,33 @@ def test_force_reruns_the_stage_and_its_downstream_until_stops_early(tmp_path, r
     assert set(partial) == {"source", "double"}
 
 
+def flaky(ctx) -> dict:
+    _record(ctx, "flaky")
+    if ctx.cfg.flaky_fails:  # not among its config keys: the same stage, hash and output directory either way
+        raise OSError("the disk went away")
+    return {}
+
+
+def after_flaky(ctx) -> dict:
+    _record(ctx, "after")
+    (ctx.out_dir / "result.txt").write_text("finished")
+    return {}
+
+
+def test_force_removes_an_output_only_when_its_replacement_starts(tmp_path, ray_session):
+    """pipeline.force used to delete every forced output before the run began: an earlier stage failing (or a run
+    that never got going) lost the finished work of the stages after it."""
+    stages = {s.name: s for s in [Stage("flaky", flaky), Stage("after", after_flaky, ("flaky",))]}
+    cfg = _cfg(tmp_path, **{"pipeline.stages": ["after"], "flaky_fails": False})
+    run_dag(cfg, stages, tmp_path / "run1")
+    finished = plan(cfg, stages).dirs["after"]
+    with pytest.raises(StageFailed, match="stage flaky failed: OSError: the disk went away"):
+        run_dag(_cfg(tmp_path, **{"pipeline.stages": ["after"], "pipeline.force": ["flaky"], "flaky_fails": True}),
+                stages, tmp_path / "run2")
+    assert (finished / MARKER).is_file() and (finished / "result.txt").read_text() == "finished"
+    assert _executions(tmp_path) == ["flaky", "after", "flaky"]
+
+
 def test_dry_run_prints_the_dag_with_cached_and_pending_state(tmp_path, ray_session):
     run_dag(_cfg(tmp_path, **{"pipeline.until": "source"}), FAKE, tmp_path / "run1")
     description = plan(_cfg(tmp_path), FAKE).describe()

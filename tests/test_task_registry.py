@@ -96,8 +96,18 @@ def test_regression_label_that_is_not_a_number_names_file_and_line(tmp_path):
         read_split(load_task("stsb"), path)
 
 
-def test_headerless_row_with_too_few_fields_names_file_and_line(tmp_path):
+@pytest.mark.parametrize("second_row, fields", [("gj04\t0", 2), ("gj04\t0\t\tBad sentence .\tstray", 5)])
+def test_headerless_row_of_another_width_names_file_and_line(tmp_path, second_row, fields):
     path = tmp_path / "dev.tsv"
-    path.write_text("gj04\t1\t\tGood sentence .\ngj04\t0\n")
-    with pytest.raises(ValueError, match=r"dev.tsv:2: expected at least 4 tab-separated fields, got 2"):
+    path.write_text(f"gj04\t1\t\tGood sentence .\n{second_row}\n")
+    with pytest.raises(ValueError, match=rf"dev.tsv:2: expected 4 tab-separated fields, as on the file's first line, "
+                                         rf"got {fields}"):
+        read_split(load_task("cola"), path)
+
+
+def test_headerless_first_row_without_the_task_columns_names_file_and_line(tmp_path):
+    path = tmp_path / "dev.tsv"
+    path.write_text("gj04\t1\tGood sentence .\n")
+    with pytest.raises(ValueError, match=r"dev.tsv:1: expected 4 tab-separated fields \(task cola reads column 3, "
+                                         r"counting from 0\), got 3"):
         read_split(load_task("cola"), path)

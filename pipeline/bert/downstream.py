@@ -77,7 +77,7 @@ def _external(ctx: StageContext) -> BertTaskModels:
 
 def _external_files(cfg: DictConfig) -> str:
     path = cfg.finetune.external_encoder
-    return files_fingerprint(Path(path).expanduser(), "*") if path else ""
+    return files_fingerprint(Path(path).expanduser(), "*", cfg.paths.cache_dir) if path else ""
 
 
 def _this_run_stages(cfg: DictConfig) -> tuple[str, ...]:

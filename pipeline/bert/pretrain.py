@@ -104,10 +104,11 @@ def phase_of(stage: str) -> Phase:
     return next(p for p in PHASES if stage in (p.stage, p.examples))
 
 
-def validate(cfg: DictConfig) -> None:
-    """Before any stage runs: every phase in the run fits the model's position table."""
+def validate(cfg: DictConfig, stages: list[str]) -> None:
+    """Before any stage runs: every phase in the run (`stages`, those needed upstream included) fits the model's
+    position table."""
     for phase in PHASES:
-        if {phase.stage, phase.examples} & set(cfg.pipeline.stages):
+        if {phase.stage, phase.examples} & set(stages):
             phase.max_seq_length(cfg)
 
 

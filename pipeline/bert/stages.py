@@ -73,15 +73,14 @@ def examples(ctx: StageContext, length_key: str) -> dict:
 
 PHASE_1, PHASE_2 = PHASES
 BERT_STAGES = (
-    Stage("tokenizer", tokenizer, ("prepare",), ("tokenizer",), version=1),
+    Stage("tokenizer", tokenizer, ("prepare",), ("tokenizer",)),
     Stage(PHASE_1.examples, partial(examples, length_key=PHASE_1.length_key), ("prepare", "tokenizer"),
-          ("examples", "seed"), version=1),
+          ("examples", "seed")),
     # phase 2 (Devlin et al. §A.2; PHASES in pipeline/bert/pretrain.py): its own examples, and phase 1's weights
     Stage(PHASE_2.examples, partial(examples, length_key=PHASE_2.length_key), ("prepare", "tokenizer"),
-          ("examples", PHASE_2.length_key, "seed"), version=1),
-    # version 3: writes the MLM/NSP heads too, which phase 2 continues from
+          ("examples", PHASE_2.length_key, "seed")),
     Stage(PHASE_1.stage, pretrain, ("tokenizer", PHASE_1.examples), ("model", "pretrain", "trainer", "seed"),
-          version=3, num_cpus=stage_cpus),
+          num_cpus=stage_cpus),
     Stage(PHASE_2.stage, pretrain, ("tokenizer", PHASE_2.examples, PHASE_1.stage),
-          ("model", "pretrain", "pretrain_phase2", "trainer", "seed"), version=1, num_cpus=stage_cpus),
+          ("model", "pretrain", "pretrain_phase2", "trainer", "seed"), num_cpus=stage_cpus),
 )

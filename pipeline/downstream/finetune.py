@@ -17,8 +17,8 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Subset
 
 from data_prep.shards import write_json_atomically
-from pipeline.downstream.task_data import TaskData, stratified_subsample
-from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fingerprint
+from pipeline.downstream.task_data import TaskData, read_task_files, stratified_subsample
+from pipeline.downstream.tasks import load_task, task_data_fingerprint
 from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import FinetuneKind, TaskModels
 from pipeline.engine.training import make_trainer
@@ -53,6 +53,16 @@ def task_names(cfg: DictConfig) -> list[str]:
     task = cfg.finetune.task
     return [task] if isinstance(task, str) else list(task)
 
+
+
+def check_task_files(cfg: DictConfig) -> None:
+    """The user's task files (finetune.data_dir) read as this stage will read them, so that a wrong label or a
+    malformed row is reported before the first stage runs instead of after pretraining. Built-in data is ours."""
+    if not cfg.finetune.data_dir:
+        return
+    for name in task_names(cfg):
+        task = load_task(name)
+        read_task_files(task, resolve_task_dir(task, cfg.finetune.data_dir, cfg.paths.cache_dir))
 
 
 def model_sources(ctx: StageContext) -> dict[str, TaskModels]:
@@ -192,5 +202,5 @@ def _finetune_fingerprint(cfg: DictConfig) -> str:
     return hashlib.sha256("".join(parts).encode()).hexdigest()
 
 
-FINETUNE = Stage("finetune", finetune, finetune_upstream, ("finetune", "trainer", "seed"), version=1,
+FINETUNE = Stage("finetune", finetune, finetune_upstream, ("finetune", "trainer", "seed"),
                  fingerprint=_finetune_fingerprint, num_cpus=all_cpus)

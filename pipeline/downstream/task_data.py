@@ -11,6 +11,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from data_prep.conll import TaggedSentence, iob1_to_iob2, read_conll
+from data_prep.squad import read_squad
 from pipeline.downstream.tasks import TaskSplit, read_split
 from pipeline.evaluation.metrics import score_task
 
@@ -86,3 +87,18 @@ def tsv_splits(task: DictConfig, data_dir: Path, max_train_examples: int | None,
 def conll_sentences(task: DictConfig, data_dir: Path, name: str) -> list[TaggedSentence]:
     """A CoNLL file's sentences with IOB2 tags: the files are IOB1, the task's labels IOB2."""
     return [TaggedSentence(s.tokens, iob1_to_iob2(s.tags)) for s in read_conll(data_dir / name, task.labels)]
+
+
+SPLIT_READERS: dict[str, Callable[[DictConfig, Path, str], object]] = {
+    "tsv": lambda task, data_dir, name: read_split(task, data_dir / name),
+    "conll": conll_sentences,
+    "squad": lambda task, data_dir, name: read_squad(data_dir / name),
+}
+
+
+def read_task_files(task: DictConfig, data_dir: Path) -> None:
+    """Both splits of a task read as fine-tuning reads them: raises on the first bad row, naming its file and line."""
+    if task.format not in SPLIT_READERS:
+        raise ValueError(f"task {task.name}: unknown format {task.format!r}; use one of {list(SPLIT_READERS)}")
+    for name in (task.train_file, task.dev_file):
+        SPLIT_READERS[task.format](task, data_dir, name)

@@ -47,7 +47,7 @@ def task_data_fingerprint(task: DictConfig, data_dir: str | None, cache_dir: str
     """The files of resolve_task_dir, or the built-in data's pinned releases: planning never downloads."""
     if not data_dir and task.builtin:
         return BUILTIN_TASK_DATA[task.builtin].fingerprint
-    return files_fingerprint(resolve_task_dir(task, data_dir, cache_dir), "*")
+    return files_fingerprint(resolve_task_dir(task, data_dir, cache_dir), "*", cache_dir)
 
 
 @dataclass
@@ -94,13 +94,21 @@ def read_split(task: DictConfig, path: Path) -> TaskSplit:
                 raise ValueError(f"{path}:1: missing column(s) {missing}; header has {header}. Rename the file's "
                                  f"columns, or set text_a/text_b/label in {TASK_DIR / task.name}.yaml to its names")
             col = {name: header.index(name) for name in columns}
-            width, first_line = len(header), 2
+            width, first_line, shape_of = len(header), 2, "header"
         else:
             col = {index: index for index in columns}
-            width, first_line = max(columns) + 1, 1
+            width, first_line, shape_of = None, 1, "first line"  # the first row's width
+        needed = max(col.values()) + 1
         for line_no, row in enumerate(reader, start=first_line):
-            if len(row) < width:
-                raise ValueError(f"{path}:{line_no}: expected at least {width} tab-separated fields, got {len(row)}")
+            width = width or len(row)
+            # Every row has as many fields as the file's header (or first row): one with more is as broken as one
+            # with fewer (a tab inside a text, a stray column), and which of its fields is the label is a guess.
+            if width < needed:
+                raise ValueError(f"{path}:{line_no}: expected {needed} tab-separated fields (task {task.name} reads "
+                                 f"column {needed - 1}, counting from 0), got {len(row)}")
+            if len(row) != width:
+                raise ValueError(f"{path}:{line_no}: expected {width} tab-separated fields, as on the file's "
+                                 f"{shape_of}, got {len(row)}; fix the row (a tab inside a text must be removed)")
             labels.append(_label(task, label_index, row[col[task.label]].strip(), f"{path}:{line_no}"))
             texts_a.append(row[col[task.text_a]])
             if texts_b is not None:

@@ -73,8 +73,8 @@ def elmo_pretrain(ctx: StageContext) -> dict:
 
 
 ELMO_STAGES = [
-    Stage("elmo_vocab", elmo_vocab, ("prepare",), ("elmo.vocab_size", "elmo.min_count"), version=1),
-    Stage("elmo_streams", elmo_streams, ("prepare",), (), version=1),
+    Stage("elmo_vocab", elmo_vocab, ("prepare",), ("elmo.vocab_size", "elmo.min_count")),
+    Stage("elmo_streams", elmo_streams, ("prepare",), ()),
     Stage("elmo_pretrain", elmo_pretrain, ("elmo_vocab", "elmo_streams"),
-          ("model", "elmo", "pretrain", "trainer", "seed"), version=1, num_cpus=all_cpus),
+          ("model", "elmo", "pretrain", "trainer", "seed"), num_cpus=all_cpus),
 ]

@@ -1,11 +1,12 @@
 """The workflow engine: stages declared once, outputs cached by content hash, executed as Ray tasks.
 
 Ray Workflows was removed from Ray (last in 2.47), so this layer is ours, small and explicit. It borrows caching
-on by default from Kubeflow, resume-by-reusing-finished-steps from Metaflow and cache versions from Flyte:
+on by default from Kubeflow, resume-by-reusing-finished-steps from Metaflow and cache versions from Flyte (derived from
+the stage's source code, not bumped by hand):
 - a stage's output directory is `<cache_dir>/stages/<name>/<hash>/`, the hash covering the stage's config
-  subset, its upstream hashes, a fingerprint of its external inputs and its code version, so the same work is
-  found again from any run directory, and changing e.g. a pretraining hyperparameter reruns pretraining and
-  what follows it, not data prep;
+  subset, its upstream hashes, the contents of its external input files and its code (pipeline/engine/fingerprints.py),
+  so the same work is found again from any run directory, and changing e.g. a pretraining hyperparameter reruns
+  pretraining and what follows it, not data prep;
 - a stage is complete only once its marker is written, atomically, after its outputs; a crashed stage leaves
   no marker and is run again (into the same directory, so stages that checkpoint can resume);
 - a per-output file lock makes two concurrent runs of the same experiment wait for, then reuse, each other's work.
@@ -29,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data_prep.prepare import list_corpus_files
 from data_prep.shards import write_json_atomically
+from pipeline.engine.fingerprints import code_version, content_digests
 
 MARKER = "_COMPLETE.json"
 LOG_FILE = "stage.log"
@@ -47,7 +49,6 @@ class Stage:
     # evaluate stage reads whichever encoders it is asked to compare).
     upstream: tuple[str, ...] | Callable[[DictConfig], tuple[str, ...]] = ()
     config_keys: tuple[str, ...] = ()  # dotted config paths that determine the stage's outputs
-    version: int = 1                   # bump when the stage's code changes what it writes
     fingerprint: Callable[[DictConfig], str] | None = None  # identity of external inputs (files on disk)
     num_cpus: Callable[[DictConfig], float] = lambda cfg: 1
 
@@ -140,7 +141,7 @@ def stage_hashes(cfg: DictConfig, stages: dict[str, Stage], names: list[str]) ->
     hashes: dict[str, str] = {}
     for name in topological_order({n: stages[n] for n in _closure(stages, names)}):
         stage = stages[name]
-        payload = {"stage": name, "version": stage.version, "config": _config_subset(cfg, stage.config_keys),
+        payload = {"stage": name, "code": code_version(stage.fn), "config": _config_subset(cfg, stage.config_keys),
                    "upstream": {up: hashes[up] for up in stage.upstream},
                    "inputs": stage.fingerprint(cfg) if stage.fingerprint else None}
         hashes[name] = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -243,8 +244,9 @@ def _failure_names_the_stage(cfg: DictConfig, name: str, log_path: Path) -> Iter
 
 
 def execute_stage(stages: dict[str, Stage], cfg: DictConfig, name: str, digest: str, out_dir: Path,
-                  inputs: dict[str, tuple[Path, str]], run_dir: Path | None) -> dict:
-    """Run one stage into its content-addressed directory, unless it is (or meanwhile became) complete.
+                  inputs: dict[str, tuple[Path, str]], run_dir: Path | None, forced: bool = False) -> dict:
+    """Run one stage into its content-addressed directory, unless it is (or meanwhile became) complete; `forced`:
+    replace a complete output, removing it only now that its replacement starts.
 
     `inputs` maps each upstream stage to (output directory, hash). Everything the stage prints also goes to
     `<out_dir>/stage.log`; a failure leaves no marker and raises StageFailed naming the stage and that log."""
@@ -252,8 +254,12 @@ def execute_stage(stages: dict[str, Stage], cfg: DictConfig, name: str, digest: 
 
     stage = stages[name]
     with exclusive_lock(out_dir.parent / f"{digest}.lock"):
-        if is_complete(out_dir):  # a concurrent run of the same experiment finished it while we waited
-            return {**json.loads((out_dir / MARKER).read_text()), "state": "cached"}
+        if is_complete(out_dir):
+            if not forced:  # a concurrent run of the same experiment finished it while we waited
+                return {**json.loads((out_dir / MARKER).read_text()), "state": "cached"}
+            # Rerun from scratch. Removing only the marker would let a stage that resumes (pretraining from its
+            # checkpoints, fine-tuning from its finished runs) redo nothing.
+            shutil.rmtree(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         log_path = out_dir / LOG_FILE
         # Outside the captured output, so that a log the full disk cannot take still gives the message.
@@ -299,6 +305,7 @@ class Plan:
     hashes: dict[str, str]
     dirs: dict[str, Path]
     cached: dict[str, bool]
+    forced: set[str]  # pipeline.force and their descendants: rerun even if complete
 
     def describe(self) -> str:
         lines = [f"{'stage':<12} {'state':<8} {'hash':<17} upstream → output"]
@@ -323,7 +330,7 @@ def plan(cfg: DictConfig, stages: dict[str, Stage]) -> Plan:
     for name in list(forced):
         forced |= descendants(stages, name)
     cached = {n: is_complete(dirs[n]) and n not in forced for n in order}
-    return Plan(stages, order, hashes, dirs, cached)
+    return Plan(stages, order, hashes, dirs, cached, forced)
 
 
 def _link(run_dir: Path, name: str, target: Path) -> None:
@@ -351,13 +358,6 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
     if cfg.pipeline.dry_run:
         print(the_plan.describe())
         return {}
-    for name in the_plan.order:
-        out_dir = the_plan.dirs[name]
-        if not the_plan.cached[name] and is_complete(out_dir):
-            # Forced: rerun from scratch. Removing only the marker would let a stage that resumes (pretraining from
-            # its checkpoints, fine-tuning from its finished runs) redo nothing.
-            with exclusive_lock(out_dir.parent / f"{the_plan.hashes[name]}.lock"):
-                shutil.rmtree(out_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_pipeline_file(run_dir, the_plan, {})  # before any work: `python -m pipeline.status` sees a running run
     cfg_resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
@@ -378,7 +378,7 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
                 cpus = stages[name].num_cpus(cfg)
                 ref = remote.options(num_cpus=cpus, max_retries=0, name=f"stage:{name}") \
                     .remote(int(cpus), stages, cfg_resolved, name, the_plan.hashes[name], the_plan.dirs[name], inputs,
-                            run_dir)
+                            run_dir, name in the_plan.forced)
                 running[ref] = name
             if not running:
                 raise RuntimeError(f"stages {pending} wait on upstream stages that are not in this run")
@@ -399,14 +399,12 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
     return results
 
 
-def files_fingerprint(root: Path, pattern: str) -> str:
-    """Names, sizes and modification times of the input files, listed as prepare lists them: a changed corpus is
-    new work."""
-    listing = []
-    for name in list_corpus_files(root, pattern):
-        try:
-            info = (root / name).stat()
-            listing.append((name, info.st_size, info.st_mtime_ns))
-        except OSError:  # a broken link, rejected by prepare: repairing it must rerun prepare
-            listing.append((name, None, None))
+def files_fingerprint(root: Path, pattern: str, cache_dir: str | Path) -> str:
+    """Names and contents of the input files, listed as prepare lists them (pipeline/engine/fingerprints.py; a file
+    that cannot be read, e.g. a broken link, counts as such): a changed corpus is new work, and so is a fixed one.
+    Digests are memoised under `cache_dir`."""
+    names = list_corpus_files(root, pattern)
+    memo_name = hashlib.sha256(f"{root}\0{pattern}".encode()).hexdigest()[:16]
+    memo = Path(cache_dir) / "file_digests" / f"{memo_name}.json"
+    listing = list(zip(names, content_digests([root / name for name in names], memo)))
     return hashlib.sha256(json.dumps([str(root), listing]).encode()).hexdigest()

@@ -66,4 +66,5 @@ class Family:
     # lines, recording every figure it draws in `figures`
     report_upstream: Upstream = lambda cfg: ()
     report_section: Callable[[DictConfig, dict[str, Path], Path, dict[str, Path]], list[str]] | None = None
-    validate: Callable[[DictConfig], None] = lambda cfg: None  # settings that cannot work: raise before any stage
+    # settings that cannot work in a run of these stages (pipeline.stages and those they need): raise before any stage
+    validate: Callable[[DictConfig, list[str]], None] = lambda cfg, stages: None

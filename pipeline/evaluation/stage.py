@@ -45,10 +45,11 @@ def evaluate(ctx: StageContext) -> dict:
 
 def _senteval_fingerprint(cfg: DictConfig) -> str:
     root = Path(str(cfg.senteval.data_root)).expanduser()
-    return hashlib.sha256("".join(files_fingerprint(root / str(t.path), "*") if (root / str(t.path)).is_dir()
-                                  else files_fingerprint((root / str(t.path)).parent, (root / str(t.path)).name)
-                                  for t in cfg.senteval.tasks.values()).encode()).hexdigest()
+    paths = [root / str(t.path) for t in cfg.senteval.tasks.values()]
+    return hashlib.sha256("".join(files_fingerprint(path, "*", cfg.paths.cache_dir) if path.is_dir()
+                                  else files_fingerprint(path.parent, path.name, cfg.paths.cache_dir)
+                                  for path in paths).encode()).hexdigest()
 
 
-EVALUATE = Stage("evaluate", evaluate, evaluate_upstream, ("evaluate", "senteval", "seed"), version=1,
+EVALUATE = Stage("evaluate", evaluate, evaluate_upstream, ("evaluate", "senteval", "seed"),
                  fingerprint=_senteval_fingerprint, num_cpus=all_cpus)

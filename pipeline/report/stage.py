@@ -29,4 +29,4 @@ def report(ctx: StageContext) -> dict:
     return {k: str(v) for k, v in paths.items()}
 
 
-REPORT = Stage("report", report, report_upstream, ("experiment_name", "report"), version=2)
+REPORT = Stage("report", report, report_upstream, ("experiment_name", "report"))

@@ -82,10 +82,10 @@ def skip_thought_pretrain(ctx: StageContext) -> dict:
 
 
 SKIP_THOUGHT_STAGES = [
-    Stage("skip_thought_vocab", skip_thought_vocab, ("prepare",), ("skip_thought.vocab_size", "skip_thought.min_count"),
-          version=1),
+    Stage("skip_thought_vocab", skip_thought_vocab, ("prepare",),
+          ("skip_thought.vocab_size", "skip_thought.min_count")),
     Stage("skip_thought_examples", skip_thought_examples, ("prepare", "skip_thought_vocab"),
-          ("skip_thought.max_words",), version=1),
+          ("skip_thought.max_words",)),
     Stage("skip_thought_pretrain", skip_thought_pretrain, ("skip_thought_vocab", "skip_thought_examples"),
-          ("model", "pretrain", "trainer", "seed"), version=1, num_cpus=all_cpus),
+          ("model", "pretrain", "trainer", "seed"), num_cpus=all_cpus),
 ]

@@ -1,0 +1,118 @@
+"""What a stage's cache key is made of besides its settings: the contents of the files it reads from outside the
+cache, and the source code it runs.
+
+A key of names, sizes and modification times (as before) missed two kinds of change: a book rejected as unreadable
+stayed rejected after its permissions were fixed ("stage prepare: cached"), and an edit that keeps size and mtime
+was invisible. Hand-bumped stage versions missed every code change whose bump was forgotten. Hashing is what git does
+for both, with git's trick for cost: a file is hashed once per (inode, size, mtime, ctime, mode) and the digest kept.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from data_prep.shards import write_json_atomically
+
+UNREADABLE = "unreadable"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CODE_PACKAGES = ("pipeline", "data_prep", "models")  # the repository's code; anything else is a dependency
+# A digest is kept only for a file unchanged this long: a later edit in the same tick of the file system's clock would
+# keep the whole stat identity (git's "racy clean" problem), so a fresh file is hashed again next time.
+SETTLE_NS = 2_000_000_000
+
+
+def _identity(st: os.stat_result) -> list[int]:
+    # ctime too: unlike mtime it cannot be set back (os.utime), so a rewrite that restores size and mtime still counts
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode]
+
+
+def _content_digest(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        # The readability is part of the outcome (prepare rejects the book): fixing it must change the key.
+        return UNREADABLE
+
+
+def content_digests(paths: list[Path], memo_file: Path) -> list[str]:
+    """sha256 of each file's bytes, or UNREADABLE. Digests are memoised in `memo_file` by path and stat identity;
+    the memo is rewritten with exactly `paths`, so it does not grow with files long gone. An unreadable file is
+    never memoised: permissions can change without touching the file's identity (e.g. its directory's)."""
+    now = time.time_ns()
+    try:
+        memo = json.loads(memo_file.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    digests, kept = [], {}
+    for path in paths:
+        try:
+            st = path.stat()
+        except OSError:  # a broken link: repairing it is new work
+            digests.append(UNREADABLE)
+            continue
+        identity = _identity(st)
+        known = memo.get(str(path))
+        digest = known[1] if known and known[0] == identity else _content_digest(path)
+        digests.append(digest)
+        if digest != UNREADABLE and now - max(st.st_mtime_ns, st.st_ctime_ns) > SETTLE_NS:
+            kept[str(path)] = [identity, digest]
+    if kept != memo:
+        memo_file.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomically(memo_file, kept)
+    return digests
+
+
+@functools.cache
+def _parsed(path: Path, identity: tuple[int, ...]) -> tuple[str, tuple[Path, ...]]:
+    """A source file's sha256 and the repository's module files it imports (at any depth of the file, lazy imports
+    inside functions included); cached per file version."""
+    source = path.read_bytes()
+    names = []
+    for node in ast.walk(ast.parse(source, filename=str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:  # the repository imports absolutely
+            names += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+    files = []
+    for name in names:
+        if name.split(".")[0] in CODE_PACKAGES:
+            base = REPO_ROOT.joinpath(*name.split("."))
+            # `from pkg import name`: `pkg.name` is a module file, or else an attribute of pkg's own file
+            files += [f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()]
+    return hashlib.sha256(source).hexdigest(), tuple(dict.fromkeys(files))
+
+
+def code_files(module_file: Path) -> dict[Path, str]:
+    """`module_file` and every module file of the repository it imports, directly or through others, with the
+    sha256 of each one's source."""
+    found: dict[Path, str] = {}
+    todo = [module_file.resolve()]
+    while todo:
+        path = todo.pop()
+        if path in found:
+            continue
+        st = path.stat()
+        found[path], imports = _parsed(path, (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        todo += imports
+    return found
+
+
+def code_version(fn: Callable) -> str:
+    """The version of a stage function's code: a hash of the source of its module and of the repository's modules
+    that module imports, directly or through others. Coarser than the function itself (an edit anywhere in those
+    modules reruns the stage), never finer: no change to code the stage runs is missed. Dependencies outside the
+    repository (torch, tokenizers, ...) are not covered; after upgrading one, rerun with pipeline.force."""
+    module = sys.modules[getattr(fn, "func", fn).__module__]  # functools.partial: the function it wraps
+    digest = hashlib.sha256()
+    for path, source_digest in sorted(code_files(Path(module.__file__)).items()):
+        name = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path.name
+        digest.update(f"{name}\0{source_digest}\n".encode())
+    return digest.hexdigest()[:16]

@@ -1,0 +1,89 @@
+"""Bad numbers and bad task files fail before the first stage runs, naming the setting or the file and line, and leave
+the cache as it was (issue 21, items 5 and 7): they used to surface in pretraining or fine-tuning, hours in, or hang."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline import runner
+from pipeline.engine.dag import MARKER, plan
+from pipeline.runner import run_pipeline, validate
+from pipeline.stages import STAGES
+from tests.conftest import tiny_config
+
+
+@pytest.fixture(autouse=True)
+def no_ray(monkeypatch):
+    """A run that gets as far as starting Ray has passed validation (and with ray.num_cpus=0 would hang)."""
+    monkeypatch.setattr(runner, "init_ray", lambda cfg: pytest.fail("validation passed: the run started Ray"))
+
+
+def _fails_before_any_stage(cfg, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        run_pipeline(cfg)
+    assert not (Path(cfg.paths.cache_dir) / "stages").exists()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("pretrain.lr=abc", r"pretrain\.lr='abc': expected a number > 0; set pretrain\.lr "),
+    ("pretrain.batch_size=0", r"pretrain\.batch_size=0: expected an integer >= 1"),
+    ("pretrain.max_steps=2.5", r"pretrain\.max_steps=2\.5: expected an integer >= 1"),
+    ("examples.max_seq_length=-8", r"examples\.max_seq_length=-8: expected an integer >= 1"),
+    ("finetune.lr=0", r"finetune\.lr=0: expected a number > 0"),
+    ("pretrain.val_fraction=1.5", r"pretrain\.val_fraction=1\.5: expected a number >= 0 and <= 1"),
+    ("ray.num_cpus=0", r"ray\.num_cpus=0: expected an integer >= 1"),  # hung forever, waiting for a CPU
+])
+def test_a_bad_number_fails_before_any_stage_naming_its_key(tmp_path, override, message):
+    _fails_before_any_stage(tiny_config(tmp_path, [override]), ValueError, message)
+
+
+def test_a_null_where_null_means_all_is_accepted_and_a_cluster_owns_its_cpus(tmp_path):
+    validate(tiny_config(tmp_path, ["finetune.max_train_examples=null", "ray.address=auto", "ray.num_cpus=0"]))
+
+
+def test_a_bad_number_with_force_keeps_the_finished_output(tmp_path):
+    """`ray.num_cpus=0 pipeline.force=[prepare]` deleted the finished prepare output, then hung."""
+    cfg = tiny_config(tmp_path, ["pipeline.force=[prepare]", "ray.num_cpus=0"])
+    finished = plan(cfg, STAGES).dirs["prepare"]
+    finished.mkdir(parents=True)
+    (finished / MARKER).write_text(json.dumps({"stage": "prepare"}))
+    with pytest.raises(ValueError, match="ray.num_cpus=0"):
+        run_pipeline(cfg)
+    assert (finished / MARKER).is_file()
+
+
+@pytest.mark.parametrize("stages", ["[prepare,tokenizer,examples,pretrain]", "[finetune]"])
+def test_a_sequence_longer_than_the_position_table_fails_at_start_up(tmp_path, stages):
+    """Also when pretraining is in the run only as what `finetune` needs: the check used to read pipeline.stages."""
+    cfg = tiny_config(tmp_path, ["model.config.position_embedding_type=learned",
+                                 "model.config.max_position_embeddings=64", "examples.max_seq_length=100000",
+                                 f"pipeline.stages={stages}"])
+    _fails_before_any_stage(cfg, ValueError, r"examples\.max_seq_length=100000 is longer than the model's position "
+                                             r"table \(model\.config\.max_position_embeddings=64\)")
+
+
+def _break_task_file(tmp_path: Path, line: int, row: str) -> Path:
+    """The tiny run's sentiment task (tests/conftest.py) with line `line` (1-based, header included) of train.tsv
+    replaced by `row`."""
+    tiny_config(tmp_path)  # writes the task
+    train = tmp_path / "task" / "train.tsv"
+    lines = train.read_text().splitlines()
+    lines[line - 1] = row
+    train.write_text("\n".join(lines) + "\n")
+    return train
+
+
+@pytest.mark.parametrize("row, message", [
+    ("a dull film\tnegative", r"train\.tsv:5: unknown label 'negative'; task sst2 has labels \['0', '1'\]"),
+    ("a dull film\t0\ta stray tab", r"train\.tsv:5: expected 2 tab-separated fields, as on the file's header, got 3"),
+])
+def test_a_bad_task_file_fails_before_any_stage_naming_file_and_line(tmp_path, row, message):
+    _break_task_file(tmp_path, 5, row)
+    _fails_before_any_stage(tiny_config(tmp_path), ValueError, message)
+
+
+def test_task_files_are_not_read_by_a_run_without_finetune(tmp_path):
+    _break_task_file(tmp_path, 5, "a dull film\tnegative")
+    validate(tiny_config(tmp_path, ["pipeline.until=pretrain"]))
