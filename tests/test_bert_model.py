@@ -339,7 +339,7 @@ def test_every_position_scheme_lets_masked_lm_learn_from_the_neighbours(position
     from data_prep.bert_examples import BertPretrainingCollator
     from pipeline.bert.module import bert_pretraining_losses
     from pipeline.optim import adamw_with_linear_schedule
-    from tests.conftest import successor_corpus
+    from tests.helpers import successor_corpus
 
     vocab, rng = 45, np.random.default_rng(0)
     collator = BertPretrainingCollator(pad_id=0, mask_id=4, vocab_size=vocab, special_ids=range(5),
