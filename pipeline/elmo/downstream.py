@@ -49,8 +49,8 @@ FINETUNE_KINDS = {"elmo": FinetuneKind(lambda cfg: ("elmo_vocab", "elmo_pretrain
 
 def load_elmo_task_data(task: DictConfig, data_dir: Path, bilm_and_vocab: tuple, max_train_examples: int | None,
                         seed: int, selection_fraction: float | None = None) -> TaskData:
-    """One task as rows of raw text (tsv) or of words (conll) for the frozen biLM; the heads are ElmoTaskModule's. The biLM
-    is loaded once and shared by every seed: it is frozen, only the mix and the head are built fresh."""
+    """One task as rows of raw text (tsv) or of words (conll) for the frozen biLM; the heads are ElmoTaskModule's. The
+    biLM is loaded once and shared by every seed: it is frozen, only the mix and the head are built fresh."""
     bilm, vocab = bilm_and_vocab
     collate = make_elmo_task_collate(ElmoEmbedder(bilm, vocab))
     if task.format == "tsv":
@@ -108,8 +108,8 @@ class ElmoTaskModule(FinetuneModule):
     """Feature-based use of a frozen biLM (Peters et al. §3.3): only the scalar mix and the head train. The fine-tune
     stage's three task families: sentences or pairs classified (`ElmoSentenceClassifier`, cross-entropy), a
     one-output classifier regressed with mean squared error (STS-B), and words tagged (`ElmoTokenTagger`, labels per
-    word, IGNORE_TARGET skipped). Dev is scored by `metric` (pipeline.evaluation.metrics.score_task); tagging needs the tag
-    names `labels`, for entity F1 over the words."""
+    word, IGNORE_TARGET skipped). Dev is scored by `metric` (pipeline.evaluation.metrics.score_task); tagging needs the
+    tag names `labels`, for entity F1 over the words."""
 
     def __init__(self, model: nn.Module, lr: float, weight_decay: float, warmup_steps: int, total_steps: int,
                  metric: str = "accuracy", labels: Sequence[str] | None = None):
