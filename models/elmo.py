@@ -21,9 +21,9 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from models.checkpoint import config_from_dict, load_checkpoint, save_checkpoint
 
 from data_prep.elmo_examples import IGNORE_TARGET, MAX_CHARACTERS_PER_TOKEN, N_CHARACTERS, sentence_batch_inputs
+from models.checkpoint import config_from_dict, load_checkpoint, save_checkpoint
 
 TOKEN_ENCODERS = ("char_cnn", "word")
 SOFTMAXES = ("full", "adaptive", "sampled")
@@ -436,7 +436,8 @@ class BiLanguageModel(nn.Module):
 
 class ScalarMix(nn.Module):
     """One task's weighting of the biLM's layers h_k0..h_kL (which hold the 2L + 1 representations). With
-    do_layer_norm each layer is first normalised over all its unmasked values (Peters et al. §3.2: "in some cases it helped to apply layer normalization")."""
+    do_layer_norm each layer is first normalised over all its unmasked values (Peters et al. §3.2: "in some cases it
+    helped to apply layer normalization")."""
 
     def __init__(self, num_representations: int, do_layer_norm: bool = False):
         super().__init__()

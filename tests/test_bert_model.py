@@ -363,7 +363,8 @@ def test_every_position_scheme_lets_masked_lm_learn_from_the_neighbours(position
     assert held_out_loss < math.log(vocab - 5) - 1.0  # the unigram loss of this corpus is log 40
 
 
-@pytest.mark.parametrize("position_embedding_type,pre_layer_norm", [("learned", False), ("sinusoidal", True), ("relative", True)])
+@pytest.mark.parametrize("position_embedding_type,pre_layer_norm",
+                         [("learned", False), ("sinusoidal", True), ("relative", True)])
 def test_save_load_encoder_round_trip(tmp_path, position_embedding_type, pre_layer_norm):
     torch.manual_seed(0)
     config = small_config(position_embedding_type=position_embedding_type, pre_layer_norm=pre_layer_norm)
@@ -375,7 +376,8 @@ def test_save_load_encoder_round_trip(tmp_path, position_embedding_type, pre_lay
     loaded = load_encoder(tmp_path / "ckpt").eval()
     assert loaded.config == config
     input_ids, token_type_ids, attention_mask = batch()
-    for a, b in zip(model(input_ids, token_type_ids, attention_mask), loaded(input_ids, token_type_ids, attention_mask)):
+    inputs = (input_ids, token_type_ids, attention_mask)
+    for a, b in zip(model(*inputs), loaded(*inputs)):
         assert torch.equal(a, b)
 
 

@@ -15,7 +15,7 @@ from models.bert import BertModel, bert_config, save_encoder, to_hf
 from pipeline import CONF_DIR
 from pipeline.downstream import finetune as finetuning
 from pipeline.engine.dag import StageContext
-from tests.conftest import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, write_sentiment_task
+from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, write_sentiment_task
 
 WORDS = SUBJECTS + OBJECTS + POSITIVE + NEGATIVE + ["peter", "paris", "went", "to", "smith", "london"]
 
@@ -27,7 +27,8 @@ def _write_stsb(root: Path) -> None:
     for name, n in (("train.tsv", 40), ("dev.tsv", 12)):
         rows = ["index\tsentence1\tsentence2\tscore"]
         for i in range(n):
-            rows.append(f"{i}\t{rng.choice(SUBJECTS)} {rng.choice(POSITIVE)}\t{rng.choice(SUBJECTS)}\t{rng.uniform(0, 5):.2f}")
+            rows.append(f"{i}\t{rng.choice(SUBJECTS)} {rng.choice(POSITIVE)}\t{rng.choice(SUBJECTS)}"
+                        f"\t{rng.uniform(0, 5):.2f}")
         (root / name).write_text("\n".join(rows) + "\n")
 
 
@@ -114,7 +115,8 @@ def test_external_without_a_path_is_rejected(ctx):
         finetuning.model_sources(ctx)
 
 
-@pytest.mark.parametrize("kind, files", [("csv", "csv_logs/**/metrics.csv"), ("tensorboard", "tensorboard/**/events.out.tfevents*")])
+@pytest.mark.parametrize("kind, files", [("csv", "csv_logs/**/metrics.csv"),
+                                         ("tensorboard", "tensorboard/**/events.out.tfevents*")])
 def test_training_stages_log_to_csv_or_tensorboard_without_wandb(ctx, kind, files):
     ctx.cfg.logger = {"kind": kind}
     ctx.cfg.finetune.task = "sst2"
@@ -182,8 +184,6 @@ def test_small_train_sizes_get_at_least_min_steps():
 
 
 def test_train_sizes_give_a_label_efficiency_curve_in_the_report(ctx, tmp_path):
-    from pipeline.downstream.task_data import split_off
-    from pipeline.downstream.tasks import TaskSplit
     from pipeline.report.report import write_report
 
     ctx.cfg.finetune.task = "sst2"

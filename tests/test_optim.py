@@ -100,7 +100,8 @@ def test_pretrain_module_picks_the_optimizer():
 
 def _batch(n: int, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return {"input_ids": torch.randint(5, 64, (n, 12), generator=g), "token_type_ids": torch.zeros(n, 12, dtype=torch.long),
+    return {"input_ids": torch.randint(5, 64, (n, 12), generator=g),
+            "token_type_ids": torch.zeros(n, 12, dtype=torch.long),
             "attention_mask": torch.ones(n, 12, dtype=torch.long), "mlm_positions": torch.tensor([[1, 4, 7]] * n),
             "mlm_labels": torch.randint(5, 64, (n, 3), generator=g),
             "next_sentence_label": torch.arange(n) % 2}
