@@ -31,7 +31,8 @@ $(STAMP): pyproject.toml
 run: $(STAMP)  ## run the whole pipeline on the built-in default data (EXPERIMENT=bert_tiny)
 	$(PY) -m pipeline +experiment=$(EXPERIMENT) $(ARGS)
 
-test: $(STAMP)  ## fast tests (no ../shared needed)
+test: $(STAMP)  ## lint (ruff, settings in pyproject.toml), then the fast tests (no ../shared needed)
+	$(PY) -m ruff check .
 	$(PY) -m pytest -m "not slow" -q $(ARGS)
 
 test-slow: $(STAMP)  ## slow tests only

@@ -210,7 +210,8 @@ def main() -> None:
         rows.append(("raw -> token ids, HF datasets (num_proc=2)", f"{rate(hf):.2f} MB/s", "baseline",
                      f"peak RSS {hf['peak_rss'] / 1e9:.2f} GB"))
         rows.append(("raw -> token ids, ours (2 Ray workers)", f"{rate(ours2):.2f} MB/s",
-                     f"{rate(ours2) / rate(hf):.2f}x HF (target >= 2.0x)", f"peak RSS {ours2['peak_rss'] / 1e9:.2f} GB"))
+                     f"{rate(ours2) / rate(hf):.2f}x HF (target >= 2.0x)",
+                     f"peak RSS {ours2['peak_rss'] / 1e9:.2f} GB"))
         # The clock stops when the last token file is written, as HF's stops when its result is ready; the
         # pipeline stops Ray once, after all its stages, so that cost is shown apart.
         with_stop = {"seconds": ours2["seconds"] + ours2["ray_stop_seconds"]}

@@ -1,4 +1,5 @@
-"""Skip-Thought training-step throughput on this CPU, as a fraction of its fp32 matmul throughput measured in the same run.
+"""Skip-Thought training-step throughput on this CPU, as a fraction of its fp32 matmul throughput measured in the
+same run.
 
     .venv/bin/python benchmarks/bench_skip_thought.py [--quick] [--batch 32] [--length 30]
 
@@ -79,7 +80,8 @@ def random_batch(cfg, T: int, B: int) -> dict[str, torch.Tensor]:
 
 def skip_thought_loss(model: SkipThoughts, batch: dict) -> torch.Tensor:
     out = model(**batch)
-    return F.cross_entropy(out.previous.logits, out.previous.targets) + F.cross_entropy(out.next.logits, out.next.targets)
+    return (F.cross_entropy(out.previous.logits, out.previous.targets)
+            + F.cross_entropy(out.next.logits, out.next.targets))
 
 
 def seed001_gru_forward(self: GRULayer, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
@@ -120,7 +122,8 @@ def bench_size(name: str, encoder: str, T: int, B: int, repeats: int, peak: Matm
     thought = torch.randn(B, cfg.encoder_dim, requires_grad=True)
     states = torch.randn(2 * T * B, cfg.decoder_dim, requires_grad=True)
     targets = torch.randint(cfg.vocab_size, (2 * T * B,))
-    encoder_grus = ([model.encoder.gru] if encoder == "uni" else [model.encoder.forward_gru, model.encoder.backward_gru])
+    encoder_grus = ([model.encoder.gru] if encoder == "uni"
+                    else [model.encoder.forward_gru, model.encoder.backward_gru])
 
     def encoder_part():
         sum(gru(x).sum() for gru in encoder_grus).backward()

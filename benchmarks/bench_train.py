@@ -9,8 +9,8 @@ this run next to this CPU's fp32 and bf16 matmul throughput.
 
 A step is forward + MLM/NSP loss + backward + fused AdamW update (both sides) + zero_grad, timed as the median of
 the steps after warm-up (the machine may be shared: the load average is printed with the table). The pipeline's
-allocator setting (pipeline.engine.training.keep_freed_memory_for_reuse) is made once for the whole process, so HF's rows
-run with it too.
+allocator setting (pipeline.engine.training.keep_freed_memory_for_reuse) is made once for the whole process, so HF's
+rows run with it too.
 
 Model FLOPs per step count only the work the task needs (multiply-adds x 2; element-wise work not counted), with
 B sequences of T tokens, M = B x P masked positions, L layers, H hidden, I feed-forward width, V vocabulary:

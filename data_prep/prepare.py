@@ -20,8 +20,14 @@ from typing import NamedTuple
 import numpy as np
 import ray
 
-from data_prep.dedup import MinHasher, NearDuplicateIndex, NearDuplicateOptions, draw_minhasher, minhash_signature, \
-    shingle_hashes
+from data_prep.dedup import (
+    MinHasher,
+    NearDuplicateIndex,
+    NearDuplicateOptions,
+    draw_minhasher,
+    minhash_signature,
+    shingle_hashes,
+)
 from data_prep.ingest import BookResult, IngestOptions, exact_duplicate_of, process_book
 from data_prep.progress import ProgressReporter
 from data_prep.shards import MANIFEST_NAME, SHARD_PREFIX, SHARD_SCHEMA, ShardWriter, write_json_atomically

@@ -92,7 +92,8 @@ def make_triples(book_sentences: Sequence) -> list[tuple]:
     return [tuple(book_sentences[i - 1: i + 2]) for i in range(1, len(book_sentences) - 1)]
 
 
-def triples_from_shard(table: pa.Table, vocab: WordVocab, max_words: int) -> list[tuple[list[int], list[int], list[int]]]:
+def triples_from_shard(table: pa.Table, vocab: WordVocab,
+                       max_words: int) -> list[tuple[list[int], list[int], list[int]]]:
     """Triples of word ids from a sentence shard (rows grouped by book, as data_prep.shards writes them).
 
     Sentences are cut to `max_words` words. Kiros et al.'s code drops every triple with a sentence of 30 words or
@@ -106,7 +107,8 @@ def triples_from_shard(table: pa.Table, vocab: WordVocab, max_words: int) -> lis
     return [triple for sentences in books.values() for triple in make_triples(sentences)]
 
 
-def write_triples(triples: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int]]], path: str | os.PathLike) -> None:
+def write_triples(triples: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int]]],
+                  path: str | os.PathLike) -> None:
     """An uncompressed Arrow IPC file with TRIPLE_SCHEMA (memory-mappable), written atomically."""
     columns = []
     for position, field_ in enumerate(TRIPLE_SCHEMA):

@@ -4,9 +4,10 @@ BERT (Devlin et al. 2018, https://arxiv.org/abs/1810.04805) in one file of plain
 Read top to bottom: config -> embeddings -> attention -> layer -> encoder -> BertModel -> task heads ->
 checkpoint I/O (our own format, plus import/export of HuggingFace BERT checkpoints).
 
-Module and parameter names follow HuggingFace's `transformers.BertModel` exactly (`encoder.layer.0.attention.self.query`,
-`LayerNorm`, ...), so converting weights is a matter of renaming almost nothing. Beyond the original model we support
-two other position schemes (fixed sinusoids, Shaw et al. relative positions) and pre-LayerNorm blocks.
+Module and parameter names follow HuggingFace's `transformers.BertModel` exactly
+(`encoder.layer.0.attention.self.query`, `LayerNorm`, ...), so converting weights is a matter of renaming almost
+nothing. Beyond the original model we support two other position schemes (fixed sinusoids, Shaw et al. relative
+positions) and pre-LayerNorm blocks.
 """
 
 import json
@@ -51,9 +52,11 @@ class BertConfig:
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads != 0:
-            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}")
+            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                             f"{self.num_attention_heads}")
         if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
-            raise ValueError(f"position_embedding_type must be one of {POSITION_EMBEDDING_TYPES}, got {self.position_embedding_type!r}")
+            raise ValueError(f"position_embedding_type must be one of {POSITION_EMBEDDING_TYPES}, "
+                             f"got {self.position_embedding_type!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,7 +77,8 @@ BERT_SIZES: dict[str, dict] = {
 
 
 def bert_config(name: str, **overrides) -> BertConfig:
-    """The named size from BERT_SIZES, with any BertConfig field overridden, e.g. bert_config("bert_tiny", vocab_size=8000)."""
+    """The named size from BERT_SIZES, with any BertConfig field overridden, e.g.
+    bert_config("bert_tiny", vocab_size=8000)."""
     if name not in BERT_SIZES:
         raise KeyError(f"unknown BERT size {name!r}; known: {sorted(BERT_SIZES)}")
     return BertConfig(**{**BERT_SIZES[name], **overrides})
@@ -159,7 +163,8 @@ class BertEmbeddings(nn.Module):
 
 
 def relative_position_index(T: int, k: int, device=None) -> torch.Tensor:
-    """(T, T) row index into the 2k+1 relative embeddings: clip(j - i, -k, k) + k for query i, key j (Shaw et al. eq. 5)."""
+    """(T, T) row index into the 2k+1 relative embeddings: clip(j - i, -k, k) + k for query i, key j
+    (Shaw et al. eq. 5)."""
     pos = torch.arange(T, device=device)
     return (pos[None, :] - pos[:, None]).clamp(-k, k) + k
 
@@ -347,7 +352,8 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList([BertLayer(config) for _ in range(config.num_hidden_layers)])
         # Pre-LN blocks never normalise the residual stream itself, so it gets one LayerNorm at the very end.
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_layer_norm else nn.Identity()
+        self.LayerNorm = (nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_layer_norm
+                          else nn.Identity())
 
     def forward(self, hidden_states, attention_mask=None, output_attentions=False, tokens: RealTokens | None = None):
         all_probs = []
@@ -565,7 +571,8 @@ class BertForPreTraining(BertPreTrainedModel):
         embeddings = self.bert.embeddings
         embeddings.word_embeddings = TiedWordEmbedding(embeddings.word_embeddings.weight, TiedWordGradient())
         self.cls = BertPreTrainingHeads(config, embeddings.word_embeddings)
-        # Only the heads: .bert initialised itself. (The tied decoder redraws the word embeddings from the same N(0, std).)
+        # Only the heads: .bert initialised itself. (The tied decoder redraws the word embeddings from the same
+        # N(0, std).)
         self.cls.apply(self._init_weights)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None):
@@ -711,7 +718,8 @@ def _read_hf_dir(path: Path) -> dict:
         return load_file(str(path / "model.safetensors"))
     if (path / "pytorch_model.bin").exists():
         return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {path} (sharded checkpoints are not supported)")
+    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {path} "
+                            "(sharded checkpoints are not supported)")
 
 
 def _normalise_hf_keys(state_dict: dict) -> dict:

@@ -507,7 +507,8 @@ class BiLanguageModel(nn.Module):
 
 class ScalarMix(nn.Module):
     """One task's weighting of the biLM's layers h_k0..h_kL (which hold the 2L + 1 representations). With
-    do_layer_norm each layer is first normalised over all its unmasked values (Peters et al. §3.2: "in some cases it helped to apply layer normalization")."""
+    do_layer_norm each layer is first normalised over all its unmasked values (Peters et al. §3.2: "in some cases it
+    helped to apply layer normalization")."""
 
     def __init__(self, num_representations: int, do_layer_norm: bool = False):
         super().__init__()

@@ -261,8 +261,8 @@ class GPTLMHeadModel(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None) -> LMOutput:
         """idx (B, T) token ids (see GPTModel.forward for `cache`); targets (B, T) the next token at each position
-        (idx shifted left by one, as nanoGPT; IGNORE_INDEX = not scored). The loss is label-smoothed only in training mode:
-        in eval mode it is the plain cross-entropy, so exp(loss) is the held-out perplexity."""
+        (idx shifted left by one, as nanoGPT; IGNORE_INDEX = not scored). The loss is label-smoothed only in training
+        mode: in eval mode it is the plain cross-entropy, so exp(loss) is the held-out perplexity."""
         x = self.transformer(idx, cache)  # (B, T, C)
         logits = F.linear(x, self.transformer.wte.weight)  # (B, T, V)
         loss = None

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
 from models.checkpoint import config_from_dict, load_checkpoint, save_checkpoint
 
 ENCODER_KINDS = ("uni", "bi")
@@ -62,7 +63,8 @@ SKIP_THOUGHT_SIZES: dict[str, dict] = {
 
 
 def skip_thought_config(name: str, **overrides) -> SkipThoughtConfig:
-    """The named size from SKIP_THOUGHT_SIZES with any field overridden, e.g. skip_thought_config("skip_thought_small", encoder="bi")."""
+    """The named size from SKIP_THOUGHT_SIZES with any field overridden, e.g.
+    skip_thought_config("skip_thought_small", encoder="bi")."""
     if name not in SKIP_THOUGHT_SIZES:
         raise KeyError(f"unknown Skip-Thought size {name!r}; known: {sorted(SKIP_THOUGHT_SIZES)}")
     return SkipThoughtConfig(**{**SKIP_THOUGHT_SIZES[name], **overrides})
@@ -137,7 +139,8 @@ class GRULayer(nn.Module):
         super().__init__()
         self.hidden_size = hidden_size
         self.input_proj = nn.Linear(input_size, 3 * hidden_size)  # W_r, W_z, W (stacked) and the gate biases
-        self.context_proj = nn.Linear(context_size, 3 * hidden_size, bias=False) if context_size else None  # C_r, C_z, C
+        # C_r, C_z, C
+        self.context_proj = nn.Linear(context_size, 3 * hidden_size, bias=False) if context_size else None
         self.weight_hh = nn.Parameter(torch.empty(3 * hidden_size, hidden_size))  # U_r, U_z, U
         self.bias_hh = nn.Parameter(torch.zeros(3 * hidden_size))
 
@@ -248,7 +251,8 @@ class SkipThoughts(nn.Module):
         """Sentence vectors: right-padded ids (B, T) ending in <eos>, lengths (B,) counting the <eos> -> (B, D)."""
         return self.encoder(self.embedding(ids.t()), lengths)  # (T, B, E) in
 
-    def decode(self, decoder: GRULayer, thought: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor) -> DecoderOutput:
+    def decode(self, decoder: GRULayer, thought: torch.Tensor, ids: torch.Tensor,
+               lengths: torch.Tensor) -> DecoderOutput:
         """Teacher-forced decoding of the target sentence ids (B, T) conditioned on thought (B, D)."""
         targets = ids.t()  # (T, B)
         embedded = self.embedding(targets)  # (T, B, E)
@@ -260,7 +264,8 @@ class SkipThoughts(nn.Module):
         return DecoderOutput(self.output(states[real]), targets[real])  # (N, V), (N,)
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, previous_ids: torch.Tensor,
-                previous_lengths: torch.Tensor, next_ids: torch.Tensor, next_lengths: torch.Tensor) -> SkipThoughtOutput:
+                previous_lengths: torch.Tensor, next_ids: torch.Tensor,
+                next_lengths: torch.Tensor) -> SkipThoughtOutput:
         thought = self.encode(ids, lengths)  # (B, D)
         return SkipThoughtOutput(self.decode(self.previous_decoder, thought, previous_ids, previous_lengths),
                                  self.decode(self.next_decoder, thought, next_ids, next_lengths))

@@ -128,7 +128,8 @@ def format_table(run_dir: Path, statuses: list[StageStatus]) -> str:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
     for s in statuses:
         if s.state in ("failed", "interrupted"):
-            lines.append(f"{s.name} {s.state}: see {s.log}; rerun the same command to retry it (finished stages are reused)")
+            lines.append(f"{s.name} {s.state}: see {s.log}; rerun the same command to retry it "
+                         "(finished stages are reused)")
     return "\n".join(lines)
 
 

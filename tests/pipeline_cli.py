@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import TINY_OVERRIDES, write_books, write_sentiment_task
+from tests.helpers import TINY_OVERRIDES, write_books, write_sentiment_task
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

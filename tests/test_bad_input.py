@@ -17,7 +17,7 @@ from data_prep.dedup import NearDuplicateOptions
 from data_prep.prepare import prepare_corpus
 from pipeline import runner
 from pipeline.evaluation.senteval import stratified_folds
-from tests.conftest import tiny_config
+from tests.helpers import tiny_config
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

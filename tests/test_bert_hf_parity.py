@@ -82,7 +82,8 @@ def test_ours_to_hf(tmp_path):
     ours = BertModel(config)
     randomise_(ours)
     to_hf(ours, tmp_path)
-    hf_model, info = transformers.BertModel.from_pretrained(tmp_path, attn_implementation="eager", output_loading_info=True)
+    hf_model, info = transformers.BertModel.from_pretrained(tmp_path, attn_implementation="eager",
+                                                            output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     assert from_hf(tmp_path).config == config
     assert_parity(ours, hf_model, SMALL["vocab_size"])

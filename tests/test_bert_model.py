@@ -364,7 +364,7 @@ def test_every_position_scheme_lets_masked_lm_learn_from_the_neighbours(position
     from data_prep.bert_examples import BertPretrainingCollator
     from pipeline.bert.module import bert_pretraining_losses
     from pipeline.optim import adamw_with_linear_schedule
-    from tests.conftest import successor_corpus
+    from tests.helpers import successor_corpus
 
     vocab, rng = 45, np.random.default_rng(0)
     collator = BertPretrainingCollator(pad_id=0, mask_id=4, vocab_size=vocab, special_ids=range(5),
@@ -388,7 +388,8 @@ def test_every_position_scheme_lets_masked_lm_learn_from_the_neighbours(position
     assert held_out_loss < math.log(vocab - 5) - 1.0  # the unigram loss of this corpus is log 40
 
 
-@pytest.mark.parametrize("position_embedding_type,pre_layer_norm", [("learned", False), ("sinusoidal", True), ("relative", True)])
+@pytest.mark.parametrize("position_embedding_type,pre_layer_norm",
+                         [("learned", False), ("sinusoidal", True), ("relative", True)])
 def test_save_load_pretrained_round_trip(tmp_path, position_embedding_type, pre_layer_norm):
     torch.manual_seed(0)
     config = small_config(position_embedding_type=position_embedding_type, pre_layer_norm=pre_layer_norm)
@@ -400,7 +401,8 @@ def test_save_load_pretrained_round_trip(tmp_path, position_embedding_type, pre_
     loaded = load_pretrained(tmp_path / "ckpt").eval()
     assert loaded.config == config
     input_ids, token_type_ids, attention_mask = batch()
-    for a, b in zip(model(input_ids, token_type_ids, attention_mask), loaded(input_ids, token_type_ids, attention_mask)):
+    inputs = (input_ids, token_type_ids, attention_mask)
+    for a, b in zip(model(*inputs), loaded(*inputs)):
         assert torch.equal(a, b)
 
 

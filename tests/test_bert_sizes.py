@@ -41,7 +41,8 @@ def test_model_config_is_the_named_size(name):
 def test_bert_base_recipe_is_the_papers():
     cfg = _compose("+experiment=bert_base")
     p = cfg.pretrain
-    assert (p.batch_size, p.lr, p.warmup_steps, list(p.betas), p.weight_decay) == (256, 1e-4, 10_000, [0.9, 0.999], 0.01)
+    assert ((p.batch_size, p.lr, p.warmup_steps, list(p.betas), p.weight_decay)
+            == (256, 1e-4, 10_000, [0.9, 0.999], 0.01))
     assert cfg.examples.max_seq_length == 128 and p.max_steps == 900_000  # phase 1: 90 % of 1M steps at length 128
     assert cfg.tokenizer.vocab_size == 30522 and cfg.model.config.max_position_embeddings == 512
 
@@ -71,7 +72,8 @@ def test_bert_base_has_110m_parameters_and_trains_a_step():
     batch = {"input_ids": torch.randint(5, 30522, (B, T), generator=g),
              "token_type_ids": (torch.arange(T) >= T // 2).long().expand(B, T),
              "attention_mask": torch.ones(B, T, dtype=torch.long),
-             "mlm_positions": torch.tensor([[2, 5, 11]] * B), "mlm_labels": torch.randint(5, 30522, (B, 3), generator=g),
+             "mlm_positions": torch.tensor([[2, 5, 11]] * B),
+             "mlm_labels": torch.randint(5, 30522, (B, 3), generator=g),
              "next_sentence_label": torch.tensor([0, 1])}
     optimizer = module.configure_optimizers()["optimizer"]
     out = module.model_step(batch)

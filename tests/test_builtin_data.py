@@ -10,7 +10,7 @@ from data_prep.builtin import _movie_bucket, default_corpus, rotten_tomatoes, ro
 from pipeline.engine.dag import plan
 from pipeline.runner import run_pipeline
 from pipeline.stages import STAGES
-from tests.conftest import tiny_config
+from tests.helpers import tiny_config
 
 CSV = """category,text,movie_name,has_plot_and_reviews
 plot,"A plot synopsis, not a review.",alpha,True

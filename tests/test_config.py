@@ -1,13 +1,16 @@
-"""Every experiment composes; the command line tells the user what exists when a name is wrong."""
+"""Every experiment composes to what its file states; a misspelled or bad setting fails before any work starts,
+naming the key; the command line tells the user what exists when a name is wrong."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from pipeline import CONF_DIR
@@ -18,16 +21,39 @@ from pipeline.runner import validate
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
-def test_there_are_experiments():
-    assert "bert_tiny" in EXPERIMENTS
+def _compose(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def _leaves(node: dict, prefix: str = ""):
+    """(dotted key, value) of every non-mapping value; lists are values."""
+    for key, value in node.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
-def test_experiment_composes(name, tmp_path):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"+experiment={name}", f"paths.run_dir={tmp_path}"])
+def test_experiment_composes_to_what_its_file_states(name, tmp_path):
+    cfg = _compose([f"+experiment={name}", f"paths.run_dir={tmp_path}"])
     resolved = OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
     assert resolved["experiment_name"] == name
+    stated = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml"), resolve=False)
+    groups = {entry.split()[-1].lstrip("/"): option for item in stated.pop("defaults", [])
+              for entry, option in item.items()}  # `- override /model: bert_base`
+    base = _compose([f"{group}={option}" for group, option in groups.items()])
+    defined = dict(_leaves(OmegaConf.to_container(base, resolve=False)))
+    misspelled = [key for key, _ in _leaves(stated) if key not in defined]
+    assert not misspelled, (f"{name} sets {misspelled}, which the base config does not define, so nothing reads "
+                            "them: fix the spelling, or add the key to conf/config.yaml with its default")
+    # a file that is not `@package _global_`, or a setting a later default overrides, would differ here
+    composed = dict(_leaves(OmegaConf.to_container(cfg, resolve=False)))
+    assert {key: composed.get(key, "<missing>") for key, _ in _leaves(stated)} == dict(_leaves(stated))
+    for group in groups:  # the option as the base config composes it, with the file's own edits on top
+        expected = OmegaConf.merge(base[group], stated.get(group, {}))
+        assert OmegaConf.to_container(cfg[group], resolve=False) == OmegaConf.to_container(expected, resolve=False)
     assert cfg.model._target_.startswith("models.")
     if cfg.finetune.data_dir:  # e.g. GLUE under ../shared, which a fresh clone has not: validate reads the files
         cfg.finetune.data_dir = str(_write_task_files(tmp_path / "tasks", task_names(cfg)))
@@ -51,6 +77,24 @@ def _write_task_files(root: Path, names: list[str]) -> Path:
     return root
 
 
+@pytest.mark.parametrize("override, message", [
+    ("pretrain.lrr=1e-3", "pretrain.lrr"),                       # a misspelled key: Hydra's struct check
+    ("trainer=ddp", "ddp_cpu"),                                  # an unknown option lists the available ones
+    ("pipeline.stages=[prepare,pretrian]", "valid stages"),
+    ("data.corpus_dir=/no/such/dir", "data.corpus_dir"),
+    ("data.input_format=xml", "data.input_format"),
+    ("logger.kind=stdout", "logger.kind"),
+    ("finetune.task=nope", "rotten_tomatoes"),
+    ("finetune.models=[pretrained,bert_large]", "finetune.models"),
+    ("finetune.train_sizes=[100,0]", "finetune.train_sizes"),
+    ("trainer.num_workers=0", "trainer.num_workers"),
+    ("evaluate.encoders=[bert_cls,no_such_encoder]", "no_such_encoder"),
+])
+def test_a_bad_setting_fails_before_any_work_naming_the_key(override, message, tmp_path):
+    with pytest.raises((ConfigCompositionException, ValueError, FileNotFoundError), match=re.escape(message)):
+        validate(_compose(["+experiment=bert_tiny", f"paths.run_dir={tmp_path}", override]))
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
     return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, env=env,
@@ -66,19 +110,3 @@ def test_unknown_experiment_lists_the_available_ones():
 def test_help_works():
     result = _cli("--help")
     assert result.returncode == 0 and "experiment" in result.stdout
-
-
-def test_validation_names_the_valid_choices(tmp_path):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["+experiment=bert_tiny", f"paths.run_dir={tmp_path}",
-                                                       "pipeline.stages=[prepare,pretrian]"])
-    with pytest.raises(ValueError, match="valid stages"):
-        validate(cfg)
-    cfg.pipeline.stages = ["finetune"]
-    cfg.finetune.task = "nope"
-    with pytest.raises(ValueError, match="rotten_tomatoes"):
-        validate(cfg)
-    cfg.finetune.task = "sst2"
-    cfg.data.corpus_dir = str(tmp_path / "missing")
-    with pytest.raises(FileNotFoundError, match="data.corpus_dir"):
-        validate(cfg)

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from pipeline.engine.dag import MARKER, Stage, StageFailed, execute_stage, plan, run_dag, stage_hashes
 from pipeline.stages import STAGES
-from tests.conftest import tiny_config
+from tests.helpers import tiny_config
 
 
 def _record(ctx, label: str) -> None:

@@ -11,8 +11,7 @@ import torch
 from models.bert import BertConfig, BertForPreTraining, load_pretrained
 from pipeline.engine.dag import MARKER
 from pipeline.engine.distributed import checkpoint_tags, consolidated_state_dict, validate_distributed
-from tests.conftest import tiny_config
-from tests.test_stages import TinyRun
+from tests.helpers import TinyRun, tiny_config
 
 TWO_WORKER_OVERRIDES = ["++pretrain.checkpoint_every_steps=10", "pretrain.max_steps=20"]
 

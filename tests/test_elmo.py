@@ -46,7 +46,7 @@ from models.elmo import (
 from pipeline import CONF_DIR
 from pipeline.elmo.downstream import ElmoTaskModule, make_elmo_task_collate
 from pipeline.elmo.module import ElmoPretrainModule, LMWindowBatches, build_elmo_datasets
-from tests.conftest import ENDINGS, OBJECTS, SUBJECTS, VERBS
+from tests.helpers import ENDINGS, OBJECTS, SUBJECTS, VERBS
 
 # elmo_small's architecture at a size that trains in seconds.
 TINY = dict(filters=[[1, 8], [2, 8], [3, 16]], projection_dim=16, lstm_dim=32, dropout=0.0)

@@ -10,8 +10,7 @@ import pytest
 from pipeline.engine.dag import run_dag
 from pipeline.runner import validate
 from pipeline.stages import STAGES
-from tests.conftest import tiny_config, write_sentiment_task
-from tests.test_stages import write_mr
+from tests.helpers import tiny_config, write_mr, write_sentiment_task
 
 SENTEVAL_MR_ONLY = ["~senteval.tasks.SICKEntailment", "~senteval.tasks.SICKRelatedness", "~senteval.tasks.MRPC",
                     "senteval.tasks.MR.path=MR", "senteval.classifier.cv_folds=3", "senteval.classifier.inner_folds=2"]

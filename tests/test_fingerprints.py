@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from pipeline.engine import fingerprints
 from pipeline.engine.dag import Stage, execute_stage, files_fingerprint, plan, stage_hashes
 from pipeline.stages import STAGES
-from tests.conftest import tiny_config
+from tests.helpers import tiny_config
 
 
 def _fingerprint(corpus: Path, tmp_path: Path) -> str:

@@ -100,7 +100,8 @@ def test_pretrain_module_picks_the_optimizer():
 
 def _batch(n: int, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return {"input_ids": torch.randint(5, 64, (n, 12), generator=g), "token_type_ids": torch.zeros(n, 12, dtype=torch.long),
+    return {"input_ids": torch.randint(5, 64, (n, 12), generator=g),
+            "token_type_ids": torch.zeros(n, 12, dtype=torch.long),
             "attention_mask": torch.ones(n, 12, dtype=torch.long), "mlm_positions": torch.tensor([[1, 4, 7]] * n),
             "mlm_labels": torch.randint(5, 64, (n, 3), generator=g),
             "next_sentence_label": torch.arange(n) % 2}
@@ -131,14 +132,38 @@ def test_gradient_accumulation_equals_the_large_batch():
         torch.testing.assert_close(accumulated[name], large[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+class _GradientNorms(L.Callback):
+    """The global gradient norm before clipping (Lightning clips after on_before_optimizer_step) and the one the
+    optimizer stepped with (read by a step post-hook: Lightning's step() runs the closure, i.e. backward and clipping,
+    inside it, and the gradients stay until the next zero_grad)."""
+
+    def __init__(self):
+        self.unclipped, self.stepped = [], []
+
+    @staticmethod
+    def _norm(module) -> float:
+        return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in module.parameters()
+                                                     if p.grad is not None])).item()
+
+    def on_train_start(self, trainer, pl_module):
+        trainer.optimizers[0].register_step_post_hook(lambda *_: self.stepped.append(self._norm(pl_module)))
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.unclipped.append(self._norm(pl_module))
+
+
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_pretraining_clips_gradients_in_every_precision(precision):
     """The pipeline's setting (trainer precision auto = bf16-mixed on this CPU, pretrain.grad_clip): Lightning's
     mixed-precision plugin refuses to clip for an optimizer that says it unscales gradients itself (fused AdamW)."""
+    norms = _GradientNorms()
     trainer = L.Trainer(accelerator="cpu", max_steps=2, precision=precision, gradient_clip_val=1.0, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[norms])
     trainer.fit(_module(), DataLoader([_batch(4, seed=1), _batch(4, seed=2)], batch_size=None))
     assert trainer.global_step == 2
+    assert min(norms.unclipped) > 4.0  # far above the clip value: a step that did not clip would show it
+    assert norms.stepped == pytest.approx([1.0, 1.0], rel=1e-4)
 
 
 def test_lazy_adamw_on_sparse_rows_equals_adamw_and_leaves_other_rows_alone():

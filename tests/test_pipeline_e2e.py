@@ -3,24 +3,14 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
-import sys
 
-from tests.conftest import TINY_OVERRIDES, write_books, write_sentiment_task
+from tests.pipeline_cli import run_pipeline_cli
 
 
 def test_bert_tiny_end_to_end(tmp_path):
-    corpus, task = write_books(tmp_path / "books"), write_sentiment_task(tmp_path / "task")
-    run_dir = tmp_path / "run"
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_API_KEY": "", "RAY_AUTH_MODE": "disabled",
-           "HOME": str(tmp_path / "home")}  # no key, no login, no cached credentials: must still not block
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline", "+experiment=bert_tiny", f"data.corpus_dir={corpus}",
-         f"finetune.data_dir={task}", f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={run_dir}",
-         *TINY_OVERRIDES],
-        capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # no W&B key, login or cached credentials (pipeline_env): the run must still not block
+    result = run_pipeline_cli(tmp_path, [])
+    run_dir = tmp_path / "run"  # hydra.run.dir of pipeline_cli.tiny_overrides
     for stage in ("prepare", "tokenizer", "examples", "pretrain", "finetune", "report"):
         assert (run_dir / stage / "stage.json").is_file(), stage
     with open(run_dir / "report" / "results.csv") as f:

@@ -154,13 +154,15 @@ def test_open_shards_refuses_an_unfinished_run(tmp_path):
         open_shards(tmp_path)
 
 
-TRICKY_TEXTS = ["  Caf\u00e9 na\u00efve \u4e2d\u6587 x\x0by a\x85b \u2028 z  ", "", "w" * 150 + " \u201cHi,\u201d she said\u2026",
+TRICKY_TEXTS = ["  Caf\u00e9 na\u00efve \u4e2d\u6587 x\x0by a\x85b \u2028 z  ", "",
+                "w" * 150 + " \u201cHi,\u201d she said\u2026",
                 "\u0301b \t tab", "UPPER lower, Mixed.", "a[SEP]b [MASK] [sep] x[CLS]",
                 # what the pre-split cuts off (ASCII symbols, Unicode P*) next to what it must not: symbols BERT keeps
                 # inside words (\u00a9 \u00b1), a combining mark after punctuation, the Greek question mark (NFD: ";"),
                 # non-ASCII capitals, which the ASCII lowering leaves to the tokenizer
                 "U.S.A. $5+3=8 <a|b> ^~` 50% (e.g.) \u00abBonjour\u00bb \u00bfqu\u00e9? don't .\u0301x a\u037eb",
-                "\u00c9COLE Stra\u00dfe a\u00a9b 1\u00b12 \u0130stanbul \u2014dash\u2014 \u2018quote\u2019 \u00a0nbsp\u3002end"]
+                "\u00c9COLE Stra\u00dfe a\u00a9b 1\u00b12 \u0130stanbul \u2014dash\u2014 "
+                "\u2018quote\u2019 \u00a0nbsp\u3002end"]
 
 
 def test_tokenized_shards_equal_encoding_each_sentence(prepared, tmp_path):

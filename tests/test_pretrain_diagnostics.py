@@ -16,7 +16,7 @@ from pipeline.bert.diagnostics import PLATEAU_MARGIN_NATS, plateau_message, unig
 from pipeline.bert.pretrain import PretrainingObjective
 from pipeline.engine.arrow import read_arrow
 from pipeline.optim import adamw_with_linear_schedule
-from tests.conftest import successor_corpus
+from tests.helpers import successor_corpus
 
 CLS, SEP, MASK = 2, 3, 4
 

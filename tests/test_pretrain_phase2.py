@@ -16,8 +16,7 @@ from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import MARKER, StageContext, StageFailed, execute_stage, plan
 from pipeline.runner import validate
 from pipeline.stages import STAGES
-from tests.conftest import tiny_config
-from tests.test_stages import TinyRun
+from tests.helpers import TinyRun, tiny_config
 
 PHASE2 = [
     "pipeline.stages=[prepare,tokenizer,examples,pretrain,examples_phase2,pretrain_phase2,finetune,report]",

@@ -82,7 +82,8 @@ def test_the_pipeline_joins_a_running_cluster(tmp_path):
                                   RAY_ADDRESS="")
         driver_log = result.stdout + result.stderr
         # Ray reports the head by the node's address, which need not be the loopback one we gave.
-        assert re.search(rf"Connecting to existing Ray cluster at address: \S+:{port}\b", driver_log), driver_log[-3000:]
+        connected = re.search(rf"Connecting to existing Ray cluster at address: \S+:{port}\b", driver_log)
+        assert connected, driver_log[-3000:]
         assert "Connected to Ray cluster." in driver_log and "Started a local Ray instance" not in driver_log
         for stage in ("prepare", "tokenizer", "examples"):
             assert (tmp_path / "run" / stage / "_COMPLETE.json").is_file(), stage

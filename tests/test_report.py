@@ -20,7 +20,7 @@ from pipeline.bert.attention import report_section as attention_section
 from pipeline.report.plots import plot_attention, plot_pretraining, plot_task_scores
 from pipeline.report.report import write_report as write_report_sections
 from pipeline.report.stage import pretraining_stages
-from tests.conftest import OBJECTS, SUBJECTS, VERBS
+from tests.helpers import OBJECTS, SUBJECTS, VERBS
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SENTENCE = "The captain saw the ship"

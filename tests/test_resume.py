@@ -16,8 +16,7 @@ import torch
 from pipeline.engine.dag import MARKER, StageFailed, execute_stage
 from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler
 from pipeline.stages import STAGES
-from tests.conftest import tiny_config
-from tests.test_stages import TinyRun
+from tests.helpers import TinyRun, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 RESUME_OVERRIDES = ["++pretrain.checkpoint_every_steps=10"]

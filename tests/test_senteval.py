@@ -32,7 +32,7 @@ from pipeline.evaluation.senteval import (
     run_senteval,
     stratified_folds,
 )
-from tests.conftest import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, VERBS, write_sentiment_task
+from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, VERBS, write_sentiment_task
 
 SICK_HEADER = ("pair_ID\tsentence_A\tsentence_B\tentailment_label\trelatedness_score\tentailment_AB\tentailment_BA\t"
                "sentence_A_original\tsentence_B_original\tsentence_A_dataset\tsentence_B_dataset\tSemEval_set")
@@ -311,7 +311,7 @@ def test_random_twin_encoder_is_the_same_architecture_freshly_initialised(tiny_b
 
 def test_every_family_offers_a_random_twin_to_the_evaluate_stage(tmp_path):
     from pipeline.evaluation.stage import ENCODERS
-    from tests.conftest import tiny_config
+    from tests.helpers import tiny_config
 
     cfg = tiny_config(tmp_path)
     for trained in ("bert_cls", "bert_mean", "elmo", "skip_thought"):

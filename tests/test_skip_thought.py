@@ -335,7 +335,8 @@ def test_glove_expansion_maps_unseen_words_next_to_their_synonyms():
     encoder = WordVectors(encoder_words, encoder_vectors.astype(np.float32))
     weight = fit_vocabulary_expansion(glove, encoder, shared_words(glove, encoder))
     mapped = ExpandedVocabulary(encoder, glove, weight).vectors_for(list(synonyms))  # (5, 64)
-    cosine = (mapped @ encoder.vectors.T) / np.outer(np.linalg.norm(mapped, axis=1), np.linalg.norm(encoder.vectors, axis=1))
+    cosine = ((mapped @ encoder.vectors.T)
+              / np.outer(np.linalg.norm(mapped, axis=1), np.linalg.norm(encoder.vectors, axis=1)))
     for row, (unseen, synonym) in enumerate(synonyms.items()):
         # GloVe 50-d itself ranks "car" 10th among these words for "automobile", so "near" is: top 20 of ~5000.
         nearest = [encoder_words[i] for i in np.argsort(-cosine[row])[:20]]

@@ -3,37 +3,12 @@ from __future__ import annotations
 
 import csv
 import json
-from pathlib import Path
 
 import pytest
 
 from pipeline.bert.pretrain import _setup
-from pipeline.engine.dag import StageContext, execute_stage, plan
-from pipeline.stages import STAGES
-from tests.conftest import NEGATIVE, POSITIVE, SUBJECTS, tiny_config
-
-
-class TinyRun:
-    """The planned stages of a tiny run; `run_stage` executes one exactly as the engine does, in-process."""
-
-    def __init__(self, cfg):
-        self.cfg, self.plan = cfg, plan(cfg, STAGES)
-
-    def stage_dir(self, name: str) -> Path:
-        return self.plan.dirs[name]
-
-    def run_stage(self, name: str) -> dict:
-        inputs = {u: (self.plan.dirs[u], self.plan.hashes[u]) for u in self.plan.stages[name].upstream}
-        return execute_stage(self.plan.stages, self.cfg, name, self.plan.hashes[name], self.plan.dirs[name], inputs,
-                             Path(self.cfg.paths.run_dir))
-
-
-def write_mr(root: Path) -> Path:
-    """The MR layout (rt-polarity.pos / .neg, one sentence per line), with a learnable polarity."""
-    root.mkdir(parents=True)
-    for name, words in (("rt-polarity.pos", POSITIVE), ("rt-polarity.neg", NEGATIVE)):
-        (root / name).write_text("\n".join(f"{s} was {w}" for s in SUBJECTS for w in words[:3]) + "\n")
-    return root
+from pipeline.engine.dag import StageContext
+from tests.helpers import TinyRun, tiny_config, write_mr
 
 
 @pytest.fixture(scope="module")

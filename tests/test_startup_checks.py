@@ -11,7 +11,7 @@ from pipeline import runner
 from pipeline.engine.dag import MARKER, plan
 from pipeline.runner import run_pipeline, validate
 from pipeline.stages import STAGES
-from tests.conftest import tiny_config
+from tests.helpers import tiny_config
 
 
 @pytest.fixture(autouse=True)
@@ -65,7 +65,7 @@ def test_a_sequence_longer_than_the_position_table_fails_at_start_up(tmp_path, s
 
 
 def _break_task_file(tmp_path: Path, line: int, row: str) -> Path:
-    """The tiny run's sentiment task (tests/conftest.py) with line `line` (1-based, header included) of train.tsv
+    """The tiny run's sentiment task (tests/helpers.py) with line `line` (1-based, header included) of train.tsv
     replaced by `row`."""
     tiny_config(tmp_path)  # writes the task
     train = tmp_path / "task" / "train.tsv"

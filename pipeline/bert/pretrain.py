@@ -3,9 +3,10 @@ BERT's two phases (Devlin et al. 2019, §A.2): `pretrain` at length 128 from ran
 has it, `pretrain_phase2` at length 512 from phase 1's final weights. One code path trains both (`Phase`).
 
 Checkpoints go to `<out_dir>/checkpoints/` every `pretrain.checkpoint_every_steps` (in either phase); a rerun of a
-crashed stage re-enters the same directory (pipeline/engine/dag.py) and continues from the newest one: weights, optimizer,
-schedule, data position and RNG, so the steps after the resume are the steps an uninterrupted run would have taken.
-One process by default; `trainer.num_workers > 1` or DeepSpeed train in Ray Train workers (pipeline/engine/distributed.py).
+crashed stage re-enters the same directory (pipeline/engine/dag.py) and continues from the newest one: weights,
+optimizer, schedule, data position and RNG, so the steps after the resume are the steps an uninterrupted run would have
+taken. One process by default; `trainer.num_workers > 1` or DeepSpeed train in Ray Train workers
+(pipeline/engine/distributed.py).
 """
 from __future__ import annotations
 
@@ -255,7 +256,8 @@ def _train_with_lightning(ctx: StageContext, settings: DistributedSettings, rank
                                   auto_insert_metric_name=False, every_n_train_steps=p.checkpoint_every_steps,
                                   save_top_k=-1)
     strategy = lightning_strategy(settings, deepspeed_config(settings, p.batch_size, p.grad_clip))
-    atomic_io = () if settings.strategy == "deepspeed" else (AtomicCheckpointIO(KEEP_CHECKPOINTS),)  # DeepSpeed writes directories
+    # DeepSpeed writes directories
+    atomic_io = () if settings.strategy == "deepspeed" else (AtomicCheckpointIO(KEEP_CHECKPOINTS),)
     trainer = make_trainer(ctx, [history, TrainingPosition(setup.batch_sampler), checkpoints],
                            max_steps=p.max_steps, gradient_clip_val=None if settings.strategy == "deepspeed"
                            else p.grad_clip,
@@ -390,7 +392,8 @@ def _deepspeed_cpu_worker(config: dict) -> None:
         return
     tag = checkpoint_tags(checkpoint_dir)[-1]
     model = _build_model(cfg, load_tokenizer(ctx.stage_dir("tokenizer")).get_vocab_size())
-    model.load_state_dict({k.removeprefix("model."): v for k, v in consolidated_state_dict(checkpoint_dir, tag).items()})
+    state = consolidated_state_dict(checkpoint_dir, tag)
+    model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
     val = _validate(model, setup.val_batches, p.next_sentence_prediction)
     history.rows.extend({"step": p.max_steps, "split": "val", "name": f"val/{k}", "value": v} for k, v in val.items())
     summary = {"steps": p.max_steps,

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Subset
 
 from data_prep.shards import write_json_atomically
 from pipeline.downstream.task_data import TaskData, read_task_files, stratified_subsample
-from pipeline.downstream.tasks import load_task, task_data_fingerprint
+from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fingerprint
 from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import FinetuneKind, TaskModels
 from pipeline.engine.training import make_trainer

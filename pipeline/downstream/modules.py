@@ -2,8 +2,8 @@
 classification (CoNLL-2003 NER) and extractive QA (SQuAD v1.1), the heads of BERT's Figure 4 (Devlin et al. 2019),
 plus their batch collators.
 
-Each module has one `model_step` for train and dev, scores dev with pipeline/evaluation/metrics.py at epoch end, and exposes
-the last dev scores as `scores`."""
+Each module has one `model_step` for train and dev, scores dev with pipeline/evaluation/metrics.py at epoch end, and
+exposes the last dev scores as `scores`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -51,8 +51,8 @@ def collate_question_answering(rows: list[dict], pad_id: int = 0) -> dict[str, t
 
 class FinetuneModule(L.LightningModule):
     """Training step, logging and BERT's optimiser shared by the modules below and ELMo's ElmoTaskModule
-    (pipeline/elmo/downstream.py); subclasses save lr, weight_decay, warmup_steps and total_steps as hyperparameters, and define
-    model_step (loss first) and dev scoring."""
+    (pipeline/elmo/downstream.py); subclasses save lr, weight_decay, warmup_steps and total_steps as hyperparameters,
+    and define model_step (loss first) and dev scoring."""
 
     def __init__(self, model: nn.Module):
         super().__init__()

@@ -50,8 +50,8 @@ FINETUNE_KINDS = {"elmo": FinetuneKind(lambda cfg: ("elmo_vocab", "elmo_pretrain
 
 def load_elmo_task_data(task: DictConfig, data_dir: Path, bilm_and_vocab: tuple, max_train_examples: int | None,
                         seed: int, selection_fraction: float | None = None) -> TaskData:
-    """One task as rows of raw text (tsv) or of words (conll) for the frozen biLM; the heads are ElmoTaskModule's. The biLM
-    is loaded once and shared by every seed: it is frozen, only the mix and the head are built fresh."""
+    """One task as rows of raw text (tsv) or of words (conll) for the frozen biLM; the heads are ElmoTaskModule's. The
+    biLM is loaded once and shared by every seed: it is frozen, only the mix and the head are built fresh."""
     bilm, vocab = bilm_and_vocab
     collate = make_elmo_task_collate(ElmoEmbedder(bilm, vocab))
     if task.format == "tsv":

@@ -20,7 +20,8 @@ measure the representation, not the classifier:
     ----------------  --------------------------------  ---------------------  ------------------------  ------------
     mr, tsv           one sentence, a label             u                      stratified 10-fold CV     accuracy
     sick_entailment   SICK TRAIN / TRIAL / TEST         [u, v, |u-v|, u*v]     L2 on TRIAL, test on TEST accuracy
-    sick_relatedness  SICK TRAIN / TRIAL / TEST         [u, v, |u-v|, u*v]     Tai et al. 2015 (below)   pearson, spearman
+    sick_relatedness  SICK TRAIN / TRIAL / TEST         [u, v, |u-v|, u*v]     Tai et al. 2015 (below)   pearson,
+                                                                                                         spearman
     mrpc              GLUE MRPC train / dev             [u, v, |u-v|, u*v]     L2 by inner CV on train   accuracy, f1
 
 The pair features are InferSent's (Conneau et al. 2017); SentEval itself feeds SICK and MRPC only [|u-v|, u*v].

@@ -1,0 +1,119 @@
+"""Data and configs the tests write themselves (a fresh clone has no ../shared), shared by the test modules."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+from hydra import compose, initialize_config_dir
+
+from pipeline import CONF_DIR
+from pipeline.engine.dag import execute_stage, plan
+from pipeline.stages import STAGES
+
+SUBJECTS = ["the old man", "a young woman", "the captain", "my brother", "the king", "her mother", "the sailor",
+            "a stranger", "the doctor", "our neighbour"]
+VERBS = ["saw", "followed", "remembered", "feared", "loved", "answered", "watched", "called", "found", "left"]
+OBJECTS = ["the ship", "a letter", "the garden", "his friend", "the river", "a small house", "the long road",
+           "the dark forest", "an old song", "the city"]
+ENDINGS = ["at night", "in the morning", "without a word", "before the storm", "after dinner", "once again",
+           "with great care", "near the sea"]
+
+
+def write_books(root: Path, n_books: int = 6, paragraphs: int = 12, seed: int = 0) -> Path:
+    """Small books of grammatical sentences, hard-wrapped like Gutenberg text, one file per book."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for b in range(n_books):
+        paras = []
+        for _ in range(paragraphs):
+            sentences = [f"{rng.choice(SUBJECTS).capitalize()} {rng.choice(VERBS)} {rng.choice(OBJECTS)} "
+                         f"{rng.choice(ENDINGS)}." for _ in range(rng.randint(3, 6))]
+            text = " ".join(sentences)
+            words, lines, line = text.split(), [], []
+            for w in words:  # hard-wrap at ~60 columns
+                if sum(len(x) + 1 for x in line) + len(w) > 60:
+                    lines.append(" ".join(line))
+                    line = []
+                line.append(w)
+            lines.append(" ".join(line))
+            paras.append("\n".join(lines))
+        (root / f"book_{b:02d}.txt").write_text(f"Book {b}\n\n" + "\n\n".join(paras) + "\n")
+    return root
+
+
+POSITIVE = ["good", "great", "wonderful", "moving", "funny", "brilliant"]
+NEGATIVE = ["bad", "awful", "boring", "dull", "clumsy", "terrible"]
+
+
+def write_sentiment_task(root: Path, n_train: int = 160, n_dev: int = 40, seed: int = 0) -> Path:
+    """GLUE SST-2 layout: sentence<TAB>label, label 1 iff the sentence uses a positive word."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for name, n in (("train.tsv", n_train), ("dev.tsv", n_dev)):
+        rows = ["sentence\tlabel"]
+        for _ in range(n):
+            label = rng.randint(0, 1)
+            word = rng.choice(POSITIVE if label else NEGATIVE)
+            rows.append(f"{rng.choice(SUBJECTS)} found {rng.choice(OBJECTS)} {word}\t{label}")
+        (root / name).write_text("\n".join(rows) + "\n")
+    return root
+
+
+# Overrides that shrink bert_tiny to seconds: tiny corpus, small vocab, a few steps.
+TINY_OVERRIDES = [
+    "tokenizer.vocab_size=300", "tokenizer.min_frequency=1", "data.shard_bytes=4000", "data.min_tokens=2",
+    "examples.max_seq_length=32", "pretrain.max_steps=30", "pretrain.batch_size=8", "pretrain.warmup_steps=3",
+    "pretrain.val_every_steps=15", "pretrain.val_fraction=0.1", "pretrain.lr=2e-3",
+    "finetune.task=sst2", "finetune.epochs=1", "finetune.batch_size=16", "finetune.max_seq_length=16",
+    "finetune.seeds=[1]", "finetune.train_sizes=[null]", "finetune.min_steps=0",
+    "trainer.precision=32-true",
+]
+
+
+def tiny_config(tmp_path: Path, extra: list[str] | None = None, experiment: str = "bert_tiny"):
+    corpus, task = tmp_path / "books", tmp_path / "task"
+    if not corpus.exists():  # written once: rewriting would change the files' fingerprint, i.e. the data
+        write_books(corpus)
+        write_sentiment_task(task)
+    overrides = [f"+experiment={experiment}", f"data.corpus_dir={corpus}", f"finetune.data_dir={task}",
+                 f"paths.cache_dir={tmp_path / 'cache'}", f"paths.run_dir={tmp_path / 'run'}", "logger=csv",
+                 *TINY_OVERRIDES, *(extra or [])]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+class TinyRun:
+    """The planned stages of a tiny run; `run_stage` executes one exactly as the engine does, in-process."""
+
+    def __init__(self, cfg):
+        self.cfg, self.plan = cfg, plan(cfg, STAGES)
+
+    def stage_dir(self, name: str) -> Path:
+        return self.plan.dirs[name]
+
+    def run_stage(self, name: str) -> dict:
+        inputs = {u: (self.plan.dirs[u], self.plan.hashes[u]) for u in self.plan.stages[name].upstream}
+        return execute_stage(self.plan.stages, self.cfg, name, self.plan.hashes[name], self.plan.dirs[name], inputs,
+                             Path(self.cfg.paths.run_dir))
+
+
+def write_mr(root: Path) -> Path:
+    """The MR layout (rt-polarity.pos / .neg, one sentence per line), with a learnable polarity."""
+    root.mkdir(parents=True)
+    for name, words in (("rt-polarity.pos", POSITIVE), ("rt-polarity.neg", NEGATIVE)):
+        (root / name).write_text("\n".join(f"{s} was {w}" for s in SUBJECTS for w in words[:3]) + "\n")
+    return root
+
+
+def successor_corpus(rng, n: int, vocab: int) -> list[dict]:
+    """Pretraining rows of 14 tokens (ids 5..vocab-1; rng a numpy Generator) in which each token is its left
+    neighbour + 1, wrapping around: unigram-uniform, yet fully predictable from a neighbour, so only a model that
+    learned to use context (and positions) gets far below the unigram baseline."""
+    rows = []
+    for _ in range(n):
+        start = int(rng.integers(0, vocab - 5))
+        ids = [2, *((start + np.arange(14)) % (vocab - 5) + 5), 3]  # [CLS] ... [SEP]
+        rows.append({"input_ids": np.array(ids), "token_type_ids": np.zeros(len(ids), dtype=int),
+                     "next_sentence_label": int(rng.integers(0, 2))})
+    return rows
