@@ -29,7 +29,7 @@ toy = Family("toy", stages=(Stage("toy_pretrain", lambda ctx: {}, ("prepare",), 
              pretraining_stages=("toy_pretrain",),
              encoders={"toy_bow": EncoderSpec(lambda cfg: ("toy_pretrain",), lambda ctx: None)},
              finetune_kinds={"toy": FinetuneKind(lambda cfg: ("toy_pretrain",), lambda ctx: None)},
-             validate=validated.append)
+             validate=lambda cfg, stages: validated.append(stages))
 registry = types.ModuleType("pipeline.families")
 registry.FAMILIES = (BERT, toy)
 sys.modules["pipeline.families"] = registry
@@ -41,19 +41,21 @@ with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         "pipeline.stages=[toy_pretrain,finetune,evaluate,report]", "finetune.models=[toy]",
         "evaluate.encoders=[toy_bow,glove_bow]"])
 validate(cfg)
-print(json.dumps({"stages": list(STAGES), "validated": len(validated),
+print(json.dumps({"stages": list(STAGES), "validated": validated,
                   **{name: list(STAGES[name].upstream(cfg)) for name in ("finetune", "evaluate", "report")}}))
 """
 
 
 def test_a_new_family_is_picked_up_from_the_registry_alone():
-    out = subprocess.run([sys.executable, "-c", TOY_FAMILY], cwd=REPO, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", TOY_FAMILY], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert "toy_pretrain" in seen["stages"] and "elmo_pretrain" not in seen["stages"]
     assert seen["finetune"] == ["toy_pretrain"]
     assert seen["evaluate"] == ["toy_pretrain"]  # glove_bow reads no stage
     assert seen["report"] == ["toy_pretrain", "finetune", "evaluate"]
-    assert seen["validated"] == 1  # the family's own start-up checks run before any stage
+    # the family's own start-up checks run before any stage, told which stages the run has (with their ancestors)
+    assert len(seen["validated"]) == 1 and {"toy_pretrain", "prepare"} <= set(seen["validated"][0])
 
 
 def test_every_registered_family_offers_its_stages_and_a_random_twin_per_encoder():

@@ -234,8 +234,9 @@ def test_save_and_load_pretrained_round_trip(tmp_path):
 
 
 def test_load_pretrained_rejects_another_format(tmp_path):
-    from models.bert import BertConfig, BertModel, save_encoder
-    save_encoder(BertModel(BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+    from models.bert import BertConfig, BertModel
+    from models.bert import save_pretrained as save_bert
+    save_bert(BertModel(BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
                                       intermediate_size=8)), tmp_path)
     with pytest.raises(ValueError, match="neither a textrep-gpt checkpoint nor a HuggingFace GPT-2 config"):
         load_pretrained(tmp_path)
