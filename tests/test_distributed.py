@@ -1,4 +1,5 @@
-"""Data-parallel pretraining in 2 Ray Train workers on the CPU: DDP, DeepSpeed ZeRO-2/3 with consolidation, phase 2."""
+"""Data-parallel pretraining in 2 Ray Train workers on the CPU: DDP, DeepSpeed ZeRO-2/3 with consolidation, phase 2,
+and ELMo and Skip-Thought on the same harness."""
 from __future__ import annotations
 
 import csv
@@ -9,9 +10,10 @@ import pytest
 import torch
 
 from models.bert import BertConfig, BertForPreTraining, load_encoder
-from pipeline.engine.dag import MARKER
+from pipeline.engine.dag import MARKER, StageContext
 from pipeline.engine.distributed import checkpoint_tags, consolidated_state_dict, validate_distributed
-from tests.conftest import tiny_config
+from pipeline.families import FAMILIES
+from tests.conftest import TINY_FAMILIES, family_config, tiny_config
 from tests.test_stages import TinyRun
 
 TWO_WORKER_OVERRIDES = ["++pretrain.checkpoint_every_steps=10", "pretrain.max_steps=20"]
@@ -123,3 +125,42 @@ def test_phase2_in_two_workers_starts_from_phase1(tmp_root, ray_session, trainer
     assert set(phase1) == set(phase2)
     for name, tensor in phase1.items():
         torch.testing.assert_close(phase2[name], tensor, rtol=0, atol=0, msg=name)
+
+
+def evaluated_weights(run: TinyRun, family: str) -> dict[str, torch.Tensor]:
+    """The weights of the encoder the evaluate stage builds from the pretraining stage's output."""
+    (encoder,) = [spec for f in FAMILIES if f.name == family for name, spec in f.encoders.items()
+                  if not name.endswith(("_random", "_expanded"))]
+    upstream = encoder.upstream(run.cfg)
+    built = encoder.build(StageContext(run.cfg, "evaluate", run.stage_dir("evaluate") if "evaluate" in run.plan.dirs
+                                       else Path("unused"), {u: run.stage_dir(u) for u in upstream}))
+    model = built.embedder.bilm if family == "elmo" else built.model
+    return model.state_dict()
+
+
+# ELMo with the sampled softmax: its sparse gradient averaged over gloo under DDP, made dense for DeepSpeed
+@pytest.mark.slow  # Ray Train start-up of 2 workers (plus DeepSpeed's import): 1-4 min each on 2 cores
+@pytest.mark.parametrize("family", ["elmo", "skip_thought"])
+@pytest.mark.parametrize("trainer", [["trainer=ddp_cpu"], ["trainer=deepspeed_stage_2", "trainer.accelerator=cpu"]],
+                         ids=["ddp", "zero2"])
+def test_elmo_and_skip_thought_train_in_two_workers_and_evaluate_their_final_weights(tmp_root, ray_session, family,
+                                                                                      trainer):
+    run = TinyRun(family_config(tmp_root / family, family, [*TWO_WORKER_OVERRIDES, *trainer]))
+    for name in TINY_FAMILIES[family].data_stages:  # cached after the first run: they ignore trainer.*
+        run.run_stage(name)
+    stage = TINY_FAMILIES[family].pretraining_stage
+    summary = run.run_stage(stage)
+    out = run.stage_dir(stage)
+    assert summary["workers"] == 2 and summary["steps"] == 20 and math.isfinite(summary["final_val_loss"])
+    losses = train_losses(out)
+    assert len(losses) == 20 and all(math.isfinite(x) for x in losses)
+    if "deepspeed" in trainer[0]:
+        assert summary["zero_stage"] == 2 and checkpoint_tags(out / "checkpoints") == ["step-10", "step-20"]
+        final = consolidated_state_dict(out / "checkpoints", "step-20")
+    else:
+        assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000010.ckpt", "step-000020.ckpt"]
+        final = torch.load(out / "checkpoints" / "step-000020.ckpt", weights_only=False)["state_dict"]
+    evaluated = evaluated_weights(run, family)
+    assert set(evaluated) == {k.removeprefix("model.") for k in final}
+    for name, tensor in evaluated.items():
+        torch.testing.assert_close(tensor, final[f"model.{name}"].float(), rtol=0, atol=0, msg=name)
