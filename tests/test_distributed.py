@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,11 @@ import torch
 
 from models.bert import BertConfig, BertForPreTraining, load_encoder
 from pipeline.engine.dag import MARKER, StageContext
-from pipeline.engine.distributed import checkpoint_tags, consolidated_state_dict, validate_distributed
+from pipeline.engine.distributed import checkpoint_tags, consolidated_state_dict
+from pipeline.engine.pretraining import pretrain
 from pipeline.families import FAMILIES
+from pipeline.runner import validate
+from pipeline.stages import STAGES
 from tests.conftest import TINY_FAMILIES, family_config, tiny_config
 from tests.test_stages import TinyRun
 
@@ -42,10 +46,21 @@ def train_losses(out_dir: Path) -> list[float]:
      "needs trainer.strategy=deepspeed"),
     (["trainer=deepspeed_stage_2", "trainer.deepspeed.offload_parameters=true"], "needs ZeRO stage 3"),
     (["trainer=deepspeed_stage_1", "trainer.devices=4"], "set trainer.num_workers"),
+    (["trainer=ddp_cpu", "ray.num_cpus=1"], "need a CPU each, and this run's Ray has ray.num_cpus=1"),
 ])
 def test_impossible_trainer_settings_fail_before_any_work(tmp_root, overrides, message):
     with pytest.raises(ValueError, match=message):
-        validate_distributed(tiny_config(tmp_root, overrides))
+        validate(tiny_config(tmp_root, overrides))
+
+
+def test_every_stage_that_depends_on_the_data_parallel_settings_honours_them():
+    """ELMo and Skip-Thought once trained with a bare Trainer and ignored trainer=ddp_cpu / deepspeed_* (issue 16):
+    a stage whose outputs depend on the whole trainer block must run on the pretraining harness; one that trains in
+    one process (finetune) depends on the settings it applies only."""
+    on_harness = {name for name, stage in STAGES.items()
+                  if isinstance(stage.fn, partial) and stage.fn.func is pretrain}
+    assert on_harness == {name for family in FAMILIES for name in family.pretraining_stages}
+    assert {name for name, stage in STAGES.items() if "trainer" in stage.config_keys} == on_harness
 
 
 @pytest.mark.slow  # Ray Train start-up of 2 workers: 1-3 min on a loaded 2-core machine

@@ -21,7 +21,7 @@ from pipeline.downstream.task_data import TaskData, stratified_subsample
 from pipeline.downstream.tasks import load_task, resolve_task_dir
 from pipeline.engine.dag import Stage, StageContext, all_cpus, files_fingerprint
 from pipeline.engine.family import FinetuneKind, TaskModels
-from pipeline.engine.training import make_trainer
+from pipeline.engine.training import ONE_PROCESS_TRAINER_KEYS, make_trainer
 from pipeline.families import FAMILIES
 
 MODEL_KINDS: dict[str, FinetuneKind] = {name: kind for family in FAMILIES
@@ -192,5 +192,5 @@ def _finetune_fingerprint(cfg: DictConfig) -> str:
     return hashlib.sha256("".join(parts).encode()).hexdigest()
 
 
-FINETUNE = Stage("finetune", finetune, finetune_upstream, ("finetune", "trainer", "seed"), version=1,
+FINETUNE = Stage("finetune", finetune, finetune_upstream, ("finetune", *ONE_PROCESS_TRAINER_KEYS, "seed"), version=1,
                  fingerprint=_finetune_fingerprint, num_cpus=all_cpus)

@@ -96,6 +96,10 @@ def validate_distributed(cfg: DictConfig) -> None:
     if str(s.devices) not in ("1", "auto"):
         raise ValueError(f"trainer.devices={s.devices}: each training process drives one device; for more, set "
                          "trainer.num_workers (Ray Train workers) and trainer.devices=auto")
+    if s.uses_ray_train and not s.uses_cuda and not cfg.ray.address and s.num_workers > cfg.ray.num_cpus:
+        # Ray Train would wait forever for the CPUs of the workers it cannot place
+        raise ValueError(f"trainer.num_workers={s.num_workers} Ray Train workers need a CPU each, and this run's Ray "
+                         f"has ray.num_cpus={cfg.ray.num_cpus}; raise ray.num_cpus or lower trainer.num_workers")
 
 
 def stage_cpus(cfg: DictConfig) -> float:
