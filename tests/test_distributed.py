@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from models.bert import BertConfig, BertForPreTraining, load_encoder
-from pipeline.engine.dag import MARKER, StageContext
+from pipeline.engine.dag import MARKER, StageContext, StageFailed
 from pipeline.engine.distributed import checkpoint_tags, consolidated_state_dict
 from pipeline.engine.pretraining import pretrain
 from pipeline.families import FAMILIES
@@ -179,3 +179,17 @@ def test_elmo_and_skip_thought_train_in_two_workers_and_evaluate_their_final_wei
     assert set(evaluated) == {k.removeprefix("model.") for k in final}
     for name, tensor in evaluated.items():
         torch.testing.assert_close(tensor, final[f"model.{name}"].float(), rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.slow  # Ray Train start-up of 2 workers: ~30-60 s on 2 cores
+def test_a_diverged_run_in_two_workers_fails_with_the_setting_to_change(tmp_root, ray_session):
+    """Every rank checks the same (averaged) loss, so all stop together; the stage's error is the rank's own message,
+    not Ray's digest of every rank's traceback."""
+    run = TinyRun(family_config(tmp_root / "skip_thought", "skip_thought",
+                                [*TWO_WORKER_OVERRIDES, "trainer=ddp_cpu", "pretrain.lr=1e3"]))
+    for name in TINY_FAMILIES["skip_thought"].data_stages:
+        run.run_stage(name)
+    with pytest.raises(StageFailed, match=r"failed: PretrainingDiverged: pretraining diverged: the training loss .* "
+                                          r"lower pretrain.lr or raise pretrain.warmup_steps"):
+        run.run_stage("skip_thought_pretrain")
+    assert not (run.stage_dir("skip_thought_pretrain") / MARKER).exists()

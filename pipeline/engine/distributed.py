@@ -144,13 +144,22 @@ def lightning_strategy(s: DistributedSettings, ds_config: dict):
 def run_on_ray_workers(train_fn: Callable[[dict], None], config: dict, s: DistributedSettings,
                        storage_dir: Path) -> None:
     """Run `train_fn(config)` in `s.num_workers` Ray Train workers (one CPU or GPU each) and wait for them."""
-    from ray.train import RunConfig, ScalingConfig
+    from ray.train import RunConfig, ScalingConfig, WorkerGroupError
     from ray.train.torch import TorchTrainer
 
     trainer = TorchTrainer(train_fn, train_loop_config=config,
                            scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.uses_cuda),
                            run_config=RunConfig(storage_path=str(storage_dir), name="ray_train"))
-    trainer.fit()
+    try:
+        trainer.fit()
+    except WorkerGroupError as err:
+        # the lowest rank's own error, whose message says what to change, rather than Ray's digest of every rank's
+        # traceback (which stays in the log, chained)
+        ranks = sorted(err.worker_failures)
+        if not ranks:
+            raise
+        failure = err.worker_failures[ranks[0]]
+        raise getattr(failure, "_base_exc", failure) from err  # Ray wraps it to carry the worker's traceback
 
 
 def use_deepspeed_cpu_accelerator() -> None:
