@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import shutil
 from functools import partial
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from models.bert import BertConfig, BertForPreTraining, load_encoder
-from pipeline.engine.dag import MARKER, StageContext, StageFailed
+from pipeline.engine.dag import MARKER, StageContext, StageFailed, execute_stage
 from pipeline.engine.distributed import checkpoint_tags, consolidated_state_dict
 from pipeline.engine.pretraining import pretrain
 from pipeline.families import FAMILIES
@@ -179,6 +180,16 @@ def test_elmo_and_skip_thought_train_in_two_workers_and_evaluate_their_final_wei
     assert set(evaluated) == {k.removeprefix("model.") for k in final}
     for name, tensor in evaluated.items():
         torch.testing.assert_close(tensor, final[f"model.{name}"].float(), rtol=0, atol=0, msg=name)
+
+    # resumed from the step-10 checkpoint, each rank from its own position (and ELMo's rows' carried state)
+    resumed = tmp_root / family / f"resumed-{trainer[0]}"
+    (resumed / "checkpoints").mkdir(parents=True)
+    step_10 = out / "checkpoints" / ("step-10" if "deepspeed" in trainer[0] else "step-000010.ckpt")
+    (shutil.copytree if step_10.is_dir() else shutil.copy)(step_10, resumed / "checkpoints" / step_10.name)
+    inputs = {u: (run.plan.dirs[u], run.plan.hashes[u]) for u in run.plan.stages[stage].upstream}
+    assert execute_stage(run.plan.stages, run.cfg, stage, run.plan.hashes[stage], resumed, inputs,
+                         None)["resumed_from_step"] == 10
+    assert train_losses(resumed) == losses
 
 
 @pytest.mark.slow  # Ray Train start-up of 2 workers: ~30-60 s on 2 cores
