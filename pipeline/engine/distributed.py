@@ -194,8 +194,8 @@ def this_ranks_state(ranks: list[dict]) -> dict:
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     if len(ranks) != world_size:
         raise ValueError(f"the checkpoint was written by {len(ranks)} training process(es), this run has "
-                         f"{world_size}; resume with trainer.num_workers={len(ranks)}, or start over with "
-                         "pipeline.force=[<this stage>]")
+                         f"{world_size}; resume with trainer.num_workers={len(ranks)}, or start the stage over with "
+                         "pipeline.force")
     return ranks[rank]
 
 
