@@ -376,6 +376,9 @@ class SharedSoftmax(nn.Module):
     def __init__(self, config: ElmoConfig):
         super().__init__()
         self.kind, self.vocab_size, self.num_samples = config.softmax, config.vocab_size, config.num_samples
+        # nn.Embedding's flag, which trainers read: the sampled softmax gives `weight` a sparse gradient; set False for
+        # a dense one (same values), for trainers that cannot reduce sparse gradients
+        self.sparse = self.kind == "sampled"
         if self.kind == "adaptive":
             self.adaptive = nn.AdaptiveLogSoftmaxWithLoss(config.projection_dim, config.vocab_size,
                                                           config.resolved_cutoffs(), div_value=4.0)
@@ -410,7 +413,7 @@ class SharedSoftmax(nn.Module):
         # get one, as TF's IndexedSlices give bilm-tf. A dense gradient would be a fresh 1.6 GB at the paper's 793k
         # words each step, which took longer than the logits. Optimise with pipeline.optim.LazyAdamW.
         N, ids = len(targets), torch.cat([targets, samples])
-        rows = F.embedding(ids, self.weight, sparse=True)  # (N + K, P)
+        rows = F.embedding(ids, self.weight, sparse=self.sparse)  # (N + K, P)
         biases = self.bias[ids] - log_expected(ids)  # (N + K,)
         true_logits = (h * rows[:N]).sum(-1) + biases[:N]  # (N,)
         sampled_logits = h @ rows[N:].T + biases[N:]  # (N, K)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +70,35 @@ TINY_OVERRIDES = [
     "finetune.seeds=[1]", "finetune.train_sizes=[null]", "finetune.min_steps=0",
     "trainer.precision=32-true",
 ]
+
+
+@dataclass(frozen=True)
+class TinyFamily:
+    """A family's pretraining shrunk to seconds on the tiny corpus: its experiment, stages and extra overrides."""
+    experiment: str
+    pretraining_stage: str
+    data_stages: tuple[str, ...]  # what the pretraining stage needs, in order
+    overrides: tuple[str, ...] = ()
+
+
+TINY_FAMILIES = {
+    "bert": TinyFamily("bert_tiny", "pretrain", ("prepare", "tokenizer", "examples")),
+    # the sampled softmax: its gradient is sparse
+    "elmo": TinyFamily("elmo_small", "elmo_pretrain", ("prepare", "elmo_vocab", "elmo_streams"), (
+        "elmo.vocab_size=200", "elmo.min_count=1", "elmo.batch_size=4", "elmo.window=8",
+        "elmo.holdout_books_fraction=0.2", "+model.config.lstm_dim=32", "+model.config.projection_dim=16",
+        "+model.config.filters=[[1,8],[2,8]]", "+model.config.softmax=sampled", "+model.config.num_samples=50")),
+    # batches of 16 of ~300 triples: 30 steps cross an epoch
+    "skip_thought": TinyFamily("skip_thought_small", "skip_thought_pretrain",
+                               ("prepare", "skip_thought_vocab", "skip_thought_examples"), (
+        "skip_thought.vocab_size=200", "pretrain.batch_size=16", "+model.config.embedding_dim=16",
+        "+model.config.encoder_dim=32", "+model.config.decoder_dim=32")),
+}
+
+
+def family_config(tmp_path: Path, family: str, extra: list[str] | None = None):
+    tiny = TINY_FAMILIES[family]
+    return tiny_config(tmp_path, [*tiny.overrides, *(extra or [])], experiment=tiny.experiment)
 
 
 def tiny_config(tmp_path: Path, extra: list[str] | None = None, experiment: str = "bert_tiny"):

@@ -1,17 +1,24 @@
-"""Data-parallel pretraining in 2 Ray Train workers on the CPU: DDP, DeepSpeed ZeRO-2/3 with consolidation, phase 2."""
+"""Data-parallel pretraining in 2 Ray Train workers on the CPU: DDP, DeepSpeed ZeRO-2/3 with consolidation, phase 2,
+and ELMo and Skip-Thought on the same harness."""
 from __future__ import annotations
 
 import csv
 import math
+import shutil
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
 from models.bert import BertConfig, BertForPreTraining, load_pretrained
-from pipeline.engine.dag import MARKER
-from pipeline.engine.distributed import checkpoint_tags, consolidated_state_dict, validate_distributed
-from tests.helpers import TinyRun, tiny_config
+from pipeline.engine.dag import MARKER, StageContext, StageFailed, execute_stage
+from pipeline.engine.distributed import checkpoint_tags, consolidated_state_dict
+from pipeline.engine.pretraining import pretrain
+from pipeline.families import FAMILIES
+from pipeline.runner import validate
+from pipeline.stages import STAGES
+from tests.helpers import TINY_FAMILIES, TinyRun, family_config, tiny_config
 
 TWO_WORKER_OVERRIDES = ["++pretrain.checkpoint_every_steps=10", "pretrain.max_steps=20"]
 
@@ -39,10 +46,21 @@ def train_losses(out_dir: Path) -> list[float]:
      "needs trainer.strategy=deepspeed"),
     (["trainer=deepspeed_stage_2", "trainer.deepspeed.offload_parameters=true"], "needs ZeRO stage 3"),
     (["trainer=deepspeed_stage_1", "trainer.devices=4"], "set trainer.num_workers"),
+    (["trainer=ddp_cpu", "ray.num_cpus=1"], "need a CPU each, and this run's Ray has ray.num_cpus=1"),
 ])
 def test_impossible_trainer_settings_fail_before_any_work(tmp_root, overrides, message):
     with pytest.raises(ValueError, match=message):
-        validate_distributed(tiny_config(tmp_root, overrides))
+        validate(tiny_config(tmp_root, overrides))
+
+
+def test_every_stage_that_depends_on_the_data_parallel_settings_honours_them():
+    """ELMo and Skip-Thought once trained with a bare Trainer and ignored trainer=ddp_cpu / deepspeed_* (issue 16):
+    a stage whose outputs depend on the whole trainer block must run on the pretraining harness; one that trains in
+    one process (finetune) depends on the settings it applies only."""
+    on_harness = {name for name, stage in STAGES.items()
+                  if isinstance(stage.fn, partial) and stage.fn.func is pretrain}
+    assert on_harness == {name for family in FAMILIES for name in family.pretraining_stages}
+    assert {name for name, stage in STAGES.items() if "trainer" in stage.config_keys} == on_harness
 
 
 @pytest.mark.slow  # Ray Train start-up of 2 workers: 1-3 min on a loaded 2-core machine
@@ -122,3 +140,66 @@ def test_phase2_in_two_workers_starts_from_phase1(tmp_root, ray_session, trainer
     assert set(phase1) == set(phase2)
     for name, tensor in phase1.items():
         torch.testing.assert_close(phase2[name], tensor, rtol=0, atol=0, msg=name)
+
+
+def evaluated_weights(run: TinyRun, family: str) -> dict[str, torch.Tensor]:
+    """The weights of the encoder the evaluate stage builds from the pretraining stage's output."""
+    (encoder,) = [spec for f in FAMILIES if f.name == family for name, spec in f.encoders.items()
+                  if not name.endswith(("_random", "_expanded"))]
+    upstream = encoder.upstream(run.cfg)
+    built = encoder.build(StageContext(run.cfg, "evaluate", run.stage_dir("evaluate") if "evaluate" in run.plan.dirs
+                                       else Path("unused"), {u: run.stage_dir(u) for u in upstream}))
+    model = built.embedder.bilm if family == "elmo" else built.model
+    return model.state_dict()
+
+
+# ELMo with the sampled softmax: its sparse gradient averaged over gloo under DDP, made dense for DeepSpeed
+@pytest.mark.slow  # Ray Train start-up of 2 workers (plus DeepSpeed's import): 1-4 min each on 2 cores
+@pytest.mark.parametrize("family", ["elmo", "skip_thought"])
+@pytest.mark.parametrize("trainer", [["trainer=ddp_cpu"], ["trainer=deepspeed_stage_2", "trainer.accelerator=cpu"]],
+                         ids=["ddp", "zero2"])
+def test_elmo_and_skip_thought_train_in_two_workers_and_evaluate_their_final_weights(tmp_root, ray_session, family,
+                                                                                      trainer):
+    run = TinyRun(family_config(tmp_root / family, family, [*TWO_WORKER_OVERRIDES, *trainer]))
+    for name in TINY_FAMILIES[family].data_stages:  # cached after the first run: they ignore trainer.*
+        run.run_stage(name)
+    stage = TINY_FAMILIES[family].pretraining_stage
+    summary = run.run_stage(stage)
+    out = run.stage_dir(stage)
+    assert summary["workers"] == 2 and summary["steps"] == 20 and math.isfinite(summary["final_val_loss"])
+    losses = train_losses(out)
+    assert len(losses) == 20 and all(math.isfinite(x) for x in losses)
+    if "deepspeed" in trainer[0]:
+        assert summary["zero_stage"] == 2 and checkpoint_tags(out / "checkpoints") == ["step-10", "step-20"]
+        final = consolidated_state_dict(out / "checkpoints", "step-20")
+    else:
+        assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000010.ckpt", "step-000020.ckpt"]
+        final = torch.load(out / "checkpoints" / "step-000020.ckpt", weights_only=False)["state_dict"]
+    evaluated = evaluated_weights(run, family)
+    assert set(evaluated) == {k.removeprefix("model.") for k in final}
+    for name, tensor in evaluated.items():
+        torch.testing.assert_close(tensor, final[f"model.{name}"].float(), rtol=0, atol=0, msg=name)
+
+    # resumed from the step-10 checkpoint, each rank from its own position (and ELMo's rows' carried state)
+    resumed = tmp_root / family / f"resumed-{trainer[0]}"
+    (resumed / "checkpoints").mkdir(parents=True)
+    step_10 = out / "checkpoints" / ("step-10" if "deepspeed" in trainer[0] else "step-000010.ckpt")
+    (shutil.copytree if step_10.is_dir() else shutil.copy)(step_10, resumed / "checkpoints" / step_10.name)
+    inputs = {u: (run.plan.dirs[u], run.plan.hashes[u]) for u in run.plan.stages[stage].upstream}
+    assert execute_stage(run.plan.stages, run.cfg, stage, run.plan.hashes[stage], resumed, inputs,
+                         None)["resumed_from_step"] == 10
+    assert train_losses(resumed) == losses
+
+
+@pytest.mark.slow  # Ray Train start-up of 2 workers: ~30-60 s on 2 cores
+def test_a_diverged_run_in_two_workers_fails_with_the_setting_to_change(tmp_root, ray_session):
+    """Every rank checks the same (averaged) loss, so all stop together; the stage's error is the rank's own message,
+    not Ray's digest of every rank's traceback."""
+    run = TinyRun(family_config(tmp_root / "skip_thought", "skip_thought",
+                                [*TWO_WORKER_OVERRIDES, "trainer=ddp_cpu", "pretrain.lr=1e3"]))
+    for name in TINY_FAMILIES["skip_thought"].data_stages:
+        run.run_stage(name)
+    with pytest.raises(StageFailed, match=r"failed: PretrainingDiverged: pretraining diverged: the training loss .* "
+                                          r"lower pretrain.lr or raise pretrain.warmup_steps"):
+        run.run_stage("skip_thought_pretrain")
+    assert not (run.stage_dir("skip_thought_pretrain") / MARKER).exists()

@@ -2,7 +2,9 @@
 falls. Corpora are written by the tests themselves."""
 from __future__ import annotations
 
+import os
 import random
+import socket
 from pathlib import Path
 
 import hydra
@@ -362,3 +364,114 @@ def test_pretraining_lowers_heldout_perplexity(tmp_path, one_thread, softmax):
     assert before["average"] > 0.6 * len(vocab)  # untrained: near uniform over the vocabulary
     assert after["forward"] < 0.3 * before["forward"] and after["backward"] < 0.3 * before["backward"]
     assert after["average"] == pytest.approx((after["forward"] + after["backward"]) / 2)
+
+
+# -----------------------------------------------------------------------------
+# Pretraining on the harness: resumable windows, ranks, distributed gradients
+
+
+def test_window_batches_resume_at_a_batch_and_ranks_read_disjoint_books(tmp_path):
+    path, vocab = write_streams(tmp_path, n_books=7)
+    streams = TokenStreams([path])
+
+    def batches(rank=0, world_size=1, start=0, n=30):
+        data = LMWindowBatches(streams, range(7), vocab, batch_size=2, window=6, repeat=True, seed=3, rank=rank,
+                               world_size=world_size)
+        data.start = start
+        return [b for _, b in zip(range(n), data)]
+
+    every = batches()
+    for resumed, expected in zip(batches(start=17, n=13), every[17:]):  # crosses into the second epoch
+        assert all(torch.equal(resumed[k], expected[k]) for k in expected)
+    ranks = [LMWindowBatches(streams, range(7), vocab, 2, 6, repeat=True, seed=3, rank=r, world_size=2)
+             for r in (0, 1)]
+    epoch_order = list(range(7))
+    np.random.default_rng([3, 0]).shuffle(epoch_order)
+    assert [epoch_order[r::2] for r in (0, 1)] == [epoch_order[0::2], epoch_order[1::2]]
+    first_windows = [next(iter(r))["forward_targets"] for r in ranks]
+    assert not torch.equal(first_windows[0], first_windows[1])
+    with pytest.raises(ValueError, match="cannot be shared by 8 workers"):
+        LMWindowBatches(streams, range(7), vocab, 2, 6, repeat=True, world_size=8)
+
+
+def test_deepspeed_gets_a_dense_gradient_with_the_sparse_one_s_values():
+    from pipeline.engine.pretraining import sparse_gradient_parameters, use_dense_gradients
+
+    bilm = tiny_bilm(vocab_size=400, softmax="sampled", num_samples=64).train()
+    assert sparse_gradient_parameters(bilm) == ["softmax.weight"]
+    gen = torch.Generator().manual_seed(1)
+    inputs = torch.randint(1, 262, (2, 3, 5, MAX_CHARACTERS_PER_TOKEN), generator=gen)
+    targets = torch.randint(0, 400, (2, 3, 5), generator=gen)
+    grads = []
+    for _ in range(2):
+        torch.manual_seed(0)  # the same sampled candidates
+        bilm.zero_grad(set_to_none=True)
+        bilm(inputs[0], inputs[1], targets[0], targets[1]).loss.backward()
+        grads.append(bilm.softmax.weight.grad)
+        use_dense_gradients(bilm)
+    assert grads[0].is_sparse and not grads[1].is_sparse
+    torch.testing.assert_close(grads[0].to_dense(), grads[1])
+    assert sparse_gradient_parameters(bilm) == []
+
+
+DDP_CLIP = 0.05  # below the gradient's norm: clipping acts, and must see the averaged gradient
+
+
+def _elmo_step_module() -> ElmoPretrainModule:
+    torch.manual_seed(0)
+    model = BiLanguageModel(elmo_config("elmo_small", vocab_size=400, softmax="sampled", num_samples=64, **TINY))
+    return ElmoPretrainModule(model, lr=0.1, warmup_steps=1, max_steps=1)
+
+
+def _one_step(module: ElmoPretrainModule, batch: dict, **trainer_args) -> None:
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, gradient_clip_val=DDP_CLIP, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, **trainer_args)
+    torch.manual_seed(1)  # the sampled softmax's candidates: the same in every process
+    trainer.fit(module, DataLoader([batch], batch_size=None, generator=torch.Generator()))
+
+
+def _ddp_step(rank: int, port: int, batch: dict, out: str) -> None:
+    """One DDP step on rank `rank`'s half of `batch`, in a process of its own (torch.multiprocessing.spawn)."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from pipeline.engine.pretraining import SparseGradientSync
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0",
+                      LOCAL_RANK=str(rank), RANK=str(rank))  # launched here, not by Lightning
+    torch.set_num_threads(1)
+    module = _elmo_step_module()
+    half = {k: v[2 * rank: 2 * rank + 2] for k, v in batch.items()}
+    _one_step(module, half, devices=2, strategy=DDPStrategy(process_group_backend="gloo"),
+              callbacks=[SparseGradientSync(module)])
+    if rank == 0:
+        torch.save(_gradients(module), out)
+
+
+def _gradients(module: ElmoPretrainModule) -> dict[str, torch.Tensor]:
+    """The gradients the optimizer stepped with (averaged and clipped; Lightning leaves them after the last step),
+    sparse ones as they came."""
+    return {name: p.grad for name, p in module.named_parameters()}
+
+
+@pytest.mark.slow  # two processes importing Lightning: ~20-30 s on 2 cores
+def test_ddp_step_with_the_sampled_softmax_equals_one_process_on_the_whole_batch(tmp_path):
+    """The sampled softmax's gradient is sparse, which DDP cannot reduce: SparseGradientSync averages it over gloo
+    before clipping and LazyAdamW's step. Two ranks on two halves must step with the gradients one process has on
+    both (no padding, so the mean loss of the whole batch is the mean of the halves' means)."""
+    gen = torch.Generator().manual_seed(2)
+    batch = {"forward_inputs": torch.randint(1, 262, (4, 5, MAX_CHARACTERS_PER_TOKEN), generator=gen),
+             "backward_inputs": torch.randint(1, 262, (4, 5, MAX_CHARACTERS_PER_TOKEN), generator=gen),
+             "forward_targets": torch.randint(0, 400, (4, 5), generator=gen),
+             "backward_targets": torch.randint(0, 400, (4, 5), generator=gen),
+             "reset": torch.ones(4, dtype=torch.bool)}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_ddp_step, args=(port, batch, str(tmp_path / "ddp.pt")), nprocs=2)
+    single = _elmo_step_module()
+    _one_step(single, batch, devices=1)
+    expected, ddp = _gradients(single), torch.load(tmp_path / "ddp.pt")
+    assert ddp["model.softmax.weight"].is_sparse and expected["model.softmax.weight"].is_sparse
+    for name, grad in expected.items():
+        torch.testing.assert_close(ddp[name].to_dense(), grad.to_dense(), rtol=1e-4, atol=1e-7, msg=name)

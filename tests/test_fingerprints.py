@@ -3,6 +3,7 @@ at all) and the code it runs, with no version number to bump by hand (issue 21, 
 from __future__ import annotations
 
 import builtins
+import functools
 import importlib
 import os
 import sys
@@ -118,6 +119,24 @@ def test_a_stage_whose_code_changes_is_rerun(tmp_path, monkeypatch):
     stages = _edited_stage("edited_stage")
     edited = plan(cfg, stages)
     assert edited.hashes["edited"] != first.hashes["edited"] and not edited.cached["edited"]
+
+
+def test_a_harness_bound_to_a_task_changes_version_with_the_tasks_code(tmp_path, monkeypatch):
+    """`partial(pretrain, task=FamilyPretraining())`: the family's task code is the stage's code too, although the
+    harness's module never imports it."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def version(value: int) -> str:
+        _write_module(tmp_path / "bound_task.py", f"""
+            class Task:
+                answer = {value}
+        """)
+        module = importlib.reload(sys.modules["bound_task"]) if "bound_task" in sys.modules \
+            else importlib.import_module("bound_task")
+        return fingerprints.code_version(functools.partial(fingerprints.code_version, task=module.Task()))
+
+    assert version(41) != version(4200)
+    assert version(41) == version(41)
 
 
 def test_a_change_in_a_module_imported_two_levels_down_changes_the_code_version(tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ from models import IGNORE_INDEX
 from models.bert import BertForPreTraining, bert_config
 from pipeline.bert.data import PretrainingInstances
 from pipeline.bert.diagnostics import PLATEAU_MARGIN_NATS, plateau_message, unigram_cross_entropy
-from pipeline.bert.pretrain import PretrainingObjective
+from pipeline.bert.module import bert_pretraining_losses
 from pipeline.engine.arrow import read_arrow
 from pipeline.optim import adamw_with_linear_schedule
 from tests.helpers import successor_corpus
@@ -55,8 +55,8 @@ def test_plateau_message_fires_only_within_the_margin_of_the_baseline():
 
 @torch.no_grad()
 def _held_out_mlm_loss(model, batches) -> float:
-    objective = PretrainingObjective(model).eval()
-    return float(np.mean([float(objective(b)["mlm_loss"]) for b in batches]))
+    model.eval()
+    return float(np.mean([float(bert_pretraining_losses(model, b)["mlm_loss"]) for b in batches]))
 
 
 def test_the_warning_fires_on_an_untrained_model_and_not_on_a_trained_one():
@@ -82,11 +82,11 @@ def test_the_warning_fires_on_an_untrained_model_and_not_on_a_trained_one():
     steps = 200
     optimization = adamw_with_linear_schedule(model, 1e-2, 0.0, (0.9, 0.999), 10, steps)
     optimizer, schedule = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
-    objective = PretrainingObjective(model).train()
+    model.train()
     for step in range(steps):
         batch = collator([train[int(i)] for i in rng.integers(0, len(train), 32)])
         optimizer.zero_grad()
-        objective(batch)["mlm_loss"].backward()
+        bert_pretraining_losses(model, batch)["mlm_loss"].backward()
         optimizer.step()
         schedule.step()
     trained = _held_out_mlm_loss(model, val_batches)

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from models.bert import BertForPreTraining, load_pretrained
-from pipeline.bert.pretrain import HEADS_FILE, _build_model, _setup
+from pipeline.bert.pretrain import HEADS_FILE, PRETRAINING, _build_model
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import MARKER, StageContext, StageFailed, execute_stage, plan
 from pipeline.runner import validate
@@ -65,7 +65,7 @@ def test_phase2_starts_from_phase1s_final_weights(run):
     phase1 = run.stage_dir("pretrain")
     ctx = StageContext(run.cfg, "pretrain_phase2", run.stage_dir("pretrain_phase2"),
                        {u: run.stage_dir(u) for u in run.plan.stages["pretrain_phase2"].upstream})
-    initial = _setup(ctx, rank=0, world_size=1).model.state_dict()
+    initial = PRETRAINING["pretrain_phase2"].build_module(ctx).model.state_dict()
     expected = {**{f"bert.{k}": v for k, v in load_pretrained(phase1 / "encoder").state_dict().items()},
                 **load_file(str(phase1 / HEADS_FILE))}
     assert set(expected) == set(initial) - {BertForPreTraining.TIED_DECODER}  # tied to the word embeddings

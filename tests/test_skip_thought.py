@@ -277,6 +277,21 @@ def test_training_steps_lower_the_loss_and_report_held_out_loss(tmp_path):
     assert torch.isfinite(trainer.callback_metrics["val/loss"])
 
 
+def test_ranks_train_on_disjoint_triples_in_a_resumable_order(tmp_path):
+    write_triples([([i], [i + 100], [i + 200]) for i in range(1, 41)], tmp_path / "t.arrow")
+    dataset = SkipThoughtTriples([read_arrow(tmp_path / "t.arrow")])
+
+    def current_ids(rank: int, world_size: int, resume_after: int | None = None) -> list[int]:
+        train, _ = triple_loaders(dataset, batch_size=4, val_fraction=0.2, seed=0, rank=rank, world_size=world_size)
+        if resume_after is not None:
+            train.sampler.load_state_dict(train.sampler.state_dict(batches_consumed=resume_after))
+        return [i for batch in train for i in batch["ids"][:, 0].tolist()]
+
+    ranks = [current_ids(r, 2) for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) == 16 and set(ranks[0]).isdisjoint(ranks[1])
+    assert current_ids(0, 1, resume_after=3) == current_ids(0, 1)[12:]
+
+
 # --- vocabulary expansion --------------------------------------------------------------------------------------
 
 

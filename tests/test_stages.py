@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.bert.pretrain import _setup
+from pipeline.bert.pretrain import PRETRAINING
 from pipeline.engine.dag import StageContext
 from tests.helpers import TinyRun, tiny_config, write_mr
 
@@ -79,8 +79,9 @@ def test_held_out_instances_are_a_fraction_of_the_examples_up_to_a_cap(ctx):
             cfg.pretrain[key] = value
         stage = StageContext(cfg, "pretrain", ctx.stage_dir("pretrain"),
                              {u: ctx.stage_dir(u) for u in ctx.plan.stages["pretrain"].upstream})
-        setup = _setup(stage, rank=0, world_size=1)
-        return sum(len(batch["input_ids"]) for batch in setup.val_batches), setup.train_instances
+        task = PRETRAINING["pretrain"]
+        data = task.data(stage, task.build_module(stage), rank=0, world_size=1)
+        return sum(len(batch["input_ids"]) for batch in data.val_batches), data.train_instances
 
     held_out, train = held_out_and_train(val_fraction=0.1, val_max_instances=10**9)
     total = held_out + train

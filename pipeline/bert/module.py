@@ -42,6 +42,10 @@ class BertPretrainModule(L.LightningModule):
     def model_step(self, batch: dict) -> dict[str, torch.Tensor]:
         return bert_pretraining_losses(self.model, batch, self.hparams.next_sentence_prediction)
 
+    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
+        """The losses, for the DeepSpeed loop (pipeline/engine/pretraining.py), which trains through forward."""
+        return self.model_step(batch)
+
     def _log(self, split: str, out: dict, batch_size: int) -> None:
         log_step_outputs(self, split, {**out, "mlm_perplexity": torch.exp(out["mlm_loss"].detach().clamp(max=50))},
                          batch_size)

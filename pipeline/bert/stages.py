@@ -12,10 +12,11 @@ from data_prep.bert_examples import create_training_instances, write_instances
 from data_prep.shards import open_shards, shard_paths
 from data_prep.tokenize_shards import encode_by_word, use_one_tokenizer_thread
 from data_prep.tokenizer import load_tokenizer, train_wordpiece
-from pipeline.bert.pretrain import PHASES, pretrain
+from pipeline.bert.pretrain import PHASES, PRETRAINING
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.distributed import stage_cpus
+from pipeline.engine.pretraining import pretrain
 from pipeline.engine.shard_tasks import map_shards
 
 
@@ -79,8 +80,9 @@ BERT_STAGES = (
     # phase 2 (Devlin et al. §A.2; PHASES in pipeline/bert/pretrain.py): its own examples, and phase 1's weights
     Stage(PHASE_2.examples, partial(examples, length_key=PHASE_2.length_key), ("prepare", "tokenizer"),
           ("examples", PHASE_2.length_key, "seed")),
-    Stage(PHASE_1.stage, pretrain, ("tokenizer", PHASE_1.examples), ("model", "pretrain", "trainer", "seed"),
+    Stage(PHASE_1.stage, partial(pretrain, task=PRETRAINING[PHASE_1.stage]), ("tokenizer", PHASE_1.examples),
+          ("model", "pretrain", "trainer", "seed"), num_cpus=stage_cpus),
+    Stage(PHASE_2.stage, partial(pretrain, task=PRETRAINING[PHASE_2.stage]),
+          ("tokenizer", PHASE_2.examples, PHASE_1.stage), ("model", "pretrain", "pretrain_phase2", "trainer", "seed"),
           num_cpus=stage_cpus),
-    Stage(PHASE_2.stage, pretrain, ("tokenizer", PHASE_2.examples, PHASE_1.stage),
-          ("model", "pretrain", "pretrain_phase2", "trainer", "seed"), num_cpus=stage_cpus),
 )

@@ -21,7 +21,7 @@ from pipeline.downstream.task_data import TaskData, read_task_files, stratified_
 from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fingerprint
 from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import FinetuneKind, TaskModels
-from pipeline.engine.training import make_trainer
+from pipeline.engine.training import ONE_PROCESS_TRAINER_KEYS, make_trainer
 from pipeline.families import FAMILIES
 
 MODEL_KINDS: dict[str, FinetuneKind] = {name: kind for family in FAMILIES
@@ -202,5 +202,5 @@ def _finetune_fingerprint(cfg: DictConfig) -> str:
     return hashlib.sha256("".join(parts).encode()).hexdigest()
 
 
-FINETUNE = Stage("finetune", finetune, finetune_upstream, ("finetune", "trainer", "seed"),
+FINETUNE = Stage("finetune", finetune, finetune_upstream, ("finetune", *ONE_PROCESS_TRAINER_KEYS, "seed"),
                  fingerprint=_finetune_fingerprint, num_cpus=all_cpus)

@@ -6,19 +6,14 @@ new book. Why: books are long contiguous text, so the LM learns context across s
 no position is padding except a book's last window, and every step has the same (B, T) shapes, which keeps the
 matmuls large and the throughput steady (see benchmarks/bench_elmo.py).
 
-How a stage uses this (see the report of issue 6 for the full stage code):
-
-    vocab = build_word_vocab(sentences_of_all_shards, max_size, min_count)            # data_prep.elmo_examples
-    write_token_streams(books_from_rows(book_ids, texts), out_path)                  # one Ray task per shard
-    train, val = build_elmo_datasets(stream_paths, vocab, window, batch_size, holdout_books_fraction, seed,
-                                     char_inputs=model.config.token_encoder == "char_cnn")
-    trainer.fit(ElmoPretrainModule(model, ...), DataLoader(train, batch_size=None), DataLoader(val, batch_size=None))
-
-The loaders must keep batch_size=None, no shuffling and num_workers <= 1: the state carry relies on batch i + 1
-continuing the rows of batch i.
+The elmo_pretrain stage (pipeline/elmo/stages.py) hands the pretraining harness an ElmoPretrainModule, the loaders
+of `build_elmo_datasets` and a `WindowPosition`, which checkpoints the carried state with the position. The loaders
+must keep batch_size=None, no shuffling and num_workers <= 1: the state carry relies on batch i + 1 continuing the rows
+of batch i.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -30,7 +25,7 @@ from torch.utils.data import IterableDataset
 
 from data_prep.elmo_examples import TokenStreams, WindowSlot, plan_windows, split_books
 from models import IGNORE_INDEX
-from models.elmo import MAX_CHARACTERS_PER_TOKEN, BiLMOutput, detach_state, tokens_char_ids, word_ids
+from models.elmo import MAX_CHARACTERS_PER_TOKEN, BiLMOutput, BiLMState, detach_state, tokens_char_ids, word_ids
 from pipeline.optim import adamw_with_linear_schedule, clip_grad_norm_with_sparse
 
 
@@ -40,29 +35,37 @@ class LMWindowBatches(IterableDataset):
     character ids (char-CNN) or the same word ids (word-input biLM).
 
     repeat=False: one pass in the given book order (held-out data). repeat=True: endless epochs, the book order
-    reshuffled each epoch from `seed` (training)."""
+    reshuffled each epoch from `seed` (training); with `world_size` > 1, rank `rank` reads every world_size-th book of
+    each epoch's order, so ranks never share a book. `start`: window batches of the plan to skip (a resumed run's
+    position; WindowPosition)."""
 
     def __init__(self, streams: TokenStreams, books: Sequence[int], vocab: Sequence[str], batch_size: int,
                  window: int, char_inputs: bool = True, max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN,
-                 repeat: bool = False, seed: int = 0):
+                 repeat: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1):
+        if len(books) < world_size:
+            raise ValueError(f"{len(books)} training book(s) cannot be shared by {world_size} workers, each of which "
+                             "reads whole books; use more books or fewer workers (trainer.num_workers)")
         self.streams, self.books = streams, list(books)
         self.word_index = {w: i for i, w in enumerate(vocab)}
         self.batch_size, self.window = batch_size, window
         self.char_inputs, self.max_chars = char_inputs, max_characters_per_token
         self.repeat, self.seed = repeat, seed
+        self.rank, self.world_size = rank, world_size
+        self.start = 0
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        epoch = 0
-        while True:
+        skip = self.start
+        for epoch in itertools.count() if self.repeat else (0,):
             order = list(self.books)
             if self.repeat:
                 np.random.default_rng([self.seed, epoch]).shuffle(order)
+            order = order[self.rank::self.world_size]
             open_books: dict[int, tuple[list[str], np.ndarray]] = {}  # plan index -> (tokens, word ids)
             for slots in plan_windows([int(self.streams.lengths[b]) for b in order], self.batch_size, self.window):
+                if skip:  # planning is cheap; the skipped windows are never read
+                    skip -= 1
+                    continue
                 yield self._batch(slots, order, open_books)
-            if not self.repeat:
-                return
-            epoch += 1
 
     def _batch(self, slots: list[WindowSlot | None], order: list[int], open_books: dict) -> dict[str, torch.Tensor]:
         B, T = self.batch_size, self.window
@@ -93,16 +96,33 @@ class LMWindowBatches(IterableDataset):
 
 def build_elmo_datasets(stream_paths: Sequence[str | Path], vocab: Sequence[str], window: int, batch_size: int,
                         holdout_books_fraction: float, seed: int, char_inputs: bool = True,
-                        max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN
+                        max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN, rank: int = 0, world_size: int = 1
                         ) -> tuple[LMWindowBatches, LMWindowBatches]:
     """(train, held-out) window batches over the books of the stream files; whole books are held out, chosen by
-    `seed`. Wrap each in DataLoader(dataset, batch_size=None)."""
+    `seed`; the training books are shared out between `world_size` ranks. Wrap each in
+    DataLoader(dataset, batch_size=None)."""
     streams = TokenStreams(stream_paths)
     train_books, heldout_books = split_books(len(streams), holdout_books_fraction, np.random.default_rng(seed))
     common = dict(streams=streams, vocab=vocab, batch_size=batch_size, window=window, char_inputs=char_inputs,
                   max_characters_per_token=max_characters_per_token)
-    return (LMWindowBatches(books=train_books, repeat=True, seed=seed, **common),
+    return (LMWindowBatches(books=train_books, repeat=True, seed=seed, rank=rank, world_size=world_size, **common),
             LMWindowBatches(books=heldout_books, repeat=False, **common))
+
+
+class WindowPosition:
+    """Where truncated-BPTT training stands, for checkpoints: the window batches consumed, and the LSTM state every
+    row carries into the next one. The state is saved rather than rebuilt: it is the output of every window since
+    each row's book began, which only replaying those windows (with the weights of their time) would give back."""
+
+    def __init__(self, batches: LMWindowBatches, module: "ElmoPretrainModule"):
+        self.batches, self.module = batches, module
+
+    def state_dict(self, batches_consumed: int) -> dict:
+        return {"batches": batches_consumed, "lstm_state": self.module.carried_state("train")}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batches.start = state["batches"]
+        self.module.carry_state("train", state["lstm_state"])
 
 
 class ElmoPretrainModule(L.LightningModule):
@@ -125,6 +145,16 @@ class ElmoPretrainModule(L.LightningModule):
                          batch["backward_targets"], state=self._state[split], reset=batch["reset"])
         self._state[split] = detach_state(out.state)
         return out
+
+    def carried_state(self, split: str) -> BiLMState | None:
+        return self._state[split]
+
+    def carry_state(self, split: str, state: BiLMState | None) -> None:
+        self._state[split] = state
+
+    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
+        """A training window's loss, the state carried on: for the DeepSpeed loop, which trains through forward."""
+        return {"loss": self.model_step(batch, "train").loss}
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         out = self.model_step(batch, "train")

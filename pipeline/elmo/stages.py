@@ -3,11 +3,14 @@ then biLM pretraining with truncated BPTT over whole books (pipeline/elmo/module
 sentence batches). The frozen biLM then serves the evaluate stage as a sentence encoder."""
 from __future__ import annotations
 
+import math
+from functools import partial
 from pathlib import Path
 
 import hydra
 import lightning as L
-from omegaconf import OmegaConf
+import torch
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from data_prep.elmo_examples import (
@@ -19,12 +22,12 @@ from data_prep.elmo_examples import (
 )
 from data_prep.shards import open_shards, shard_paths
 from models.elmo import save_pretrained
-from pipeline.elmo.module import ElmoPretrainModule, build_elmo_datasets
+from pipeline.elmo.module import ElmoPretrainModule, WindowPosition, build_elmo_datasets
 from pipeline.engine.arrow import read_arrow
-from pipeline.engine.dag import Stage, StageContext, all_cpus
+from pipeline.engine.dag import Stage, StageContext
+from pipeline.engine.distributed import stage_cpus
+from pipeline.engine.pretraining import PretrainingData, TrainingRun, pretrain
 from pipeline.engine.shard_tasks import map_shards
-from pipeline.engine.tracking import LossHistory
-from pipeline.engine.training import make_trainer
 
 
 def elmo_vocab(ctx: StageContext) -> dict:
@@ -47,34 +50,48 @@ def elmo_streams(ctx: StageContext) -> dict:
     return {"books": int(sum(books)), "files": len(shards)}
 
 
-def elmo_pretrain(ctx: StageContext) -> dict:
-    cfg, e, p = ctx.cfg, ctx.cfg.elmo, ctx.cfg.pretrain
-    vocab = read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt")
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    model_cfg["config"]["vocab_size"] = len(vocab)
-    L.seed_everything(cfg.seed, workers=True)
-    model = hydra.utils.instantiate(model_cfg, _convert_="all")
-    train, heldout = build_elmo_datasets(sorted(ctx.stage_dir("elmo_streams").glob("streams-*.arrow")), vocab,
-                                         e.window, e.batch_size, e.holdout_books_fraction, cfg.seed,
-                                         char_inputs=model.config.token_encoder == "char_cnn")
-    module = ElmoPretrainModule(model, lr=p.lr, warmup_steps=p.warmup_steps, max_steps=p.max_steps,
-                                weight_decay=p.weight_decay)
-    history = LossHistory()
-    trainer = make_trainer(ctx, [history], max_steps=p.max_steps, gradient_clip_val=p.grad_clip,
-                           val_check_interval=min(p.val_every_steps, p.max_steps), check_val_every_n_epoch=None,
-                           num_sanity_val_steps=0, enable_checkpointing=False)
-    # batch_size=None and no shuffling: each batch row continues the book the previous batch's row was reading.
-    trainer.fit(module, DataLoader(train, batch_size=None), DataLoader(heldout, batch_size=None))
-    save_pretrained(model, ctx.out_dir / "bilm")
-    history.write_csv(ctx.out_dir / "loss_curve.csv")
-    return {"steps": trainer.global_step, "heldout_perplexity": module.heldout_perplexities,
-            "precision": trainer.precision, "num_parameters": sum(t.numel() for t in model.parameters())}
+class ElmoPretraining:
+    """biLM pretraining as the harness (pipeline/engine/pretraining.py) runs it: truncated-BPTT window batches,
+    each rank over its own books, resumed with the LSTM state its rows carry (WindowPosition)."""
+    settings_key = "pretrain"
 
+    def settings(self, cfg: DictConfig) -> DictConfig:
+        return cfg.pretrain
+
+    def build_module(self, ctx: StageContext) -> ElmoPretrainModule:
+        cfg, p = ctx.cfg, ctx.cfg.pretrain
+        model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+        model_cfg["config"]["vocab_size"] = len(read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"))
+        L.seed_everything(cfg.seed, workers=True)  # same initial weights on every rank
+        model = hydra.utils.instantiate(model_cfg, _convert_="all")
+        return ElmoPretrainModule(model, lr=p.lr, warmup_steps=p.warmup_steps, max_steps=p.max_steps,
+                                  weight_decay=p.weight_decay)
+
+    def data(self, ctx: StageContext, module: ElmoPretrainModule, rank: int, world_size: int) -> PretrainingData:
+        e = ctx.cfg.elmo
+        vocab = read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt")
+        train, heldout = build_elmo_datasets(sorted(ctx.stage_dir("elmo_streams").glob("streams-*.arrow")), vocab,
+                                             e.window, e.batch_size, e.holdout_books_fraction, ctx.cfg.seed,
+                                             char_inputs=module.model.config.token_encoder == "char_cnn",
+                                             rank=rank, world_size=world_size)
+        # batch_size=None and no shuffling: each batch row continues the book the previous batch's row was reading.
+        # Generators of their own: creating a loader iterator (a resumed run creates one more) would otherwise draw
+        # from the global RNG, which dropout and the sampled softmax's candidates draw from.
+        loaders = [DataLoader(d, batch_size=None, generator=torch.Generator().manual_seed(ctx.cfg.seed))
+                   for d in (train, heldout)]
+        return PretrainingData(loaders[0], WindowPosition(train, module), loaders[1], e.batch_size,
+                               uniform_loss=2 * math.log(module.model.config.vocab_size))  # both directions
+
+    def write(self, ctx: StageContext, module: ElmoPretrainModule) -> None:
+        save_pretrained(module.model, ctx.out_dir / "bilm")
+
+    def summary(self, module: ElmoPretrainModule, data: PretrainingData, run: TrainingRun) -> dict:
+        return {"heldout_perplexity": module.heldout_perplexities}
 
 
 ELMO_STAGES = [
     Stage("elmo_vocab", elmo_vocab, ("prepare",), ("elmo.vocab_size", "elmo.min_count")),
     Stage("elmo_streams", elmo_streams, ("prepare",), ()),
-    Stage("elmo_pretrain", elmo_pretrain, ("elmo_vocab", "elmo_streams"),
-          ("model", "elmo", "pretrain", "trainer", "seed"), num_cpus=all_cpus),
+    Stage("elmo_pretrain", partial(pretrain, task=ElmoPretraining()), ("elmo_vocab", "elmo_streams"),
+          ("model", "elmo", "pretrain", "trainer", "seed"), num_cpus=stage_cpus),
 ]

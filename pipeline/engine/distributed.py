@@ -96,6 +96,10 @@ def validate_distributed(cfg: DictConfig) -> None:
     if str(s.devices) not in ("1", "auto"):
         raise ValueError(f"trainer.devices={s.devices}: each training process drives one device; for more, set "
                          "trainer.num_workers (Ray Train workers) and trainer.devices=auto")
+    if s.uses_ray_train and not s.uses_cuda and not cfg.ray.address and s.num_workers > cfg.ray.num_cpus:
+        # Ray Train would wait forever for the CPUs of the workers it cannot place
+        raise ValueError(f"trainer.num_workers={s.num_workers} Ray Train workers need a CPU each, and this run's Ray "
+                         f"has ray.num_cpus={cfg.ray.num_cpus}; raise ray.num_cpus or lower trainer.num_workers")
 
 
 def stage_cpus(cfg: DictConfig) -> float:
@@ -140,13 +144,22 @@ def lightning_strategy(s: DistributedSettings, ds_config: dict):
 def run_on_ray_workers(train_fn: Callable[[dict], None], config: dict, s: DistributedSettings,
                        storage_dir: Path) -> None:
     """Run `train_fn(config)` in `s.num_workers` Ray Train workers (one CPU or GPU each) and wait for them."""
-    from ray.train import RunConfig, ScalingConfig
+    from ray.train import RunConfig, ScalingConfig, WorkerGroupError
     from ray.train.torch import TorchTrainer
 
     trainer = TorchTrainer(train_fn, train_loop_config=config,
                            scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.uses_cuda),
                            run_config=RunConfig(storage_path=str(storage_dir), name="ray_train"))
-    trainer.fit()
+    try:
+        trainer.fit()
+    except WorkerGroupError as err:
+        # the lowest rank's own error, whose message says what to change, rather than Ray's digest of every rank's
+        # traceback (which stays in the log, chained)
+        ranks = sorted(err.worker_failures)
+        if not ranks:
+            raise
+        failure = err.worker_failures[ranks[0]]
+        raise getattr(failure, "_base_exc", failure) from err  # Ray wraps it to carry the worker's traceback
 
 
 def use_deepspeed_cpu_accelerator() -> None:
@@ -162,30 +175,64 @@ def checkpoint_tags(checkpoint_dir: Path) -> list[str]:
     return sorted(tags, key=lambda tag: int(tag.removeprefix(CHECKPOINT_TAG_PREFIX)))
 
 
+def gather_from_ranks(local: dict) -> list[dict]:
+    """Every rank's `local`, in rank order ([local] in one process): for checkpoints, which rank 0 alone writes, of
+    what differs between ranks (each one's data position, carried state, RNG). Every rank must call it."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [local]
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    return gathered
+
+
+def this_ranks_state(ranks: list[dict]) -> dict:
+    """This rank's entry of a checkpoint's `gather_from_ranks` list."""
+    import torch.distributed as dist
+
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    if len(ranks) != world_size:
+        raise ValueError(f"the checkpoint was written by {len(ranks)} training process(es), this run has "
+                         f"{world_size}; resume with trainer.num_workers={len(ranks)}, or start the stage over with "
+                         "pipeline.force")
+    return ranks[rank]
+
+
+def set_sampler_epoch(loader, epoch: int) -> None:
+    """What Lightning does before each epoch: tell the loader's sampler which epoch's order to draw."""
+    set_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
+    if callable(set_epoch):
+        set_epoch(epoch)
+
+
 def train_deepspeed(module: nn.Module, optimizer: torch.optim.Optimizer, scheduler, ds_config: dict,
-                    batches: Callable[[], Iterable[dict]], data_state: Callable[[int], dict],
-                    load_data_state: Callable[[dict], None], next_epoch: Callable[[], None], max_steps: int,
-                    checkpoint_dir: Path, checkpoint_every_steps: int, keep_checkpoints: int = 2,
+                    loader: Iterable[dict], max_steps: int, checkpoint_dir: Path, checkpoint_every_steps: int,
+                    keep_checkpoints: int, rank_state: Callable[[int], dict], load_rank_state: Callable[[dict], None],
                     on_step: Callable[[int, float], None] = lambda step, loss: None):
     """Train `module` (whose forward returns {"loss": ...}) with a DeepSpeed engine; returns the engine.
 
-    Resumes from the newest complete checkpoint in `checkpoint_dir`, with the data position (`data_state(n)` of
-    `n` batches consumed this epoch) and the torch RNG saved next to it; keeps the newest `keep_checkpoints`."""
+    A pass over `loader` is an epoch (its sampler's `set_epoch` is called before each, as Lightning does); an endless
+    loader is one long epoch. Besides DeepSpeed's own state every checkpoint holds, per rank, `rank_state(n)` (`n`:
+    batches consumed this epoch) and the torch RNG; a run resumes from the newest complete checkpoint in
+    `checkpoint_dir`, handing each rank its own state (`load_rank_state`). Keeps the newest `keep_checkpoints`."""
     import deepspeed
     import torch.distributed as dist
 
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config)
-    consumed = 0
+    epoch = consumed = 0
     if tags := checkpoint_tags(checkpoint_dir):
         _, client_state = engine.load_checkpoint(str(checkpoint_dir), tag=tags[-1])
-        load_data_state(client_state["data"])
-        consumed = client_state["batches_consumed"]
-        torch.set_rng_state(client_state["rng"])
+        epoch, consumed = client_state["epoch"], client_state["batches_consumed"]
+        own = this_ranks_state(client_state["ranks"])
+        load_rank_state(own["state"])
+        torch.set_rng_state(own["rng"])
         print(f"resumed from DeepSpeed checkpoint {checkpoint_dir / tags[-1]}", flush=True)
     micro_losses = []
     while engine.global_steps < max_steps:
-        for batch in batches():
+        set_sampler_epoch(loader, epoch)
+        for batch in loader:
             loss = engine(batch)["loss"]
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"pretraining loss is {loss.item()} at step {engine.global_steps}; "
@@ -202,14 +249,13 @@ def train_deepspeed(module: nn.Module, optimizer: torch.optim.Optimizer, schedul
             on_step(step, sum(micro_losses) / len(micro_losses))
             micro_losses = []
             if step % checkpoint_every_steps == 0 or step == max_steps:
+                ranks = gather_from_ranks({"state": rank_state(consumed), "rng": torch.get_rng_state()})
                 _save_checkpoint(engine, checkpoint_dir, step, keep_checkpoints,
-                                 {"data": data_state(consumed), "batches_consumed": consumed,
-                                  "rng": torch.get_rng_state()})
+                                 {"epoch": epoch, "batches_consumed": consumed, "ranks": ranks})
             if step >= max_steps:
                 break
         else:
-            next_epoch()
-            consumed = 0
+            epoch, consumed = epoch + 1, 0
     dist.barrier()
     return engine
 

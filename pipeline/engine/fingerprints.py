@@ -105,14 +105,27 @@ def code_files(module_file: Path) -> dict[Path, str]:
     return found
 
 
+def _modules_of(fn: Callable) -> set[str]:
+    """The modules whose code a stage function runs: its own, and for a functools.partial (the pretraining harness
+    bound to a family's task, `partial(pretrain, task=ElmoPretraining())`) the wrapped function's and those of the
+    bound arguments' classes or functions."""
+    if not isinstance(fn, functools.partial):
+        return {fn.__module__}
+    bound = [*fn.args, *fn.keywords.values()]
+    return {fn.func.__module__, *(getattr(v, "__module__", None) or type(v).__module__ for v in bound
+                                  if callable(v) or type(v).__module__ != "builtins")}
+
+
 def code_version(fn: Callable) -> str:
     """The version of a stage function's code: a hash of the source of its module and of the repository's modules
     that module imports, directly or through others. Coarser than the function itself (an edit anywhere in those
     modules reruns the stage), never finer: no change to code the stage runs is missed. Dependencies outside the
     repository (torch, tokenizers, ...) are not covered; after upgrading one, rerun with pipeline.force."""
-    module = sys.modules[getattr(fn, "func", fn).__module__]  # functools.partial: the function it wraps
+    files: dict[Path, str] = {}
+    for module_name in _modules_of(fn):
+        files.update(code_files(Path(sys.modules[module_name].__file__)))
     digest = hashlib.sha256()
-    for path, source_digest in sorted(code_files(Path(module.__file__)).items()):
+    for path, source_digest in sorted(files.items()):
         name = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path.name
         digest.update(f"{name}\0{source_digest}\n".encode())
     return digest.hexdigest()[:16]

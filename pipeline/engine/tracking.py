@@ -119,17 +119,23 @@ class LossHistory(L.Callback):
         self.rows.append({"step": trainer.global_step, "split": "train", "name": "train/loss",
                           "value": float(loss)})
 
-    def on_validation_epoch_end(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking:
-            return
-        for name, value in trainer.callback_metrics.items():
-            if name.startswith("val/"):
-                self.rows.append({"step": trainer.global_step, "split": "val", "name": name,
-                                  "value": float(value)})
+    def on_validation_end(self, trainer, pl_module) -> None:
+        # not on_validation_epoch_end: Lightning calls the callbacks' before the module's, so what a module logs in
+        # its own on_validation_epoch_end (ELMo's held-out perplexity) would be recorded one validation late
+        if not trainer.sanity_checking:
+            self.record_validation(trainer.global_step, trainer.callback_metrics)
+
+    def record_validation(self, step: int, metrics: dict) -> None:
+        self.rows.extend({"step": step, "split": "val", "name": name, "value": float(value)}
+                         for name, value in metrics.items() if name.startswith("val/"))
 
     def last(self, name: str) -> float | None:
         values = [r["value"] for r in self.rows if r["name"] == name]
         return round(values[-1], 4) if values else None
+
+    def last_step(self, name: str) -> int | None:
+        steps = [r["step"] for r in self.rows if r["name"] == name]
+        return steps[-1] if steps else None
 
     def write_csv(self, path: Path) -> None:
         with open(path, "w", newline="") as f:

@@ -13,6 +13,11 @@ from pipeline.engine.dag import StageContext
 from pipeline.engine.tracking import ProgressLog, make_logger
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
+# The trainer settings make_trainer applies: what a stage training in one process depends on. The data-parallel ones
+# (trainer.strategy, num_workers, deepspeed) only the pretraining harness honours (pipeline/engine/pretraining.py), so
+# only its stages may depend on the whole `trainer` block.
+ONE_PROCESS_TRAINER_KEYS = ("trainer.accelerator", "trainer.devices", "trainer.precision", "trainer.log_every_n_steps",
+                            "trainer.deterministic")
 
 
 @functools.cache  # a process-wide setting: made once, not again for every Trainer a stage builds

@@ -6,11 +6,11 @@ How a stage uses this module (the stages themselves live in pipeline/skip_though
    `build_word_vocab(counts, cfg.skip_thought.vocab_size).save(<stage>/vocab.txt)`.
 2. examples: per shard, `write_triples(triples_from_shard(read_arrow(shard), vocab, max_words), out)`
    (one Ray task per shard; shards hold whole books in order, so triples never span two books).
-3. pretrain: `tables = [read_arrow(p) for p in sorted(<examples>/*.arrow)]`,
-   `train_loader, val_loader = triple_loaders(SkipThoughtTriples(tables), batch_size, val_fraction, seed)`,
-   model from the Hydra `model` config with `config.vocab_size = len(vocab)`,
-   `SkipThoughtPretrainModule(model, lr, weight_decay, betas, warmup_steps, max_steps)`, `trainer.fit(...)`,
-   then `models.skip_thought.save_pretrained(model, <stage>/model)` and copy vocab.txt next to it.
+3. pretrain, on the pretraining harness (pipeline/engine/pretraining.py): `SkipThoughtPretrainModule(model, lr,
+   weight_decay, betas, warmup_steps, max_steps)` with the model from the Hydra `model` config
+   (`config.vocab_size = len(vocab)`), the loaders of `triple_loaders(SkipThoughtTriples(tables), batch_size,
+   val_fraction, seed, rank=, world_size=)` over the examples' Arrow files, then
+   `models.skip_thought.save_pretrained(model, <stage>/model)` and vocab.txt copied next to it.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from data_prep.skip_thought_examples import TRIPLE_SCHEMA, collate_triples
 from models.skip_thought import SkipThoughts
 from pipeline.engine.arrow import list_column
+from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler
 from pipeline.engine.training import log_step_outputs
 from pipeline.optim import adamw_with_linear_schedule
 
@@ -49,19 +50,34 @@ class SkipThoughtTriples(Dataset):
                 for name, (offsets, values) in zip(TRIPLE_SCHEMA.names, self.parts[part])}
 
 
+class TripleBatches(Dataset):
+    """Collated batches keyed by SeededBatchSampler's `(seed, indices)`; triples need no random augmentation, so the
+    seed goes unused."""
+
+    def __init__(self, triples: Dataset):
+        self.triples = triples
+
+    def __getitem__(self, key: tuple[int, list[int]]) -> dict[str, torch.Tensor]:
+        _, indices = key
+        return collate_triples([self.triples[i] for i in indices])
+
+
 def triple_loaders(dataset: SkipThoughtTriples, batch_size: int, val_fraction: float, seed: int,
-                   num_workers: int = 0) -> tuple[DataLoader, DataLoader]:
-    """Shuffled training batches and fixed held-out batches (a seeded random `val_fraction` of the triples)."""
+                   num_workers: int = 0, rank: int = 0, world_size: int = 1) -> tuple[DataLoader, DataLoader]:
+    """Training batches of rank `rank` of `world_size`, in a resumable seeded order (the loader's `sampler` is a
+    SeededBatchSampler, whose state a checkpoint keeps), and fixed held-out batches (a seeded random `val_fraction`
+    of the triples)."""
     if len(dataset) < 2:
         raise ValueError(f"only {len(dataset)} Skip-Thought triples; a book needs at least 3 sentences to give one. "
                          "Use a larger corpus or lower data.min_tokens")
     order = np.random.default_rng(seed).permutation(len(dataset))
     n_val = max(1, int(len(dataset) * val_fraction))
-    train = DataLoader(Subset(dataset, order[n_val:].tolist()), batch_size=batch_size, shuffle=True,
-                       drop_last=len(dataset) - n_val >= batch_size, collate_fn=collate_triples,
+    batches = SeededBatchSampler(ResumableRandomSampler(len(dataset) - n_val, seed, world_size, rank), batch_size)
+    # Generators of their own: creating a loader iterator would otherwise draw from the global RNG (dropout's).
+    train = DataLoader(TripleBatches(Subset(dataset, order[n_val:])), sampler=batches, batch_size=None,
                        num_workers=num_workers, generator=torch.Generator().manual_seed(seed))
     val = DataLoader(Subset(dataset, sorted(order[:n_val].tolist())), batch_size=batch_size,
-                     collate_fn=collate_triples)
+                     collate_fn=collate_triples, generator=torch.Generator().manual_seed(seed))
     return train, val
 
 
@@ -81,6 +97,10 @@ class SkipThoughtPretrainModule(L.LightningModule):
             metrics[f"{name}_acc"] = (decoded.logits.argmax(-1) == decoded.targets).float().mean()
         metrics["loss"] = metrics["previous_loss"] + metrics["next_loss"]
         return metrics
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The losses, for the DeepSpeed loop (pipeline/engine/pretraining.py), which trains through forward."""
+        return self.model_step(batch)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         out = self.model_step(batch)

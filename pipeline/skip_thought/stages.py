@@ -3,14 +3,15 @@ current, next) triples that never cross a book, then pretraining of the encoder 
 encoder serves the evaluate stage, optionally with its vocabulary expanded through GloVe (§2.2 of the paper)."""
 from __future__ import annotations
 
+import math
 import shutil
-import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import hydra
 import lightning as L
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from data_prep.shards import shard_paths
 from data_prep.skip_thought_examples import (
@@ -22,10 +23,10 @@ from data_prep.skip_thought_examples import (
 )
 from models.skip_thought import save_pretrained
 from pipeline.engine.arrow import read_arrow
-from pipeline.engine.dag import Stage, StageContext, all_cpus
+from pipeline.engine.dag import Stage, StageContext
+from pipeline.engine.distributed import stage_cpus
+from pipeline.engine.pretraining import PretrainingData, TrainingRun, pretrain
 from pipeline.engine.shard_tasks import map_shards
-from pipeline.engine.tracking import LossHistory
-from pipeline.engine.training import make_trainer
 from pipeline.skip_thought.module import SkipThoughtPretrainModule, SkipThoughtTriples, triple_loaders
 
 
@@ -52,33 +53,39 @@ def skip_thought_examples(ctx: StageContext) -> dict:
     return {"triples": int(sum(counts)), "files": len(counts)}
 
 
-def skip_thought_pretrain(ctx: StageContext) -> dict:
-    cfg, p = ctx.cfg, ctx.cfg.pretrain
-    vocab_path = ctx.stage_dir("skip_thought_vocab") / "vocab.txt"
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    model_cfg["config"]["vocab_size"] = len(WordVocab.load(vocab_path))
-    L.seed_everything(cfg.seed, workers=True)
-    model = hydra.utils.instantiate(model_cfg, _convert_="all")
-    tables = [read_arrow(f) for f in sorted(ctx.stage_dir("skip_thought_examples").glob("triples-*.arrow"))]
-    train_loader, val_loader = triple_loaders(SkipThoughtTriples(tables), p.batch_size, p.val_fraction, cfg.seed,
-                                              p.num_workers)
-    module = SkipThoughtPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
-                                       warmup_steps=p.warmup_steps, max_steps=p.max_steps)
-    history = LossHistory()
-    trainer = make_trainer(ctx, [history], max_steps=p.max_steps, gradient_clip_val=p.grad_clip,
-                           val_check_interval=min(p.val_every_steps, len(train_loader), p.max_steps),
-                           check_val_every_n_epoch=None, num_sanity_val_steps=0, enable_checkpointing=False)
-    started = time.perf_counter()
-    trainer.fit(module, train_loader, val_loader)
-    seconds = time.perf_counter() - started
-    save_pretrained(model, ctx.out_dir / "model")
-    shutil.copy(vocab_path, ctx.out_dir / "model" / "vocab.txt")
-    history.write_csv(ctx.out_dir / "loss_curve.csv")
-    return {"steps": trainer.global_step, "seconds": round(seconds, 1),
-            "triples_per_s": round(trainer.global_step * p.batch_size / seconds, 1),
-            "final_val_loss": history.last("val/loss"), "precision": trainer.precision,
-            "num_parameters": sum(t.numel() for t in model.parameters())}
+class SkipThoughtPretraining:
+    """Encoder and decoders trained as the harness (pipeline/engine/pretraining.py) runs it, on seeded resumable
+    batches of triples, each rank its own."""
+    settings_key = "pretrain"
 
+    def settings(self, cfg: DictConfig) -> DictConfig:
+        return cfg.pretrain
+
+    def build_module(self, ctx: StageContext) -> SkipThoughtPretrainModule:
+        cfg, p = ctx.cfg, ctx.cfg.pretrain
+        model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+        model_cfg["config"]["vocab_size"] = len(WordVocab.load(ctx.stage_dir("skip_thought_vocab") / "vocab.txt"))
+        L.seed_everything(cfg.seed, workers=True)  # same initial weights on every rank
+        model = hydra.utils.instantiate(model_cfg, _convert_="all")
+        return SkipThoughtPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
+                                         warmup_steps=p.warmup_steps, max_steps=p.max_steps)
+
+    def data(self, ctx: StageContext, module: SkipThoughtPretrainModule, rank: int,
+             world_size: int) -> PretrainingData:
+        p = ctx.cfg.pretrain
+        tables = [read_arrow(f) for f in sorted(ctx.stage_dir("skip_thought_examples").glob("triples-*.arrow"))]
+        train_loader, val_loader = triple_loaders(SkipThoughtTriples(tables), p.batch_size, p.val_fraction,
+                                                  ctx.cfg.seed, p.num_workers, rank, world_size)
+        return PretrainingData(train_loader, train_loader.sampler, val_loader, p.batch_size,
+                               # the previous and the next sentence's decoder
+                               uniform_loss=2 * math.log(module.model.config.vocab_size))
+
+    def write(self, ctx: StageContext, module: SkipThoughtPretrainModule) -> None:
+        save_pretrained(module.model, ctx.out_dir / "model")
+        shutil.copy(ctx.stage_dir("skip_thought_vocab") / "vocab.txt", ctx.out_dir / "model" / "vocab.txt")
+
+    def summary(self, module: SkipThoughtPretrainModule, data: PretrainingData, run: TrainingRun) -> dict:
+        return {"triples_per_s": round(run.batches_per_s * data.batch_size, 1)}
 
 
 SKIP_THOUGHT_STAGES = [
@@ -86,6 +93,7 @@ SKIP_THOUGHT_STAGES = [
           ("skip_thought.vocab_size", "skip_thought.min_count")),
     Stage("skip_thought_examples", skip_thought_examples, ("prepare", "skip_thought_vocab"),
           ("skip_thought.max_words",)),
-    Stage("skip_thought_pretrain", skip_thought_pretrain, ("skip_thought_vocab", "skip_thought_examples"),
-          ("model", "pretrain", "trainer", "seed"), num_cpus=all_cpus),
+    Stage("skip_thought_pretrain", partial(pretrain, task=SkipThoughtPretraining()),
+          ("skip_thought_vocab", "skip_thought_examples"), ("model", "pretrain", "trainer", "seed"),
+          num_cpus=stage_cpus),
 ]

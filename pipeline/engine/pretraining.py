@@ -1,0 +1,355 @@
+"""One pretraining harness for every family: it builds the Lightning Trainer (one process, or DDP in Ray Train
+workers) or the DeepSpeed CPU loop (pipeline/engine/distributed.py), checkpoints atomically and prunes, resumes
+exactly after a kill, fails a diverged run (pipeline/engine/divergence.py), validates, and writes the encoder, the
+loss curve and the summary. A family supplies only what differs, as a `PretrainingTask`.
+
+Checkpoints go to `<out_dir>/checkpoints/` every `<settings>.checkpoint_every_steps`; a rerun of a crashed stage
+re-enters the same directory (pipeline/engine/dag.py) and continues from the newest one: weights, optimizer, schedule,
+data position, whatever state the family carries from batch to batch, and RNG, each rank its own, so the steps after
+the resume are the steps an uninterrupted run would have taken.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Protocol
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from data_prep.shards import write_json_atomically
+from pipeline.engine.dag import StageContext
+from pipeline.engine.distributed import (
+    DistributedSettings,
+    checkpoint_tags,
+    consolidated_state_dict,
+    deepspeed_config,
+    gather_from_ranks,
+    lightning_strategy,
+    run_on_ray_workers,
+    this_ranks_state,
+    train_deepspeed,
+    use_deepspeed_cpu_accelerator,
+    validate_distributed,
+)
+from pipeline.engine.divergence import DivergenceMonitor, reduce_mean
+from pipeline.engine.tracking import LossHistory
+from pipeline.engine.training import keep_freed_memory_for_reuse, make_trainer, resolve_precision
+
+CHECKPOINT_DIR = "checkpoints"
+KEEP_CHECKPOINTS = 2
+WORKER_SUMMARY = "train_summary.json"  # how rank 0 of the Ray Train workers hands the stage its summary
+
+
+class DataPosition(Protocol):
+    """Where a rank's training data stands, saved in every checkpoint (SeededBatchSampler is one)."""
+
+    def state_dict(self, batches_consumed: int) -> dict: ...  # after `batches_consumed` batches of this epoch
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass
+class PretrainingData:
+    """One rank's data. A pass over `train_loader` is an epoch; its sampler's `set_epoch` is called before each."""
+    train_loader: Iterable[dict]
+    position: DataPosition
+    val_loader: Iterable[dict]  # held-out batches (a DataLoader), the same on every rank
+    batch_size: int             # rows of one rank's batch
+    uniform_loss: float         # held-out loss of a uniform guess over the model's outputs (engine/divergence.py)
+
+
+@dataclass
+class TrainingRun:
+    """What the harness knows once training is over, for a family's summary."""
+    steps: int
+    steps_run: int  # in this process, after any resume
+    seconds: float
+    world_size: int
+    accumulate_grad_batches: int
+    history: LossHistory
+
+    @property
+    def batches_per_s(self) -> float:
+        """Batches of all ranks together per second of this process's training."""
+        return self.steps_run * self.accumulate_grad_batches * self.world_size / max(self.seconds, 1e-9)
+
+
+class PretrainingTask(Protocol):
+    """What a family supplies. Its LightningModule logs `train/loss` and `val/loss` (and any other `val/*`), and its
+    `forward(batch)` returns {"loss": ...} (the DeepSpeed loop trains the module through it)."""
+    settings_key: str  # the config block of the settings below, named in messages (e.g. "pretrain")
+
+    def settings(self, cfg: DictConfig) -> DictConfig: ...  # max_steps, grad_clip, val_every_steps, ...
+
+    def build_module(self, ctx: StageContext) -> L.LightningModule: ...  # seeded: the same weights on every rank
+
+    def data(self, ctx: StageContext, module: L.LightningModule, rank: int, world_size: int) -> PretrainingData: ...
+
+    def write(self, ctx: StageContext, module: L.LightningModule) -> None: ...  # what later stages read, in out_dir
+
+    def summary(self, module: L.LightningModule, data: PretrainingData, run: TrainingRun) -> dict: ...
+
+
+def pretrain(ctx: StageContext, task: PretrainingTask) -> dict:
+    """The stage function of a pretraining stage: `partial(pretrain, task=...)`."""
+    validate_distributed(ctx.cfg)
+    settings = DistributedSettings.from_config(ctx.cfg, task.settings(ctx.cfg))
+    if not settings.uses_ray_train:
+        return _train_with_lightning(ctx, task, settings, rank=0, world_size=1)
+    worker = _deepspeed_cpu_worker if settings.deepspeed_on_cpu else _lightning_worker
+    (ctx.out_dir / WORKER_SUMMARY).unlink(missing_ok=True)
+    run_on_ray_workers(worker, {"task": task, "cfg": OmegaConf.to_container(ctx.cfg, resolve=True),
+                                "name": ctx.name, "out_dir": str(ctx.out_dir),
+                                "inputs": {k: str(v) for k, v in ctx.inputs.items()}},
+                       settings, ctx.out_dir)
+    return json.loads((ctx.out_dir / WORKER_SUMMARY).read_text())
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """A checkpoint appears under its name only once fully written, and only the newest `keep` stay.
+
+    A kill mid-save leaves the previous checkpoints intact. Pruning lives here rather than in ModelCheckpoint's
+    top-k, which forgets the checkpoints of the run before a resume."""
+
+    def __init__(self, keep: int):
+        super().__init__()
+        self.keep = keep
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        for old in sorted(path.parent.glob("step-*.ckpt"))[:-self.keep]:  # zero-padded: name order is step order
+            old.unlink()
+
+
+class TrainingPosition(L.Callback):
+    """Saves and restores what Lightning's checkpoint leaves out: every rank's data position and torch RNG.
+
+    The position is the batches the trainer has processed this epoch, not what the sampler has handed out:
+    DataLoader workers and Lightning's fetcher read ahead of the training step."""
+
+    def __init__(self, position: DataPosition):
+        self.position = position
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self._trainer = trainer
+
+    def state_dict(self) -> dict:
+        processed = self._trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return {"ranks": gather_from_ranks({"data": self.position.state_dict(processed),
+                                            "rng": torch.get_rng_state()})}
+
+    def load_state_dict(self, state: dict) -> None:
+        own = this_ranks_state(state["ranks"])
+        self.position.load_state_dict(own["data"])
+        torch.set_rng_state(own["rng"])
+
+
+class SparseGradientSync(L.Callback):
+    """DDP for the parameters whose gradient is sparse (ELMo's sampled softmax): DDP expects one only from an
+    nn.Embedding(sparse=True) and fails on any other ("Cannot access storage of SparseTensorImpl", torch's
+    produces_sparse_gradient), so they are left out of DDP and averaged here, by gloo's sparse all-reduce, after the
+    last micro-batch's backward and before clipping and the optimizer step."""
+
+    def __init__(self, module: nn.Module):
+        self.names = sparse_gradient_parameters(module)
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.names:  # before the strategy wraps the module in DDP
+            torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(pl_module,
+                                                                                                self.names)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        import torch.distributed as dist
+
+        parameters = dict(pl_module.named_parameters())
+        for name in self.names:
+            grad = parameters[name].grad
+            if grad is not None:
+                dist.all_reduce(grad)
+                grad.div_(dist.get_world_size())
+
+
+def sparse_gradient_parameters(module: nn.Module) -> list[str]:
+    """Names of the parameters with a sparse gradient: the `weight` of each submodule flagged `sparse`, as
+    nn.Embedding's flag means (and ELMo's SharedSoftmax's)."""
+    return [f"{prefix}.weight" if prefix else "weight" for prefix, sub in module.named_modules()
+            if getattr(sub, "sparse", False)]
+
+
+def use_dense_gradients(module: nn.Module) -> None:
+    """DeepSpeed's ZeRO stages leave sparse gradients out of their reduction buckets (split_half_float_double in
+    deepspeed/runtime/zero/stage_1_and_2.py; its `sparse_gradients` option is for training without ZeRO), so each
+    rank would step with its own: such parameters get dense gradients instead (same values, more memory)."""
+    if names := sparse_gradient_parameters(module):
+        print(f"DeepSpeed: dense gradients for {', '.join(names)} (ZeRO cannot reduce sparse ones)", flush=True)
+    for sub in module.modules():
+        if getattr(sub, "sparse", False):
+            sub.sparse = False
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    checkpoints = sorted((out_dir / CHECKPOINT_DIR).glob("step-*.ckpt"))  # zero-padded: name order is step order
+    return checkpoints[-1] if checkpoints else None
+
+
+def _step_of(checkpoint: str) -> int:
+    return int(Path(checkpoint).name.removeprefix("step-").split(".")[0])
+
+
+def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: DistributedSettings, rank: int,
+                          world_size: int, plugins: tuple = ()) -> dict:
+    out, p = ctx.out_dir, task.settings(ctx.cfg)
+    module = task.build_module(ctx)
+    data = task.data(ctx, module, rank, world_size)
+    uses_deepspeed = settings.strategy == "deepspeed"  # which writes directories and clips by itself
+    if uses_deepspeed:
+        use_dense_gradients(module)
+    history, monitor = LossHistory(), DivergenceMonitor(task.settings_key, data.uniform_loss)
+    checkpoints = ModelCheckpoint(dirpath=out / CHECKPOINT_DIR, filename="step-{step:06d}",
+                                  auto_insert_metric_name=False, every_n_train_steps=p.checkpoint_every_steps,
+                                  save_top_k=-1)
+    callbacks = [history, monitor, TrainingPosition(data.position), checkpoints]
+    if world_size > 1 and not uses_deepspeed:
+        callbacks.append(SparseGradientSync(module))
+    strategy = lightning_strategy(settings, deepspeed_config(settings, data.batch_size, p.grad_clip))
+    trainer = make_trainer(ctx, callbacks, max_steps=p.max_steps,
+                           gradient_clip_val=None if uses_deepspeed else p.grad_clip,
+                           # Lightning counts val_check_interval in batches, max_steps in optimizer steps
+                           val_check_interval=min(p.val_every_steps, p.max_steps) * p.accumulate_grad_batches,
+                           check_val_every_n_epoch=None, num_sanity_val_steps=0, strategy=strategy,
+                           plugins=[*plugins, *(() if uses_deepspeed else (AtomicCheckpointIO(KEEP_CHECKPOINTS),))],
+                           use_distributed_sampler=False, accumulate_grad_batches=p.accumulate_grad_batches)
+    if settings.num_workers > 1:
+        from ray.train.lightning import prepare_trainer
+
+        trainer = prepare_trainer(trainer)
+    resume_from = latest_checkpoint(out)
+    if resume_from:
+        print(f"resuming from {resume_from}", flush=True)
+    val_loader = data.val_loader
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        # TrainingPosition restores the data position mid-epoch where Lightning cannot see it, so Lightning's warning
+        # that resuming mid-epoch "can cause unreliable results" is wrong here: the resumed losses are exactly the
+        # uninterrupted run's (tests/test_resume.py).
+        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+        trainer.fit(module, data.train_loader, val_loader, ckpt_path=str(resume_from) if resume_from else None)
+    seconds = time.perf_counter() - started
+    if history.last_step("val/loss") != trainer.global_step:  # e.g. max_steps not a multiple of val_every_steps
+        trainer.validate(module, val_loader, verbose=False)
+    resumed_from = _step_of(resume_from) if resume_from else None
+    run = TrainingRun(trainer.global_step, trainer.global_step - (resumed_from or 0), seconds, world_size,
+                      p.accumulate_grad_batches, history)
+    summary = _summary(task, module, data, run, resumed_from, trainer.precision)
+    if trainer.is_global_zero:
+        _write_outputs(task, ctx, module, history, summary, settings.uses_ray_train)
+    return summary
+
+
+def _summary(task: PretrainingTask, module: L.LightningModule, data: PretrainingData, run: TrainingRun,
+             resumed_from: int | None, precision: str) -> dict:
+    return {"steps": run.steps, "resumed_from_step": resumed_from, "workers": run.world_size,
+            "seconds": round(run.seconds, 1), "precision": precision,
+            "final_val_loss": run.history.last("val/loss"),
+            "num_parameters": sum(t.numel() for t in module.parameters()), **task.summary(module, data, run)}
+
+
+def _write_outputs(task: PretrainingTask, ctx: StageContext, module: L.LightningModule, history: LossHistory,
+                   summary: dict, in_ray_worker: bool) -> None:
+    task.write(ctx, module)
+    history.write_csv(ctx.out_dir / "loss_curve.csv")
+    if in_ray_worker:
+        write_json_atomically(ctx.out_dir / WORKER_SUMMARY, summary)
+
+
+def _worker_context(config: dict) -> StageContext:
+    """The stage context inside a Ray Train worker; the stage's W&B run stays with the stage (CSV logs here)."""
+    return StageContext(OmegaConf.create(config["cfg"]), config["name"], Path(config["out_dir"]),
+                        {k: Path(v) for k, v in config["inputs"].items()})
+
+
+def _lightning_worker(config: dict) -> None:
+    import ray.train
+    from ray.train.lightning import RayLightningEnvironment
+
+    ctx, task = _worker_context(config), config["task"]
+    context = ray.train.get_context()
+    settings = DistributedSettings.from_config(ctx.cfg, task.settings(ctx.cfg))
+    _train_with_lightning(ctx, task, settings, context.get_world_rank(), context.get_world_size(),
+                          plugins=(RayLightningEnvironment(),))
+
+
+def _deepspeed_cpu_worker(config: dict) -> None:
+    use_deepspeed_cpu_accelerator()
+    keep_freed_memory_for_reuse()
+    import torch.distributed as dist
+
+    ctx, task = _worker_context(config), config["task"]
+    out, p = ctx.out_dir, task.settings(ctx.cfg)
+    settings = DistributedSettings.from_config(ctx.cfg, p)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    module = task.build_module(ctx)
+    use_dense_gradients(module)
+    data = task.data(ctx, module, rank, world_size)
+    optimization = module.configure_optimizers()
+    history, monitor = LossHistory(), DivergenceMonitor(task.settings_key, data.uniform_loss)
+    checkpoint_dir = out / CHECKPOINT_DIR
+
+    def on_step(step: int, loss: float) -> None:
+        history.rows.append({"step": step, "split": "train", "name": "train/loss", "value": loss})
+        monitor.observe_train(step, reduce_mean(loss))
+
+    def rank_state(consumed: int) -> dict:
+        return {"data": data.position.state_dict(consumed), "history": history.state_dict(),
+                "monitor": monitor.state_dict()}
+
+    def load_rank_state(state: dict) -> None:
+        data.position.load_state_dict(state["data"])
+        history.load_state_dict(state["history"])
+        monitor.load_state_dict(state["monitor"])
+
+    resumed_from = checkpoint_tags(checkpoint_dir)
+    started = time.perf_counter()
+    train_deepspeed(module, optimization["optimizer"], optimization["lr_scheduler"]["scheduler"],
+                    deepspeed_config(settings, data.batch_size, p.grad_clip), data.train_loader, p.max_steps,
+                    checkpoint_dir, p.checkpoint_every_steps, KEEP_CHECKPOINTS, rank_state, load_rank_state, on_step)
+    seconds = time.perf_counter() - started
+    if rank != 0:
+        return
+    tag = checkpoint_tags(checkpoint_dir)[-1]
+    # the fp32 weights of every partition, in a fresh module: what the encoder is written from, and validated
+    final = task.build_module(ctx)
+    final.load_state_dict(consolidated_state_dict(checkpoint_dir, tag))
+    metrics = _validate(final, data.val_loader, resolve_precision(settings.precision))
+    history.record_validation(p.max_steps, metrics)
+    monitor.observe_heldout(p.max_steps, metrics["val/loss"])
+    resumed_step = _step_of(resumed_from[-1]) if resumed_from else None
+    run = TrainingRun(p.max_steps, p.max_steps - (resumed_step or 0), seconds, world_size,
+                      p.accumulate_grad_batches, history)
+    summary = {**_summary(task, final, data, run, resumed_step, resolve_precision(settings.precision)),
+               "zero_stage": settings.zero_stage, "consolidated_from": str(checkpoint_dir / tag)}
+    _write_outputs(task, ctx, final, history, summary, in_ray_worker=True)
+
+
+def _validate(module: L.LightningModule, val_loader: Iterable[dict], precision: str) -> dict[str, float]:
+    """The module's own validation, in this process alone: what it logs under `val/`."""
+    trainer = L.Trainer(accelerator="cpu", devices=1, precision=precision, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.validate(module, val_loader, verbose=False)
+    return {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
