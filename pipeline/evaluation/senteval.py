@@ -18,7 +18,9 @@ measure the representation, not the classifier:
 
     kind              data                              features               protocol                  metrics
     ----------------  --------------------------------  ---------------------  ------------------------  ------------
-    mr, tsv           one sentence, a label             u                      stratified 10-fold CV     accuracy
+    mr, cr, subj,     one sentence, a label             u                      stratified 10-fold CV     accuracy
+    mpqa, tsv
+    trec              TREC train_5500 / TREC_10         u                      L2 by inner CV on train   accuracy
     sick_entailment   SICK TRAIN / TRIAL / TEST         [u, v, |u-v|, u*v]     L2 on TRIAL, test on TEST accuracy
     sick_relatedness  SICK TRAIN / TRIAL / TEST         [u, v, |u-v|, u*v]     Tai et al. 2015 (below)   pearson,
                                                                                                          spearman
@@ -41,7 +43,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data_prep.senteval_data import LabelledSentences, SentencePairs, read_labelled_tsv, read_mr, read_mrpc, read_sick
+from data_prep.senteval_data import (
+    LabelledSentences,
+    SentencePairs,
+    read_cr,
+    read_labelled_tsv,
+    read_mpqa,
+    read_mr,
+    read_mrpc,
+    read_sick,
+    read_subj,
+    read_trec,
+)
 from data_prep.word_vectors import WordVectors
 from pipeline.engine.family import Encoder
 from pipeline.evaluation.metrics import accuracy, binary_f1, pearson, spearman
@@ -317,21 +330,37 @@ def evaluate_single_sentence(encoder: Encoder, data: LabelledSentences, settings
                                                  settings, rng)}
 
 
-def _pair_classifier(features: dict[str, np.ndarray], splits: dict[str, SentencePairs], selection: str,
-                     report: str, settings: ClassifierSettings, rng: np.random.Generator) -> np.ndarray:
+def _split_classifier(features: dict[str, np.ndarray], labels: dict[str, list[int]], num_classes: int,
+                      selection: str, report: str, settings: ClassifierSettings,
+                      rng: np.random.Generator) -> np.ndarray:
     """Predicted classes of split `report`, trained on "train", L2 chosen on split `selection` or, when that is
-    "train", by inner cross-validation on it."""
-    num_classes = len(splits["train"].label_names)
-
+    "train", by inner cross-validation on it (SentEval's KFoldClassifier)."""
     def examples(name):
-        labels = np.asarray(splits[name].labels)
-        return Examples(features[name], one_hot(labels, num_classes), labels)
+        truth = np.asarray(labels[name])
+        return Examples(features[name], one_hot(truth, num_classes), truth)
 
     train = examples("train")
     validation = (inner_validation(train, settings.inner_folds, rng) if selection == "train"
                   else [(train, examples(selection))])
     model, _ = fit_selecting_l2(train, validation, classification_accuracy, settings)
     return model.predict_proba(features[report]).argmax(1)
+
+
+def _pair_classifier(features: dict[str, np.ndarray], splits: dict[str, SentencePairs], selection: str,
+                     report: str, settings: ClassifierSettings, rng: np.random.Generator) -> np.ndarray:
+    return _split_classifier(features, {name: split.labels for name, split in splits.items()},
+                             len(splits["train"].label_names), selection, report, settings, rng)
+
+
+def evaluate_train_test(encoder: Encoder, splits: dict[str, LabelledSentences], settings: ClassifierSettings,
+                        batch_size: int, rng: np.random.Generator) -> dict[str, float]:
+    """A single-sentence task with its own train/test split (TREC): SentEval trains on train with the L2 strength
+    chosen by inner k-fold cross-validation on train, and reports test accuracy."""
+    encoder.prepare([s for split in splits.values() for s in split.sentences])
+    features = {name: embed(encoder, split.sentences, batch_size) for name, split in splits.items()}
+    predicted = _split_classifier(features, {name: split.labels for name, split in splits.items()},
+                                  len(splits["train"].label_names), "train", "test", settings, rng)
+    return {"accuracy": accuracy(predicted, splits["test"].labels)}
 
 
 def evaluate_sick_entailment(encoder: Encoder, splits: dict[str, SentencePairs], settings: ClassifierSettings,
@@ -364,6 +393,10 @@ def _read_tsv_task(path: Path, spec: Mapping) -> LabelledSentences:
 
 TASK_KINDS: dict[str, tuple[Callable, Callable]] = {
     "mr": (lambda path, spec: read_mr(path), evaluate_single_sentence),
+    "cr": (lambda path, spec: read_cr(path), evaluate_single_sentence),
+    "subj": (lambda path, spec: read_subj(path), evaluate_single_sentence),
+    "mpqa": (lambda path, spec: read_mpqa(path), evaluate_single_sentence),
+    "trec": (lambda path, spec: read_trec(path), evaluate_train_test),
     "tsv": (_read_tsv_task, evaluate_single_sentence),
     "sick_entailment": (lambda path, spec: read_sick(path), evaluate_sick_entailment),
     "sick_relatedness": (lambda path, spec: read_sick(path), evaluate_sick_relatedness),
