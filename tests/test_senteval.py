@@ -101,10 +101,17 @@ def test_model_selection_keeps_the_l2_with_the_best_validation_score():
     assert fit_selecting_l2(examples, [(examples, examples)], uncertainty, settings)[1] == 100.0
 
 
-def test_pair_features_are_u_v_absolute_difference_product_in_that_order():
+def test_pair_features_are_sentevals_by_default_and_infersents_on_request():
     u, v = np.array([[1.0, 2.0]]), np.array([[3.0, -1.0]])
-    assert pair_features(u, v).tolist() == [[1.0, 2.0, 3.0, -1.0, 2.0, 3.0, 3.0, -2.0]]
-    assert pair_features(np.ones((5, 7)), np.zeros((5, 7))).shape == (5, 28)
+    assert pair_features(u, v).tolist() == [[2.0, 3.0, 3.0, -2.0]]  # [|u - v|, u * v]
+    assert pair_features(u, v, ("u", "v", "abs_diff", "product")).tolist() == \
+        [[1.0, 2.0, 3.0, -1.0, 2.0, 3.0, 3.0, -2.0]]
+    assert pair_features(np.ones((5, 7)), np.zeros((5, 7))).shape == (5, 14)
+    cfg = OmegaConf.load(CONF_DIR / "senteval" / "default.yaml")
+    assert ClassifierSettings.from_config(cfg.classifier, cfg.pair_features).pair_features == ("abs_diff", "product")
+    for bad in ([], ["abs_diff", "sum"]):
+        with pytest.raises(ValueError, match=r"senteval.pair_features=.*: give a non-empty list of \['u', 'v', "):
+            ClassifierSettings.from_config(cfg.classifier, bad)
 
 
 # -----------------------------------------------------------------------------
@@ -472,6 +479,9 @@ def test_run_senteval_covers_every_task_kind_and_pivots_into_one_row_per_encoder
     assert scores["glove_bow", "SICKEntailment", "accuracy"] > 0.9
     assert scores["glove_bow", "MRPC", "accuracy"] > 0.9
     assert scores["glove_bow", "SICKRelatedness", "pearson"] > 0.8
+    assert {r["task"] for r in rows if r.get("pair_features") == ["abs_diff", "product"]} == \
+        {"SICKEntailment", "SICKRelatedness", "MRPC"}
+    assert all("pair_features" not in r for r in rows if r["task"] in ("Sentiment", "MR"))
 
     table = results_table(rows)
     assert [row["encoder"] for row in table] == ["glove_bow", "length"]
@@ -497,6 +507,23 @@ def test_trec_trains_on_train_and_scores_its_own_test_split(tmp_path):
         line.replace("NUM:", "T:").replace("HUM:", "NUM:").replace("LOC:", "HUM:").replace("T:", "LOC:")
         for line in lines[::4]))
     assert evaluate_train_test(encoder, read(tmp_path, {}), settings, 16, np.random.default_rng(0))["accuracy"] < 0.1
+
+
+def test_senteval_pair_features_reach_the_pair_classifier(tmp_path):
+    _write_pair_tasks(tmp_path)
+    cfg = OmegaConf.create({
+        "data_root": str(tmp_path), "batch_size": 16,
+        "classifier": {"l2_grid": [1e-3], "max_iter": 50, "cv_folds": 5, "inner_folds": 3},
+        "tasks": {"MRPC": {"kind": "mrpc", "path": "MRPC"}},
+    })
+    scores = {}
+    for names in (["u"], ["u", "v", "abs_diff", "product"]):
+        cfg.pair_features = names
+        rows = run_senteval([GloveBagOfWords(_sentiment_vectors())], cfg, seed=0)
+        assert {tuple(r["pair_features"]) for r in rows} == {tuple(names)}
+        scores[names[-1]] = next(r["score"] for r in rows if r["metric"] == "accuracy")
+    # whether b repeats a cannot be read from u alone
+    assert scores["u"] < 0.75 < 0.9 < scores["product"]
 
 
 def test_run_senteval_rejects_an_unknown_task_kind(tmp_path):
