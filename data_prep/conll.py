@@ -1,6 +1,7 @@
-"""CoNLL-2003 named-entity data (Tjong Kim Sang & De Meulder 2003): reading, IOB1 -> IOB2, and the mapping between
-word-level tags and WordPiece sub-tokens for a token classifier (BERT paper, Sec. 5.3: the first sub-token of each
-word carries its label, the other sub-tokens are not predicted)."""
+"""CoNLL-format tagging data (CoNLL-2003 NER, Tjong Kim Sang & De Meulder 2003; CoNLL-2000 chunking, Tjong Kim Sang
+& Buchholz 2000; POS tags): reading any word and tag column, IOB1 -> IOB2, and the mapping between word-level tags and
+WordPiece sub-tokens for a token classifier (BERT paper, Sec. 5.3: the first sub-token of each word carries its
+label, the other sub-tokens are not predicted)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -24,16 +25,20 @@ class TaggedSentence:
 def _check_tag(tag: str, path: Path, line_no: int) -> None:
     prefix, dash, entity_type = tag.partition("-")
     if tag != "O" and not (dash and prefix in ("B", "I") and entity_type):
-        raise ValueError(f"{path}:{line_no}: tag {tag!r} is not IOB; the last column must be O, B-TYPE or I-TYPE")
+        raise ValueError(f"{path}:{line_no}: tag {tag!r} is not IOB; the tag column must hold O, B-TYPE or I-TYPE "
+                         "(a task whose tags are not chunks, e.g. POS tags, sets tag_scheme: none)")
 
 
-def read_conll(path: str | Path, labels: Sequence[str] | None = None) -> list[TaggedSentence]:
-    """Sentences of a CoNLL file: one word per line, space-separated columns (CoNLL-2003: token POS chunk NER), the
-    NER tag in the last column, a blank line between sentences; `-DOCSTART-` lines mark documents and are dropped.
-    With `labels` (a task's tag set), any other tag is an error naming its line."""
+def read_conll(path: str | Path, labels: Sequence[str] | None = None, word_column: int = 0, tag_column: int = -1,
+               iob: bool = True) -> list[TaggedSentence]:
+    """Sentences of a CoNLL file: one word per line, space-separated columns (CoNLL-2003: word POS chunk NER;
+    CoNLL-2000: word POS chunk), the word in `word_column` and the tag in `tag_column` (0-based, negative from the
+    end), a blank line between sentences; `-DOCSTART-` lines mark documents and are dropped. With `iob` every tag
+    must be O, B-TYPE or I-TYPE. With `labels` (a task's tag set), any other tag is an error naming its line."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; pass the directory holding the CoNLL files as finetune.data_dir")
+    needed = max(word_column, tag_column, -word_column - 1, -tag_column - 1) + 1
     sentences, tokens, tags, num_columns = [], [], [], None
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
@@ -45,15 +50,18 @@ def read_conll(path: str | Path, labels: Sequence[str] | None = None) -> list[Ta
                 continue
             if num_columns is None:
                 num_columns = len(fields)
-            if len(fields) != num_columns or num_columns < 2:
-                raise ValueError(f"{path}:{line_no}: expected {max(2, num_columns)} space-separated columns "
-                                 f"(word ... NER tag, as on the file's first word line), got {len(fields)}: {line!r}")
-            _check_tag(fields[-1], path, line_no)
-            if labels is not None and fields[-1] not in labels:
-                raise ValueError(f"{path}:{line_no}: tag {fields[-1]!r} is not one of the task's labels "
+            if len(fields) != num_columns or num_columns < max(2, needed):
+                raise ValueError(f"{path}:{line_no}: expected {max(2, needed, num_columns)} space-separated columns "
+                                 f"(the word in column {word_column} and the tag in column {tag_column}, counting "
+                                 f"from 0, as on the file's first word line), got {len(fields)}: {line!r}")
+            tag = fields[tag_column]
+            if iob:
+                _check_tag(tag, path, line_no)
+            if labels is not None and tag not in labels:
+                raise ValueError(f"{path}:{line_no}: tag {tag!r} is not one of the task's labels "
                                  f"{list(labels)}; fix the file, or add the tag to the task YAML's labels")
-            tokens.append(fields[0])
-            tags.append(fields[-1])
+            tokens.append(fields[word_column])
+            tags.append(tag)
     if tokens:
         sentences.append(TaggedSentence(tokens, tags))
     if not sentences:

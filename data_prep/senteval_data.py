@@ -7,6 +7,12 @@ file and the line, so a broken download can be fixed instead of silently shrinki
     task   files                                     split used for
     -----  ----------------------------------------  -------------------------------------------------
     MR     rt-polarity.pos / rt-polarity.neg          10-fold cross-validation (no official split)
+    CR     custrev.pos / custrev.neg, or Hu & Liu's   10-fold cross-validation
+           annotated product files
+    SUBJ   subj.objective / subj.subjective, or       10-fold cross-validation
+           plot.tok.gt9.5000 / quote.tok.gt9.5000
+    MPQA   mpqa.pos / mpqa.neg                        10-fold cross-validation
+    TREC   train_5500.label, TREC_10.label            train (L2 by inner CV on it) / test
     SICK   SICK.txt (SemEval_set TRAIN/TRIAL/TEST)    train / model selection / test
     MRPC   GLUE train.tsv, dev.tsv                    train (held-out part for model selection) / dev
     TSV    any file with a header, text and label     10-fold cross-validation
@@ -63,19 +69,139 @@ def _require_file(path: Path, what: str) -> Path:
     return path
 
 
+def _sentence_lines(path: Path) -> list[list[str]]:
+    """The tokenised non-blank lines of a one-sentence-per-line file."""
+    sentences = []
+    for line_no, line in enumerate(_read_text(path).splitlines(), start=1):
+        if "\t" in line:
+            # a TSV (a label column beside the text) would otherwise be read as sentences with the label as a word
+            raise ValueError(f"{path}:{line_no}: a tab in {line.strip()[:60]!r}; expected one sentence per line, "
+                             "no label (a TSV with text and label columns is senteval kind: tsv)")
+        if line.strip():
+            sentences.append(tokenize(line))
+    return sentences
+
+
+def _labelled_files(files: list[tuple[Path, str]]) -> LabelledSentences:
+    """One class per file, (path, class name) in label order, one sentence per line."""
+    sentences, labels = [], []
+    for label, (path, _) in enumerate(files):
+        for sentence in _sentence_lines(path):
+            sentences.append(sentence)
+            labels.append(label)
+    return LabelledSentences(sentences, labels, [name for _, name in files])
+
+
+def _layout(directory: Path, task: str, layouts: dict[str, list[str]]) -> str:
+    """The first layout whose files all exist in `directory`, else an error naming every accepted layout."""
+    for name, files in layouts.items():
+        if all((directory / f).is_file() for f in files):
+            return name
+    accepted = "; or ".join(f"{name}: {', '.join(files)}" for name, files in layouts.items())
+    raise FileNotFoundError(f"{directory}: no {task} files found; point the {task} task at a directory holding "
+                            f"{accepted}")
+
+
 def read_mr(directory: str | Path) -> LabelledSentences:
     """MR movie-review polarity (Pang & Lee 2005): rt-polarity.pos (label 1) and rt-polarity.neg (label 0),
-    one review sentence per line. Blank lines are skipped."""
+    one review sentence per line (SentEval's and Cornell's sentence polarity dataset v1.0 alike)."""
     directory = Path(directory)
+    _layout(directory, "MR", {"sentence polarity dataset v1.0": ["rt-polarity.neg", "rt-polarity.pos"]})
+    return _labelled_files([(directory / "rt-polarity.neg", "negative"), (directory / "rt-polarity.pos", "positive")])
+
+
+def read_mpqa(directory: str | Path) -> LabelledSentences:
+    """MPQA opinion polarity (Wiebe et al. 2005) as SentEval distributes it: mpqa.neg (0) and mpqa.pos (1)."""
+    directory = Path(directory)
+    _layout(directory, "MPQA", {"SentEval's layout": ["mpqa.neg", "mpqa.pos"]})
+    return _labelled_files([(directory / "mpqa.neg", "negative"), (directory / "mpqa.pos", "positive")])
+
+
+SUBJ_LAYOUTS = {"SentEval's layout": ["subj.objective", "subj.subjective"],
+                "Cornell's subjectivity dataset v1.0": ["plot.tok.gt9.5000", "quote.tok.gt9.5000"]}
+
+
+def read_subj(directory: str | Path) -> LabelledSentences:
+    """SUBJ subjectivity (Pang & Lee 2004): objective (0) and subjective (1) sentences, from SentEval's
+    subj.{objective,subjective} or Cornell's release, where plot summaries (plot.tok.gt9.5000) are the objective
+    and review snippets (quote.tok.gt9.5000) the subjective sentences."""
+    directory = Path(directory)
+    objective, subjective = SUBJ_LAYOUTS[_layout(directory, "SUBJ", SUBJ_LAYOUTS)]
+    return _labelled_files([(directory / objective, "objective"), (directory / subjective, "subjective")])
+
+
+CR_SENTENCE = re.compile(r"^(?P<tags>[^#]*)##(?P<sentence>.*)$")
+CR_POLARITY = re.compile(r"\[([+-])\d+\]")
+CR_EXPECTED = ("Hu & Liu's annotated review format: '[t]title' lines, 'feature[+n],feature[-n]##sentence' lines, "
+               "'*' header lines or blank lines")
+
+
+def read_cr_annotated(path: Path) -> tuple[list[list[str]], list[int]]:
+    """Sentences and labels (0 negative, 1 positive) of one product file of Hu & Liu 2004: a `##` line is positive
+    when its tags hold a [+n] opinion, negative when they hold a [-n], and dropped when they hold neither or both,
+    as SentEval's CR was built; `[t]` review titles and the `*` header block are not review sentences."""
     sentences, labels = [], []
-    for label, name in ((0, "rt-polarity.neg"), (1, "rt-polarity.pos")):
-        path = _require_file(directory / name, "point the MR task at the directory of rt-polarity.pos/.neg "
-                                               "(sentence polarity dataset v1.0)")
-        for line in _read_text(path).splitlines():
-            if line.strip():
-                sentences.append(tokenize(line))
-                labels.append(label)
-    return LabelledSentences(sentences, labels, ["negative", "positive"])
+    for line_no, line in enumerate(_read_text(path).splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("*") or stripped.startswith("[t]"):
+            continue
+        match = CR_SENTENCE.match(stripped)
+        if match is None:
+            raise ValueError(f"{path}:{line_no}: {stripped[:60]!r} is not a review line; expected {CR_EXPECTED}")
+        signs = set(CR_POLARITY.findall(match["tags"]))
+        if len(signs) == 1 and match["sentence"].strip():
+            sentences.append(tokenize(match["sentence"]))
+            labels.append(int(signs == {"+"}))
+    return sentences, labels
+
+
+def read_cr(directory: str | Path) -> LabelledSentences:
+    """CR product reviews (Hu & Liu 2004): SentEval's custrev.neg (0) and custrev.pos (1), or else the original
+    annotated product files, every *.txt in the directory except its Readme."""
+    directory = Path(directory)
+    if (directory / "custrev.neg").is_file() or (directory / "custrev.pos").is_file():
+        _layout(directory, "CR", {"SentEval's layout": ["custrev.neg", "custrev.pos"]})
+        return _labelled_files([(directory / "custrev.neg", "negative"), (directory / "custrev.pos", "positive")])
+    products = sorted(p for p in directory.glob("*.txt") if p.stem.lower() != "readme")
+    if not products:
+        raise FileNotFoundError(f"{directory}: no CR files found; point the CR task at a directory holding SentEval's "
+                                "custrev.neg and custrev.pos, or Hu & Liu's annotated product files (*.txt)")
+    task = LabelledSentences([], [], ["negative", "positive"])
+    for path in products:
+        sentences, labels = read_cr_annotated(path)
+        task.sentences += sentences
+        task.labels += labels
+    if len(set(task.labels)) < 2:
+        raise ValueError(f"{directory}: the product files hold {len(task.labels)} sentences with a single polarity; "
+                         f"expected {CR_EXPECTED}, with [+n] and [-n] opinions")
+    return task
+
+
+TREC_LABELS = ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
+TREC_LINE = re.compile(r"^(?P<coarse>[A-Z]+):(?P<fine>\S+) (?P<question>.+)$")
+
+
+def read_trec_file(path: Path) -> LabelledSentences:
+    """Questions of one TREC file (Li & Roth 2002), `COARSE:fine question` lines, labelled by the coarse class."""
+    task = LabelledSentences([], [], TREC_LABELS)
+    for line_no, line in enumerate(_read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        match = TREC_LINE.match(line.strip())
+        if match is None or match["coarse"] not in TREC_LABELS:
+            raise ValueError(f"{path}:{line_no}: {line.strip()[:60]!r} is not a TREC question line; expected "
+                             f"'COARSE:fine question' with COARSE one of {TREC_LABELS}, e.g. 'NUM:date When did ...'")
+        task.sentences.append(tokenize(match["question"]))
+        task.labels.append(TREC_LABELS.index(match["coarse"]))
+    return task
+
+
+def read_trec(directory: str | Path) -> dict[str, LabelledSentences]:
+    """TREC question types (Li & Roth 2002) on its own split: {"train": train_5500.label, "test": TREC_10.label}."""
+    directory = Path(directory)
+    _layout(directory, "TREC", {"Li & Roth's files": ["train_5500.label", "TREC_10.label"]})
+    return {"train": read_trec_file(directory / "train_5500.label"),
+            "test": read_trec_file(directory / "TREC_10.label")}
 
 
 def _tsv_rows(path: Path, required: list[str], encoding: str = "utf-8-sig"):

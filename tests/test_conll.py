@@ -120,3 +120,33 @@ def test_word_level_tags_ignore_predictions_on_later_sub_tokens():
 def test_encode_rejects_tags_outside_the_task_labels(tokenizer):
     with pytest.raises(ValueError, match=r"tags \['B-DATE'\] are not in the task's labels"):
         encode_tagged_sentences(tokenizer, [TaggedSentence(["x"], ["B-DATE"])], LABELS, max_seq_length=8)
+
+
+def test_read_conll_takes_the_word_and_tag_columns_a_task_names(tmp_path):
+    path = tmp_path / "train.txt"  # CoNLL-2000 chunking: word POS chunk
+    path.write_text("Confidence NN B-NP\nin IN B-PP\nthe DT B-NP\npound NN I-NP\n\nRockwell NNP B-NP\n")
+    chunks = read_conll(path, word_column=0, tag_column=2)
+    assert [s.tags for s in chunks] == [["B-NP", "B-PP", "B-NP", "I-NP"], ["B-NP"]]
+    assert read_conll(path, tag_column=1, iob=False)[0].tags == ["NN", "IN", "DT", "NN"]
+    with pytest.raises(ValueError, match=r"train.txt:1: tag 'NN' is not IOB.*tag_scheme: none"):
+        read_conll(path, tag_column=1)
+    with pytest.raises(ValueError, match=r"train.txt:1: expected 4 space-separated columns \(the word in column 0 "
+                                         r"and the tag in column 3"):
+        read_conll(path, tag_column=3)
+
+
+def test_a_pos_task_yaml_reads_tags_as_they_are_and_scores_token_accuracy(tmp_path, tokenizer):
+    from omegaconf import OmegaConf
+
+    from pipeline.bert.downstream import load_task_data
+    from pipeline.downstream.task_data import conll_sentences
+    from pipeline.downstream.tasks import load_task
+
+    (tmp_path / "eng.train").write_text(CONLL_TEXT)
+    (tmp_path / "eng.testa").write_text(CONLL_TEXT)
+    task = load_task("conll2003_pos")
+    assert conll_sentences(task, tmp_path, "eng.train")[0].tags == ["NNP", "VBZ", "JJ", "NN"]
+    data = load_task_data(task, tmp_path, tokenizer, 16, None, 0)
+    assert data.make_module.keywords["metric"] == "token_accuracy"
+    with pytest.raises(ValueError, match="tag_scheme 'bio' is not one of"):
+        conll_sentences(OmegaConf.merge(task, {"tag_scheme": "bio"}), tmp_path, "eng.train")

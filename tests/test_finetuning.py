@@ -77,8 +77,10 @@ def test_every_task_family_is_scored_with_its_metric_over_seeds_and_reruns_skip(
     assert all(r["seeds"] == 2 for k, r in by_key.items() if k[0] == "pretrained")
     assert ("majority_class", "sst2", "accuracy") in by_key  # classification tasks only
     assert not any(k[0] == "majority_class" and k[1] != "sst2" for k in by_key)
+    assert not any(k[0] == "bow_logreg" and k[1] != "sst2" for k in by_key)  # TSV classification only
+    assert by_key[("bow_logreg", "sst2", "accuracy")]["train_examples"] == 32  # beats majority: test_baselines.py
     assert by_key[("pretrained", "sst2", "accuracy")]["dev_examples"] == 16
-    assert len(list((ctx.out_dir / "finished").glob("*.json"))) == 6  # 3 tasks × 1 model × 2 seeds
+    assert len(list((ctx.out_dir / "finished").glob("*-seed*.json"))) == 6  # 3 tasks × 1 model × 2 seeds
 
     def must_not_train(*args, **kwargs):
         raise AssertionError("a finished (task, model, seed) was trained again")
@@ -107,7 +109,8 @@ def test_an_external_hf_bert_is_fine_tuned_with_its_own_tokenizer_in_the_same_ta
         finetuning.model_sources(ctx)
     shutil.copy(ctx.inputs["tokenizer"] / "vocab.txt", external / "vocab.txt")
     rows = {(r["model"], r["metric"]) for r in finetuning.finetune(ctx)["results"]}
-    assert {("pretrained", "accuracy"), ("external", "accuracy"), ("majority_class", "accuracy")} == rows
+    assert {("pretrained", "accuracy"), ("external", "accuracy"), ("majority_class", "accuracy"),
+            ("bow_logreg", "accuracy")} == rows
 
 
 def test_external_without_a_path_is_rejected(ctx):
@@ -194,7 +197,7 @@ def test_train_sizes_give_a_label_efficiency_curve_in_the_report(ctx, tmp_path):
     results = finetuning.finetune(ctx)["results"]
     # the stage's summary is the headline table: all the data
     assert {(r["model"], r["train_size"], r["train_examples"]) for r in results} == {
-        ("pretrained", None, 32), ("random_init", None, 32), ("majority_class", None, 32)}
+        ("pretrained", None, 32), ("random_init", None, 32), ("majority_class", None, 32), ("bow_logreg", None, 32)}
     stored = json.loads((ctx.out_dir / "results.json").read_text())
     curve = finetuning.label_efficiency(stored)
     assert sorted({(r["model"], r["train_examples"], r["seeds"]) for r in curve}) == [
@@ -208,6 +211,7 @@ def test_train_sizes_give_a_label_efficiency_curve_in_the_report(ctx, tmp_path):
     md = paths["results_md"].read_text()
     assert "## Label efficiency" in md and "| model | 8 | 16 | 32 |" in md
     assert md.count("| pretrained | sst2 | accuracy |") == 1  # the headline table shows all-data rows only
+    assert md.count("| bow_logreg | sst2 | accuracy |") == 1
 
 
 def test_bad_train_sizes_are_refused_before_any_work(ctx):

@@ -167,3 +167,9 @@ def test_score_task_returns_every_number_of_the_task_metric():
     assert set(METRICS) >= {"accuracy", "matthews_corrcoef"}
     with pytest.raises(ValueError, match="unknown metric 'bleu'.*known metrics: accuracy"):
         score_task("bleu", [1], [1])
+
+
+def test_token_accuracy_counts_words_over_all_sentences():
+    assert score_task("token_accuracy", [["NN", "VB"], ["DT"]], [["NN", "NN"], ["DT"]]) == {"accuracy": 2 / 3}
+    with pytest.raises(ValueError, match="sentence 1: 2 predicted tags for 1 words"):
+        score_task("token_accuracy", [["NN"], ["DT", "NN"]], [["NN"], ["DT"]])

@@ -42,6 +42,10 @@ FINETUNE_ROWS = [
 EVALUATE_ROWS = [
     {"model": "bert_cls", "task": "MR", "metric": "accuracy", "score": 0.61, "std": 0.0, "seeds": 1},
     {"model": "glove_bow", "task": "MR", "metric": "accuracy", "score": 0.74, "std": 0.0, "seeds": 1},
+    {"model": "glove_bow", "task": "SICKEntailment", "metric": "accuracy", "score": 0.70, "std": 0.0, "seeds": 1,
+     "pair_features": ["abs_diff", "product"]},
+    {"model": "glove_bow", "task": "MRPC", "metric": "f1", "score": 0.80, "std": 0.0, "seeds": 1,
+     "pair_features": ["abs_diff", "product"]},
 ]
 
 
@@ -132,6 +136,7 @@ def test_report_writes_tables_json_and_readable_plots(stage_dirs, tmp_path):
     md = paths["results_md"].read_text()
     assert "| pretrained | cola | matthews_corrcoef | 0.1200 ± 0.0300 | 3 |" in md
     assert "| encoder | MR accuracy |" in md
+    assert "- pair features of SICKEntailment, MRPC: [abs_diff, product] (senteval.pair_features)" in md
     assert "- held-out perplexity: 60.0 @ 50, 30.0 @ 100" in md  # BERT's val/mlm_perplexity and ELMo's val/perplexity
     assert md.count("held-out perplexity") == 2  # Skip-Thought logs none
     for name in ("task_scores.png", "attention.png", "pretrain_loss.png"):

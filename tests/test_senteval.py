@@ -9,7 +9,17 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from data_prep.senteval_data import read_labelled_tsv, read_mr, read_mrpc, read_sick, tokenize
+from data_prep.senteval_data import (
+    read_cr,
+    read_labelled_tsv,
+    read_mpqa,
+    read_mr,
+    read_mrpc,
+    read_sick,
+    read_subj,
+    read_trec,
+    tokenize,
+)
 from data_prep.tokenizer import train_wordpiece
 from data_prep.word_vectors import WordVectors
 from models.bert import BertConfig, BertModel, save_pretrained
@@ -23,6 +33,7 @@ from pipeline.evaluation.senteval import (
     GloveBagOfWords,
     cross_validated_accuracy,
     embed,
+    evaluate_train_test,
     expected_relatedness,
     fit_selecting_l2,
     pair_features,
@@ -90,10 +101,17 @@ def test_model_selection_keeps_the_l2_with_the_best_validation_score():
     assert fit_selecting_l2(examples, [(examples, examples)], uncertainty, settings)[1] == 100.0
 
 
-def test_pair_features_are_u_v_absolute_difference_product_in_that_order():
+def test_pair_features_are_sentevals_by_default_and_infersents_on_request():
     u, v = np.array([[1.0, 2.0]]), np.array([[3.0, -1.0]])
-    assert pair_features(u, v).tolist() == [[1.0, 2.0, 3.0, -1.0, 2.0, 3.0, 3.0, -2.0]]
-    assert pair_features(np.ones((5, 7)), np.zeros((5, 7))).shape == (5, 28)
+    assert pair_features(u, v).tolist() == [[2.0, 3.0, 3.0, -2.0]]  # [|u - v|, u * v]
+    assert pair_features(u, v, ("u", "v", "abs_diff", "product")).tolist() == \
+        [[1.0, 2.0, 3.0, -1.0, 2.0, 3.0, 3.0, -2.0]]
+    assert pair_features(np.ones((5, 7)), np.zeros((5, 7))).shape == (5, 14)
+    cfg = OmegaConf.load(CONF_DIR / "senteval" / "default.yaml")
+    assert ClassifierSettings.from_config(cfg.classifier, cfg.pair_features).pair_features == ("abs_diff", "product")
+    for bad in ([], ["abs_diff", "sum"]):
+        with pytest.raises(ValueError, match=r"senteval.pair_features=.*: give a non-empty list of \['u', 'v', "):
+            ClassifierSettings.from_config(cfg.classifier, bad)
 
 
 # -----------------------------------------------------------------------------
@@ -136,6 +154,89 @@ def test_read_mr_decodes_latin1_and_utf8_files(tmp_path):
     (tmp_path / "rt-polarity.neg").unlink()
     with pytest.raises(FileNotFoundError, match="rt-polarity.neg"):
         read_mr(tmp_path)
+
+
+def test_one_sentence_per_line_readers_take_senteval_and_original_layouts(tmp_path):
+    (tmp_path / "senteval").mkdir()
+    (tmp_path / "senteval" / "subj.objective").write_text("the film follows a sailor\n")
+    (tmp_path / "senteval" / "subj.subjective").write_text("a wonderful film\nsheer boredom\n")
+    (tmp_path / "cornell").mkdir()
+    (tmp_path / "cornell" / "plot.tok.gt9.5000").write_text("the film follows a sailor\n")
+    (tmp_path / "cornell" / "quote.tok.gt9.5000").write_text("a wonderful film\nsheer boredom\n")
+    for layout in ("senteval", "cornell"):
+        subj = read_subj(tmp_path / layout)
+        assert subj.labels == [0, 1, 1] and subj.label_names == ["objective", "subjective"]
+        assert subj.sentences[1] == ["a", "wonderful", "film"]
+    (tmp_path / "MPQA").mkdir()
+    (tmp_path / "MPQA" / "mpqa.pos").write_text("supports\n")
+    (tmp_path / "MPQA" / "mpqa.neg").write_text("complains bitterly\ndenied\n")
+    assert read_mpqa(tmp_path / "MPQA").labels == [0, 0, 1]
+    # what the evaluate stage's task kinds read (senteval.tasks.<name>.kind)
+    assert TASK_KINDS["subj"][0](tmp_path / "cornell", {}) == subj
+    assert TASK_KINDS["mpqa"][0](tmp_path / "MPQA", {}) == read_mpqa(tmp_path / "MPQA")
+    # a missing file names every layout the task accepts
+    with pytest.raises(FileNotFoundError, match=r"subj.objective, subj.subjective; or .*plot.tok.gt9.5000"):
+        read_subj(tmp_path / "MPQA")
+    (tmp_path / "MPQA" / "mpqa.neg").write_text("denied\nbitter complaint\t0\n")
+    with pytest.raises(ValueError, match=r"mpqa.neg:2: a tab .* expected one sentence per line"):
+        read_mpqa(tmp_path / "MPQA")
+
+
+HU_LIU_PRODUCT = """\
+*****************************************************************************
+* Annotated by: Minqing Hu and Bing Liu, 2004.
+* Product name: Canon G3
+*****************************************************************************
+
+[t]excellent camera
+##i recently purchased the canon powershot g3 .
+camera[+2]##the camera is very easy to use .
+battery[-2][u]##battery life is short .
+picture[+3],menu[-1]##great pictures but a clumsy menu .
+[t] not worth it
+size[+2][p], lens[+1]##small and sharp .
+"""
+
+
+def test_read_cr_takes_senteval_files_or_hu_liu_annotated_products(tmp_path):
+    (tmp_path / "senteval").mkdir()
+    (tmp_path / "senteval" / "custrev.pos").write_text("easy to use\n")
+    (tmp_path / "senteval" / "custrev.neg").write_text("battery life is short\n")
+    assert read_cr(tmp_path / "senteval").labels == [0, 1]
+
+    (tmp_path / "original").mkdir()
+    (tmp_path / "original" / "Canon G3.txt").write_text(HU_LIU_PRODUCT)
+    (tmp_path / "original" / "Readme.txt").write_text("Symbols used in the annotated reviews: [t] the title\n")
+    cr = read_cr(tmp_path / "original")
+    # untagged and mixed [+n]/[-n] sentences are dropped, [t] titles and the * header are not sentences
+    assert cr.sentences == [["the", "camera", "is", "very", "easy", "to", "use", "."],
+                            ["battery", "life", "is", "short", "."], ["small", "and", "sharp", "."]]
+    assert cr.labels == [1, 0, 1]
+    assert TASK_KINDS["cr"][0](tmp_path / "original", {}) == cr
+    (tmp_path / "original" / "Canon G3.txt").write_text(HU_LIU_PRODUCT + "camera[+2] the camera is great\n")
+    with pytest.raises(ValueError, match=r"Canon G3.txt:13: 'camera\[\+2\] the camera is great' is not a review "
+                                         r"line; expected Hu & Liu's annotated review format"):
+        read_cr(tmp_path / "original")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="custrev.neg and custrev.pos, or Hu & Liu's annotated product"):
+        read_cr(tmp_path / "empty")
+
+
+def test_read_trec_labels_questions_by_their_coarse_class_on_its_own_split(tmp_path):
+    (tmp_path / "train_5500.label").write_bytes("NUM:date When did the war end ?\nHUM:ind Who wrote Hamlet ?\n"
+                                                "LOC:city Where is Sant\xe9 ?\n".encode("latin-1"))
+    (tmp_path / "TREC_10.label").write_text("DESC:manner How do bees fly ?\n")
+    trec = read_trec(tmp_path)
+    assert trec["train"].labels == [5, 3, 4] and trec["test"].labels == [1]
+    assert trec["train"].label_names == ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
+    assert trec["train"].sentences[2] == ["where", "is", "santé", "?"]
+    (tmp_path / "TREC_10.label").write_text("DESC:manner How do bees fly ?\nHow do fish swim ?\n")
+    with pytest.raises(ValueError, match=r"TREC_10.label:2: 'How do fish swim \?' is not a TREC question line; "
+                                         r"expected 'COARSE:fine question'"):
+        read_trec(tmp_path)
+    (tmp_path / "TREC_10.label").unlink()
+    with pytest.raises(FileNotFoundError, match="train_5500.label, TREC_10.label"):
+        read_trec(tmp_path)
 
 
 def _write_sick(path, rows):
@@ -378,11 +479,51 @@ def test_run_senteval_covers_every_task_kind_and_pivots_into_one_row_per_encoder
     assert scores["glove_bow", "SICKEntailment", "accuracy"] > 0.9
     assert scores["glove_bow", "MRPC", "accuracy"] > 0.9
     assert scores["glove_bow", "SICKRelatedness", "pearson"] > 0.8
+    assert {r["task"] for r in rows if r.get("pair_features") == ["abs_diff", "product"]} == \
+        {"SICKEntailment", "SICKRelatedness", "MRPC"}
+    assert all("pair_features" not in r for r in rows if r["task"] in ("Sentiment", "MR"))
 
     table = results_table(rows)
     assert [row["encoder"] for row in table] == ["glove_bow", "length"]
     assert table[0]["MRPC f1"] == scores["glove_bow", "MRPC", "f1"]
     assert list(table[0])[:3] == ["encoder", "Sentiment accuracy", "MR accuracy"]
+
+
+def test_trec_trains_on_train_and_scores_its_own_test_split(tmp_path):
+    words = {"NUM": "many", "HUM": "who", "LOC": "where"}
+    rng = random.Random(0)
+    lines = [f"{label}:x {words[label]} {rng.choice(VERBS)} {rng.choice(OBJECTS)} ?" for label in words
+             for _ in range(20)]
+    (tmp_path / "train_5500.label").write_text("\n".join(lines))
+    (tmp_path / "TREC_10.label").write_text("\n".join(lines[::4]))
+    vocabulary = sorted({w for line in lines for w in tokenize(line.split(" ", 1)[1])})
+    encoder = GloveBagOfWords(WordVectors(tuple(vocabulary), np.random.default_rng(0).normal(size=(len(vocabulary),
+                                                                                                   8))))
+    settings = ClassifierSettings(l2_grid=(1e-3,), max_iter=50, inner_folds=3)
+    read, evaluate = TASK_KINDS["trec"]
+    assert evaluate(encoder, read(tmp_path, {}), settings, 16, np.random.default_rng(0))["accuracy"] > 0.9
+    # the same questions with every test label rotated to a wrong class: scored on test, the accuracy collapses
+    (tmp_path / "TREC_10.label").write_text("\n".join(
+        line.replace("NUM:", "T:").replace("HUM:", "NUM:").replace("LOC:", "HUM:").replace("T:", "LOC:")
+        for line in lines[::4]))
+    assert evaluate_train_test(encoder, read(tmp_path, {}), settings, 16, np.random.default_rng(0))["accuracy"] < 0.1
+
+
+def test_senteval_pair_features_reach_the_pair_classifier(tmp_path):
+    _write_pair_tasks(tmp_path)
+    cfg = OmegaConf.create({
+        "data_root": str(tmp_path), "batch_size": 16,
+        "classifier": {"l2_grid": [1e-3], "max_iter": 50, "cv_folds": 5, "inner_folds": 3},
+        "tasks": {"MRPC": {"kind": "mrpc", "path": "MRPC"}},
+    })
+    scores = {}
+    for names in (["u"], ["u", "v", "abs_diff", "product"]):
+        cfg.pair_features = names
+        rows = run_senteval([GloveBagOfWords(_sentiment_vectors())], cfg, seed=0)
+        assert {tuple(r["pair_features"]) for r in rows} == {tuple(names)}
+        scores[names[-1]] = next(r["score"] for r in rows if r["metric"] == "accuracy")
+    # whether b repeats a cannot be read from u alone
+    assert scores["u"] < 0.75 < 0.9 < scores["product"]
 
 
 def test_run_senteval_rejects_an_unknown_task_kind(tmp_path):

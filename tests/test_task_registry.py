@@ -3,8 +3,9 @@ import json
 
 import pytest
 
-from data_prep.conll import iob1_to_iob2, read_conll
+from data_prep.conll import iob1_to_iob2
 from data_prep.squad import read_squad
+from pipeline.downstream.task_data import conll_sentences
 from pipeline.downstream.tasks import available_tasks, load_task, read_split
 from pipeline.evaluation.metrics import METRICS
 
@@ -33,10 +34,18 @@ def _write_tsv(task, path, n: int = 6) -> list:
 
 
 def _write_conll(task, path) -> list[list[str]]:
-    entity_tags = [t for t in task.labels if t != "O"]
-    sentences = [[("Peter", entity_tags[0]), ("went", "O")], [("to", "O"), ("Paris", entity_tags[-1])]]
+    """Two sentences with the word and the tag in the task's columns and "-X-" in the others, so that a reader taking
+    another column reads tags outside the task's labels; returns the written tags."""
+    tags = [t for t in task.labels if t != "O"]
+    sentences = [[("Peter", tags[0]), ("went", task.labels[0])], [("to", task.labels[0]), ("Paris", tags[-1])]]
+
+    def line(word, tag):
+        fields = ["-X-"] * 4
+        fields[task.get("word_column", 0)], fields[task.get("tag_column", -1)] = word, tag
+        return " ".join(fields)
+
     path.write_text("-DOCSTART- -X- -X- O\n\n" + "\n\n".join(
-        "\n".join(f"{word} NNP B-NP {tag}" for word, tag in sentence) for sentence in sentences) + "\n")
+        "\n".join(line(word, tag) for word, tag in sentence) for sentence in sentences) + "\n")
     return [[tag for _, tag in sentence] for sentence in sentences]
 
 
@@ -72,9 +81,13 @@ def test_task_reads_a_fixture_in_its_layout(name, tmp_path):
             assert split.texts_b == [f"second sentence {i}" for i in range(len(expected))]
     elif task.format == "conll":
         expected = _write_conll(task, path)
-        sentences = read_conll(path)
+        sentences = conll_sentences(task, tmp_path, task.dev_file)
+        assert [s.tokens for s in sentences] == [["Peter", "went"], ["to", "Paris"]]
+        if task.get("tag_scheme", "iob") == "iob":
+            expected = [iob1_to_iob2(tags) for tags in expected]
         assert [s.tags for s in sentences] == expected
-        assert {t for s in sentences for t in iob1_to_iob2(s.tags)} <= set(task.labels)
+        assert {t for s in sentences for t in s.tags} <= set(task.labels)
+        assert task.metric in {"entity_f1", "token_accuracy"}
     else:
         expected = _write_squad(task, path)
         assert [e.answers[0] for e in read_squad(path)] == expected
@@ -111,3 +124,39 @@ def test_headerless_first_row_without_the_task_columns_names_file_and_line(tmp_p
     with pytest.raises(ValueError, match=r"dev.tsv:1: expected 4 tab-separated fields \(task cola reads column 3, "
                                          r"counting from 0\), got 3"):
         read_split(load_task("cola"), path)
+
+
+MNLI_TRAIN_HEADER = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
+                     "sentence1_parse", "sentence2_parse", "sentence1", "sentence2", "label1", "gold_label"]
+MNLI_DEV_HEADER = MNLI_TRAIN_HEADER[:-1] + ["label2", "label3", "label4", "label5", "gold_label"]
+
+
+@pytest.mark.parametrize("name, header, row, expected", [
+    ("mnli", MNLI_TRAIN_HEADER, ["0", "31193", "31193n", "government", "( ( Conceptually", "( Product", "(ROOT",
+                                 "(ROOT", "Conceptually cream skimming has", "Product and geography",
+                                 "neutral", "neutral"],
+     ("Conceptually cream skimming has", "Product and geography", 1)),
+    ("mnli_mm", MNLI_DEV_HEADER, ["0", "63735", "63735n", "slate", "( ( The", "( ( Some", "(ROOT", "(ROOT",
+                                  "The new rights are nice", "Everyone really likes", "neutral", "neutral",
+                                  "entailment", "neutral", "neutral", "contradiction"],
+     ("The new rights are nice", "Everyone really likes", 2)),
+    ("qqp", ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
+     ["201359", "303345", "303346", "Why are African-Americans so beautiful?", "Why are hispanics so beautiful?", "0"],
+     ("Why are African-Americans so beautiful?", "Why are hispanics so beautiful?", 0)),
+    ("qnli", ["index", "question", "sentence", "label"],
+     ["0", "What came into force after the new constitution?", "As of that day, the new constitution",
+      "not_entailment"], ("What came into force after the new constitution?", "As of that day, the new constitution",
+                          1)),
+])
+def test_glue_tasks_read_the_columns_of_glues_own_files(name, header, row, expected, tmp_path):
+    """The headers of GLUE's MNLI (train: 12 columns; dev: 16, sentence1 and sentence2 at 8 and 9, gold_label last),
+    QQP and QNLI files: the last label column is MNLI's gold label, not an annotator's label1."""
+    task = load_task(name)
+    path = tmp_path / task.dev_file
+    path.write_text("\t".join(header) + "\n" + "\t".join(row) + "\n")
+    split = read_split(task, path)
+    assert (split.texts_a[0], split.texts_b[0], split.labels[0]) == expected
+    assert task.data_subdir == {"mnli": "MNLI", "mnli_mm": "MNLI", "qqp": "QQP", "qnli": "QNLI"}[name]
+    assert task.metric == ("accuracy_f1" if name == "qqp" else "accuracy")
+    if name.startswith("mnli"):
+        assert task.dev_file == {"mnli": "dev_matched.tsv", "mnli_mm": "dev_mismatched.tsv"}[name]

@@ -109,7 +109,8 @@ def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, m
         return TaskData(encode_tagged_sentences(tok, train, labels, max_seq_length),
                         encode_tagged_sentences(tok, dev, labels, max_seq_length), collate_token_classification,
                         lambda c: BertForTokenClassification(c, len(labels)),
-                        partial(TokenClassificationModule, labels=labels, dev_tags=[s.tags for s in dev]), None)
+                        partial(TokenClassificationModule, labels=labels, dev_tags=[s.tags for s in dev],
+                                metric=task.metric), None)
     if task.format == "squad":
         train = subsample(read_squad(data_dir / task.train_file), max_train_examples, seed)
         dev = read_squad(data_dir / task.dev_file)

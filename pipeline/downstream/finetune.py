@@ -1,7 +1,7 @@
 """The fine-tune stage: every configured task × model kind × train size × seed. The model kinds are the families'
 (`finetune.models`; pipeline/families.py): BERT fine-tuned end to end (Devlin et al. 2019, §4; seed 003) next to the
 same architecture from random initialisation, ELMo used feature-based (Peters et al. 2018, §3.3); a majority-class
-baseline for classification tasks.
+and a bag-of-words logistic-regression baseline (pipeline/downstream/baselines.py) for TSV classification tasks.
 
 One finished (task, model, size, seed) is one small JSON file, so a run killed half-way skips what it had finished."""
 from __future__ import annotations
@@ -17,7 +17,8 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Subset
 
 from data_prep.shards import write_json_atomically
-from pipeline.downstream.task_data import TaskData, read_task_files, stratified_subsample
+from pipeline.downstream.baselines import bow_logreg_scores
+from pipeline.downstream.task_data import TaskData, read_task_files, stratified_subsample, tsv_splits
 from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fingerprint
 from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import FinetuneKind, TaskModels
@@ -162,13 +163,41 @@ def finetune(ctx: StageContext) -> dict:
                     print(f"finetune {tag}: " + ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), flush=True)
         data = next(iter(encoded.values()))
         if data.majority_scores is not None:
-            rows += [{"model": "majority_class", "task": task.name, "metric": metric, "score": value, "seed": None,
-                      "train_size": None, "train_examples": len(data.train), "dev_examples": len(data.dev),
-                      "scored_on": scored_on, "seconds": 0.0}
-                     for metric, value in data.majority_scores.items()]
+            rows += _baseline_rows("majority_class", task, data.majority_scores, len(data.train), len(data.dev),
+                                   scored_on, 0.0)
+        if task.format == "tsv" and task.labels is not None:
+            rows += _bow_logreg_rows(ctx, task, data_dir, scored_on)
     results = _aggregate(rows)
     write_json_atomically(ctx.out_dir / "results.json", results)
     return {"results": headline_results(results)}
+
+
+# Rows trained once on all of train, outside the model kinds' sizes and seeds.
+BASELINES = ("majority_class", "bow_logreg")
+
+
+def _baseline_rows(model: str, task: DictConfig, scores: dict[str, float], train_examples: int, dev_examples: int,
+                   scored_on: str, seconds: float) -> list[dict]:
+    return [{"model": model, "task": task.name, "metric": metric, "score": value, "seed": None, "train_size": None,
+             "train_examples": train_examples, "dev_examples": dev_examples, "scored_on": scored_on,
+             "seconds": seconds} for metric, value in scores.items()]
+
+
+def _bow_logreg_rows(ctx: StageContext, task: DictConfig, data_dir, scored_on: str) -> list[dict]:
+    """The bag-of-words baseline on the train split the model kinds get, kept in finished/ like a fine-tuning run:
+    on MNLI or QQP it takes minutes."""
+    done = ctx.out_dir / "finished" / f"{task.name}-bow_logreg.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    started = time.perf_counter()
+    train, dev, _ = tsv_splits(task, data_dir, ctx.cfg.finetune.max_train_examples, ctx.cfg.seed,
+                               ctx.cfg.finetune.get("selection_fraction"))
+    scores = bow_logreg_scores(task, train, dev, ctx.cfg.seed)
+    rows = _baseline_rows("bow_logreg", task, scores, len(train.labels), len(dev.labels), scored_on,
+                          round(time.perf_counter() - started, 1))
+    write_json_atomically(done, rows)
+    print(f"finetune {task.name}/bow_logreg: " + ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), flush=True)
+    return rows
 
 
 def _size_order(row: dict) -> float:
@@ -188,10 +217,10 @@ def headline_results(results: list[dict]) -> list[dict]:
 
 def label_efficiency(results: list[dict]) -> list[dict]:
     """The rows of a run with several training sizes (none when it had one), smallest size first."""
-    sizes = {r.get("train_size") for r in results if r["model"] != "majority_class"}
+    sizes = {r.get("train_size") for r in results if r["model"] not in BASELINES}
     if len(sizes) < 2:
         return []
-    return sorted((r for r in results if r["model"] != "majority_class"), key=_size_order)
+    return sorted((r for r in results if r["model"] not in BASELINES), key=_size_order)
 
 
 def _finetune_fingerprint(cfg: DictConfig) -> str:

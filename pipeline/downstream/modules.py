@@ -139,11 +139,12 @@ class RegressionModule(FinetuneModule):
 
 
 class TokenClassificationModule(FinetuneModule):
-    """BertForTokenClassification with cross-entropy on each word's first sub-token (BERT Sec. 5.3); dev
-    entity-level precision/recall/F1 over words, against `dev_tags`, the gold word tags of the dev sentences."""
+    """BertForTokenClassification with cross-entropy on each word's first sub-token (BERT Sec. 5.3); dev scored
+    over words by the task's `metric` (entity_f1: conlleval's chunk precision/recall/F1; token_accuracy), against
+    `dev_tags`, the gold word tags of the dev sentences."""
 
     def __init__(self, model: nn.Module, labels: Sequence[str], dev_tags: Sequence[Sequence[str]], lr: float,
-                 weight_decay: float, warmup_steps: int, total_steps: int):
+                 weight_decay: float, warmup_steps: int, total_steps: int, metric: str = "entity_f1"):
         super().__init__(model)
         self.save_hyperparameters(ignore=["model", "dev_tags"])
         self.labels, self.dev_tags = list(labels), dev_tags
@@ -167,7 +168,7 @@ class TokenClassificationModule(FinetuneModule):
 
     def on_validation_epoch_end(self) -> None:
         examples = sorted(self._predicted_tags)
-        self._log_scores(score_task("entity_f1", [self._predicted_tags[i] for i in examples],
+        self._log_scores(score_task(self.hparams.metric, [self._predicted_tags[i] for i in examples],
                                     [self.dev_tags[i] for i in examples]))
 
 

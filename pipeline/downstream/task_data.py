@@ -84,9 +84,22 @@ def tsv_splits(task: DictConfig, data_dir: Path, max_train_examples: int | None,
     return train, dev, score_task(task.metric, [majority] * len(dev.labels), dev.labels)
 
 
+TAG_SCHEMES = ("iob", "none")
+
+
 def conll_sentences(task: DictConfig, data_dir: Path, name: str) -> list[TaggedSentence]:
-    """A CoNLL file's sentences with IOB2 tags: the files are IOB1, the task's labels IOB2."""
-    return [TaggedSentence(s.tokens, iob1_to_iob2(s.tags)) for s in read_conll(data_dir / name, task.labels)]
+    """A CoNLL file's sentences, the word and the tag read from the task's `word_column` and `tag_column` (default:
+    the first and the last). `tag_scheme: iob` (the default) tags chunks, read as IOB1 or IOB2 and given as IOB2
+    (CoNLL-2003's files are IOB1); `none` takes the tags as they are (POS tags)."""
+    scheme = task.get("tag_scheme", "iob")
+    if scheme not in TAG_SCHEMES:
+        raise ValueError(f"task {task.name}: tag_scheme {scheme!r} is not one of {list(TAG_SCHEMES)}; "
+                         "iob for chunks (NER, chunking), none for tags without spans (POS)")
+    sentences = read_conll(data_dir / name, task.labels, int(task.get("word_column", 0)),
+                           int(task.get("tag_column", -1)), iob=scheme == "iob")
+    if scheme == "none":
+        return sentences
+    return [TaggedSentence(s.tokens, iob1_to_iob2(s.tags)) for s in sentences]
 
 
 SPLIT_READERS: dict[str, Callable[[DictConfig, Path, str], object]] = {

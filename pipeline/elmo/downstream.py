@@ -77,7 +77,7 @@ def load_elmo_task_data(task: DictConfig, data_dir: Path, bilm_and_vocab: tuple,
 
         return TaskData(subsample(rows(task.train_file), max_train_examples, seed), rows(task.dev_file), collate,
                         lambda _: ElmoTokenTagger(bilm, len(labels), vocab=vocab),
-                        partial(ElmoTaskModule, metric="entity_f1", labels=labels), None)
+                        partial(ElmoTaskModule, metric=task.metric, labels=labels), None)
     raise ValueError(f"task {task.name}: ELMo's feature-based heads take tsv (classification, pairs, regression) "
                      f"and conll (tagging) tasks, not {task.format!r}; drop elmo from finetune.models for it")
 
@@ -110,7 +110,7 @@ class ElmoTaskModule(FinetuneModule):
     stage's three task families: sentences or pairs classified (`ElmoSentenceClassifier`, cross-entropy), a
     one-output classifier regressed with mean squared error (STS-B), and words tagged (`ElmoTokenTagger`, labels per
     word, IGNORE_INDEX skipped). Dev is scored by `metric` (pipeline.evaluation.metrics.score_task); tagging needs the
-    tag names `labels`, for entity F1 over the words."""
+    tag names `labels`, to score the words' tags (entity F1, token accuracy)."""
 
     def __init__(self, model: nn.Module, lr: float, weight_decay: float, warmup_steps: int, total_steps: int,
                  metric: str = "accuracy", labels: Sequence[str] | None = None):

@@ -103,14 +103,19 @@ def entity_spans(tags: Sequence[str]) -> set[tuple[str, int, int]]:
     return spans
 
 
-def entity_scores(predictions: Sequence[Sequence[str]], references: Sequence[Sequence[str]]) -> dict[str, float]:
-    """Micro precision/recall/F1 over exact entity spans of tagged sentences (conlleval, CoNLL-2003's metric)."""
+def _check_tagged(predictions: Sequence[Sequence[str]], references: Sequence[Sequence[str]]) -> None:
     _check_lengths(predictions, references)
-    correct = predicted = gold = 0
     for i, (predicted_tags, gold_tags) in enumerate(zip(predictions, references)):
         if len(predicted_tags) != len(gold_tags):
             raise ValueError(f"sentence {i}: {len(predicted_tags)} predicted tags for {len(gold_tags)} words; "
                              "predict one tag per word (decode sub-token predictions to words first)")
+
+
+def entity_scores(predictions: Sequence[Sequence[str]], references: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Micro precision/recall/F1 over exact entity spans of tagged sentences (conlleval, CoNLL-2003's metric)."""
+    _check_tagged(predictions, references)
+    correct = predicted = gold = 0
+    for predicted_tags, gold_tags in zip(predictions, references):
         predicted_spans, gold_spans = entity_spans(predicted_tags), entity_spans(gold_tags)
         correct += len(predicted_spans & gold_spans)
         predicted += len(predicted_spans)
@@ -119,6 +124,12 @@ def entity_scores(predictions: Sequence[Sequence[str]], references: Sequence[Seq
     recall = correct / gold if gold else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
     return {"precision": precision, "recall": recall, "f1": f1}
+
+
+def token_accuracy(predictions: Sequence[Sequence[str]], references: Sequence[Sequence[str]]) -> dict[str, float]:
+    """The fraction of words tagged right over all sentences (POS tagging's metric)."""
+    _check_tagged(predictions, references)
+    return {"accuracy": accuracy([t for s in predictions for t in s], [t for s in references for t in s])}
 
 
 _PUNCTUATION = frozenset(string.punctuation)
@@ -164,6 +175,7 @@ METRICS: dict[str, Callable[[Sequence, Sequence], dict[str, float]]] = {
     "matthews_corrcoef": lambda p, r: {"matthews_corrcoef": matthews_corrcoef(p, r)},
     "pearson_spearman": lambda p, r: {"pearson": pearson(p, r), "spearman": spearman(p, r)},
     "entity_f1": entity_scores,
+    "token_accuracy": token_accuracy,
     "squad": squad_scores,
 }
 

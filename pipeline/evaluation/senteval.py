@@ -18,13 +18,17 @@ measure the representation, not the classifier:
 
     kind              data                              features               protocol                  metrics
     ----------------  --------------------------------  ---------------------  ------------------------  ------------
-    mr, tsv           one sentence, a label             u                      stratified 10-fold CV     accuracy
-    sick_entailment   SICK TRAIN / TRIAL / TEST         [u, v, |u-v|, u*v]     L2 on TRIAL, test on TEST accuracy
-    sick_relatedness  SICK TRAIN / TRIAL / TEST         [u, v, |u-v|, u*v]     Tai et al. 2015 (below)   pearson,
+    mr, cr, subj,     one sentence, a label             u                      stratified 10-fold CV     accuracy
+    mpqa, tsv
+    trec              TREC train_5500 / TREC_10         u                      L2 by inner CV on train   accuracy
+    sick_entailment   SICK TRAIN / TRIAL / TEST         pair features          L2 on TRIAL, test on TEST accuracy
+    sick_relatedness  SICK TRAIN / TRIAL / TEST         pair features          Tai et al. 2015 (below)   pearson,
                                                                                                          spearman
-    mrpc              GLUE MRPC train / dev             [u, v, |u-v|, u*v]     L2 by inner CV on train   accuracy, f1
+    mrpc              GLUE MRPC train / dev             pair features          L2 by inner CV on train   accuracy, f1
 
-The pair features are InferSent's (Conneau et al. 2017); SentEval itself feeds SICK and MRPC only [|u-v|, u*v].
+The pair features are senteval.pair_features: [abs_diff, product] = [|u-v|, u*v] by default, as Skip-Thought
+(Kiros et al. 2015) and SentEval itself feed SICK and MRPC, so scores sit beside seed 000's tables; [u, v, abs_diff,
+product] is InferSent's set (Conneau et al. 2017). Each pair-task row names the set it was scored with.
 The L2 strength is always chosen on data the reported score never sees: inner stratified k-fold on the training part
 (SentEval's InnerKFoldClassifier), or the task's own validation split when it has one (SplitClassifier).
 """
@@ -41,7 +45,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data_prep.senteval_data import LabelledSentences, SentencePairs, read_labelled_tsv, read_mr, read_mrpc, read_sick
+from data_prep.senteval_data import (
+    LabelledSentences,
+    SentencePairs,
+    read_cr,
+    read_labelled_tsv,
+    read_mpqa,
+    read_mr,
+    read_mrpc,
+    read_sick,
+    read_subj,
+    read_trec,
+)
 from data_prep.word_vectors import WordVectors
 from pipeline.engine.family import Encoder
 from pipeline.evaluation.metrics import accuracy, binary_f1, pearson, spearman
@@ -107,9 +122,27 @@ def embed(encoder: Encoder, sentences: list[list[str]], batch_size: int) -> np.n
     return table[[index[tuple(s)] for s in sentences]]
 
 
-def pair_features(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """[u, v, |u - v|, u * v] (InferSent, Conneau et al. 2017): (N, D), (N, D) -> (N, 4D)."""
-    return np.concatenate([u, v, np.abs(u - v), u * v], axis=1)
+PAIR_FEATURES: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "u": lambda u, v: u,
+    "v": lambda u, v: v,
+    "abs_diff": lambda u, v: np.abs(u - v),
+    "product": lambda u, v: u * v,
+}
+DEFAULT_PAIR_FEATURES = ("abs_diff", "product")  # Kiros et al. 2015 and SentEval's SICK / MRPC
+
+
+def check_pair_features(names) -> tuple[str, ...]:
+    names = tuple(str(n) for n in names)
+    unknown = [n for n in names if n not in PAIR_FEATURES]
+    if not names or unknown:
+        raise ValueError(f"senteval.pair_features={list(names)}: give a non-empty list of {list(PAIR_FEATURES)}, "
+                         "e.g. [abs_diff, product] (SentEval) or [u, v, abs_diff, product] (InferSent)")
+    return names
+
+
+def pair_features(u: np.ndarray, v: np.ndarray, names: tuple[str, ...] = DEFAULT_PAIR_FEATURES) -> np.ndarray:
+    """The named features of sentence pairs side by side: (N, D), (N, D) -> (N, len(names) * D)."""
+    return np.concatenate([PAIR_FEATURES[name](u, v) for name in names], axis=1)
 
 
 # -----------------------------------------------------------------------------
@@ -118,16 +151,19 @@ def pair_features(u: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 @dataclass
 class ClassifierSettings:
-    """How the logistic regression is trained and selected; the fields of conf/senteval `classifier`."""
+    """How the logistic regression is trained and selected (conf/senteval `classifier`) and what a sentence-pair
+    task feeds it (`pair_features`)."""
     l2_grid: tuple[float, ...] = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
     max_iter: int = 100  # L-BFGS iterations per fit
     cv_folds: int = 10  # outer folds of single-sentence tasks (SentEval's MR/CR/SUBJ/MPQA protocol)
     inner_folds: int = 5  # folds that choose the L2 strength where a task has no validation split (SentEval: 5)
+    pair_features: tuple[str, ...] = DEFAULT_PAIR_FEATURES  # what a pair task feeds it (senteval.pair_features)
 
     @classmethod
-    def from_config(cls, cfg: Mapping) -> "ClassifierSettings":
+    def from_config(cls, cfg: Mapping, pair_features=DEFAULT_PAIR_FEATURES) -> "ClassifierSettings":
         return cls(l2_grid=tuple(float(v) for v in cfg["l2_grid"]), max_iter=int(cfg["max_iter"]),
-                   cv_folds=int(cfg["cv_folds"]), inner_folds=int(cfg["inner_folds"]))
+                   cv_folds=int(cfg["cv_folds"]), inner_folds=int(cfg["inner_folds"]),
+                   pair_features=check_pair_features(pair_features))
 
 
 @dataclass
@@ -302,10 +338,11 @@ def relatedness_regression(train: tuple[np.ndarray, np.ndarray], dev: tuple[np.n
 # Tasks: a reader (path, spec) -> data, and an evaluation (encoder, data, settings, batch_size, rng) -> metrics
 
 
-def _embed_pairs(encoder: Encoder, splits: dict[str, SentencePairs], batch_size: int) -> dict[str, np.ndarray]:
+def _embed_pairs(encoder: Encoder, splits: dict[str, SentencePairs], batch_size: int,
+                 names: tuple[str, ...]) -> dict[str, np.ndarray]:
     encoder.prepare([s for split in splits.values() for s in (*split.sentences_a, *split.sentences_b)])
     return {name: pair_features(embed(encoder, split.sentences_a, batch_size),
-                                embed(encoder, split.sentences_b, batch_size))
+                                embed(encoder, split.sentences_b, batch_size), names)
             for name, split in splits.items()}
 
 
@@ -317,15 +354,14 @@ def evaluate_single_sentence(encoder: Encoder, data: LabelledSentences, settings
                                                  settings, rng)}
 
 
-def _pair_classifier(features: dict[str, np.ndarray], splits: dict[str, SentencePairs], selection: str,
-                     report: str, settings: ClassifierSettings, rng: np.random.Generator) -> np.ndarray:
+def _split_classifier(features: dict[str, np.ndarray], labels: dict[str, list[int]], num_classes: int,
+                      selection: str, report: str, settings: ClassifierSettings,
+                      rng: np.random.Generator) -> np.ndarray:
     """Predicted classes of split `report`, trained on "train", L2 chosen on split `selection` or, when that is
-    "train", by inner cross-validation on it."""
-    num_classes = len(splits["train"].label_names)
-
+    "train", by inner cross-validation on it (SentEval's KFoldClassifier)."""
     def examples(name):
-        labels = np.asarray(splits[name].labels)
-        return Examples(features[name], one_hot(labels, num_classes), labels)
+        truth = np.asarray(labels[name])
+        return Examples(features[name], one_hot(truth, num_classes), truth)
 
     train = examples("train")
     validation = (inner_validation(train, settings.inner_folds, rng) if selection == "train"
@@ -334,23 +370,40 @@ def _pair_classifier(features: dict[str, np.ndarray], splits: dict[str, Sentence
     return model.predict_proba(features[report]).argmax(1)
 
 
+def _pair_classifier(features: dict[str, np.ndarray], splits: dict[str, SentencePairs], selection: str,
+                     report: str, settings: ClassifierSettings, rng: np.random.Generator) -> np.ndarray:
+    return _split_classifier(features, {name: split.labels for name, split in splits.items()},
+                             len(splits["train"].label_names), selection, report, settings, rng)
+
+
+def evaluate_train_test(encoder: Encoder, splits: dict[str, LabelledSentences], settings: ClassifierSettings,
+                        batch_size: int, rng: np.random.Generator) -> dict[str, float]:
+    """A single-sentence task with its own train/test split (TREC): SentEval trains on train with the L2 strength
+    chosen by inner k-fold cross-validation on train, and reports test accuracy."""
+    encoder.prepare([s for split in splits.values() for s in split.sentences])
+    features = {name: embed(encoder, split.sentences, batch_size) for name, split in splits.items()}
+    predicted = _split_classifier(features, {name: split.labels for name, split in splits.items()},
+                                  len(splits["train"].label_names), "train", "test", settings, rng)
+    return {"accuracy": accuracy(predicted, splits["test"].labels)}
+
+
 def evaluate_sick_entailment(encoder: Encoder, splits: dict[str, SentencePairs], settings: ClassifierSettings,
                              batch_size: int, rng: np.random.Generator) -> dict[str, float]:
-    features = _embed_pairs(encoder, splits, batch_size)
+    features = _embed_pairs(encoder, splits, batch_size, settings.pair_features)
     predicted = _pair_classifier(features, splits, "dev", "test", settings, rng)
     return {"accuracy": accuracy(predicted, splits["test"].labels)}
 
 
 def evaluate_sick_relatedness(encoder: Encoder, splits: dict[str, SentencePairs], settings: ClassifierSettings,
                               batch_size: int, rng: np.random.Generator) -> dict[str, float]:
-    features = _embed_pairs(encoder, splits, batch_size)
+    features = _embed_pairs(encoder, splits, batch_size, settings.pair_features)
     train, dev, test = ((features[name], np.asarray(splits[name].scores)) for name in ("train", "dev", "test"))
     return relatedness_regression(train, dev, test, settings)
 
 
 def evaluate_mrpc(encoder: Encoder, splits: dict[str, SentencePairs], settings: ClassifierSettings,
                   batch_size: int, rng: np.random.Generator) -> dict[str, float]:
-    features = _embed_pairs(encoder, splits, batch_size)
+    features = _embed_pairs(encoder, splits, batch_size, settings.pair_features)
     predicted = _pair_classifier(features, splits, "train", "dev", settings, rng)
     labels = splits["dev"].labels
     return {"accuracy": accuracy(predicted, labels), "f1": binary_f1(predicted, labels)}
@@ -364,6 +417,10 @@ def _read_tsv_task(path: Path, spec: Mapping) -> LabelledSentences:
 
 TASK_KINDS: dict[str, tuple[Callable, Callable]] = {
     "mr": (lambda path, spec: read_mr(path), evaluate_single_sentence),
+    "cr": (lambda path, spec: read_cr(path), evaluate_single_sentence),
+    "subj": (lambda path, spec: read_subj(path), evaluate_single_sentence),
+    "mpqa": (lambda path, spec: read_mpqa(path), evaluate_single_sentence),
+    "trec": (lambda path, spec: read_trec(path), evaluate_train_test),
     "tsv": (_read_tsv_task, evaluate_single_sentence),
     "sick_entailment": (lambda path, spec: read_sick(path), evaluate_sick_entailment),
     "sick_relatedness": (lambda path, spec: read_sick(path), evaluate_sick_relatedness),
@@ -371,12 +428,16 @@ TASK_KINDS: dict[str, tuple[Callable, Callable]] = {
 }
 
 
+PAIR_KINDS = frozenset({"sick_entailment", "sick_relatedness", "mrpc"})  # the kinds scored on pair_features
+
+
 def run_senteval(encoders: list[Encoder], cfg: Mapping, seed: int) -> list[dict]:
     """Evaluate every encoder on every task of `cfg` (the `senteval` config node: data_root, batch_size,
-    classifier, tasks) and return rows {encoder, task, metric, score}. Each task draws its folds from a generator
+    classifier, pair_features, tasks) and return rows {encoder, task, metric, score}, plus the pair_features list
+    on the rows of pair tasks. Each task draws its folds from a generator
     seeded with `seed` alone, so results do not depend on which other tasks or encoders run."""
     root = Path(str(cfg["data_root"])).expanduser()
-    settings = ClassifierSettings.from_config(cfg["classifier"])
+    settings = ClassifierSettings.from_config(cfg["classifier"], cfg.get("pair_features", DEFAULT_PAIR_FEATURES))
     rows = []
     for task_name, spec in cfg["tasks"].items():
         if spec["kind"] not in TASK_KINDS:
@@ -388,8 +449,9 @@ def run_senteval(encoders: list[Encoder], cfg: Mapping, seed: int) -> list[dict]
             metrics = evaluate(encoder, data, settings, int(cfg["batch_size"]), np.random.default_rng(seed))
             log.info("senteval %s on %s: %s (%.1f s)", encoder.name, task_name,
                      ", ".join(f"{m} {s:.4f}" for m, s in metrics.items()), time.perf_counter() - start)
-            rows += [{"encoder": encoder.name, "task": task_name, "metric": metric, "score": round(score, 4)}
-                     for metric, score in metrics.items()]
+            features = {"pair_features": list(settings.pair_features)} if spec["kind"] in PAIR_KINDS else {}
+            rows += [{"encoder": encoder.name, "task": task_name, "metric": metric, "score": round(score, 4),
+                      **features} for metric, score in metrics.items()]
     return rows
 
 

@@ -75,7 +75,20 @@ def _results_section(stage: str, results: list[dict]) -> list[str]:
                   f"{' / '.join('–' if v is None else f'{v:.4f}' for v in r.get('per_seed') or [])} | "
                   f"{r.get('train_examples', '–')} |" for r in headline]
         return lines + pretrained_vs_random(headline)
-    return lines + _pivot(results)
+    return lines + _pivot(results) + pair_features_lines(results)
+
+
+def pair_features_lines(results: list[dict]) -> list[str]:
+    """Which features the sentence-pair tasks' classifiers saw: SentEval's [abs_diff, product] and InferSent's
+    [u, v, abs_diff, product] give different scores, so a table is comparable only with one built the same way."""
+    used: dict[tuple, list[str]] = {}
+    for row in results:
+        if row.get("pair_features"):
+            tasks = used.setdefault(tuple(row["pair_features"]), [])
+            if row["task"] not in tasks:
+                tasks.append(row["task"])
+    return ["", *(f"- pair features of {', '.join(tasks)}: [{', '.join(names)}] (senteval.pair_features)"
+                  for names, tasks in used.items())] if used else []
 
 
 def pretrained_vs_random(rows: list[dict]) -> list[str]:
