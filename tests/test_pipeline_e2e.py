@@ -15,7 +15,7 @@ def test_bert_tiny_end_to_end(tmp_path):
         assert (run_dir / stage / "stage.json").is_file(), stage
     with open(run_dir / "report" / "results.csv") as f:
         models = [row["model"] for row in csv.DictReader(f)]
-    assert models == ["pretrained", "random_init", "majority_class"]
+    assert models == ["pretrained", "random_init", "majority_class", "bow_logreg"]
     assert f"results: {run_dir / 'report' / 'results.md'}" in result.stdout
     # W&B ran offline: one run directory per training stage, ready for `wandb sync`.
     offline_runs = list((run_dir / "wandb").glob("offline-run-*"))

@@ -92,7 +92,7 @@ def test_held_out_instances_are_a_fraction_of_the_examples_up_to_a_cap(ctx):
 def test_finetune_compares_pretrained_and_random_init(ctx):
     summary = ctx.run_stage("finetune")
     rows = {r["model"]: r for r in summary["results"]}
-    assert set(rows) == {"pretrained", "random_init", "majority_class"}
+    assert set(rows) == {"pretrained", "random_init", "majority_class", "bow_logreg"}
     for row in rows.values():
         assert row["task"] == "sst2" and row["metric"] == "accuracy" and 0.0 <= row["score"] <= 1.0
         assert row["dev_examples"] == 40
@@ -110,7 +110,8 @@ def test_report_writes_results_table_and_loss_summary(ctx):
     out = ctx.stage_dir("report")
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [r["model"] for r in rows] == ["pretrained", "random_init", "majority_class", "bert_cls", "bert_mean"]
+    assert [r["model"] for r in rows] == ["pretrained", "random_init", "majority_class", "bow_logreg", "bert_cls",
+                                         "bert_mean"]
     assert set(rows[0]) == {"stage", "model", "task", "metric", "score", "std", "seeds", "train_examples"}
     md = (out / "results.md").read_text()
     assert "against the unigram baseline" in md  # the pretrain stage measured it (pipeline/bert/diagnostics.py)
