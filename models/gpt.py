@@ -2,7 +2,8 @@
 GPT (Radford et al. 2018; GPT-2, Radford et al. 2019) in one file of plain PyTorch: a causal Transformer language model.
 
 Read top to bottom: config -> KV cache -> attention -> MLP -> block -> GPTModel -> GPTLMHeadModel -> checkpoint I/O (our
-own format, plus import/export of HuggingFace GPT-2 checkpoints). Decoding strategies live in models/generation.py.
+own format, plus import/export of HuggingFace GPT-2 checkpoints) -> GPT-1's fine-tuning head. Decoding strategies live
+in models/generation.py.
 
 The layout is GPT-2's as in nanoGPT and HuggingFace's `GPT2LMHeadModel` (`transformer.h.0.attn.c_attn`, `ln_1`,
 `mlp.c_fc`, ...): pre-LN blocks, a final LayerNorm, the LM head tied to the token embeddings. HF stores its projections

@@ -144,3 +144,37 @@ def test_finetune_stage_scores_gpt_and_gpt_random_and_gpt_learns_sentiment(ctx, 
     rows = {(r["model"], r["metric"]): r["score"] for r in finetuning.finetune(ctx)["results"]}
     assert {("gpt", "accuracy"), ("gpt_random", "accuracy")} <= set(rows)
     assert rows[("gpt", "accuracy")] > rows[("majority_class", "accuracy")]
+
+
+def _write_pairs(root: Path) -> Path:
+    """STS-B layout: a float similarity score for a sentence pair."""
+    root.mkdir(parents=True)
+    for name in ("train.tsv", "dev.tsv"):
+        (root / name).write_text("index\tsentence1\tsentence2\tscore\n0\talice found\tbob found\t1.5\n")
+    return root
+
+
+STSB = {"name": "stsb", "format": "tsv", "train_file": "train.tsv", "dev_file": "dev.tsv", "text_a": "sentence1",
+        "text_b": "sentence2", "label": "score", "labels": None, "metric": "pearson_spearman"}
+
+
+def test_a_regression_pair_is_encoded_in_both_orders_and_trained_with_mse_plus_lm(tmp_path):
+    tokenizer = _tokenizer(tmp_path / "tok")
+    data = load_task_data(OmegaConf.create(STSB), _write_pairs(tmp_path / "stsb"), tokenizer, 32, 32, None, 0)
+    a, b = tokenizer.encode("alice found").ids, tokenizer.encode("bob found").ids
+    v = tokenizer.get_vocab_size()
+    assert data.train[0]["sequences"] == [[v, *a, v + 1, *b, v + 2], [v, *b, v + 1, *a, v + 2]]
+    model = data.make_model(gpt_config("gpt_tiny", vocab_size=v, n_positions=32, n_embd=32, n_head=2)).eval()
+    module = data.make_module(model, lr=1e-3, weight_decay=0.0, warmup_steps=0, total_steps=1)
+    batch = data.collate(data.train)
+    with torch.no_grad():
+        loss, scores = module.model_step(batch)
+        _, lm = model(batch["input_ids"], batch["last"])
+    torch.testing.assert_close(loss, F.mse_loss(scores, batch["labels"]) + 0.5 * lm)
+
+
+def test_a_tokenizer_that_does_not_match_the_model_is_refused(tmp_path):
+    tokenizer = _tokenizer(tmp_path / "tok")
+    data = load_task_data(OmegaConf.create(STSB), _write_pairs(tmp_path / "stsb"), tokenizer, 32, 32, None, 0)
+    with pytest.raises(ValueError, match="pretrain them together"):
+        data.make_model(gpt_config("gpt_tiny", vocab_size=tokenizer.get_vocab_size() + 1, n_positions=32))

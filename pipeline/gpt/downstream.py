@@ -20,9 +20,9 @@ from pipeline.downstream.task_data import TaskData, tsv_splits
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
 
-# GPT-1 Sec. 3.3: similarity has no inherent order, so both orders are encoded and their extract states summed. STS-B
-# is regression; MRPC and QQP are GPT-1's other similarity tasks.
-SIMILARITY_TASKS = ("mrpc", "qqp", "stsb")
+# GPT-1 Sec. 3.3: similarity has no inherent order, so both orders are encoded and their extract states summed: for
+# regression pairs (STS-B) and GPT-1's other similarity tasks, MRPC and QQP.
+SIMILARITY_TASKS = ("mrpc", "qqp")
 LM_WEIGHT = 0.5  # GPT-1 Sec. 3.2 / 4.1: λ of the auxiliary LM loss
 
 
@@ -91,7 +91,7 @@ def load_task_data(task: DictConfig, data_dir: Path, tokenizer, n_positions: int
     vocab_size = tokenizer.get_vocab_size()
     special = (vocab_size, vocab_size + 1, vocab_size + 2)
     max_len = min(max_seq_length, n_positions)
-    both = task.name in SIMILARITY_TASKS
+    both = task.labels is None or task.name in SIMILARITY_TASKS
 
     def rows(split) -> list[dict]:
         ids_a = [e.ids for e in tokenizer.encode_batch(split.texts_a)]
