@@ -2,7 +2,8 @@
 GPT (Radford et al. 2018; GPT-2, Radford et al. 2019) in one file of plain PyTorch: a causal Transformer language model.
 
 Read top to bottom: config -> KV cache -> attention -> MLP -> block -> GPTModel -> GPTLMHeadModel -> checkpoint I/O (our
-own format, plus import/export of HuggingFace GPT-2 checkpoints). Decoding strategies live in models/generation.py.
+own format, plus import/export of HuggingFace GPT-2 checkpoints) -> GPT-1's fine-tuning head. Decoding strategies live
+in models/generation.py.
 
 The layout is GPT-2's as in nanoGPT and HuggingFace's `GPT2LMHeadModel` (`transformer.h.0.attn.c_attn`, `ln_1`,
 `mlp.c_fc`, ...): pre-LN blocks, a final LayerNorm, the LM head tied to the token embeddings. HF stores its projections
@@ -385,3 +386,62 @@ def to_hf(model: GPTLMHeadModel, path) -> None:
         value = value.detach().cpu()
         state[key] = (value.t() if key.endswith(CONV1D_WEIGHTS) else value).contiguous()
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})  # HF checks for "format": "pt"
+
+
+# -----------------------------------------------------------------------------
+# Fine-tuning (GPT-1, Radford et al. 2018, Sec. 3.2-3.3; seed 004)
+
+
+class GPTForSequenceClassification(nn.Module):
+    """GPT-1's discriminative fine-tuning: a linear head on the final state of each input's last token (the extract
+    token), plus the LM head kept for the auxiliary language-modelling loss (Sec. 3.2, λ = 0.5 in the caller).
+
+    GPT-1 adds the start, delimiter and extract tokens to the vocabulary at fine-tuning time, randomly initialised
+    (Sec. 3.3): here they are the last N_SPECIAL rows of the task model's own token table, so the pretrained vocabulary
+    and tokenizer stay as they are. `config` is the task model's (vocab_size already counting them); load_lm copies a
+    pretrained LM's weights into the rest.
+
+    forward(idx (B, K, T), last (B, K)): K token sequences per example (2 for a similarity pair in both orders, Sec.
+    3.3, their extract states summed), right-padded, `last` the index of each one's extract token. Causal attention
+    means no real token sees the padding after it, so no attention mask is needed. Returns (logits (B, num_labels),
+    the mean next-token cross-entropy over each sequence's real tokens)."""
+
+    N_SPECIAL = 3  # start, delimiter, extract: ids vocab_size - 3, -2, -1
+
+    def __init__(self, config: GPTConfig, num_labels: int):
+        super().__init__()
+        self.config = config
+        self.lm = GPTLMHeadModel(config)
+        self.head = nn.Linear(config.n_embd, num_labels)
+        nn.init.normal_(self.head.weight, std=config.initializer_range)
+        nn.init.zeros_(self.head.bias)
+
+    @property
+    def encoder(self) -> GPTModel:
+        return self.lm.transformer
+
+    @property
+    def special_ids(self) -> tuple[int, int, int]:
+        """(start, delimiter, extract) token ids."""
+        v = self.config.vocab_size
+        return v - 3, v - 2, v - 1
+
+    @torch.no_grad()
+    def load_lm(self, lm: GPTLMHeadModel) -> None:
+        """This model's LM weights from a pretrained one with N_SPECIAL fewer tokens; the special tokens keep their
+        fresh initialisation."""
+        state = lm.state_dict()
+        wte = self.lm.transformer.wte.weight.clone()
+        wte[: lm.config.vocab_size] = state.pop("transformer.wte.weight")
+        self.lm.load_state_dict({**state, "transformer.wte.weight": wte})
+
+    def forward(self, idx: torch.Tensor, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        B, K, T = idx.shape
+        flat, flat_last = idx.reshape(B * K, T), last.reshape(B * K)
+        h = self.encoder(flat)  # (B*K, T, C)
+        extract = h[torch.arange(B * K, device=idx.device), flat_last].view(B, K, -1).sum(1)  # (B, C)
+        positions = torch.arange(T, device=idx.device)
+        targets = flat[:, 1:].masked_fill(positions[None, 1:] > flat_last[:, None], IGNORE_INDEX)  # padding unscored
+        lm_logits = F.linear(h[:, :-1], self.encoder.wte.weight)
+        lm_loss = F.cross_entropy(lm_logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+        return self.head(extract), lm_loss

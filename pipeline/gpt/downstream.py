@@ -1,0 +1,152 @@
+"""GPT fine-tuned end to end on the downstream tasks as in GPT-1 (Radford et al. 2018, Sec. 3.2-3.3; seed 004): each
+example becomes one token sequence (two for a similarity pair) framed by start, delimiter and extract tokens, a linear
+head reads the extract token's final state, and the loss is the task's plus 0.5 x the LM loss on the same tokens.
+`finetune.models=[gpt, gpt_random]`: this run's pretrained GPT, and its architecture untrained."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from torch import nn
+
+from models.checkpoint import read_config
+from models.gpt import GPTForSequenceClassification, load_pretrained
+from pipeline.downstream.modules import ClassificationModule, RegressionModule
+from pipeline.downstream.task_data import TaskData, tsv_splits
+from pipeline.engine.dag import StageContext
+from pipeline.engine.family import FinetuneKind
+
+# GPT-1 Sec. 3.3: similarity has no inherent order, so both orders are encoded and their extract states summed: for
+# regression pairs (STS-B) and GPT-1's other similarity tasks, MRPC and QQP.
+SIMILARITY_TASKS = ("mrpc", "qqp")
+LM_WEIGHT = 0.5  # GPT-1 Sec. 3.2 / 4.1: λ of the auxiliary LM loss
+
+
+def transform(tokens_a: list[int], tokens_b: list[int] | None, special: tuple[int, int, int], max_len: int,
+              both_orders: bool) -> list[list[int]]:
+    """GPT-1's input transformations (Figure 1): [start] a [extract], or [start] a [delim] b [extract], and with
+    `both_orders` also [start] b [delim] a [extract]. The texts are cut to fit max_len, a pair's longer text first."""
+    start, delim, extract = special
+    if tokens_b is None:
+        return [[start, *tokens_a[: max_len - 2], extract]]
+    a, b = list(tokens_a), list(tokens_b)
+    while len(a) + len(b) > max_len - 3:
+        (a if len(a) >= len(b) else b).pop()
+    orders = [(a, b), (b, a)] if both_orders else [(a, b)]
+    return [[start, *x, delim, *y, extract] for x, y in orders]
+
+
+def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
+    """Rows {"sequences": K token lists, "label"} -> input_ids (B, K, T) right-padded with 0 (never read: attention is
+    causal and the LM loss stops at `last`), last (B, K) the extract token's index, labels."""
+    width = max(len(s) for r in rows for s in r["sequences"])
+    K = len(rows[0]["sequences"])
+    input_ids = torch.zeros(len(rows), K, width, dtype=torch.long)
+    last = torch.zeros(len(rows), K, dtype=torch.long)
+    for i, r in enumerate(rows):
+        for k, sequence in enumerate(r["sequences"]):
+            input_ids[i, k, : len(sequence)] = torch.as_tensor(sequence)
+            last[i, k] = len(sequence) - 1
+    dtype = torch.float32 if isinstance(rows[0]["label"], float) else torch.long
+    return {"input_ids": input_ids, "last": last, "labels": torch.tensor([r["label"] for r in rows], dtype=dtype)}
+
+
+class GPTObjective:
+    """GPT-1's fine-tuning loss L3 = L2 (task) + λ L1 (LM on the task's tokens) for ClassificationModule's and
+    RegressionModule's dev scoring; `task_loss` is theirs: (logits, labels) -> (loss, predictions)."""
+    lm_weight: float = LM_WEIGHT
+
+    def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, lm_loss = self.model(batch["input_ids"], batch["last"])
+        loss, predictions = self.task_loss(logits, batch["labels"])
+        return loss + self.lm_weight * lm_loss, predictions
+
+
+class GPTClassificationModule(GPTObjective, ClassificationModule):
+    @staticmethod
+    def task_loss(logits, labels):
+        return F.cross_entropy(logits.float(), labels), logits.argmax(-1)
+
+
+class GPTRegressionModule(GPTObjective, RegressionModule):
+    @staticmethod
+    def task_loss(logits, labels):
+        scores = logits.squeeze(-1)
+        return F.mse_loss(scores.float(), labels.float()), scores
+
+
+def load_task_data(task: DictConfig, data_dir: Path, tokenizer, n_positions: int, max_seq_length: int,
+                   max_train_examples: int | None, seed: int, selection_fraction: float | None = None) -> TaskData:
+    """One TSV task (classification, pair, regression) encoded with GPT-1's input transformations; make_model takes
+    the pretrained GPTConfig."""
+    if task.format != "tsv":
+        raise ValueError(f"task {task.name}: {task.format} tasks are not supported for gpt (GPT-1's heads here take "
+                         "tsv classification, pair and regression tasks); drop gpt and gpt_random from "
+                         "finetune.models for it")
+    train, dev, majority_scores = tsv_splits(task, data_dir, max_train_examples, seed, selection_fraction)
+    vocab_size = tokenizer.get_vocab_size()
+    special = (vocab_size, vocab_size + 1, vocab_size + 2)
+    max_len = min(max_seq_length, n_positions)
+    both = task.labels is None or task.name in SIMILARITY_TASKS
+
+    def rows(split) -> list[dict]:
+        ids_a = [e.ids for e in tokenizer.encode_batch(split.texts_a)]
+        ids_b = None if split.texts_b is None else [e.ids for e in tokenizer.encode_batch(split.texts_b)]
+        return [{"sequences": transform(ids_a[i], None if ids_b is None else ids_b[i], special, max_len, both),
+                 "label": split.labels[i]} for i in range(len(split.labels))]
+
+    regression = task.labels is None
+    num_labels = 1 if regression else len(task.labels)
+
+    def make_model(config):
+        if config.vocab_size != vocab_size:
+            raise ValueError(f"the GPT has {config.vocab_size} tokens but its tokenizer.json {vocab_size}; pretrain "
+                             "them together (stage gpt_pretrain writes both)")
+        return GPTForSequenceClassification(
+            type(config)(**{**vars(config), "vocab_size": vocab_size + GPTForSequenceClassification.N_SPECIAL}),
+            num_labels)
+
+    if regression:
+        return TaskData(rows(train), rows(dev), collate, make_model, GPTRegressionModule, None)
+    return TaskData(rows(train), rows(dev), collate, make_model, partial(GPTClassificationModule, metric=task.metric),
+                    majority_scores, train.labels)
+
+
+@dataclass
+class GPTTaskModels:
+    """A gpt_pretrain model directory and its tokenizer; `pretrained`: start from its weights, else from a fresh
+    initialisation of its architecture (what pretraining must beat)."""
+    model_dir: Path
+    tokenizer: object
+    encoding_key: str
+    pretrained: bool = True
+
+    def encode(self, task: DictConfig, data_dir: Path, finetune: DictConfig, seed: int,
+               selection_fraction: float | None) -> TaskData:
+        return load_task_data(task, data_dir, self.tokenizer, read_config(self.model_dir)["n_positions"],
+                              finetune.max_seq_length, finetune.max_train_examples, seed, selection_fraction)
+
+    def build(self, data: TaskData) -> nn.Module:
+        lm = load_pretrained(self.model_dir)
+        model = data.make_model(lm.config)
+        if self.pretrained:
+            model.load_lm(lm)
+        return model
+
+
+def _load(pretrained: bool):
+    def load(ctx: StageContext) -> GPTTaskModels:
+        from tokenizers import Tokenizer
+
+        model_dir = ctx.stage_dir("gpt_pretrain") / "model"
+        return GPTTaskModels(model_dir, Tokenizer.from_file(str(model_dir / "tokenizer.json")), str(model_dir),
+                             pretrained)
+    return load
+
+
+FINETUNE_KINDS = {"gpt": FinetuneKind(lambda cfg: ("gpt_pretrain",), _load(pretrained=True)),
+                  "gpt_random": FinetuneKind(lambda cfg: ("gpt_pretrain",), _load(pretrained=False))}

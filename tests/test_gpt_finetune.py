@@ -1,0 +1,180 @@
+"""GPT-1 fine-tuning (Radford et al. 2018, Sec. 3.2-3.3): input transformations, the extract-token head, the
+auxiliary LM loss, and the `gpt` / `gpt_random` kinds in the fine-tune stage."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from tokenizers import ByteLevelBPETokenizer
+
+from models import IGNORE_INDEX
+from models.gpt import GPTForSequenceClassification, GPTLMHeadModel, gpt_config, save_pretrained
+from pipeline import CONF_DIR
+from pipeline.downstream import finetune as finetuning
+from pipeline.engine.dag import StageContext
+from pipeline.gpt.downstream import FINETUNE_KINDS, GPTClassificationModule, collate, load_task_data, transform
+from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, write_sentiment_task
+
+S, D, E = 100, 101, 102  # start, delimiter, extract
+
+
+def test_single_sentences_are_framed_by_start_and_extract():
+    assert transform([1, 2, 3], None, (S, D, E), 16, both_orders=False) == [[S, 1, 2, 3, E]]
+    assert transform([1, 2, 3, 4, 5], None, (S, D, E), 5, both_orders=False) == [[S, 1, 2, 3, E]]
+
+
+def test_pairs_get_a_delimiter_and_similarity_pairs_both_orders():
+    assert transform([1, 2], [3], (S, D, E), 16, both_orders=False) == [[S, 1, 2, D, 3, E]]
+    assert transform([1, 2], [3], (S, D, E), 16, both_orders=True) == [[S, 1, 2, D, 3, E], [S, 3, D, 1, 2, E]]
+    # cut to fit, the longer text first
+    assert transform([1, 2, 3, 4], [5, 6], (S, D, E), 7, both_orders=False) == [[S, 1, 2, D, 5, 6, E]]
+
+
+def _model(num_labels=2, seed=0) -> GPTForSequenceClassification:
+    torch.manual_seed(seed)
+    return GPTForSequenceClassification(gpt_config("gpt_tiny", vocab_size=103, n_positions=32, n_embd=32, n_head=2),
+                                        num_labels).eval()
+
+
+def test_the_head_reads_the_extract_token_and_right_padding_changes_nothing():
+    model = _model()
+    short, long = {"sequences": [[S, 5, 6, E]], "label": 0}, {"sequences": [[S, 7, 8, 9, 10, 11, E]], "label": 1}
+    with torch.no_grad():
+        alone = collate([short])
+        logits_alone, lm_alone = model(alone["input_ids"], alone["last"])
+        batch = collate([short, long])
+        assert batch["input_ids"].shape == (2, 1, 7) and batch["last"].tolist() == [[3], [6]]
+        logits_batch, _ = model(batch["input_ids"], batch["last"])
+        torch.testing.assert_close(logits_batch[:1], logits_alone)
+        # the extract state is the one read: the head applied to it by hand gives the logits
+        h = model.encoder(alone["input_ids"][:, 0])
+        torch.testing.assert_close(model.head(h[:, 3]), logits_alone)
+        # padding tokens are not LM targets: other padding ids give the same LM loss for the short row
+        padded = batch["input_ids"][:1].clone()
+        padded[0, 0, 4:] = 42
+        _, lm_padded = model(padded, batch["last"][:1])
+        _, lm_zero = model(batch["input_ids"][:1], batch["last"][:1])
+        torch.testing.assert_close(lm_padded, lm_zero)
+        torch.testing.assert_close(lm_zero, lm_alone)
+
+
+def test_both_orders_are_summed_before_the_head():
+    model = _model(num_labels=1)
+    with torch.no_grad():
+        batch = collate([{"sequences": [[S, 1, 2, D, 3, E], [S, 3, D, 1, 2, E]], "label": 0.5}])
+        logits, _ = model(batch["input_ids"], batch["last"])
+        h = model.encoder(batch["input_ids"][0])  # (2, T, C)
+        torch.testing.assert_close(logits, model.head(h[0, 5] + h[1, 5])[None])
+
+
+def test_the_loss_is_the_task_loss_plus_half_the_lm_loss():
+    model = _model()
+    module = GPTClassificationModule(model, metric="accuracy", lr=1e-3, weight_decay=0.0, warmup_steps=0,
+                                     total_steps=1)
+    batch = collate([{"sequences": [[S, 5, 6, E]], "label": 1}, {"sequences": [[S, 7, 8, 9, E]], "label": 0}])
+    with torch.no_grad():
+        loss, _ = module.model_step(batch)
+        ids = batch["input_ids"][:, 0]
+        h = model.encoder(ids)
+        task = F.cross_entropy(model.head(h[torch.arange(2), batch["last"][:, 0]]), batch["labels"])
+        targets = ids[:, 1:].clone()
+        targets[0, 3:] = IGNORE_INDEX  # row 0 ends at position 3: its padding is no target
+        lm = F.cross_entropy((h[:, :-1] @ model.encoder.wte.weight.T).flatten(0, 1), targets.flatten(),
+                             ignore_index=IGNORE_INDEX)
+    torch.testing.assert_close(loss, task + 0.5 * lm)
+
+
+def test_pretrained_weights_are_loaded_and_the_special_tokens_added():
+    config = gpt_config("gpt_tiny", vocab_size=100, n_positions=32, n_embd=32, n_head=2)
+    lm = GPTLMHeadModel(config)
+    model = _model()
+    model.load_lm(lm)
+    torch.testing.assert_close(model.encoder.wte.weight[:100], lm.transformer.wte.weight)
+    torch.testing.assert_close(model.encoder.h[0].attn.c_attn.weight, lm.transformer.h[0].attn.c_attn.weight)
+    assert model.special_ids == (100, 101, 102)
+
+
+WORDS = SUBJECTS + OBJECTS + POSITIVE + NEGATIVE + ["found"]
+
+
+def _tokenizer(path: Path) -> ByteLevelBPETokenizer:
+    rng = random.Random(0)
+    tokenizer = ByteLevelBPETokenizer()
+    tokenizer.train_from_iterator([" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(300)],
+                                  vocab_size=600, min_frequency=1, special_tokens=["<|endoftext|>"])
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(path / "tokenizer.json"))
+    return tokenizer
+
+
+def test_tagging_and_squad_are_refused_naming_the_task(tmp_path):
+    task = OmegaConf.create({"name": "conll2003", "format": "conll"})
+    with pytest.raises(ValueError, match="conll2003: conll tasks are not supported for gpt"):
+        load_task_data(task, tmp_path, _tokenizer(tmp_path / "tok"), 32, 16, None, 0)
+
+
+@pytest.fixture
+def ctx(tmp_path) -> StageContext:
+    model_dir = tmp_path / "gpt_pretrain" / "model"
+    tokenizer = _tokenizer(model_dir)
+    torch.manual_seed(0)
+    save_pretrained(GPTLMHeadModel(gpt_config("gpt_tiny", vocab_size=tokenizer.get_vocab_size(), n_positions=32,
+                                              n_embd=32, n_head=2)), model_dir)
+    glue = tmp_path / "glue"
+    write_sentiment_task(glue / "SST-2", n_train=160, n_dev=40)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "+experiment=bert_tiny", f"paths.run_dir={tmp_path}", f"paths.cache_dir={tmp_path / 'cache'}",
+            "logger=csv", "trainer.precision=32-true", "finetune.task=[sst2]", f"finetune.data_dir={glue}",
+            "finetune.models=[gpt,gpt_random]", "finetune.seeds=[1]", "finetune.train_sizes=[null]",
+            "finetune.min_steps=0", "finetune.epochs=8", "finetune.batch_size=16", "finetune.max_seq_length=32",
+            "finetune.lr=2e-3"])
+    out = tmp_path / "finetune"
+    out.mkdir()
+    return StageContext(cfg, "finetune", out, {"gpt_pretrain": tmp_path / "gpt_pretrain"})
+
+
+def test_finetune_stage_scores_gpt_and_gpt_random_and_gpt_learns_sentiment(ctx, monkeypatch):
+    monkeypatch.setattr(finetuning, "MODEL_KINDS", {**finetuning.MODEL_KINDS, **FINETUNE_KINDS})
+    rows = {(r["model"], r["metric"]): r["score"] for r in finetuning.finetune(ctx)["results"]}
+    assert {("gpt", "accuracy"), ("gpt_random", "accuracy")} <= set(rows)
+    assert rows[("gpt", "accuracy")] > rows[("majority_class", "accuracy")]
+
+
+def _write_pairs(root: Path) -> Path:
+    """STS-B layout: a float similarity score for a sentence pair."""
+    root.mkdir(parents=True)
+    for name in ("train.tsv", "dev.tsv"):
+        (root / name).write_text("index\tsentence1\tsentence2\tscore\n0\talice found\tbob found\t1.5\n")
+    return root
+
+
+STSB = {"name": "stsb", "format": "tsv", "train_file": "train.tsv", "dev_file": "dev.tsv", "text_a": "sentence1",
+        "text_b": "sentence2", "label": "score", "labels": None, "metric": "pearson_spearman"}
+
+
+def test_a_regression_pair_is_encoded_in_both_orders_and_trained_with_mse_plus_lm(tmp_path):
+    tokenizer = _tokenizer(tmp_path / "tok")
+    data = load_task_data(OmegaConf.create(STSB), _write_pairs(tmp_path / "stsb"), tokenizer, 32, 32, None, 0)
+    a, b = tokenizer.encode("alice found").ids, tokenizer.encode("bob found").ids
+    v = tokenizer.get_vocab_size()
+    assert data.train[0]["sequences"] == [[v, *a, v + 1, *b, v + 2], [v, *b, v + 1, *a, v + 2]]
+    model = data.make_model(gpt_config("gpt_tiny", vocab_size=v, n_positions=32, n_embd=32, n_head=2)).eval()
+    module = data.make_module(model, lr=1e-3, weight_decay=0.0, warmup_steps=0, total_steps=1)
+    batch = data.collate(data.train)
+    with torch.no_grad():
+        loss, scores = module.model_step(batch)
+        _, lm = model(batch["input_ids"], batch["last"])
+    torch.testing.assert_close(loss, F.mse_loss(scores, batch["labels"]) + 0.5 * lm)
+
+
+def test_a_tokenizer_that_does_not_match_the_model_is_refused(tmp_path):
+    tokenizer = _tokenizer(tmp_path / "tok")
+    data = load_task_data(OmegaConf.create(STSB), _write_pairs(tmp_path / "stsb"), tokenizer, 32, 32, None, 0)
+    with pytest.raises(ValueError, match="pretrain them together"):
+        data.make_model(gpt_config("gpt_tiny", vocab_size=tokenizer.get_vocab_size() + 1, n_positions=32))
