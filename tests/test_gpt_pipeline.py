@@ -3,6 +3,7 @@ the hf/ directory transformers loads, the frozen encoders."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,9 +11,13 @@ import torch
 
 from data_prep.gpt_blocks import book_texts, end_of_text_id, load_gpt_tokenizer, pack_blocks
 from data_prep.shards import shard_paths
+from models.generation import greedy
 from models.gpt import load_pretrained
 from pipeline.engine.arrow import read_arrow
+from pipeline.generate import main as generate_main
+from pipeline.gpt import samples
 from pipeline.gpt.encoder import ENCODERS
+from pipeline.gpt.samples import load_model
 from pipeline.gpt.stages import build_shard_blocks
 from tests.helpers import TinyRun, family_config
 
@@ -121,3 +126,64 @@ def test_mean_encoder_and_its_random_twin_embed_sentences_of_any_length(pretrain
     assert not np.allclose(a, b)
     # right padding leaves a sentence's embedding as it is alone
     np.testing.assert_allclose(trained.batcher([batch[1]])[0], a[1], atol=1e-5)
+
+
+def linked_run(pretrained: TinyRun, tmp_path) -> Path:
+    """A run directory as the engine leaves it: a link per stage to its output."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "gpt_pretrain").symlink_to(pretrained.stage_dir("gpt_pretrain"), target_is_directory=True)
+    return run_dir
+
+
+def test_generate_prints_the_greedy_continuation_and_the_beams_best_first(pretrained, tmp_path, capsys):
+    run_dir = linked_run(pretrained, tmp_path)
+    model, tok = load_model(run_dir / "gpt_pretrain" / "model")
+    prompt = "The old man"
+    expected = tok.decode([t for t in greedy(model, [tok.encode(prompt).ids], 5)[0]
+                           if t != model.config.eos_token_id])
+    assert generate_main([str(run_dir), "--prompt", prompt, "--max-new-tokens", "5"]) == 0
+    assert capsys.readouterr().out == f"{prompt}{expected}\n"
+    assert generate_main([str(run_dir), "--prompt", prompt, "--max-new-tokens", "5", "--strategy", "beam",
+                          "--beams", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line[:4] for line in lines] == ["[1] ", "[2] ", "[3] "] and all(prompt in line for line in lines)
+    sampled = [str(run_dir), "--prompt", prompt, "--max-new-tokens", "5", "--strategy", "sample", "--top-k", "20",
+               "--temperature", "0.8", "--seed", "3"]
+    assert generate_main(sampled) == 0 and generate_main(sampled) == 0
+    first, second = capsys.readouterr().out.splitlines()
+    assert first == second  # seeded
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompt", "word " * 40], "longer than the model's context"),
+    (["--prompt", "   "], "the prompt is empty"),
+    (["--prompt", "The old man", "--strategy", "beam", "--beams", "0"], "--beams must be >= 1"),
+    (["--prompt", "The old man", "--max-new-tokens", "500"], "ask for at most"),
+])
+def test_generate_refuses_bad_input_with_one_line_and_status_2(pretrained, tmp_path, capsys, args, message):
+    assert generate_main([str(linked_run(pretrained, tmp_path)), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_generate_names_the_missing_gpt_stage(tmp_path, capsys):
+    (tmp_path / "pretrain").mkdir()  # a BERT run
+    assert generate_main([str(tmp_path), "--prompt", "The old man"]) == 2
+    assert "has no gpt_pretrain stage output" in capsys.readouterr().err
+
+
+def test_report_section_shows_greedy_continuations_of_the_fixed_prompts(pretrained, tmp_path):
+    lines = samples.report_section(pretrained.cfg, {"gpt_pretrain": pretrained.stage_dir("gpt_pretrain")}, tmp_path,
+                                   {})
+    assert "## GPT samples" in lines
+    shown = [line for line in lines if line.startswith("- **")]
+    assert [line.split("**")[1] for line in shown] == list(samples.REPORT_PROMPTS)
+    model, tok = load_model(pretrained.stage_dir("gpt_pretrain") / "model")
+    for prompt, line in zip(samples.REPORT_PROMPTS, shown):
+        room = model.config.n_positions - len(tok.encode(prompt).ids)  # the tiny model's context is 16 tokens
+        if room < 1:
+            assert "not continued: the prompt fills the 16-token context" in line
+        else:
+            (text,) = samples.continuations(model, tok, prompt, samples.Request(max_new_tokens=min(30, room)))
+            assert line.split("**")[2].split() == text.split() and "\n" not in line
