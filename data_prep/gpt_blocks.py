@@ -27,19 +27,17 @@ TOKENIZER_FILE = "tokenizer.json"
 BLOCK_SCHEMA = pa.schema([("ids", pa.list_(pa.int32()))])
 
 
-def train_byte_level_bpe(texts: Iterable[str], out_dir: Path, vocab_size: int, min_frequency: int,
-                         model_max_length: int) -> Tokenizer:
-    """Train GPT-2's tokenizer on `texts` and write it to out_dir as tokenizer.json, with the tokenizer_config.json
-    that lets transformers' AutoTokenizer load the directory as a GPT2TokenizerFast."""
+def train_byte_level_bpe(texts: Iterable[str], out_dir: Path, vocab_size: int, min_frequency: int) -> Tokenizer:
+    """Train GPT-2's tokenizer on `texts` and write it to out_dir as tokenizer.json."""
     bpe = ByteLevelBPETokenizer(add_prefix_space=False)  # GPT-2's: a leading space is part of the next word's token
     bpe.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[END_OF_TEXT])
     out_dir.mkdir(parents=True, exist_ok=True)
     bpe.save(str(out_dir / TOKENIZER_FILE))
-    write_hf_tokenizer_config(out_dir, model_max_length)
     return Tokenizer.from_file(str(out_dir / TOKENIZER_FILE))
 
 
 def write_hf_tokenizer_config(out_dir: Path, model_max_length: int) -> None:
+    """What lets transformers' AutoTokenizer load tokenizer.json in out_dir as a GPT2TokenizerFast."""
     # GPT-2 uses <|endoftext|> as its beginning, end and unknown token alike
     config = {"tokenizer_class": "GPT2TokenizerFast", "model_max_length": model_max_length, "add_prefix_space": False,
               "bos_token": END_OF_TEXT, "eos_token": END_OF_TEXT, "unk_token": END_OF_TEXT}

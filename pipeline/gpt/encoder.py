@@ -30,7 +30,7 @@ class GPTMeanEncoder:
     @torch.no_grad()
     def batcher(self, batch: list[list[str]]) -> np.ndarray:
         limit = self.model.config.n_positions
-        ids = [e.ids[:limit] or [self.model.config.eos_token_id or 0]  # an empty sentence reads as one token
+        ids = [e.ids[:limit] or [self.model.config.eos_token_id]  # an empty sentence reads as the end of text
                for e in self.tokenizer.encode_batch([" ".join(tokens) for tokens in batch])]
         T = max(len(i) for i in ids)
         idx = torch.zeros(len(ids), T, dtype=torch.long)

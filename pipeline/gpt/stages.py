@@ -37,7 +37,7 @@ def gpt_tokenizer(ctx: StageContext) -> dict:
     table = open_shards(ctx.stage_dir("prepare"))
     texts = (t for batch in table.to_batches() for t in batch.column("text").to_pylist())
     g = ctx.cfg.gpt
-    tok = train_byte_level_bpe(texts, ctx.out_dir, g.vocab_size, g.min_frequency, model_max_length=g.block_size)
+    tok = train_byte_level_bpe(texts, ctx.out_dir, g.vocab_size, g.min_frequency)
     return {"vocab_size": tok.get_vocab_size()}
 
 
@@ -96,13 +96,13 @@ class GPTPretraining:
         write_hf_tokenizer_config(ctx.out_dir / "hf", module.model.config.n_positions)
 
     def summary(self, module: GPTPretrainModule, data: PretrainingData, run: TrainingRun) -> dict:
-        block_tokens = data.batch_size * module.model.config.n_positions
+        batch_tokens = data.batch_size * module.model.config.n_positions
         return {"heldout_perplexity": module.heldout_perplexity,
-                "tokens_per_s": round(run.batches_per_s * block_tokens, 1)}
+                "tokens_per_s": round(run.batches_per_s * batch_tokens, 1)}
 
 
 GPT_STAGES = (
-    Stage("gpt_tokenizer", gpt_tokenizer, ("prepare",), ("gpt.vocab_size", "gpt.min_frequency", "gpt.block_size")),
+    Stage("gpt_tokenizer", gpt_tokenizer, ("prepare",), ("gpt.vocab_size", "gpt.min_frequency")),
     Stage("gpt_blocks", gpt_blocks, ("prepare", "gpt_tokenizer"), ("gpt.block_size",)),
     Stage("gpt_pretrain", partial(pretrain, task=GPTPretraining()), ("gpt_tokenizer", "gpt_blocks"),
           ("model", "gpt", "pretrain", "trainer", "seed"), num_cpus=stage_cpus),
