@@ -54,6 +54,7 @@ def test_skip_thought_small_pretrains_and_is_probed_with_vocabulary_expansion(tm
                                                          ("skip_thought_random", "MR"), ("glove_bow", "MR")}
 
 
+@pytest.mark.slow  # 22 s on the loaded 2-core machine; tests/test_gpt_pipeline.py covers each stage in the fast suite
 def test_gpt_tiny_pretrains_is_probed_and_reported_with_samples(tmp_path, ray_session):
     results, rows = _run(tmp_path, "gpt_tiny", [
         "gpt.vocab_size=300", "gpt.min_frequency=1", "gpt.block_size=32", "+model.config.n_embd=32",
