@@ -2,6 +2,7 @@
 (pipeline/engine/family.py); adding one is that folder plus one line here."""
 from pipeline.bert.family import FAMILY as BERT
 from pipeline.elmo.family import FAMILY as ELMO
+from pipeline.gpt.family import FAMILY as GPT
 from pipeline.skip_thought.family import FAMILY as SKIP_THOUGHT
 
-FAMILIES = (BERT, ELMO, SKIP_THOUGHT)
+FAMILIES = (BERT, ELMO, SKIP_THOUGHT, GPT)

@@ -93,6 +93,8 @@ TINY_FAMILIES = {
                                ("prepare", "skip_thought_vocab", "skip_thought_examples"), (
         "skip_thought.vocab_size=200", "pretrain.batch_size=16", "+model.config.embedding_dim=16",
         "+model.config.encoder_dim=32", "+model.config.decoder_dim=32")),
+    "gpt": TinyFamily("gpt_tiny", "gpt_pretrain", ("prepare", "gpt_tokenizer", "gpt_blocks"), (
+        "gpt.vocab_size=300", "gpt.min_frequency=1", "gpt.block_size=16", "+model.config.n_embd=32")),
 }
 
 

@@ -1,4 +1,4 @@
-"""ELMo and Skip-Thought through the pipeline's DAG on a tiny corpus: data stages, pretraining, the frozen encoder
+"""ELMo, Skip-Thought and GPT through the pipeline's DAG on a tiny corpus: data stages, pretraining, the frozen encoder
 probed by the evaluate stage, and the report; shrunk to seconds."""
 from __future__ import annotations
 
@@ -52,3 +52,16 @@ def test_skip_thought_small_pretrains_and_is_probed_with_vocabulary_expansion(tm
     assert results["skip_thought_examples"]["triples"] > 100
     assert {(r["model"], r["task"]) for r in rows} == {("skip_thought", "MR"), ("skip_thought_expanded", "MR"),
                                                          ("skip_thought_random", "MR"), ("glove_bow", "MR")}
+
+
+@pytest.mark.slow  # 22 s on the loaded 2-core machine; tests/test_gpt_pipeline.py covers each stage in the fast suite
+def test_gpt_tiny_pretrains_is_probed_and_reported_with_samples(tmp_path, ray_session):
+    results, rows = _run(tmp_path, "gpt_tiny", [
+        "gpt.vocab_size=300", "gpt.min_frequency=1", "gpt.block_size=32", "+model.config.n_embd=32",
+        "evaluate.encoders=[gpt_mean,gpt_mean_random]"])
+    assert list(results) == ["prepare", "gpt_tokenizer", "gpt_blocks", "gpt_pretrain", "evaluate", "report"]
+    assert 1.0 < results["gpt_pretrain"]["heldout_perplexity"] < 300  # below a uniform guess over 300 tokens
+    assert {(r["model"], r["task"]) for r in rows} == {("gpt_mean", "MR"), ("gpt_mean_random", "MR")}
+    report = (tmp_path / "run" / "report" / "results.md").read_text()
+    assert "## GPT samples" in report and "- **The old man**" in report and "held-out perplexity" in report
+    assert (tmp_path / "run" / "gpt_pretrain" / "hf" / "config.json").is_file()  # the link pipeline.generate reads

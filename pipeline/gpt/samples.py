@@ -1,0 +1,80 @@
+"""Text from a run's pretrained GPT: what `python -m pipeline.generate` prints, and the report's section of greedy
+continuations of fixed prompts."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+from tokenizers import Tokenizer
+
+from data_prep.gpt_blocks import load_gpt_tokenizer
+from models.generation import beam_search, greedy, sample
+from models.gpt import GPTLMHeadModel, load_pretrained
+
+STAGE = "gpt_pretrain"
+# Openings in the style of the books, so that even a tiny model has seen their words
+REPORT_PROMPTS = ("The old man", "It was a dark night, and", "She opened the letter and")
+REPORT_NEW_TOKENS = 30
+STRATEGIES = ("greedy", "sample", "beam")
+
+
+@dataclass(frozen=True)
+class Request:
+    strategy: str = "greedy"
+    max_new_tokens: int = 50
+    beams: int = 4
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+
+
+def load_model(model_dir: Path) -> tuple[GPTLMHeadModel, Tokenizer]:
+    return load_pretrained(model_dir).eval(), load_gpt_tokenizer(model_dir)
+
+
+def continuations(model: GPTLMHeadModel, tokenizer: Tokenizer, prompt: str, request: Request) -> list[str]:
+    """The continuation of `prompt` (the `beams` best for beam search, best first) as text, without the
+    end-of-text token that ends a finished one. ValueError, one line, for what cannot be generated."""
+    if not prompt.strip():
+        raise ValueError("the prompt is empty: give some text to continue")
+    if request.strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {request.strategy!r}; use one of {', '.join(STRATEGIES)}")
+    if request.beams < 1:
+        raise ValueError(f"--beams must be >= 1, got {request.beams}")
+    ids = tokenizer.encode(prompt).ids
+    if request.strategy == "beam":
+        outputs = [h.tokens for h in beam_search(model, ids, request.max_new_tokens, num_beams=request.beams)]
+    elif request.strategy == "sample":
+        generator = torch.Generator().manual_seed(request.seed)
+        outputs = sample(model, [ids], request.max_new_tokens, request.temperature, request.top_k, request.top_p,
+                         generator=generator)
+    else:
+        outputs = greedy(model, [ids], request.max_new_tokens)
+    eos = model.config.eos_token_id
+    return [tokenizer.decode([t for t in tokens if t != eos]) for tokens in outputs]
+
+
+def report_upstream(cfg: DictConfig) -> tuple[str, ...]:
+    return (STAGE,) if STAGE in cfg.pipeline.stages else ()
+
+
+def report_section(cfg: DictConfig, stage_dirs: dict[str, Path], out: Path, figures: dict[str, Path]) -> list[str]:
+    if not report_upstream(cfg):
+        return []
+    model, tokenizer = load_model(stage_dirs[STAGE] / "model")
+    lines = ["", "## GPT samples", "", f"Greedy continuations ({REPORT_NEW_TOKENS} tokens at most) by the pretrained "
+             "GPT; `python -m pipeline.generate RUN_DIR --prompt ...` for more.", ""]
+    for prompt in REPORT_PROMPTS:
+        room = model.config.n_positions - len(tokenizer.encode(prompt).ids)
+        if room < 1:
+            lines.append(f"- **{prompt}** (not continued: the prompt fills the {model.config.n_positions}-token "
+                         "context)")
+            continue
+        (text,) = continuations(model, tokenizer, prompt, Request(max_new_tokens=min(REPORT_NEW_TOKENS, room)))
+        one_line = re.sub(r"\s+", " ", text)  # the leading space, if any, kept: it is the model's
+        lines.append(f"- **{prompt}**{one_line}")
+    return lines

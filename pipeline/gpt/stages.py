@@ -1,0 +1,109 @@
+"""GPT's stages (Radford et al. 2018; GPT-2): a byte-level BPE trained on the sentence shards, the books of each
+shard packed into fixed-length blocks (data_prep/gpt_blocks.py), then causal-LM pretraining on the shared harness.
+The pretrained LM is written in our format (`model/`, read by evaluate, fine-tuning and pipeline.generate) and as a
+HuggingFace GPT-2 directory (`hf/`)."""
+from __future__ import annotations
+
+import math
+import shutil
+from functools import partial
+from pathlib import Path
+
+import hydra
+import lightning as L
+from omegaconf import DictConfig, OmegaConf
+
+from data_prep.gpt_blocks import (
+    TOKENIZER_FILE,
+    end_of_text_id,
+    load_gpt_tokenizer,
+    shard_blocks,
+    train_byte_level_bpe,
+    write_blocks,
+    write_hf_tokenizer_config,
+)
+from data_prep.shards import open_shards, shard_paths
+from data_prep.tokenize_shards import use_one_tokenizer_thread
+from models.gpt import save_pretrained, to_hf
+from pipeline.engine.arrow import read_arrow
+from pipeline.engine.dag import Stage, StageContext
+from pipeline.engine.distributed import stage_cpus
+from pipeline.engine.pretraining import PretrainingData, TrainingRun, pretrain
+from pipeline.engine.shard_tasks import map_shards
+from pipeline.gpt.module import Blocks, GPTPretrainModule, block_loaders
+
+
+def gpt_tokenizer(ctx: StageContext) -> dict:
+    table = open_shards(ctx.stage_dir("prepare"))
+    texts = (t for batch in table.to_batches() for t in batch.column("text").to_pylist())
+    g = ctx.cfg.gpt
+    tok = train_byte_level_bpe(texts, ctx.out_dir, g.vocab_size, g.min_frequency)
+    return {"vocab_size": tok.get_vocab_size()}
+
+
+def build_shard_blocks(index: int, shard_and_next: tuple[Path, Path | None], tokenizer_dir: Path, out_dir: Path,
+                       block_size: int) -> int:
+    use_one_tokenizer_thread()
+    shard_path, next_shard = shard_and_next
+    table = read_arrow(shard_path)
+    next_first_book = read_arrow(next_shard).column("book_id")[0].as_py() if next_shard else None
+    blocks = shard_blocks(table.column("book_id").to_pylist(), table.column("text").to_pylist(),
+                          load_gpt_tokenizer(tokenizer_dir), block_size, next_first_book)
+    write_blocks(blocks, out_dir / f"blocks-{index:05d}.arrow")
+    return len(blocks)
+
+
+def gpt_blocks(ctx: StageContext) -> dict:
+    shards = shard_paths(ctx.stage_dir("prepare"))
+    counts = map_shards(build_shard_blocks, list(zip(shards, [*shards[1:], None])), ctx.stage_dir("gpt_tokenizer"),
+                        ctx.out_dir, ctx.cfg.gpt.block_size)
+    return {"blocks": int(sum(counts)), "files": len(counts), "block_size": ctx.cfg.gpt.block_size}
+
+
+class GPTPretraining:
+    """Causal-LM pretraining as the harness (pipeline/engine/pretraining.py) runs it, on seeded resumable batches of
+    blocks, each rank its own."""
+    settings_key = "pretrain"
+
+    def settings(self, cfg: DictConfig) -> DictConfig:
+        return cfg.pretrain
+
+    def build_module(self, ctx: StageContext) -> GPTPretrainModule:
+        cfg, p = ctx.cfg, ctx.cfg.pretrain
+        tok = load_gpt_tokenizer(ctx.stage_dir("gpt_tokenizer"))
+        model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+        # the context is the training length: positions past it would keep their random init
+        model_cfg["config"].update(vocab_size=tok.get_vocab_size(), eos_token_id=end_of_text_id(tok),
+                                   n_positions=cfg.gpt.block_size)
+        L.seed_everything(cfg.seed, workers=True)  # same initial weights on every rank
+        model = hydra.utils.instantiate(model_cfg, _convert_="all")
+        return GPTPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
+                                 warmup_steps=p.warmup_steps, max_steps=p.max_steps)
+
+    def data(self, ctx: StageContext, module: GPTPretrainModule, rank: int, world_size: int) -> PretrainingData:
+        p = ctx.cfg.pretrain
+        blocks = Blocks([read_arrow(f) for f in sorted(ctx.stage_dir("gpt_blocks").glob("blocks-*.arrow"))])
+        train, val = block_loaders(blocks, p.batch_size, p.val_fraction, p.val_max_instances, ctx.cfg.seed,
+                                   p.num_workers, rank, world_size)
+        return PretrainingData(train, train.sampler, val, p.batch_size,
+                               uniform_loss=math.log(module.model.config.vocab_size))
+
+    def write(self, ctx: StageContext, module: GPTPretrainModule) -> None:
+        tokenizer_dir = ctx.stage_dir("gpt_tokenizer")
+        for out, save in ((ctx.out_dir / "model", save_pretrained), (ctx.out_dir / "hf", to_hf)):
+            save(module.model, out)
+            shutil.copy(tokenizer_dir / TOKENIZER_FILE, out / TOKENIZER_FILE)
+        write_hf_tokenizer_config(ctx.out_dir / "hf", module.model.config.n_positions)
+
+    def summary(self, module: GPTPretrainModule, data: PretrainingData, run: TrainingRun) -> dict:
+        batch_tokens = data.batch_size * module.model.config.n_positions
+        return {"heldout_perplexity": module.heldout_perplexity,
+                "tokens_per_s": round(run.batches_per_s * batch_tokens, 1)}
+
+
+GPT_STAGES = (
+    Stage("gpt_tokenizer", gpt_tokenizer, ("prepare",), ("gpt.vocab_size", "gpt.min_frequency")),
+    Stage("gpt_blocks", gpt_blocks, ("prepare", "gpt_tokenizer"), ("gpt.block_size",)),
+    Stage("gpt_pretrain", partial(pretrain, task=GPTPretraining()), ("gpt_tokenizer", "gpt_blocks"),
+          ("model", "gpt", "pretrain", "trainer", "seed"), num_cpus=stage_cpus),
+)
