@@ -55,13 +55,19 @@ def test_skip_thought_small_pretrains_and_is_probed_with_vocabulary_expansion(tm
 
 
 @pytest.mark.slow  # 22 s on the loaded 2-core machine; tests/test_gpt_pipeline.py covers each stage in the fast suite
-def test_gpt_tiny_pretrains_is_probed_and_reported_with_samples(tmp_path, ray_session):
+def test_gpt_tiny_pretrains_is_fine_tuned_probed_and_reported_with_samples(tmp_path, ray_session):
+    write_sentiment_task(tmp_path / "glue" / "SST-2", n_train=32, n_dev=16)
     results, rows = _run(tmp_path, "gpt_tiny", [
         "gpt.vocab_size=300", "gpt.min_frequency=1", "gpt.block_size=32", "+model.config.n_embd=32",
-        "evaluate.encoders=[gpt_mean,gpt_mean_random]"])
-    assert list(results) == ["prepare", "gpt_tokenizer", "gpt_blocks", "gpt_pretrain", "evaluate", "report"]
+        "evaluate.encoders=[gpt_mean,gpt_mean_random]", "finetune.task=sst2", f"finetune.data_dir={tmp_path / 'glue'}",
+        "finetune.epochs=1", "finetune.seeds=[1]"])
+    assert list(results) == ["prepare", "gpt_tokenizer", "gpt_blocks", "gpt_pretrain", "finetune", "evaluate",
+                             "report"]
+    finetuned = {r["model"] for r in rows if r["stage"] == "finetune"}
+    assert {"gpt", "gpt_random", "majority_class"} <= finetuned
     assert 1.0 < results["gpt_pretrain"]["heldout_perplexity"] < 300  # below a uniform guess over 300 tokens
-    assert {(r["model"], r["task"]) for r in rows} == {("gpt_mean", "MR"), ("gpt_mean_random", "MR")}
+    assert {(r["model"], r["task"]) for r in rows if r["stage"] == "evaluate"} == {("gpt_mean", "MR"),
+                                                                                  ("gpt_mean_random", "MR")}
     report = (tmp_path / "run" / "report" / "results.md").read_text()
     assert "## GPT samples" in report and "- **The old man**" in report and "held-out perplexity" in report
     assert (tmp_path / "run" / "gpt_pretrain" / "hf" / "config.json").is_file()  # the link pipeline.generate reads
