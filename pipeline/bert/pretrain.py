@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import hydra
-import lightning as L
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -28,7 +26,7 @@ from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import BertPretrainModule
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
-from pipeline.engine.pretraining import PretrainingData, TrainingRun
+from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model
 from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler
 
 # The MLM and NSP heads, beside encoder/: what a later phase needs, besides the encoder, to continue pretraining.
@@ -95,9 +93,7 @@ def encoder_stage(cfg: DictConfig) -> str:
 
 
 def _build_model(cfg: DictConfig, vocab_size: int) -> nn.Module:
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    model_cfg["config"]["vocab_size"] = -(-vocab_size // 64) * 64  # padded to a multiple of 64 for matmul tiles
-    return hydra.utils.instantiate(model_cfg, _convert_="all")
+    return instantiate_model(cfg, vocab_size=-(-vocab_size // 64) * 64)  # padded to a multiple of 64 for matmul tiles
 
 
 def _continue_from(model: nn.Module, pretrain_dir: Path) -> None:
@@ -127,7 +123,6 @@ class BertPretraining:
     def build_module(self, ctx: StageContext) -> BertPretrainModule:
         p = self.settings(ctx.cfg)
         vocab_size = load_tokenizer(ctx.stage_dir("tokenizer")).get_vocab_size()
-        L.seed_everything(ctx.cfg.seed, workers=True)  # same initial weights on every rank
         model = _build_model(ctx.cfg, vocab_size)
         if self.phase.init_from:  # a resumed run then loads its own checkpoint over these
             _continue_from(model, ctx.stage_dir(self.phase.init_from))

@@ -7,10 +7,8 @@ import math
 from functools import partial
 from pathlib import Path
 
-import hydra
-import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from data_prep.elmo_examples import (
@@ -26,7 +24,7 @@ from pipeline.elmo.module import ElmoPretrainModule, WindowPosition, build_elmo_
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.distributed import stage_cpus
-from pipeline.engine.pretraining import PretrainingData, TrainingRun, pretrain
+from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretrain
 from pipeline.engine.shard_tasks import map_shards
 
 
@@ -60,10 +58,7 @@ class ElmoPretraining:
 
     def build_module(self, ctx: StageContext) -> ElmoPretrainModule:
         cfg, p = ctx.cfg, ctx.cfg.pretrain
-        model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-        model_cfg["config"]["vocab_size"] = len(read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"))
-        L.seed_everything(cfg.seed, workers=True)  # same initial weights on every rank
-        model = hydra.utils.instantiate(model_cfg, _convert_="all")
+        model = instantiate_model(cfg, vocab_size=len(read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt")))
         return ElmoPretrainModule(model, lr=p.lr, warmup_steps=p.warmup_steps, max_steps=p.max_steps,
                                   weight_decay=p.weight_decay)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Protocol
 
+import hydra
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -97,6 +98,15 @@ class PretrainingTask(Protocol):
     def write(self, ctx: StageContext, module: L.LightningModule) -> None: ...  # what later stages read, in out_dir
 
     def summary(self, module: L.LightningModule, data: PretrainingData, run: TrainingRun) -> dict: ...
+
+
+def instantiate_model(cfg: DictConfig, **config_values) -> nn.Module:
+    """The Hydra `model` config built with `config_values` (what only the data knows, e.g. the vocabulary size) set in
+    its `config`, from the run's seed: every rank starts from the same weights."""
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    model_cfg["config"].update(config_values)
+    L.seed_everything(cfg.seed, workers=True)
+    return hydra.utils.instantiate(model_cfg, _convert_="all")
 
 
 def pretrain(ctx: StageContext, task: PretrainingTask) -> dict:

@@ -9,9 +9,7 @@ import shutil
 from functools import partial
 from pathlib import Path
 
-import hydra
-import lightning as L
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from data_prep.gpt_blocks import (
     TOKENIZER_FILE,
@@ -28,7 +26,7 @@ from models.gpt import save_pretrained, to_hf
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.distributed import stage_cpus
-from pipeline.engine.pretraining import PretrainingData, TrainingRun, pretrain
+from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretrain
 from pipeline.engine.shard_tasks import map_shards
 from pipeline.gpt.module import Blocks, GPTPretrainModule, block_loaders
 
@@ -71,12 +69,9 @@ class GPTPretraining:
     def build_module(self, ctx: StageContext) -> GPTPretrainModule:
         cfg, p = ctx.cfg, ctx.cfg.pretrain
         tok = load_gpt_tokenizer(ctx.stage_dir("gpt_tokenizer"))
-        model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
         # the context is the training length: positions past it would keep their random init
-        model_cfg["config"].update(vocab_size=tok.get_vocab_size(), eos_token_id=end_of_text_id(tok),
-                                   n_positions=cfg.gpt.block_size)
-        L.seed_everything(cfg.seed, workers=True)  # same initial weights on every rank
-        model = hydra.utils.instantiate(model_cfg, _convert_="all")
+        model = instantiate_model(cfg, vocab_size=tok.get_vocab_size(), eos_token_id=end_of_text_id(tok),
+                                  n_positions=cfg.gpt.block_size)
         return GPTPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
                                  warmup_steps=p.warmup_steps, max_steps=p.max_steps)
 

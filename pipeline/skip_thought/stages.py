@@ -9,9 +9,7 @@ from collections import Counter
 from functools import partial
 from pathlib import Path
 
-import hydra
-import lightning as L
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from data_prep.shards import shard_paths
 from data_prep.skip_thought_examples import (
@@ -25,7 +23,7 @@ from models.skip_thought import save_pretrained
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.distributed import stage_cpus
-from pipeline.engine.pretraining import PretrainingData, TrainingRun, pretrain
+from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretrain
 from pipeline.engine.shard_tasks import map_shards
 from pipeline.skip_thought.module import SkipThoughtPretrainModule, SkipThoughtTriples, triple_loaders
 
@@ -63,10 +61,8 @@ class SkipThoughtPretraining:
 
     def build_module(self, ctx: StageContext) -> SkipThoughtPretrainModule:
         cfg, p = ctx.cfg, ctx.cfg.pretrain
-        model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-        model_cfg["config"]["vocab_size"] = len(WordVocab.load(ctx.stage_dir("skip_thought_vocab") / "vocab.txt"))
-        L.seed_everything(cfg.seed, workers=True)  # same initial weights on every rank
-        model = hydra.utils.instantiate(model_cfg, _convert_="all")
+        vocab = WordVocab.load(ctx.stage_dir("skip_thought_vocab") / "vocab.txt")
+        model = instantiate_model(cfg, vocab_size=len(vocab))
         return SkipThoughtPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
                                          warmup_steps=p.warmup_steps, max_steps=p.max_steps)
 
