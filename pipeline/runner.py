@@ -5,75 +5,34 @@ import json
 import os
 import signal
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from data_prep.prepare import manifest_summary
 from pipeline.downstream.finetune import FINETUNE, check_task_files, headline_results, task_names, train_sizes
 from pipeline.downstream.tasks import load_task
 from pipeline.engine.dag import StageFailed, plan, resolve_upstream, run_dag, select_stages
 from pipeline.engine.distributed import validate_distributed
+from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, RATE, Number, check_numbers
 from pipeline.engine.tracking import LOGGER_KINDS
 from pipeline.families import FAMILIES
 from pipeline.stages import STAGES
 
-
-@dataclass(frozen=True)
-class Number:
-    """What a numeric setting must be. Checked at start-up: a bad number otherwise surfaced in a later stage (hours
-    in, after pretraining), with a message that did not name the setting, or hung (ray.num_cpus=0)."""
-    kind: type                 # int: a whole number; float: any number
-    low: float
-    high: float | None = None
-    low_open: bool = False     # `low` itself is excluded
-    nullable: bool = False
-    unless: str | None = None  # not checked when this setting is set
-
-    def accepts(self, value) -> bool:
-        if value is None:
-            return self.nullable
-        if isinstance(value, bool) or not isinstance(value, int if self.kind is int else (int, float)):
-            return False
-        return (value > self.low if self.low_open else value >= self.low) and (self.high is None or value <= self.high)
-
-    def describe(self) -> str:
-        upper = "" if self.high is None else f" and <= {self.high:g}"
-        return (f"{'an integer' if self.kind is int else 'a number'} {'>' if self.low_open else '>='} {self.low:g}"
-                f"{upper}{' or null' if self.nullable else ''}")
-
-
-POSITIVE_INT, COUNT = Number(int, 1), Number(int, 0)
-RATE, FRACTION = Number(float, 0, low_open=True), Number(float, 0, 1)
-NUMBERS = {
+NUMBERS = {  # the engine's and every stage's settings; a family's own are in its record (Family.numbers)
     "ray.num_cpus": Number(int, 1, unless="ray.address"),  # a cluster owns its resources (README)
     "data.shard_bytes": POSITIVE_INT, "data.min_tokens": POSITIVE_INT, "data.max_tokens": POSITIVE_INT,
-    "tokenizer.vocab_size": POSITIVE_INT, "examples.max_seq_length": POSITIVE_INT,
-    "examples.dupe_factor": POSITIVE_INT, "examples.short_seq_prob": FRACTION,
     "pretrain.max_steps": POSITIVE_INT, "pretrain.batch_size": POSITIVE_INT, "pretrain.lr": RATE,
     "pretrain.warmup_steps": COUNT, "pretrain.weight_decay": Number(float, 0),
-    "pretrain.accumulate_grad_batches": POSITIVE_INT, "pretrain.mlm_probability": Number(float, 0, 1, low_open=True),
-    "pretrain.max_predictions_per_seq": POSITIVE_INT, "pretrain.val_fraction": FRACTION,
+    "pretrain.accumulate_grad_batches": POSITIVE_INT, "pretrain.val_fraction": FRACTION,
     "pretrain.val_every_steps": POSITIVE_INT, "pretrain.checkpoint_every_steps": POSITIVE_INT,
-    "pretrain_phase2.max_seq_length": POSITIVE_INT, "pretrain_phase2.max_steps": POSITIVE_INT,
-    "pretrain_phase2.batch_size": POSITIVE_INT, "pretrain_phase2.lr": RATE, "pretrain_phase2.warmup_steps": COUNT,
     "finetune.max_seq_length": POSITIVE_INT, "finetune.batch_size": POSITIVE_INT,
     "finetune.eval_batch_size": POSITIVE_INT, "finetune.lr": RATE, "finetune.epochs": POSITIVE_INT,
     "finetune.min_steps": COUNT, "finetune.warmup_fraction": FRACTION,
     "finetune.max_train_examples": Number(int, 1, nullable=True),
     "finetune.selection_fraction": Number(float, 0, 1, low_open=True, nullable=True),
-    "elmo.batch_size": POSITIVE_INT, "elmo.window": POSITIVE_INT, "skip_thought.max_words": POSITIVE_INT,
 }
-
-
-def check_numbers(cfg: DictConfig) -> None:
-    for key, number in NUMBERS.items():
-        value = OmegaConf.select(cfg, key)
-        if not (number.unless and OmegaConf.select(cfg, number.unless)) and not number.accepts(value):
-            raise ValueError(f"{key}={value!r}: expected {number.describe()}; set {key} on the command line "
-                             "or in the experiment's config")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -84,7 +43,7 @@ def validate(cfg: DictConfig) -> None:
         unknown.append(plan_check.until)
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; valid stages, in order: {list(STAGES)}")
-    check_numbers(cfg)
+    check_numbers(cfg, {**NUMBERS, **{key: n for family in FAMILIES for key, n in family.numbers.items()}})
     if cfg.data.corpus_dir and not Path(cfg.data.corpus_dir).expanduser().is_dir():
         raise FileNotFoundError(f"data.corpus_dir={cfg.data.corpus_dir} is not a directory; point it at a "
                                 "directory of .txt books, or leave it null for the built-in corpus")

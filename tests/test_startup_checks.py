@@ -34,6 +34,8 @@ def _fails_before_any_stage(cfg, error: type[Exception], message: str) -> None:
     ("finetune.lr=0", r"finetune\.lr=0: expected a number > 0"),
     ("pretrain.val_fraction=1.5", r"pretrain\.val_fraction=1\.5: expected a number >= 0 and <= 1"),
     ("ray.num_cpus=0", r"ray\.num_cpus=0: expected an integer >= 1"),  # hung forever, waiting for a CPU
+    ("elmo.window=0", r"elmo\.window=0: expected an integer >= 1"),  # a family's own (Family.numbers)
+    ("gpt.block_size=0", r"gpt\.block_size=0: expected an integer >= 1"),
 ])
 def test_a_bad_number_fails_before_any_stage_naming_its_key(tmp_path, override, message):
     _fails_before_any_stage(tiny_config(tmp_path, [override]), ValueError, message)

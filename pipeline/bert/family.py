@@ -6,7 +6,14 @@ from pipeline.bert.encoder import ENCODERS
 from pipeline.bert.pretrain import PHASES, validate
 from pipeline.bert.stages import BERT_STAGES
 from pipeline.engine.family import Family
+from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, RATE, Number
 
 FAMILY = Family("bert", stages=BERT_STAGES, pretraining_stages=tuple(p.stage for p in PHASES), encoders=ENCODERS,
                 finetune_kinds=FINETUNE_KINDS, report_upstream=attention.report_upstream,
-                report_section=attention.report_section, validate=validate)
+                report_section=attention.report_section, validate=validate, numbers={
+                    "tokenizer.vocab_size": POSITIVE_INT, "examples.max_seq_length": POSITIVE_INT,
+                    "examples.dupe_factor": POSITIVE_INT, "examples.short_seq_prob": FRACTION,
+                    "pretrain.mlm_probability": Number(float, 0, 1, low_open=True),
+                    "pretrain.max_predictions_per_seq": POSITIVE_INT, "pretrain_phase2.max_seq_length": POSITIVE_INT,
+                    "pretrain_phase2.max_steps": POSITIVE_INT, "pretrain_phase2.batch_size": POSITIVE_INT,
+                    "pretrain_phase2.lr": RATE, "pretrain_phase2.warmup_steps": COUNT})

@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from pipeline.engine.dag import Stage, StageContext
+from pipeline.engine.settings import Number
 
 Upstream = Callable[[DictConfig], tuple[str, ...]]  # the stages a consumer reads, given the run's config
 
@@ -68,3 +69,4 @@ class Family:
     report_section: Callable[[DictConfig, dict[str, Path], Path, dict[str, Path]], list[str]] | None = None
     # settings that cannot work in a run of these stages (pipeline.stages and those they need): raise before any stage
     validate: Callable[[DictConfig, list[str]], None] = lambda cfg, stages: None
+    numbers: dict[str, Number] = field(default_factory=dict)  # its numeric settings, checked at start-up

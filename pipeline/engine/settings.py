@@ -1,0 +1,43 @@
+"""Numeric settings checked at start-up, declared as a table of key -> constraint: the engine's in pipeline/runner.py,
+each family's in its Family record (`numbers`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+
+@dataclass(frozen=True)
+class Number:
+    """What a numeric setting must be. Checked at start-up: a bad number otherwise surfaced in a later stage (hours
+    in, after pretraining), with a message that did not name the setting, or hung (ray.num_cpus=0)."""
+    kind: type                 # int: a whole number; float: any number
+    low: float
+    high: float | None = None
+    low_open: bool = False     # `low` itself is excluded
+    nullable: bool = False
+    unless: str | None = None  # not checked when this setting is set
+
+    def accepts(self, value) -> bool:
+        if value is None:
+            return self.nullable
+        if isinstance(value, bool) or not isinstance(value, int if self.kind is int else (int, float)):
+            return False
+        return (value > self.low if self.low_open else value >= self.low) and (self.high is None or value <= self.high)
+
+    def describe(self) -> str:
+        upper = "" if self.high is None else f" and <= {self.high:g}"
+        return (f"{'an integer' if self.kind is int else 'a number'} {'>' if self.low_open else '>='} {self.low:g}"
+                f"{upper}{' or null' if self.nullable else ''}")
+
+
+POSITIVE_INT, COUNT = Number(int, 1), Number(int, 0)
+RATE, FRACTION = Number(float, 0, low_open=True), Number(float, 0, 1)
+
+
+def check_numbers(cfg: DictConfig, numbers: dict[str, Number]) -> None:
+    for key, number in numbers.items():
+        value = OmegaConf.select(cfg, key)
+        if not (number.unless and OmegaConf.select(cfg, number.unless)) and not number.accepts(value):
+            raise ValueError(f"{key}={value!r}: expected {number.describe()}; set {key} on the command line "
+                             "or in the experiment's config")
