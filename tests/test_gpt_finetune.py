@@ -17,7 +17,7 @@ from models.gpt import GPTForSequenceClassification, GPTLMHeadModel, gpt_config,
 from pipeline import CONF_DIR
 from pipeline.downstream import finetune as finetuning
 from pipeline.engine.dag import StageContext
-from pipeline.gpt.downstream import FINETUNE_KINDS, GPTClassificationModule, collate, load_task_data, transform
+from pipeline.gpt.downstream import GPTClassificationModule, collate, load_task_data, transform
 from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, write_sentiment_task
 
 S, D, E = 100, 101, 102  # start, delimiter, extract
@@ -139,8 +139,7 @@ def ctx(tmp_path) -> StageContext:
     return StageContext(cfg, "finetune", out, {"gpt_pretrain": tmp_path / "gpt_pretrain"})
 
 
-def test_finetune_stage_scores_gpt_and_gpt_random_and_gpt_learns_sentiment(ctx, monkeypatch):
-    monkeypatch.setattr(finetuning, "MODEL_KINDS", {**finetuning.MODEL_KINDS, **FINETUNE_KINDS})
+def test_finetune_stage_scores_gpt_and_gpt_random_and_gpt_learns_sentiment(ctx):
     rows = {(r["model"], r["metric"]): r["score"] for r in finetuning.finetune(ctx)["results"]}
     assert {("gpt", "accuracy"), ("gpt_random", "accuracy")} <= set(rows)
     assert rows[("gpt", "accuracy")] > rows[("majority_class", "accuracy")]
