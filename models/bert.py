@@ -363,6 +363,24 @@ class BertEncoder(nn.Module):
         return self.LayerNorm(hidden_states), all_probs
 
 
+def run_encoder(encoder: BertEncoder, hidden_states, attention_mask=None, output_attentions=False):
+    """The encoder's layers over embedded tokens hidden_states (B, T, H) with attention_mask (B, T), 1 = token, 0 = pad:
+    returns (sequence_output (B, T, H), zero at the padding, and the per-layer attention probabilities)."""
+    tokens = None
+    if attention_mask is not None:
+        if not bool(attention_mask.all()):
+            tokens = RealTokens(attention_mask)
+            hidden_states = tokens.pack(hidden_states)  # (N, H): the layers skip the padding (RealTokens)
+        # (B, T) -> additive (B, 1, 1, T): 0 for tokens, the most negative float for padding keys, broadcast over
+        # heads and queries. finfo.min rather than -inf keeps fully padded rows finite instead of NaN.
+        dtype = hidden_states.dtype
+        attention_mask = (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+    sequence_output, all_probs = encoder(hidden_states, attention_mask, output_attentions, tokens)
+    if tokens is not None:
+        sequence_output = tokens.unpack(sequence_output)  # zeros at the padding
+    return sequence_output, all_probs
+
+
 class BertPooler(nn.Module):
     """tanh(W h_[CLS] + b): the sentence representation that next sentence prediction and classifiers read."""
 
@@ -426,18 +444,7 @@ class BertModel(BertPreTrainedModel):
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         hidden_states = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
-        tokens = None
-        if attention_mask is not None:
-            if not bool(attention_mask.all()):
-                tokens = RealTokens(attention_mask)
-                hidden_states = tokens.pack(hidden_states)  # (N, H): the layers skip the padding (RealTokens)
-            # (B, T) -> additive (B, 1, 1, T): 0 for tokens, the most negative float for padding keys, broadcast over
-            # heads and queries. finfo.min rather than -inf keeps fully padded rows finite instead of NaN.
-            dtype = hidden_states.dtype
-            attention_mask = (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
-        sequence_output, all_probs = self.encoder(hidden_states, attention_mask, output_attentions, tokens)
-        if tokens is not None:
-            sequence_output = tokens.unpack(sequence_output)  # zeros at the padding
+        sequence_output, all_probs = run_encoder(self.encoder, hidden_states, attention_mask, output_attentions)
         pooled_output = self.pooler(sequence_output)
         if output_attentions:
             return sequence_output, pooled_output, all_probs
@@ -561,8 +568,27 @@ class BertPreTrainingHeads(nn.Module):
         return self.predictions(sequence_output), self.seq_relationship(pooled_output)
 
 
-class BertForPreTraining(BertPreTrainedModel):
+class BertPretrainingModel(BertPreTrainedModel):
+    """An encoder `.bert` under pretraining heads whose MLM decoder is tied to its word embeddings: what the heads file
+    of a finished phase holds, and how a later phase continues from it."""
     # The decoder's weight is the word embedding matrix itself (one Parameter under two names), saved with the encoder.
+    TIED_DECODER: str
+
+    def heads_state_dict(self) -> dict[str, torch.Tensor]:
+        """The heads' tensors without the tied decoder weight, on the CPU: with the encoder's checkpoint, everything
+        a later phase needs to continue pretraining (see load_encoder_and_heads)."""
+        return {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()
+                if not k.startswith("bert.") and k != self.TIED_DECODER}
+
+    def load_encoder_and_heads(self, encoder: BertModel, heads: dict[str, torch.Tensor]) -> None:
+        """Continue from a finished phase: `encoder` of the same configuration and `heads` from heads_state_dict.
+        Strict: a missing or extra tensor is an error."""
+        state = {f"bert.{k}": v for k, v in encoder.state_dict().items()}
+        state[self.TIED_DECODER] = state["bert.embeddings.word_embeddings.weight"]
+        self.load_state_dict({**state, **heads})
+
+
+class BertForPreTraining(BertPretrainingModel):
     TIED_DECODER = "cls.predictions.decoder.weight"
 
     def __init__(self, config: BertConfig):
@@ -587,19 +613,6 @@ class BertForPreTraining(BertPreTrainedModel):
             index = mlm_positions.unsqueeze(-1).expand(-1, -1, sequence_output.size(-1))  # (B, P, H)
             sequence_output = sequence_output.gather(1, index)  # (B, P, H)
         return self.cls(sequence_output, pooled_output)
-
-    def heads_state_dict(self) -> dict[str, torch.Tensor]:
-        """The MLM and NSP heads' tensors without the tied decoder weight, on the CPU: with the encoder's
-        checkpoint, everything a later phase needs to continue pretraining (see load_encoder_and_heads)."""
-        return {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()
-                if k.startswith("cls.") and k != self.TIED_DECODER}
-
-    def load_encoder_and_heads(self, encoder: BertModel, heads: dict[str, torch.Tensor]) -> None:
-        """Continue from a finished phase: `encoder` of the same configuration and `heads` from heads_state_dict.
-        Strict: a missing or extra tensor is an error."""
-        state = {f"bert.{k}": v for k, v in encoder.state_dict().items()}
-        state[self.TIED_DECODER] = state["bert.embeddings.word_embeddings.weight"]
-        self.load_state_dict({**state, **heads})
 
 
 class BertTaskModel(BertPreTrainedModel):

@@ -1,5 +1,6 @@
-"""BERT's pretraining objective as a LightningModule: masked LM + next sentence prediction on a
-`models.bert.BertForPreTraining` (Devlin et al. 2019, §3.1)."""
+"""BERT's pretraining objectives as a LightningModule: masked LM + next sentence prediction on a
+`models.bert.BertForPreTraining` (Devlin et al. 2019, §3.1), or ELECTRA's replaced-token detection on a
+`models.electra.ElectraForPreTraining` (Clark et al. 2020)."""
 from __future__ import annotations
 
 import lightning as L
@@ -28,11 +29,35 @@ def bert_pretraining_losses(model: nn.Module, batch: dict, next_sentence_predict
             "nsp_loss": nsp_loss, "mlm_acc": mlm_acc, "nsp_acc": nsp_acc}
 
 
+def electra_pretraining_losses(model: nn.Module, batch: dict, discriminator_weight: float) -> dict:
+    """ELECTRA's loss (Clark et al. 2020, eq. 1): the generator's masked-LM loss plus `discriminator_weight` (their
+    lambda = 50) times replaced-token detection over every real token. mlm_loss/mlm_acc are the generator's, so the
+    unigram-plateau diagnostics read the same as for masked LM."""
+    mlm_logits, rtd_logits, replaced = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                                             batch["mlm_positions"], batch["mlm_labels"])
+    labels = batch["mlm_labels"]
+    mlm_loss = F.cross_entropy(mlm_logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+    real = batch["attention_mask"].bool()
+    rtd_logits, replaced = rtd_logits[real].float(), replaced[real]
+    rtd_loss = F.binary_cross_entropy_with_logits(rtd_logits, replaced.float())
+    predicted = labels != IGNORE_INDEX
+    return {"loss": mlm_loss + discriminator_weight * rtd_loss, "mlm_loss": mlm_loss, "rtd_loss": rtd_loss,
+            "mlm_acc": (mlm_logits.argmax(-1)[predicted] == labels[predicted]).float().mean(),
+            "rtd_acc": ((rtd_logits > 0) == replaced).float().mean(),
+            "replaced_fraction": replaced.float().mean()}
+
+
+# pretrain.objective: what the model trained by the stage is and how its loss is computed
+PRETRAINING_OBJECTIVES = ("mlm", "electra")
+
+
 class BertPretrainModule(L.LightningModule):
-    """Masked LM + next sentence prediction (Devlin et al. 2019, §3.1) on a `BertForPreTraining`."""
+    """Masked LM + next sentence prediction (Devlin et al. 2019, §3.1) on a `BertForPreTraining`, or with
+    objective="electra" replaced-token detection on an `ElectraForPreTraining`."""
 
     def __init__(self, model: nn.Module, lr: float, weight_decay: float, betas, warmup_steps: int,
-                 max_steps: int, optimizer: str = "adamw", next_sentence_prediction: bool = True):
+                 max_steps: int, optimizer: str = "adamw", next_sentence_prediction: bool = True,
+                 objective: str = "mlm", discriminator_weight: float = 50.0):
         super().__init__()
         if optimizer not in PRETRAIN_OPTIMIZERS:
             raise ValueError(f"pretrain.optimizer={optimizer!r} is not known; use one of {sorted(PRETRAIN_OPTIMIZERS)}")
@@ -40,6 +65,8 @@ class BertPretrainModule(L.LightningModule):
         self.save_hyperparameters(ignore=["model"])
 
     def model_step(self, batch: dict) -> dict[str, torch.Tensor]:
+        if self.hparams.objective == "electra":
+            return electra_pretraining_losses(self.model, batch, self.hparams.discriminator_weight)
         return bert_pretraining_losses(self.model, batch, self.hparams.next_sentence_prediction)
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:

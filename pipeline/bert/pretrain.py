@@ -7,12 +7,13 @@ DeepSpeed); `BertPretraining` is what BERT supplies to it.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import DataLoader, Subset
@@ -23,7 +24,7 @@ from models import IGNORE_INDEX
 from models.bert import BertConfig, load_pretrained, save_pretrained
 from pipeline.bert.data import MaskedBatches, PretrainingInstances
 from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
-from pipeline.bert.module import BertPretrainModule
+from pipeline.bert.module import PRETRAINING_OBJECTIVES, BertPretrainModule
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model
@@ -78,12 +79,22 @@ def phase_of(stage: str) -> Phase:
     return next(p for p in PHASES if stage in (p.stage, p.examples))
 
 
+def check_objective(settings: DictConfig, key: str) -> None:
+    """A phase's `objective` is one the module knows, and ELECTRA is not asked for a next-sentence task it lacks."""
+    if settings.objective not in PRETRAINING_OBJECTIVES:
+        raise ValueError(f"{key}.objective={settings.objective!r} is not known; use one of {PRETRAINING_OBJECTIVES}")
+    if settings.objective == "electra" and settings.next_sentence_prediction:
+        raise ValueError(f"{key}.objective=electra has no next-sentence task (Clark et al. 2020); set "
+                         f"{key}.next_sentence_prediction=false")
+
+
 def validate(cfg: DictConfig, stages: list[str]) -> None:
     """Before any stage runs: every phase in the run (`stages`, those needed upstream included) fits the model's
-    position table."""
+    position table and has a known objective."""
     for phase in PHASES:
         if {phase.stage, phase.examples} & set(stages):
             phase.max_seq_length(cfg)
+            check_objective(phase.settings(cfg), phase.config_blocks[-1])
 
 
 def encoder_stage(cfg: DictConfig) -> str:
@@ -92,7 +103,13 @@ def encoder_stage(cfg: DictConfig) -> str:
     return in_run[-1] if in_run else PHASES[0].stage
 
 
-def _build_model(cfg: DictConfig, vocab_size: int) -> nn.Module:
+def _build_model(cfg: DictConfig, settings: DictConfig, vocab_size: int) -> nn.Module:
+    """The model config's BertForPreTraining, or for objective=electra its encoder as ELECTRA's discriminator."""
+    if settings.objective == "electra":
+        cfg = copy.deepcopy(cfg)
+        with open_dict(cfg):
+            cfg.model._target_ = "models.electra.ElectraForPreTraining"
+            cfg.model.generator_layers = settings.electra.generator_layers
     return instantiate_model(cfg, vocab_size=-(-vocab_size // 64) * 64)  # padded to a multiple of 64 for matmul tiles
 
 
@@ -118,18 +135,21 @@ class BertPretraining:
 
     def settings(self, cfg: DictConfig) -> DictConfig:
         self.phase.max_seq_length(cfg)  # too long for the position table: fail now, not at the first batch
-        return self.phase.settings(cfg)
+        settings = self.phase.settings(cfg)
+        check_objective(settings, self.settings_key)
+        return settings
 
     def build_module(self, ctx: StageContext) -> BertPretrainModule:
         p = self.settings(ctx.cfg)
         vocab_size = load_tokenizer(ctx.stage_dir("tokenizer")).get_vocab_size()
-        model = _build_model(ctx.cfg, vocab_size)
+        model = _build_model(ctx.cfg, p, vocab_size)
         if self.phase.init_from:  # a resumed run then loads its own checkpoint over these
             _continue_from(model, ctx.stage_dir(self.phase.init_from))
         # plain Python values: a checkpoint's hyperparameters must load with torch.load(weights_only=True)
         return BertPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
                                   warmup_steps=p.warmup_steps, max_steps=p.max_steps, optimizer=p.optimizer,
-                                  next_sentence_prediction=p.next_sentence_prediction)
+                                  next_sentence_prediction=p.next_sentence_prediction, objective=p.objective,
+                                  discriminator_weight=p.electra.discriminator_weight)
 
     def data(self, ctx: StageContext, module: BertPretrainModule, rank: int, world_size: int) -> BertData:
         cfg, phase = ctx.cfg, self.phase
@@ -159,8 +179,11 @@ class BertPretraining:
         counts = dataset.token_counts(vocab_size, excluded=order[:n_val])
         counts[special_ids] = 0  # never a masked-LM target
         targets = torch.cat([b["mlm_labels"][b["mlm_labels"] != IGNORE_INDEX] for b in val_batches]).numpy()
-        # a uniform guess over the model's (padded) output vocabulary, and over NSP's two labels where trained
-        uniform = np.log(module.model.config.vocab_size) + (np.log(2) if p.next_sentence_prediction else 0.0)
+        # a uniform guess over the model's (padded) output vocabulary, and over NSP's two labels where trained, or
+        # ELECTRA's weighted replaced/original guess for every token
+        binary_weight = (p.electra.discriminator_weight if p.objective == "electra"
+                         else float(p.next_sentence_prediction))
+        uniform = np.log(module.model.config.vocab_size) + binary_weight * np.log(2)
         phase_summary = {"max_seq_length": phase.max_seq_length(cfg),
                          "initialised_from": str(ctx.stage_dir(phase.init_from)) if phase.init_from else None}
         return BertData(train_loader, batch_sampler, DataLoader(val_batches, batch_size=None), p.batch_size,
@@ -179,6 +202,7 @@ class BertPretraining:
                 "padded_tokens_per_s": round(run.batches_per_s * data.batch_size
                                              * data.phase_summary["max_seq_length"], 1),
                 **_learning_summary(history.last("val/mlm_loss"), history.last("val/mlm_acc"), nsp_acc, data),
+                "objective": module.hparams.objective, "final_val_rtd_acc": history.last("val/rtd_acc"),
                 **data.phase_summary}
 
 
