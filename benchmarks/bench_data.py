@@ -92,7 +92,8 @@ def run_hf(corpus: str, workdir: str, tokenizer_file: str) -> dict:
 
 
 def run_splitter(corpus: str) -> dict:
-    from data_prep.ingest import decode_book, split_paragraphs, split_sentences, strip_gutenberg_boilerplate
+    from data_prep.ingest import decode_book, split_paragraphs, strip_gutenberg_boilerplate
+    from data_prep.sentences import split_sentences
 
     books = []
     for path in sorted(Path(corpus).glob("**/*.txt")):

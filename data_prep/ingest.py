@@ -18,11 +18,11 @@ import unicodedata
 from collections.abc import Sequence
 from pathlib import PurePath
 
-import blingfire
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from data_prep.sentences import SPLITTERS, SentenceSplitError, default_splitter, split_sentences
 from data_prep.shards import book_rows
 
 INPUT_FORMATS = ("raw", "sentence_per_line")
@@ -32,8 +32,10 @@ INPUT_FORMATS = ("raw", "sentence_per_line")
 class IngestOptions:
     """How a book is cleaned and split; stored in the manifest, so every field must be JSON-friendly.
 
-    input_format: "raw" (hard-wrapped prose, split into sentences with blingfire) or
+    input_format: "raw" (hard-wrapped prose, split into sentences by `sentence_splitter`) or
         "sentence_per_line" (already split: one sentence per line, a blank line ends a paragraph).
+    sentence_splitter: one of data_prep.sentences.SPLITTERS; by default blingfire, or nupunkt where blingfire's
+        x86-64 library cannot load. Chosen where the options are made, so worker processes split as it says.
     min_tokens / max_tokens: inclusive bounds on whitespace tokens per sentence. Shorter ones are
         mostly headings and ornaments ("CHAPTER I.", "* * *"); longer ones are run-on tables or
         lists that BERT's create_pretraining_data would truncate anyway (max_seq_length 128/512).
@@ -44,10 +46,13 @@ class IngestOptions:
     min_tokens: int = 3
     max_tokens: int = 200
     nfkc: bool = False
+    sentence_splitter: str = dataclasses.field(default_factory=default_splitter)
 
     def __post_init__(self):
         if self.input_format not in INPUT_FORMATS:
             raise ValueError(f"data.input_format={self.input_format!r} is not supported; use one of {INPUT_FORMATS}")
+        if self.sentence_splitter not in SPLITTERS:
+            raise ValueError(f"sentence_splitter={self.sentence_splitter!r} is not one of {SPLITTERS}")
         if not 1 <= self.min_tokens <= self.max_tokens:
             raise ValueError(
                 f"need 1 <= data.min_tokens <= data.max_tokens, got data.min_tokens={self.min_tokens}, "
@@ -272,52 +277,6 @@ def reflow_paragraphs(body: str) -> list[str]:
     return [paragraph for paragraph in paragraphs if paragraph]
 
 
-# blingfire 0.1.8 knows "Mr." inside a sentence but splits after it when it starts one:
-# "He left the house. Mr. Smith came in." -> "He left the house." | "Mr." | "Smith came in.". In
-# gutenberg-raw about 1 sentence in 500 is such a fragment (a title or an initial, often after a quote).
-_TITLE_OR_INITIAL = re.compile(
-    r"[\"'\u201c\u2018(\[]?(?:Mr|Mrs|Ms|Messrs|Mme|Mlle|Dr|St|Prof|Rev|Capt|Col|Gen|Lt|Sgt|Hon|[A-Z])\."
-)
-_LONGEST_TITLE_OR_INITIAL = len('"Messrs.')
-# Blingfire treats newlines as spaces but always ends a sentence at U+2029 PARAGRAPH SEPARATOR, so a whole
-# book goes through it in one call with paragraphs joined by this character. One call per paragraph spent
-# half of process_book's time in blingfire's Python wrapper (a ctypes buffer per call). The paragraphs
-# cannot contain the character themselves: it is whitespace, collapsed to " " by reflow_paragraphs.
-_PARAGRAPH_SEPARATOR = "\u2029"
-
-
-class SentenceSplitError(Exception):
-    """Blingfire returned nothing, or lost paragraph boundaries; the book is rejected with this message."""
-
-
-def split_sentences(paragraphs: Sequence[str]) -> list[list[str]]:
-    """Blingfire's rule-based splitter over whitespace-collapsed paragraphs, one list of sentences per
-    paragraph, with title/initial fragments glued back onto the sentence they begin."""
-    joined = f" {_PARAGRAPH_SEPARATOR} ".join(paragraphs)
-    split = blingfire.text_to_sentences(joined)
-    if not split and joined.strip():
-        # The wrapper returns "" when the C library fails, instead of raising.
-        raise SentenceSplitError(f"blingfire could not split {len(joined.encode())} bytes of text")
-    del joined  # a whole book: do not hold it through the loop below
-    by_paragraph = [[sentence for sentence in map(str.strip, block.split("\n")) if sentence]
-                    for block in split.split(_PARAGRAPH_SEPARATOR)]
-    if len(by_paragraph) != len(paragraphs):
-        raise SentenceSplitError(f"blingfire returned {len(by_paragraph)} paragraphs for {len(paragraphs)}")
-    return [_glue_title_fragments(sentences) for sentences in by_paragraph]
-
-
-def _glue_title_fragments(sentences: list[str]) -> list[str]:
-    if all(len(sentence) > _LONGEST_TITLE_OR_INITIAL for sentence in sentences[:-1]):
-        return sentences  # nearly every paragraph: nothing short enough to be a fragment
-    glued = sentences[:1]
-    for sentence in sentences[1:]:
-        if _TITLE_OR_INITIAL.fullmatch(glued[-1]):
-            glued[-1] += " " + sentence
-        else:
-            glued.append(sentence)
-    return glued
-
-
 def clean_text(text: str, nfkc: bool) -> str:
     text = _CONTROL_CHARS.sub("", text)
     return unicodedata.normalize("NFKC", text) if nfkc else text
@@ -375,7 +334,7 @@ def process_book(path: str | PurePath, raw: bytes, options: IngestOptions) -> Bo
     fingerprint = book_fingerprint(paragraphs)
     if options.input_format == "raw":
         try:
-            candidates_by_paragraph = split_sentences(paragraphs)
+            candidates_by_paragraph = split_sentences(paragraphs, options.sentence_splitter)
             del paragraphs
         except SentenceSplitError as exc:
             return BookResult.rejected(book_id, f"sentence splitter failed: {exc}", **common)

@@ -30,6 +30,7 @@ from data_prep.dedup import (
 )
 from data_prep.ingest import BookResult, IngestOptions, exact_duplicate_of, process_book
 from data_prep.progress import ProgressReporter
+from data_prep.sentences import fallback_notice
 from data_prep.shards import MANIFEST_NAME, SHARD_PREFIX, SHARD_SCHEMA, ShardWriter, write_json_atomically
 
 MANIFEST_FORMAT_VERSION = 2  # 2: near duplicates (status "near_duplicate", "similarity")
@@ -292,6 +293,8 @@ def prepare_corpus(
     corpus_dir = Path(corpus_dir).resolve()
     out_dir = Path(out_dir)
     options = IngestOptions(input_format=input_format, min_tokens=min_tokens, max_tokens=max_tokens, nfkc=nfkc)
+    if options.input_format == "raw" and fallback_notice():
+        print(fallback_notice(), flush=True)
     if num_workers < 1:
         raise ValueError(f"num_workers (ray.num_cpus in the pipeline) must be at least 1, got {num_workers}")
     writer = ShardWriter(out_dir, shard_bytes)  # validates shard_bytes before any work is done

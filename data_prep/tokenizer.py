@@ -97,11 +97,13 @@ def train_wordpiece(
         pair=f"{CLS_TOKEN} $A {SEP_TOKEN} $B:1 {SEP_TOKEN}:1",
         special_tokens=[(CLS_TOKEN, CLS_ID), (SEP_TOKEN, SEP_ID)],
     )
-    _save_hf(tokenizer, Path(out_dir), lowercase=lowercase, model_max_length=model_max_length)
+    save_hf_tokenizer(tokenizer, Path(out_dir), lowercase=lowercase, model_max_length=model_max_length)
     return tokenizer
 
 
-def _save_hf(tokenizer: Tokenizer, out_dir: Path, *, lowercase: bool, model_max_length: int) -> None:
+def save_hf_tokenizer(tokenizer: Tokenizer, out_dir: Path, *, lowercase: bool, model_max_length: int) -> None:
+    """Write `tokenizer` (trained by :func:`train_wordpiece` with `lowercase`) as the files of a transformers
+    ``BertTokenizerFast``; `model_max_length` is the longest input the model it goes with was trained on."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(out_dir / TOKENIZER_FILE))
     tokenizer.model.save(str(out_dir))  # WordPiece writes vocab.txt, one piece per line in id order

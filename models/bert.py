@@ -807,14 +807,22 @@ def from_hf_pretraining(path_or_state_dict, config: BertConfig | None = None) ->
     return model
 
 
+def hf_incompatibility(config: BertConfig) -> str:
+    """Why HuggingFace's BertModel cannot compute what a model of `config` does, or "" when it can. Its BERT has learned
+    absolute positions and post-LN blocks only: no fixed sinusoids (a frozen table it would train), no pre-LN, and no
+    Shaw et al. relative positions (transformers 5 dropped its "relative_key" variants, which had no value term and
+    no clipping anyway)."""
+    if config.position_embedding_type != "learned" or config.pre_layer_norm:
+        return ("HuggingFace's BertModel only expresses learned absolute positions with post-LN blocks; got "
+                f"position_embedding_type={config.position_embedding_type!r}, pre_layer_norm={config.pre_layer_norm}")
+    return ""
+
+
 def to_hf(model: BertModel, path) -> None:
     """Write `model` as a HuggingFace BertModel directory (config.json + model.safetensors)."""
     c = model.config
-    if c.position_embedding_type != "learned" or c.pre_layer_norm:
-        raise ValueError(
-            "HuggingFace's BertModel only expresses learned absolute positions with post-LN blocks; got "
-            f"position_embedding_type={c.position_embedding_type!r}, pre_layer_norm={c.pre_layer_norm}"
-        )
+    if hf_incompatibility(c):
+        raise ValueError(hf_incompatibility(c))
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     hf_config = {

@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 from data_prep.builtin import DEFAULT_CORPUS
 from data_prep.dedup import NearDuplicateOptions
 from data_prep.prepare import prepare_corpus
+from data_prep.sentences import default_splitter, splitter_identity
 from pipeline.engine.dag import Stage, StageContext, files_fingerprint
 
 
@@ -35,4 +36,13 @@ def _corpus_fingerprint(cfg: DictConfig) -> str:
     return files_fingerprint(corpus_dir(cfg), cfg.data.glob, cfg.paths.cache_dir)
 
 
-PREPARE = Stage("prepare", prepare, (), ("data",), fingerprint=_corpus_fingerprint)
+def _prepare_fingerprint(cfg: DictConfig) -> str:
+    """The corpus, and for raw text the sentence splitter this machine runs: blingfire and its aarch64 stand-in split
+    some sentences differently (data_prep/sentences.py), so an x86-64 run's shards are not an aarch64 run's."""
+    corpus = _corpus_fingerprint(cfg)
+    if cfg.data.input_format != "raw":
+        return corpus
+    return f"{corpus} split by {splitter_identity(default_splitter())}"
+
+
+PREPARE = Stage("prepare", prepare, (), ("data",), fingerprint=_prepare_fingerprint)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import functools
 import importlib
+import importlib.util
 import os
 import sys
 import textwrap
@@ -62,6 +63,23 @@ def test_a_book_unreadable_then_fixed_changes_the_prepare_hash(tmp_path, monkeyp
     fixed = stage_hashes(cfg, STAGES, ["prepare"])["prepare"]
     assert fixed != rejected  # the fixed book is read again, not "stage prepare: cached"
     assert stage_hashes(cfg, STAGES, ["prepare"])["prepare"] == fixed
+
+
+@pytest.mark.skipif(importlib.util.find_spec("blingfire") is None, reason="blingfire is not installed")
+@pytest.mark.parametrize("input_format", ["raw", "sentence_per_line"])
+def test_the_prepare_hash_names_the_sentence_splitter_that_raw_text_needs(tmp_path, monkeypatch, input_format):
+    from data_prep import sentences
+
+    cfg = tiny_config(tmp_path, [f"data.input_format={input_format}"])
+
+    def hashes(blingfire_unavailable: str) -> dict[str, str]:
+        monkeypatch.setattr(sentences, "blingfire_unavailable", lambda: blingfire_unavailable)
+        return stage_hashes(cfg, STAGES, ["tokenizer"])
+
+    on_x86_64, on_aarch64 = hashes(""), hashes("blingfire ships x86-64 binaries only")
+    # the two split differently (data_prep/sentences.py): the shards, and all that is made of them, are not shared
+    assert (on_x86_64["prepare"] != on_aarch64["prepare"]) == (input_format == "raw")
+    assert (on_x86_64["tokenizer"] != on_aarch64["tokenizer"]) == (input_format == "raw")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode bits")

@@ -8,9 +8,9 @@ from data_prep.ingest import (
     exact_duplicate_of,
     process_book,
     split_paragraphs,
-    split_sentences,
     strip_gutenberg_boilerplate,
 )
+from data_prep.sentences import split_sentences
 
 GUTENBERG_BOOK = """\
 The Project Gutenberg EBook of A Tiny Tale, by Jane Doe

@@ -8,6 +8,7 @@ import ray
 
 from data_prep.ingest import IngestOptions, process_book
 from data_prep.prepare import prepare_corpus
+from data_prep.sentences import default_splitter
 from data_prep.shards import MANIFEST_NAME, file_sha256, iter_books, open_shards
 
 WORDS = "the a ship sailed over quiet grey water while old men watched from harbour walls and sang".split()
@@ -86,6 +87,7 @@ def test_manifest_accounts_for_every_file(corpus, prepared):
         shard["rows"] for shard in manifest["shards"])
     assert manifest["options"] == {"glob": "**/*.txt", "shard_bytes": SHARD_BYTES, "input_format": "raw",
                                    "min_tokens": 3, "max_tokens": 200, "nfkc": False,
+                                   "sentence_splitter": default_splitter(),
                                    "near_duplicates": {"threshold": 0.8, "shingle_words": 5, "num_perm": 128,
                                                        "seed": 0}}
     assert json.loads((prepared[0] / MANIFEST_NAME).read_text()) == manifest
@@ -147,6 +149,24 @@ def test_progress_lines_while_preparing(corpus, tmp_path, capsys):
     assert progress[-1].startswith("prepare: 8/8 files, ") and progress[-1].endswith("ETA 0 s")
     assert any(line.startswith("prepare: done, 8 files, ") and "1 duplicates, 0 near duplicates, 2 rejected" in line
                for line in lines)
+
+
+def test_off_x86_64_the_driver_announces_nupunkt_once_and_every_worker_splits_with_it(tmp_path, monkeypatch, capsys):
+    from data_prep import sentences
+    from tests.test_sentences import BOOK, SPLIT
+
+    # Only the driver is patched: the workers split as the options it sends them say.
+    monkeypatch.setattr(sentences, "blingfire_unavailable", lambda: "blingfire ships x86-64 binaries only")
+    corpus = tmp_path / "books"
+    corpus.mkdir()
+    (corpus / "one.txt").write_text(BOOK)
+    (corpus / "two.txt").write_text(make_prose(7, 3))
+    manifest = prepare_corpus(corpus, tmp_path / "out", min_tokens=1, near_duplicates=None, num_workers=2)
+    assert manifest["options"]["sentence_splitter"] == "nupunkt"
+    notices = [line for line in capsys.readouterr().out.splitlines() if line.startswith("NOTICE:")]
+    assert notices == [sentences.fallback_notice()]
+    book = next(book for book in iter_books(tmp_path / "out") if book.book_id == "one.txt")
+    assert [sentence for paragraph in book.paragraphs for sentence in paragraph] == SPLIT
 
 
 def test_open_shards_refuses_an_unfinished_run(tmp_path):

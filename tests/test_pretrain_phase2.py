@@ -3,6 +3,7 @@ resume, and the downstream stages reading its encoder."""
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 from pathlib import Path
 
@@ -25,6 +26,8 @@ PHASE2 = [
     # phase 2 exists to train the positions of a learned table that phase 1 never reached (bert_tiny's default,
     # relative positions, has no table)
     "model.config.position_embedding_type=learned",
+    # BERT's own blocks, as in bert_base: what transformers' BertModel expresses, so both phases also write hf/
+    "model.config.pre_layer_norm=false",
     "pretrain_phase2.max_seq_length=256", "pretrain_phase2.max_steps=10", "pretrain_phase2.batch_size=4",
     "pretrain_phase2.warmup_steps=2", "pretrain_phase2.max_predictions_per_seq=40",
     "++pretrain_phase2.checkpoint_every_steps=5", "finetune.models=[pretrained]",
@@ -147,3 +150,24 @@ def test_phase2_longer_than_the_position_table_fails_with_what_to_set(run):
         validate(config(200))
     with pytest.raises(StageFailed, match=message(256)):  # the stage itself refuses too (e.g. run without the CLI)
         TinyRun(config(256)).run_stage("pretrain_phase2")
+
+
+@pytest.mark.parametrize("stage, length", [("pretrain", 32), ("pretrain_phase2", 256)])
+def test_each_phase_writes_what_transformers_loads_with_the_length_it_trained_at(run, stage, length):
+    transformers = pytest.importorskip("transformers")  # test-only dependency
+    out = run.stage_dir(stage)
+    assert json.loads((out / "stage.json").read_text())["hf"] == "hf/"
+    hf_model = transformers.AutoModel.from_pretrained(out / "hf", attn_implementation="eager").eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out / "hf")
+    assert hf_tok.model_max_length == length and hf_model.config.max_position_embeddings == 256
+    assert hf_tok.do_lower_case == run.cfg.tokenizer.lowercase
+    ours = load_pretrained(out / "encoder").eval()
+    # run.cfg.tokenizer.lowercase: the upper-case words encode as the lower-case ones the tokenizer was trained on
+    batch = hf_tok(["and the old men sang", "The KING saw the ship"], padding=True, return_tensors="pt")
+    upper = batch["input_ids"][1][batch["attention_mask"][1].bool()]  # padded: the first sentence is longer
+    assert upper.tolist() == hf_tok("the king saw the ship")["input_ids"]
+    with torch.no_grad():
+        theirs = hf_model(**batch).last_hidden_state
+        mine, _ = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(mine[real], theirs[real], rtol=0, atol=1e-5)

@@ -3,7 +3,8 @@ BERT's two phases (Devlin et al. 2019, §A.2): `pretrain` at length 128 from ran
 has it, `pretrain_phase2` at length 512 from phase 1's final weights. One code path trains both (`Phase`).
 
 Both phases train on the pretraining harness (pipeline/engine/pretraining.py: checkpoints, exact resume, DDP and
-DeepSpeed); `BertPretraining` is what BERT supplies to it.
+DeepSpeed); `BertPretraining` is what BERT supplies to it. Each phase writes its encoder in our format (`encoder/`) and,
+where transformers' BertModel can express it, as a HuggingFace directory with its tokenizer (`hf/`).
 """
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from data_prep.bert_examples import BertPretrainingCollator
-from data_prep.tokenizer import SPECIAL_TOKENS, load_tokenizer
+from data_prep.tokenizer import SPECIAL_TOKENS, load_tokenizer, save_hf_tokenizer
 from models import IGNORE_INDEX
-from models.bert import BertConfig, load_pretrained, save_pretrained
+from models.bert import BertConfig, hf_incompatibility, load_pretrained, save_pretrained, to_hf
 from pipeline.bert.data import MaskedBatches, PretrainingInstances
 from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import PRETRAINING_OBJECTIVES, BertPretrainModule
@@ -32,6 +33,8 @@ from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler
 
 # The MLM and NSP heads, beside encoder/: what a later phase needs, besides the encoder, to continue pretraining.
 HEADS_FILE = "pretraining_heads.safetensors"
+# The encoder and its tokenizer as transformers' AutoModel and AutoTokenizer load them, where HF's BERT can express it.
+HF_DIR = "hf"
 
 
 @dataclass(frozen=True)
@@ -191,8 +194,16 @@ class BertPretraining:
                         phase_summary)
 
     def write(self, ctx: StageContext, module: BertPretrainModule) -> None:
-        save_pretrained(module.model.bert, ctx.out_dir / "encoder")
+        encoder = module.model.bert
+        save_pretrained(encoder, ctx.out_dir / "encoder")
         save_file(module.model.heads_state_dict(), str(ctx.out_dir / HEADS_FILE))
+        if hf_incompatibility(encoder.config):
+            print(f"stage {ctx.name}: no {HF_DIR}/ for transformers: {hf_incompatibility(encoder.config)}", flush=True)
+            return
+        to_hf(encoder, ctx.out_dir / HF_DIR)
+        # the length trained at, not the position table's: phase 1 of bert_base never trains positions past 128
+        save_hf_tokenizer(load_tokenizer(ctx.stage_dir("tokenizer")), ctx.out_dir / HF_DIR,
+                          lowercase=ctx.cfg.tokenizer.lowercase, model_max_length=self.phase.max_seq_length(ctx.cfg))
 
     def summary(self, module: BertPretrainModule, data: BertData, run: TrainingRun) -> dict:
         history = run.history
@@ -203,7 +214,8 @@ class BertPretraining:
                                              * data.phase_summary["max_seq_length"], 1),
                 **_learning_summary(history.last("val/mlm_loss"), history.last("val/mlm_acc"), nsp_acc, data),
                 "objective": module.hparams.objective, "final_val_rtd_acc": history.last("val/rtd_acc"),
-                **data.phase_summary}
+                **data.phase_summary,
+                "hf": hf_incompatibility(module.model.config) or f"{HF_DIR}/"}
 
 
 def _learning_summary(mlm_loss: float | None, mlm_acc: float | None, nsp_acc: float | None, data: BertData) -> dict:
