@@ -40,6 +40,7 @@ from pipeline.engine.distributed import (
     train_deepspeed,
     use_deepspeed_cpu_accelerator,
     validate_distributed,
+    whole_parameters,
 )
 from pipeline.engine.divergence import DivergenceMonitor, reduce_mean
 from pipeline.engine.tracking import LossHistory
@@ -231,9 +232,12 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
     if uses_deepspeed:
         use_dense_gradients(module)
     history, monitor = LossHistory(), DivergenceMonitor(task.settings_key, data.uniform_loss)
+    # AtomicCheckpointIO keeps the newest KEEP_CHECKPOINTS files; DeepSpeed writes directories through its own
+    # engine, so there Lightning prunes them, keeping the highest steps
+    pruning = dict(save_top_k=KEEP_CHECKPOINTS, monitor="step", mode="max") if uses_deepspeed else dict(save_top_k=-1)
     checkpoints = ModelCheckpoint(dirpath=out / CHECKPOINT_DIR, filename="step-{step:06d}",
                                   auto_insert_metric_name=False, every_n_train_steps=p.checkpoint_every_steps,
-                                  save_top_k=-1)
+                                  **pruning)
     callbacks = [history, monitor, TrainingPosition(data.position), checkpoints]
     if world_size > 1 and not uses_deepspeed:
         callbacks.append(SparseGradientSync(module))
@@ -266,9 +270,10 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
     resumed_from = _step_of(resume_from) if resume_from else None
     run = TrainingRun(trainer.global_step, trainer.global_step - (resumed_from or 0), seconds, world_size,
                       p.accumulate_grad_batches, history)
-    summary = _summary(task, module, data, run, resumed_from, trainer.precision)
-    if trainer.is_global_zero:
-        _write_outputs(task, ctx, module, history, summary, settings.uses_ray_train)
+    with whole_parameters(module, settings):  # every rank enters: under ZeRO-3 gathering is a collective
+        summary = _summary(task, module, data, run, resumed_from, trainer.precision)
+        if trainer.is_global_zero:
+            _write_outputs(task, ctx, module, history, summary, settings.uses_ray_train)
     return summary
 
 
