@@ -18,6 +18,7 @@ from pipeline.engine.distributed import validate_distributed
 from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, RATE, Number, check_numbers
 from pipeline.engine.tracking import LOGGER_KINDS
 from pipeline.families import FAMILIES
+from pipeline.optim import PRETRAIN_OPTIMIZERS
 from pipeline.stages import STAGES
 
 NUMBERS = {  # the engine's and every stage's settings; a family's own are in its record (Family.numbers)
@@ -49,6 +50,10 @@ def validate(cfg: DictConfig) -> None:
                                 "directory of .txt books, or leave it null for the built-in corpus")
     if cfg.data.input_format not in ("raw", "sentence_per_line"):
         raise ValueError(f"data.input_format={cfg.data.input_format!r}; use raw or sentence_per_line")
+    for block in ("pretrain", "pretrain_phase2"):  # every family's pretraining builds its optimizer from these
+        optimizer = cfg.get(block, {}).get("optimizer")
+        if optimizer is not None and optimizer not in PRETRAIN_OPTIMIZERS:
+            raise ValueError(f"{block}.optimizer={optimizer!r} is not known; use one of {sorted(PRETRAIN_OPTIMIZERS)}")
     if cfg.logger.kind not in LOGGER_KINDS:
         raise ValueError(f"logger.kind={cfg.logger.kind!r}; use one of {LOGGER_KINDS} (logger=wandb|csv)")
     for name in task_names(cfg):

@@ -61,7 +61,7 @@ def test_experiment_composes_to_what_its_file_states(name, tmp_path):
 
 
 def _write_task_files(root: Path, names: list[str]) -> Path:
-    """A one-example train and dev split of each TSV task, laid out as its YAML in conf/task/ describes."""
+    """A one-example train and dev split of each TSV task, laid out as its YAML in tasks/ describes."""
     for name in names:
         task = load_task(name)
         columns = [c for c in (task.text_a, task.text_b, task.label) if c is not None]
