@@ -43,11 +43,12 @@ from pipeline.engine.distributed import (
     whole_parameters,
 )
 from pipeline.engine.divergence import DivergenceMonitor, reduce_mean
-from pipeline.engine.tracking import LossHistory
+from pipeline.engine.tracking import LossHistory, log_curves
 from pipeline.engine.training import keep_freed_memory_for_reuse, make_trainer, resolve_precision
 
 CHECKPOINT_DIR = "checkpoints"
 KEEP_CHECKPOINTS = 2
+LOSS_CURVE = "loss_curve.csv"
 WORKER_SUMMARY = "train_summary.json"  # how rank 0 of the Ray Train workers hands the stage its summary
 
 
@@ -122,6 +123,7 @@ def pretrain(ctx: StageContext, task: PretrainingTask) -> dict:
                                 "name": ctx.name, "out_dir": str(ctx.out_dir),
                                 "inputs": {k: str(v) for k, v in ctx.inputs.items()}},
                        settings, ctx.out_dir)
+    log_curves(ctx.wandb_run, ctx.out_dir / LOSS_CURVE)
     return json.loads((ctx.out_dir / WORKER_SUMMARY).read_text())
 
 
@@ -288,7 +290,7 @@ def _summary(task: PretrainingTask, module: L.LightningModule, data: Pretraining
 def _write_outputs(task: PretrainingTask, ctx: StageContext, module: L.LightningModule, history: LossHistory,
                    summary: dict, in_ray_worker: bool) -> None:
     task.write(ctx, module)
-    history.write_csv(ctx.out_dir / "loss_curve.csv")
+    history.write_csv(ctx.out_dir / LOSS_CURVE)
     if in_ray_worker:
         write_json_atomically(ctx.out_dir / WORKER_SUMMARY, summary)
 
