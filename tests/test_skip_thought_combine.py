@@ -21,7 +21,7 @@ SENTENCES = [tokenize(s) for s in ("The captain found the ship at night.", "A st
                                    "My brother left the dark forest before the storm with great care.")]
 
 
-def combine_config(tmp_path, extra: list[str] = ()):
+def combine_config(tmp_path, extra: tuple[str, ...] = ()):
     write_mr(tmp_path / "senteval" / "MR")
     return tiny_config(tmp_path, [*TINY_FAMILIES["skip_thought"].overrides, "pretrain.max_steps=12",
                                   "pretrain.val_every_steps=6", f"senteval.data_root={tmp_path / 'senteval'}",
@@ -89,4 +89,4 @@ def test_evaluate_probes_uni_bi_and_combine_skip_beside_their_random_twins(combi
 
 def test_an_encoder_kind_in_the_model_config_is_refused_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="model.config.encoder=bi: each Skip-Thought pretraining stage trains"):
-        validate(combine_config(tmp_path, ["+model.config.encoder=bi"]))
+        validate(combine_config(tmp_path, ("+model.config.encoder=bi",)))
