@@ -41,9 +41,12 @@ def test_experiment_composes_to_what_its_file_states(name, tmp_path):
     resolved = OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
     assert resolved["experiment_name"] == name
     stated = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml"), resolve=False)
-    groups = {entry.split()[-1].lstrip("/"): option for item in stated.pop("defaults", [])
+    defaults = stated.pop("defaults", [])
+    extended = [item for item in defaults if isinstance(item, str)]  # `- skip_thought_small`: another experiment
+    groups = {entry.split()[-1].lstrip("/"): option for item in defaults if isinstance(item, dict)
               for entry, option in item.items()}  # `- override /model: bert_base`
-    base = _compose([f"{group}={option}" for group, option in groups.items()])
+    base = _compose([*(f"+experiment={e}" for e in extended),
+                     *(f"{group}={option}" for group, option in groups.items())])
     defined = dict(_leaves(OmegaConf.to_container(base, resolve=False)))
     misspelled = [key for key, _ in _leaves(stated) if key not in defined]
     assert not misspelled, (f"{name} sets {misspelled}, which the base config does not define, so nothing reads "

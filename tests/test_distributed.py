@@ -209,9 +209,12 @@ def test_phase2_in_two_workers_starts_from_phase1(tmp_root, ray_session, trainer
 
 
 def evaluated_weights(run: TinyRun, family: str) -> dict[str, torch.Tensor]:
-    """The weights of the encoder the evaluate stage builds from the pretraining stage's output."""
-    (encoder,) = [spec for f in FAMILIES if f.name == family for name, spec in f.encoders.items()
-                  if not name.endswith(("_random", "_expanded"))]
+    """The weights of the encoder the evaluate stage builds from the pretraining stage's output (alone: not, e.g.,
+    Skip-Thought's combine-skip, which also reads bi-skip's stage)."""
+    record = next(f for f in FAMILIES if f.name == family)
+    (encoder,) = [spec for name, spec in record.encoders.items() if not name.endswith(("_random", "_expanded"))
+                  and set(spec.upstream(run.cfg)) & set(record.pretraining_stages)
+                  == {TINY_FAMILIES[family].pretraining_stage}]
     upstream = encoder.upstream(run.cfg)
     built = encoder.build(StageContext(run.cfg, "evaluate", run.stage_dir("evaluate") if "evaluate" in run.plan.dirs
                                        else Path("unused"), {u: run.stage_dir(u) for u in upstream}))
