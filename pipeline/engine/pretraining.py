@@ -19,6 +19,7 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Protocol
@@ -117,7 +118,10 @@ def instantiate_model(cfg: DictConfig, **config_values) -> nn.Module:
 
 def encoder_snapshot_steps(cfg: DictConfig, settings: DictConfig, key: str) -> list[int]:
     """`<key>.encoder_snapshots`, in order: each a step the run takes, refused before any work otherwise."""
-    steps = list(settings.get("encoder_snapshots") or ())
+    value = settings.get("encoder_snapshots") or []
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise ValueError(f"{key}.encoder_snapshots={value!r}: expected a list of steps, e.g. [500, 1000]")
+    steps = list(value)
     bad = [s for s in steps if isinstance(s, bool) or not isinstance(s, int) or not 0 < s <= settings.max_steps]
     if bad:
         raise ValueError(f"{key}.encoder_snapshots={steps}: {bad} not a step of the run; each must be a whole number "
