@@ -135,7 +135,7 @@ def plot_pretrain_scaling(rows: list[dict], references: list[dict], baselines: l
     colour of the line with its number of examples, and each of `baselines` (majority class, bag of words) in black.
     Rows: model, task, metric, score, std, seeds, train_examples, and in `rows` pretraining_steps."""
     tasks = list(dict.fromkeys(r["task"] for r in rows))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(6.5 * len(tasks), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(9 * len(tasks), 4.5), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         metric = next(r["metric"] for r in rows if r["task"] == task)
         mine = [r for r in rows if r["task"] == task and r["metric"] == metric]
@@ -158,7 +158,7 @@ def plot_pretrain_scaling(rows: list[dict], references: list[dict], baselines: l
         ax.set_xticks(steps, [str(s) for s in steps])  # the steps measured, as plain numbers
         ax.xaxis.set_minor_locator(NullLocator())
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the panel: the lines span it
     fig.suptitle(title)
     return _save(fig, path)
 
