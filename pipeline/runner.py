@@ -15,6 +15,7 @@ from pipeline.downstream.finetune import FINETUNE, check_task_files, headline_re
 from pipeline.downstream.tasks import load_task
 from pipeline.engine.dag import StageFailed, plan, resolve_upstream, run_dag, select_stages
 from pipeline.engine.distributed import validate_distributed
+from pipeline.engine.pretraining import encoder_snapshot_steps
 from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, RATE, Number, check_numbers
 from pipeline.engine.tracking import LOGGER_KINDS
 from pipeline.families import FAMILIES
@@ -60,6 +61,7 @@ def validate(cfg: DictConfig) -> None:
         load_task(name)
     train_sizes(cfg)
     validate_distributed(cfg)
+    encoder_snapshot_steps(cfg, cfg.pretrain, "pretrain")  # every family's; BERT's phase 2 in its own validate
     stages = resolve_upstream(STAGES, cfg)  # e.g. an unknown evaluate.encoders name
     in_run = select_stages(stages, list(plan_check.stages), plan_check.until)
     for family in FAMILIES:

@@ -135,6 +135,11 @@ SENTEVAL_MR_ONLY = ["~senteval.tasks.SICKEntailment", "~senteval.tasks.SICKRelat
                     "senteval.tasks.MR.path=MR", "senteval.classifier.cv_folds=3", "senteval.classifier.inner_folds=2"]
 
 
+def file_bytes(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory` (its path relative to it) -> its bytes: two outputs compared exactly."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
 def write_mr(root: Path) -> Path:
     """The MR layout (rt-polarity.pos / .neg, one sentence per line), with a learnable polarity."""
     root.mkdir(parents=True)
