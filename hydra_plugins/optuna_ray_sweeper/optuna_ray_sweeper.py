@@ -158,9 +158,9 @@ class OptunaRaySweeper(Sweeper):
     def _study(self):
         import optuna
 
-        # constant_liar: trials still running count as poor results, so that trials asked for meanwhile spread out
-        # instead of repeating the running ones (Optuna's advice for parallel TPE)
-        sampler = (optuna.samplers.TPESampler(seed=self.seed, constant_liar=True) if self.sampler is Sampler.tpe
+        # TPE's constant_liar (on by default in Optuna 5) counts running trials as poor results, so that trials
+        # asked for meanwhile spread out instead of repeating the running ones
+        sampler = (optuna.samplers.TPESampler(seed=self.seed) if self.sampler is Sampler.tpe
                    else optuna.samplers.RandomSampler(seed=self.seed))
         study = optuna.create_study(direction=self.direction.value, sampler=sampler)
         if self.sampler is Sampler.grid:  # enqueued trials take these values, the sampler is not asked
