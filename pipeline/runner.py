@@ -106,7 +106,10 @@ def _interrupt(signum, frame) -> None:
 def run_pipeline(cfg: DictConfig) -> Path:
     """Validate, run, print where the results are. SIGINT (Ctrl-C) and SIGTERM end a run alike: the stages' Ray tasks
     are cancelled and Ray is shut down, one line says how to resume, and the exit code is 130, where a user used to
-    get a KeyboardInterrupt traceback (and exit code 1 during Ray's start-up)."""
+    get a KeyboardInterrupt traceback (and exit code 1 during Ray's start-up).
+
+    A run started where Ray is already up (a sweep's trial, a Ray task of the sweeper's: hydra_plugins/) leaves Ray and
+    the process's signals to whoever started them: shutting Ray down there would disconnect the sweeper's worker."""
     import ray
 
     validate(cfg)
@@ -116,11 +119,13 @@ def run_pipeline(cfg: DictConfig) -> Path:
         print(plan(cfg, STAGES).describe())
         return run_dir
     os.environ["WANDB_MODE"] = cfg.logger.get("mode", "offline")  # inherited by Ray workers
-    handlers = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    owns_ray = not ray.is_initialized()
+    handlers = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)} if owns_ray else {}
     interrupted = False
     try:
         init_ray(cfg)
-        signal.signal(signal.SIGTERM, _interrupt)  # ray.init installs its own, which exits on the spot
+        if owns_ray:
+            signal.signal(signal.SIGTERM, _interrupt)  # ray.init installs its own, which exits on the spot
         results = run_dag(cfg, STAGES, run_dir)
     except StageFailed as err:
         raise SystemExit(f"error: {err}") from None
@@ -129,7 +134,8 @@ def run_pipeline(cfg: DictConfig) -> Path:
         for sig in handlers:  # a second Ctrl-C must not cut the shutdown short
             signal.signal(sig, signal.SIG_IGN)
     finally:
-        ray.shutdown()
+        if owns_ray:
+            ray.shutdown()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     if interrupted:
