@@ -17,7 +17,6 @@ from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.distributed import stage_cpus
 from pipeline.engine.pretraining import pretrain
-from pipeline.engine.shard_tasks import map_shards
 
 
 def tokenizer(ctx: StageContext) -> dict:
@@ -67,8 +66,8 @@ def examples(ctx: StageContext, length_key: str) -> dict:
     shards = shard_paths(ctx.stage_dir("prepare"))
     ex = ctx.cfg.examples
     max_seq_length = int(OmegaConf.select(ctx.cfg, length_key))
-    counts = map_shards(build_shard_examples, shards, shards, ctx.stage_dir("tokenizer"), ctx.out_dir, max_seq_length,
-                        ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed)
+    counts = ctx.map_shards(build_shard_examples, shards, shards, ctx.stage_dir("tokenizer"), ctx.out_dir,
+                            max_seq_length, ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed)
     return {"instances": int(sum(counts)), "files": len(counts), "max_seq_length": max_seq_length}
 
 

@@ -25,7 +25,6 @@ from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.distributed import stage_cpus
 from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretrain
-from pipeline.engine.shard_tasks import map_shards
 
 
 def elmo_vocab(ctx: StageContext) -> dict:
@@ -44,7 +43,7 @@ def build_shard_streams(index: int, shard_path: Path, out_dir: Path) -> int:
 
 def elmo_streams(ctx: StageContext) -> dict:
     shards = shard_paths(ctx.stage_dir("prepare"))
-    books = map_shards(build_shard_streams, shards, ctx.out_dir)
+    books = ctx.map_shards(build_shard_streams, shards, ctx.out_dir)
     return {"books": int(sum(books)), "files": len(shards)}
 
 

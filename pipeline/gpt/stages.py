@@ -27,7 +27,6 @@ from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.distributed import stage_cpus
 from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretrain
-from pipeline.engine.shard_tasks import map_shards
 from pipeline.gpt.module import Blocks, GPTPretrainModule, block_loaders
 
 
@@ -53,8 +52,8 @@ def build_shard_blocks(index: int, shard_and_next: tuple[Path, Path | None], tok
 
 def gpt_blocks(ctx: StageContext) -> dict:
     shards = shard_paths(ctx.stage_dir("prepare"))
-    counts = map_shards(build_shard_blocks, list(zip(shards, [*shards[1:], None])), ctx.stage_dir("gpt_tokenizer"),
-                        ctx.out_dir, ctx.cfg.gpt.block_size)
+    counts = ctx.map_shards(build_shard_blocks, list(zip(shards, [*shards[1:], None])),
+                            ctx.stage_dir("gpt_tokenizer"), ctx.out_dir, ctx.cfg.gpt.block_size)
     return {"blocks": int(sum(counts)), "files": len(counts), "block_size": ctx.cfg.gpt.block_size}
 
 
