@@ -65,7 +65,8 @@ class ElmoPretraining:
         e = ctx.cfg.elmo
         vocab = read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt")
         train, heldout = build_elmo_datasets(sorted(ctx.stage_dir("elmo_streams").glob("streams-*.arrow")), vocab,
-                                             e.window, e.batch_size, e.holdout_books_fraction, ctx.cfg.seed,
+                                             e.window, e.batch_size, e.holdout_books_fraction, e.holdout_max_books,
+                                             ctx.cfg.seed,
                                              char_inputs=module.model.config.token_encoder == "char_cnn",
                                              rank=rank, world_size=world_size)
         # batch_size=None and no shuffling: each batch row continues the book the previous batch's row was reading.

@@ -85,7 +85,7 @@ class SkipThoughtPretraining:
         p = ctx.cfg.pretrain
         tables = [read_arrow(f) for f in sorted(ctx.stage_dir("skip_thought_examples").glob("triples-*.arrow"))]
         train_loader, val_loader = triple_loaders(SkipThoughtTriples(tables), p.batch_size, p.val_fraction,
-                                                  ctx.cfg.seed, p.num_workers, rank, world_size)
+                                                  p.val_max_instances, ctx.cfg.seed, p.num_workers, rank, world_size)
         return PretrainingData(train_loader, train_loader.sampler, val_loader, p.batch_size,
                                # the previous and the next sentence's decoder
                                uniform_loss=2 * math.log(module.model.config.vocab_size))
