@@ -9,7 +9,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from data_prep.bert_examples import create_training_instances, write_instances
-from data_prep.shards import open_shards, shard_paths
+from data_prep.shards import sampled_texts, shard_paths
 from data_prep.tokenize_shards import encode_by_word, use_one_tokenizer_thread
 from data_prep.tokenizer import load_tokenizer, train_wordpiece
 from pipeline.bert.pretrain import PHASES, PRETRAINING
@@ -20,13 +20,12 @@ from pipeline.engine.pretraining import pretrain
 
 
 def tokenizer(ctx: StageContext) -> dict:
-    table = open_shards(ctx.stage_dir("prepare"))
-    # Record batches stream from the memory map: the trainer never holds the corpus as Python strings.
-    sentences = (text for batch in table.to_batches() for text in batch.column("text").to_pylist())
     tok_cfg = ctx.cfg.tokenizer
+    # Streamed from the memory map: the trainer never holds the corpus as Python strings.
+    num_sentences, sentences = sampled_texts(ctx.stage_dir("prepare"), tok_cfg.max_sentences)
     trained = train_wordpiece(sentences, ctx.stage_dir("tokenizer"), vocab_size=tok_cfg.vocab_size,
                               min_frequency=tok_cfg.min_frequency, lowercase=tok_cfg.lowercase)
-    return {"vocab_size": trained.get_vocab_size()}
+    return {"vocab_size": trained.get_vocab_size(), "sentences": num_sentences}
 
 
 def _tokenized_books(shard_path: Path, tok) -> list[list[list[int]]]:
