@@ -159,6 +159,27 @@ def test_utf16_text_too_big_for_a_book_is_rejected_unread_with_what_to_do(tmp_pa
     assert entry(manifest, "good.txt")["status"] == "kept"
 
 
+def test_a_hundred_thousand_tiny_files_are_read_in_groups_not_one_task_each(tmp_path, monkeypatch):
+    """At reduced size (2,000 files; the real 100,000 took 90 s and 1.7 GB peak RSS, driver and Ray workers, on the
+    2-core machine): every file is accounted for, in a few Ray tasks of at most 1,000 books each."""
+    corpus = tmp_path / "corpus"
+    for i in range(2_000):
+        shelf = corpus / f"{i // 500:03d}"
+        shelf.mkdir(parents=True, exist_ok=True)
+        (shelf / f"note-{i:05d}.txt").write_text(f"Note {i} was written on the ship at night, and it was short.\n")
+    groups = []
+    group_by_bytes = prepare_module.group_by_bytes
+
+    def recorded(*args):
+        groups.extend(group_by_bytes(*args))
+        return groups
+
+    monkeypatch.setattr(prepare_module, "group_by_bytes", recorded)
+    manifest = prepare(corpus, tmp_path / "out", near_duplicates=None)
+    assert manifest["totals"]["files_read"] == manifest["totals"]["files_kept"] == 2_000
+    assert [len(group) for group in groups] == [1_000, 1_000]  # 130 kB: one group by size, cut at 1,000 books
+
+
 def test_a_50_mb_single_line_costs_memory_proportional_to_its_size(tmp_path):
     """Peak RSS of a fresh process that processes the line: the old per-word `str.split()` collapse alone
     took ~0.5 GB for the line's word list."""
