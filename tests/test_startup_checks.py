@@ -36,6 +36,9 @@ def _fails_before_any_stage(cfg, error: type[Exception], message: str) -> None:
     ("ray.num_cpus=0", r"ray\.num_cpus=0: expected an integer >= 1"),  # hung forever, waiting for a CPU
     ("elmo.window=0", r"elmo\.window=0: expected an integer >= 1"),  # a family's own (Family.numbers)
     ("gpt.block_size=0", r"gpt\.block_size=0: expected an integer >= 1"),
+    ("++gpt.pretrain.max_steps=0", r"gpt\.pretrain\.max_steps=0: expected an integer >= 1"),  # a family's own block
+    ("++gpt.pretrain.max_step=50", r"gpt\.pretrain\.max_step is not a pretraining setting; gpt\.pretrain takes "
+                                   r"pretrain's keys: max_steps, batch_size"),
 ])
 def test_a_bad_number_fails_before_any_stage_naming_its_key(tmp_path, override, message):
     _fails_before_any_stage(tiny_config(tmp_path, [override]), ValueError, message)

@@ -100,10 +100,27 @@ class PretrainingTask(Protocol):
     def summary(self, module: L.LightningModule, data: PretrainingData, run: TrainingRun) -> dict: ...
 
 
-def instantiate_model(cfg: DictConfig, **config_values) -> nn.Module:
-    """The Hydra `model` config built with `config_values` (what only the data knows, e.g. the vocabulary size) set in
-    its `config`, from the run's seed: every rank starts from the same weights."""
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+def merged_settings(cfg: DictConfig, blocks: tuple[str, ...]) -> DictConfig:
+    """The config blocks `blocks` (dotted keys) as one, a later block's keys over an earlier one's: a block need not
+    repeat what it shares with the one before (pretrain_phase2 over pretrain, gpt.pretrain over pretrain)."""
+    merged = {k: v for block in blocks
+              for k, v in OmegaConf.to_container(OmegaConf.select(cfg, block), resolve=True).items()}
+    settings = OmegaConf.create(merged)
+    OmegaConf.set_struct(settings, True)  # a misspelt key is an error, as in the config it came from
+    return settings
+
+
+def model_key(cfg: DictConfig, family: str) -> str:
+    """The config block of a family's model: `<family>.model` where the run gives the family one of its own (a run
+    that pretrains two families, whose shared `model` can hold only one: experiment=bert_vs_gpt), else `model`."""
+    own = f"{family}.model"
+    return own if OmegaConf.select(cfg, own) is not None else "model"
+
+
+def instantiate_model(cfg: DictConfig, key: str = "model", **config_values) -> nn.Module:
+    """The Hydra model config at `key` built with `config_values` (what only the data knows, e.g. the vocabulary size)
+    set in its `config`, from the run's seed: every rank starts from the same weights."""
+    model_cfg = OmegaConf.to_container(OmegaConf.select(cfg, key), resolve=True)
     model_cfg["config"].update(config_values)
     L.seed_everything(cfg.seed, workers=True)
     return hydra.utils.instantiate(model_cfg, _convert_="all")
