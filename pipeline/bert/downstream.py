@@ -84,7 +84,7 @@ def _this_run_stages(cfg: DictConfig) -> tuple[str, ...]:
     return "tokenizer", encoder_stage(cfg)
 
 
-FINETUNE_KINDS = {"pretrained": FinetuneKind(_this_run_stages, _this_run(pretrained=True)),
+FINETUNE_KINDS = {"pretrained": FinetuneKind(_this_run_stages, _this_run(pretrained=True), random_twin="random_init"),
                   "random_init": FinetuneKind(_this_run_stages, _this_run(pretrained=False)),
                   "external": FinetuneKind(lambda cfg: (), _external, fingerprint=_external_files)}
 

@@ -53,6 +53,9 @@ class FinetuneKind:
     upstream: Upstream
     load: Callable[[StageContext], TaskModels]
     fingerprint: Callable[[DictConfig], str] = lambda cfg: ""  # identity of files it reads outside the cache
+    # the kind that fine-tunes the same architecture from random initialisation: the report states what pretraining
+    # gained over it
+    random_twin: str | None = None
 
 
 @dataclass(frozen=True)

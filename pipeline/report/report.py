@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from data_prep.shards import write_json_atomically
-from pipeline.downstream.finetune import headline_results, label_efficiency
+from pipeline.downstream.finetune import MODEL_KINDS, headline_results, label_efficiency
 from pipeline.report.plots import Curve, plot_label_efficiency, plot_pretraining, plot_task_scores
 
 RESULT_COLUMNS = ["model", "task", "metric", "score", "std", "seeds", "train_examples"]
@@ -92,18 +92,20 @@ def pair_features_lines(results: list[dict]) -> list[str]:
 
 
 def pretrained_vs_random(rows: list[dict]) -> list[str]:
-    """One line per task and metric: the mean difference pretrained - random init and on how many seeds pretrained
-    was ahead (a mean can hide one collapsed seed)."""
+    """One line per pretrained model kind, task and metric: the mean difference to its random-init twin
+    (FinetuneKind.random_twin) and on how many seeds the pretrained one was ahead (a mean can hide one collapsed
+    seed)."""
     by_key = {(r["model"], r["task"], r["metric"]): r for r in rows}
     lines = []
     for (model, task, metric), row in by_key.items():
-        twin = by_key.get(("random_init", task, metric))
-        if model != "pretrained" or twin is None or not row.get("per_seed") or not twin.get("per_seed"):
+        name = MODEL_KINDS[model].random_twin if model in MODEL_KINDS else None
+        twin = by_key.get((name, task, metric))
+        if twin is None or not row.get("per_seed") or not twin.get("per_seed"):
             continue
         pairs = [(a, b) for a, b in zip(row["per_seed"], twin["per_seed"]) if a is not None and b is not None]
         ahead = sum(a > b for a, b in pairs)
-        lines.append(f"- {task} {metric}: pretrained - random init = {row['score'] - twin['score']:+.4f} "
-                     f"(mean over seeds); pretrained ahead on {ahead} of {len(pairs)} seeds")
+        lines.append(f"- {task} {metric}: {model} - {name} = {row['score'] - twin['score']:+.4f} "
+                     f"(mean over seeds); {model} ahead on {ahead} of {len(pairs)} seeds")
     return [""] + lines if lines else []
 
 
@@ -146,6 +148,21 @@ def _pretraining_section(stage: str, stage_dir: Path, out: Path, figures: dict[s
         figures[f"{stage}_loss_plot"] = path
         lines += ["", f"![{stage} loss and perplexity]({path.name})"]
     return lines
+
+
+def pretraining_budget(summaries: dict[str, dict]) -> list[str]:
+    """A run's pretraining stages side by side by the time their training took (stage.json `seconds`, the harness's
+    clock around the training loop, validation included): the budget a run that compares families holds equal
+    (experiment=bert_vs_gpt)."""
+    lines = ["", "## Pretraining budget", "", "| stage | steps | training s | s/step | parameters |",
+             "|---|---|---|---|---|"]
+    for stage, info in summaries.items():
+        resumed = info.get("resumed_from_step") or 0  # `seconds` counts the steps after it
+        since = f" (since the resume at step {resumed})" if resumed else ""
+        lines.append(f"| {stage} | {info['steps']} | {info['seconds']:.0f}{since} | "
+                     f"{info['seconds'] / max(1, info['steps'] - resumed):.3f} | {info['num_parameters']:,} |")
+    seconds = [info["seconds"] for info in summaries.values()]
+    return lines + ["", f"- the longest training took {max(seconds) / min(seconds):.2f}x the time of the shortest"]
 
 
 def learning_lines(summary: dict) -> list[str]:
@@ -194,9 +211,12 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str, pretraining
         figures["task_scores_plot"] = out / "task_scores.png"
         plot_task_scores(panels, figures["task_scores_plot"], title=f"Task scores per model ({title})")
         lines += ["", "![task scores per model](task_scores.png)"]
-    for stage in pretraining_stages:
-        if stage in stage_dirs:
-            lines += _pretraining_section(stage, stage_dirs[stage], out, figures)
+    ran = [stage for stage in pretraining_stages if stage in stage_dirs]
+    if len(ran) > 1:
+        lines += pretraining_budget({stage: json.loads((stage_dirs[stage] / "stage.json").read_text())
+                                     for stage in ran})
+    for stage in ran:
+        lines += _pretraining_section(stage, stage_dirs[stage], out, figures)
     for section in sections:
         lines += section(stage_dirs, out, figures)
     with open(out / "results.csv", "w", newline="") as f:
