@@ -15,9 +15,11 @@ from pipeline.downstream.finetune import FINETUNE, check_task_files, headline_re
 from pipeline.downstream.tasks import load_task
 from pipeline.engine.dag import StageFailed, plan, resolve_upstream, run_dag, select_stages
 from pipeline.engine.distributed import validate_distributed
+from pipeline.engine.pretraining import encoder_snapshot_steps
 from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, PRETRAINING_NUMBERS, RATE, Number, check_numbers
 from pipeline.engine.tracking import LOGGER_KINDS
 from pipeline.families import FAMILIES
+from pipeline.optim import PRETRAIN_OPTIMIZERS
 from pipeline.stages import STAGES
 
 NUMBERS = {  # the engine's and every stage's settings; a family's own are in its record (Family.numbers)
@@ -46,12 +48,17 @@ def validate(cfg: DictConfig) -> None:
                                 "directory of .txt books, or leave it null for the built-in corpus")
     if cfg.data.input_format not in ("raw", "sentence_per_line"):
         raise ValueError(f"data.input_format={cfg.data.input_format!r}; use raw or sentence_per_line")
+    for block in ("pretrain", "pretrain_phase2"):  # every family's pretraining builds its optimizer from these
+        optimizer = cfg.get(block, {}).get("optimizer")
+        if optimizer is not None and optimizer not in PRETRAIN_OPTIMIZERS:
+            raise ValueError(f"{block}.optimizer={optimizer!r} is not known; use one of {sorted(PRETRAIN_OPTIMIZERS)}")
     if cfg.logger.kind not in LOGGER_KINDS:
         raise ValueError(f"logger.kind={cfg.logger.kind!r}; use one of {LOGGER_KINDS} (logger=wandb|csv)")
     for name in task_names(cfg):
         load_task(name)
     train_sizes(cfg)
     validate_distributed(cfg)
+    encoder_snapshot_steps(cfg, cfg.pretrain, "pretrain")  # every family's; BERT's phase 2 in its own validate
     stages = resolve_upstream(STAGES, cfg)  # e.g. an unknown evaluate.encoders name
     in_run = select_stages(stages, list(plan_check.stages), plan_check.until)
     for family in FAMILIES:
@@ -96,7 +103,10 @@ def _interrupt(signum, frame) -> None:
 def run_pipeline(cfg: DictConfig) -> Path:
     """Validate, run, print where the results are. SIGINT (Ctrl-C) and SIGTERM end a run alike: the stages' Ray tasks
     are cancelled and Ray is shut down, one line says how to resume, and the exit code is 130, where a user used to
-    get a KeyboardInterrupt traceback (and exit code 1 during Ray's start-up)."""
+    get a KeyboardInterrupt traceback (and exit code 1 during Ray's start-up).
+
+    A run started where Ray is already up (a sweep's trial, a Ray task of the sweeper's: hydra_plugins/) leaves Ray and
+    the process's signals to whoever started them: shutting Ray down there would disconnect the sweeper's worker."""
     import ray
 
     validate(cfg)
@@ -106,11 +116,13 @@ def run_pipeline(cfg: DictConfig) -> Path:
         print(plan(cfg, STAGES).describe())
         return run_dir
     os.environ["WANDB_MODE"] = cfg.logger.get("mode", "offline")  # inherited by Ray workers
-    handlers = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    owns_ray = not ray.is_initialized()
+    handlers = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)} if owns_ray else {}
     interrupted = False
     try:
         init_ray(cfg)
-        signal.signal(signal.SIGTERM, _interrupt)  # ray.init installs its own, which exits on the spot
+        if owns_ray:
+            signal.signal(signal.SIGTERM, _interrupt)  # ray.init installs its own, which exits on the spot
         results = run_dag(cfg, STAGES, run_dir)
     except StageFailed as err:
         raise SystemExit(f"error: {err}") from None
@@ -119,7 +131,8 @@ def run_pipeline(cfg: DictConfig) -> Path:
         for sig in handlers:  # a second Ctrl-C must not cut the shutdown short
             signal.signal(sig, signal.SIG_IGN)
     finally:
-        ray.shutdown()
+        if owns_ray:
+            ray.shutdown()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     if interrupted:

@@ -25,7 +25,9 @@ def replay_lineage(edges: list[dict], api, entity: str, project: str) -> int:
     for edge in edges:
         run = api.run(f"{entity}/{project}/{edge['run_id']}")
         for name in edge["uses"]:
-            run.use_artifact(api.artifact(f"{entity}/{project}/{name}:latest"))
+            # "stage:hash" names a version by its alias; lineage written before artifacts had versions named
+            # "stage-hash" artifacts of their own
+            run.use_artifact(api.artifact(f"{entity}/{project}/{name}" + ("" if ":" in name else ":latest")))
             count += 1
     return count
 

@@ -130,6 +130,16 @@ class TinyRun:
                              Path(self.cfg.paths.run_dir))
 
 
+# The evaluate stage on write_mr's MR alone (at <senteval.data_root>/MR), 3-fold: seconds per encoder.
+SENTEVAL_MR_ONLY = ["~senteval.tasks.SICKEntailment", "~senteval.tasks.SICKRelatedness", "~senteval.tasks.MRPC",
+                    "senteval.tasks.MR.path=MR", "senteval.classifier.cv_folds=3", "senteval.classifier.inner_folds=2"]
+
+
+def file_bytes(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory` (its path relative to it) -> its bytes: two outputs compared exactly."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
 def write_mr(root: Path) -> Path:
     """The MR layout (rt-polarity.pos / .neg, one sentence per line), with a learnable polarity."""
     root.mkdir(parents=True)

@@ -41,10 +41,13 @@ def test_experiment_composes_to_what_its_file_states(name, tmp_path):
     resolved = OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
     assert resolved["experiment_name"] == name
     stated = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml"), resolve=False)
+    defaults = stated.pop("defaults", [])
+    extended = [item for item in defaults if isinstance(item, str)]  # `- skip_thought_small`: another experiment
     # `- override /model: bert_base` replaces a group's option; `- /model@gpt.model: gpt_tiny` adds one at a key
-    entries = [(entry, option) for item in stated.pop("defaults", []) for entry, option in item.items()]
-    base = _compose([f"{'' if entry.startswith('override ') else '+'}{entry.split()[-1].lstrip('/')}={option}"
-                     for entry, option in entries])
+    entries = [(entry, option) for item in defaults if isinstance(item, dict) for entry, option in item.items()]
+    base = _compose([*(f"+experiment={e}" for e in extended),
+                     *(f"{'' if entry.startswith('override ') else '+'}{entry.split()[-1].lstrip('/')}={option}"
+                       for entry, option in entries)])
     defined = dict(_leaves(OmegaConf.to_container(base, resolve=False)))
     # gpt.pretrain takes pretrain's keys (pipeline/gpt/stages.py)
     misspelled = [key for key, _ in _leaves(stated) if re.sub(r"^gpt\.pretrain\.", "pretrain.", key) not in defined]
@@ -65,7 +68,7 @@ def test_experiment_composes_to_what_its_file_states(name, tmp_path):
 
 
 def _write_task_files(root: Path, names: list[str]) -> Path:
-    """A one-example train and dev split of each TSV task, laid out as its YAML in conf/task/ describes."""
+    """A one-example train and dev split of each TSV task, laid out as its YAML in tasks/ describes."""
     for name in names:
         task = load_task(name)
         columns = [c for c in (task.text_a, task.text_b, task.label) if c is not None]

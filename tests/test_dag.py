@@ -72,9 +72,10 @@ def _executions(tmp_path: Path) -> list[str]:
     return log.read_text().split() if log.exists() else []
 
 
-def test_changing_a_pretraining_key_changes_pretraining_and_downstream_hashes_only(tmp_path):
+@pytest.mark.parametrize("override", ["pretrain.lr=5e-4", "pretrain.encoder_snapshots=[10]"])
+def test_changing_a_pretraining_key_changes_pretraining_and_downstream_hashes_only(tmp_path, override):
     base = tiny_config(tmp_path)
-    changed = tiny_config(tmp_path, ["pretrain.lr=5e-4"])
+    changed = tiny_config(tmp_path, [override])
     names = plan(base, STAGES).order  # the stages of this experiment's run
     assert names == ["prepare", "tokenizer", "examples", "pretrain", "finetune", "report"]
     a, b = stage_hashes(base, STAGES, names), stage_hashes(changed, STAGES, names)

@@ -10,10 +10,7 @@ import pytest
 from pipeline.engine.dag import run_dag
 from pipeline.runner import validate
 from pipeline.stages import STAGES
-from tests.helpers import tiny_config, write_mr, write_sentiment_task
-
-SENTEVAL_MR_ONLY = ["~senteval.tasks.SICKEntailment", "~senteval.tasks.SICKRelatedness", "~senteval.tasks.MRPC",
-                    "senteval.tasks.MR.path=MR", "senteval.classifier.cv_folds=3", "senteval.classifier.inner_folds=2"]
+from tests.helpers import SENTEVAL_MR_ONLY, tiny_config, write_mr, write_sentiment_task
 
 
 def _run(tmp_path: Path, experiment: str, extra: list[str]) -> tuple[dict, list[dict]]:

@@ -22,4 +22,4 @@ def test_bert_tiny_end_to_end(tmp_path):
     assert len(offline_runs) == 6  # one per stage
     lineage = [json.loads(line) for line in (run_dir / "wandb_lineage.jsonl").read_text().splitlines()]
     examples = next(edge for edge in lineage if edge["stage"] == "examples")
-    assert [name.split("-")[0] for name in examples["uses"]] == ["prepare", "tokenizer"]
+    assert [name.split(":")[0] for name in examples["uses"]] == ["prepare", "tokenizer"]  # stage:hash

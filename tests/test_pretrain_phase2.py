@@ -75,7 +75,7 @@ def test_phase2_starts_from_phase1s_final_weights(run):
     for name, tensor in expected.items():
         torch.testing.assert_close(initial[name], tensor, rtol=0, atol=0, msg=name)
     torch.manual_seed(run.cfg.seed)
-    fresh = _build_model(run.cfg, 300).state_dict()  # what phase 2 would start from without phase 1
+    fresh = _build_model(run.cfg, run.cfg.pretrain, 300).state_dict()  # what phase 2 would start from without phase 1
     assert not torch.equal(fresh["cls.seq_relationship.weight"], expected["cls.seq_relationship.weight"])
 
 

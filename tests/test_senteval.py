@@ -415,7 +415,7 @@ def test_every_family_offers_a_random_twin_to_the_evaluate_stage(tmp_path):
     from tests.helpers import tiny_config
 
     cfg = tiny_config(tmp_path)
-    for trained in ("bert_cls", "bert_mean", "elmo", "skip_thought"):
+    for trained in ("bert_cls", "bert_mean", "elmo", "skip_thought", "skip_thought_bi", "skip_thought_combine"):
         assert ENCODERS[f"{trained}_random"].upstream(cfg) == ENCODERS[trained].upstream(cfg)
 
 

@@ -126,3 +126,5 @@ def test_report_writes_results_table_and_loss_summary(ctx):
     assert json.loads((out / "results.json").read_text())[0]["model"] == "pretrained"
     assert (out / "task_scores.png").stat().st_size > 1000 and (out / "attention.png").stat().st_size > 1000
     assert "![attention heat-map](attention.png)" in md
+    # no encoder snapshots in this run: no scaling curve (tests/test_pretrain_scaling.py)
+    assert not (out / "pretrain_scaling.png").exists() and "by pretraining steps" not in md

@@ -44,6 +44,24 @@ def test_a_bad_number_fails_before_any_stage_naming_its_key(tmp_path, override, 
     _fails_before_any_stage(tiny_config(tmp_path, [override]), ValueError, message)
 
 
+@pytest.mark.parametrize("override, message", [
+    ("pretrain.optimizer=adam", r"pretrain\.optimizer='adam' is not known; use one of \['adamw', 'lamb'\]"),
+    ("+pretrain_phase2.optimizer=sgd", r"pretrain_phase2\.optimizer='sgd' is not known"),
+])
+def test_an_unknown_optimizer_fails_before_any_stage(tmp_path, override, message):
+    """Issue 18: pretrain.optimizer=adam composed and failed only when pretraining built its module."""
+    _fails_before_any_stage(tiny_config(tmp_path, [override]), ValueError, message)
+
+
+def test_tasks_are_not_a_config_group_that_an_override_could_silently_fill():
+    """Issue 18: conf/task/ made `+task=cola` compose a `task:` key nothing reads; tasks are picked by finetune.task."""
+    from pipeline import CONF_DIR
+    from pipeline.downstream.tasks import TASK_DIR, load_task
+
+    assert not (CONF_DIR / "task").exists() and TASK_DIR.parent == CONF_DIR.parent
+    assert load_task("cola").name == "cola"
+
+
 def test_a_null_where_null_means_all_is_accepted_and_a_cluster_owns_its_cpus(tmp_path):
     validate(tiny_config(tmp_path, ["finetune.max_train_examples=null", "ray.address=auto", "ray.num_cpus=0"]))
 

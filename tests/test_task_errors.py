@@ -61,7 +61,7 @@ CASES = [
     # (task, file, broken content, what the error must say)
     pytest.param("sst2", "dev.tsv", "text\tlabel\na fine film\t1\n",
                  r"dev\.tsv:1: missing column\(s\) \['sentence'\]; header has \['text', 'label'\]\. "
-                 r".*conf/task/sst2\.yaml", id="tsv-missing-column"),
+                 r".*tasks/sst2\.yaml", id="tsv-missing-column"),
     pytest.param("sst2", "train.tsv", "sentence\tlabel\na fine film\t1\na dull film\tnegative\n",
                  r"train\.tsv:3: unknown label 'negative'; task sst2 has labels \['0', '1'\]", id="tsv-unknown-label"),
     pytest.param("sst2", "train.tsv", "sentence\tlabel\na fine film\t1\na dull\tfilm\t0\n",

@@ -1,4 +1,4 @@
-"""Every task YAML in conf/task/ reads a tiny fixture written in that task's own file layout."""
+"""Every task YAML in tasks/ reads a tiny fixture written in that task's own file layout."""
 import json
 
 import pytest

@@ -1,7 +1,8 @@
 """BERT fine-tuned end to end on the downstream tasks (Devlin et al. 2019, §4; seed 003): each task encoded with the
 model's tokenizer, a task head on the encoder. Three kinds of `finetune.models`: `pretrained` (this run's encoder, of
 its last pretraining phase), `random_init` (the same architecture untrained: what pretraining must beat) and
-`external` (`finetune.external_encoder`, an HF BERT directory)."""
+`external` (`finetune.external_encoder`, an HF BERT directory). `pretrained` is also fine-tuned from each encoder
+snapshot of that phase (pretrain.encoder_snapshots), as `pretrained@<step>`."""
 from __future__ import annotations
 
 import json
@@ -84,7 +85,8 @@ def _this_run_stages(cfg: DictConfig) -> tuple[str, ...]:
     return "tokenizer", encoder_stage(cfg)
 
 
-FINETUNE_KINDS = {"pretrained": FinetuneKind(_this_run_stages, _this_run(pretrained=True), random_twin="random_init"),
+FINETUNE_KINDS = {"pretrained": FinetuneKind(_this_run_stages, _this_run(pretrained=True),
+                                             pretraining_stage=encoder_stage, random_twin="random_init"),
                   "random_init": FinetuneKind(_this_run_stages, _this_run(pretrained=False)),
                   "external": FinetuneKind(lambda cfg: (), _external, fingerprint=_external_files)}
 

@@ -28,7 +28,13 @@ from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import PRETRAINING_OBJECTIVES, BertPretrainModule
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
-from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, merged_settings
+from pipeline.engine.pretraining import (
+    PretrainingData,
+    TrainingRun,
+    encoder_snapshot_steps,
+    instantiate_model,
+    merged_settings,
+)
 from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler
 
 # The MLM and NSP heads, beside encoder/: what a later phase needs, besides the encoder, to continue pretraining.
@@ -89,11 +95,13 @@ def check_objective(settings: DictConfig, key: str) -> None:
 
 def validate(cfg: DictConfig, stages: list[str]) -> None:
     """Before any stage runs: every phase in the run (`stages`, those needed upstream included) fits the model's
-    position table and has a known objective."""
+    position table, has a known objective and snapshots at steps it takes."""
     for phase in PHASES:
         if {phase.stage, phase.examples} & set(stages):
             phase.max_seq_length(cfg)
-            check_objective(phase.settings(cfg), phase.config_blocks[-1])
+            settings, key = phase.settings(cfg), phase.config_blocks[-1]
+            check_objective(settings, key)
+            encoder_snapshot_steps(cfg, settings, key)
 
 
 def encoder_stage(cfg: DictConfig) -> str:

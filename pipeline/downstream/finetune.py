@@ -3,12 +3,17 @@
 same architecture from random initialisation, ELMo used feature-based (Peters et al. 2018, §3.3); a majority-class
 and a bag-of-words logistic-regression baseline (pipeline/downstream/baselines.py) for TSV classification tasks.
 
+A kind read from this run's pretraining is also fine-tuned from each encoder snapshot that pretraining wrote
+(pretrain.encoder_snapshots), as `<kind>@<step>`; rows of a run with snapshots carry the `pretraining_steps` of their
+encoder (the kind's own row: the stage's last step), which the report plots (pretrain_scaling.png).
+
 One finished (task, model, size, seed) is one small JSON file, so a run killed half-way skips what it had finished."""
 from __future__ import annotations
 
 import hashlib
 import json
 import time
+from dataclasses import replace
 
 import lightning as L
 import numpy as np
@@ -22,6 +27,7 @@ from pipeline.downstream.task_data import TaskData, read_task_files, stratified_
 from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fingerprint
 from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import FinetuneKind, TaskModels
+from pipeline.engine.pretraining import encoder_snapshots, steps_trained
 from pipeline.engine.training import ONE_PROCESS_TRAINER_KEYS, make_trainer
 from pipeline.families import FAMILIES
 
@@ -66,9 +72,27 @@ def check_task_files(cfg: DictConfig) -> None:
         read_task_files(task, resolve_task_dir(task, cfg.finetune.data_dir, cfg.paths.cache_dir))
 
 
-def model_sources(ctx: StageContext) -> dict[str, TaskModels]:
-    """Each kind in finetune.models, loaded once for every task and seed."""
-    return {name: kind.load(ctx) for name, kind in _kinds(ctx.cfg).items()}
+SNAPSHOT_MARK = "@"  # <kind>@<step>: the kind fine-tuned from its pretraining stage's encoder snapshot at that step
+
+
+def is_snapshot(row: dict) -> bool:
+    return SNAPSHOT_MARK in row["model"]
+
+
+def model_sources(ctx: StageContext) -> dict[str, tuple[TaskModels, int | None]]:
+    """Each kind in finetune.models, loaded once for every task and seed, with the pretraining steps of its encoder
+    where its pretraining stage wrote encoder snapshots (else None); and each of those snapshots, as <kind>@<step>."""
+    sources = {}
+    for name, kind in _kinds(ctx.cfg).items():
+        stage = kind.pretraining_stage(ctx.cfg) if kind.pretraining_stage else None
+        snapshots = encoder_snapshots(ctx.stage_dir(stage)) if stage else {}
+        final = steps_trained(ctx.stage_dir(stage)) if snapshots else None
+        sources[name] = (kind.load(ctx), final)
+        for step, directory in snapshots.items():
+            if step != final:  # the snapshot at the last step is the stage's own encoder, fine-tuned as `name`
+                sources[f"{name}{SNAPSHOT_MARK}{step}"] = (kind.load(replace(ctx, inputs={**ctx.inputs,
+                                                                                         stage: directory})), step)
+    return sources
 
 
 def finetune_once(ctx: StageContext, task: DictConfig, data: TaskData, models: TaskModels, kind: str,
@@ -117,6 +141,7 @@ def _aggregate(rows: list[dict]) -> list[dict]:
                     "per_seed": [None if np.isnan(v) else round(float(v), 4) for v in every],
                     "train_size": train_size, "train_examples": members[0]["train_examples"],
                     "dev_examples": members[0]["dev_examples"], "scored_on": members[0].get("scored_on", "dev"),
+                    "pretraining_steps": members[0].get("pretraining_steps"),
                     "seconds": round(sum(m["seconds"] for m in members), 1)})
     return out
 
@@ -137,7 +162,7 @@ def finetune(ctx: StageContext) -> dict:
                              f"{task.name} is {task.format}: leave it null for this task")
         data_dir = resolve_task_dir(task, f.data_dir, ctx.cfg.paths.cache_dir)
         encoded: dict[str, TaskData] = {}  # kinds with the same inputs (tokenizer) encode the task once
-        for kind, models in sources.items():
+        for kind, (models, pretraining_steps) in sources.items():
             if models.encoding_key not in encoded:
                 encoded[models.encoding_key] = models.encode(task, data_dir, f, ctx.cfg.seed, selection)
             data = encoded[models.encoding_key]
@@ -156,7 +181,8 @@ def finetune(ctx: StageContext) -> dict:
                     scores = finetune_once(ctx, task, data, models, kind, seed, subset)
                     result = [{"model": kind, "task": task.name, "metric": metric, "score": value, "seed": seed,
                                "train_size": size, "train_examples": len(subset), "dev_examples": len(data.dev),
-                               "scored_on": scored_on, "seconds": round(time.perf_counter() - started, 1)}
+                               "scored_on": scored_on, "pretraining_steps": pretraining_steps,
+                               "seconds": round(time.perf_counter() - started, 1)}
                               for metric, value in scores.items()]
                     write_json_atomically(done, result)
                     rows += result
@@ -206,9 +232,10 @@ def _size_order(row: dict) -> float:
 
 def headline_results(results: list[dict]) -> list[dict]:
     """The rows of the largest training size (all data when finetune.train_sizes has null) of each model, task and
-    metric: the results table; the smaller sizes are the label-efficiency curve."""
+    metric: the results table; the smaller sizes are the label-efficiency curve, the encoder snapshots the
+    pretraining-scaling one."""
     best: dict[tuple, dict] = {}
-    for row in results:
+    for row in (r for r in results if not is_snapshot(r)):
         key = (row["model"], row["task"], row["metric"])
         if key not in best or _size_order(row) > _size_order(best[key]):
             best[key] = row
@@ -216,11 +243,20 @@ def headline_results(results: list[dict]) -> list[dict]:
 
 
 def label_efficiency(results: list[dict]) -> list[dict]:
-    """The rows of a run with several training sizes (none when it had one), smallest size first."""
-    sizes = {r.get("train_size") for r in results if r["model"] not in BASELINES}
-    if len(sizes) < 2:
+    """The rows of a run with several training sizes (none when it had one), smallest size first; encoder snapshots
+    are the pretraining-scaling curve's."""
+    models = [r for r in results if r["model"] not in BASELINES and not is_snapshot(r)]
+    if len({r.get("train_size") for r in models}) < 2:
         return []
-    return sorted((r for r in results if r["model"] not in BASELINES), key=_size_order)
+    return sorted(models, key=_size_order)
+
+
+def pretraining_scaling(results: list[dict]) -> list[dict]:
+    """The rows of a run with encoder snapshots (none without): each kind's at every pretraining step it was
+    fine-tuned from, its own row at the last, fewest steps first."""
+    if not any(is_snapshot(r) for r in results):
+        return []
+    return sorted((r for r in results if r.get("pretraining_steps") is not None), key=lambda r: r["pretraining_steps"])
 
 
 def _finetune_fingerprint(cfg: DictConfig) -> str:

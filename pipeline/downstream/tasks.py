@@ -1,4 +1,4 @@
-"""Downstream task registry: one YAML per task in conf/task/, TSV files read with errors that name file and line."""
+"""Downstream task registry: one YAML per task in tasks/, TSV files read with errors that name file and line."""
 from __future__ import annotations
 
 import csv
@@ -11,7 +11,9 @@ from data_prep.builtin import BUILTIN_TASK_DATA
 from pipeline import CONF_DIR
 from pipeline.engine.dag import files_fingerprint
 
-TASK_DIR = CONF_DIR / "task"
+# Beside conf/, not in it: every folder of conf/ is a Hydra config group, and `+task=cola` would then compose a key
+# that nothing reads. A run picks its tasks with finetune.task.
+TASK_DIR = CONF_DIR.parent / "tasks"
 
 
 def available_tasks() -> list[str]:

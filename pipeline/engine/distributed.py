@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -22,6 +23,8 @@ from typing import Callable, Iterable
 import torch
 from omegaconf import DictConfig
 from torch import nn
+
+from pipeline.engine.training import resolve_precision
 
 STRATEGIES = ("auto", "ddp", "deepspeed")
 ZERO_STAGES = (1, 2, 3)
@@ -108,7 +111,10 @@ def stage_cpus(cfg: DictConfig) -> float:
 
 
 def deepspeed_config(s: DistributedSettings, micro_batch_size: int, grad_clip: float) -> dict:
-    """The DeepSpeed JSON, generated from the trainer and pretrain configs."""
+    """The DeepSpeed JSON, generated from the trainer and pretrain configs, in the process that trains: its precision
+    is resolved there (`auto`: bf16 where the device computes it natively), as Lightning resolves the Trainer's, so
+    the JSON and the run summary agree."""
+    precision = resolve_precision(s.precision)
     zero: dict = {"stage": s.zero_stage}
     if s.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
@@ -118,7 +124,8 @@ def deepspeed_config(s: DistributedSettings, micro_batch_size: int, grad_clip: f
             "gradient_accumulation_steps": s.accumulate_grad_batches,
             "gradient_clipping": grad_clip,
             "zero_optimization": zero,
-            "bf16": {"enabled": s.precision.startswith("bf16")},
+            "bf16": {"enabled": precision.startswith("bf16")},
+            "fp16": {"enabled": precision.startswith("16")},
             # the optimizer is the pipeline's own AdamW (no decay on biases/LayerNorm, linear schedule), and
             # torch's implementation needs no JIT-compiled DeepSpeed op, offloaded or not
             "zero_allow_untested_optimizer": True,
@@ -139,6 +146,20 @@ def lightning_strategy(s: DistributedSettings, ds_config: dict):
 
         return DeepSpeedStrategy(config=ds_config)
     return "auto"
+
+
+@contextmanager
+def whole_parameters(module: nn.Module, s: DistributedSettings):
+    """Inside: every parameter of `module` whole on every rank. ZeRO-3 leaves each rank its shard alone (the tensors
+    Lightning's DeepSpeedStrategy hands back are empty), so an encoder written from them would be empty too; the
+    DeepSpeed CPU loop consolidates from its checkpoint instead (consolidated_state_dict)."""
+    if s.strategy != "deepspeed" or s.zero_stage != 3:
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+        yield
 
 
 def run_on_ray_workers(train_fn: Callable[[dict], None], config: dict, s: DistributedSettings,

@@ -7,14 +7,20 @@ Checkpoints go to `<out_dir>/checkpoints/` every `<settings>.checkpoint_every_st
 re-enters the same directory (pipeline/engine/dag.py) and continues from the newest one: weights, optimizer, schedule,
 data position, whatever state the family carries from batch to batch, and RNG, each rank its own, so the steps after
 the resume are the steps an uninterrupted run would have taken.
+
+`<settings>.encoder_snapshots` (steps) also writes what the stage writes at the end into
+`<out_dir>/encoder_snapshots/step-<N>/` as training passes each step N (`EncoderSnapshots`): the encoders a
+fine-tune stage compares to show what more pretraining buys downstream.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 import warnings
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Protocol
 
@@ -27,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from data_prep.shards import write_json_atomically
-from pipeline.engine.dag import StageContext
+from pipeline.engine.dag import MARKER, StageContext
 from pipeline.engine.distributed import (
     DistributedSettings,
     checkpoint_tags,
@@ -40,13 +46,16 @@ from pipeline.engine.distributed import (
     train_deepspeed,
     use_deepspeed_cpu_accelerator,
     validate_distributed,
+    whole_parameters,
 )
 from pipeline.engine.divergence import DivergenceMonitor, reduce_mean
-from pipeline.engine.tracking import LossHistory
+from pipeline.engine.tracking import LossHistory, log_curves
 from pipeline.engine.training import keep_freed_memory_for_reuse, make_trainer, resolve_precision
 
 CHECKPOINT_DIR = "checkpoints"
 KEEP_CHECKPOINTS = 2
+LOSS_CURVE = "loss_curve.csv"
+SNAPSHOT_DIR = "encoder_snapshots"
 WORKER_SUMMARY = "train_summary.json"  # how rank 0 of the Ray Train workers hands the stage its summary
 
 
@@ -126,9 +135,42 @@ def instantiate_model(cfg: DictConfig, key: str = "model", **config_values) -> n
     return hydra.utils.instantiate(model_cfg, _convert_="all")
 
 
+def encoder_snapshot_steps(cfg: DictConfig, settings: DictConfig, key: str) -> list[int]:
+    """`<key>.encoder_snapshots`, in order: each a step the run takes, refused before any work otherwise."""
+    value = settings.get("encoder_snapshots") or []
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise ValueError(f"{key}.encoder_snapshots={value!r}: expected a list of steps, e.g. [500, 1000]")
+    steps = list(value)
+    bad = [s for s in steps if isinstance(s, bool) or not isinstance(s, int) or not 0 < s <= settings.max_steps]
+    if bad:
+        raise ValueError(f"{key}.encoder_snapshots={steps}: {bad} not a step of the run; each must be a whole number "
+                         f"from 1 to {key}.max_steps={settings.max_steps}")
+    if steps and DistributedSettings.from_config(cfg, settings).strategy == "deepspeed":
+        raise ValueError(f"{key}.encoder_snapshots={steps}: under DeepSpeed the encoder is written once, from the "
+                         "ZeRO partitions of the last checkpoint; pretrain with trainer=cpu or trainer=ddp_cpu to "
+                         f"keep snapshots, or set {key}.encoder_snapshots=[]")
+    return sorted(set(steps))
+
+
+def snapshot_dir(stage_dir: Path, step: int) -> Path:
+    return stage_dir / SNAPSHOT_DIR / f"step-{step}"
+
+
+def encoder_snapshots(stage_dir: Path) -> dict[int, Path]:
+    """step -> directory of each snapshot a pretraining stage wrote (laid out as the stage's own output), in order."""
+    found = {int(p.name.removeprefix("step-")): p for p in (stage_dir / SNAPSHOT_DIR).glob("step-*")}
+    return dict(sorted(found.items()))
+
+
+def steps_trained(stage_dir: Path) -> int:
+    """The steps a finished pretraining stage took: what its own output (the final encoder) has seen."""
+    return int(json.loads((stage_dir / MARKER).read_text())["steps"])
+
+
 def pretrain(ctx: StageContext, task: PretrainingTask) -> dict:
     """The stage function of a pretraining stage: `partial(pretrain, task=...)`."""
     validate_distributed(ctx.cfg)
+    encoder_snapshot_steps(ctx.cfg, task.settings(ctx.cfg), task.settings_key)
     settings = DistributedSettings.from_config(ctx.cfg, task.settings(ctx.cfg))
     if not settings.uses_ray_train:
         return _train_with_lightning(ctx, task, settings, rank=0, world_size=1)
@@ -138,6 +180,7 @@ def pretrain(ctx: StageContext, task: PretrainingTask) -> dict:
                                 "name": ctx.name, "out_dir": str(ctx.out_dir),
                                 "inputs": {k: str(v) for k, v in ctx.inputs.items()}},
                        settings, ctx.out_dir)
+    log_curves(ctx.wandb_run, ctx.out_dir / LOSS_CURVE)
     return json.loads((ctx.out_dir / WORKER_SUMMARY).read_text())
 
 
@@ -185,6 +228,35 @@ class TrainingPosition(L.Callback):
         own = this_ranks_state(state["ranks"])
         self.position.load_state_dict(own["data"])
         torch.set_rng_state(own["rng"])
+
+
+class EncoderSnapshots(L.Callback):
+    """Writes what the stage writes at the end (the task's `write`) into encoder_snapshots/step-<N>/ when training
+    reaches step N, before that step's checkpoint (Lightning runs ModelCheckpoint last): a run resumed from a
+    checkpoint already has the snapshots up to it, and writes the later ones from the weights an uninterrupted run
+    has at those steps."""
+
+    def __init__(self, task: PretrainingTask, ctx: StageContext, steps: list[int]):
+        self.task, self.ctx, self.steps = task, ctx, set(steps)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._last_step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        # with gradient accumulation the micro-batches after a step end here with the same global_step
+        if step != self._last_step and step in self.steps and trainer.is_global_zero:
+            self.write(pl_module, step)
+        self._last_step = step
+
+    def write(self, module: L.LightningModule, step: int) -> None:
+        final = snapshot_dir(self.ctx.out_dir, step)
+        staging = final.with_name(f".{final.name}.tmp")  # a kill mid-write leaves no snapshot, not half of one
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        self.task.write(replace(self.ctx, out_dir=staging), module)
+        shutil.rmtree(final, ignore_errors=True)  # a killed run's, of the same weights: it had no checkpoint since
+        os.replace(staging, final)
 
 
 class SparseGradientSync(L.Callback):
@@ -248,10 +320,15 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
     if uses_deepspeed:
         use_dense_gradients(module)
     history, monitor = LossHistory(), DivergenceMonitor(task.settings_key, data.uniform_loss)
+    # AtomicCheckpointIO keeps the newest KEEP_CHECKPOINTS files; DeepSpeed writes directories through its own
+    # engine, so there Lightning prunes them, keeping the highest steps
+    pruning = dict(save_top_k=KEEP_CHECKPOINTS, monitor="step", mode="max") if uses_deepspeed else dict(save_top_k=-1)
     checkpoints = ModelCheckpoint(dirpath=out / CHECKPOINT_DIR, filename="step-{step:06d}",
                                   auto_insert_metric_name=False, every_n_train_steps=p.checkpoint_every_steps,
-                                  save_top_k=-1)
+                                  **pruning)
     callbacks = [history, monitor, TrainingPosition(data.position), checkpoints]
+    if snapshots := encoder_snapshot_steps(ctx.cfg, p, task.settings_key):
+        callbacks.append(EncoderSnapshots(task, ctx, snapshots))
     if world_size > 1 and not uses_deepspeed:
         callbacks.append(SparseGradientSync(module))
     strategy = lightning_strategy(settings, deepspeed_config(settings, data.batch_size, p.grad_clip))
@@ -283,9 +360,10 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
     resumed_from = _step_of(resume_from) if resume_from else None
     run = TrainingRun(trainer.global_step, trainer.global_step - (resumed_from or 0), seconds, world_size,
                       p.accumulate_grad_batches, history)
-    summary = _summary(task, module, data, run, resumed_from, trainer.precision)
-    if trainer.is_global_zero:
-        _write_outputs(task, ctx, module, history, summary, settings.uses_ray_train)
+    with whole_parameters(module, settings):  # every rank enters: under ZeRO-3 gathering is a collective
+        summary = _summary(task, module, data, run, resumed_from, trainer.precision)
+        if trainer.is_global_zero:
+            _write_outputs(task, ctx, module, history, summary, settings.uses_ray_train)
     return summary
 
 
@@ -300,7 +378,7 @@ def _summary(task: PretrainingTask, module: L.LightningModule, data: Pretraining
 def _write_outputs(task: PretrainingTask, ctx: StageContext, module: L.LightningModule, history: LossHistory,
                    summary: dict, in_ray_worker: bool) -> None:
     task.write(ctx, module)
-    history.write_csv(ctx.out_dir / "loss_curve.csv")
+    history.write_csv(ctx.out_dir / LOSS_CURVE)
     if in_ray_worker:
         write_json_atomically(ctx.out_dir / WORKER_SUMMARY, summary)
 

@@ -17,9 +17,11 @@ LINEAGE_FILE = "wandb_lineage.jsonl"  # offline runs' artifact inputs, one JSON 
 
 
 def _artifact(name: str, digest: str, out_dir: Path):
+    """One artifact per stage name; each configuration's output is a version of it, aliased by its config hash
+    (`pretrain:<hash>`), so W&B lists a stage's outputs together and diffs them."""
     import wandb
 
-    artifact = wandb.Artifact(f"{name}-{digest}", type=name, metadata={"stage": name, "hash": digest})
+    artifact = wandb.Artifact(name, type=name, metadata={"stage": name, "hash": digest})
     # A reference, not a copy: shards and checkpoints stay where the cache keeps them.
     artifact.add_reference(f"file://{out_dir}", checksum=False)
     return artifact
@@ -37,15 +39,17 @@ def start_stage_run(cfg: DictConfig, name: str, digest: str, run_dir: Path | Non
     os.environ.setdefault("WANDB_SILENT", "true")
     os.environ.setdefault("WANDB_CONSOLE", "off")
     group = f"{cfg.experiment_name}-{Path(run_dir).name if run_dir else 'run'}"
-    upstream = {up: f"{up}-{up_digest}" for up, (_, up_digest) in inputs.items()}
+    upstream = {up: f"{up}:{up_digest}" for up, (_, up_digest) in inputs.items()}
+    model = OmegaConf.select(cfg, "model.config.name")
     run = wandb.init(project=cfg.logger.project, group=group, job_type=name, name=f"{group}-{name}",
+                     tags=[cfg.experiment_name, name, *([model] if model else [])],
                      dir=str(run_dir) if run_dir else None, mode=cfg.logger.mode,
                      config={**OmegaConf.to_container(cfg, resolve=True), "stage": name, "stage_hash": digest,
                              "upstream_artifacts": upstream},
                      reinit="create_new", settings=wandb.Settings(init_timeout=120, silent=True))
     if cfg.logger.mode == "online":
         for up, (up_dir, up_digest) in inputs.items():
-            run.use_artifact(_artifact(up, up_digest, up_dir))
+            run.use_artifact(_artifact(up, up_digest, up_dir), aliases=[up_digest])
     elif run_dir is not None:
         # W&B refuses use_artifact offline: the edges are kept here and replayed by `python -m pipeline.sync`.
         with open(Path(run_dir) / LINEAGE_FILE, "a") as f:
@@ -58,7 +62,7 @@ def finish_stage_run(run, name: str, digest: str, out_dir: Path, ok: bool, summa
         return
     if ok:
         run.summary.update({k: v for k, v in (summary or {}).items() if isinstance(v, (int, float, str))})
-        run.log_artifact(_artifact(name, digest, out_dir))
+        run.log_artifact(_artifact(name, digest, out_dir), aliases=[digest])
     run.finish(exit_code=0 if ok else 1)
     # Stages run in Ray workers, which Ray ends when it trims its pool of idle workers; W&B's own atexit teardown of
     # the service process it started in this worker then finds the service gone and prints a ConnectionResetError
@@ -66,6 +70,22 @@ def finish_stage_run(run, name: str, digest: str, out_dir: Path, ok: bool, summa
     import wandb
 
     wandb.teardown()
+
+
+def log_curves(run, loss_curve: Path) -> int:
+    """Log a training run's curves (a LossHistory CSV: step, split, name, value) into the W&B run `run`, one
+    `log` per step in step order; returns the number of steps logged. Ray Train workers train in processes of
+    their own that cannot write to the stage's W&B run (an offline run has one writer), so the stage logs rank 0's
+    curves once the workers finish."""
+    if run is None or not loss_curve.is_file():
+        return 0
+    by_step: dict[int, dict[str, float]] = {}
+    with open(loss_curve, newline="") as f:
+        for row in csv.DictReader(f):
+            by_step.setdefault(int(row["step"]), {})[row["name"]] = float(row["value"])
+    for step in sorted(by_step):
+        run.log(by_step[step], step=step)
+    return len(by_step)
 
 
 def make_logger(ctx, prefix: str = ""):

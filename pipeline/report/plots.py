@@ -3,6 +3,7 @@ plain data, writes one PNG and returns the closed Figure, whose artists tests (a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import cycle
 from pathlib import Path
 
 import matplotlib
@@ -11,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import LogFormatter  # noqa: E402
+from matplotlib.ticker import LogFormatter, NullLocator  # noqa: E402
 
 Curve = list[tuple[int, float]]  # (step, value)
 
@@ -122,6 +123,42 @@ def plot_label_efficiency(rows: list[dict], path: Path, title: str) -> Figure:
                ylabel=f"dev {metric} (mean ± std over seeds)", title=task)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_pretrain_scaling(rows: list[dict], references: list[dict], baselines: list[dict], path: Path,
+                          title: str) -> Figure:
+    """Dev score against the encoder's pretraining steps (log axis), one line per model and number of labelled
+    examples with the std over seeds as error bars, one panel per task (its first metric). Horizontal lines: each of
+    `references` (models with no pretraining steps, e.g. the architecture from random initialisation), dashed in the
+    colour of the line with its number of examples, and each of `baselines` (majority class, bag of words) in black.
+    Rows: model, task, metric, score, std, seeds, train_examples, and in `rows` pretraining_steps."""
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(9 * len(tasks), 4.5), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        metric = next(r["metric"] for r in rows if r["task"] == task)
+        mine = [r for r in rows if r["task"] == task and r["metric"] == metric]
+        colours = {}
+        for model, examples in dict.fromkeys((r["model"], r["train_examples"]) for r in mine):
+            points = sorted((r["pretraining_steps"], r["score"], r["std"] if r["seeds"] > 1 else 0.0) for r in mine
+                            if (r["model"], r["train_examples"]) == (model, examples))
+            line = ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points],
+                               marker="o", capsize=3, label=f"{model}, {examples} examples")
+            colours.setdefault(examples, line.lines[0].get_color())
+        for row in (r for r in references if r["task"] == task and r["metric"] == metric):
+            ax.axhline(row["score"], color=colours.get(row["train_examples"], "grey"), ls="--", lw=1.0,
+                       label=f"{row['model']}, {row['train_examples']} examples: {row['score']:.3f}")
+        mine_baselines = (r for r in baselines if r["task"] == task and r["metric"] == metric)
+        for row, style in zip(mine_baselines, cycle([":", "-."])):
+            ax.axhline(row["score"], color="black", ls=style, lw=1.0, label=f"{row['model']}: {row['score']:.3f}")
+        ax.set(xscale="log", xlabel="pretraining steps of the encoder (log scale)",
+               ylabel=f"dev {metric} (mean ± std over seeds)", title=task)
+        steps = sorted({r["pretraining_steps"] for r in mine})
+        ax.set_xticks(steps, [str(s) for s in steps])  # the steps measured, as plain numbers
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the panel: the lines span it
     fig.suptitle(title)
     return _save(fig, path)
 

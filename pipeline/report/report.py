@@ -9,8 +9,22 @@ from pathlib import Path
 from typing import Callable
 
 from data_prep.shards import write_json_atomically
-from pipeline.downstream.finetune import MODEL_KINDS, headline_results, label_efficiency
-from pipeline.report.plots import Curve, plot_label_efficiency, plot_pretraining, plot_task_scores
+from pipeline.downstream.finetune import (
+    BASELINES,
+    MODEL_KINDS,
+    SNAPSHOT_MARK,
+    headline_results,
+    is_snapshot,
+    label_efficiency,
+    pretraining_scaling,
+)
+from pipeline.report.plots import (
+    Curve,
+    plot_label_efficiency,
+    plot_pretrain_scaling,
+    plot_pretraining,
+    plot_task_scores,
+)
 
 RESULT_COLUMNS = ["model", "task", "metric", "score", "std", "seeds", "train_examples"]
 RESULT_STAGES = {"finetune": "Fine-tuning (dev set)", "evaluate": "Frozen sentence embeddings (SentEval-style probes)"}
@@ -126,6 +140,30 @@ def _label_efficiency_section(rows: list[dict], out: Path, title: str, figures: 
     return lines + ["![label efficiency](label_efficiency.png)"]
 
 
+def _pretrain_scaling_section(rows: list[dict], results: list[dict], out: Path, title: str,
+                              figures: dict[str, Path]) -> list[str]:
+    """Dev score per pretraining step of the encoder (its snapshots, then the final one), next to the models without
+    pretraining steps (random initialisation) and the baselines: what more pretraining buys downstream."""
+    curves = [{**r, "model": r["model"].partition(SNAPSHOT_MARK)[0]} for r in rows]
+    others = [r for r in results if r.get("pretraining_steps") is None and not is_snapshot(r)]
+    figures["pretrain_scaling_plot"] = out / "pretrain_scaling.png"
+    plot_pretrain_scaling(curves, [r for r in others if r["model"] not in BASELINES],
+                          [r for r in others if r["model"] in BASELINES], figures["pretrain_scaling_plot"],
+                          title=f"Downstream score by pretraining steps ({title})")
+    steps = list(dict.fromkeys(r["pretraining_steps"] for r in curves))
+    lines = ["", "## Downstream score by pretraining steps (dev score of the encoder at each step)", ""]
+    for task, metric in dict.fromkeys((r["task"], r["metric"]) for r in curves):
+        mine = [r for r in curves if r["task"] == task and r["metric"] == metric]
+        cell = {(r["model"], r["train_examples"], r["pretraining_steps"]): _score(r) for r in mine}
+        lines += [f"{task} {metric}, {max(r['seeds'] for r in mine)} seeds; columns: pretraining steps", "",
+                  "| model | train examples | " + " | ".join(map(str, steps)) + " |", "|---" * (len(steps) + 2) + "|"]
+        lines += [f"| {model} | {n} | " + " | ".join(cell.get((model, n, s), "–") for s in steps) + " |"
+                  for model, n in dict.fromkeys((r["model"], r["train_examples"]) for r in mine)]
+        lines += ["", *(f"- {r['model']}, {r['train_examples']} train examples: {_score(r)}" for r in others
+                        if r["task"] == task and r["metric"] == metric), ""]
+    return lines + ["![downstream score by pretraining steps](pretrain_scaling.png)"]
+
+
 def _pretraining_section(stage: str, stage_dir: Path, out: Path, figures: dict[str, Path]) -> list[str]:
     curves = read_curves(stage_dir / "loss_curve.csv")
     train, val = curves.get("train/loss", []), curves.get("val/loss", [])
@@ -207,6 +245,8 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str, pretraining
             panels[RESULT_STAGES[stage]] = headline_results(results)
             if stage == "finetune" and (curve := label_efficiency(results)):
                 lines += _label_efficiency_section(curve, out, title, figures)
+            if stage == "finetune" and (scaling := pretraining_scaling(results)):
+                lines += _pretrain_scaling_section(scaling, results, out, title, figures)
     if panels:
         figures["task_scores_plot"] = out / "task_scores.png"
         plot_task_scores(panels, figures["task_scores_plot"], title=f"Task scores per model ({title})")

@@ -1,5 +1,6 @@
-"""The trained Skip-Thought encoder as a sentence encoder for the evaluate stage (optionally with its vocabulary
-expanded through GloVe), and its randomly initialised twin."""
+"""The trained Skip-Thought encoders as sentence encoders for the evaluate stage: uni-skip and bi-skip (each optionally
+with its vocabulary expanded through GloVe), combine-skip (the two concatenated, Kiros et al. §3), and the randomly
+initialised twin of each."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,21 +9,20 @@ import torch
 from data_prep.skip_thought_examples import WordVocab, pad_sentences, tokenize
 from data_prep.word_vectors import ExpandedVocabulary, WordVectors, fit_vocabulary_expansion, load_glove, shared_words
 from models.checkpoint import random_twin
-from models.skip_thought import load_pretrained
+from models.skip_thought import CombineSkip, SkipThoughts, load_pretrained
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec
+from pipeline.skip_thought.stages import PRETRAINING_STAGES
 
 
 class SkipThoughtSentenceEncoder:
-    """SentEval encoder over a trained Skip-Thought encoder. With `expand_vocabulary`, words the encoder never saw
-    get GloVe vectors mapped into its embedding space by the least-squares map of Kiros et al. §2.2."""
+    """SentEval encoder over a Skip-Thought model (SkipThoughts, or CombineSkip over two) and its word vocabulary. With
+    `expand_vocabulary`, words the encoder never saw get GloVe vectors mapped into its embedding space by the
+    least-squares map of Kiros et al. §2.2."""
 
-    def __init__(self, model_dir, expand_vocabulary: bool, name: str = "skip_thought",
-                 random_init_seed: int | None = None):
-        self.name = name
-        model = load_pretrained(model_dir)
-        self.model = (model if random_init_seed is None else random_twin(model, random_init_seed)).eval()
-        self.vocab = WordVocab.load(model_dir / "vocab.txt")
+    def __init__(self, model: SkipThoughts | CombineSkip, vocab: WordVocab, name: str,
+                 expand_vocabulary: bool = False):
+        self.name, self.model, self.vocab = name, model.eval(), vocab
         self.expanded = None
         if expand_vocabulary:
             own = WordVectors(tuple(self.vocab.words), self.model.embedding.weight.detach().numpy())
@@ -43,14 +43,30 @@ class SkipThoughtSentenceEncoder:
         return self.model.encode_embedded(embedded, lengths).numpy()
 
 
-def skip_thought_encoder(expand_vocabulary: bool, random_init: bool = False):
+def skip_thought_encoder(name: str, encoders: tuple[str, ...], expand_vocabulary: bool = False,
+                         random_init: bool = False) -> EncoderSpec:
+    """The evaluate stage's `name`: the models trained by the pretraining stages of `encoders` ("uni", "bi"; both:
+    combine-skip), or (random_init) their randomly initialised twins, which concatenate as the trained ones do."""
+    stages = tuple(PRETRAINING_STAGES[e] for e in encoders)
+
     def build(ctx: StageContext) -> SkipThoughtSentenceEncoder:
-        name = "skip_thought" + ("_expanded" if expand_vocabulary else "") + ("_random" if random_init else "")
-        return SkipThoughtSentenceEncoder(ctx.stage_dir("skip_thought_pretrain") / "model", expand_vocabulary,
-                                          name=name, random_init_seed=ctx.cfg.seed if random_init else None)
-    return build
+        models = [load_pretrained(ctx.stage_dir(stage) / "model") for stage in stages]
+        if random_init:
+            models = [random_twin(model, ctx.cfg.seed) for model in models]
+        # the stages copy the one vocabulary stage's file next to their model
+        vocab = WordVocab.load(ctx.stage_dir(stages[0]) / "model" / "vocab.txt")
+        return SkipThoughtSentenceEncoder(models[0] if len(models) == 1 else CombineSkip(*models), vocab, name,
+                                          expand_vocabulary)
+    return EncoderSpec(lambda cfg: stages, build)
 
 
-ENCODERS = {name: EncoderSpec(lambda cfg: ("skip_thought_pretrain",), skip_thought_encoder(expand, random_init))
-            for name, expand, random_init in (("skip_thought", False, False), ("skip_thought_random", False, True),
-                                              ("skip_thought_expanded", True, False))}
+# Vocabulary expansion maps GloVe into one model's embedding space; combine-skip's halves have an embedding table
+# each, so it reads word ids only.
+ENCODERS = {name: skip_thought_encoder(name, encoders, expand, random_init)
+            for name, encoders, expand, random_init in (
+                ("skip_thought", ("uni",), False, False), ("skip_thought_random", ("uni",), False, True),
+                ("skip_thought_expanded", ("uni",), True, False),
+                ("skip_thought_bi", ("bi",), False, False), ("skip_thought_bi_random", ("bi",), False, True),
+                ("skip_thought_bi_expanded", ("bi",), True, False),
+                ("skip_thought_combine", ("uni", "bi"), False, False),
+                ("skip_thought_combine_random", ("uni", "bi"), False, True))}

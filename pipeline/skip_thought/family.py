@@ -1,8 +1,10 @@
-"""Skip-Thought (Kiros et al. 2015): its stages and the trained encoder for `evaluate`."""
+"""Skip-Thought (Kiros et al. 2015): its stages, uni-skip's and bi-skip's pretraining among them, and the trained
+encoders, combine-skip too, for `evaluate`."""
 from pipeline.engine.family import Family
 from pipeline.engine.settings import POSITIVE_INT
 from pipeline.skip_thought.encoder import ENCODERS
-from pipeline.skip_thought.stages import SKIP_THOUGHT_STAGES
+from pipeline.skip_thought.stages import PRETRAINING_STAGES, SKIP_THOUGHT_STAGES, validate
 
-FAMILY = Family("skip_thought", stages=tuple(SKIP_THOUGHT_STAGES), pretraining_stages=("skip_thought_pretrain",),
-                encoders=ENCODERS, numbers={"skip_thought.max_words": POSITIVE_INT})
+FAMILY = Family("skip_thought", stages=tuple(SKIP_THOUGHT_STAGES),
+                pretraining_stages=tuple(PRETRAINING_STAGES.values()), encoders=ENCODERS, validate=validate,
+                numbers={"skip_thought.max_words": POSITIVE_INT})

@@ -1,6 +1,8 @@
 """Skip-Thought's stages (Kiros et al. 2015): a word vocabulary counted over the sentence shards, (previous,
-current, next) triples that never cross a book, then pretraining of the encoder and its two decoders. The trained
-encoder serves the evaluate stage, optionally with its vocabulary expanded through GloVe (§2.2 of the paper)."""
+current, next) triples that never cross a book, then pretraining of an encoder and its two decoders: uni-skip in
+`skip_thought_pretrain`, bi-skip in `skip_thought_bi_pretrain`, on the same vocabulary and triples. The trained
+encoders serve the evaluate stage, alone, concatenated (combine-skip), or with the vocabulary expanded through GloVe
+(§2.2 of the paper)."""
 from __future__ import annotations
 
 import math
@@ -51,10 +53,18 @@ def skip_thought_examples(ctx: StageContext) -> dict:
     return {"triples": int(sum(counts)), "files": len(counts)}
 
 
+# Kiros et al. §3: uni-skip and bi-skip are separate models, each with its own decoders, trained alike; the stage,
+# not model.config, says which encoder it trains, so one run can train both for combine-skip.
+PRETRAINING_STAGES = {"uni": "skip_thought_pretrain", "bi": "skip_thought_bi_pretrain"}
+
+
 class SkipThoughtPretraining:
-    """Encoder and decoders trained as the harness (pipeline/engine/pretraining.py) runs it, on seeded resumable
-    batches of triples, each rank its own."""
+    """Encoder (`encoder`: uni or bi) and decoders trained as the harness (pipeline/engine/pretraining.py) runs it, on
+    seeded resumable batches of triples, each rank its own."""
     settings_key = "pretrain"
+
+    def __init__(self, encoder: str):
+        self.encoder = encoder
 
     def settings(self, cfg: DictConfig) -> DictConfig:
         return cfg.pretrain
@@ -62,7 +72,7 @@ class SkipThoughtPretraining:
     def build_module(self, ctx: StageContext) -> SkipThoughtPretrainModule:
         cfg, p = ctx.cfg, ctx.cfg.pretrain
         vocab = WordVocab.load(ctx.stage_dir("skip_thought_vocab") / "vocab.txt")
-        model = instantiate_model(cfg, vocab_size=len(vocab))
+        model = instantiate_model(cfg, vocab_size=len(vocab), encoder=self.encoder)
         return SkipThoughtPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
                                          warmup_steps=p.warmup_steps, max_steps=p.max_steps)
 
@@ -89,7 +99,15 @@ SKIP_THOUGHT_STAGES = [
           ("skip_thought.vocab_size", "skip_thought.min_count")),
     Stage("skip_thought_examples", skip_thought_examples, ("prepare", "skip_thought_vocab"),
           ("skip_thought.max_words",)),
-    Stage("skip_thought_pretrain", partial(pretrain, task=SkipThoughtPretraining()),
-          ("skip_thought_vocab", "skip_thought_examples"), ("model", "pretrain", "trainer", "seed"),
-          num_cpus=stage_cpus),
+    *(Stage(stage, partial(pretrain, task=SkipThoughtPretraining(encoder)),
+            ("skip_thought_vocab", "skip_thought_examples"), ("model", "pretrain", "trainer", "seed"),
+            num_cpus=stage_cpus) for encoder, stage in PRETRAINING_STAGES.items()),
 ]
+
+
+def validate(cfg: DictConfig, stages: list[str]) -> None:
+    """Before any stage runs: an encoder kind in the model config would be overridden by the stage's, unseen."""
+    if set(PRETRAINING_STAGES.values()) & set(stages) and "encoder" in cfg.model.config:
+        raise ValueError(f"model.config.encoder={cfg.model.config.encoder}: each Skip-Thought pretraining stage trains "
+                         f"its own encoder ({', '.join(f'{s}: {e}' for e, s in PRETRAINING_STAGES.items())}); drop "
+                         "the setting and put the stage you want in pipeline.stages")
