@@ -29,6 +29,7 @@ from pipeline.engine.distributed import stage_cpus
 from pipeline.engine.pretraining import (
     PretrainingData,
     TrainingRun,
+    encoder_snapshot_steps,
     instantiate_model,
     merged_settings,
     model_key,
@@ -106,13 +107,18 @@ class GPTPretraining:
 
 
 def validate(cfg: DictConfig, stages: list[str]) -> None:
-    """gpt.pretrain sets only pretrain's keys (a misspelt one would go unread), its numbers checked as pretrain's."""
+    """gpt.pretrain sets only pretrain's keys (a misspelt one would go unread), its numbers checked as pretrain's; a
+    run that pretrains GPT snapshots it at steps GPT takes (pretrain.encoder_snapshots is checked against
+    pretrain.max_steps, which in a run with BERT is BERT's)."""
     own = cfg.gpt.pretrain
     unknown = [key for key in own if key not in cfg.pretrain]
     if unknown:
         raise ValueError(f"gpt.pretrain.{unknown[0]} is not a pretraining setting; gpt.pretrain takes pretrain's keys: "
                          f"{', '.join(cfg.pretrain)}")
     check_numbers(cfg, {f"gpt.pretrain.{key}": n for key, n in PRETRAINING_NUMBERS.items() if key in own})
+    if "gpt_pretrain" in stages:
+        task = GPTPretraining()
+        encoder_snapshot_steps(cfg, task.settings(cfg), task.settings_key)
 
 
 GPT_STAGES = (
