@@ -45,12 +45,14 @@ def test_bert_and_gpt_each_read_their_own_model_and_pretraining_settings(tmp_pat
     assert isinstance(instantiate_model(cfg, vocab_size=64), BertForPreTraining)
     gpt_model = instantiate_model(cfg, model_key(cfg, "gpt"), vocab_size=64, eos_token_id=0, n_positions=16)
     assert isinstance(gpt_model, GPTLMHeadModel) and gpt_model.config.n_embd == 128
+    assert GPTPretraining().settings_key(cfg) == "gpt.pretrain"  # what a divergence message asks to lower
 
 
 def test_a_gpt_only_run_reads_the_shared_model_and_pretrain_blocks(tmp_path):
     cfg = _compose(tmp_path, "gpt_tiny")
     assert model_key(cfg, "gpt") == "model"
     assert dict(GPTPretraining().settings(cfg)) == dict(cfg.pretrain)
+    assert GPTPretraining().settings_key(cfg) == "pretrain"  # gpt.pretrain.lr=... would not compose here
 
 
 def test_a_gpt_setting_reruns_gpt_pretraining_and_not_berts(tmp_path):

@@ -138,12 +138,14 @@ class BertPretraining:
 
     def __init__(self, phase: Phase):
         self.phase = phase
-        self.settings_key = phase.config_blocks[-1]
+
+    def settings_key(self, cfg: DictConfig) -> str:
+        return self.phase.config_blocks[-1]
 
     def settings(self, cfg: DictConfig) -> DictConfig:
         self.phase.max_seq_length(cfg)  # too long for the position table: fail now, not at the first batch
         settings = self.phase.settings(cfg)
-        check_objective(settings, self.settings_key)
+        check_objective(settings, self.settings_key(cfg))
         return settings
 
     def build_module(self, ctx: StageContext) -> BertPretrainModule:

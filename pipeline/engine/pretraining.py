@@ -96,7 +96,7 @@ class TrainingRun:
 class PretrainingTask(Protocol):
     """What a family supplies. Its LightningModule logs `train/loss` and `val/loss` (and any other `val/*`), and its
     `forward(batch)` returns {"loss": ...} (the DeepSpeed loop trains the module through it)."""
-    settings_key: str  # the config block of the settings below, named in messages (e.g. "pretrain")
+    def settings_key(self, cfg: DictConfig) -> str: ...  # the config block of the settings below, named in messages
 
     def settings(self, cfg: DictConfig) -> DictConfig: ...  # max_steps, grad_clip, val_every_steps, ...
 
@@ -170,7 +170,7 @@ def steps_trained(stage_dir: Path) -> int:
 def pretrain(ctx: StageContext, task: PretrainingTask) -> dict:
     """The stage function of a pretraining stage: `partial(pretrain, task=...)`."""
     validate_distributed(ctx.cfg)
-    encoder_snapshot_steps(ctx.cfg, task.settings(ctx.cfg), task.settings_key)
+    encoder_snapshot_steps(ctx.cfg, task.settings(ctx.cfg), task.settings_key(ctx.cfg))
     settings = DistributedSettings.from_config(ctx.cfg, task.settings(ctx.cfg))
     if not settings.uses_ray_train:
         return _train_with_lightning(ctx, task, settings, rank=0, world_size=1)
@@ -319,7 +319,7 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
     uses_deepspeed = settings.strategy == "deepspeed"  # which writes directories and clips by itself
     if uses_deepspeed:
         use_dense_gradients(module)
-    history, monitor = LossHistory(), DivergenceMonitor(task.settings_key, data.uniform_loss)
+    history, monitor = LossHistory(), DivergenceMonitor(task.settings_key(ctx.cfg), data.uniform_loss)
     # AtomicCheckpointIO keeps the newest KEEP_CHECKPOINTS files; DeepSpeed writes directories through its own
     # engine, so there Lightning prunes them, keeping the highest steps
     pruning = dict(save_top_k=KEEP_CHECKPOINTS, monitor="step", mode="max") if uses_deepspeed else dict(save_top_k=-1)
@@ -327,7 +327,7 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
                                   auto_insert_metric_name=False, every_n_train_steps=p.checkpoint_every_steps,
                                   **pruning)
     callbacks = [history, monitor, TrainingPosition(data.position), checkpoints]
-    if snapshots := encoder_snapshot_steps(ctx.cfg, p, task.settings_key):
+    if snapshots := encoder_snapshot_steps(ctx.cfg, p, task.settings_key(ctx.cfg)):
         callbacks.append(EncoderSnapshots(task, ctx, snapshots))
     if world_size > 1 and not uses_deepspeed:
         callbacks.append(SparseGradientSync(module))
@@ -413,7 +413,7 @@ def _deepspeed_cpu_worker(config: dict) -> None:
     use_dense_gradients(module)
     data = task.data(ctx, module, rank, world_size)
     optimization = module.configure_optimizers()
-    history, monitor = LossHistory(), DivergenceMonitor(task.settings_key, data.uniform_loss)
+    history, monitor = LossHistory(), DivergenceMonitor(task.settings_key(ctx.cfg), data.uniform_loss)
     checkpoint_dir = out / CHECKPOINT_DIR
 
     def on_step(step: int, loss: float) -> None:

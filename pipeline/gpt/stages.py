@@ -71,10 +71,14 @@ class GPTPretraining:
     """Causal-LM pretraining as the harness (pipeline/engine/pretraining.py) runs it, on seeded resumable batches of
     blocks, each rank its own. Its settings are gpt.pretrain's keys over pretrain's, and its model is gpt.model where
     the run has one, else `model`: so one run can pretrain BERT too (experiment=bert_vs_gpt)."""
-    settings_key = "gpt.pretrain"
+
+    def settings_key(self, cfg: DictConfig) -> str:
+        """The block a message asks to change: gpt.pretrain where the run gives GPT settings of its own, else pretrain
+        (a GPT-only run, whose gpt.pretrain is empty: `gpt.pretrain.lr=...` would not even compose there)."""
+        return "gpt.pretrain" if cfg.gpt.pretrain else "pretrain"
 
     def settings(self, cfg: DictConfig) -> DictConfig:
-        return merged_settings(cfg, ("pretrain", self.settings_key))
+        return merged_settings(cfg, ("pretrain", "gpt.pretrain"))
 
     def build_module(self, ctx: StageContext) -> GPTPretrainModule:
         cfg, p = ctx.cfg, self.settings(ctx.cfg)
@@ -118,7 +122,7 @@ def validate(cfg: DictConfig, stages: list[str]) -> None:
     check_numbers(cfg, {f"gpt.pretrain.{key}": n for key, n in PRETRAINING_NUMBERS.items() if key in own})
     if "gpt_pretrain" in stages:
         task = GPTPretraining()
-        encoder_snapshot_steps(cfg, task.settings(cfg), task.settings_key)
+        encoder_snapshot_steps(cfg, task.settings(cfg), task.settings_key(cfg))
 
 
 GPT_STAGES = (
