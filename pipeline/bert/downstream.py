@@ -91,7 +91,7 @@ def _this_run_stages(cfg: DictConfig) -> tuple[str, ...]:
 
 
 FINETUNE_KINDS = {"pretrained": FinetuneKind(_this_run_stages, _this_run(pretrained=True),
-                                             pretraining_stage=encoder_stage),
+                                             pretraining_stage=encoder_stage, random_twin="random_init"),
                   "random_init": FinetuneKind(_this_run_stages, _this_run(pretrained=False)),
                   "external": FinetuneKind(lambda cfg: (), _external, fingerprint=_external_files)}
 
