@@ -171,7 +171,9 @@ def _results_in_order(corpus_dir: Path, groups: Iterable[list[str]], options: In
                       near_duplicates: NearDuplicateOptions | None, max_in_flight: int) -> Iterator[ProcessedBook]:
     """Runs the groups as Ray tasks and yields their results in input order, holding at most
     `max_in_flight` groups submitted but not yet consumed."""
-    task = ray.remote(read_and_process).options(num_cpus=1)
+    # SPREAD, as the pipeline's shard tasks (pipeline/engine/shard_tasks.py): on a cluster, every node reads books
+    # from the start, instead of the driver's node first.
+    task = ray.remote(read_and_process).options(num_cpus=1, scheduling_strategy="SPREAD")
     hasher = draw_minhasher(near_duplicates.num_perm, np.random.default_rng(near_duplicates.seed)) \
         if near_duplicates else None
     in_flight = collections.deque()

@@ -6,4 +6,6 @@ from pipeline.engine.family import Family
 from pipeline.engine.settings import POSITIVE_INT
 
 FAMILY = Family("elmo", stages=tuple(ELMO_STAGES), pretraining_stages=("elmo_pretrain",), encoders=ENCODERS,
-                finetune_kinds=FINETUNE_KINDS, numbers={"elmo.batch_size": POSITIVE_INT, "elmo.window": POSITIVE_INT})
+                finetune_kinds=FINETUNE_KINDS,
+                numbers={"elmo.batch_size": POSITIVE_INT, "elmo.window": POSITIVE_INT,
+                         "elmo.holdout_max_books": POSITIVE_INT})

@@ -25,7 +25,6 @@ from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.distributed import stage_cpus
 from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretrain
-from pipeline.engine.shard_tasks import map_shards
 
 
 def elmo_vocab(ctx: StageContext) -> dict:
@@ -44,7 +43,7 @@ def build_shard_streams(index: int, shard_path: Path, out_dir: Path) -> int:
 
 def elmo_streams(ctx: StageContext) -> dict:
     shards = shard_paths(ctx.stage_dir("prepare"))
-    books = map_shards(build_shard_streams, shards, ctx.out_dir)
+    books = ctx.map_shards(build_shard_streams, shards, ctx.out_dir)
     return {"books": int(sum(books)), "files": len(shards)}
 
 
@@ -68,7 +67,8 @@ class ElmoPretraining:
         e = ctx.cfg.elmo
         vocab = read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt")
         train, heldout = build_elmo_datasets(sorted(ctx.stage_dir("elmo_streams").glob("streams-*.arrow")), vocab,
-                                             e.window, e.batch_size, e.holdout_books_fraction, ctx.cfg.seed,
+                                             e.window, e.batch_size, e.holdout_books_fraction, e.holdout_max_books,
+                                             ctx.cfg.seed,
                                              char_inputs=module.model.config.token_encoder == "char_cnn",
                                              rank=rank, world_size=world_size)
         # batch_size=None and no shuffling: each batch row continues the book the previous batch's row was reading.

@@ -20,7 +20,7 @@ from data_prep.gpt_blocks import (
     write_blocks,
     write_hf_tokenizer_config,
 )
-from data_prep.shards import open_shards, shard_paths
+from data_prep.shards import sampled_texts, shard_paths
 from data_prep.tokenize_shards import use_one_tokenizer_thread
 from models.gpt import save_pretrained, to_hf
 from pipeline.engine.arrow import read_arrow
@@ -36,16 +36,14 @@ from pipeline.engine.pretraining import (
     pretrain,
 )
 from pipeline.engine.settings import PRETRAINING_NUMBERS, check_numbers
-from pipeline.engine.shard_tasks import map_shards
 from pipeline.gpt.module import Blocks, GPTPretrainModule, block_loaders
 
 
 def gpt_tokenizer(ctx: StageContext) -> dict:
-    table = open_shards(ctx.stage_dir("prepare"))
-    texts = (t for batch in table.to_batches() for t in batch.column("text").to_pylist())
     g = ctx.cfg.gpt
+    num_sentences, texts = sampled_texts(ctx.stage_dir("prepare"), g.max_sentences)
     tok = train_byte_level_bpe(texts, ctx.out_dir, g.vocab_size, g.min_frequency)
-    return {"vocab_size": tok.get_vocab_size()}
+    return {"vocab_size": tok.get_vocab_size(), "sentences": num_sentences}
 
 
 def build_shard_blocks(index: int, shard_and_next: tuple[Path, Path | None], tokenizer_dir: Path, out_dir: Path,
@@ -62,8 +60,8 @@ def build_shard_blocks(index: int, shard_and_next: tuple[Path, Path | None], tok
 
 def gpt_blocks(ctx: StageContext) -> dict:
     shards = shard_paths(ctx.stage_dir("prepare"))
-    counts = map_shards(build_shard_blocks, list(zip(shards, [*shards[1:], None])), ctx.stage_dir("gpt_tokenizer"),
-                        ctx.out_dir, ctx.cfg.gpt.block_size)
+    counts = ctx.map_shards(build_shard_blocks, list(zip(shards, [*shards[1:], None])),
+                            ctx.stage_dir("gpt_tokenizer"), ctx.out_dir, ctx.cfg.gpt.block_size)
     return {"blocks": int(sum(counts)), "files": len(counts), "block_size": ctx.cfg.gpt.block_size}
 
 
@@ -126,7 +124,7 @@ def validate(cfg: DictConfig, stages: list[str]) -> None:
 
 
 GPT_STAGES = (
-    Stage("gpt_tokenizer", gpt_tokenizer, ("prepare",), ("gpt.vocab_size", "gpt.min_frequency")),
+    Stage("gpt_tokenizer", gpt_tokenizer, ("prepare",), ("gpt.vocab_size", "gpt.min_frequency", "gpt.max_sentences")),
     Stage("gpt_blocks", gpt_blocks, ("prepare", "gpt_tokenizer"), ("gpt.block_size",)),
     Stage("gpt_pretrain", partial(pretrain, task=GPTPretraining()), ("gpt_tokenizer", "gpt_blocks"),
           ("model", "gpt", "pretrain", "trainer", "seed"), num_cpus=stage_cpus),
