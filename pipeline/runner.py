@@ -16,7 +16,7 @@ from pipeline.downstream.tasks import load_task
 from pipeline.engine.dag import StageFailed, plan, resolve_upstream, run_dag, select_stages
 from pipeline.engine.distributed import validate_distributed
 from pipeline.engine.pretraining import encoder_snapshot_steps
-from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, RATE, Number, check_numbers
+from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, PRETRAINING_NUMBERS, RATE, Number, check_numbers
 from pipeline.engine.tracking import LOGGER_KINDS
 from pipeline.families import FAMILIES
 from pipeline.optim import PRETRAIN_OPTIMIZERS
@@ -25,10 +25,7 @@ from pipeline.stages import STAGES
 NUMBERS = {  # the engine's and every stage's settings; a family's own are in its record (Family.numbers)
     "ray.num_cpus": Number(int, 1, unless="ray.address"),  # a cluster owns its resources (README)
     "data.shard_bytes": POSITIVE_INT, "data.min_tokens": POSITIVE_INT, "data.max_tokens": POSITIVE_INT,
-    "pretrain.max_steps": POSITIVE_INT, "pretrain.batch_size": POSITIVE_INT, "pretrain.lr": RATE,
-    "pretrain.warmup_steps": COUNT, "pretrain.weight_decay": Number(float, 0),
-    "pretrain.accumulate_grad_batches": POSITIVE_INT, "pretrain.val_fraction": FRACTION,
-    "pretrain.val_every_steps": POSITIVE_INT, "pretrain.checkpoint_every_steps": POSITIVE_INT,
+    **{f"pretrain.{key}": number for key, number in PRETRAINING_NUMBERS.items()},
     "finetune.max_seq_length": POSITIVE_INT, "finetune.batch_size": POSITIVE_INT,
     "finetune.eval_batch_size": POSITIVE_INT, "finetune.lr": RATE, "finetune.epochs": POSITIVE_INT,
     "finetune.min_steps": COUNT, "finetune.warmup_fraction": FRACTION,

@@ -40,6 +40,7 @@ from models.skip_thought import (
     GRULayer,
     GRURecurrence,
     SkipThoughts,
+    UniSkipEncoder,
     load_pretrained,
     reverse_padded,
     save_pretrained,
@@ -357,3 +358,14 @@ def test_glove_expansion_maps_unseen_words_next_to_their_synonyms():
         # GloVe 50-d itself ranks "car" 10th among these words for "automobile", so "near" is: top 20 of ~5000.
         nearest = [encoder_words[i] for i in np.argsort(-cosine[row])[:20]]
         assert synonym in nearest, (unseen, nearest)
+
+
+@pytest.mark.parametrize("encoder_class", [UniSkipEncoder, BiSkipEncoder])
+def test_an_encoder_built_on_its_own_has_orthogonal_recurrent_gates(encoder_class):
+    config = tiny_config(encoder="bi" if encoder_class is BiSkipEncoder else "uni")
+    encoder = encoder_class(config)
+    layers = [m for m in encoder.modules() if isinstance(m, GRULayer)]
+    assert layers
+    for layer in layers:
+        for gate in layer.weight_hh.data.chunk(3, dim=0):  # not torch.empty's leftover memory
+            torch.testing.assert_close(gate @ gate.t(), torch.eye(gate.shape[0]), atol=1e-5, rtol=0)

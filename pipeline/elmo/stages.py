@@ -50,7 +50,9 @@ def elmo_streams(ctx: StageContext) -> dict:
 class ElmoPretraining:
     """biLM pretraining as the harness (pipeline/engine/pretraining.py) runs it: truncated-BPTT window batches,
     each rank over its own books, resumed with the LSTM state its rows carry (WindowPosition)."""
-    settings_key = "pretrain"
+
+    def settings_key(self, cfg: DictConfig) -> str:
+        return "pretrain"
 
     def settings(self, cfg: DictConfig) -> DictConfig:
         return cfg.pretrain

@@ -41,3 +41,11 @@ def check_numbers(cfg: DictConfig, numbers: dict[str, Number]) -> None:
         if not (number.unless and OmegaConf.select(cfg, number.unless)) and not number.accepts(value):
             raise ValueError(f"{key}={value!r}: expected {number.describe()}; set {key} on the command line "
                              "or in the experiment's config")
+
+# The pretraining harness's settings (pipeline/engine/pretraining.py), by key within a block of them: `pretrain`, and
+# a family's own block over it (gpt.pretrain)
+PRETRAINING_NUMBERS = {
+    "max_steps": POSITIVE_INT, "batch_size": POSITIVE_INT, "lr": RATE, "warmup_steps": COUNT,
+    "weight_decay": Number(float, 0), "accumulate_grad_batches": POSITIVE_INT, "val_fraction": FRACTION,
+    "val_every_steps": POSITIVE_INT, "checkpoint_every_steps": POSITIVE_INT,
+}

@@ -26,7 +26,16 @@ from models.gpt import save_pretrained, to_hf
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.distributed import stage_cpus
-from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretrain
+from pipeline.engine.pretraining import (
+    PretrainingData,
+    TrainingRun,
+    encoder_snapshot_steps,
+    instantiate_model,
+    merged_settings,
+    model_key,
+    pretrain,
+)
+from pipeline.engine.settings import PRETRAINING_NUMBERS, check_numbers
 from pipeline.gpt.module import Blocks, GPTPretrainModule, block_loaders
 
 
@@ -58,23 +67,28 @@ def gpt_blocks(ctx: StageContext) -> dict:
 
 class GPTPretraining:
     """Causal-LM pretraining as the harness (pipeline/engine/pretraining.py) runs it, on seeded resumable batches of
-    blocks, each rank its own."""
-    settings_key = "pretrain"
+    blocks, each rank its own. Its settings are gpt.pretrain's keys over pretrain's, and its model is gpt.model where
+    the run has one, else `model`: so one run can pretrain BERT too (experiment=bert_vs_gpt)."""
+
+    def settings_key(self, cfg: DictConfig) -> str:
+        """The block a message asks to change: gpt.pretrain where the run gives GPT settings of its own, else pretrain
+        (a GPT-only run, whose gpt.pretrain is empty: `gpt.pretrain.lr=...` would not even compose there)."""
+        return "gpt.pretrain" if cfg.gpt.pretrain else "pretrain"
 
     def settings(self, cfg: DictConfig) -> DictConfig:
-        return cfg.pretrain
+        return merged_settings(cfg, ("pretrain", "gpt.pretrain"))
 
     def build_module(self, ctx: StageContext) -> GPTPretrainModule:
-        cfg, p = ctx.cfg, ctx.cfg.pretrain
+        cfg, p = ctx.cfg, self.settings(ctx.cfg)
         tok = load_gpt_tokenizer(ctx.stage_dir("gpt_tokenizer"))
         # the context is the training length: positions past it would keep their random init
-        model = instantiate_model(cfg, vocab_size=tok.get_vocab_size(), eos_token_id=end_of_text_id(tok),
-                                  n_positions=cfg.gpt.block_size)
+        model = instantiate_model(cfg, model_key(cfg, "gpt"), vocab_size=tok.get_vocab_size(),
+                                  eos_token_id=end_of_text_id(tok), n_positions=cfg.gpt.block_size)
         return GPTPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
                                  warmup_steps=p.warmup_steps, max_steps=p.max_steps)
 
     def data(self, ctx: StageContext, module: GPTPretrainModule, rank: int, world_size: int) -> PretrainingData:
-        p = ctx.cfg.pretrain
+        p = self.settings(ctx.cfg)
         blocks = Blocks([read_arrow(f) for f in sorted(ctx.stage_dir("gpt_blocks").glob("blocks-*.arrow"))])
         train, val = block_loaders(blocks, p.batch_size, p.val_fraction, p.val_max_instances, ctx.cfg.seed,
                                    p.num_workers, rank, world_size)
@@ -92,6 +106,21 @@ class GPTPretraining:
         batch_tokens = data.batch_size * module.model.config.n_positions
         return {"heldout_perplexity": module.heldout_perplexity,
                 "tokens_per_s": round(run.batches_per_s * batch_tokens, 1)}
+
+
+def validate(cfg: DictConfig, stages: list[str]) -> None:
+    """gpt.pretrain sets only pretrain's keys (a misspelt one would go unread), its numbers checked as pretrain's; a
+    run that pretrains GPT snapshots it at steps GPT takes (pretrain.encoder_snapshots is checked against
+    pretrain.max_steps, which in a run with BERT is BERT's)."""
+    own = cfg.gpt.pretrain
+    unknown = [key for key in own if key not in cfg.pretrain]
+    if unknown:
+        raise ValueError(f"gpt.pretrain.{unknown[0]} is not a pretraining setting; gpt.pretrain takes pretrain's keys: "
+                         f"{', '.join(cfg.pretrain)}")
+    check_numbers(cfg, {f"gpt.pretrain.{key}": n for key, n in PRETRAINING_NUMBERS.items() if key in own})
+    if "gpt_pretrain" in stages:
+        task = GPTPretraining()
+        encoder_snapshot_steps(cfg, task.settings(cfg), task.settings_key(cfg))
 
 
 GPT_STAGES = (

@@ -65,7 +65,9 @@ PRETRAINING_STAGES = {"uni": "skip_thought_pretrain", "bi": "skip_thought_bi_pre
 class SkipThoughtPretraining:
     """Encoder (`encoder`: uni or bi) and decoders trained as the harness (pipeline/engine/pretraining.py) runs it, on
     seeded resumable batches of triples, each rank its own."""
-    settings_key = "pretrain"
+
+    def settings_key(self, cfg: DictConfig) -> str:
+        return "pretrain"
 
     def __init__(self, encoder: str):
         self.encoder = encoder
