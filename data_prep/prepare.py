@@ -43,16 +43,16 @@ MANIFEST_FORMAT_VERSION = 3
 _GROUPS_PER_WORKER = 4
 _MIN_GROUP_BYTES = 1 << 20
 _MAX_GROUP_BYTES = 4 << 20
-# and at most this many books: a group's results are held whole, with a fixed cost per book, so 4 MB of tiny files
-# (100,000 notes of ~140 bytes) made groups of 10,000 books, and 2.7 GB peak RSS for the driver and its Ray workers
-# against 1.7 GB with this cap.
+# and at most this many books: a group's results are held whole, with a fixed cost per book, so 100,000 notes of
+# ~140 bytes made 8 groups of 12,500 books, and 2.7 GB peak RSS for the driver and its Ray workers against 1.7 GB
+# with this cap.
 _MAX_GROUP_BOOKS = 1000
 # Groups submitted ahead of the one the driver is writing, per worker: enough to keep every worker busy
 # while the driver writes, few enough that finished-but-unwritten results stay bounded.
 _IN_FLIGHT_PER_WORKER = 2
 # A book is decoded, cleaned and split in memory, at ~26x its size at peak (tests/test_bad_input.py: 1.3 GB for
 # 50 MB), so a 500 MB file without a line break, or BookCorpus as it is often shipped (two files of 2 GB, a sentence
-# per line), would take 13-50 GB in one worker. A file bigger than this is read in parts of about this size, each a
+# per line), would take 13 or 52 GB in one worker. A file bigger than this is read in parts of about this size, each a
 # book of its own; 16 MB is far above a novel (0.6 MB on average in gutenberg-raw).
 MAX_BOOK_BYTES = 16 << 20
 # A part ends at the first paragraph break within this many bytes of its nominal end, else at the first line break,
