@@ -450,7 +450,7 @@ def _write_pair_tasks(root):
         (root / "MRPC" / name).write_text("\n".join([header, *lines]) + "\n")
 
 
-def test_run_senteval_covers_every_task_kind_and_pivots_into_one_row_per_encoder(tmp_path):
+def test_run_senteval_covers_every_task_kind_and_pivots_into_one_row_per_encoder(tmp_path, capsys):
     write_sentiment_task(tmp_path / "sentiment", n_train=200)
     _write_pair_tasks(tmp_path)
     (tmp_path / "MR").mkdir()
@@ -482,6 +482,10 @@ def test_run_senteval_covers_every_task_kind_and_pivots_into_one_row_per_encoder
     assert {r["task"] for r in rows if r.get("pair_features") == ["abs_diff", "product"]} == \
         {"SICKEntailment", "SICKRelatedness", "MRPC"}
     assert all("pair_features" not in r for r in rows if r["task"] in ("Sentiment", "MR"))
+    # each (encoder, task) is reported as it finishes: a long evaluate stage shows where it is
+    progress = capsys.readouterr().out
+    assert f"senteval glove_bow on MR: accuracy {scores['glove_bow', 'MR', 'accuracy']:.4f} (" in progress
+    assert progress.count("senteval length on ") == 5
 
     table = results_table(rows)
     assert [row["encoder"] for row in table] == ["glove_bow", "length"]

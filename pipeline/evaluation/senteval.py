@@ -34,7 +34,6 @@ The L2 strength is always chosen on data the reported score never sees: inner st
 """
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -61,7 +60,6 @@ from data_prep.word_vectors import WordVectors
 from pipeline.engine.family import Encoder
 from pipeline.evaluation.metrics import accuracy, binary_f1, pearson, spearman
 
-log = logging.getLogger(__name__)
 
 
 # -----------------------------------------------------------------------------
@@ -447,8 +445,11 @@ def run_senteval(encoders: list[Encoder], cfg: Mapping, seed: int) -> list[dict]
         for encoder in encoders:
             start = time.perf_counter()
             metrics = evaluate(encoder, data, settings, int(cfg["batch_size"]), np.random.default_rng(seed))
-            log.info("senteval %s on %s: %s (%.1f s)", encoder.name, task_name,
-                     ", ".join(f"{m} {s:.4f}" for m, s in metrics.items()), time.perf_counter() - start)
+            # printed as the other stages' progress is: a Ray worker's logging stops at WARNING, and an evaluate
+            # stage of ten encoders runs for half an hour
+            print(f"senteval {encoder.name} on {task_name}: "
+                  f"{', '.join(f'{m} {s:.4f}' for m, s in metrics.items())} ({time.perf_counter() - start:.1f} s)",
+                  flush=True)
             features = {"pair_features": list(settings.pair_features)} if spec["kind"] in PAIR_KINDS else {}
             rows += [{"encoder": encoder.name, "task": task_name, "metric": metric, "score": round(score, 4),
                       **features} for metric, score in metrics.items()]
