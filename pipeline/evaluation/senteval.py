@@ -60,8 +60,6 @@ from data_prep.word_vectors import WordVectors
 from pipeline.engine.family import Encoder
 from pipeline.evaluation.metrics import accuracy, binary_f1, pearson, spearman
 
-
-
 # -----------------------------------------------------------------------------
 # Encoders
 
