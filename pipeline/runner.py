@@ -15,9 +15,10 @@ from pipeline.downstream.finetune import FINETUNE, check_task_files, headline_re
 from pipeline.downstream.tasks import load_task
 from pipeline.engine.dag import StageFailed, plan, resolve_upstream, run_dag, select_stages
 from pipeline.engine.distributed import validate_distributed
-from pipeline.engine.pretraining import encoder_snapshot_steps
-from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, RATE, Number, check_numbers
-from pipeline.engine.tracking import LOGGER_KINDS
+from pipeline.engine.pretraining import check_start_checkpoint, encoder_snapshot_steps
+from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, RATE, Number, check_numbers, check_target_arguments
+from pipeline.engine.tracking import check_logger, uses_wandb
+from pipeline.engine.training import check_trainer_arguments
 from pipeline.families import FAMILIES
 from pipeline.optim import PRETRAIN_OPTIMIZERS
 from pipeline.stages import STAGES
@@ -55,8 +56,11 @@ def validate(cfg: DictConfig) -> None:
         optimizer = cfg.get(block, {}).get("optimizer")
         if optimizer is not None and optimizer not in PRETRAIN_OPTIMIZERS:
             raise ValueError(f"{block}.optimizer={optimizer!r} is not known; use one of {sorted(PRETRAIN_OPTIMIZERS)}")
-    if cfg.logger.kind not in LOGGER_KINDS:
-        raise ValueError(f"logger.kind={cfg.logger.kind!r}; use one of {LOGGER_KINDS} (logger=wandb|csv)")
+    check_trainer_arguments(cfg)
+    check_logger(cfg)
+    for name, callback in cfg.callbacks.items():
+        check_target_arguments(callback, f"callbacks.{name}")
+    check_start_checkpoint(cfg)
     for name in task_names(cfg):
         load_task(name)
     train_sizes(cfg)
@@ -118,7 +122,8 @@ def run_pipeline(cfg: DictConfig) -> Path:
     if cfg.pipeline.dry_run:
         print(plan(cfg, STAGES).describe())
         return run_dir
-    os.environ["WANDB_MODE"] = cfg.logger.get("mode", "offline")  # inherited by Ray workers
+    if uses_wandb(cfg):
+        os.environ["WANDB_MODE"] = cfg.logger.get("mode", "offline")  # inherited by Ray workers
     owns_ray = not ray.is_initialized()
     handlers = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)} if owns_ray else {}
     interrupted = False

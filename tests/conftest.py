@@ -17,3 +17,19 @@ def ray_session():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def family_data(tmp_path_factory, ray_session):
+    """family -> a tiny TinyRun of it (checkpointing every 10 steps) whose data stages have run, once per session."""
+    from tests.helpers import RESUME_OVERRIDES, TINY_FAMILIES, TinyRun, family_config
+
+    runs = {}
+
+    def get(family: str):
+        if family not in runs:
+            runs[family] = TinyRun(family_config(tmp_path_factory.mktemp(family), family, RESUME_OVERRIDES))
+            for name in TINY_FAMILIES[family].data_stages:
+                runs[family].run_stage(name)
+        return runs[family]
+    return get

@@ -72,6 +72,9 @@ TINY_OVERRIDES = [
 ]
 
 
+RESUME_OVERRIDES = ["++pretrain.checkpoint_every_steps=10"]  # a tiny run's 30 steps leave checkpoints to resume from
+
+
 @dataclass(frozen=True)
 class TinyFamily:
     """A family's pretraining shrunk to seconds on the tiny corpus: its experiment, stages and extra overrides."""

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
@@ -86,11 +87,17 @@ def _write_task_files(root: Path, names: list[str]) -> Path:
     ("pipeline.stages=[prepare,pretrian]", "valid stages"),
     ("data.corpus_dir=/no/such/dir", "data.corpus_dir"),
     ("data.input_format=xml", "data.input_format"),
-    ("logger.kind=stdout", "logger.kind"),
+    ("+logger.entitty=team", "did you mean logger.entity"),     # neither WandbLogger's nor wandb.init's
+    ("+trainer.fast_dev_runn=true", "did you mean trainer.fast_dev_run"),
+    ("+trainer.max_steps=5", "set pretrain.max_steps"),     # the pipeline's own Trainer argument
+    ("+callbacks.early_stop={_target_: lightning.pytorch.callbacks.EarlyStopping, monitr: val/loss}",
+     "callbacks.early_stop.monitr"),
+    ("ckpt_path=/no/such.ckpt", "ckpt_path"),
     ("finetune.task=nope", "rotten_tomatoes"),
     ("finetune.models=[pretrained,bert_large]", "finetune.models"),
     ("finetune.train_sizes=[100,0]", "finetune.train_sizes"),
-    ("trainer.num_workers=0", "trainer.num_workers"),
+    ("distributed.num_workers=0", "distributed.num_workers"),
+    ("trainer=gpu", "no CUDA GPU") if not torch.cuda.is_available() else ("trainer.devices=2", "trainer.devices"),
     ("evaluate.encoders=[bert_cls,no_such_encoder]", "no_such_encoder"),
 ])
 def test_a_bad_setting_fails_before_any_work_naming_the_key(override, message, tmp_path):

@@ -28,7 +28,7 @@ from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fin
 from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import FinetuneKind, TaskModels
 from pipeline.engine.pretraining import encoder_snapshots, steps_trained
-from pipeline.engine.training import ONE_PROCESS_TRAINER_KEYS, make_trainer
+from pipeline.engine.training import make_trainer, one_process_trainer_keys
 from pipeline.families import FAMILIES
 
 MODEL_KINDS: dict[str, FinetuneKind] = {name: kind for family in FAMILIES
@@ -108,7 +108,7 @@ def finetune_once(ctx: StageContext, task: DictConfig, data: TaskData, models: T
     module = data.make_module(model, lr=f.lr, weight_decay=f.weight_decay,
                               warmup_steps=int(f.warmup_fraction * total_steps), total_steps=total_steps)
     module.encoder_lr_factor = float(f.get("encoder_lr_factor", 1.0))
-    trainer = make_trainer(ctx, [], prefix=f"{task.name}/{kind}/n{len(train_indices)}/seed{seed}",
+    trainer = make_trainer(ctx, [], prefix=f"{task.name}/{kind}/n{len(train_indices)}/seed{seed}", one_process=True,
                            max_epochs=epochs, num_sanity_val_steps=0, enable_checkpointing=False,
                            # dev is scored once, after the last epoch: no model is chosen by its dev score
                            check_val_every_n_epoch=epochs)
@@ -267,5 +267,6 @@ def _finetune_fingerprint(cfg: DictConfig) -> str:
     return hashlib.sha256("".join(parts).encode()).hexdigest()
 
 
-FINETUNE = Stage("finetune", finetune, finetune_upstream, ("finetune", *ONE_PROCESS_TRAINER_KEYS, "seed"),
+FINETUNE = Stage("finetune", finetune, finetune_upstream,
+                 lambda cfg: ("finetune", *one_process_trainer_keys(cfg), "seed"),
                  fingerprint=_finetune_fingerprint, num_cpus=all_cpus)

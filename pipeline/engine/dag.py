@@ -48,7 +48,8 @@ class Stage:
     # Stages whose outputs this one reads; a function of the config where that depends on the experiment (the
     # evaluate stage reads whichever encoders it is asked to compare).
     upstream: tuple[str, ...] | Callable[[DictConfig], tuple[str, ...]] = ()
-    config_keys: tuple[str, ...] = ()  # dotted config paths that determine the stage's outputs
+    # dotted config paths that determine the stage's outputs; a function of the config where that depends on it
+    config_keys: tuple[str, ...] | Callable[[DictConfig], tuple[str, ...]] = ()
     fingerprint: Callable[[DictConfig], str] | None = None  # identity of external inputs (files on disk)
     num_cpus: Callable[[DictConfig], float] = lambda cfg: 1
 
@@ -141,7 +142,8 @@ def stage_hashes(cfg: DictConfig, stages: dict[str, Stage], names: list[str]) ->
     hashes: dict[str, str] = {}
     for name in topological_order({n: stages[n] for n in _closure(stages, names)}):
         stage = stages[name]
-        payload = {"stage": name, "code": code_version(stage.fn), "config": _config_subset(cfg, stage.config_keys),
+        keys = stage.config_keys(cfg) if callable(stage.config_keys) else stage.config_keys
+        payload = {"stage": name, "code": code_version(stage.fn), "config": _config_subset(cfg, keys),
                    "upstream": {up: hashes[up] for up in stage.upstream},
                    "inputs": stage.fingerprint(cfg) if stage.fingerprint else None}
         hashes[name] = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -8,12 +8,16 @@ re-enters the same directory (pipeline/engine/dag.py) and continues from the new
 data position, whatever state the family carries from batch to batch, and RNG, each rank its own, so the steps after
 the resume are the steps an uninterrupted run would have taken.
 
+`ckpt_path` (top-level) starts the stage trained with the `pretrain` settings from a given Lightning checkpoint, as a
+resume does; a stage with checkpoints of its own resumes from those. The stage's cache key holds the file's content.
+
 `<settings>.encoder_snapshots` (steps) also writes what the stage writes at the end into
 `<out_dir>/encoder_snapshots/step-<N>/` as training passes each step N (`EncoderSnapshots`): the encoders a
 fine-tune stage compares to show what more pretraining buys downstream.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -21,6 +25,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Iterable, Protocol
 
@@ -33,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from data_prep.shards import write_json_atomically
-from pipeline.engine.dag import MARKER, StageContext
+from pipeline.engine.dag import MARKER, Stage, StageContext
 from pipeline.engine.distributed import (
     DistributedSettings,
     checkpoint_tags,
@@ -42,6 +47,7 @@ from pipeline.engine.distributed import (
     gather_from_ranks,
     lightning_strategy,
     run_on_ray_workers,
+    stage_cpus,
     this_ranks_state,
     train_deepspeed,
     use_deepspeed_cpu_accelerator,
@@ -49,6 +55,7 @@ from pipeline.engine.distributed import (
     whole_parameters,
 )
 from pipeline.engine.divergence import DivergenceMonitor, reduce_mean
+from pipeline.engine.fingerprints import content_digests
 from pipeline.engine.tracking import LossHistory, log_curves
 from pipeline.engine.training import keep_freed_memory_for_reuse, make_trainer, resolve_precision
 
@@ -57,6 +64,11 @@ KEEP_CHECKPOINTS = 2
 LOSS_CURVE = "loss_curve.csv"
 SNAPSHOT_DIR = "encoder_snapshots"
 WORKER_SUMMARY = "train_summary.json"  # how rank 0 of the Ray Train workers hands the stage its summary
+# What every pretraining stage depends on besides its family's settings: the model, the Trainer and its callbacks
+# (which can change what training computes: EarlyStopping, StochasticWeightAveraging), the processes it is spread
+# over, the run's seed and the checkpoint it starts from
+HARNESS_CONFIG_KEYS = ("model", "trainer", "callbacks", "distributed", "seed", "ckpt_path")
+STARTS_FROM_CKPT_PATH = "pretrain"  # the settings block of the training that ckpt_path starts
 
 
 class DataPosition(Protocol):
@@ -107,6 +119,30 @@ class PretrainingTask(Protocol):
     def write(self, ctx: StageContext, module: L.LightningModule) -> None: ...  # what later stages read, in out_dir
 
     def summary(self, module: L.LightningModule, data: PretrainingData, run: TrainingRun) -> dict: ...
+
+
+def pretraining_stage(name: str, task: PretrainingTask, upstream: tuple[str, ...],
+                      config_keys: tuple[str, ...]) -> Stage:
+    """A family's pretraining stage on this harness, depending on `config_keys` (its own settings) and
+    HARNESS_CONFIG_KEYS."""
+    return Stage(name, partial(pretrain, task=task), upstream, (*config_keys, *HARNESS_CONFIG_KEYS),
+                 fingerprint=start_checkpoint_fingerprint, num_cpus=stage_cpus)
+
+
+def start_checkpoint_fingerprint(cfg: DictConfig) -> str:
+    """The content of the checkpoint `ckpt_path` names (memoised by the file's identity): new weights at the same
+    path are new work."""
+    if not cfg.ckpt_path:
+        return ""
+    path = Path(cfg.ckpt_path).expanduser().resolve()
+    memo = Path(cfg.paths.cache_dir) / "file_digests" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:16]}.json"
+    return content_digests([path], memo)[0]
+
+
+def check_start_checkpoint(cfg: DictConfig) -> None:
+    if cfg.ckpt_path and not Path(cfg.ckpt_path).expanduser().is_file():
+        raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path} is not a file; point it at a Lightning checkpoint (.ckpt, "
+                                "e.g. a pretraining stage's checkpoints/step-*.ckpt), or leave it null")
 
 
 def instantiate_model(cfg: DictConfig, **config_values) -> nn.Module:
@@ -242,6 +278,14 @@ class EncoderSnapshots(L.Callback):
         os.replace(staging, final)
 
 
+class StartingStep(L.Callback):
+    """The step training starts from: 0, or the resumed checkpoint's."""
+    step = 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.step = trainer.global_step
+
+
 class SparseGradientSync(L.Callback):
     """DDP for the parameters whose gradient is sparse (ELMo's sampled softmax): DDP expects one only from an
     nn.Embedding(sparse=True) and fails on any other ("Cannot access storage of SparseTensorImpl", torch's
@@ -309,7 +353,9 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
     checkpoints = ModelCheckpoint(dirpath=out / CHECKPOINT_DIR, filename="step-{step:06d}",
                                   auto_insert_metric_name=False, every_n_train_steps=p.checkpoint_every_steps,
                                   **pruning)
-    callbacks = [history, monitor, TrainingPosition(data.position), checkpoints]
+    start = StartingStep()
+    configured = [hydra.utils.instantiate(c) for c in ctx.cfg.callbacks.values()]
+    callbacks = [*configured, history, monitor, start, TrainingPosition(data.position), checkpoints]
     if snapshots := encoder_snapshot_steps(ctx.cfg, p, task.settings_key):
         callbacks.append(EncoderSnapshots(task, ctx, snapshots))
     if world_size > 1 and not uses_deepspeed:
@@ -327,6 +373,8 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
 
         trainer = prepare_trainer(trainer)
     resume_from = latest_checkpoint(out)
+    if resume_from is None and ctx.cfg.ckpt_path and task.settings_key == STARTS_FROM_CKPT_PATH:
+        resume_from = Path(ctx.cfg.ckpt_path).expanduser()
     if resume_from:
         print(f"resuming from {resume_from}", flush=True)
     val_loader = data.val_loader
@@ -340,7 +388,7 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
     seconds = time.perf_counter() - started
     if history.last_step("val/loss") != trainer.global_step:  # e.g. max_steps not a multiple of val_every_steps
         trainer.validate(module, val_loader, verbose=False)
-    resumed_from = _step_of(resume_from) if resume_from else None
+    resumed_from = start.step if resume_from else None
     run = TrainingRun(trainer.global_step, trainer.global_step - (resumed_from or 0), seconds, world_size,
                       p.accumulate_grad_batches, history)
     with whole_parameters(module, settings):  # every rank enters: under ZeRO-3 gathering is a collective

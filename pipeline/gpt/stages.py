@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import shutil
-from functools import partial
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -25,8 +24,7 @@ from data_prep.tokenize_shards import use_one_tokenizer_thread
 from models.gpt import save_pretrained, to_hf
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
-from pipeline.engine.distributed import stage_cpus
-from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretrain
+from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretraining_stage
 from pipeline.engine.shard_tasks import map_shards
 from pipeline.gpt.module import Blocks, GPTPretrainModule, block_loaders
 
@@ -99,6 +97,5 @@ class GPTPretraining:
 GPT_STAGES = (
     Stage("gpt_tokenizer", gpt_tokenizer, ("prepare",), ("gpt.vocab_size", "gpt.min_frequency")),
     Stage("gpt_blocks", gpt_blocks, ("prepare", "gpt_tokenizer"), ("gpt.block_size",)),
-    Stage("gpt_pretrain", partial(pretrain, task=GPTPretraining()), ("gpt_tokenizer", "gpt_blocks"),
-          ("model", "gpt", "pretrain", "trainer", "seed"), num_cpus=stage_cpus),
+    pretraining_stage("gpt_pretrain", GPTPretraining(), ("gpt_tokenizer", "gpt_blocks"), ("gpt", "pretrain")),
 )
