@@ -10,6 +10,10 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
+def pytest_configure(config):
+    import pipeline.config  # noqa: F401  registers the config schema that conf/config.yaml composes with
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     import ray

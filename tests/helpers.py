@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 from hydra import compose, initialize_config_dir
 
+import pipeline.config  # noqa: F401  registers the config schema: tiny_config also composes in fresh interpreters
 from pipeline import CONF_DIR
 from pipeline.engine.dag import execute_stage, plan
 from pipeline.stages import STAGES

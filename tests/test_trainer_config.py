@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.profilers import SimpleProfiler
 
 from pipeline import CONF_DIR
@@ -27,6 +28,7 @@ def test_a_trainer_argument_on_the_command_line_reaches_the_trainer(tmp_path):
     _, trainer = built_trainer(tmp_path, ["+trainer.fast_dev_run=true", "+trainer.max_time=00:00:30:00"])
     assert trainer.fast_dev_run is True
     assert trainer.fit_loop.max_steps == 1  # what fast_dev_run does to a Trainer
+    assert [c for c in trainer.callbacks if isinstance(c, Timer)]  # what max_time adds
     _, trainer = built_trainer(tmp_path, ["+trainer.limit_train_batches=7"])
     assert trainer.limit_train_batches == 7
 

@@ -245,6 +245,13 @@ def _failure_names_the_stage(cfg: DictConfig, name: str, log_path: Path) -> Iter
         raise StageFailed(_failure_message(cfg, name, err, log_path)) from err
 
 
+def plain_config(cfg: DictConfig) -> DictConfig:
+    """The config as stage code reads it: resolved, untyped, the schema's enums as their names (pipeline/config.py).
+    What a Ray task is sent, and what a Lightning checkpoint's hyperparameters can hold: torch.load(weights_only=True),
+    with which Lightning resumes, refuses the enum classes."""
+    return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+
+
 def execute_stage(stages: dict[str, Stage], cfg: DictConfig, name: str, digest: str, out_dir: Path,
                   inputs: dict[str, tuple[Path, str]], run_dir: Path | None, forced: bool = False) -> dict:
     """Run one stage into its content-addressed directory, unless it is (or meanwhile became) complete; `forced`:
@@ -254,7 +261,7 @@ def execute_stage(stages: dict[str, Stage], cfg: DictConfig, name: str, digest: 
     `<out_dir>/stage.log`; a failure leaves no marker and raises StageFailed naming the stage and that log."""
     from pipeline.engine.tracking import finish_stage_run, start_stage_run
 
-    stage = stages[name]
+    stage, cfg = stages[name], plain_config(cfg)
     with exclusive_lock(out_dir.parent / f"{digest}.lock"):
         if is_complete(out_dir):
             if not forced:  # a concurrent run of the same experiment finished it while we waited
@@ -362,7 +369,7 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
         return {}
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_pipeline_file(run_dir, the_plan, {})  # before any work: `python -m pipeline.status` sees a running run
-    cfg_resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    cfg_resolved = plain_config(cfg)
     remote = ray.remote(execute_stage_with_threads)
     results: dict[str, dict] = {}
     for name in the_plan.order:

@@ -16,26 +16,38 @@ from __future__ import annotations
 import os
 import shutil
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from torch import nn
 
-from pipeline.engine.training import resolve_precision
+from pipeline.engine.training import TrainerConfig, resolve_precision
 
-STRATEGIES = ("auto", "ddp", "deepspeed")
 ZERO_STAGES = (1, 2, 3)
 CHECKPOINT_TAG_PREFIX = "step-"
-# The `trainer` settings of conf/trainer/cpu.yaml, which the DeepSpeed CPU loop (no Lightning Trainer) reads or has no
-# use for; a Trainer argument beyond them would be ignored there, so it is refused
-DEEPSPEED_CPU_TRAINER_KEYS = ("_target_", "accelerator", "devices", "strategy", "precision", "log_every_n_steps",
-                              "deterministic", "enable_model_summary")
+# The `trainer` settings of the schema (conf/trainer/cpu.yaml's), which the DeepSpeed CPU loop (no Lightning Trainer)
+# reads or has no use for; a Trainer argument beyond them would be ignored there, so it is refused
+DEEPSPEED_CPU_TRAINER_KEYS = tuple(f.name for f in fields(TrainerConfig))
 # trainer=gpu: one Ray Train worker per GPU of the machine the config is resolved on (the driver's: stage hashes and
 # validation resolve it there, so the cache key holds the number of workers that trained)
 OmegaConf.register_new_resolver("cuda_device_count", torch.cuda.device_count, replace=True)
+
+
+@dataclass
+class DeepSpeedConfig:
+    stage: int = MISSING
+    offload_optimizer: bool = MISSING
+    offload_parameters: bool = MISSING
+
+
+@dataclass
+class DistributedConfig:
+    """Schema of the `distributed` block (pipeline/config.py)."""
+    num_workers: int = MISSING
+    deepspeed: Optional[DeepSpeedConfig] = MISSING  # null unless trainer.strategy=deepspeed
 
 
 @dataclass(frozen=True)
@@ -78,9 +90,6 @@ class DistributedSettings:
 def validate_distributed(cfg: DictConfig) -> None:
     """Impossible trainer settings fail here, before any work starts, with the config to use instead."""
     s = DistributedSettings.from_config(cfg)
-    if s.strategy not in STRATEGIES:
-        raise ValueError(f"trainer.strategy={s.strategy!r}; use one of {STRATEGIES} (e.g. trainer=ddp_cpu or "
-                         "trainer=deepspeed_stage_2)")
     if s.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ValueError(f"trainer.accelerator={s.accelerator}, and this machine has no CUDA GPU; use trainer=cpu, or "
                          "trainer=ddp_cpu for data parallelism on the CPU")

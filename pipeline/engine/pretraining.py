@@ -23,11 +23,10 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Iterable, Protocol, get_type_hints
 
 import hydra
 import lightning as L
@@ -56,6 +55,7 @@ from pipeline.engine.distributed import (
 )
 from pipeline.engine.divergence import DivergenceMonitor, reduce_mean
 from pipeline.engine.fingerprints import content_digests
+from pipeline.engine.settings import check_target_arguments
 from pipeline.engine.tracking import LossHistory, log_curves
 from pipeline.engine.training import keep_freed_memory_for_reuse, make_trainer, resolve_precision
 
@@ -154,13 +154,20 @@ def instantiate_model(cfg: DictConfig, **config_values) -> nn.Module:
     return hydra.utils.instantiate(model_cfg, _convert_="all")
 
 
+def check_model_config(cfg: DictConfig) -> None:
+    """Before any work: every key of `model.config` is a field of the config its `_target_` builds (models/: a function
+    of a size name and `**overrides` returning a config dataclass), so a misspelt `+model.config.hiden_size=...`
+    fails here, not when pretraining builds the model."""
+    target = hydra.utils.get_object(cfg.model.config._target_)
+    built = get_type_hints(target).get("return")
+    check_target_arguments(cfg.model.config, "model.config", [target, built] if built else None)
+
+
 def encoder_snapshot_steps(cfg: DictConfig, settings: DictConfig, key: str) -> list[int]:
-    """`<key>.encoder_snapshots`, in order: each a step the run takes, refused before any work otherwise."""
-    value = settings.get("encoder_snapshots") or []
-    if isinstance(value, str) or not isinstance(value, Sequence):
-        raise ValueError(f"{key}.encoder_snapshots={value!r}: expected a list of steps, e.g. [500, 1000]")
-    steps = list(value)
-    bad = [s for s in steps if isinstance(s, bool) or not isinstance(s, int) or not 0 < s <= settings.max_steps]
+    """`<key>.encoder_snapshots` (a list of whole numbers: the schema's), in order: each a step the run takes,
+    refused before any work otherwise."""
+    steps = list(settings.get("encoder_snapshots") or [])
+    bad = [s for s in steps if not 0 < s <= settings.max_steps]
     if bad:
         raise ValueError(f"{key}.encoder_snapshots={steps}: {bad} not a step of the run; each must be a whole number "
                          f"from 1 to {key}.max_steps={settings.max_steps}")
@@ -195,7 +202,7 @@ def pretrain(ctx: StageContext, task: PretrainingTask) -> dict:
         return _train_with_lightning(ctx, task, settings, rank=0, world_size=1)
     worker = _deepspeed_cpu_worker if settings.deepspeed_on_cpu else _lightning_worker
     (ctx.out_dir / WORKER_SUMMARY).unlink(missing_ok=True)
-    run_on_ray_workers(worker, {"task": task, "cfg": OmegaConf.to_container(ctx.cfg, resolve=True),
+    run_on_ray_workers(worker, {"task": task, "cfg": OmegaConf.to_container(ctx.cfg, resolve=True, enum_to_str=True),
                                 "name": ctx.name, "out_dir": str(ctx.out_dir),
                                 "inputs": {k: str(v) for k, v in ctx.inputs.items()}},
                        settings, ctx.out_dir)

@@ -8,18 +8,42 @@ import ctypes
 import ctypes.util
 import functools
 import sys
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
 
 import hydra
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ProgressBar
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
 
 from pipeline.engine.dag import StageContext
 from pipeline.engine.settings import check_target_arguments
 from pipeline.engine.tracking import ProgressLog, make_logger
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
+Accelerator = StrEnum("Accelerator", {name: name for name in ("auto", "cpu", "gpu", "cuda")}, module=__name__)
+# auto: resolve_precision's choice where the run trains; the rest are Lightning's
+Precision = StrEnum("Precision", {name: name for name in ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true",
+                                                          "16-true", "64-true")}, module=__name__)
+# how pretraining is spread over distributed.num_workers processes (pipeline/engine/distributed.py)
+Strategy = StrEnum("Strategy", {name: name for name in ("auto", "ddp", "deepspeed")}, module=__name__)
+
+
+@dataclass
+class TrainerConfig:
+    """Schema of the `trainer` block (pipeline/config.py): the arguments conf/trainer/cpu.yaml sets, typed; the block
+    is open to any other argument of its `_target_` (check_trainer_arguments)."""
+    _target_: str = MISSING
+    accelerator: Accelerator = MISSING
+    devices: Any = MISSING  # 1 or auto: one device per training process
+    strategy: Strategy = MISSING
+    precision: Precision = MISSING
+    log_every_n_steps: int = MISSING
+    deterministic: bool = MISSING
+    enable_model_summary: bool = MISSING
+
 # Trainer arguments the pipeline sets itself, and from what: a `trainer` block that set one would be overridden unseen,
 # so it is refused at start-up (check_trainer_arguments)
 PIPELINE_ARGUMENTS = {
