@@ -10,7 +10,7 @@ export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/textrep/torch_extensions
 EXPERIMENT ?= bert_tiny
 ARGS ?=
 
-.PHONY: help install run test test-slow clean bench-elmo bench-skip-thought bench-data bench-train
+.PHONY: help install run test test-slow clean bench-elmo bench-skip-thought bench-data bench-train bench-gpt
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
@@ -50,6 +50,9 @@ bench-skip-thought: $(STAMP)  ## Skip-Thought training step vs this CPU's fp32 m
 
 bench-train: $(STAMP)  ## BERT train step, ours vs HF BertForPreTraining, fp32/bf16 (ARGS=--quick, --loss-curve 600)
 	$(PY) benchmarks/bench_train.py $(ARGS)
+
+bench-gpt: $(STAMP)  ## GPT train step and KV-cache generation, ours vs HF GPT2LMHeadModel (ARGS=--quick)
+	$(PY) benchmarks/bench_gpt.py $(ARGS)
 
 clean:  ## remove run outputs (keeps .venv and the data cache)
 	rm -rf outputs multirun

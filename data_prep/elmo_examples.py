@@ -94,12 +94,14 @@ class TokenStreams:
         return table.column("tokens")[row].values.to_pylist()
 
 
-def split_books(num_books: int, holdout_fraction: float, rng: np.random.Generator) -> tuple[list[int], list[int]]:
-    """(train, held-out) book indices: whole books are held out, at least one, never all."""
+def split_books(num_books: int, holdout_fraction: float, max_holdout: int,
+                rng: np.random.Generator) -> tuple[list[int], list[int]]:
+    """(train, held-out) book indices: whole books are held out, `holdout_fraction` of them but at most `max_holdout`
+    (every validation reads all of them), at least one, never all."""
     if num_books < 2:
         raise ValueError(f"{num_books} book(s): held-out perplexity needs at least 2 books (one to train on)")
     order = rng.permutation(num_books)
-    n_holdout = min(num_books - 1, max(1, round(num_books * holdout_fraction)))
+    n_holdout = min(num_books - 1, max_holdout, max(1, round(num_books * holdout_fraction)))
     return sorted(order[n_holdout:].tolist()), sorted(order[:n_holdout].tolist())
 
 

@@ -108,8 +108,9 @@ _LEGACY_ENCODINGS = ("cp1252", "latin-1")
 
 
 # UTF-32's little-endian mark begins with UTF-16's, so it is tried first.
-_BYTE_ORDER_MARKS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"),
-                     (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
+_ENCODING_OF_BYTE_ORDER_MARK = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"),
+                                (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
+BYTE_ORDER_MARKS = tuple(mark for mark, _ in _ENCODING_OF_BYTE_ORDER_MARK)  # of the encodings decode_book reads
 
 
 def decode_book(raw: bytes) -> tuple[str, str, int]:
@@ -122,7 +123,7 @@ def decode_book(raw: bytes) -> tuple[str, str, int]:
     It counts as UTF-8 when its valid non-ASCII characters outnumber the invalid sequences; otherwise it is a legacy
     8-bit file. The encoding is "utf-8-sig" when a UTF-8 byte-order mark was present (and removed).
     """
-    for mark, encoding in _BYTE_ORDER_MARKS:
+    for mark, encoding in _ENCODING_OF_BYTE_ORDER_MARK:
         if raw.startswith(mark):
             text = raw[len(mark):].decode(encoding, errors="replace")
             replacements = text.count("\ufffd") - raw[len(mark):].decode(encoding, errors="ignore").count("\ufffd")
@@ -300,13 +301,13 @@ def exact_duplicate_of(result: BookResult, first_by_fingerprint: dict[str, str])
     return None if first == result.book_id else first
 
 
-def process_book(path: str | PurePath, raw: bytes, options: IngestOptions) -> BookResult:
+def process_book(path: str | PurePath, raw: bytes, options: IngestOptions, book_id: str | None = None) -> BookResult:
     """Decodes, cleans and splits one book. Never raises on bad content: it returns a rejected result.
 
-    path: the file's path relative to the corpus root; its POSIX form is the stable book_id and its
-        stem the title when the Gutenberg header has none.
+    path: the file's path relative to the corpus root; its POSIX form is the stable book_id (unless `book_id` is
+        given: a part of a file too big to be one book) and its stem the title when the Gutenberg header has none.
     """
-    book_id = PurePath(path).as_posix()
+    book_id = book_id or PurePath(path).as_posix()
     text, encoding, utf8_replacements = decode_book(raw)
     if not text or text.isspace():  # not strip(): that would copy the whole book
         return BookResult.rejected(book_id, "empty file", num_bytes=len(raw), encoding=encoding)

@@ -28,12 +28,14 @@ from data_prep.dedup import (
     minhash_signature,
     shingle_hashes,
 )
-from data_prep.ingest import BookResult, IngestOptions, exact_duplicate_of, process_book
+from data_prep.ingest import BYTE_ORDER_MARKS, BookResult, IngestOptions, exact_duplicate_of, process_book
 from data_prep.progress import ProgressReporter
 from data_prep.sentences import fallback_notice
 from data_prep.shards import MANIFEST_NAME, SHARD_PREFIX, SHARD_SCHEMA, ShardWriter, write_json_atomically
 
-MANIFEST_FORMAT_VERSION = 2  # 2: near duplicates (status "near_duplicate", "similarity")
+# 2: near duplicates (status "near_duplicate", "similarity"); 3: a file over max_book_bytes is read as parts, each a
+# book and an entry of its own ("big.txt#2/31")
+MANIFEST_FORMAT_VERSION = 3
 # A group is one Ray task. Aim for ~4 groups per worker so a few big books do not leave workers idle
 # at the end, but keep tasks big enough that Ray's per-task overhead (~1 ms) stays invisible and small
 # enough that the results of the groups in flight bound the driver's memory. The cap is what keeps that
@@ -41,9 +43,22 @@ MANIFEST_FORMAT_VERSION = 2  # 2: near duplicates (status "near_duplicate", "sim
 _GROUPS_PER_WORKER = 4
 _MIN_GROUP_BYTES = 1 << 20
 _MAX_GROUP_BYTES = 4 << 20
+# and at most this many books: a group's results are held whole, with a fixed cost per book, so 100,000 notes of
+# ~140 bytes made 8 groups of 12,500 books, and 2.7 GB peak RSS for the driver and its Ray workers against 1.7 GB
+# with this cap.
+_MAX_GROUP_BOOKS = 1000
 # Groups submitted ahead of the one the driver is writing, per worker: enough to keep every worker busy
 # while the driver writes, few enough that finished-but-unwritten results stay bounded.
 _IN_FLIGHT_PER_WORKER = 2
+# A book is decoded, cleaned and split in memory, at ~26x its size at peak (tests/test_bad_input.py: 1.3 GB for
+# 50 MB), so a 500 MB file without a line break, or BookCorpus as it is often shipped (two files of 2 GB, a sentence
+# per line), would take 13 or 52 GB in one worker. A file bigger than this is read in parts of about this size, each a
+# book of its own; 16 MB is far above a novel (0.6 MB on average in gutenberg-raw).
+MAX_BOOK_BYTES = 16 << 20
+# A part ends at the first paragraph break within this many bytes of its nominal end, else at the first line break,
+# sentence end or space there, and at worst between two characters: cuts depend only on the file's bytes.
+_CUT_WINDOW_BYTES = 64 << 10
+_CUT_SEPARATORS = (b"\n\n", b"\n", b". ", b" ")
 
 
 def _glob_regex(pattern: str) -> re.Pattern:
@@ -114,6 +129,61 @@ def _directory_key(path: Path) -> tuple[int, int]:
     return info.st_dev, info.st_ino
 
 
+class Piece(NamedTuple):
+    """A book to read: a whole file (`end` None), or its bytes [start, end) when it is bigger than a book; `reject`:
+    why it is rejected unread."""
+    book_id: str
+    path: str  # relative to the corpus directory
+    start: int = 0
+    end: int | None = None
+    reject: str = ""
+
+
+def _cut_after(f, offset: int) -> int:
+    f.seek(offset)
+    window = f.read(_CUT_WINDOW_BYTES)
+    for separator in _CUT_SEPARATORS:
+        found = window.find(separator)
+        if found != -1:
+            return offset + found + len(separator)
+    # not before a UTF-8 continuation byte (0b10xxxxxx): between two characters
+    return offset + next((i for i, byte in enumerate(window) if not 0x80 <= byte < 0xC0), len(window))
+
+
+def _pieces_of(book_id: str, path: Path, size: int, max_book_bytes: int) -> list[Piece]:
+    if size <= max_book_bytes:
+        return [Piece(book_id, book_id)]
+    try:
+        with open(path, "rb") as f:
+            if f.read(4).startswith(BYTE_ORDER_MARKS):  # UTF-16 and UTF-32 cannot be cut at byte values
+                return [Piece(book_id, book_id, 0, size, reject=(
+                    f"{size / 1e6:.0f} MB of UTF-16 or UTF-32 text: too big to read whole, and it cannot be cut at "
+                    "line breaks; save it as UTF-8 (e.g. iconv -f UTF-16 -t UTF-8) to have it read in parts"))]
+            cuts = [0]
+            for nominal in range(max_book_bytes, size, max_book_bytes):
+                cut = _cut_after(f, max(nominal, cuts[-1]))
+                if cuts[-1] < cut < size:
+                    cuts.append(cut)
+    except OSError:
+        return [Piece(book_id, book_id)]  # read_and_process rejects it, with the reason
+    cuts.append(size)
+    parts = len(cuts) - 1
+    return [Piece(f"{book_id}#{part}/{parts}", book_id, start, end)
+            for part, (start, end) in enumerate(zip(cuts, cuts[1:]), start=1)]
+
+
+def plan_pieces(corpus_dir: Path, book_ids: list[str], sizes: list[int],
+                max_book_bytes: int) -> tuple[list[Piece], list[int]]:
+    """The books to read and their sizes: each file whole, or when bigger than `max_book_bytes` in parts of about
+    that size, cut at paragraph or line breaks, each a book of its own ("big.txt#2/31")."""
+    pieces, piece_sizes = [], []
+    for book_id, size in zip(book_ids, sizes):
+        for piece in _pieces_of(book_id, corpus_dir / book_id, size, max_book_bytes):
+            pieces.append(piece)
+            piece_sizes.append(size if piece.end is None else piece.end - piece.start)
+    return pieces, piece_sizes
+
+
 class ProcessedBook(NamedTuple):
     result: BookResult
     signature: np.ndarray | None  # MinHash signature of a kept book when near-duplicate detection is on
@@ -130,22 +200,34 @@ def _read_regular_file(path: Path) -> bytes:
     return path.read_bytes()
 
 
-def read_and_process(corpus_dir: str, book_ids: list[str], options: IngestOptions,
+def _read_piece(corpus_dir: Path, piece: Piece) -> bytes:
+    path = corpus_dir / piece.path
+    if piece.end is None:
+        return _read_regular_file(path)
+    with open(path, "rb") as f:
+        f.seek(piece.start)
+        return f.read(piece.end - piece.start)
+
+
+def read_and_process(corpus_dir: str, pieces: list[Piece], options: IngestOptions,
                      near_duplicates: NearDuplicateOptions | None = None,
                      hasher: MinHasher | None = None) -> list[ProcessedBook]:
-    """One Ray task: reads and processes a group of files, and signs the kept books for near-duplicate
-    detection when `near_duplicates` (with its `hasher`) is given. A file that cannot be read is a
+    """One Ray task: reads and processes a group of books (`plan_pieces`), and signs the kept ones for
+    near-duplicate detection when `near_duplicates` (with its `hasher`) is given. A file that cannot be read is a
     rejected book, not a failed run."""
     processed = []
-    for book_id in book_ids:
+    for piece in pieces:
+        if piece.reject:
+            processed.append(ProcessedBook(BookResult.rejected(piece.book_id, piece.reject, num_bytes=piece.end), None))
+            continue
         try:
-            raw = _read_regular_file(Path(corpus_dir) / book_id)
+            raw = _read_piece(Path(corpus_dir), piece)
         except OSError as exc:
-            result = BookResult.rejected(book_id, f"unreadable ({type(exc).__name__}: {exc.strerror or exc}); "
-                                                  "fix or remove the file")
+            result = BookResult.rejected(piece.book_id, f"unreadable ({type(exc).__name__}: "
+                                                        f"{exc.strerror or exc}); fix or remove the file")
             processed.append(ProcessedBook(result, None))
             continue
-        result = process_book(book_id, raw, options)
+        result = process_book(piece.path, raw, options, book_id=piece.book_id)
         signature = None
         if near_duplicates is not None and result.status == "kept":
             signature = minhash_signature(shingle_hashes(result.rows["text"], near_duplicates.shingle_words), hasher)
@@ -153,11 +235,12 @@ def read_and_process(corpus_dir: str, book_ids: list[str], options: IngestOption
     return processed
 
 
-def group_by_bytes(book_ids: list[str], sizes: list[int], target_bytes: int) -> list[list[str]]:
-    """Consecutive runs of files of about `target_bytes` together (a bigger file is a group alone)."""
+def group_by_bytes(book_ids: list, sizes: list[int], target_bytes: int, max_books: int) -> list[list]:
+    """Consecutive runs of books of about `target_bytes` together, at most `max_books` (a bigger book is a group
+    alone)."""
     groups, current, current_bytes = [], [], 0
     for book_id, size in zip(book_ids, sizes):
-        if current and current_bytes + size > target_bytes:
+        if current and (current_bytes + size > target_bytes or len(current) == max_books):
             groups.append(current)
             current, current_bytes = [], 0
         current.append(book_id)
@@ -171,7 +254,9 @@ def _results_in_order(corpus_dir: Path, groups: Iterable[list[str]], options: In
                       near_duplicates: NearDuplicateOptions | None, max_in_flight: int) -> Iterator[ProcessedBook]:
     """Runs the groups as Ray tasks and yields their results in input order, holding at most
     `max_in_flight` groups submitted but not yet consumed."""
-    task = ray.remote(read_and_process).options(num_cpus=1)
+    # SPREAD, as the pipeline's shard tasks (pipeline/engine/shard_tasks.py): on a cluster, every node reads books
+    # from the start, instead of the driver's node first.
+    task = ray.remote(read_and_process).options(num_cpus=1, scheduling_strategy="SPREAD")
     hasher = draw_minhasher(near_duplicates.num_perm, np.random.default_rng(near_duplicates.seed)) \
         if near_duplicates else None
     in_flight = collections.deque()
@@ -278,10 +363,12 @@ def prepare_corpus(
     near_duplicates: NearDuplicateOptions | None = NearDuplicateOptions(),
     num_workers: int,
     progress_interval_s: float = 10.0,
+    max_book_bytes: int = MAX_BOOK_BYTES,
 ) -> dict:
     """Cleans, splits and deduplicates every book under `corpus_dir` into Arrow shards in `out_dir`.
 
-    The books are the files `list_corpus_files` finds for `glob`: matched ignoring case, through linked folders.
+    The books are the files `list_corpus_files` finds for `glob`: matched ignoring case, through linked folders; a
+    file bigger than `max_book_bytes` is read in parts of about that size, each a book ("big.txt#2/31", `plan_pieces`).
     Writes `shard-NNNNN.arrow` files and, last, `manifest.json` (returned as a dict): the options, every
     input file's fate (kept, rejected with a reason, duplicate or near_duplicate of an earlier book), the
     shards with their sha256, and totals. `near_duplicates=None` keeps near duplicates (exact duplicates
@@ -297,6 +384,8 @@ def prepare_corpus(
         print(fallback_notice(), flush=True)
     if num_workers < 1:
         raise ValueError(f"num_workers (ray.num_cpus in the pipeline) must be at least 1, got {num_workers}")
+    if max_book_bytes < 1:
+        raise ValueError(f"max_book_bytes must be at least 1, got {max_book_bytes}")
     writer = ShardWriter(out_dir, shard_bytes)  # validates shard_bytes before any work is done
     if not corpus_dir.is_dir():
         raise FileNotFoundError(f"corpus directory {corpus_dir} does not exist or is not a directory; "
@@ -312,12 +401,14 @@ def prepare_corpus(
             sizes.append((corpus_dir / book_id).stat().st_size)
         except OSError:
             sizes.append(0)  # read_and_process records it as unreadable
+    pieces, sizes = plan_pieces(corpus_dir, book_ids, sizes, max_book_bytes)
     target_bytes = sum(sizes) // (_GROUPS_PER_WORKER * num_workers)
-    groups = group_by_bytes(book_ids, sizes, min(max(target_bytes, _MIN_GROUP_BYTES), _MAX_GROUP_BYTES))
+    groups = group_by_bytes(pieces, sizes, min(max(target_bytes, _MIN_GROUP_BYTES), _MAX_GROUP_BYTES),
+                            _MAX_GROUP_BOOKS)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_previous_outputs(out_dir)
-    progress = ProgressReporter("prepare", len(book_ids), sum(sizes), interval_s=progress_interval_s)
+    progress = ProgressReporter("prepare", len(pieces), sum(sizes), interval_s=progress_interval_s)
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(num_cpus=num_workers, include_dashboard=False)
@@ -343,7 +434,8 @@ def prepare_corpus(
     manifest = {
         "format_version": MANIFEST_FORMAT_VERSION,
         "corpus_dir": str(corpus_dir),
-        "options": {"glob": glob, "shard_bytes": shard_bytes, **dataclasses.asdict(options),
+        "options": {"glob": glob, "shard_bytes": shard_bytes, "max_book_bytes": max_book_bytes,
+                    **dataclasses.asdict(options),
                     "near_duplicates": dataclasses.asdict(near_duplicates) if near_duplicates else None},
         "schema": {field.name: str(field.type) for field in SHARD_SCHEMA},
         "totals": {

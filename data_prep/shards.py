@@ -244,6 +244,29 @@ def open_shards(shard_dir: str | os.PathLike) -> pa.Table:
     return pa.concat_tables(tables) if tables else SHARD_SCHEMA.empty_table()
 
 
+def sampled_texts(shard_dir: str | os.PathLike, max_rows: int | None) -> tuple[int, Iterator[str]]:
+    """(k, the texts of k sentences of the shards): all of them, or with `max_rows` at most that many, evenly spaced
+    through the corpus (row i is taken when floor(i k / n) steps up), so every stretch of it, every book, gives its
+    share. What a tokenizer trainer needs to bound its memory and time, as SentencePiece's `input_sentence_size`
+    does; the sample is streamed one record batch at a time from the memory map instead of held (SentencePiece's
+    reservoir sampling holds it) and is the same on every run, without a seed."""
+    table = open_shards(shard_dir)
+    n = table.num_rows
+    k = n if max_rows is None else min(max_rows, n)
+
+    def texts() -> Iterator[str]:
+        start = 0
+        for batch in table.to_batches():
+            rows = np.arange(start, start + batch.num_rows, dtype=np.int64)
+            start += batch.num_rows
+            column = batch.column("text")
+            if k < n:
+                column = column.filter(pa.array((rows + 1) * k // n > rows * k // n))
+            yield from column.to_pylist()
+
+    return k, texts()
+
+
 class Book(NamedTuple):
     book_id: str
     title: str

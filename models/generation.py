@@ -61,7 +61,7 @@ def _decode(model: GPTLMHeadModel, prompts: Sequence[Sequence[int]], max_new_tok
     idx = torch.tensor([[0] * (T - len(p)) + list(p) for p in prompts], device=device)  # (B, T)
     with _inference(model):
         cache = model.new_cache(len(prompts), T + max_new_tokens, pad if bool(pad.any()) else None)
-        logits = model(idx, cache=cache).logits[:, -1]  # (B, V)
+        logits = model.next_token_logits(idx, cache)  # (B, V)
         chosen, finished = [], torch.zeros(len(prompts), dtype=torch.bool, device=device)
         for step in range(max_new_tokens):
             next_ids = choose(logits.float())  # (B,)
@@ -71,7 +71,7 @@ def _decode(model: GPTLMHeadModel, prompts: Sequence[Sequence[int]], max_new_tok
                 if bool(finished.all()):
                     break
             if step + 1 < max_new_tokens:
-                logits = model(next_ids[:, None], cache=cache).logits[:, -1]
+                logits = model.next_token_logits(next_ids[:, None], cache)
     out = torch.stack(chosen, 1).tolist() if chosen else [[] for _ in prompts]  # (B, steps)
     return [row[: row.index(eos) + 1] if eos in row else row for row in out]
 
@@ -157,7 +157,7 @@ def beam_search(model: GPTLMHeadModel, prompt: Sequence[int], max_new_tokens: in
     beams, beam_log_probs = [[]], torch.zeros(1, device=device)  # the live beams' tokens and log P, best first
     with _inference(model):
         cache = model.new_cache(num_beams, len(prompt) + max_new_tokens)
-        logits = model(torch.tensor([list(prompt)], device=device), cache=cache).logits[:, -1]  # (1, V)
+        logits = model.next_token_logits(torch.tensor([list(prompt)], device=device), cache)  # (1, V)
         for step in range(1, max_new_tokens + 1):
             candidates = beam_log_probs[:, None] + logits.float().log_softmax(-1)  # (n, V)
             top, flat = candidates.flatten().topk(min(2 * num_beams, candidates.numel()))
@@ -181,7 +181,7 @@ def beam_search(model: GPTLMHeadModel, prompt: Sequence[int], max_new_tokens: in
                     beams = []
                     break
             cache.reorder(torch.tensor([row for row, *_ in kept], device=device))
-            logits = model(torch.tensor([[token] for _, token, _ in kept], device=device), cache=cache).logits[:, -1]
+            logits = model.next_token_logits(torch.tensor([[token] for _, token, _ in kept], device=device), cache)
     unfinished = [Hypothesis(tokens, log_prob, log_prob / length_penalty(len(tokens), alpha), False)
                   for tokens, log_prob in zip(beams, beam_log_probs.tolist())]
     return sorted(finished + unfinished, key=lambda h: h.score, reverse=True)[:num_beams]

@@ -273,6 +273,11 @@ class GPTLMHeadModel(nn.Module):
                                    label_smoothing=smoothing)
         return LMOutput(logits, loss)
 
+    def next_token_logits(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Scores (B, V) of the token after the last of idx (B, T), which are appended to `cache`: what a decoding step
+        needs. The LM head runs on that position alone; over a T-token prompt forward() would multiply T x V."""
+        return F.linear(self.transformer(idx, cache)[:, -1], self.transformer.wte.weight)
+
     def new_cache(self, batch_size: int, max_len: int, pad: torch.Tensor | None = None) -> KVCache:
         """An empty KV cache on this model's device and in its dtype."""
         weight = self.transformer.wte.weight

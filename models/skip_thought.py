@@ -143,6 +143,13 @@ class GRULayer(nn.Module):
         self.context_proj = nn.Linear(context_size, 3 * hidden_size, bias=False) if context_size else None
         self.weight_hh = nn.Parameter(torch.empty(3 * hidden_size, hidden_size))  # U_r, U_z, U
         self.bias_hh = nn.Parameter(torch.zeros(3 * hidden_size))
+        self.reset_recurrent()
+
+    def reset_recurrent(self) -> None:
+        """Each (H, H) gate block of the recurrent matrix orthogonal (Kiros et al. sec. 3). Done here, not only by the
+        model, so that an encoder built on its own never runs on torch.empty's uninitialised memory (NaN at times)."""
+        for gate in self.weight_hh.data.chunk(3, dim=0):
+            nn.init.orthogonal_(gate)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
         """x (T, B, I), context (B, C) or None -> hidden states (T, B, H), starting from h_0 = 0."""
@@ -233,8 +240,7 @@ class SkipThoughts(nn.Module):
     def reset_parameters(self) -> None:
         for name, param in self.named_parameters():
             if name.endswith("weight_hh"):
-                for gate in param.data.chunk(3, dim=0):  # each (H, H) gate block orthogonal
-                    nn.init.orthogonal_(gate)
+                self.get_submodule(name.rpartition(".")[0]).reset_recurrent()
             elif name.endswith("bias") or name.endswith("bias_hh"):
                 nn.init.zeros_(param)
             else:

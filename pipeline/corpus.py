@@ -18,12 +18,21 @@ def corpus_dir(cfg: DictConfig) -> Path:
     return Path(cfg.data.corpus_dir).expanduser() if cfg.data.corpus_dir else DEFAULT_CORPUS.fetch(cfg.paths.cache_dir)
 
 
+def prepare_workers(cfg: DictConfig) -> int:
+    """The CPUs the running Ray has (a cluster's, all nodes together), or `ray.num_cpus` for the Ray that prepare
+    starts itself: what prepare keeps busy. `ray.num_cpus` alone is what one training stage reserves, a node's worth
+    on a cluster."""
+    import ray
+
+    return max(1, int(ray.cluster_resources().get("CPU", 1))) if ray.is_initialized() else int(cfg.ray.num_cpus)
+
+
 def prepare(ctx: StageContext) -> dict:
     data = ctx.cfg.data
     corpus = corpus_dir(ctx.cfg)
     manifest = prepare_corpus(corpus, ctx.stage_dir("prepare"), glob=data.glob, input_format=data.input_format,
                               shard_bytes=int(data.shard_bytes), min_tokens=data.min_tokens,
-                              max_tokens=data.max_tokens, nfkc=data.nfkc, num_workers=ctx.cfg.ray.num_cpus,
+                              max_tokens=data.max_tokens, nfkc=data.nfkc, num_workers=prepare_workers(ctx.cfg),
                               near_duplicates=None if data.near_duplicate_threshold is None
                               else NearDuplicateOptions(threshold=data.near_duplicate_threshold))
     return {"corpus_dir": str(corpus), **manifest["totals"]}

@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model_dir = args.run_dir / STAGE / "model"
     try:
+        if not args.run_dir.is_dir():
+            raise ValueError(f"{args.run_dir} is not a directory; pass the run directory a pipeline run printed "
+                             "(run directory: outputs/<experiment>/<date>_<time>)")
         if not model_dir.is_dir():
             raise ValueError(f"{args.run_dir} has no {STAGE} stage output ({model_dir} is missing); pass the run "
                              "directory of a GPT experiment (python -m pipeline +experiment=gpt_tiny)")

@@ -16,8 +16,17 @@ from pipeline.downstream.finetune import FINETUNE, check_task_files, headline_re
 from pipeline.downstream.tasks import load_task
 from pipeline.engine.dag import StageFailed, plan, resolve_upstream, run_dag, select_stages
 from pipeline.engine.distributed import validate_distributed
-from pipeline.engine.pretraining import check_model_config, check_start_checkpoint, encoder_snapshot_steps
-from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, RATE, Number, check_numbers, check_target_arguments
+from pipeline.engine.pretraining import check_model_config, check_start_checkpoint, encoder_snapshot_steps, model_key
+from pipeline.engine.settings import (
+    COUNT,
+    FRACTION,
+    POSITIVE_INT,
+    PRETRAINING_NUMBERS,
+    RATE,
+    Number,
+    check_numbers,
+    check_target_arguments,
+)
 from pipeline.engine.tracking import check_logger, uses_wandb
 from pipeline.engine.training import check_trainer_arguments
 from pipeline.families import FAMILIES
@@ -26,10 +35,7 @@ from pipeline.stages import STAGES
 NUMBERS = {  # the engine's and every stage's settings; a family's own are in its record (Family.numbers)
     "ray.num_cpus": Number(int, 1, unless="ray.address"),  # a cluster owns its resources (README)
     "data.shard_bytes": POSITIVE_INT, "data.min_tokens": POSITIVE_INT, "data.max_tokens": POSITIVE_INT,
-    "pretrain.max_steps": POSITIVE_INT, "pretrain.batch_size": POSITIVE_INT, "pretrain.lr": RATE,
-    "pretrain.warmup_steps": COUNT, "pretrain.weight_decay": Number(float, 0),
-    "pretrain.accumulate_grad_batches": POSITIVE_INT, "pretrain.val_fraction": FRACTION,
-    "pretrain.val_every_steps": POSITIVE_INT, "pretrain.checkpoint_every_steps": POSITIVE_INT,
+    **{f"pretrain.{key}": number for key, number in PRETRAINING_NUMBERS.items()},
     "finetune.max_seq_length": POSITIVE_INT, "finetune.batch_size": POSITIVE_INT,
     "finetune.eval_batch_size": POSITIVE_INT, "finetune.lr": RATE, "finetune.epochs": POSITIVE_INT,
     "finetune.min_steps": COUNT, "finetune.warmup_fraction": FRACTION,
@@ -52,7 +58,8 @@ def validate(cfg: DictConfig) -> None:
     for name, callback in cfg.callbacks.items():
         check_target_arguments(callback, f"callbacks.{name}")
     check_start_checkpoint(cfg)
-    check_model_config(cfg)
+    for key in dict.fromkeys(model_key(cfg, family.name) for family in FAMILIES):  # gpt.model beside BERT's
+        check_model_config(cfg, key)
     for name in task_names(cfg):
         load_task(name)
     train_sizes(cfg)
@@ -75,6 +82,11 @@ def init_ray(cfg: DictConfig) -> None:
     if cfg.ray.address:  # "auto" or "ray://host:port": join an existing cluster, which owns its resources
         ray.init(address=cfg.ray.address, log_to_driver=True)
     else:
+        # Ray's raylet starts workers at nice 15 (its worker_niceness) to keep a node's daemons responsive; here the
+        # stages are the job and run in those workers, so any process at the default priority took the cores from
+        # them (pretraining fell from 5.4 to ~1 step/s beside one such process on 2 cores). Ray's job manager starts
+        # job workers at 0 for the same reason (ray/dashboard/modules/job/job_manager.py).
+        os.environ.setdefault("RAY_worker_niceness", "0")
         ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, log_to_driver=True)
 
 

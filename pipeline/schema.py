@@ -10,9 +10,9 @@ A block built by `_target_` (trainer, logger, model) is open: besides its typed 
 target, which pipeline/engine/settings.py checks against the target's signature before any work."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from enum import StrEnum
-from typing import Any, Optional
+from typing import Any, Optional, get_type_hints
 
 from omegaconf import MISSING
 
@@ -98,3 +98,16 @@ class SentevalConfig:
 
 # blocks built by `_target_`, and the callbacks (name -> such a block): keys beyond their fields are allowed
 OPEN_BLOCKS = ("trainer", "logger", "model", "callbacks")
+
+
+def override_block(name: str, module: str, schemas: tuple[type, ...], defaults: dict[str, Any] | None = None,
+                   own: tuple[tuple[str, type, Any], ...] = ()) -> type:
+    """The schema of a block whose keys are those of `schemas` and override theirs: each optional and null, where the
+    block keeps the value of the one it overrides, unless `defaults` gives it one; `own`: fields of its own, first
+    (pretrain_phase2's max_seq_length). pipeline/engine/pretraining.py merged_settings reads such a block over the
+    other. The caller binds it to `name` in `module`, where pickle finds it (a sweep sends the config to its trials)."""
+    hints = {key: kind for schema in schemas for key, kind in get_type_hints(schema).items()}
+    defaults = defaults or {}
+    cls = make_dataclass(name, [*own, *((key, Optional[kind], defaults.get(key)) for key, kind in hints.items())])
+    cls.__module__ = module
+    return cls

@@ -45,10 +45,11 @@ def test_experiment_composes_to_what_its_file_states(name, tmp_path):
     stated = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml"), resolve=False)
     defaults = stated.pop("defaults", [])
     extended = [item for item in defaults if isinstance(item, str)]  # `- skip_thought_small`: another experiment
-    groups = {entry.split()[-1].lstrip("/"): option for item in defaults if isinstance(item, dict)
-              for entry, option in item.items()}  # `- override /model: bert_base`
+    # `- override /model: bert_base` replaces a group's option; `- /model@gpt.model: gpt_tiny` adds one at a key
+    entries = [(entry, option) for item in defaults if isinstance(item, dict) for entry, option in item.items()]
     base = _compose([*(f"+experiment={e}" for e in extended),
-                     *(f"{group}={option}" for group, option in groups.items())])
+                     *(f"{'' if entry.startswith('override ') else '+'}{entry.split()[-1].lstrip('/')}={option}"
+                       for entry, option in entries)])
     defined = dict(_leaves(OmegaConf.to_container(base, resolve=False)))
     misspelled = [key for key, _ in _leaves(stated) if key not in defined]
     assert not misspelled, (f"{name} sets {misspelled}, which the base config does not define, so nothing reads "
@@ -57,9 +58,11 @@ def test_experiment_composes_to_what_its_file_states(name, tmp_path):
     # a file that is not `@package _global_`, or a setting a later default overrides, would differ here
     composed = dict(_leaves(OmegaConf.to_container(cfg, resolve=False)))
     assert {key: composed.get(key, "<missing>") for key, _ in _leaves(stated)} == dict(_leaves(stated))
-    for group in groups:  # the option as the base config composes it, with the file's own edits on top
-        expected = OmegaConf.merge(base[group], stated.get(group, {}))
-        assert OmegaConf.to_container(cfg[group], resolve=False) == OmegaConf.to_container(expected, resolve=False)
+    for entry, _ in entries:  # the option as the base config composes it, with the file's own edits on top
+        key = entry.split()[-1].lstrip("/").split("@")[-1]  # the group's key, or the one the entry puts it at
+        expected = OmegaConf.merge(OmegaConf.select(base, key), OmegaConf.select(OmegaConf.create(stated), key) or {})
+        assert OmegaConf.to_container(OmegaConf.select(cfg, key), resolve=False) == \
+            OmegaConf.to_container(expected, resolve=False)
     assert cfg.model._target_.startswith("models.")
     if cfg.finetune.data_dir:  # e.g. GLUE under ../shared, which a fresh clone has not: validate reads the files
         cfg.finetune.data_dir = str(_write_task_files(tmp_path / "tasks", task_names(cfg)))
@@ -95,6 +98,8 @@ def _write_task_files(root: Path, names: list[str]) -> Path:
     ("trainer.strategy=fsdp", "expected one of [auto, ddp, deepspeed]"),
     ("data.input_format=xml", "full_key: data.input_format"),
     ("elmo.window=long", "full_key: elmo.window"),                               # a family's own block
+    ("gpt.pretrain.lr=abc", "full_key: gpt.pretrain.lr"),                        # GPT's keys over pretrain's
+    ("gpt.pretrain.max_step=50", "Key 'max_step' not in 'GptPretrainConfig'"),
     ("pretrain.encoder_snapshots=10", "full_key: pretrain.encoder_snapshots"),   # a list
     ("pretrain.lrr=1e-3", "Key 'lrr' not in 'PretrainBlock'"),                  # a misspelled key
     ("trainer=ddp", "ddp_cpu"),                                                  # an unknown option lists the rest
@@ -110,6 +115,7 @@ def test_a_bad_value_fails_at_composition_with_hydras_message_naming_the_key(ove
     ("+task=cola", "task is not a setting"),  # Hydra adds a key unchecked; nothing would read it
     ("+pretrain.lrr=1e-3", "did you mean pretrain.lr"),
     ("++pretrain_phase2.foo=1", "pretrain_phase2.foo is not a setting"),
+    ("++gpt.pretrain.max_step=50", "did you mean gpt.pretrain.max_steps"),
     ("+model.config.hiden_size=64", "did you mean model.config.hidden_size"),
     ("data.corpus_dir=/no/such/dir", "data.corpus_dir"),
     ("+logger.entitty=team", "did you mean logger.entity"),     # neither WandbLogger's nor wandb.init's

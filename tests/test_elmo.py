@@ -166,10 +166,10 @@ def test_window_batches_carry_rows_within_a_book_and_reverse_it_for_the_backward
 
 
 def test_split_books_holds_out_whole_books():
-    train, heldout = split_books(10, 0.2, np.random.default_rng(0))
+    train, heldout = split_books(10, 0.2, 5, np.random.default_rng(0))
     assert len(heldout) == 2 and sorted(train + heldout) == list(range(10))
     with pytest.raises(ValueError, match="at least 2 books"):
-        split_books(1, 0.5, np.random.default_rng(0))
+        split_books(1, 0.5, 5, np.random.default_rng(0))
 
 
 # -----------------------------------------------------------------------------
@@ -347,7 +347,8 @@ def one_thread():
 def test_pretraining_lowers_heldout_perplexity(tmp_path, one_thread, softmax):
     """Sampled: its sparse gradient goes through LazyAdamW and the sparse-aware clipping."""
     path, vocab = write_streams(tmp_path)
-    train, val = build_elmo_datasets([path], vocab, window=10, batch_size=4, holdout_books_fraction=0.2, seed=0)
+    train, val = build_elmo_datasets([path], vocab, window=10, batch_size=4, holdout_books_fraction=0.2,
+                                     holdout_max_books=10, seed=0)
     assert len(val.books) == 1 and set(train.books).isdisjoint(val.books)
     L.seed_everything(0, verbose=False)
     model = BiLanguageModel(elmo_config("elmo_small", vocab_size=len(vocab), softmax=softmax,

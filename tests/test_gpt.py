@@ -169,6 +169,18 @@ def test_cached_decoding_gives_the_uncached_logits_step_by_step():
     assert cache.length == 20
 
 
+def test_next_token_logits_are_the_last_positions_logits_and_fill_the_cache():
+    """What a decoding step reads: the head on the last position alone (over a prompt, forward() scores them all)."""
+    model = tiny_model()
+    idx = tokens(2, 9)
+    full = model(idx).logits  # (B, T, V)
+    cache = model.new_cache(2, 9)
+    torch.testing.assert_close(model.next_token_logits(idx[:, :6], cache), full[:, 5], atol=1e-5, rtol=0)
+    for t in range(6, 9):
+        torch.testing.assert_close(model.next_token_logits(idx[:, t:t + 1], cache), full[:, t], atol=1e-5, rtol=0)
+    assert cache.length == 9
+
+
 def test_cache_longer_than_allocated_is_an_error():
     model = tiny_model()
     cache = model.new_cache(1, 4)

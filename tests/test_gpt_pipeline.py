@@ -173,6 +173,13 @@ def test_generate_names_the_missing_gpt_stage(tmp_path, capsys):
     assert "has no gpt_pretrain stage output" in capsys.readouterr().err
 
 
+def test_generate_names_a_run_directory_that_is_not_there(tmp_path, capsys):
+    assert generate_main([str(tmp_path / "outputs" / "typo"), "--prompt", "The old man"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {tmp_path / 'outputs' / 'typo'} is not a directory; pass the run directory a pipeline run " \
+                  "printed (run directory: outputs/<experiment>/<date>_<time>)\n"
+
+
 def test_report_section_shows_greedy_continuations_of_the_fixed_prompts(pretrained, tmp_path):
     lines = samples.report_section(pretrained.cfg, {"gpt_pretrain": pretrained.stage_dir("gpt_pretrain")}, tmp_path,
                                    {})

@@ -85,7 +85,8 @@ def test_manifest_accounts_for_every_file(corpus, prepared):
     assert counts == [8, 5, 1, 0, 2]
     assert totals["sentences"] == sum(entry["sentences"] for entry in files.values()) == sum(
         shard["rows"] for shard in manifest["shards"])
-    assert manifest["options"] == {"glob": "**/*.txt", "shard_bytes": SHARD_BYTES, "input_format": "raw",
+    assert manifest["options"] == {"glob": "**/*.txt", "shard_bytes": SHARD_BYTES, "max_book_bytes": 16 << 20,
+                                   "input_format": "raw",
                                    "min_tokens": 3, "max_tokens": 200, "nfkc": False,
                                    "sentence_splitter": default_splitter(),
                                    "near_duplicates": {"threshold": 0.8, "shingle_words": 5, "num_perm": 128,

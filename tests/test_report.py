@@ -60,8 +60,8 @@ def _write_loss_curve(stage_dir: Path, perplexity_name: str | None) -> None:
         writer = csv.DictWriter(f, fieldnames=["step", "split", "name", "value"])
         writer.writeheader()
         writer.writerows(rows)
-    (stage_dir / "stage.json").write_text(json.dumps({"steps": 100, "duration_s": 12.5, "precision": "32-true",
-                                                      "num_parameters": 1234}))
+    (stage_dir / "stage.json").write_text(json.dumps({"steps": 100, "seconds": 12.0, "duration_s": 12.5,
+                                                      "precision": "32-true", "num_parameters": 1234}))
 
 
 @pytest.fixture(scope="module")
@@ -286,4 +286,59 @@ def test_finetune_table_shows_every_seed_and_how_often_pretraining_was_ahead(tmp
     out.mkdir()
     md = write_report({"finetune": tmp_path / "finetune"}, out, "unit")["results_md"].read_text()
     assert "| 0.6400 / 0.7500 / 0.7700 |" in md
-    assert "pretrained - random init = +0.0300 (mean over seeds); pretrained ahead on 2 of 3 seeds" in md
+    assert "pretrained - random_init = +0.0300 (mean over seeds); pretrained ahead on 2 of 3 seeds" in md
+
+
+def _row(model: str, per_seed: list[float]) -> dict:
+    return {"model": model, "task": "rt", "metric": "accuracy", "score": round(sum(per_seed) / len(per_seed), 4),
+            "std": 0.0, "seeds": len(per_seed), "per_seed": per_seed, "train_size": None, "train_examples": 100}
+
+
+def _pretraining_stage(path, steps: int, seconds: float, resumed_from_step: int | None = None):
+    path.mkdir()
+    (path / "loss_curve.csv").write_text("step,split,name,value\n")
+    (path / "stage.json").write_text(json.dumps({"steps": steps, "seconds": seconds, "num_parameters": 1000,
+                                                 "resumed_from_step": resumed_from_step}))
+    return path
+
+
+def test_a_run_of_two_families_reports_both_beside_their_twins_and_their_pretraining_budget(tmp_path):
+    """experiment=bert_vs_gpt: one fine-tuning table, what each family's pretraining gained over its random twin,
+    and the training time of each family's pretraining side by side."""
+    rows = [_row("pretrained", [0.70, 0.72]), _row("random_init", [0.66, 0.73]), _row("gpt", [0.68, 0.69]),
+            _row("gpt_random", [0.65, 0.66])]
+    (tmp_path / "finetune").mkdir()
+    (tmp_path / "finetune" / "results.json").write_text(json.dumps(rows))
+    dirs = {"finetune": tmp_path / "finetune", "pretrain": _pretraining_stage(tmp_path / "pretrain", 1000, 160.0),
+            "gpt_pretrain": _pretraining_stage(tmp_path / "gpt_pretrain", 320, 170.0)}
+    (tmp_path / "report").mkdir()
+    md = write_report(dirs, tmp_path / "report", "unit")
+    lines = md["results_md"].read_text().splitlines()
+    table = [line for line in lines if line.startswith("| ") and "| rt | accuracy |" in line]
+    assert [line.split(" | ")[0] for line in table] == ["| pretrained", "| random_init", "| gpt", "| gpt_random"]
+    assert "- rt accuracy: pretrained - random_init = +0.0150 (mean over seeds); pretrained ahead on 1 of 2 seeds" \
+        in lines
+    assert "- rt accuracy: gpt - gpt_random = +0.0300 (mean over seeds); gpt ahead on 2 of 2 seeds" in lines
+    assert "| bert | pretrain | 1000 | 160 | 0.160 | 1,000 |" in lines
+    assert "| gpt | gpt_pretrain | 320 | 170 | 0.531 | 1,000 |" in lines
+    assert "- gpt's pretraining took 1.06x the time of bert's (bert 160 s, gpt 170 s)" in lines
+
+
+def test_the_budget_sums_a_familys_phases_and_estimates_a_resumed_stage_at_its_seconds_per_step(tmp_path):
+    dirs = {"pretrain": _pretraining_stage(tmp_path / "pretrain", 100, 20.0),
+            "pretrain_phase2": _pretraining_stage(tmp_path / "pretrain_phase2", 50, 30.0),
+            "gpt_pretrain": _pretraining_stage(tmp_path / "gpt_pretrain", 200, 30.0, resumed_from_step=100)}
+    (tmp_path / "report").mkdir()
+    lines = write_report(dirs, tmp_path / "report", "unit")["results_md"].read_text().splitlines()
+    assert "| gpt | gpt_pretrain | 200 | 30 (since the resume at step 100) | 0.300 | 1,000 |" in lines
+    assert "- gpt's pretraining took 1.20x the time of bert's (bert 50 s, gpt 60 s)" in lines
+
+
+def test_the_phases_of_one_family_get_no_budget_table(tmp_path):
+    """BERT's phase 1 and 2 (experiment=bert_base) are one pretraining, not two budgets to hold equal."""
+    dirs = {"pretrain": _pretraining_stage(tmp_path / "pretrain", 100, 20.0),
+            "pretrain_phase2": _pretraining_stage(tmp_path / "pretrain_phase2", 50, 30.0)}
+    (tmp_path / "report").mkdir()
+    md = write_report(dirs, tmp_path / "report", "unit")["results_md"].read_text()
+    assert "## Pretraining budget" not in md
+    assert "## Pretraining (pretrain)" in md and "## Pretraining (pretrain_phase2)" in md

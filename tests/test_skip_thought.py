@@ -40,6 +40,7 @@ from models.skip_thought import (
     GRULayer,
     GRURecurrence,
     SkipThoughts,
+    UniSkipEncoder,
     load_pretrained,
     reverse_padded,
     save_pretrained,
@@ -260,7 +261,7 @@ def test_training_steps_lower_the_loss_and_report_held_out_loss(tmp_path):
     currents = [rng.integers(3, 40, size=rng.integers(2, 5)) for _ in range(20)]
     write_triples([((c + 1).tolist(), c.tolist(), c[::-1].tolist()) for c in currents], tmp_path / "t.arrow")
     train_loader, val_loader = triple_loaders(SkipThoughtTriples([read_arrow(tmp_path / "t.arrow")]), batch_size=16,
-                                              val_fraction=0.2, seed=0)
+                                              val_fraction=0.2, val_max_triples=100, seed=0)
     L.seed_everything(0)
     module = SkipThoughtPretrainModule(SkipThoughts(tiny_config()), lr=5e-2, weight_decay=0.0, betas=(0.9, 0.999),
                                        warmup_steps=1, max_steps=30)
@@ -282,7 +283,8 @@ def test_ranks_train_on_disjoint_triples_in_a_resumable_order(tmp_path):
     dataset = SkipThoughtTriples([read_arrow(tmp_path / "t.arrow")])
 
     def current_ids(rank: int, world_size: int, resume_after: int | None = None) -> list[int]:
-        train, _ = triple_loaders(dataset, batch_size=4, val_fraction=0.2, seed=0, rank=rank, world_size=world_size)
+        train, _ = triple_loaders(dataset, batch_size=4, val_fraction=0.2, val_max_triples=100, seed=0, rank=rank,
+                                  world_size=world_size)
         if resume_after is not None:
             train.sampler.load_state_dict(train.sampler.state_dict(batches_consumed=resume_after))
         return [i for batch in train for i in batch["ids"][:, 0].tolist()]
@@ -356,3 +358,14 @@ def test_glove_expansion_maps_unseen_words_next_to_their_synonyms():
         # GloVe 50-d itself ranks "car" 10th among these words for "automobile", so "near" is: top 20 of ~5000.
         nearest = [encoder_words[i] for i in np.argsort(-cosine[row])[:20]]
         assert synonym in nearest, (unseen, nearest)
+
+
+@pytest.mark.parametrize("encoder_class", [UniSkipEncoder, BiSkipEncoder])
+def test_an_encoder_built_on_its_own_has_orthogonal_recurrent_gates(encoder_class):
+    config = tiny_config(encoder="bi" if encoder_class is BiSkipEncoder else "uni")
+    encoder = encoder_class(config)
+    layers = [m for m in encoder.modules() if isinstance(m, GRULayer)]
+    assert layers
+    for layer in layers:
+        for gate in layer.weight_hh.data.chunk(3, dim=0):  # not torch.empty's leftover memory
+            torch.testing.assert_close(gate @ gate.t(), torch.eye(gate.shape[0]), atol=1e-5, rtol=0)

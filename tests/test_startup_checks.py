@@ -35,6 +35,7 @@ def _fails_before_any_stage(cfg, error: type[Exception], message: str) -> None:
     ("ray.num_cpus=0", r"ray\.num_cpus=0: expected an integer >= 1"),  # hung forever, waiting for a CPU
     ("elmo.window=0", r"elmo\.window=0: expected an integer >= 1"),  # a family's own (Family.numbers)
     ("gpt.block_size=0", r"gpt\.block_size=0: expected an integer >= 1"),
+    ("gpt.pretrain.max_steps=0", r"gpt\.pretrain\.max_steps=0: expected an integer >= 1"),  # a family's own block
 ])
 def test_a_bad_number_fails_before_any_stage_naming_its_key(tmp_path, override, message):
     _fails_before_any_stage(tiny_config(tmp_path, [override]), ValueError, message)
@@ -97,3 +98,12 @@ def test_a_bad_task_file_fails_before_any_stage_naming_file_and_line(tmp_path, r
 def test_task_files_are_not_read_by_a_run_without_finetune(tmp_path):
     _break_task_file(tmp_path, 5, "a dull film\tnegative")
     validate(tiny_config(tmp_path, ["pipeline.until=pretrain"]))
+
+
+def test_a_snapshot_past_gpts_own_steps_fails_before_any_stage(tmp_path):
+    """experiment=bert_vs_gpt: pretrain.encoder_snapshots fits BERT's pretrain.max_steps, but GPT inherits it over
+    its own, fewer, steps; its stage would fail after BERT's pretraining."""
+    cfg = tiny_config(tmp_path, ["pretrain.encoder_snapshots=[20]", "gpt.pretrain.max_steps=10"],
+                      experiment="bert_vs_gpt")
+    _fails_before_any_stage(cfg, ValueError, r"gpt\.pretrain\.encoder_snapshots=\[20\]: \[20\] not a step of the run; "
+                                             r"each must be a whole number from 1 to gpt\.pretrain\.max_steps=10")

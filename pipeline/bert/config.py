@@ -3,15 +3,15 @@ with their defaults; the keys it adds to shared blocks (its masked-LM settings i
 settings only BERT reads) typed, their values in conf/config.yaml beside the block's others."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Optional, get_type_hints
+from typing import Optional
 
 from omegaconf import MISSING
 
 from pipeline.bert.encoder import BERT_POOLINGS
 from pipeline.bert.module import PRETRAINING_OBJECTIVES
-from pipeline.schema import PretrainConfig
+from pipeline.schema import PretrainConfig, override_block
 
 Objective = StrEnum("Objective", {name: name for name in PRETRAINING_OBJECTIVES}, module=__name__)
 Pooling = StrEnum("Pooling", {name: name for name in BERT_POOLINGS}, module=__name__)
@@ -23,6 +23,10 @@ class TokenizerConfig:
     vocab_size: int = 8000  # small corpus: 30522 would leave most pieces unseen
     min_frequency: int = 2
     lowercase: bool = True
+    # Trained on at most this many sentences, evenly spaced through the corpus (SentencePiece's input_sentence_size);
+    # null: all. The trainer's memory grows with the distinct words it sees and its time with every sentence (68 MB of
+    # books took it 50 s and 113 MB here), so 1 M sentences (~120 MB of books) bound both; BookCorpus has 74 M.
+    max_sentences: Optional[int] = 1_000_000
 
 
 @dataclass
@@ -62,17 +66,16 @@ PHASE_2_DEFAULTS = {
     "max_predictions_per_seq": 80,  # google-research/bert at length 512 (round(0.15 * 512) = 77, rounded up)
     "encoder_snapshots": field(default_factory=list),  # phase 2's own steps, not phase 1's
 }
-PretrainPhase2Config = make_dataclass("PretrainPhase2Config", [
-    ("max_seq_length", int, 512),  # at most model.config.max_position_embeddings, which phase 1 must already have
-    *((name, Optional[kind], PHASE_2_DEFAULTS.get(name)) for name, kind in {**get_type_hints(PretrainConfig),
-                                                                           **get_type_hints(BertPretrainConfig)}.items())])
-PretrainPhase2Config.__module__ = __name__  # findable by pickle
+PretrainPhase2Config = override_block(
+    "PretrainPhase2Config", __name__, (PretrainConfig, BertPretrainConfig), PHASE_2_DEFAULTS,
+    own=(("max_seq_length", int, 512),))  # at most model.config.max_position_embeddings, which phase 1 must have
 
 
 @dataclass
 class BertFinetuneConfig:
     """What BERT's fine-tuning adds to `finetune`."""
     pooling: Pooling = MISSING
+    dropout: Optional[float] = MISSING
     external_encoder: Optional[str] = MISSING
 
 

@@ -6,7 +6,7 @@ snapshot of that phase (pretrain.encoder_snapshots), as `pretrained@<step>`."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -40,11 +40,13 @@ from pipeline.engine.family import FinetuneKind
 @dataclass
 class BertTaskModels:
     """An encoder directory and its tokenizer; `pretrained`: start from the encoder's weights, else from a fresh
-    initialisation of its architecture."""
+    initialisation of its architecture; `dropout`: the fine-tuned model's dropout rate (finetune.dropout), None to keep
+    the encoder's."""
     encoder_dir: Path
     tokenizer: object
     encoding_key: str
     pretrained: bool = True
+    dropout: float | None = None
 
     def encode(self, task: DictConfig, data_dir: Path, finetune: DictConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
@@ -53,7 +55,10 @@ class BertTaskModels:
 
     def build(self, data: TaskData) -> nn.Module:
         encoder = load_pretrained(self.encoder_dir)
-        model = data.make_model(encoder.config)
+        config = encoder.config
+        if self.dropout is not None:
+            config = replace(config, hidden_dropout_prob=self.dropout, attention_probs_dropout_prob=self.dropout)
+        model = data.make_model(config)
         if self.pretrained:
             model.encoder.load_state_dict(encoder.state_dict())
         return model
@@ -63,7 +68,7 @@ def _this_run(pretrained: bool):
     def load(ctx: StageContext) -> BertTaskModels:
         tokenizer_dir = ctx.stage_dir("tokenizer")
         return BertTaskModels(ctx.stage_dir(encoder_stage(ctx.cfg)) / "encoder", load_tokenizer(tokenizer_dir),
-                              str(tokenizer_dir), pretrained)
+                              str(tokenizer_dir), pretrained, ctx.cfg.finetune.get("dropout"))
     return load
 
 
@@ -73,7 +78,7 @@ def _external(ctx: StageContext) -> BertTaskModels:
         raise ValueError("finetune.models has external but finetune.external_encoder is not set; pass the "
                          "directory of an HF BERT (config.json, weights and tokenizer files)")
     path = Path(f.external_encoder).expanduser()
-    return BertTaskModels(path, external_tokenizer(path), str(path))
+    return BertTaskModels(path, external_tokenizer(path), str(path), dropout=f.get("dropout"))
 
 
 def _external_files(cfg: DictConfig) -> str:
@@ -86,7 +91,7 @@ def _this_run_stages(cfg: DictConfig) -> tuple[str, ...]:
 
 
 FINETUNE_KINDS = {"pretrained": FinetuneKind(_this_run_stages, _this_run(pretrained=True),
-                                             pretraining_stage=encoder_stage),
+                                             pretraining_stage=encoder_stage, random_twin="random_init"),
                   "random_init": FinetuneKind(_this_run_stages, _this_run(pretrained=False)),
                   "external": FinetuneKind(lambda cfg: (), _external, fingerprint=_external_files)}
 

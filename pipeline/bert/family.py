@@ -12,7 +12,8 @@ from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, RATE, Number
 FAMILY = Family("bert", stages=BERT_STAGES, pretraining_stages=tuple(p.stage for p in PHASES), encoders=ENCODERS,
                 finetune_kinds=FINETUNE_KINDS, report_upstream=attention.report_upstream,
                 report_section=attention.report_section, validate=validate, config=CONFIG, numbers={
-                    "tokenizer.vocab_size": POSITIVE_INT, "examples.max_seq_length": POSITIVE_INT,
+                    "tokenizer.vocab_size": POSITIVE_INT, "tokenizer.max_sentences": Number(int, 1, nullable=True),
+                    "examples.max_seq_length": POSITIVE_INT,
                     "examples.dupe_factor": POSITIVE_INT, "examples.short_seq_prob": FRACTION,
                     "pretrain.mlm_probability": Number(float, 0, 1, low_open=True),
                     "pretrain.max_predictions_per_seq": POSITIVE_INT, "pretrain_phase2.max_seq_length": POSITIVE_INT,

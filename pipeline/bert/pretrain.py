@@ -28,7 +28,13 @@ from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import BertPretrainModule
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
-from pipeline.engine.pretraining import PretrainingData, TrainingRun, encoder_snapshot_steps, instantiate_model
+from pipeline.engine.pretraining import (
+    PretrainingData,
+    TrainingRun,
+    encoder_snapshot_steps,
+    instantiate_model,
+    merged_settings,
+)
 from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler
 
 # The MLM and NSP heads, beside encoder/: what a later phase needs, besides the encoder, to continue pretraining.
@@ -52,12 +58,7 @@ class Phase:
 
     def settings(self, cfg: DictConfig) -> DictConfig:
         """This phase's pretraining settings: phase 2's block over `pretrain`, whose keys it leaves null."""
-        merged = {k: v for block in self.config_blocks
-                  for k, v in OmegaConf.to_container(cfg[block], resolve=True).items()
-                  if v is not None or block == self.config_blocks[0]}
-        settings = OmegaConf.create(merged)
-        OmegaConf.set_struct(settings, True)  # a misspelt key is an error, as in the config it came from
-        return settings
+        return merged_settings(cfg, self.config_blocks)
 
     def max_seq_length(self, cfg: DictConfig) -> int:
         """The phase's sequence length, refused before any work if the model has no position for its end."""
@@ -135,12 +136,14 @@ class BertPretraining:
 
     def __init__(self, phase: Phase):
         self.phase = phase
-        self.settings_key = phase.config_blocks[-1]
+
+    def settings_key(self, cfg: DictConfig) -> str:
+        return self.phase.config_blocks[-1]
 
     def settings(self, cfg: DictConfig) -> DictConfig:
         self.phase.max_seq_length(cfg)  # too long for the position table: fail now, not at the first batch
         settings = self.phase.settings(cfg)
-        check_objective(settings, self.settings_key)
+        check_objective(settings, self.settings_key(cfg))
         return settings
 
     def build_module(self, ctx: StageContext) -> BertPretrainModule:

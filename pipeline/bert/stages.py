@@ -9,24 +9,22 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from data_prep.bert_examples import create_training_instances, write_instances
-from data_prep.shards import open_shards, shard_paths
+from data_prep.shards import sampled_texts, shard_paths
 from data_prep.tokenize_shards import encode_by_word, use_one_tokenizer_thread
 from data_prep.tokenizer import load_tokenizer, train_wordpiece
 from pipeline.bert.pretrain import PHASES, PRETRAINING
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.pretraining import pretraining_stage
-from pipeline.engine.shard_tasks import map_shards
 
 
 def tokenizer(ctx: StageContext) -> dict:
-    table = open_shards(ctx.stage_dir("prepare"))
-    # Record batches stream from the memory map: the trainer never holds the corpus as Python strings.
-    sentences = (text for batch in table.to_batches() for text in batch.column("text").to_pylist())
     tok_cfg = ctx.cfg.tokenizer
+    # Streamed from the memory map: the trainer never holds the corpus as Python strings.
+    num_sentences, sentences = sampled_texts(ctx.stage_dir("prepare"), tok_cfg.max_sentences)
     trained = train_wordpiece(sentences, ctx.stage_dir("tokenizer"), vocab_size=tok_cfg.vocab_size,
                               min_frequency=tok_cfg.min_frequency, lowercase=tok_cfg.lowercase)
-    return {"vocab_size": trained.get_vocab_size()}
+    return {"vocab_size": trained.get_vocab_size(), "sentences": num_sentences}
 
 
 def _tokenized_books(shard_path: Path, tok) -> list[list[list[int]]]:
@@ -66,8 +64,8 @@ def examples(ctx: StageContext, length_key: str) -> dict:
     shards = shard_paths(ctx.stage_dir("prepare"))
     ex = ctx.cfg.examples
     max_seq_length = int(OmegaConf.select(ctx.cfg, length_key))
-    counts = map_shards(build_shard_examples, shards, shards, ctx.stage_dir("tokenizer"), ctx.out_dir, max_seq_length,
-                        ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed)
+    counts = ctx.map_shards(build_shard_examples, shards, shards, ctx.stage_dir("tokenizer"), ctx.out_dir,
+                            max_seq_length, ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed)
     return {"instances": int(sum(counts)), "files": len(counts), "max_seq_length": max_seq_length}
 
 

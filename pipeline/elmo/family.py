@@ -16,8 +16,10 @@ class ElmoConfig:
     window: int = 20  # bilm-tf's unroll_steps
     batch_size: int = 32
     holdout_books_fraction: float = 0.05  # whole books held out for perplexity
+    holdout_max_books: int = 10  # and at most this many: every validation reads them all (5 % of BookCorpus: 552 books)
 
 
 FAMILY = Family("elmo", stages=tuple(ELMO_STAGES), pretraining_stages=("elmo_pretrain",), encoders=ENCODERS,
                 finetune_kinds=FINETUNE_KINDS, config={"elmo": ElmoConfig},
-                numbers={"elmo.batch_size": POSITIVE_INT, "elmo.window": POSITIVE_INT})
+                numbers={"elmo.batch_size": POSITIVE_INT, "elmo.window": POSITIVE_INT,
+                         "elmo.holdout_max_books": POSITIVE_INT})

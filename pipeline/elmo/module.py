@@ -95,14 +95,15 @@ class LMWindowBatches(IterableDataset):
 
 
 def build_elmo_datasets(stream_paths: Sequence[str | Path], vocab: Sequence[str], window: int, batch_size: int,
-                        holdout_books_fraction: float, seed: int, char_inputs: bool = True,
+                        holdout_books_fraction: float, holdout_max_books: int, seed: int, char_inputs: bool = True,
                         max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN, rank: int = 0, world_size: int = 1
                         ) -> tuple[LMWindowBatches, LMWindowBatches]:
     """(train, held-out) window batches over the books of the stream files; whole books are held out, chosen by
     `seed`; the training books are shared out between `world_size` ranks. Wrap each in
     DataLoader(dataset, batch_size=None)."""
     streams = TokenStreams(stream_paths)
-    train_books, heldout_books = split_books(len(streams), holdout_books_fraction, np.random.default_rng(seed))
+    train_books, heldout_books = split_books(len(streams), holdout_books_fraction, holdout_max_books,
+                                             np.random.default_rng(seed))
     common = dict(streams=streams, vocab=vocab, batch_size=batch_size, window=window, char_inputs=char_inputs,
                   max_characters_per_token=max_characters_per_token)
     return (LMWindowBatches(books=train_books, repeat=True, seed=seed, rank=rank, world_size=world_size, **common),

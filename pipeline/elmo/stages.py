@@ -23,7 +23,6 @@ from pipeline.elmo.module import ElmoPretrainModule, WindowPosition, build_elmo_
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretraining_stage
-from pipeline.engine.shard_tasks import map_shards
 
 
 def elmo_vocab(ctx: StageContext) -> dict:
@@ -42,14 +41,16 @@ def build_shard_streams(index: int, shard_path: Path, out_dir: Path) -> int:
 
 def elmo_streams(ctx: StageContext) -> dict:
     shards = shard_paths(ctx.stage_dir("prepare"))
-    books = map_shards(build_shard_streams, shards, ctx.out_dir)
+    books = ctx.map_shards(build_shard_streams, shards, ctx.out_dir)
     return {"books": int(sum(books)), "files": len(shards)}
 
 
 class ElmoPretraining:
     """biLM pretraining as the harness (pipeline/engine/pretraining.py) runs it: truncated-BPTT window batches,
     each rank over its own books, resumed with the LSTM state its rows carry (WindowPosition)."""
-    settings_key = "pretrain"
+
+    def settings_key(self, cfg: DictConfig) -> str:
+        return "pretrain"
 
     def settings(self, cfg: DictConfig) -> DictConfig:
         return cfg.pretrain
@@ -64,7 +65,8 @@ class ElmoPretraining:
         e = ctx.cfg.elmo
         vocab = read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt")
         train, heldout = build_elmo_datasets(sorted(ctx.stage_dir("elmo_streams").glob("streams-*.arrow")), vocab,
-                                             e.window, e.batch_size, e.holdout_books_fraction, ctx.cfg.seed,
+                                             e.window, e.batch_size, e.holdout_books_fraction, e.holdout_max_books,
+                                             ctx.cfg.seed,
                                              char_inputs=module.model.config.token_encoder == "char_cnn",
                                              rank=rank, world_size=world_size)
         # batch_size=None and no shuffling: each batch row continues the book the previous batch's row was reading.

@@ -24,13 +24,16 @@ import time
 import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
 from data_prep.prepare import list_corpus_files
 from data_prep.shards import write_json_atomically
 from pipeline.engine.fingerprints import code_version, content_digests
+from pipeline.engine.shard_tasks import shard_results
+
+T = TypeVar("T")
 
 MARKER = "_COMPLETE.json"
 LOG_FILE = "stage.log"
@@ -62,6 +65,20 @@ class StageContext:
     inputs: dict[str, Path] = field(default_factory=dict)
     run_dir: Path | None = None
     wandb_run: object | None = None
+    # shard index -> id of the Ray node whose task wrote that shard's output, for the stage's summary (stage.json)
+    shard_nodes: dict[int, str] = field(default_factory=dict)
+
+    def shard_results(self, fn: Callable[..., T], shards: Sequence, *args, **kwargs) -> Iterator[tuple[int, T]]:
+        """(i, fn(i, shard, *args, **kwargs)) for each shard as its Ray task finishes (engine/shard_tasks.py),
+        recording which node ran it."""
+        for i, result, node in shard_results(fn, shards, *args, **kwargs):
+            self.shard_nodes[i] = node
+            yield i, result
+
+    def map_shards(self, fn: Callable[..., T], shards: Sequence, *args, **kwargs) -> list[T]:
+        """[fn(i, shard, *args, **kwargs) for i, shard in enumerate(shards)], one Ray task per shard."""
+        results = dict(self.shard_results(fn, shards, *args, **kwargs))
+        return [results[i] for i in range(len(shards))]
 
     def stage_dir(self, name: str) -> Path:
         """This stage's output directory, or an upstream stage's."""
@@ -252,6 +269,17 @@ def plain_config(cfg: DictConfig) -> DictConfig:
     return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
 
 
+def stage_placement(ctx: StageContext) -> dict:
+    """Where the stage ran, by Ray node id (`ray list nodes` gives each one's address): its own task's node and, for a
+    stage mapped over the shards, the node that wrote each shard's output, in shard order."""
+    import ray
+
+    placement = {"node": ray.get_runtime_context().get_node_id()} if ray.is_initialized() else {}
+    if ctx.shard_nodes:
+        placement["shard_nodes"] = [ctx.shard_nodes[i] for i in sorted(ctx.shard_nodes)]
+    return placement
+
+
 def execute_stage(stages: dict[str, Stage], cfg: DictConfig, name: str, digest: str, out_dir: Path,
                   inputs: dict[str, tuple[Path, str]], run_dir: Path | None, forced: bool = False) -> dict:
     """Run one stage into its content-addressed directory, unless it is (or meanwhile became) complete; `forced`:
@@ -276,15 +304,15 @@ def execute_stage(stages: dict[str, Stage], cfg: DictConfig, name: str, digest: 
             print(f"stage {name}: running ({digest}) → {out_dir}", flush=True)
             tracker = start_stage_run(cfg, name, digest, run_dir, inputs)
             started = time.perf_counter()
+            ctx = StageContext(cfg, name, out_dir, {k: v[0] for k, v in inputs.items()}, run_dir, tracker)
             try:
-                summary = stage.fn(StageContext(cfg, name, out_dir, {k: v[0] for k, v in inputs.items()},
-                                                run_dir, tracker))
+                summary = stage.fn(ctx)
             except BaseException:
                 traceback.print_exc()
                 finish_stage_run(tracker, name, digest, out_dir, ok=False)
                 raise
             summary = {"stage": name, "hash": digest, "state": "ran", **summary,
-                       "duration_s": round(time.perf_counter() - started, 1)}
+                       "duration_s": round(time.perf_counter() - started, 1), **stage_placement(ctx)}
             write_json_atomically(out_dir / "stage.json", summary)
             finish_stage_run(tracker, name, digest, out_dir, ok=True, summary=summary)
             print(f"stage {name}: done in {summary['duration_s']} s", flush=True)

@@ -27,8 +27,8 @@ class PretrainingDiverged(RuntimeError):
 
 
 class DivergenceMonitor(L.Callback):
-    """`settings_key`: the config block of the run's optimiser settings, named in the message (pretrain or
-    pretrain_phase2); `uniform_loss`: the family's loss of a uniform guess on its held-out data."""
+    """`settings_key`: the config block of the run's optimiser settings, named in the message (pretrain,
+    pretrain_phase2 or gpt.pretrain); `uniform_loss`: the family's loss of a uniform guess on its held-out data."""
 
     def __init__(self, settings_key: str, uniform_loss: float):
         self.settings_key, self.uniform_loss = settings_key, uniform_loss

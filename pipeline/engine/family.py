@@ -57,6 +57,9 @@ class FinetuneKind:
     # (pipeline/engine/pretraining.py), the kind is fine-tuned from each too, loaded by `load` with the snapshot's
     # directory in that stage's place.
     pretraining_stage: Callable[[DictConfig], str] | None = None
+    # the kind that fine-tunes the same architecture from random initialisation: the report states what pretraining
+    # gained over it
+    random_twin: str | None = None
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,7 @@ class TrainingRun:
 class PretrainingTask(Protocol):
     """What a family supplies. Its LightningModule logs `train/loss` and `val/loss` (and any other `val/*`), and its
     `forward(batch)` returns {"loss": ...} (the DeepSpeed loop trains the module through it)."""
-    settings_key: str  # the config block of the settings below, named in messages (e.g. "pretrain")
+    def settings_key(self, cfg: DictConfig) -> str: ...  # the config block of the settings below, named in messages
 
     def settings(self, cfg: DictConfig) -> DictConfig: ...  # max_steps, grad_clip, val_every_steps, ...
 
@@ -145,22 +145,41 @@ def check_start_checkpoint(cfg: DictConfig) -> None:
                                 "e.g. a pretraining stage's checkpoints/step-*.ckpt), or leave it null")
 
 
-def instantiate_model(cfg: DictConfig, **config_values) -> nn.Module:
-    """The Hydra `model` config built with `config_values` (what only the data knows, e.g. the vocabulary size) set in
-    its `config`, from the run's seed: every rank starts from the same weights."""
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+def merged_settings(cfg: DictConfig, blocks: tuple[str, ...]) -> DictConfig:
+    """The config blocks `blocks` (dotted keys) as one, a later block's keys over an earlier one's: a block need not
+    repeat what it shares with the one before (pretrain_phase2 over pretrain, gpt.pretrain over pretrain)."""
+    merged = {k: v for block in blocks
+              for k, v in OmegaConf.to_container(OmegaConf.select(cfg, block), resolve=True).items()
+              if v is not None or block == blocks[0]}
+    settings = OmegaConf.create(merged)
+    OmegaConf.set_struct(settings, True)  # a misspelt key is an error, as in the config it came from
+    return settings
+
+
+def model_key(cfg: DictConfig, family: str) -> str:
+    """The config block of a family's model: `<family>.model` where the run gives the family one of its own (a run
+    that pretrains two families, whose shared `model` can hold only one: experiment=bert_vs_gpt), else `model`."""
+    own = f"{family}.model"
+    return own if OmegaConf.select(cfg, own) is not None else "model"
+
+
+def instantiate_model(cfg: DictConfig, key: str = "model", **config_values) -> nn.Module:
+    """The Hydra model config at `key` built with `config_values` (what only the data knows, e.g. the vocabulary size)
+    set in its `config`, from the run's seed: every rank starts from the same weights."""
+    model_cfg = OmegaConf.to_container(OmegaConf.select(cfg, key), resolve=True)
     model_cfg["config"].update(config_values)
     L.seed_everything(cfg.seed, workers=True)
     return hydra.utils.instantiate(model_cfg, _convert_="all")
 
 
-def check_model_config(cfg: DictConfig) -> None:
-    """Before any work: every key of `model.config` is a field of the config its `_target_` builds (models/: a function
+def check_model_config(cfg: DictConfig, key: str = "model") -> None:
+    """Before any work: every key of `<key>.config` is a field of the config its `_target_` builds (models/: a function
     of a size name and `**overrides` returning a config dataclass), so a misspelt `+model.config.hiden_size=...`
     fails here, not when pretraining builds the model."""
-    target = hydra.utils.get_object(cfg.model.config._target_)
+    config = OmegaConf.select(cfg, f"{key}.config")
+    target = hydra.utils.get_object(config._target_)
     built = get_type_hints(target).get("return")
-    check_target_arguments(cfg.model.config, "model.config", [target, built] if built else None)
+    check_target_arguments(config, f"{key}.config", [target, built] if built else None)
 
 
 def encoder_snapshot_steps(cfg: DictConfig, settings: DictConfig, key: str) -> list[int]:
@@ -196,7 +215,7 @@ def steps_trained(stage_dir: Path) -> int:
 def pretrain(ctx: StageContext, task: PretrainingTask) -> dict:
     """The stage function of a pretraining stage: `partial(pretrain, task=...)`."""
     validate_distributed(ctx.cfg)
-    encoder_snapshot_steps(ctx.cfg, task.settings(ctx.cfg), task.settings_key)
+    encoder_snapshot_steps(ctx.cfg, task.settings(ctx.cfg), task.settings_key(ctx.cfg))
     settings = DistributedSettings.from_config(ctx.cfg, task.settings(ctx.cfg))
     if not settings.uses_ray_train:
         return _train_with_lightning(ctx, task, settings, rank=0, world_size=1)
@@ -353,7 +372,7 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
     uses_deepspeed = settings.strategy == "deepspeed"  # which writes directories and clips by itself
     if uses_deepspeed:
         use_dense_gradients(module)
-    history, monitor = LossHistory(), DivergenceMonitor(task.settings_key, data.uniform_loss)
+    history, monitor = LossHistory(), DivergenceMonitor(task.settings_key(ctx.cfg), data.uniform_loss)
     # AtomicCheckpointIO keeps the newest KEEP_CHECKPOINTS files; DeepSpeed writes directories through its own
     # engine, so there Lightning prunes them, keeping the highest steps
     pruning = dict(save_top_k=KEEP_CHECKPOINTS, monitor="step", mode="max") if uses_deepspeed else dict(save_top_k=-1)
@@ -363,7 +382,7 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
     start = StartingStep()
     configured = [hydra.utils.instantiate(c) for c in ctx.cfg.callbacks.values()]
     callbacks = [*configured, history, monitor, start, TrainingPosition(data.position), checkpoints]
-    if snapshots := encoder_snapshot_steps(ctx.cfg, p, task.settings_key):
+    if snapshots := encoder_snapshot_steps(ctx.cfg, p, task.settings_key(ctx.cfg)):
         callbacks.append(EncoderSnapshots(task, ctx, snapshots))
     if world_size > 1 and not uses_deepspeed:
         callbacks.append(SparseGradientSync(module))
@@ -380,7 +399,7 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
 
         trainer = prepare_trainer(trainer)
     resume_from = latest_checkpoint(out)
-    if resume_from is None and ctx.cfg.ckpt_path and task.settings_key == STARTS_FROM_CKPT_PATH:
+    if resume_from is None and ctx.cfg.ckpt_path and task.settings_key(ctx.cfg) == STARTS_FROM_CKPT_PATH:
         resume_from = Path(ctx.cfg.ckpt_path).expanduser()
     if resume_from:
         print(f"resuming from {resume_from}", flush=True)
@@ -451,7 +470,7 @@ def _deepspeed_cpu_worker(config: dict) -> None:
     use_dense_gradients(module)
     data = task.data(ctx, module, rank, world_size)
     optimization = module.configure_optimizers()
-    history, monitor = LossHistory(), DivergenceMonitor(task.settings_key, data.uniform_loss)
+    history, monitor = LossHistory(), DivergenceMonitor(task.settings_key(ctx.cfg), data.uniform_loss)
     checkpoint_dir = out / CHECKPOINT_DIR
 
     def on_step(step: int, loss: float) -> None:

@@ -47,6 +47,15 @@ def check_numbers(cfg: DictConfig, numbers: dict[str, Number]) -> None:
                              "or in the experiment's config")
 
 
+# The pretraining harness's settings (pipeline/engine/pretraining.py), by key within a block of them: `pretrain`, and
+# a family's own block over it (gpt.pretrain)
+PRETRAINING_NUMBERS = {
+    "max_steps": POSITIVE_INT, "batch_size": POSITIVE_INT, "lr": RATE, "warmup_steps": COUNT,
+    "weight_decay": Number(float, 0), "accumulate_grad_batches": POSITIVE_INT, "val_fraction": FRACTION,
+    "val_every_steps": POSITIVE_INT, "checkpoint_every_steps": POSITIVE_INT,
+}
+
+
 def check_target_arguments(node: DictConfig, key: str, accepting: list | None = None) -> None:
     """Every key of `node`, a block built by its `_target_`, is an argument of that class or function (or of one of
     `accepting`, where the target passes its other keywords on): a misspelt one fails before any work, not when a

@@ -148,5 +148,5 @@ def _load(pretrained: bool):
     return load
 
 
-FINETUNE_KINDS = {"gpt": FinetuneKind(lambda cfg: ("gpt_pretrain",), _load(pretrained=True)),
+FINETUNE_KINDS = {"gpt": FinetuneKind(lambda cfg: ("gpt_pretrain",), _load(pretrained=True), random_twin="gpt_random"),
                   "gpt_random": FinetuneKind(lambda cfg: ("gpt_pretrain",), _load(pretrained=False))}

@@ -19,22 +19,29 @@ from data_prep.gpt_blocks import (
     write_blocks,
     write_hf_tokenizer_config,
 )
-from data_prep.shards import open_shards, shard_paths
+from data_prep.shards import sampled_texts, shard_paths
 from data_prep.tokenize_shards import use_one_tokenizer_thread
 from models.gpt import save_pretrained, to_hf
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
-from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretraining_stage
-from pipeline.engine.shard_tasks import map_shards
+from pipeline.engine.pretraining import (
+    PretrainingData,
+    TrainingRun,
+    encoder_snapshot_steps,
+    instantiate_model,
+    merged_settings,
+    model_key,
+    pretraining_stage,
+)
+from pipeline.engine.settings import PRETRAINING_NUMBERS, check_numbers
 from pipeline.gpt.module import Blocks, GPTPretrainModule, block_loaders
 
 
 def gpt_tokenizer(ctx: StageContext) -> dict:
-    table = open_shards(ctx.stage_dir("prepare"))
-    texts = (t for batch in table.to_batches() for t in batch.column("text").to_pylist())
     g = ctx.cfg.gpt
+    num_sentences, texts = sampled_texts(ctx.stage_dir("prepare"), g.max_sentences)
     tok = train_byte_level_bpe(texts, ctx.out_dir, g.vocab_size, g.min_frequency)
-    return {"vocab_size": tok.get_vocab_size()}
+    return {"vocab_size": tok.get_vocab_size(), "sentences": num_sentences}
 
 
 def build_shard_blocks(index: int, shard_and_next: tuple[Path, Path | None], tokenizer_dir: Path, out_dir: Path,
@@ -51,30 +58,35 @@ def build_shard_blocks(index: int, shard_and_next: tuple[Path, Path | None], tok
 
 def gpt_blocks(ctx: StageContext) -> dict:
     shards = shard_paths(ctx.stage_dir("prepare"))
-    counts = map_shards(build_shard_blocks, list(zip(shards, [*shards[1:], None])), ctx.stage_dir("gpt_tokenizer"),
-                        ctx.out_dir, ctx.cfg.gpt.block_size)
+    counts = ctx.map_shards(build_shard_blocks, list(zip(shards, [*shards[1:], None])),
+                            ctx.stage_dir("gpt_tokenizer"), ctx.out_dir, ctx.cfg.gpt.block_size)
     return {"blocks": int(sum(counts)), "files": len(counts), "block_size": ctx.cfg.gpt.block_size}
 
 
 class GPTPretraining:
     """Causal-LM pretraining as the harness (pipeline/engine/pretraining.py) runs it, on seeded resumable batches of
-    blocks, each rank its own."""
-    settings_key = "pretrain"
+    blocks, each rank its own. Its settings are gpt.pretrain's keys over pretrain's, and its model is gpt.model where
+    the run has one, else `model`: so one run can pretrain BERT too (experiment=bert_vs_gpt)."""
+
+    def settings_key(self, cfg: DictConfig) -> str:
+        """The block a message asks to change: gpt.pretrain where the run gives GPT settings of its own, else pretrain
+        (a GPT-only run, whose gpt.pretrain is all null)."""
+        return "gpt.pretrain" if own_pretraining_settings(cfg) else "pretrain"
 
     def settings(self, cfg: DictConfig) -> DictConfig:
-        return cfg.pretrain
+        return merged_settings(cfg, ("pretrain", "gpt.pretrain"))
 
     def build_module(self, ctx: StageContext) -> GPTPretrainModule:
-        cfg, p = ctx.cfg, ctx.cfg.pretrain
+        cfg, p = ctx.cfg, self.settings(ctx.cfg)
         tok = load_gpt_tokenizer(ctx.stage_dir("gpt_tokenizer"))
         # the context is the training length: positions past it would keep their random init
-        model = instantiate_model(cfg, vocab_size=tok.get_vocab_size(), eos_token_id=end_of_text_id(tok),
-                                  n_positions=cfg.gpt.block_size)
+        model = instantiate_model(cfg, model_key(cfg, "gpt"), vocab_size=tok.get_vocab_size(),
+                                  eos_token_id=end_of_text_id(tok), n_positions=cfg.gpt.block_size)
         return GPTPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
                                  warmup_steps=p.warmup_steps, max_steps=p.max_steps)
 
     def data(self, ctx: StageContext, module: GPTPretrainModule, rank: int, world_size: int) -> PretrainingData:
-        p = ctx.cfg.pretrain
+        p = self.settings(ctx.cfg)
         blocks = Blocks([read_arrow(f) for f in sorted(ctx.stage_dir("gpt_blocks").glob("blocks-*.arrow"))])
         train, val = block_loaders(blocks, p.batch_size, p.val_fraction, p.val_max_instances, ctx.cfg.seed,
                                    p.num_workers, rank, world_size)
@@ -94,8 +106,24 @@ class GPTPretraining:
                 "tokens_per_s": round(run.batches_per_s * batch_tokens, 1)}
 
 
+def own_pretraining_settings(cfg: DictConfig) -> list[str]:
+    """The keys gpt.pretrain sets (not null): where GPT's pretraining differs from `pretrain`."""
+    return [key for key, value in cfg.gpt.pretrain.items() if value is not None]
+
+
+def validate(cfg: DictConfig, stages: list[str]) -> None:
+    """gpt.pretrain's numbers checked as pretrain's (its keys and types are the schema's, pipeline/gpt/family.py); a
+    run that pretrains GPT snapshots it at steps GPT takes (pretrain.encoder_snapshots is checked against
+    pretrain.max_steps, which in a run with BERT is BERT's)."""
+    own = own_pretraining_settings(cfg)
+    check_numbers(cfg, {f"gpt.pretrain.{key}": n for key, n in PRETRAINING_NUMBERS.items() if key in own})
+    if "gpt_pretrain" in stages:
+        task = GPTPretraining()
+        encoder_snapshot_steps(cfg, task.settings(cfg), task.settings_key(cfg))
+
+
 GPT_STAGES = (
-    Stage("gpt_tokenizer", gpt_tokenizer, ("prepare",), ("gpt.vocab_size", "gpt.min_frequency")),
+    Stage("gpt_tokenizer", gpt_tokenizer, ("prepare",), ("gpt.vocab_size", "gpt.min_frequency", "gpt.max_sentences")),
     Stage("gpt_blocks", gpt_blocks, ("prepare", "gpt_tokenizer"), ("gpt.block_size",)),
     pretraining_stage("gpt_pretrain", GPTPretraining(), ("gpt_tokenizer", "gpt_blocks"), ("gpt", "pretrain")),
 )

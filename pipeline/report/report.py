@@ -11,6 +11,7 @@ from typing import Callable
 from data_prep.shards import write_json_atomically
 from pipeline.downstream.finetune import (
     BASELINES,
+    MODEL_KINDS,
     SNAPSHOT_MARK,
     headline_results,
     is_snapshot,
@@ -105,18 +106,20 @@ def pair_features_lines(results: list[dict]) -> list[str]:
 
 
 def pretrained_vs_random(rows: list[dict]) -> list[str]:
-    """One line per task and metric: the mean difference pretrained - random init and on how many seeds pretrained
-    was ahead (a mean can hide one collapsed seed)."""
+    """One line per pretrained model kind, task and metric: the mean difference to its random-init twin
+    (FinetuneKind.random_twin) and on how many seeds the pretrained one was ahead (a mean can hide one collapsed
+    seed)."""
     by_key = {(r["model"], r["task"], r["metric"]): r for r in rows}
     lines = []
     for (model, task, metric), row in by_key.items():
-        twin = by_key.get(("random_init", task, metric))
-        if model != "pretrained" or twin is None or not row.get("per_seed") or not twin.get("per_seed"):
+        name = MODEL_KINDS[model].random_twin if model in MODEL_KINDS else None
+        twin = by_key.get((name, task, metric))
+        if twin is None or not row.get("per_seed") or not twin.get("per_seed"):
             continue
         pairs = [(a, b) for a, b in zip(row["per_seed"], twin["per_seed"]) if a is not None and b is not None]
         ahead = sum(a > b for a, b in pairs)
-        lines.append(f"- {task} {metric}: pretrained - random init = {row['score'] - twin['score']:+.4f} "
-                     f"(mean over seeds); pretrained ahead on {ahead} of {len(pairs)} seeds")
+        lines.append(f"- {task} {metric}: {model} - {name} = {row['score'] - twin['score']:+.4f} "
+                     f"(mean over seeds); {model} ahead on {ahead} of {len(pairs)} seeds")
     return [""] + lines if lines else []
 
 
@@ -185,6 +188,27 @@ def _pretraining_section(stage: str, stage_dir: Path, out: Path, figures: dict[s
     return lines
 
 
+def pretraining_budget(summaries: dict[str, dict[str, dict]]) -> list[str]:
+    """The pretraining stages of a run that pretrains more than one family (family -> stage -> its stage.json), side by
+    side by the time their training took (`seconds`, the harness's clock around the training loop, validation
+    included): the budget a run that compares families holds equal (experiment=bert_vs_gpt). A stage resumed after a
+    kill counts only the steps since the resume; its full time is estimated at its seconds per step."""
+    lines = ["", "## Pretraining budget", "", "| family | stage | steps | training s | s/step | parameters |",
+             "|---|---|---|---|---|---|"]
+    totals = {}
+    for family, stages in summaries.items():
+        for stage, info in stages.items():
+            resumed = info.get("resumed_from_step") or 0
+            per_step = info["seconds"] / max(1, info["steps"] - resumed)
+            since = f" (since the resume at step {resumed})" if resumed else ""
+            lines.append(f"| {family} | {stage} | {info['steps']} | {info['seconds']:.0f}{since} | {per_step:.3f} | "
+                         f"{info['num_parameters']:,} |")
+            totals[family] = totals.get(family, 0.0) + per_step * info["steps"]
+    longest, shortest = max(totals, key=totals.get), min(totals, key=totals.get)
+    return lines + ["", f"- {longest}'s pretraining took {totals[longest] / totals[shortest]:.2f}x the time of "
+                        f"{shortest}'s ({', '.join(f'{f} {t:.0f} s' for f, t in totals.items())})"]
+
+
 def learning_lines(summary: dict) -> list[str]:
     """Markdown lines: the final held-out MLM loss against the unigram baseline, the accuracies, and the plateau
     warning of a run that has not learned more than token frequencies (pipeline/bert/diagnostics.py)."""
@@ -210,13 +234,14 @@ def _log_to_wandb(run, rows: list[dict], figures: dict[str, Path]) -> None:
     run.log({"report/results": table, **{f"report/{name}": wandb.Image(str(path)) for name, path in figures.items()}})
 
 
-def write_report(stage_dirs: dict[str, Path], out: Path, title: str, pretraining_stages: tuple[str, ...] = (),
+def write_report(stage_dirs: dict[str, Path], out: Path, title: str,
+                 pretraining_stages: dict[str, tuple[str, ...]] | None = None,
                  sections: tuple[Callable[[dict[str, Path], Path, dict[str, Path]], list[str]], ...] = (),
                  wandb_run=None) -> dict[str, Path]:
     """Everything the report stage writes into `out`, from the output directories of the stages it read: finetune /
-    evaluate results, the curves of `pretraining_stages`, then each of `sections` (stage dirs, out, figures) ->
-    markdown lines, which records the figures it draws. Returns name -> path of every file written. `wandb_run`: the
-    stage's W&B run, or None."""
+    evaluate results, the curves of `pretraining_stages` (family -> its stages), then each of `sections` (stage dirs,
+    out, figures) -> markdown lines, which records the figures it draws. Returns name -> path of every file written.
+    `wandb_run`: the stage's W&B run, or None."""
     lines, rows, figures = [f"# Results: {title}"], [], {}
     panels = {}
     for stage in RESULT_STAGES:
@@ -233,9 +258,13 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str, pretraining
         figures["task_scores_plot"] = out / "task_scores.png"
         plot_task_scores(panels, figures["task_scores_plot"], title=f"Task scores per model ({title})")
         lines += ["", "![task scores per model](task_scores.png)"]
-    for stage in pretraining_stages:
-        if stage in stage_dirs:
-            lines += _pretraining_section(stage, stage_dirs[stage], out, figures)
+    ran = {family: in_run for family, stages in (pretraining_stages or {}).items()
+           if (in_run := [stage for stage in stages if stage in stage_dirs])}
+    if len(ran) > 1:
+        lines += pretraining_budget({family: {stage: json.loads((stage_dirs[stage] / "stage.json").read_text())
+                                              for stage in stages} for family, stages in ran.items()})
+    for stage in (stage for stages in ran.values() for stage in stages):
+        lines += _pretraining_section(stage, stage_dirs[stage], out, figures)
     for section in sections:
         lines += section(stage_dirs, out, figures)
     with open(out / "results.csv", "w", newline="") as f:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from functools import partial
+from itertools import chain
 
 from omegaconf import DictConfig
 
@@ -10,12 +11,12 @@ from pipeline.families import FAMILIES
 from pipeline.report.report import RESULT_STAGES, write_report
 
 
-def pretraining_stages() -> tuple[str, ...]:
-    return tuple(stage for family in FAMILIES for stage in family.pretraining_stages)
+def pretraining_stages() -> dict[str, tuple[str, ...]]:
+    return {family.name: family.pretraining_stages for family in FAMILIES}
 
 
 def report_upstream(cfg: DictConfig) -> tuple[str, ...]:
-    stages = tuple(s for s in (*pretraining_stages(), *RESULT_STAGES) if s in cfg.pipeline.stages)
+    stages = tuple(s for s in (*chain(*pretraining_stages().values()), *RESULT_STAGES) if s in cfg.pipeline.stages)
     extra = [s for family in FAMILIES for s in family.report_upstream(cfg) if s not in stages]
     return stages + tuple(dict.fromkeys(extra))
 

@@ -1,5 +1,5 @@
-"""The trained Skip-Thought encoders as sentence encoders for the evaluate stage: uni-skip and bi-skip (each optionally
-with its vocabulary expanded through GloVe), combine-skip (the two concatenated, Kiros et al. §3), and the randomly
+"""The trained Skip-Thought encoders as sentence encoders for the evaluate stage: uni-skip, bi-skip and combine-skip
+(the two concatenated, Kiros et al. §3), each optionally with its vocabulary expanded through GloVe, and the randomly
 initialised twin of each."""
 from __future__ import annotations
 
@@ -16,19 +16,22 @@ from pipeline.skip_thought.stages import PRETRAINING_STAGES
 
 
 class SkipThoughtSentenceEncoder:
-    """SentEval encoder over a Skip-Thought model (SkipThoughts, or CombineSkip over two) and its word vocabulary. With
-    `expand_vocabulary`, words the encoder never saw get GloVe vectors mapped into its embedding space by the
-    least-squares map of Kiros et al. §2.2."""
+    """SentEval encoder over one Skip-Thought model, or over a uni-skip and a bi-skip model concatenated (combine-skip,
+    CombineSkip), and their word vocabulary. With `expand_vocabulary`, words the encoder never saw get GloVe vectors
+    mapped into each model's embedding space by the least-squares map of Kiros et al. §2.2; combine-skip fits one map
+    per half, as each half learned its own embedding table."""
 
-    def __init__(self, model: SkipThoughts | CombineSkip, vocab: WordVocab, name: str,
-                 expand_vocabulary: bool = False):
-        self.name, self.model, self.vocab = name, model.eval(), vocab
-        self.expanded = None
+    def __init__(self, models: list[SkipThoughts], vocab: WordVocab, name: str, expand_vocabulary: bool = False):
+        self.name, self.vocab, self.parts = name, vocab, [m.eval() for m in models]
+        self.model = self.parts[0] if len(self.parts) == 1 else CombineSkip(*self.parts)
+        self.expanded: list[ExpandedVocabulary] | None = None
         if expand_vocabulary:
-            own = WordVectors(tuple(self.vocab.words), self.model.embedding.weight.detach().numpy())
             glove = load_glove()
-            weight = fit_vocabulary_expansion(glove, own, shared_words(glove, own))
-            self.expanded = ExpandedVocabulary(own, glove, weight)
+            self.expanded = []
+            for part in self.parts:
+                own = WordVectors(tuple(self.vocab.words), part.embedding.weight.detach().numpy())
+                self.expanded.append(ExpandedVocabulary(own, glove,
+                                                        fit_vocabulary_expansion(glove, own, shared_words(glove, own))))
 
     def prepare(self, samples: list[list[str]]) -> None:
         pass
@@ -39,8 +42,10 @@ class SkipThoughtSentenceEncoder:
         if self.expanded is None:
             ids, lengths = pad_sentences([self.vocab.encode(t) for t in texts])
             return self.model.encode(ids, lengths).numpy()
-        embedded, lengths = self.expanded.embed_sentences([tokenize(t) for t in texts])
-        return self.model.encode_embedded(embedded, lengths).numpy()
+        sentences = [tokenize(t) for t in texts]
+        # (B, D) per part, concatenated uni then bi as CombineSkip.encode does
+        return np.concatenate([part.encode_embedded(*expanded.embed_sentences(sentences)).numpy()
+                               for part, expanded in zip(self.parts, self.expanded)], axis=1)
 
 
 def skip_thought_encoder(name: str, encoders: tuple[str, ...], expand_vocabulary: bool = False,
@@ -55,13 +60,10 @@ def skip_thought_encoder(name: str, encoders: tuple[str, ...], expand_vocabulary
             models = [random_twin(model, ctx.cfg.seed) for model in models]
         # the stages copy the one vocabulary stage's file next to their model
         vocab = WordVocab.load(ctx.stage_dir(stages[0]) / "model" / "vocab.txt")
-        return SkipThoughtSentenceEncoder(models[0] if len(models) == 1 else CombineSkip(*models), vocab, name,
-                                          expand_vocabulary)
+        return SkipThoughtSentenceEncoder(models, vocab, name, expand_vocabulary)
     return EncoderSpec(lambda cfg: stages, build)
 
 
-# Vocabulary expansion maps GloVe into one model's embedding space; combine-skip's halves have an embedding table
-# each, so it reads word ids only.
 ENCODERS = {name: skip_thought_encoder(name, encoders, expand, random_init)
             for name, encoders, expand, random_init in (
                 ("skip_thought", ("uni",), False, False), ("skip_thought_random", ("uni",), False, True),
@@ -69,4 +71,5 @@ ENCODERS = {name: skip_thought_encoder(name, encoders, expand, random_init)
                 ("skip_thought_bi", ("bi",), False, False), ("skip_thought_bi_random", ("bi",), False, True),
                 ("skip_thought_bi_expanded", ("bi",), True, False),
                 ("skip_thought_combine", ("uni", "bi"), False, False),
-                ("skip_thought_combine_random", ("uni", "bi"), False, True))}
+                ("skip_thought_combine_random", ("uni", "bi"), False, True),
+                ("skip_thought_combine_expanded", ("uni", "bi"), True, False))}

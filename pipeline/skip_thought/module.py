@@ -2,14 +2,14 @@
 
 How a stage uses this module (the stages themselves live in pipeline/skip_thought/stages.py):
 
-1. vocabulary: `count_words` over every sentence shard (one Ray task per shard, counters added up), then
+1. vocabulary: `count_words` over every sentence shard (one Ray task per shard, counters added up as they come), then
    `build_word_vocab(counts, cfg.skip_thought.vocab_size).save(<stage>/vocab.txt)`.
 2. examples: per shard, `write_triples(triples_from_shard(read_arrow(shard), vocab, max_words), out)`
    (one Ray task per shard; shards hold whole books in order, so triples never span two books).
 3. pretrain, on the pretraining harness (pipeline/engine/pretraining.py): `SkipThoughtPretrainModule(model, lr,
    weight_decay, betas, warmup_steps, max_steps)` with the model from the Hydra `model` config
    (`config.vocab_size = len(vocab)`), the loaders of `triple_loaders(SkipThoughtTriples(tables), batch_size,
-   val_fraction, seed, rank=, world_size=)` over the examples' Arrow files, then
+   val_fraction, val_max_triples, seed, rank=, world_size=)` over the examples' Arrow files, then
    `models.skip_thought.save_pretrained(model, <stage>/model)` and vocab.txt copied next to it.
 """
 from __future__ import annotations
@@ -62,16 +62,17 @@ class TripleBatches(Dataset):
         return collate_triples([self.triples[i] for i in indices])
 
 
-def triple_loaders(dataset: SkipThoughtTriples, batch_size: int, val_fraction: float, seed: int,
+def triple_loaders(dataset: SkipThoughtTriples, batch_size: int, val_fraction: float, val_max_triples: int, seed: int,
                    num_workers: int = 0, rank: int = 0, world_size: int = 1) -> tuple[DataLoader, DataLoader]:
     """Training batches of rank `rank` of `world_size`, in a resumable seeded order (the loader's `sampler` is a
     SeededBatchSampler, whose state a checkpoint keeps), and fixed held-out batches (a seeded random `val_fraction`
-    of the triples)."""
+    of the triples, at most `val_max_triples`: 2 % of BookCorpus's 74 M sentences would be 1.5 M triples scored at
+    every validation)."""
     if len(dataset) < 2:
         raise ValueError(f"only {len(dataset)} Skip-Thought triples; a book needs at least 3 sentences to give one. "
                          "Use a larger corpus or lower data.min_tokens")
     order = np.random.default_rng(seed).permutation(len(dataset))
-    n_val = max(1, int(len(dataset) * val_fraction))
+    n_val = min(max(1, int(len(dataset) * val_fraction)), val_max_triples)
     batches = SeededBatchSampler(ResumableRandomSampler(len(dataset) - n_val, seed, world_size, rank), batch_size)
     # Generators of their own: creating a loader iterator would otherwise draw from the global RNG (dropout's).
     train = DataLoader(TripleBatches(Subset(dataset, order[n_val:])), sampler=batches, batch_size=None,

@@ -24,7 +24,6 @@ from models.skip_thought import save_pretrained
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretraining_stage
-from pipeline.engine.shard_tasks import map_shards
 from pipeline.skip_thought.module import SkipThoughtPretrainModule, SkipThoughtTriples, triple_loaders
 
 
@@ -33,7 +32,11 @@ def count_shard_words(index: int, shard_path: Path) -> Counter:
 
 
 def skip_thought_vocab(ctx: StageContext) -> dict:
-    counts = sum(map_shards(count_shard_words, shard_paths(ctx.stage_dir("prepare"))), Counter())
+    # Folded in as each shard's count arrives: collecting them all first held one Counter per shard (1 MB for the
+    # default 1 MB shard of novels: 11k distinct words), a thousand of them for a gigabyte of books.
+    counts = Counter()
+    for _, shard_counts in ctx.shard_results(count_shard_words, shard_paths(ctx.stage_dir("prepare"))):
+        counts.update(shard_counts)
     vocab = build_word_vocab(counts, ctx.cfg.skip_thought.vocab_size, ctx.cfg.skip_thought.min_count)
     vocab.save(ctx.out_dir / "vocab.txt")
     return {"vocab_size": len(vocab), "distinct_words": len(counts)}
@@ -46,8 +49,9 @@ def build_shard_triples(index: int, shard_path: Path, vocab_path: Path, out_dir:
 
 
 def skip_thought_examples(ctx: StageContext) -> dict:
-    counts = map_shards(build_shard_triples, shard_paths(ctx.stage_dir("prepare")),
-                        ctx.stage_dir("skip_thought_vocab") / "vocab.txt", ctx.out_dir, ctx.cfg.skip_thought.max_words)
+    counts = ctx.map_shards(build_shard_triples, shard_paths(ctx.stage_dir("prepare")),
+                            ctx.stage_dir("skip_thought_vocab") / "vocab.txt", ctx.out_dir,
+                            ctx.cfg.skip_thought.max_words)
     return {"triples": int(sum(counts)), "files": len(counts)}
 
 
@@ -59,7 +63,9 @@ PRETRAINING_STAGES = {"uni": "skip_thought_pretrain", "bi": "skip_thought_bi_pre
 class SkipThoughtPretraining:
     """Encoder (`encoder`: uni or bi) and decoders trained as the harness (pipeline/engine/pretraining.py) runs it, on
     seeded resumable batches of triples, each rank its own."""
-    settings_key = "pretrain"
+
+    def settings_key(self, cfg: DictConfig) -> str:
+        return "pretrain"
 
     def __init__(self, encoder: str):
         self.encoder = encoder
@@ -79,7 +85,7 @@ class SkipThoughtPretraining:
         p = ctx.cfg.pretrain
         tables = [read_arrow(f) for f in sorted(ctx.stage_dir("skip_thought_examples").glob("triples-*.arrow"))]
         train_loader, val_loader = triple_loaders(SkipThoughtTriples(tables), p.batch_size, p.val_fraction,
-                                                  ctx.cfg.seed, p.num_workers, rank, world_size)
+                                                  p.val_max_instances, ctx.cfg.seed, p.num_workers, rank, world_size)
         return PretrainingData(train_loader, train_loader.sampler, val_loader, p.batch_size,
                                # the previous and the next sentence's decoder
                                uniform_loss=2 * math.log(module.model.config.vocab_size))

@@ -1,0 +1,38 @@
+"""The benchmark scripts run: each in its smoke mode (toy sizes, one repeat), printing the ratio lines `make bench-*`
+reports. Their numbers at these sizes mean nothing."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from pipeline import CONF_DIR
+
+REPO = CONF_DIR.parent
+
+
+def test_bench_gpt_smoke_prints_the_train_and_generation_ratios():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_gpt.py"), "--smoke", "--dtypes", "fp32"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert re.search(r"^ratio train fp32: ours / HF sdpa = \d+\.\d\dx tokens/s, ours at \d+\.\d% of the fp32 matmul "
+                     r"peak$", out, re.M), out
+    assert re.search(r"^ratio generate fp32: ours / HF generate = \d+\.\d\dx tokens/s$", out, re.M), out
+    assert "(the same tokens from both)" in out  # the same weights in both, as models.gpt.to_hf writes them
+
+
+def test_bench_gpt_refuses_to_time_fp32_generations_that_differ(monkeypatch):
+    """The same weights decoded greedily in fp32 give the same tokens; where they do not, one side has a bug and the
+    timings would compare different work."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import bench_gpt
+
+    real_greedy = bench_gpt.greedy
+    monkeypatch.setattr(bench_gpt, "greedy", lambda model, prompts, n: [[*real_greedy(model, prompts, n)[0][:-1], -1]])
+    with pytest.raises(SystemExit, match=r"ours and HF generate differ from new token 7 on \(-1 vs \d+\)"):
+        bench_gpt.generation_benchmark(bench_gpt.parse_args(["--smoke"]), "fp32")
