@@ -134,6 +134,13 @@ def test_a_bad_setting_fails_before_any_work_naming_the_key(override, message, t
         validate(_compose(["+experiment=bert_tiny", f"paths.run_dir={tmp_path}", override]))
 
 
+def test_a_misspelt_key_of_a_familys_own_model_fails_before_any_work(tmp_path):
+    """experiment=bert_vs_gpt: GPT's model is gpt.model (beside BERT's `model`), whose config is checked as model's."""
+    cfg = _compose(["+experiment=bert_vs_gpt", f"paths.run_dir={tmp_path}", "+gpt.model.config.n_embdd=32"])
+    with pytest.raises(ValueError, match=re.escape("did you mean gpt.model.config.n_embd")):
+        validate(cfg)
+
+
 def test_a_family_block_and_phase2_take_typed_values_and_phase2_keeps_pretrains_where_null(tmp_path):
     from pipeline.bert.pretrain import PHASES
 
