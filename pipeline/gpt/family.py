@@ -11,7 +11,6 @@ from pipeline.gpt.encoder import ENCODERS
 from pipeline.gpt.stages import GPT_STAGES, validate
 from pipeline.schema import ModelConfig, PretrainConfig, override_block
 
-
 # GPT's own pretraining settings, gpt.pretrain: pretrain's keys, null where GPT keeps pretrain's value. What a run that
 # pretrains BERT too gives GPT alone (experiment=bert_vs_gpt: gpt.pretrain.lr=1e-3).
 GptPretrainConfig = override_block("GptPretrainConfig", __name__, (PretrainConfig,))
