@@ -4,7 +4,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from pipeline.runner import finetune_objective, run_pipeline
+from pipeline.runner import finetune_objective, run_pipeline  # registers the config schema (pipeline/config.py)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

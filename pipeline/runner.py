@@ -11,15 +11,25 @@ import numpy as np
 from omegaconf import DictConfig
 
 from data_prep.prepare import manifest_summary
+from pipeline.config import check_declared_keys
 from pipeline.downstream.finetune import FINETUNE, check_task_files, headline_results, task_names, train_sizes
 from pipeline.downstream.tasks import load_task
 from pipeline.engine.dag import StageFailed, plan, resolve_upstream, run_dag, select_stages
 from pipeline.engine.distributed import validate_distributed
-from pipeline.engine.pretraining import encoder_snapshot_steps
-from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, PRETRAINING_NUMBERS, RATE, Number, check_numbers
-from pipeline.engine.tracking import LOGGER_KINDS
+from pipeline.engine.pretraining import check_model_config, check_start_checkpoint, encoder_snapshot_steps, model_key
+from pipeline.engine.settings import (
+    COUNT,
+    FRACTION,
+    POSITIVE_INT,
+    PRETRAINING_NUMBERS,
+    RATE,
+    Number,
+    check_numbers,
+    check_target_arguments,
+)
+from pipeline.engine.tracking import check_logger, uses_wandb
+from pipeline.engine.training import check_trainer_arguments
 from pipeline.families import FAMILIES
-from pipeline.optim import PRETRAIN_OPTIMIZERS
 from pipeline.stages import STAGES
 
 NUMBERS = {  # the engine's and every stage's settings; a family's own are in its record (Family.numbers)
@@ -35,32 +45,28 @@ NUMBERS = {  # the engine's and every stage's settings; a family's own are in it
 
 
 def validate(cfg: DictConfig) -> None:
-    """Fail before any work starts, with a message the user can act on."""
-    plan_check = cfg.pipeline
-    unknown = [s for s in [*plan_check.stages, *(plan_check.force or [])] if s not in STAGES]
-    if plan_check.until and plan_check.until not in STAGES:
-        unknown.append(plan_check.until)
-    if unknown:
-        raise ValueError(f"unknown stage(s) {unknown}; valid stages, in order: {list(STAGES)}")
+    """Fail before any work starts, with a message the user can act on. Types and names (stages, optimizers, model
+    kinds) are the schema's, checked at composition (pipeline/config.py); here: keys no schema declares, numeric
+    ranges, files, and rules across settings."""
+    check_declared_keys(cfg)
     check_numbers(cfg, {**NUMBERS, **{key: n for family in FAMILIES for key, n in family.numbers.items()}})
     if cfg.data.corpus_dir and not Path(cfg.data.corpus_dir).expanduser().is_dir():
         raise FileNotFoundError(f"data.corpus_dir={cfg.data.corpus_dir} is not a directory; point it at a "
                                 "directory of .txt books, or leave it null for the built-in corpus")
-    if cfg.data.input_format not in ("raw", "sentence_per_line"):
-        raise ValueError(f"data.input_format={cfg.data.input_format!r}; use raw or sentence_per_line")
-    for block in ("pretrain", "pretrain_phase2"):  # every family's pretraining builds its optimizer from these
-        optimizer = cfg.get(block, {}).get("optimizer")
-        if optimizer is not None and optimizer not in PRETRAIN_OPTIMIZERS:
-            raise ValueError(f"{block}.optimizer={optimizer!r} is not known; use one of {sorted(PRETRAIN_OPTIMIZERS)}")
-    if cfg.logger.kind not in LOGGER_KINDS:
-        raise ValueError(f"logger.kind={cfg.logger.kind!r}; use one of {LOGGER_KINDS} (logger=wandb|csv)")
+    check_trainer_arguments(cfg)
+    check_logger(cfg)
+    for name, callback in cfg.callbacks.items():
+        check_target_arguments(callback, f"callbacks.{name}")
+    check_start_checkpoint(cfg)
+    for key in dict.fromkeys(model_key(cfg, family.name) for family in FAMILIES):  # gpt.model beside BERT's
+        check_model_config(cfg, key)
     for name in task_names(cfg):
         load_task(name)
     train_sizes(cfg)
     validate_distributed(cfg)
     encoder_snapshot_steps(cfg, cfg.pretrain, "pretrain")  # every family's; BERT's phase 2 in its own validate
-    stages = resolve_upstream(STAGES, cfg)  # e.g. an unknown evaluate.encoders name
-    in_run = select_stages(stages, list(plan_check.stages), plan_check.until)
+    stages = resolve_upstream(STAGES, cfg)
+    in_run = select_stages(stages, list(cfg.pipeline.stages), cfg.pipeline.until)
     for family in FAMILIES:
         family.validate(cfg, in_run)
     if FINETUNE.name in in_run:
@@ -120,7 +126,8 @@ def run_pipeline(cfg: DictConfig) -> Path:
     if cfg.pipeline.dry_run:
         print(plan(cfg, STAGES).describe())
         return run_dir
-    os.environ["WANDB_MODE"] = cfg.logger.get("mode", "offline")  # inherited by Ray workers
+    if uses_wandb(cfg):
+        os.environ["WANDB_MODE"] = cfg.logger.get("mode", "offline")  # inherited by Ray workers
     owns_ray = not ray.is_initialized()
     handlers = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)} if owns_ray else {}
     interrupted = False

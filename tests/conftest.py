@@ -10,6 +10,10 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
+def pytest_configure(config):
+    import pipeline.config  # noqa: F401  registers the config schema that conf/config.yaml composes with
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     import ray
@@ -17,3 +21,19 @@ def ray_session():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def family_data(tmp_path_factory, ray_session):
+    """family -> a tiny TinyRun of it (checkpointing every 10 steps) whose data stages have run, once per session."""
+    from tests.helpers import RESUME_OVERRIDES, TINY_FAMILIES, TinyRun, family_config
+
+    runs = {}
+
+    def get(family: str):
+        if family not in runs:
+            runs[family] = TinyRun(family_config(tmp_path_factory.mktemp(family), family, RESUME_OVERRIDES))
+            for name in TINY_FAMILIES[family].data_stages:
+                runs[family].run_stage(name)
+        return runs[family]
+    return get

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 from hydra import compose, initialize_config_dir
 
+import pipeline.config  # noqa: F401  registers the config schema: tiny_config also composes in fresh interpreters
 from pipeline import CONF_DIR
 from pipeline.engine.dag import execute_stage, plan
 from pipeline.stages import STAGES
@@ -70,6 +71,9 @@ TINY_OVERRIDES = [
     "finetune.seeds=[1]", "finetune.train_sizes=[null]", "finetune.min_steps=0",
     "trainer.precision=32-true",
 ]
+
+
+RESUME_OVERRIDES = ["++pretrain.checkpoint_every_steps=10"]  # a tiny run's 30 steps leave checkpoints to resume from
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ def test_a_gpt_only_run_reads_the_shared_model_and_pretrain_blocks(tmp_path):
     cfg = _compose(tmp_path, "gpt_tiny")
     assert model_key(cfg, "gpt") == "model"
     assert dict(GPTPretraining().settings(cfg)) == dict(cfg.pretrain)
-    assert GPTPretraining().settings_key(cfg) == "pretrain"  # gpt.pretrain.lr=... would not compose here
+    assert GPTPretraining().settings_key(cfg) == "pretrain"  # its gpt.pretrain is all null
 
 
 def test_a_gpt_setting_reruns_gpt_pretraining_and_not_berts(tmp_path):

@@ -15,7 +15,16 @@ import pytest
 import ray
 from omegaconf import OmegaConf
 
-from pipeline.engine.dag import MARKER, Stage, StageFailed, execute_stage, plan, run_dag, stage_hashes
+from pipeline.engine.dag import (
+    MARKER,
+    Stage,
+    StageFailed,
+    _config_subset,
+    execute_stage,
+    plan,
+    run_dag,
+    stage_hashes,
+)
 from pipeline.stages import STAGES
 from tests.helpers import tiny_config
 
@@ -58,7 +67,8 @@ FAKE = {s.name: s for s in [Stage("source", source, (), ("a",)), Stage("double",
 
 
 def _cfg(tmp_path: Path, **overrides):
-    cfg = OmegaConf.create({"a": 3, "b": 1, "fail": False, "logger": {"kind": "csv"},
+    cfg = OmegaConf.create({"a": 3, "b": 1, "fail": False,
+                            "logger": {"_target_": "lightning.pytorch.loggers.CSVLogger"},
                             "paths": {"cache_dir": str(tmp_path / "cache")},
                             "pipeline": {"stages": ["source", "double", "sink"], "until": None, "force": [],
                                          "dry_run": False}})
@@ -72,7 +82,10 @@ def _executions(tmp_path: Path) -> list[str]:
     return log.read_text().split() if log.exists() else []
 
 
-@pytest.mark.parametrize("override", ["pretrain.lr=5e-4", "pretrain.encoder_snapshots=[10]"])
+@pytest.mark.parametrize("override", [
+    "pretrain.lr=5e-4", "pretrain.encoder_snapshots=[10]",
+    # any Trainer argument, a callback (EarlyStopping changes what is trained) and a debug option change results
+    "+trainer.limit_train_batches=5", "callbacks=lr_monitor", "+debug=fdr", "trainer=ddp_cpu"])
 def test_changing_a_pretraining_key_changes_pretraining_and_downstream_hashes_only(tmp_path, override):
     base = tiny_config(tmp_path)
     changed = tiny_config(tmp_path, [override])
@@ -82,6 +95,18 @@ def test_changing_a_pretraining_key_changes_pretraining_and_downstream_hashes_on
     assert [n for n in names if a[n] != b[n]] == ["pretrain", "finetune", "report"]
     logger_only = tiny_config(tmp_path, ["logger=wandb"])
     assert stage_hashes(logger_only, STAGES, names) == a  # tracking does not change what a stage computes
+
+
+def test_finetune_depends_on_the_trainer_arguments_it_applies_and_not_on_the_multi_process_ones(tmp_path):
+    """Fine-tuning trains in one process, so trainer=ddp_cpu (strategy, devices) leaves its own key unchanged; a
+    Trainer argument it passes on (limit_train_batches) changes it."""
+    def finetune_key(overrides: list[str]) -> dict:
+        cfg = tiny_config(tmp_path, overrides)
+        return _config_subset(cfg, STAGES["finetune"].config_keys(cfg))
+
+    base = finetune_key([])
+    assert finetune_key(["trainer=ddp_cpu"]) == base
+    assert finetune_key(["+trainer.limit_train_batches=5"]) != base
 
 
 def test_books_behind_a_linked_folder_and_in_upper_case_are_in_the_prepare_hash(tmp_path):

@@ -49,11 +49,14 @@ def train_losses(out_dir: Path) -> list[float]:
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["trainer=ddp_cpu", "trainer.num_workers=1"], "needs trainer.num_workers >= 2"),
-    (["trainer=ddp_cpu", "+trainer.deepspeed={stage: 3, offload_optimizer: false, offload_parameters: false}"],
+    (["trainer=ddp_cpu", "distributed.num_workers=1"], "needs distributed.num_workers >= 2"),
+    (["trainer=ddp_cpu", "distributed.deepspeed={stage: 3, offload_optimizer: false, offload_parameters: false}"],
      "needs trainer.strategy=deepspeed"),
-    (["trainer=deepspeed_stage_2", "trainer.deepspeed.offload_parameters=true"], "needs ZeRO stage 3"),
-    (["trainer=deepspeed_stage_1", "trainer.devices=4"], "set trainer.num_workers"),
+    (["trainer=deepspeed_stage_2", "distributed.deepspeed.offload_parameters=true"], "needs ZeRO stage 3"),
+    (["trainer=deepspeed_stage_1", "trainer.devices=4"], "set distributed.num_workers"),
+    # DeepSpeed on the CPU trains without a Lightning Trainer: what only a Trainer applies would be ignored
+    (["trainer=deepspeed_stage_2", "trainer.accelerator=cpu", "+debug=fdr"], "trainer.fast_dev_run: DeepSpeed on"),
+    (["trainer=deepspeed_stage_2", "trainer.accelerator=cpu", "callbacks=lr_monitor"], "callbacks.lr_monitor"),
     (["trainer=ddp_cpu", "ray.num_cpus=1"], "need a CPU each, and this run's Ray has ray.num_cpus=1"),
 ])
 def test_impossible_trainer_settings_fail_before_any_work(tmp_root, overrides, message):
@@ -107,7 +110,7 @@ def test_lightning_deepspeed_on_a_gpu_writes_whole_weights_and_prunes_its_checkp
                                                                                        zero_stage):
     run = TinyRun(tiny_config(tmp_path, ["++pretrain.checkpoint_every_steps=5", "pretrain.max_steps=20",
                                          f"trainer=deepspeed_stage_{zero_stage}", "trainer.accelerator=gpu",
-                                         "trainer.num_workers=1", "trainer.precision=auto"]))
+                                         "distributed.num_workers=1", "trainer.precision=auto"]))
     for name in ("prepare", "tokenizer", "examples"):
         run.run_stage(name)
     summary = run.run_stage("pretrain")
@@ -119,14 +122,17 @@ def test_lightning_deepspeed_on_a_gpu_writes_whole_weights_and_prunes_its_checkp
     assert summary["precision"] == ("bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed")
 
 
-def test_every_stage_that_depends_on_the_data_parallel_settings_honours_them():
+def test_every_stage_that_depends_on_the_data_parallel_settings_honours_them(tmp_path):
     """ELMo and Skip-Thought once trained with a bare Trainer and ignored trainer=ddp_cpu / deepspeed_* (issue 16):
     a stage whose outputs depend on the whole trainer block must run on the pretraining harness; one that trains in
     one process (finetune) depends on the settings it applies only."""
     on_harness = {name for name, stage in STAGES.items()
                   if isinstance(stage.fn, partial) and stage.fn.func is pretrain}
     assert on_harness == {name for family in FAMILIES for name in family.pretraining_stages}
-    assert {name for name, stage in STAGES.items() if "trainer" in stage.config_keys} == on_harness
+    keys = {name: stage.config_keys(tiny_config(tmp_path)) if callable(stage.config_keys) else stage.config_keys
+            for name, stage in STAGES.items()}
+    assert {name for name, stage_keys in keys.items() if "trainer" in stage_keys} == on_harness
+    assert not [key for key in keys["finetune"] if key in ("trainer.strategy", "trainer.devices")]
 
 
 @pytest.mark.slow  # Ray Train start-up of 2 workers: 1-3 min on a loaded 2-core machine

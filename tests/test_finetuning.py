@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from data_prep.tokenizer import train_wordpiece
 from models.bert import BertModel, bert_config, save_pretrained, to_hf
@@ -119,10 +120,10 @@ def test_external_without_a_path_is_rejected(ctx):
         finetuning.model_sources(ctx)
 
 
-@pytest.mark.parametrize("kind, files", [("csv", "csv_logs/**/metrics.csv"),
-                                         ("tensorboard", "tensorboard/**/events.out.tfevents*")])
-def test_training_stages_log_to_csv_or_tensorboard_without_wandb(ctx, kind, files):
-    ctx.cfg.logger = {"kind": kind}
+@pytest.mark.parametrize("logger, files", [("csv", "csv_logs/**/metrics.csv"),
+                                           ("tensorboard", "tensorboard/**/events.out.tfevents*")])
+def test_training_stages_log_to_csv_or_tensorboard_without_wandb(ctx, logger, files):
+    ctx.cfg.logger = OmegaConf.load(CONF_DIR / "logger" / f"{logger}.yaml")
     ctx.cfg.finetune.task = "sst2"
     ctx.cfg.finetune.seeds = [1]
     finetuning.finetune(ctx)

@@ -109,7 +109,8 @@ def _write_module(path: Path, body: str) -> None:
 
 
 def _stage_config(tmp_path: Path):
-    return OmegaConf.create({"logger": {"kind": "csv"}, "paths": {"cache_dir": str(tmp_path / "cache")},
+    return OmegaConf.create({"logger": {"_target_": "lightning.pytorch.loggers.CSVLogger"},
+                             "paths": {"cache_dir": str(tmp_path / "cache")},
                              "pipeline": {"stages": ["edited"], "until": None, "force": [], "dry_run": False}})
 
 

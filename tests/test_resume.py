@@ -22,10 +22,9 @@ from pipeline.engine.pretraining import encoder_snapshots
 from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler
 from pipeline.engine.tracking import LossHistory
 from pipeline.stages import STAGES
-from tests.helpers import TINY_FAMILIES, TinyRun, family_config, file_bytes
+from tests.helpers import RESUME_OVERRIDES, TINY_FAMILIES, TinyRun, family_config, file_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
-RESUME_OVERRIDES = ["++pretrain.checkpoint_every_steps=10"]
 SNAPSHOT_STEPS = [5, 20, 30]  # before the kill, between the resume and the end, the end
 SECONDS_PER_STEP = 0.2  # slows the run to be killed, so the kill lands between checkpoints 10 and 30
 
@@ -79,22 +78,8 @@ def test_batch_seeds_depend_on_epoch_rank_and_position_only():
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory, ray_session):
-    """family -> a TinyRun of it whose data stages have run (once per module)."""
-    runs: dict[str, TinyRun] = {}
-
-    def get(family: str) -> TinyRun:
-        if family not in runs:
-            runs[family] = TinyRun(family_config(tmp_path_factory.mktemp(family), family, RESUME_OVERRIDES))
-            for name in TINY_FAMILIES[family].data_stages:
-                runs[family].run_stage(name)
-        return runs[family]
-    return get
-
-
-@pytest.fixture(scope="module")
-def tiny(prepared) -> TinyRun:
-    return prepared("bert")
+def tiny(family_data) -> TinyRun:
+    return family_data("bert")
 
 
 def run_pretrain(root: str, family: str, out_dir: str, seconds_per_step: float) -> None:
@@ -146,8 +131,8 @@ def train_losses(out_dir: Path) -> dict[int, float]:
 @pytest.mark.parametrize("family", ["bert", pytest.param("elmo", marks=pytest.mark.slow),
                                     pytest.param("skip_thought", marks=pytest.mark.slow),
                                     pytest.param("gpt", marks=pytest.mark.slow)])
-def test_killed_pretraining_resumes_exactly_where_an_uninterrupted_run_would_be(prepared, family, tmp_path):
-    tiny = prepared(family)
+def test_killed_pretraining_resumes_exactly_where_an_uninterrupted_run_would_be(family_data, family, tmp_path):
+    tiny = family_data(family)
     reference_dir = tmp_path / "reference"
     reference = start_pretrain(tiny, family, reference_dir)
     out = tiny.stage_dir(TINY_FAMILIES[family].pretraining_stage)
@@ -228,9 +213,9 @@ def run_stage_into(run: TinyRun, stage: str, out: Path) -> dict:
 
 
 @pytest.mark.parametrize("family", ["bert", "elmo", "skip_thought", "gpt"])
-def test_diverged_pretraining_fails_naming_the_setting_and_is_never_complete(prepared, family, tmp_path):
+def test_diverged_pretraining_fails_naming_the_setting_and_is_never_complete(family_data, family, tmp_path):
     """Issue 21: lr 1e3 sent BERT's loss from 9.7 to 689,714 in 20 steps, finite (clipped), and the stage completed."""
-    tiny = prepared(family)
+    tiny = family_data(family)
     run = TinyRun(family_config(Path(tiny.cfg.paths.cache_dir).parent, family,
                                 [*RESUME_OVERRIDES, "pretrain.lr=1e3", "pretrain.max_steps=20"]))
     out = tmp_path / "diverged"

@@ -33,7 +33,8 @@ STAGES = {s.name: s for s in [Stage("produce", produce), Stage("consume", consum
 
 
 def _cfg(tmp_path: Path, fail: bool):
-    return OmegaConf.create({"fail": fail, "logger": {"kind": "csv"}, "paths": {"cache_dir": str(tmp_path / "cache")},
+    return OmegaConf.create({"fail": fail, "logger": {"_target_": "lightning.pytorch.loggers.CSVLogger"},
+                             "paths": {"cache_dir": str(tmp_path / "cache")},
                              "pipeline": {"stages": list(STAGES), "until": None, "force": [], "dry_run": False}})
 
 

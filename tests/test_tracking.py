@@ -18,7 +18,8 @@ STAGE_RUN_THEN_WORKER_ENDS = textwrap.dedent("""
 
     from pipeline.engine.tracking import finish_stage_run, start_stage_run
 
-    cfg = OmegaConf.create({"experiment_name": "unit", "logger": {"kind": "wandb", "project": "p", "mode": "offline"}})
+    cfg = OmegaConf.create({"experiment_name": "unit", "logger": {
+        "_target_": "lightning.pytorch.loggers.WandbLogger", "project": "p", "mode": "offline"}})
     run_dir = Path(sys.argv[1])
     run = start_stage_run(cfg, "prepare", "abc123", run_dir, {})
     finish_stage_run(run, "prepare", "abc123", run_dir, ok=True, summary={"sentences": 3})
@@ -66,7 +67,8 @@ def test_stage_outputs_are_versions_of_one_artifact_per_stage_aliased_by_hash_an
     monkeypatch.setattr(wandb, "init", lambda **kwargs: RecordingRun(**kwargs))
     monkeypatch.setattr(wandb, "teardown", lambda: None)
     cfg = OmegaConf.create({"experiment_name": "unit", "model": {"config": {"name": "bert_tiny"}},
-                            "logger": {"kind": "wandb", "project": "p", "mode": "offline"}})
+                            "logger": {"_target_": "lightning.pytorch.loggers.WandbLogger", "project": "p",
+                                       "mode": "offline"}})
     run = start_stage_run(cfg, "pretrain", "abc123", tmp_path, {"examples": (tmp_path, "def456")})
     finish_stage_run(run, "pretrain", "abc123", tmp_path, ok=True, summary={"steps": 3})
     assert run.init_kwargs["tags"] == ["unit", "pretrain", "bert_tiny"]

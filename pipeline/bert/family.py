@@ -1,6 +1,7 @@
 """BERT (Devlin et al. 2019): its data and two-phase pretraining stages, frozen encoders for `evaluate`, end-to-end
 fine-tuning, and the attention heat-map in the report."""
 from pipeline.bert import attention
+from pipeline.bert.config import CONFIG
 from pipeline.bert.downstream import FINETUNE_KINDS
 from pipeline.bert.encoder import ENCODERS
 from pipeline.bert.pretrain import PHASES, validate
@@ -10,7 +11,7 @@ from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, RATE, Number
 
 FAMILY = Family("bert", stages=BERT_STAGES, pretraining_stages=tuple(p.stage for p in PHASES), encoders=ENCODERS,
                 finetune_kinds=FINETUNE_KINDS, report_upstream=attention.report_upstream,
-                report_section=attention.report_section, validate=validate, numbers={
+                report_section=attention.report_section, validate=validate, config=CONFIG, numbers={
                     "tokenizer.vocab_size": POSITIVE_INT, "tokenizer.max_sentences": Number(int, 1, nullable=True),
                     "examples.max_seq_length": POSITIVE_INT,
                     "examples.dupe_factor": POSITIVE_INT, "examples.short_seq_prob": FRACTION,

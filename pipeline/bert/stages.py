@@ -15,8 +15,7 @@ from data_prep.tokenizer import load_tokenizer, train_wordpiece
 from pipeline.bert.pretrain import PHASES, PRETRAINING
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
-from pipeline.engine.distributed import stage_cpus
-from pipeline.engine.pretraining import pretrain
+from pipeline.engine.pretraining import pretraining_stage
 
 
 def tokenizer(ctx: StageContext) -> dict:
@@ -78,9 +77,7 @@ BERT_STAGES = (
     # phase 2 (Devlin et al. §A.2; PHASES in pipeline/bert/pretrain.py): its own examples, and phase 1's weights
     Stage(PHASE_2.examples, partial(examples, length_key=PHASE_2.length_key), ("prepare", "tokenizer"),
           ("examples", PHASE_2.length_key, "seed")),
-    Stage(PHASE_1.stage, partial(pretrain, task=PRETRAINING[PHASE_1.stage]), ("tokenizer", PHASE_1.examples),
-          ("model", "pretrain", "trainer", "seed"), num_cpus=stage_cpus),
-    Stage(PHASE_2.stage, partial(pretrain, task=PRETRAINING[PHASE_2.stage]),
-          ("tokenizer", PHASE_2.examples, PHASE_1.stage), ("model", "pretrain", "pretrain_phase2", "trainer", "seed"),
-          num_cpus=stage_cpus),
+    pretraining_stage(PHASE_1.stage, PRETRAINING[PHASE_1.stage], ("tokenizer", PHASE_1.examples), ("pretrain",)),
+    pretraining_stage(PHASE_2.stage, PRETRAINING[PHASE_2.stage], ("tokenizer", PHASE_2.examples, PHASE_1.stage),
+                      ("pretrain", "pretrain_phase2")),
 )

@@ -28,7 +28,7 @@ from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fin
 from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import FinetuneKind, TaskModels
 from pipeline.engine.pretraining import encoder_snapshots, steps_trained
-from pipeline.engine.training import ONE_PROCESS_TRAINER_KEYS, make_trainer
+from pipeline.engine.training import make_trainer, one_process_trainer_keys
 from pipeline.families import FAMILIES
 
 MODEL_KINDS: dict[str, FinetuneKind] = {name: kind for family in FAMILIES
@@ -36,9 +36,7 @@ MODEL_KINDS: dict[str, FinetuneKind] = {name: kind for family in FAMILIES
 
 
 def _kinds(cfg: DictConfig) -> dict[str, FinetuneKind]:
-    unknown = [k for k in cfg.finetune.models if k not in MODEL_KINDS]
-    if unknown:
-        raise ValueError(f"finetune.models: unknown {unknown}; choose from {list(MODEL_KINDS)}")
+    """The kinds `finetune.models` names: names the config schema allows (pipeline/config.py)."""
     return {name: MODEL_KINDS[name] for name in cfg.finetune.models}
 
 
@@ -49,7 +47,7 @@ def finetune_upstream(cfg: DictConfig) -> tuple[str, ...]:
 def train_sizes(cfg: DictConfig) -> list[int | None]:
     """finetune.train_sizes: labelled examples per fine-tuning run (None: all), in the order given."""
     sizes = list(cfg.finetune.get("train_sizes") or [None])
-    bad = [s for s in sizes if s is not None and (not isinstance(s, int) or s < 1)]
+    bad = [s for s in sizes if s is not None and s < 1]
     if bad:
         raise ValueError(f"finetune.train_sizes={sizes}: each must be a positive number of examples or null (all)")
     return sizes
@@ -108,7 +106,7 @@ def finetune_once(ctx: StageContext, task: DictConfig, data: TaskData, models: T
     module = data.make_module(model, lr=f.lr, weight_decay=f.weight_decay,
                               warmup_steps=int(f.warmup_fraction * total_steps), total_steps=total_steps)
     module.encoder_lr_factor = float(f.get("encoder_lr_factor", 1.0))
-    trainer = make_trainer(ctx, [], prefix=f"{task.name}/{kind}/n{len(train_indices)}/seed{seed}",
+    trainer = make_trainer(ctx, [], prefix=f"{task.name}/{kind}/n{len(train_indices)}/seed{seed}", one_process=True,
                            max_epochs=epochs, num_sanity_val_steps=0, enable_checkpointing=False,
                            # dev is scored once, after the last epoch: no model is chosen by its dev score
                            check_val_every_n_epoch=epochs)
@@ -267,5 +265,6 @@ def _finetune_fingerprint(cfg: DictConfig) -> str:
     return hashlib.sha256("".join(parts).encode()).hexdigest()
 
 
-FINETUNE = Stage("finetune", finetune, finetune_upstream, ("finetune", *ONE_PROCESS_TRAINER_KEYS, "seed"),
+FINETUNE = Stage("finetune", finetune, finetune_upstream,
+                 lambda cfg: ("finetune", *one_process_trainer_keys(cfg), "seed"),
                  fingerprint=_finetune_fingerprint, num_cpus=all_cpus)

@@ -1,11 +1,25 @@
 """ELMo (Peters et al. 2018): its stages, the frozen biLM for `evaluate`, and feature-based fine-tuning."""
+from dataclasses import dataclass
+
 from pipeline.elmo.downstream import FINETUNE_KINDS
 from pipeline.elmo.encoder import ENCODERS
 from pipeline.elmo.stages import ELMO_STAGES
 from pipeline.engine.family import Family
 from pipeline.engine.settings import POSITIVE_INT
 
+
+@dataclass
+class ElmoConfig:
+    """The `elmo` block (experiment=elmo_*): ELMo's word vocabulary and truncated-BPTT windows."""
+    vocab_size: int = 20000
+    min_count: int = 2
+    window: int = 20  # bilm-tf's unroll_steps
+    batch_size: int = 32
+    holdout_books_fraction: float = 0.05  # whole books held out for perplexity
+    holdout_max_books: int = 10  # and at most this many: every validation reads them all (5 % of BookCorpus: 552 books)
+
+
 FAMILY = Family("elmo", stages=tuple(ELMO_STAGES), pretraining_stages=("elmo_pretrain",), encoders=ENCODERS,
-                finetune_kinds=FINETUNE_KINDS,
+                finetune_kinds=FINETUNE_KINDS, config={"elmo": ElmoConfig},
                 numbers={"elmo.batch_size": POSITIVE_INT, "elmo.window": POSITIVE_INT,
                          "elmo.holdout_max_books": POSITIVE_INT})

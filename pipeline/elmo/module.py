@@ -44,7 +44,7 @@ class LMWindowBatches(IterableDataset):
                  repeat: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1):
         if len(books) < world_size:
             raise ValueError(f"{len(books)} training book(s) cannot be shared by {world_size} workers, each of which "
-                             "reads whole books; use more books or fewer workers (trainer.num_workers)")
+                             "reads whole books; use more books or fewer workers (distributed.num_workers)")
         self.streams, self.books = streams, list(books)
         self.word_index = {w: i for i, w in enumerate(vocab)}
         self.batch_size, self.window = batch_size, window

@@ -4,7 +4,6 @@ sentence batches). The frozen biLM then serves the evaluate stage as a sentence 
 from __future__ import annotations
 
 import math
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -23,8 +22,7 @@ from models.elmo import save_pretrained
 from pipeline.elmo.module import ElmoPretrainModule, WindowPosition, build_elmo_datasets
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
-from pipeline.engine.distributed import stage_cpus
-from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretrain
+from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretraining_stage
 
 
 def elmo_vocab(ctx: StageContext) -> dict:
@@ -89,6 +87,5 @@ class ElmoPretraining:
 ELMO_STAGES = [
     Stage("elmo_vocab", elmo_vocab, ("prepare",), ("elmo.vocab_size", "elmo.min_count")),
     Stage("elmo_streams", elmo_streams, ("prepare",), ()),
-    Stage("elmo_pretrain", partial(pretrain, task=ElmoPretraining()), ("elmo_vocab", "elmo_streams"),
-          ("model", "elmo", "pretrain", "trainer", "seed"), num_cpus=stage_cpus),
+    pretraining_stage("elmo_pretrain", ElmoPretraining(), ("elmo_vocab", "elmo_streams"), ("elmo", "pretrain")),
 ]

@@ -51,7 +51,8 @@ class Stage:
     # Stages whose outputs this one reads; a function of the config where that depends on the experiment (the
     # evaluate stage reads whichever encoders it is asked to compare).
     upstream: tuple[str, ...] | Callable[[DictConfig], tuple[str, ...]] = ()
-    config_keys: tuple[str, ...] = ()  # dotted config paths that determine the stage's outputs
+    # dotted config paths that determine the stage's outputs; a function of the config where that depends on it
+    config_keys: tuple[str, ...] | Callable[[DictConfig], tuple[str, ...]] = ()
     fingerprint: Callable[[DictConfig], str] | None = None  # identity of external inputs (files on disk)
     num_cpus: Callable[[DictConfig], float] = lambda cfg: 1
 
@@ -158,7 +159,8 @@ def stage_hashes(cfg: DictConfig, stages: dict[str, Stage], names: list[str]) ->
     hashes: dict[str, str] = {}
     for name in topological_order({n: stages[n] for n in _closure(stages, names)}):
         stage = stages[name]
-        payload = {"stage": name, "code": code_version(stage.fn), "config": _config_subset(cfg, stage.config_keys),
+        keys = stage.config_keys(cfg) if callable(stage.config_keys) else stage.config_keys
+        payload = {"stage": name, "code": code_version(stage.fn), "config": _config_subset(cfg, keys),
                    "upstream": {up: hashes[up] for up in stage.upstream},
                    "inputs": stage.fingerprint(cfg) if stage.fingerprint else None}
         hashes[name] = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -260,6 +262,13 @@ def _failure_names_the_stage(cfg: DictConfig, name: str, log_path: Path) -> Iter
         raise StageFailed(_failure_message(cfg, name, err, log_path)) from err
 
 
+def plain_config(cfg: DictConfig) -> DictConfig:
+    """The config as stage code reads it: resolved, untyped, the schema's enums as their names (pipeline/config.py).
+    What a Ray task is sent, and what a Lightning checkpoint's hyperparameters can hold: torch.load(weights_only=True),
+    with which Lightning resumes, refuses the enum classes."""
+    return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+
+
 def stage_placement(ctx: StageContext) -> dict:
     """Where the stage ran, by Ray node id (`ray list nodes` gives each one's address): its own task's node and, for a
     stage mapped over the shards, the node that wrote each shard's output, in shard order."""
@@ -280,7 +289,7 @@ def execute_stage(stages: dict[str, Stage], cfg: DictConfig, name: str, digest: 
     `<out_dir>/stage.log`; a failure leaves no marker and raises StageFailed naming the stage and that log."""
     from pipeline.engine.tracking import finish_stage_run, start_stage_run
 
-    stage = stages[name]
+    stage, cfg = stages[name], plain_config(cfg)
     with exclusive_lock(out_dir.parent / f"{digest}.lock"):
         if is_complete(out_dir):
             if not forced:  # a concurrent run of the same experiment finished it while we waited
@@ -388,7 +397,7 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
         return {}
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_pipeline_file(run_dir, the_plan, {})  # before any work: `python -m pipeline.status` sees a running run
-    cfg_resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    cfg_resolved = plain_config(cfg)
     remote = ray.remote(execute_stage_with_threads)
     results: dict[str, dict] = {}
     for name in the_plan.order:

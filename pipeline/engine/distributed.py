@@ -1,7 +1,7 @@
 """Data parallelism applied from the outside, by config: the models in models/ never know how they are trained.
 
-`trainer.strategy` (auto | ddp | deepspeed) and `trainer.num_workers` pick the path:
-- one process (`trainer=cpu`): plain Lightning, nothing from here;
+`trainer.strategy` (auto | ddp | deepspeed) and `distributed.num_workers` pick the path:
+- one process (`trainer=cpu`, or `trainer=gpu` on a machine with one GPU): plain Lightning, nothing from here;
 - `num_workers > 1`: Ray Train starts the worker processes (`TorchTrainer`, one device each) and Lightning trains
   in each with `RayDDPStrategy` or `RayDeepSpeedStrategy`. Ray Train, not Lightning's own launchers, because a
   stage already runs inside a Ray task: Lightning's DDP launcher re-executes `sys.argv` (a Ray worker's, there),
@@ -9,26 +9,45 @@
 - DeepSpeed without CUDA: Lightning's DeepSpeedStrategy refuses a CPU accelerator, so each Ray Train worker drives
   `deepspeed.initialize` itself (`train_deepspeed`), over gloo, with DeepSpeed's CPU accelerator.
 
-Trainer configs that leave `strategy`/`num_workers` out (`conf/trainer/cpu.yaml`) train in one process.
+The `distributed` block holds what no Trainer argument says here: `num_workers` and the ZeRO settings (`deepspeed`).
 """
 from __future__ import annotations
 
 import os
 import shutil
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 from torch import nn
 
-from pipeline.engine.training import resolve_precision
+from pipeline.engine.training import TrainerConfig, resolve_precision
 
-STRATEGIES = ("auto", "ddp", "deepspeed")
 ZERO_STAGES = (1, 2, 3)
 CHECKPOINT_TAG_PREFIX = "step-"
+# The `trainer` settings of the schema (conf/trainer/cpu.yaml's), which the DeepSpeed CPU loop (no Lightning Trainer)
+# reads or has no use for; a Trainer argument beyond them would be ignored there, so it is refused
+DEEPSPEED_CPU_TRAINER_KEYS = tuple(f.name for f in fields(TrainerConfig))
+# trainer=gpu: one Ray Train worker per GPU of the machine the config is resolved on (the driver's: stage hashes and
+# validation resolve it there, so the cache key holds the number of workers that trained)
+OmegaConf.register_new_resolver("cuda_device_count", torch.cuda.device_count, replace=True)
+
+
+@dataclass
+class DeepSpeedConfig:
+    stage: int = MISSING
+    offload_optimizer: bool = MISSING
+    offload_parameters: bool = MISSING
+
+
+@dataclass
+class DistributedConfig:
+    """Schema of the `distributed` block (pipeline/config.py)."""
+    num_workers: int = MISSING
+    deepspeed: Optional[DeepSpeedConfig] = MISSING  # null unless trainer.strategy=deepspeed
 
 
 @dataclass(frozen=True)
@@ -46,9 +65,8 @@ class DistributedSettings:
     @classmethod
     def from_config(cls, cfg: DictConfig, training: DictConfig | None = None) -> "DistributedSettings":
         """`training`: the settings of the pretraining run being set up (a phase's), by default `cfg.pretrain`."""
-        t = cfg.trainer
-        ds = t.get("deepspeed")
-        return cls(strategy=str(t.get("strategy", "auto")), num_workers=int(t.get("num_workers", 1)),
+        t, ds = cfg.trainer, cfg.distributed.deepspeed
+        return cls(strategy=str(t.strategy), num_workers=int(cfg.distributed.num_workers),
                    accelerator=str(t.accelerator), devices=t.devices, precision=str(t.precision),
                    zero_stage=int(ds.stage) if ds else None,
                    offload_optimizer=bool(ds.offload_optimizer) if ds else False,
@@ -72,37 +90,57 @@ class DistributedSettings:
 def validate_distributed(cfg: DictConfig) -> None:
     """Impossible trainer settings fail here, before any work starts, with the config to use instead."""
     s = DistributedSettings.from_config(cfg)
-    if s.strategy not in STRATEGIES:
-        raise ValueError(f"trainer.strategy={s.strategy!r}; use one of {STRATEGIES} (e.g. trainer=ddp_cpu or "
-                         "trainer=deepspeed_stage_2)")
+    if s.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ValueError(f"trainer.accelerator={s.accelerator}, and this machine has no CUDA GPU; use trainer=cpu, or "
+                         "trainer=ddp_cpu for data parallelism on the CPU")
     if s.num_workers < 1:
-        raise ValueError(f"trainer.num_workers={s.num_workers}; use 1 (one process) or more (Ray Train workers)")
+        raise ValueError(f"distributed.num_workers={s.num_workers}; use 1 (one process) or more (Ray Train workers)")
     if s.zero_stage is not None and s.strategy != "deepspeed":
-        raise ValueError(f"trainer.deepspeed (ZeRO stage {s.zero_stage}) needs trainer.strategy=deepspeed, not "
+        raise ValueError(f"distributed.deepspeed (ZeRO stage {s.zero_stage}) needs trainer.strategy=deepspeed, not "
                          f"{s.strategy!r}; pick trainer=deepspeed_stage_{s.zero_stage} instead of adding ZeRO "
                          "settings to another trainer")
     if s.strategy == "deepspeed":
         if s.zero_stage not in ZERO_STAGES:
-            raise ValueError(f"trainer.deepspeed.stage={s.zero_stage}; use one of {ZERO_STAGES}")
+            raise ValueError(f"distributed.deepspeed.stage={s.zero_stage}; use one of {ZERO_STAGES}")
         if s.offload_parameters and s.zero_stage != 3:
-            raise ValueError(f"trainer.deepspeed.offload_parameters needs ZeRO stage 3 (got stage {s.zero_stage}): "
-                             "only stage 3 partitions the parameters; use trainer=deepspeed_stage_3_offload")
+            raise ValueError(f"distributed.deepspeed.offload_parameters needs ZeRO stage 3 (got stage {s.zero_stage}):"
+                             " only stage 3 partitions the parameters; use trainer=deepspeed_stage_3_offload")
         if s.offload_optimizer and s.zero_stage == 1:
-            raise ValueError("trainer.deepspeed.offload_optimizer needs ZeRO stage 2 or 3; "
+            raise ValueError("distributed.deepspeed.offload_optimizer needs ZeRO stage 2 or 3; "
                              "use trainer=deepspeed_stage_2_offload")
         if s.precision.startswith("16") and not s.uses_cuda:
             raise ValueError(f"trainer.precision={s.precision}: DeepSpeed on the CPU trains in fp32 or bf16; "
                              "use trainer.precision=32-true or bf16-mixed")
-    if s.strategy == "ddp" and s.num_workers < 2:
-        raise ValueError("trainer.strategy=ddp needs trainer.num_workers >= 2 (one Ray Train worker per process); "
+    if s.deepspeed_on_cpu:
+        _check_deepspeed_cpu(cfg)
+    if s.strategy == "ddp" and s.num_workers < 2 and not s.uses_cuda:  # one GPU (trainer=gpu): one process
+        raise ValueError("trainer.strategy=ddp needs distributed.num_workers >= 2 (one Ray Train worker per process); "
                          "use trainer=ddp_cpu, or trainer=cpu for one process")
     if str(s.devices) not in ("1", "auto"):
         raise ValueError(f"trainer.devices={s.devices}: each training process drives one device; for more, set "
-                         "trainer.num_workers (Ray Train workers) and trainer.devices=auto")
+                         "distributed.num_workers (Ray Train workers, one device each) and trainer.devices=auto, or "
+                         "use trainer=gpu for every GPU of the machine")
     if s.uses_ray_train and not s.uses_cuda and not cfg.ray.address and s.num_workers > cfg.ray.num_cpus:
         # Ray Train would wait forever for the CPUs of the workers it cannot place
-        raise ValueError(f"trainer.num_workers={s.num_workers} Ray Train workers need a CPU each, and this run's Ray "
-                         f"has ray.num_cpus={cfg.ray.num_cpus}; raise ray.num_cpus or lower trainer.num_workers")
+        raise ValueError(f"distributed.num_workers={s.num_workers} Ray Train workers need a CPU each, and this run's "
+                         f"Ray has ray.num_cpus={cfg.ray.num_cpus}; raise ray.num_cpus or lower "
+                         "distributed.num_workers")
+
+
+def _check_deepspeed_cpu(cfg: DictConfig) -> None:
+    """DeepSpeed on the CPU trains with deepspeed.initialize, without a Lightning Trainer: what only a Trainer applies
+    would be ignored there."""
+    instead = "train on GPUs, or with trainer=ddp_cpu, or drop it"
+    extra = [key for key in cfg.trainer if key not in DEEPSPEED_CPU_TRAINER_KEYS]
+    if extra:
+        raise ValueError(f"trainer.{extra[0]}: DeepSpeed on the CPU trains without a Lightning Trainer, so Trainer "
+                         f"arguments beyond conf/trainer/cpu.yaml's do not apply; {instead}")
+    if cfg.callbacks:
+        raise ValueError(f"callbacks.{next(iter(cfg.callbacks))}: DeepSpeed on the CPU trains without a Lightning "
+                         f"Trainer, which runs callbacks; {instead} (callbacks=none)")
+    if cfg.ckpt_path:
+        raise ValueError(f"ckpt_path={cfg.ckpt_path}: DeepSpeed on the CPU resumes from its own ZeRO checkpoints, "
+                         f"not a Lightning checkpoint; {instead}")
 
 
 def stage_cpus(cfg: DictConfig) -> float:
@@ -215,8 +253,8 @@ def this_ranks_state(ranks: list[dict]) -> dict:
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     if len(ranks) != world_size:
         raise ValueError(f"the checkpoint was written by {len(ranks)} training process(es), this run has "
-                         f"{world_size}; resume with trainer.num_workers={len(ranks)}, or start the stage over with "
-                         "pipeline.force")
+                         f"{world_size}; resume with distributed.num_workers={len(ranks)}, or start the stage over "
+                         "with pipeline.force")
     return ranks[rank]
 
 

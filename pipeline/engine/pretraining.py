@@ -8,21 +8,25 @@ re-enters the same directory (pipeline/engine/dag.py) and continues from the new
 data position, whatever state the family carries from batch to batch, and RNG, each rank its own, so the steps after
 the resume are the steps an uninterrupted run would have taken.
 
+`ckpt_path` (top-level) starts the stage trained with the `pretrain` settings from a given Lightning checkpoint, as a
+resume does; a stage with checkpoints of its own resumes from those. The stage's cache key holds the file's content.
+
 `<settings>.encoder_snapshots` (steps) also writes what the stage writes at the end into
 `<out_dir>/encoder_snapshots/step-<N>/` as training passes each step N (`EncoderSnapshots`): the encoders a
 fine-tune stage compares to show what more pretraining buys downstream.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import time
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Iterable, Protocol, get_type_hints
 
 import hydra
 import lightning as L
@@ -33,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from data_prep.shards import write_json_atomically
-from pipeline.engine.dag import MARKER, StageContext
+from pipeline.engine.dag import MARKER, Stage, StageContext
 from pipeline.engine.distributed import (
     DistributedSettings,
     checkpoint_tags,
@@ -42,6 +46,7 @@ from pipeline.engine.distributed import (
     gather_from_ranks,
     lightning_strategy,
     run_on_ray_workers,
+    stage_cpus,
     this_ranks_state,
     train_deepspeed,
     use_deepspeed_cpu_accelerator,
@@ -49,6 +54,8 @@ from pipeline.engine.distributed import (
     whole_parameters,
 )
 from pipeline.engine.divergence import DivergenceMonitor, reduce_mean
+from pipeline.engine.fingerprints import content_digests
+from pipeline.engine.settings import check_target_arguments
 from pipeline.engine.tracking import LossHistory, log_curves
 from pipeline.engine.training import keep_freed_memory_for_reuse, make_trainer, resolve_precision
 
@@ -57,6 +64,11 @@ KEEP_CHECKPOINTS = 2
 LOSS_CURVE = "loss_curve.csv"
 SNAPSHOT_DIR = "encoder_snapshots"
 WORKER_SUMMARY = "train_summary.json"  # how rank 0 of the Ray Train workers hands the stage its summary
+# What every pretraining stage depends on besides its family's settings: the model, the Trainer and its callbacks
+# (which can change what training computes: EarlyStopping, StochasticWeightAveraging), the processes it is spread
+# over, the run's seed and the checkpoint it starts from
+HARNESS_CONFIG_KEYS = ("model", "trainer", "callbacks", "distributed", "seed", "ckpt_path")
+STARTS_FROM_CKPT_PATH = "pretrain"  # the settings block of the training that ckpt_path starts
 
 
 class DataPosition(Protocol):
@@ -109,11 +121,36 @@ class PretrainingTask(Protocol):
     def summary(self, module: L.LightningModule, data: PretrainingData, run: TrainingRun) -> dict: ...
 
 
+def pretraining_stage(name: str, task: PretrainingTask, upstream: tuple[str, ...],
+                      config_keys: tuple[str, ...]) -> Stage:
+    """A family's pretraining stage on this harness, depending on `config_keys` (its own settings) and
+    HARNESS_CONFIG_KEYS."""
+    return Stage(name, partial(pretrain, task=task), upstream, (*config_keys, *HARNESS_CONFIG_KEYS),
+                 fingerprint=start_checkpoint_fingerprint, num_cpus=stage_cpus)
+
+
+def start_checkpoint_fingerprint(cfg: DictConfig) -> str:
+    """The content of the checkpoint `ckpt_path` names (memoised by the file's identity): new weights at the same
+    path are new work."""
+    if not cfg.ckpt_path:
+        return ""
+    path = Path(cfg.ckpt_path).expanduser().resolve()
+    memo = Path(cfg.paths.cache_dir) / "file_digests" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:16]}.json"
+    return content_digests([path], memo)[0]
+
+
+def check_start_checkpoint(cfg: DictConfig) -> None:
+    if cfg.ckpt_path and not Path(cfg.ckpt_path).expanduser().is_file():
+        raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path} is not a file; point it at a Lightning checkpoint (.ckpt, "
+                                "e.g. a pretraining stage's checkpoints/step-*.ckpt), or leave it null")
+
+
 def merged_settings(cfg: DictConfig, blocks: tuple[str, ...]) -> DictConfig:
     """The config blocks `blocks` (dotted keys) as one, a later block's keys over an earlier one's: a block need not
     repeat what it shares with the one before (pretrain_phase2 over pretrain, gpt.pretrain over pretrain)."""
     merged = {k: v for block in blocks
-              for k, v in OmegaConf.to_container(OmegaConf.select(cfg, block), resolve=True).items()}
+              for k, v in OmegaConf.to_container(OmegaConf.select(cfg, block), resolve=True).items()
+              if v is not None or block == blocks[0]}
     settings = OmegaConf.create(merged)
     OmegaConf.set_struct(settings, True)  # a misspelt key is an error, as in the config it came from
     return settings
@@ -135,13 +172,21 @@ def instantiate_model(cfg: DictConfig, key: str = "model", **config_values) -> n
     return hydra.utils.instantiate(model_cfg, _convert_="all")
 
 
+def check_model_config(cfg: DictConfig, key: str = "model") -> None:
+    """Before any work: every key of `<key>.config` is a field of the config its `_target_` builds (models/: a function
+    of a size name and `**overrides` returning a config dataclass), so a misspelt `+model.config.hiden_size=...`
+    fails here, not when pretraining builds the model."""
+    config = OmegaConf.select(cfg, f"{key}.config")
+    target = hydra.utils.get_object(config._target_)
+    built = get_type_hints(target).get("return")
+    check_target_arguments(config, f"{key}.config", [target, built] if built else None)
+
+
 def encoder_snapshot_steps(cfg: DictConfig, settings: DictConfig, key: str) -> list[int]:
-    """`<key>.encoder_snapshots`, in order: each a step the run takes, refused before any work otherwise."""
-    value = settings.get("encoder_snapshots") or []
-    if isinstance(value, str) or not isinstance(value, Sequence):
-        raise ValueError(f"{key}.encoder_snapshots={value!r}: expected a list of steps, e.g. [500, 1000]")
-    steps = list(value)
-    bad = [s for s in steps if isinstance(s, bool) or not isinstance(s, int) or not 0 < s <= settings.max_steps]
+    """`<key>.encoder_snapshots` (a list of whole numbers: the schema's), in order: each a step the run takes,
+    refused before any work otherwise."""
+    steps = list(settings.get("encoder_snapshots") or [])
+    bad = [s for s in steps if not 0 < s <= settings.max_steps]
     if bad:
         raise ValueError(f"{key}.encoder_snapshots={steps}: {bad} not a step of the run; each must be a whole number "
                          f"from 1 to {key}.max_steps={settings.max_steps}")
@@ -176,7 +221,7 @@ def pretrain(ctx: StageContext, task: PretrainingTask) -> dict:
         return _train_with_lightning(ctx, task, settings, rank=0, world_size=1)
     worker = _deepspeed_cpu_worker if settings.deepspeed_on_cpu else _lightning_worker
     (ctx.out_dir / WORKER_SUMMARY).unlink(missing_ok=True)
-    run_on_ray_workers(worker, {"task": task, "cfg": OmegaConf.to_container(ctx.cfg, resolve=True),
+    run_on_ray_workers(worker, {"task": task, "cfg": OmegaConf.to_container(ctx.cfg, resolve=True, enum_to_str=True),
                                 "name": ctx.name, "out_dir": str(ctx.out_dir),
                                 "inputs": {k: str(v) for k, v in ctx.inputs.items()}},
                        settings, ctx.out_dir)
@@ -259,6 +304,14 @@ class EncoderSnapshots(L.Callback):
         os.replace(staging, final)
 
 
+class StartingStep(L.Callback):
+    """The step training starts from: 0, or the resumed checkpoint's."""
+    step = 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.step = trainer.global_step
+
+
 class SparseGradientSync(L.Callback):
     """DDP for the parameters whose gradient is sparse (ELMo's sampled softmax): DDP expects one only from an
     nn.Embedding(sparse=True) and fails on any other ("Cannot access storage of SparseTensorImpl", torch's
@@ -326,7 +379,9 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
     checkpoints = ModelCheckpoint(dirpath=out / CHECKPOINT_DIR, filename="step-{step:06d}",
                                   auto_insert_metric_name=False, every_n_train_steps=p.checkpoint_every_steps,
                                   **pruning)
-    callbacks = [history, monitor, TrainingPosition(data.position), checkpoints]
+    start = StartingStep()
+    configured = [hydra.utils.instantiate(c) for c in ctx.cfg.callbacks.values()]
+    callbacks = [*configured, history, monitor, start, TrainingPosition(data.position), checkpoints]
     if snapshots := encoder_snapshot_steps(ctx.cfg, p, task.settings_key(ctx.cfg)):
         callbacks.append(EncoderSnapshots(task, ctx, snapshots))
     if world_size > 1 and not uses_deepspeed:
@@ -344,6 +399,8 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
 
         trainer = prepare_trainer(trainer)
     resume_from = latest_checkpoint(out)
+    if resume_from is None and ctx.cfg.ckpt_path and task.settings_key(ctx.cfg) == STARTS_FROM_CKPT_PATH:
+        resume_from = Path(ctx.cfg.ckpt_path).expanduser()
     if resume_from:
         print(f"resuming from {resume_from}", flush=True)
     val_loader = data.val_loader
@@ -357,7 +414,7 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
     seconds = time.perf_counter() - started
     if history.last_step("val/loss") != trainer.global_step:  # e.g. max_steps not a multiple of val_every_steps
         trainer.validate(module, val_loader, verbose=False)
-    resumed_from = _step_of(resume_from) if resume_from else None
+    resumed_from = start.step if resume_from else None
     run = TrainingRun(trainer.global_step, trainer.global_step - (resumed_from or 0), seconds, world_size,
                       p.accumulate_grad_batches, history)
     with whole_parameters(module, settings):  # every rank enters: under ZeRO-3 gathering is a collective

@@ -1,9 +1,13 @@
-"""Numeric settings checked at start-up, declared as a table of key -> constraint: the engine's in pipeline/runner.py,
-each family's in its Family record (`numbers`)."""
+"""Start-up checks of settings the config schema cannot type: numeric ranges, declared as a table of key ->
+constraint (the engine's in pipeline/runner.py, each family's in its Family record, `numbers`), and the arguments of a
+block built by `_target_`."""
 from __future__ import annotations
 
+import difflib
+import inspect
 from dataclasses import dataclass
 
+import hydra
 from omegaconf import DictConfig, OmegaConf
 
 
@@ -42,6 +46,7 @@ def check_numbers(cfg: DictConfig, numbers: dict[str, Number]) -> None:
             raise ValueError(f"{key}={value!r}: expected {number.describe()}; set {key} on the command line "
                              "or in the experiment's config")
 
+
 # The pretraining harness's settings (pipeline/engine/pretraining.py), by key within a block of them: `pretrain`, and
 # a family's own block over it (gpt.pretrain)
 PRETRAINING_NUMBERS = {
@@ -49,3 +54,21 @@ PRETRAINING_NUMBERS = {
     "weight_decay": Number(float, 0), "accumulate_grad_batches": POSITIVE_INT, "val_fraction": FRACTION,
     "val_every_steps": POSITIVE_INT, "checkpoint_every_steps": POSITIVE_INT,
 }
+
+
+def check_target_arguments(node: DictConfig, key: str, accepting: list | None = None) -> None:
+    """Every key of `node`, a block built by its `_target_`, is an argument of that class or function (or of one of
+    `accepting`, where the target passes its other keywords on): a misspelt one fails before any work, not when a
+    stage first builds the object, or never, where nothing builds it."""
+    names: list[str] = []
+    for target in accepting or [hydra.utils.get_object(node._target_)]:
+        parameters = inspect.signature(target).parameters.values()
+        if not accepting and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            return
+        names += [p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"]
+    for name in node:
+        if not name.startswith("_") and name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"did you mean {key}.{close[0]}? " if close else ""
+            raise ValueError(f"{key}.{name}: {node._target_} takes no argument {name!r}; {hint}its arguments: "
+                             f"{', '.join(dict.fromkeys(names))}")

@@ -3,17 +3,49 @@ for a network or an API key); stage outputs logged as artifacts and consumed wit
 from __future__ import annotations
 
 import csv
+import inspect
 import json
 import os
 import time
 from pathlib import Path
 
+import hydra
 import lightning as L
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-LOGGER_KINDS = ("wandb", "csv", "tensorboard")
+from pipeline.engine.settings import check_target_arguments
+
 LINEAGE_FILE = "wandb_lineage.jsonl"  # offline runs' artifact inputs, one JSON line per stage run
+# wandb.init arguments the pipeline sets for every stage's run; the logger block may not
+STAGE_RUN_ARGUMENTS = ("group", "job_type", "name", "tags", "dir", "config", "reinit", "settings")
+
+
+def uses_wandb(cfg: DictConfig) -> bool:
+    """Whether the `logger` block is W&B's: then every stage gets a W&B run."""
+    return issubclass(hydra.utils.get_class(cfg.logger._target_), WandbLogger)
+
+
+def wandb_init_arguments(logger: DictConfig) -> dict:
+    """The `logger` block's wandb.init arguments: `project` and those WandbLogger passes on to wandb.init (`mode`,
+    `entity`, ...); its own (`log_model`, `prefix`, ...) apply to the WandbLogger of a training stage."""
+    own = set(inspect.signature(WandbLogger).parameters) - {"project"}
+    return {k: v for k, v in OmegaConf.to_container(logger, resolve=True).items() if k != "_target_" and k not in own}
+
+
+def check_logger(cfg: DictConfig) -> None:
+    """Before any work: every key of the `logger` block is an argument of its `_target_` (of wandb.init, for what
+    WandbLogger passes on) that the pipeline does not set itself."""
+    if not uses_wandb(cfg):
+        check_target_arguments(cfg.logger, "logger")
+        return
+    import wandb
+
+    for key in wandb_init_arguments(cfg.logger):
+        if key in STAGE_RUN_ARGUMENTS:
+            raise ValueError(f"logger.{key} is set by the pipeline for each stage's W&B run "
+                             f"({', '.join(STAGE_RUN_ARGUMENTS)}); drop logger.{key}")
+    check_target_arguments(cfg.logger, "logger", [WandbLogger, wandb.init])
 
 
 def _artifact(name: str, digest: str, out_dir: Path):
@@ -29,11 +61,9 @@ def _artifact(name: str, digest: str, out_dir: Path):
 
 def start_stage_run(cfg: DictConfig, name: str, digest: str, run_dir: Path | None,
                     inputs: dict[str, tuple[Path, str]]):
-    """A W&B run for one stage execution (None with logger=csv or logger=tensorboard)."""
-    if cfg.logger.kind in ("csv", "tensorboard"):
+    """A W&B run for one stage execution (None unless the logger is W&B's)."""
+    if not uses_wandb(cfg):
         return None
-    if cfg.logger.kind != "wandb":
-        raise ValueError(f"logger.kind={cfg.logger.kind!r}; use one of {LOGGER_KINDS}")
     import wandb
 
     os.environ.setdefault("WANDB_SILENT", "true")
@@ -41,13 +71,14 @@ def start_stage_run(cfg: DictConfig, name: str, digest: str, run_dir: Path | Non
     group = f"{cfg.experiment_name}-{Path(run_dir).name if run_dir else 'run'}"
     upstream = {up: f"{up}:{up_digest}" for up, (_, up_digest) in inputs.items()}
     model = OmegaConf.select(cfg, "model.config.name")
-    run = wandb.init(project=cfg.logger.project, group=group, job_type=name, name=f"{group}-{name}",
+    init = wandb_init_arguments(cfg.logger)
+    run = wandb.init(**init, group=group, job_type=name, name=f"{group}-{name}",
                      tags=[cfg.experiment_name, name, *([model] if model else [])],
-                     dir=str(run_dir) if run_dir else None, mode=cfg.logger.mode,
+                     dir=str(run_dir) if run_dir else None,
                      config={**OmegaConf.to_container(cfg, resolve=True), "stage": name, "stage_hash": digest,
                              "upstream_artifacts": upstream},
                      reinit="create_new", settings=wandb.Settings(init_timeout=120, silent=True))
-    if cfg.logger.mode == "online":
+    if init.get("mode") == "online":
         for up, (up_dir, up_digest) in inputs.items():
             run.use_artifact(_artifact(up, up_digest, up_dir), aliases=[up_digest])
     elif run_dir is not None:
@@ -89,13 +120,18 @@ def log_curves(run, loss_curve: Path) -> int:
 
 
 def make_logger(ctx, prefix: str = ""):
-    """The Lightning logger of a training stage: its stage's W&B run, or CSV / TensorBoard files in the stage
-    directory (tensorboardX, which Ray Tune already installs, writes them when `tensorboard` is absent)."""
-    if ctx.wandb_run is not None:
-        return WandbLogger(experiment=ctx.wandb_run, prefix=prefix)
-    if ctx.cfg.logger.kind == "tensorboard":
-        return TensorBoardLogger(save_dir=str(ctx.out_dir), name="tensorboard", version=prefix or None)
-    return CSVLogger(save_dir=str(ctx.out_dir), name="csv_logs", version=prefix or None)
+    """The Lightning logger of a training stage, built from the `logger` block by its `_target_`: a WandbLogger
+    writing into the stage's W&B run, or e.g. CSV / TensorBoard files (tensorboardX, which Ray Tune already installs,
+    writes them when `tensorboard` is absent) in the stage directory, one version per `prefix`. A Ray Train worker has
+    no W&B run (the stage logs rank 0's curves into it when they finish): CSV files there."""
+    if uses_wandb(ctx.cfg):
+        if ctx.wandb_run is None:
+            return CSVLogger(save_dir=str(ctx.out_dir), name="csv_logs", version=prefix or None)
+        return hydra.utils.instantiate(ctx.cfg.logger, _partial_=True)(experiment=ctx.wandb_run, prefix=prefix,
+                                                                       save_dir=str(ctx.out_dir))
+    build = hydra.utils.instantiate(ctx.cfg.logger, _partial_=True)
+    accepted = inspect.signature(build.func).parameters
+    return build(**{k: v for k, v in (("save_dir", str(ctx.out_dir)), ("version", prefix or None)) if k in accepted})
 
 
 class ProgressLog(L.Callback):

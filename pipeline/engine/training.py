@@ -1,23 +1,64 @@
-"""The Lightning Trainer every training stage uses: precision, logging, progress lines, all from config."""
+"""The Lightning Trainer every training stage uses, built from the `trainer` block by its `_target_` (as
+lightning-hydra-template does): any Trainer argument set there reaches it (`+trainer.fast_dev_run=true`,
+`limit_train_batches`, `max_time`, `profiler`), beside what the pipeline sets itself (PIPELINE_ARGUMENTS), the logger
+(`logger`) and the callbacks (`callbacks`, for pretraining)."""
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import functools
 import sys
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
 
+import hydra
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ProgressBar
+from omegaconf import MISSING, DictConfig
 
 from pipeline.engine.dag import StageContext
+from pipeline.engine.settings import check_target_arguments
 from pipeline.engine.tracking import ProgressLog, make_logger
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
-# The trainer settings make_trainer applies: what a stage training in one process depends on. The data-parallel ones
-# (trainer.strategy, num_workers, deepspeed) only the pretraining harness honours (pipeline/engine/pretraining.py), so
-# only its stages may depend on the whole `trainer` block.
-ONE_PROCESS_TRAINER_KEYS = ("trainer.accelerator", "trainer.devices", "trainer.precision", "trainer.log_every_n_steps",
-                            "trainer.deterministic")
+Accelerator = StrEnum("Accelerator", {name: name for name in ("auto", "cpu", "gpu", "cuda")}, module=__name__)
+# auto: resolve_precision's choice where the run trains; the rest are Lightning's
+Precision = StrEnum("Precision", {name: name for name in ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true",
+                                                          "16-true", "64-true")}, module=__name__)
+# how pretraining is spread over distributed.num_workers processes (pipeline/engine/distributed.py)
+Strategy = StrEnum("Strategy", {name: name for name in ("auto", "ddp", "deepspeed")}, module=__name__)
+
+
+@dataclass
+class TrainerConfig:
+    """Schema of the `trainer` block (pipeline/config.py): the arguments conf/trainer/cpu.yaml sets, typed; the block
+    is open to any other argument of its `_target_` (check_trainer_arguments)."""
+    _target_: str = MISSING
+    accelerator: Accelerator = MISSING
+    devices: Any = MISSING  # 1 or auto: one device per training process
+    strategy: Strategy = MISSING
+    precision: Precision = MISSING
+    log_every_n_steps: int = MISSING
+    deterministic: bool = MISSING
+    enable_model_summary: bool = MISSING
+
+# Trainer arguments the pipeline sets itself, and from what: a `trainer` block that set one would be overridden unseen,
+# so it is refused at start-up (check_trainer_arguments)
+PIPELINE_ARGUMENTS = {
+    "max_steps": "set pretrain.max_steps", "max_epochs": "set finetune.epochs (and finetune.min_steps)",
+    "accumulate_grad_batches": "set pretrain.accumulate_grad_batches", "gradient_clip_val": "set pretrain.grad_clip",
+    "val_check_interval": "set pretrain.val_every_steps", "check_val_every_n_epoch": "set pretrain.val_every_steps",
+    "enable_checkpointing": "set pretrain.checkpoint_every_steps", "callbacks": "pick callbacks=...",
+    "logger": "pick logger=...", "enable_progress_bar": "pick callbacks=[progress_bar]",
+    "default_root_dir": "each stage trains in its own directory under paths.cache_dir",
+    "num_sanity_val_steps": "pretraining validates every pretrain.val_every_steps, fine-tuning after its last epoch",
+    "plugins": "the pipeline's atomic checkpoint writer", "use_distributed_sampler": "the pipeline's resumable sampler",
+}
+# Arguments that spread one Trainer over processes: only the pretraining harness applies them; a stage that trains in
+# one process (finetune) builds its Trainers without them, and its cache key leaves them out.
+MULTI_PROCESS_ARGUMENTS = ("devices", "strategy")
 
 
 @functools.cache  # a process-wide setting: made once, not again for every Trainer a stage builds
@@ -38,16 +79,36 @@ def keep_freed_memory_for_reuse() -> bool:
     return bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 30) and libc.mallopt(M_TRIM_THRESHOLD, 2_000_000_000))
 
 
-def make_trainer(ctx: StageContext, callbacks: list, prefix: str = "", **kwargs) -> L.Trainer:
+def make_trainer(ctx: StageContext, callbacks: list, prefix: str = "", one_process: bool = False,
+                 **kwargs) -> L.Trainer:
+    """The `trainer` block's Trainer with `callbacks` (and the pipeline's progress lines), the stage's logger and
+    `kwargs` (the stage's own arguments: PIPELINE_ARGUMENTS, and the strategy the pretraining harness picks).
+    `one_process`: without MULTI_PROCESS_ARGUMENTS, on one device."""
     keep_freed_memory_for_reuse()
-    tcfg = ctx.cfg.trainer
-    return L.Trainer(accelerator=tcfg.accelerator, devices=tcfg.devices,
-                     precision=resolve_precision(str(tcfg.precision)),
-                     logger=make_logger(ctx, prefix),
-                     callbacks=[ProgressLog(f"{ctx.name} {prefix}".strip()), *callbacks],
-                     log_every_n_steps=tcfg.log_every_n_steps, deterministic=tcfg.deterministic,
-                     default_root_dir=str(ctx.out_dir), enable_model_summary=False, enable_progress_bar=False,
-                     **kwargs)
+    if one_process:
+        kwargs = {"devices": 1, "strategy": "auto", **kwargs}
+    # _partial_: the config's arguments are instantiated (a `profiler: {_target_: ...}` too), the objects below are
+    # handed over as they are
+    build = hydra.utils.instantiate(ctx.cfg.trainer, _partial_=True)
+    return build(precision=resolve_precision(str(ctx.cfg.trainer.precision)), logger=make_logger(ctx, prefix),
+                 callbacks=[ProgressLog(f"{ctx.name} {prefix}".strip()), *callbacks],
+                 enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
+                 default_root_dir=str(ctx.out_dir), **kwargs)
+
+
+def one_process_trainer_keys(cfg: DictConfig) -> tuple[str, ...]:
+    """The `trainer` settings a stage that trains in one process depends on: all but MULTI_PROCESS_ARGUMENTS."""
+    return tuple(f"trainer.{key}" for key in cfg.trainer if key not in MULTI_PROCESS_ARGUMENTS)
+
+
+def check_trainer_arguments(cfg: DictConfig) -> None:
+    """Before any work: every key of the `trainer` block is an argument of its `_target_` that the pipeline does not
+    set itself."""
+    for key in cfg.trainer:
+        if key in PIPELINE_ARGUMENTS:
+            raise ValueError(f"trainer.{key} is the pipeline's to set ({PIPELINE_ARGUMENTS[key]}); drop "
+                             f"trainer.{key}")
+    check_target_arguments(cfg.trainer, "trainer")
 
 
 def log_step_outputs(module: L.LightningModule, split: str, out: dict, batch_size: int) -> None:

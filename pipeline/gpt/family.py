@@ -1,14 +1,36 @@
 """GPT (Radford et al. 2018; GPT-2): byte-level BPE, packed blocks and causal-LM pretraining, the frozen LM for
 `evaluate`, GPT-1-style fine-tuning, and greedy samples in the report."""
+from dataclasses import dataclass, field
+from typing import Optional
+
 from pipeline.engine.family import Family
 from pipeline.engine.settings import POSITIVE_INT, Number
 from pipeline.gpt import samples
 from pipeline.gpt.downstream import FINETUNE_KINDS
 from pipeline.gpt.encoder import ENCODERS
 from pipeline.gpt.stages import GPT_STAGES, validate
+from pipeline.schema import ModelConfig, PretrainConfig, override_block
+
+# GPT's own pretraining settings, gpt.pretrain: pretrain's keys, null where GPT keeps pretrain's value. What a run that
+# pretrains BERT too gives GPT alone (experiment=bert_vs_gpt: gpt.pretrain.lr=1e-3).
+GptPretrainConfig = override_block("GptPretrainConfig", __name__, (PretrainConfig,))
+
+
+@dataclass
+class GptConfig:
+    """The `gpt` block (experiment=gpt_*): byte-level BPE and packed blocks (data_prep/gpt_blocks.py)."""
+    vocab_size: int = 8000  # GPT-2: 50257
+    max_sentences: Optional[int] = 1_000_000  # the BPE is trained on at most this many sentences, as tokenizer's
+    min_frequency: int = 2
+    block_size: int = 128  # tokens a block feeds the model; also the model's context (n_positions). GPT-2: 1024
+    pretrain: GptPretrainConfig = field(default_factory=GptPretrainConfig)
+    # A run that pretrains BERT too gives GPT its own model config here (defaults: /model@gpt.model: gpt_tiny), where
+    # `model` holds BERT's; null: GPT's is `model`
+    model: Optional[ModelConfig] = None
+
 
 FAMILY = Family("gpt", stages=GPT_STAGES, pretraining_stages=("gpt_pretrain",), encoders=ENCODERS,
                 finetune_kinds=FINETUNE_KINDS, report_upstream=samples.report_upstream,
-                report_section=samples.report_section, validate=validate,
+                report_section=samples.report_section, validate=validate, config={"gpt": GptConfig},
                 numbers={"gpt.vocab_size": POSITIVE_INT, "gpt.block_size": POSITIVE_INT,
                          "gpt.max_sentences": Number(int, 1, nullable=True)})

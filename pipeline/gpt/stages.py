@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import shutil
-from functools import partial
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -25,7 +24,6 @@ from data_prep.tokenize_shards import use_one_tokenizer_thread
 from models.gpt import save_pretrained, to_hf
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
-from pipeline.engine.distributed import stage_cpus
 from pipeline.engine.pretraining import (
     PretrainingData,
     TrainingRun,
@@ -33,7 +31,7 @@ from pipeline.engine.pretraining import (
     instantiate_model,
     merged_settings,
     model_key,
-    pretrain,
+    pretraining_stage,
 )
 from pipeline.engine.settings import PRETRAINING_NUMBERS, check_numbers
 from pipeline.gpt.module import Blocks, GPTPretrainModule, block_loaders
@@ -72,8 +70,8 @@ class GPTPretraining:
 
     def settings_key(self, cfg: DictConfig) -> str:
         """The block a message asks to change: gpt.pretrain where the run gives GPT settings of its own, else pretrain
-        (a GPT-only run, whose gpt.pretrain is empty: `gpt.pretrain.lr=...` would not even compose there)."""
-        return "gpt.pretrain" if cfg.gpt.pretrain else "pretrain"
+        (a GPT-only run, whose gpt.pretrain is all null)."""
+        return "gpt.pretrain" if own_pretraining_settings(cfg) else "pretrain"
 
     def settings(self, cfg: DictConfig) -> DictConfig:
         return merged_settings(cfg, ("pretrain", "gpt.pretrain"))
@@ -108,15 +106,16 @@ class GPTPretraining:
                 "tokens_per_s": round(run.batches_per_s * batch_tokens, 1)}
 
 
+def own_pretraining_settings(cfg: DictConfig) -> list[str]:
+    """The keys gpt.pretrain sets (not null): where GPT's pretraining differs from `pretrain`."""
+    return [key for key, value in cfg.gpt.pretrain.items() if value is not None]
+
+
 def validate(cfg: DictConfig, stages: list[str]) -> None:
-    """gpt.pretrain sets only pretrain's keys (a misspelt one would go unread), its numbers checked as pretrain's; a
+    """gpt.pretrain's numbers checked as pretrain's (its keys and types are the schema's, pipeline/gpt/family.py); a
     run that pretrains GPT snapshots it at steps GPT takes (pretrain.encoder_snapshots is checked against
     pretrain.max_steps, which in a run with BERT is BERT's)."""
-    own = cfg.gpt.pretrain
-    unknown = [key for key in own if key not in cfg.pretrain]
-    if unknown:
-        raise ValueError(f"gpt.pretrain.{unknown[0]} is not a pretraining setting; gpt.pretrain takes pretrain's keys: "
-                         f"{', '.join(cfg.pretrain)}")
+    own = own_pretraining_settings(cfg)
     check_numbers(cfg, {f"gpt.pretrain.{key}": n for key, n in PRETRAINING_NUMBERS.items() if key in own})
     if "gpt_pretrain" in stages:
         task = GPTPretraining()
@@ -126,6 +125,5 @@ def validate(cfg: DictConfig, stages: list[str]) -> None:
 GPT_STAGES = (
     Stage("gpt_tokenizer", gpt_tokenizer, ("prepare",), ("gpt.vocab_size", "gpt.min_frequency", "gpt.max_sentences")),
     Stage("gpt_blocks", gpt_blocks, ("prepare", "gpt_tokenizer"), ("gpt.block_size",)),
-    Stage("gpt_pretrain", partial(pretrain, task=GPTPretraining()), ("gpt_tokenizer", "gpt_blocks"),
-          ("model", "gpt", "pretrain", "trainer", "seed"), num_cpus=stage_cpus),
+    pretraining_stage("gpt_pretrain", GPTPretraining(), ("gpt_tokenizer", "gpt_blocks"), ("gpt", "pretrain")),
 )

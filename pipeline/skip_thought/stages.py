@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import shutil
 from collections import Counter
-from functools import partial
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -24,8 +23,7 @@ from data_prep.skip_thought_examples import (
 from models.skip_thought import save_pretrained
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
-from pipeline.engine.distributed import stage_cpus
-from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretrain
+from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretraining_stage
 from pipeline.skip_thought.module import SkipThoughtPretrainModule, SkipThoughtTriples, triple_loaders
 
 
@@ -105,15 +103,19 @@ SKIP_THOUGHT_STAGES = [
           ("skip_thought.vocab_size", "skip_thought.min_count")),
     Stage("skip_thought_examples", skip_thought_examples, ("prepare", "skip_thought_vocab"),
           ("skip_thought.max_words",)),
-    *(Stage(stage, partial(pretrain, task=SkipThoughtPretraining(encoder)),
-            ("skip_thought_vocab", "skip_thought_examples"), ("model", "pretrain", "trainer", "seed"),
-            num_cpus=stage_cpus) for encoder, stage in PRETRAINING_STAGES.items()),
+    *(pretraining_stage(stage, SkipThoughtPretraining(encoder), ("skip_thought_vocab", "skip_thought_examples"),
+                        ("pretrain",)) for encoder, stage in PRETRAINING_STAGES.items()),
 ]
 
 
 def validate(cfg: DictConfig, stages: list[str]) -> None:
-    """Before any stage runs: an encoder kind in the model config would be overridden by the stage's, unseen."""
-    if set(PRETRAINING_STAGES.values()) & set(stages) and "encoder" in cfg.model.config:
+    """Before any stage runs: an encoder kind in the model config would be overridden by the stage's, unseen; one
+    checkpoint (ckpt_path) cannot start both encoders' training."""
+    in_run = [stage for stage in PRETRAINING_STAGES.values() if stage in stages]
+    if cfg.ckpt_path and len(in_run) > 1:
+        raise ValueError(f"ckpt_path={cfg.ckpt_path} would start both {', '.join(in_run)}, which train different "
+                         "models; run the stage it belongs to alone (pipeline.stages), or leave ckpt_path null")
+    if in_run and "encoder" in cfg.model.config:
         raise ValueError(f"model.config.encoder={cfg.model.config.encoder}: each Skip-Thought pretraining stage trains "
                          f"its own encoder ({', '.join(f'{s}: {e}' for e, s in PRETRAINING_STAGES.items())}); drop "
                          "the setting and put the stage you want in pipeline.stages")

@@ -1,0 +1,147 @@
+"""The root schema of `python -m pipeline`'s config, registered in Hydra's ConfigStore as `schema`, which
+conf/config.yaml lists first among its defaults: every block typed (pipeline/schema.py), each family's own blocks, or
+keys it adds to a shared block, from its record (Family.config), and enums of what the stage graph offers: stage names
+(`pipeline.stages`), fine-tune model kinds (`finetune.models`), frozen encoders (`evaluate.encoders`). A typo in any
+of them fails at composition, with Hydra's message naming the key.
+
+Hydra adds a key to a typed block from the command line (`+task=cola`, `+pretrain.lrr=1e-3`) without a check, so
+`check_declared_keys` refuses those before any work (pipeline/runner.py): no override is silently ignored.
+
+Importing this module registers the schema: pipeline/runner.py does (and so `python -m pipeline`), as do the tests."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field, make_dataclass
+from enum import StrEnum
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from pipeline.downstream.finetune import MODEL_KINDS
+from pipeline.engine.distributed import DistributedConfig
+from pipeline.engine.training import TrainerConfig
+from pipeline.evaluation.stage import ENCODERS
+from pipeline.families import FAMILIES
+from pipeline.schema import (
+    OPEN_BLOCKS,
+    DataConfig,
+    ModelConfig,
+    PathsConfig,
+    PretrainConfig,
+    RayConfig,
+    SentevalConfig,
+    TargetConfig,
+)
+from pipeline.stages import STAGES
+
+StageName = StrEnum("StageName", {name: name for name in STAGES}, module=__name__)
+FinetuneModel = StrEnum("FinetuneModel", {name: name for name in MODEL_KINDS}, module=__name__)
+EncoderName = StrEnum("EncoderName", {name: name for name in ENCODERS}, module=__name__)
+
+
+@dataclass
+class PipelineConfig:
+    stages: list[StageName] = MISSING
+    until: Optional[StageName] = MISSING
+    force: list[StageName] = MISSING
+    dry_run: bool = MISSING
+
+
+@dataclass
+class FinetuneConfig:
+    task: Any = MISSING  # a name in tasks/ or a list of names, checked against tasks/ at start-up
+    data_dir: Optional[str] = MISSING
+    models: list[FinetuneModel] = MISSING
+    seeds: list[int] = MISSING
+    train_sizes: list[Optional[int]] = MISSING
+    min_steps: int = MISSING
+    max_seq_length: int = MISSING
+    batch_size: int = MISSING
+    eval_batch_size: int = MISSING
+    lr: float = MISSING
+    encoder_lr_factor: float = MISSING
+    epochs: int = MISSING
+    warmup_fraction: float = MISSING
+    weight_decay: float = MISSING
+    max_train_examples: Optional[int] = MISSING
+    selection_fraction: Optional[float] = MISSING
+
+
+@dataclass
+class EvaluateConfig:
+    encoders: list[EncoderName] = MISSING
+
+
+@dataclass
+class ReportConfig:
+    """The report's own settings are its sections' (Family.report_section), which the families add."""
+
+
+ENGINE_BLOCKS: dict[str, type] = {
+    "paths": PathsConfig, "ray": RayConfig, "pipeline": PipelineConfig, "data": DataConfig,
+    "pretrain": PretrainConfig, "finetune": FinetuneConfig, "evaluate": EvaluateConfig, "report": ReportConfig,
+    "trainer": TrainerConfig, "distributed": DistributedConfig, "logger": TargetConfig, "model": ModelConfig,
+    "senteval": SentevalConfig,
+}
+
+
+def _module_class(cls: type) -> type:
+    """`cls`, made during import, findable by name in this module: what pickle needs to send a typed config to
+    another process (a sweep's trial, a Ray task)."""
+    cls.__module__, cls.__qualname__ = __name__, cls.__name__
+    globals()[cls.__name__] = cls
+    return cls
+
+
+def block_schemas() -> dict[str, type]:
+    """Block name -> its schema: the engine's, each family's own, and a shared block with the keys families add to it
+    (BERT's masked-LM settings in `pretrain`) as one dataclass."""
+    parts = {name: [schema] for name, schema in ENGINE_BLOCKS.items()}
+    for family in FAMILIES:
+        for name, schema in family.config.items():
+            parts.setdefault(name, []).append(schema)
+    return {name: schemas[0] if len(schemas) == 1 else
+            _module_class(make_dataclass(f"{name.title().replace('_', '')}Block", [], bases=tuple(schemas[::-1])))
+            for name, schemas in parts.items()}
+
+
+BLOCKS = block_schemas()
+Config = _module_class(make_dataclass("Config", [
+    ("experiment_name", str, MISSING), ("seed", int, MISSING), ("ckpt_path", Optional[str], MISSING),
+    ("callbacks", dict[str, Any], field(default_factory=dict)),
+    *((name, schema, field(default_factory=schema)) for name, schema in BLOCKS.items())]))
+
+
+def _schema_node() -> DictConfig:
+    node = OmegaConf.structured(Config)
+    for name in OPEN_BLOCKS:
+        OmegaConf.set_struct(node[name], False)  # their targets' other arguments (e.g. +trainer.fast_dev_run=true)
+    return node
+
+
+ConfigStore.instance().store(name="schema", node=_schema_node())
+
+
+def check_declared_keys(cfg: DictConfig) -> None:
+    """Fail on a key that no schema declares: Hydra adds one from the command line (`+task=cola`) without a check,
+    and nothing would read it. The open blocks take their targets' arguments (checked by pipeline/engine/settings.py);
+    `pretrain_phase2` and other family blocks are typed like the rest."""
+    def walk(node: DictConfig, path: str) -> None:
+        schema = OmegaConf.get_type(node)
+        if not dataclasses.is_dataclass(schema) or not OmegaConf.is_struct(node):
+            return
+        declared = [f.name for f in dataclasses.fields(schema)]
+        for key in node:
+            where = f"{path}{key}"
+            if key not in declared:
+                close = difflib.get_close_matches(str(key), declared, n=1)
+                hint = f"did you mean {path}{close[0]}? " if close else ""
+                raise ValueError(f"{where} is not a setting of this pipeline, so nothing would read it (an override "
+                                 f"+{where}=... adds it unchecked); {hint}`python -m pipeline --cfg job` lists the "
+                                 "settings")
+            if not OmegaConf.is_missing(node, key) and isinstance(node[key], DictConfig):
+                walk(node[key], f"{where}.")
+
+    walk(cfg, "")

@@ -1,0 +1,113 @@
+"""Typed schemas of the config blocks every run has (Hydra structured configs): the type of each key, an enum where a
+key takes one of a few names, so a bad value fails at composition with Hydra's message naming the key
+(`pretrain.lr=abc`, `pretrain.optimizer=adam`). The values and their comments stay in conf/config.yaml; a field's
+default here is MISSING, so these say what a key is, never what it is set to (a block a model family owns is defined
+whole, with its defaults, in the family's folder: Family.config). pipeline/config.py assembles them with the trainer's
+(pipeline/engine/training.py), the data-parallel settings' (pipeline/engine/distributed.py), the families' own blocks
+(Family.config) and what the stage graph names (stages, fine-tune kinds, encoders) into the root schema.
+
+A block built by `_target_` (trainer, logger, model) is open: besides its typed fields it takes any argument of its
+target, which pipeline/engine/settings.py checks against the target's signature before any work."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, make_dataclass
+from enum import StrEnum
+from typing import Any, Optional, get_type_hints
+
+from omegaconf import MISSING
+
+from pipeline.evaluation.senteval import PAIR_FEATURES
+from pipeline.optim import PRETRAIN_OPTIMIZERS
+
+PretrainOptimizer = StrEnum("PretrainOptimizer", {name: name for name in PRETRAIN_OPTIMIZERS}, module=__name__)
+InputFormat = StrEnum("InputFormat", {name: name for name in ("raw", "sentence_per_line")}, module=__name__)
+PairFeature = StrEnum("PairFeature", {name: name for name in PAIR_FEATURES}, module=__name__)
+
+
+@dataclass
+class PathsConfig:
+    cache_dir: str = MISSING
+    run_dir: str = MISSING
+
+
+@dataclass
+class RayConfig:
+    num_cpus: int = MISSING
+    address: Optional[str] = MISSING
+
+
+@dataclass
+class DataConfig:
+    corpus_dir: Optional[str] = MISSING
+    glob: str = MISSING
+    input_format: InputFormat = MISSING
+    shard_bytes: int = MISSING
+    min_tokens: int = MISSING
+    max_tokens: int = MISSING
+    nfkc: bool = MISSING
+    near_duplicate_threshold: Optional[float] = MISSING
+
+
+@dataclass
+class PretrainConfig:
+    """What every family's pretraining reads (the harness: steps, validation, checkpoints, snapshots; the optimizer)."""
+    max_steps: int = MISSING
+    batch_size: int = MISSING
+    lr: float = MISSING
+    warmup_steps: int = MISSING
+    weight_decay: float = MISSING
+    betas: list[float] = MISSING
+    grad_clip: Optional[float] = MISSING
+    optimizer: PretrainOptimizer = MISSING
+    accumulate_grad_batches: int = MISSING
+    val_fraction: float = MISSING
+    val_max_instances: int = MISSING
+    val_every_steps: int = MISSING
+    checkpoint_every_steps: int = MISSING
+    num_workers: int = MISSING
+    encoder_snapshots: list[int] = MISSING
+
+
+@dataclass
+class TargetConfig:
+    """A block built by `_target_` (logger, model): open to the target's arguments."""
+    _target_: str = MISSING
+
+
+@dataclass
+class ModelConfig(TargetConfig):
+    config: Any = MISSING  # the model config function's arguments (models/), some set from the data at run time
+
+
+@dataclass
+class ClassifierConfig:
+    l2_grid: list[float] = MISSING
+    max_iter: int = MISSING
+    cv_folds: int = MISSING
+    inner_folds: int = MISSING
+
+
+@dataclass
+class SentevalConfig:
+    data_root: str = MISSING
+    batch_size: int = MISSING
+    pair_features: list[PairFeature] = MISSING
+    classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
+    tasks: dict[str, Any] = MISSING  # name -> {kind, path, ...}; the kinds are pipeline/evaluation/senteval.py's
+
+
+# blocks built by `_target_`, and the callbacks (name -> such a block): keys beyond their fields are allowed
+OPEN_BLOCKS = ("trainer", "logger", "model", "callbacks")
+
+
+def override_block(name: str, module: str, schemas: tuple[type, ...], defaults: dict[str, Any] | None = None,
+                   own: tuple[tuple[str, type, Any], ...] = ()) -> type:
+    """The schema of a block whose keys are those of `schemas` and override theirs: each optional and null, where the
+    block keeps the value of the one it overrides, unless `defaults` gives it one; `own`: fields of its own, first
+    (pretrain_phase2's max_seq_length). pipeline/engine/pretraining.py merged_settings reads such a block over the
+    other. The caller binds it to `name` in `module`, where pickle finds it (a sweep sends the config to its trials)."""
+    hints = {key: kind for schema in schemas for key, kind in get_type_hints(schema).items()}
+    defaults = defaults or {}
+    cls = make_dataclass(name, [*own, *((key, Optional[kind], defaults.get(key)) for key, kind in hints.items())])
+    cls.__module__ = module
+    return cls
