@@ -250,7 +250,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scale", help="compare on a synthetic tree of this size (1GB, 500MB) instead of --corpus")
     parser.add_argument("--scale-dir", type=Path,
                         help="where that tree is built, or reused if built there with the same size and seed "
-                             "(default: <tmp>/textrep-scale-<SIZE>-seed<SEED>)")
+                             "(default: <tmp>/textrep-scale-<BYTES>B-seed<SEED>)")
     parser.add_argument("--seed", type=int, default=0, help="the synthetic tree's seed")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

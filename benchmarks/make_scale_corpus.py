@@ -30,8 +30,8 @@ from data_prep.ingest import strip_gutenberg_boilerplate  # noqa: E402
 
 # A real book of this collection is ~0.6 MB (66 MB / 108); synthetic books are about that size.
 DEFAULT_BOOK_BYTES = 600_000
+RECORD = "scale_corpus.json"  # a tree's parameters, next to its books
 _BLANK_LINES = re.compile(r"\n[ \t]*\n")
-RECORD = "scale_corpus.json"
 _TITLE = re.compile(r"^Title:[^\n]*(?:\n[ \t]+\S[^\n]*)*", re.MULTILINE)
 
 
