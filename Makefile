@@ -10,7 +10,8 @@ export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/textrep/torch_extensions
 EXPERIMENT ?= bert_tiny
 ARGS ?=
 
-.PHONY: help install run test test-slow clean bench-elmo bench-skip-thought bench-data bench-train bench-gpt
+.PHONY: help install run test test-slow clean bench-elmo bench-skip-thought bench-data bench-stages bench-train \
+        bench-gpt
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
@@ -38,9 +39,12 @@ test: $(STAMP)  ## lint (ruff, settings in pyproject.toml), then the fast tests 
 test-slow: $(STAMP)  ## slow tests only
 	$(PY) -m pytest -m slow -q $(ARGS)
 
-bench-data: $(STAMP)  ## data prep vs HF datasets, RSS at 1x/4x corpus, 1 vs 2 workers (ARGS=--corpus DIR)
+bench-data: $(STAMP)  ## data prep vs HF datasets, RSS at 1x/4x corpus, 1 vs 2 workers (ARGS=--corpus DIR, --scale 1GB)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/bench_data.py $(ARGS)
+
+bench-stages: $(STAMP)  ## time, peak RSS and object store of each data stage of the pipeline (ARGS="--corpus DIR")
+	$(PY) benchmarks/bench_stages.py $(ARGS)
 
 bench-elmo: $(STAMP)  ## ELMo biLM training step vs this CPU's fp32 matmul peak (ARGS=--quick)
 	$(PY) benchmarks/bench_elmo.py $(ARGS)

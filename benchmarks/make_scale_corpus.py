@@ -9,13 +9,17 @@ So prepare has its real work to do (licence markers, reflow, sentence splitting)
 detectors keep the books apart: two synthetic books share a paragraph only by chance, far below the 0.8 MinHash
 Jaccard threshold, where N copies of the same books would be folded into one. Book k depends only on (seed, k) and
 the source files, so a tree is reproducible and can be grown or regenerated in parallel. Written books are the
-number asked for: none is dropped here (the prepare stage's manifest says how many it kept).
+number asked for: none is dropped here (the prepare stage's manifest says how many it kept). The tree's parameters
+are recorded in scale_corpus.json next to the books; a second run with the same ones reuses the tree
+(bench_data.py --scale does so too).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import re
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +30,7 @@ from data_prep.ingest import strip_gutenberg_boilerplate  # noqa: E402
 
 # A real book of this collection is ~0.6 MB (66 MB / 108); synthetic books are about that size.
 DEFAULT_BOOK_BYTES = 600_000
+RECORD = "scale_corpus.json"  # a tree's parameters, next to its books
 _BLANK_LINES = re.compile(r"\n[ \t]*\n")
 _TITLE = re.compile(r"^Title:[^\n]*(?:\n[ \t]+\S[^\n]*)*", re.MULTILINE)
 
@@ -91,17 +96,43 @@ def write_corpus(source_dir: Path, out: Path, total_bytes: int, seed: int = 0,
     return {"books": index, "bytes": written, "sources": len(sources), "seed": seed}
 
 
+def build_tree(source_dir: Path, out: Path, total_bytes: int, seed: int = 0,
+               book_bytes: int = DEFAULT_BOOK_BYTES) -> dict:
+    """write_corpus into `out`, unless `out` already holds a complete tree of the same parameters. Returns the tree's
+    record, `reused` telling which.
+
+    The record is written before the first book and marked complete after the last, so a build that was cut short is
+    built again, and so is a tree of other parameters; a directory with files but no record is someone else's and is
+    never removed."""
+    wanted = {"source": str(source_dir.resolve()), "bytes": total_bytes, "seed": seed, "book_bytes": book_bytes}
+    record_path = out / RECORD
+    if record_path.is_file():
+        record = json.loads(record_path.read_text())
+        if record.get("parameters") == wanted and record.get("complete"):
+            return {**record, "reused": True}
+        shutil.rmtree(out)
+    elif out.is_dir() and any(out.iterdir()):
+        raise SystemExit(f"{out} holds files but no {RECORD}, so it is not a tree make_scale_corpus.py built; pass an "
+                         "empty or new directory")
+    out.mkdir(parents=True, exist_ok=True)
+    record_path.write_text(json.dumps({"parameters": wanted, "complete": False}))
+    record = {"parameters": wanted, "complete": True,
+              "written": write_corpus(source_dir, out, total_bytes, seed, book_bytes)}
+    record_path.write_text(json.dumps(record, indent=1))
+    return {**record, "reused": False}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--source", type=Path, required=True, help="directory of real Gutenberg .txt books")
-    parser.add_argument("--out", type=Path, required=True, help="where to write the synthetic tree (must be empty)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="where to write the synthetic tree: a new or empty directory, or one of its trees")
     parser.add_argument("--size", default="1GB", help="total size: 1GB, 500MB, ...")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--book-bytes", type=int, default=DEFAULT_BOOK_BYTES)
     args = parser.parse_args()
-    if args.out.exists() and any(args.out.iterdir()):
-        parser.error(f"--out {args.out} is not empty; remove it or choose another directory")
-    print(write_corpus(args.source, args.out, parse_size(args.size), args.seed, args.book_bytes))
+    tree = build_tree(args.source, args.out, parse_size(args.size), args.seed, args.book_bytes)
+    print(f"{'reused' if tree['reused'] else 'wrote'} {args.out}: {tree['written']}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """benchmarks/make_scale_corpus.py: synthetic book trees for the data stages at scale (issue 19)."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from data_prep.ingest import header_field, reflow_paragraphs, strip_gutenberg_bo
 from tests.helpers import write_books
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from make_scale_corpus import parse_size, write_corpus  # noqa: E402
+from make_scale_corpus import RECORD, build_tree, parse_size, write_corpus  # noqa: E402
 
 NEAR_DUPLICATE_THRESHOLD = 0.8  # conf/config.yaml data.near_duplicate_threshold
 
@@ -65,3 +66,27 @@ def test_sizes_read_as_a_user_writes_them():
 def test_a_source_directory_without_books_is_refused_with_what_to_do(tmp_path):
     with pytest.raises(ValueError, match="point --source at a directory of Gutenberg"):
         write_corpus(tmp_path, tmp_path / "out", 1000)
+
+
+def test_a_tree_is_reused_only_when_built_complete_with_the_same_size_and_seed(sources, tmp_path):
+    out = tmp_path / "tree"
+    first = build_tree(sources, out, 20_000, seed=1, book_bytes=2_000)
+    assert not first["reused"] and first["written"]["bytes"] >= 20_000
+    books = _tree(out)
+    assert build_tree(sources, out, 20_000, seed=1, book_bytes=2_000)["reused"]
+
+    other = build_tree(sources, out, 10_000, seed=2, book_bytes=2_000)
+    assert not other["reused"]
+    assert len(_tree(out)) == other["written"]["books"] < len(books)  # the larger tree's books are gone
+    assert _tree(out) != books
+
+    record = out / RECORD
+    record.write_text(json.dumps({**json.loads(record.read_text()), "complete": False}))  # a build cut short
+    assert not build_tree(sources, out, 10_000, seed=2, book_bytes=2_000)["reused"]
+
+
+def test_a_directory_it_did_not_build_is_never_removed(sources, tmp_path):
+    (tmp_path / "mine.txt").write_text("someone's book")
+    with pytest.raises(SystemExit, match="not a tree make_scale_corpus.py built; pass an empty or new directory"):
+        build_tree(sources, tmp_path, 10_000, book_bytes=2_000)
+    assert (tmp_path / "mine.txt").read_text() == "someone's book"
