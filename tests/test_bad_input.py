@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import ray
 
+import data_prep.prepare as prepare_module
 from data_prep import elmo_examples, skip_thought_examples
 from data_prep.dedup import NearDuplicateOptions
-import data_prep.prepare as prepare_module
 from data_prep.prepare import MAX_BOOK_BYTES, plan_pieces, prepare_corpus
 from data_prep.shards import open_shards
 from pipeline import runner
@@ -136,7 +136,7 @@ def test_a_line_longer_than_a_book_is_cut_at_sentence_ends_into_books_of_bounded
     assert len(parts) == math.ceil(len(line) / 10_000) and all(p["status"] == "kept" for p in parts)
     assert sum(p["sentences"] for p in parts) == 2_000 and sum(p["bytes"] for p in parts) == len(line)
     assert max(p["bytes"] for p in parts) < 10_000 + 64
-    whole = prepare(corpus, tmp_path / "whole", near_duplicates=None)
+    prepare(corpus, tmp_path / "whole", near_duplicates=None)
     assert open_shards(tmp_path / "out").column("text") == open_shards(tmp_path / "whole").column("text")
 
 
