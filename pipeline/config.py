@@ -141,7 +141,8 @@ def check_declared_keys(cfg: DictConfig) -> None:
                 raise ValueError(f"{where} is not a setting of this pipeline, so nothing would read it (an override "
                                  f"+{where}=... adds it unchecked); {hint}`python -m pipeline --cfg job` lists the "
                                  "settings")
-            if not OmegaConf.is_missing(node, key) and isinstance(node[key], DictConfig):
+            if not (OmegaConf.is_missing(node, key) or OmegaConf.is_interpolation(node, key)) and \
+                    isinstance(node[key], DictConfig):
                 walk(node[key], f"{where}.")
 
     walk(cfg, "")

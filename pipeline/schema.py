@@ -10,6 +10,8 @@ A block built by `_target_` (trainer, logger, model) is open: besides its typed 
 target, which pipeline/engine/settings.py checks against the target's signature before any work."""
 from __future__ import annotations
 
+import dataclasses
+import sys
 from dataclasses import dataclass, field, make_dataclass
 from enum import StrEnum
 from typing import Any, Optional, get_type_hints
@@ -103,11 +105,21 @@ OPEN_BLOCKS = ("trainer", "logger", "model", "callbacks")
 def override_block(name: str, module: str, schemas: tuple[type, ...], defaults: dict[str, Any] | None = None,
                    own: tuple[tuple[str, type, Any], ...] = ()) -> type:
     """The schema of a block whose keys are those of `schemas` and override theirs: each optional and null, where the
-    block keeps the value of the one it overrides, unless `defaults` gives it one; `own`: fields of its own, first
-    (pretrain_phase2's max_seq_length). pipeline/engine/pretraining.py merged_settings reads such a block over the
-    other. The caller binds it to `name` in `module`, where pickle finds it (a sweep sends the config to its trials)."""
+    block keeps the value of the one it overrides, unless `defaults` gives it one; a nested block (pretrain.electra)
+    is such a block of its own, never null, as OmegaConf cannot merge an override into a null typed block. `own`:
+    fields of its own, first (pretrain_phase2's max_seq_length). pipeline/engine/pretraining.py merged_settings reads
+    such a block over the other. Bound to `name` in `module`, where pickle finds it (a sweep sends the config to its
+    trials)."""
     hints = {key: kind for schema in schemas for key, kind in get_type_hints(schema).items()}
     defaults = defaults or {}
-    cls = make_dataclass(name, [*own, *((key, Optional[kind], defaults.get(key)) for key, kind in hints.items())])
+    fields = []
+    for key, kind in hints.items():
+        if dataclasses.is_dataclass(kind):
+            nested = override_block(f"{name}{kind.__name__}", module, (kind,))
+            fields.append((key, nested, field(default_factory=nested)))
+        else:
+            fields.append((key, Optional[kind], defaults.get(key)))
+    cls = make_dataclass(name, [*own, *fields])
     cls.__module__ = module
+    setattr(sys.modules[module], name, cls)
     return cls

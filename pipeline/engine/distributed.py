@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -38,7 +38,9 @@ OmegaConf.register_new_resolver("cuda_device_count", torch.cuda.device_count, re
 
 @dataclass
 class DeepSpeedConfig:
-    stage: int = MISSING
+    """ZeRO's settings. A block, never null: OmegaConf 2.3 cannot merge an override into a null typed block
+    (`distributed.deepspeed={stage: 3, ...}` raised AttributeError), so `stage` is null where there is no ZeRO."""
+    stage: Optional[int] = MISSING
     offload_optimizer: bool = MISSING
     offload_parameters: bool = MISSING
 
@@ -47,7 +49,7 @@ class DeepSpeedConfig:
 class DistributedConfig:
     """Schema of the `distributed` block (pipeline/config.py)."""
     num_workers: int = MISSING
-    deepspeed: Optional[DeepSpeedConfig] = MISSING  # null unless trainer.strategy=deepspeed
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)  # used by trainer.strategy=deepspeed alone
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,8 @@ class DistributedSettings:
         t, ds = cfg.trainer, cfg.distributed.deepspeed
         return cls(strategy=str(t.strategy), num_workers=int(cfg.distributed.num_workers),
                    accelerator=str(t.accelerator), devices=t.devices, precision=str(t.precision),
-                   zero_stage=int(ds.stage) if ds else None,
-                   offload_optimizer=bool(ds.offload_optimizer) if ds else False,
-                   offload_parameters=bool(ds.offload_parameters) if ds else False,
+                   zero_stage=ds.stage, offload_optimizer=bool(ds.offload_optimizer),
+                   offload_parameters=bool(ds.offload_parameters),
                    accumulate_grad_batches=int((cfg.pretrain if training is None else training)
                                                .accumulate_grad_batches))
 
@@ -95,9 +96,10 @@ def validate_distributed(cfg: DictConfig) -> None:
                          "trainer=ddp_cpu for data parallelism on the CPU")
     if s.num_workers < 1:
         raise ValueError(f"distributed.num_workers={s.num_workers}; use 1 (one process) or more (Ray Train workers)")
-    if s.zero_stage is not None and s.strategy != "deepspeed":
-        raise ValueError(f"distributed.deepspeed (ZeRO stage {s.zero_stage}) needs trainer.strategy=deepspeed, not "
-                         f"{s.strategy!r}; pick trainer=deepspeed_stage_{s.zero_stage} instead of adding ZeRO "
+    if (s.zero_stage is not None or s.offload_optimizer or s.offload_parameters) and s.strategy != "deepspeed":
+        raise ValueError(f"distributed.deepspeed (ZeRO stage {s.zero_stage}, offload_optimizer={s.offload_optimizer}, "
+                         f"offload_parameters={s.offload_parameters}) needs trainer.strategy=deepspeed, not "
+                         f"{s.strategy!r}; pick trainer=deepspeed_stage_1|2|3 (or _offload) instead of adding ZeRO "
                          "settings to another trainer")
     if s.strategy == "deepspeed":
         if s.zero_stage not in ZERO_STAGES:

@@ -24,7 +24,7 @@ import shutil
 import time
 import warnings
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import partial, reduce
 from pathlib import Path
 from typing import Iterable, Protocol, get_type_hints
 
@@ -145,12 +145,17 @@ def check_start_checkpoint(cfg: DictConfig) -> None:
                                 "e.g. a pretraining stage's checkpoints/step-*.ckpt), or leave it null")
 
 
+def _over(base: dict, top: dict) -> dict:
+    """`base` with the keys `top` sets (not null) in its place, a nested block's key by key."""
+    return {**base, **{k: _over(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+                       for k, v in top.items() if v is not None}}
+
+
 def merged_settings(cfg: DictConfig, blocks: tuple[str, ...]) -> DictConfig:
-    """The config blocks `blocks` (dotted keys) as one, a later block's keys over an earlier one's: a block need not
-    repeat what it shares with the one before (pretrain_phase2 over pretrain, gpt.pretrain over pretrain)."""
-    merged = {k: v for block in blocks
-              for k, v in OmegaConf.to_container(OmegaConf.select(cfg, block), resolve=True).items()
-              if v is not None or block == blocks[0]}
+    """The config blocks `blocks` (dotted keys) as one, a later block's keys over an earlier one's where it sets them
+    (not null): pretrain_phase2 over pretrain, gpt.pretrain over pretrain (pipeline/schema.py override_block)."""
+    merged = reduce(_over, [OmegaConf.to_container(OmegaConf.select(cfg, block), resolve=True)
+                                      for block in blocks])
     settings = OmegaConf.create(merged)
     OmegaConf.set_struct(settings, True)  # a misspelt key is an error, as in the config it came from
     return settings
