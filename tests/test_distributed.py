@@ -52,7 +52,7 @@ def train_losses(out_dir: Path) -> list[float]:
     (["trainer=ddp_cpu", "distributed.num_workers=1"], "needs distributed.num_workers >= 2"),
     (["trainer=ddp_cpu", "distributed.deepspeed={stage: 3, offload_optimizer: false, offload_parameters: false}"],
      "needs trainer.strategy=deepspeed"),
-    (["distributed.deepspeed.offload_optimizer=true"], "needs trainer.strategy=deepspeed"),  # not ignored by trainer=cpu
+    (["distributed.deepspeed.offload_optimizer=true"], "needs trainer.strategy=deepspeed"),  # not ignored: trainer=cpu
     (["trainer=deepspeed_stage_2", "distributed.deepspeed.offload_parameters=true"], "needs ZeRO stage 3"),
     (["trainer=deepspeed_stage_1", "trainer.devices=4"], "set distributed.num_workers"),
     # DeepSpeed on the CPU trains without a Lightning Trainer: what only a Trainer applies would be ignored
