@@ -11,7 +11,6 @@ Importing this module registers the schema: pipeline/runner.py does (and so `pyt
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field, make_dataclass
 from enum import StrEnum
 from typing import Any, Optional
@@ -21,6 +20,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from pipeline.downstream.finetune import MODEL_KINDS
 from pipeline.engine.distributed import DistributedConfig
+from pipeline.engine.settings import did_you_mean
 from pipeline.engine.training import TrainerConfig
 from pipeline.evaluation.stage import ENCODERS
 from pipeline.families import FAMILIES
@@ -136,8 +136,7 @@ def check_declared_keys(cfg: DictConfig) -> None:
         for key in node:
             where = f"{path}{key}"
             if key not in declared:
-                close = difflib.get_close_matches(str(key), declared, n=1)
-                hint = f"did you mean {path}{close[0]}? " if close else ""
+                hint = did_you_mean(str(key), declared, path)
                 raise ValueError(f"{where} is not a setting of this pipeline, so nothing would read it (an override "
                                  f"+{where}=... adds it unchecked); {hint}`python -m pipeline --cfg job` lists the "
                                  "settings")

@@ -56,6 +56,12 @@ PRETRAINING_NUMBERS = {
 }
 
 
+def did_you_mean(name: str, choices: list[str], prefix: str = "") -> str:
+    """"did you mean <prefix><closest choice>? " for a misspelt `name`, or "" when no choice is close."""
+    close = difflib.get_close_matches(name, choices, n=1)
+    return f"did you mean {prefix}{close[0]}? " if close else ""
+
+
 def check_target_arguments(node: DictConfig, key: str, accepting: list | None = None) -> None:
     """Every key of `node`, a block built by its `_target_`, is an argument of that class or function (or of one of
     `accepting`, where the target passes its other keywords on): a misspelt one fails before any work, not when a
@@ -68,7 +74,6 @@ def check_target_arguments(node: DictConfig, key: str, accepting: list | None = 
         names += [p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"]
     for name in node:
         if not name.startswith("_") and name not in names:
-            close = difflib.get_close_matches(name, names, n=1)
-            hint = f"did you mean {key}.{close[0]}? " if close else ""
+            hint = did_you_mean(name, names, f"{key}.")
             raise ValueError(f"{key}.{name}: {node._target_} takes no argument {name!r}; {hint}its arguments: "
                              f"{', '.join(dict.fromkeys(names))}")
