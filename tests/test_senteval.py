@@ -36,6 +36,7 @@ from pipeline.evaluation.senteval import (
     evaluate_train_test,
     expected_relatedness,
     fit_selecting_l2,
+    fit_softmax_regressions,
     pair_features,
     relatedness_regression,
     relatedness_targets,
@@ -97,8 +98,25 @@ def test_model_selection_keeps_the_l2_with_the_best_validation_score():
     # weakest value, one rewarding uncertainty the strongest.
     confidence = lambda probabilities, truth: float(probabilities.max(1).mean())  # noqa: E731
     uncertainty = lambda probabilities, truth: -confidence(probabilities, truth)  # noqa: E731
-    assert fit_selecting_l2(examples, [(examples, examples)], confidence, settings)[1] == 1e-4
-    assert fit_selecting_l2(examples, [(examples, examples)], uncertainty, settings)[1] == 100.0
+    assert fit_selecting_l2(examples, [(np.arange(60), examples)], confidence, settings)[1] == 1e-4
+    assert fit_selecting_l2(examples, [(np.arange(60), examples)], uncertainty, settings)[1] == 100.0
+
+
+def test_fitting_problems_together_gives_each_the_model_it_gets_alone():
+    rng = np.random.default_rng(5)
+    # Offset, unevenly scaled features: each problem must standardise with its own rows' statistics.
+    features = (rng.normal(size=(90, 4)) * [1.0, 10.0, 0.1, 3.0] + [50.0, -3.0, 0.0, 7.0]).astype(np.float32)
+    labels = rng.integers(0, 3, size=90)
+    targets = np.eye(3, dtype=np.float32)[labels]
+    problems = [(np.arange(0, 60), 1e-2), (np.arange(30, 90), 1.0), (rng.permutation(90)[:45], 1e-1)]
+    together = fit_softmax_regressions(features, targets, problems, max_iter=500)
+    for (rows, l2), model in zip(problems, together):
+        alone = fit_softmax_regressions(features[rows], targets[rows], [(np.arange(len(rows)), l2)], 500)[0]
+        np.testing.assert_allclose(model.predict_proba(features), alone.predict_proba(features), atol=2e-4)
+        np.testing.assert_allclose(model.mean.numpy(), features[rows].mean(0), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(model.scale.numpy(), features[rows].std(0, ddof=1), rtol=1e-4)
+    # Different rows and strengths give different models: no problem sees another's rows.
+    assert not np.allclose(together[0].predict_proba(features), together[1].predict_proba(features), atol=1e-2)
 
 
 def test_pair_features_are_sentevals_by_default_and_infersents_on_request():
