@@ -1,9 +1,14 @@
 """`python -m pipeline +experiment=NAME [overrides]` (Hydra; `--help` lists the config groups)."""
+import sys
+
 import hydra
+from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from pipeline import CONF_DIR
+from pipeline.config import check_overrides_into_null_blocks
 from pipeline.runner import finetune_objective, run_pipeline  # registers the config schema (pipeline/config.py)
 
 
@@ -17,5 +22,11 @@ def main(cfg: DictConfig) -> float | None:
     return finetune_objective(run_pipeline(cfg))
 
 
+def _compose(overrides: list[str]) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
 if __name__ == "__main__":
+    check_overrides_into_null_blocks([a for a in sys.argv[1:] if "=" in a and not a.startswith("-")], _compose)
     main()

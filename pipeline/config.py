@@ -11,9 +11,10 @@ Importing this module registers the schema: pipeline/runner.py does (and so `pyt
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field, make_dataclass
 from enum import StrEnum
-from typing import Any, Optional
+from typing import Any, Optional, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -25,6 +26,7 @@ from pipeline.engine.training import TrainerConfig
 from pipeline.evaluation.stage import ENCODERS
 from pipeline.families import FAMILIES
 from pipeline.schema import (
+    NULL_MEANS,
     OPEN_BLOCKS,
     DataConfig,
     ModelConfig,
@@ -145,3 +147,38 @@ def check_declared_keys(cfg: DictConfig) -> None:
                 walk(node[key], f"{where}.")
 
     walk(cfg, "")
+
+
+def null_standins(schema: type = None, path: str = "") -> dict[str, str]:
+    """Dotted key of each block a run may leave null -> the block that stands in for it then (field metadata
+    NULL_MEANS: gpt.model -> model)."""
+    schema = schema or Config
+    found = {}
+    hints = get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        if NULL_MEANS in f.metadata:
+            found[f"{path}{f.name}"] = f.metadata[NULL_MEANS]
+        elif dataclasses.is_dataclass(hints[f.name]):
+            found.update(null_standins(hints[f.name], f"{path}{f.name}."))
+    return found
+
+
+def check_overrides_into_null_blocks(overrides: list[str], compose: Callable[[list[str]], DictConfig]) -> None:
+    """Refuse `gpt.model.config.n_layer=4` where gpt.model is null, naming the block to override instead: Hydra sets a
+    key inside a null block with an OmegaConf assertion ("Unexpected type: None") and a traceback. `compose` builds
+    the config from overrides; it runs only when an override reaches into a block that may be null."""
+    standins = null_standins()
+    for override in overrides:
+        key, _, value = override.lstrip("+").partition("=")
+        block = next((b for b in standins if key.startswith(f"{b}.")), None)
+        if block is None or override.startswith("+") and not override.startswith("++"):
+            continue
+        others = [o for o in overrides if o != override]
+        try:
+            cfg = compose(others)
+        except Exception:  # noqa: BLE001 -- Hydra reports the other overrides' errors itself
+            return
+        if OmegaConf.select(cfg, block) is None:
+            instead = f"{standins[block]}{key[len(block):]}={value}"
+            raise SystemExit(f"error: {override}: {block} is null in this run, so {standins[block]} stands in for it; "
+                             f"override {instead} instead")

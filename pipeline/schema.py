@@ -21,6 +21,9 @@ from omegaconf import MISSING
 from pipeline.evaluation.senteval import PAIR_FEATURES
 from pipeline.optim import PRETRAIN_OPTIMIZERS
 
+# Field metadata of a block a run may leave null, naming the block that stands in for it then (gpt.model: `model`)
+NULL_MEANS = "null_means"
+
 PretrainOptimizer = StrEnum("PretrainOptimizer", {name: name for name in PRETRAIN_OPTIMIZERS}, module=__name__)
 InputFormat = StrEnum("InputFormat", {name: name for name in ("raw", "sentence_per_line")}, module=__name__)
 PairFeature = StrEnum("PairFeature", {name: name for name in PAIR_FEATURES}, module=__name__)

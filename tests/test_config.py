@@ -180,3 +180,15 @@ def test_help_lists_the_config_groups_and_nothing_else():
     groups = {line.split(":")[0] for line in listed.splitlines()[2:] if ":" in line}
     assert groups == {p.name for p in CONF_DIR.iterdir() if p.is_dir()}  # not `task` (tasks/), not the schema
 
+
+
+def test_an_override_into_a_null_block_names_the_block_that_stands_in_for_it():
+    """gpt.model is null in a GPT-only run (GPT reads `model`); Hydra would fail inside OmegaConf with a traceback."""
+    from pipeline.config import check_overrides_into_null_blocks, null_standins
+
+    assert null_standins() == {"gpt.model": "model"}
+    with pytest.raises(SystemExit, match=re.escape("error: gpt.model.config.n_layer=4: gpt.model is null in this run, "
+                                                   "so model stands in for it; override model.config.n_layer=4")):
+        check_overrides_into_null_blocks(["+experiment=gpt_tiny", "gpt.model.config.n_layer=4"], _compose)
+    check_overrides_into_null_blocks(["+experiment=bert_vs_gpt", "gpt.model.config.name=gpt_mini"], _compose)
+    check_overrides_into_null_blocks(["+experiment=gpt_tiny", "+gpt.model.config.n_layer=4"], _compose)  # adds one

@@ -9,7 +9,7 @@ from pipeline.gpt import samples
 from pipeline.gpt.downstream import FINETUNE_KINDS
 from pipeline.gpt.encoder import ENCODERS
 from pipeline.gpt.stages import GPT_STAGES, validate
-from pipeline.schema import ModelConfig, PretrainConfig, override_block
+from pipeline.schema import NULL_MEANS, ModelConfig, PretrainConfig, override_block
 
 # GPT's own pretraining settings, gpt.pretrain: pretrain's keys, null where GPT keeps pretrain's value. What a run that
 # pretrains BERT too gives GPT alone (experiment=bert_vs_gpt: gpt.pretrain.lr=1e-3).
@@ -26,7 +26,7 @@ class GptConfig:
     pretrain: GptPretrainConfig = field(default_factory=GptPretrainConfig)
     # A run that pretrains BERT too gives GPT its own model config here (defaults: /model@gpt.model: gpt_tiny), where
     # `model` holds BERT's; null: GPT's is `model`
-    model: Optional[ModelConfig] = None
+    model: Optional[ModelConfig] = field(default=None, metadata={NULL_MEANS: "model"})
 
 
 FAMILY = Family("gpt", stages=GPT_STAGES, pretraining_stages=("gpt_pretrain",), encoders=ENCODERS,
