@@ -342,3 +342,23 @@ def test_the_phases_of_one_family_get_no_budget_table(tmp_path):
     md = write_report(dirs, tmp_path / "report", "unit")["results_md"].read_text()
     assert "## Pretraining budget" not in md
     assert "## Pretraining (pretrain)" in md and "## Pretraining (pretrain_phase2)" in md
+
+
+def test_probe_table_says_where_a_pretrained_encoder_is_not_ahead_of_its_random_twin():
+    from pipeline.evaluation.stage import ENCODERS
+    from pipeline.report.report import frozen_vs_random
+
+    assert ENCODERS["bert_mean"].random_twin == "bert_mean_random" and ENCODERS["elmo"].random_twin == "elmo_random"
+    assert ENCODERS["skip_thought_combine"].random_twin == "skip_thought_combine_random"
+    assert ENCODERS["skip_thought_expanded"].random_twin is None and ENCODERS["glove_bow"].random_twin is None
+    row = lambda model, task, metric, score: {"model": model, "task": task, "metric": metric, "score": score}  # noqa: E731
+    rows = [row("elmo", "MR", "accuracy", 0.70), row("elmo_random", "MR", "accuracy", 0.65),
+            row("elmo", "SICKRelatedness", "pearson", 0.60), row("elmo_random", "SICKRelatedness", "pearson", 0.62),
+            row("bert_mean", "MR", "accuracy", 0.71), row("bert_mean_random", "MR", "accuracy", 0.70),
+            row("glove_bow", "MR", "accuracy", 0.69), row("bert_cls", "MR", "accuracy", 0.6)]  # no twin in the table
+    lines = frozen_vs_random(rows)
+    assert lines[2] == ("- elmo - elmo_random: MR accuracy +0.0500, SICKRelatedness pearson -0.0200; NOT ahead on "
+                        "1 of 2 (SICKRelatedness pearson): there the pretraining gave nothing over the random "
+                        "architecture")
+    assert lines[3] == "- bert_mean - bert_mean_random: MR accuracy +0.0100; ahead on all 1"
+    assert len(lines) == 4

@@ -80,7 +80,7 @@ def _this_run(pooling: str, random_init: bool = False) -> EncoderSpec:
                                             ctx.stage_dir("tokenizer"), pooling=pooling,
                                             random_init_seed=ctx.cfg.seed if random_init else None,
                                             name=f"bert_{pooling}" + ("_random" if random_init else ""))
-    return EncoderSpec(_encoder_stages, build)
+    return EncoderSpec(_encoder_stages, build, random_twin=None if random_init else f"bert_{pooling}_random")
 
 
 ENCODERS = {f"bert_{pooling}{suffix}": _this_run(pooling, random_init=bool(suffix))

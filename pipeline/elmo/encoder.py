@@ -43,5 +43,6 @@ def elmo_encoder(random_init: bool = False):
     return build
 
 
-ENCODERS = {name: EncoderSpec(lambda cfg: ("elmo_vocab", "elmo_pretrain"), elmo_encoder(random_init=random_init))
+ENCODERS = {name: EncoderSpec(lambda cfg: ("elmo_vocab", "elmo_pretrain"), elmo_encoder(random_init=random_init),
+                              random_twin=None if random_init else "elmo_random")
             for name, random_init in (("elmo", False), ("elmo_random", True))}

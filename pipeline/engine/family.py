@@ -34,6 +34,9 @@ class EncoderSpec:
     """A frozen encoder the evaluate stage can probe: the stages it reads and how to build it in that stage."""
     upstream: Upstream
     build: Callable[[StageContext], Encoder]
+    # the same architecture randomly initialised (evaluate.encoders name): the report states what pretraining gave
+    # over it (Wieting & Kiela 2019: random encoders are strong probing baselines)
+    random_twin: str | None = None
 
 
 class TaskModels(Protocol):

@@ -50,5 +50,6 @@ def gpt_encoder(random_init: bool):
     return build
 
 
-ENCODERS = {name: EncoderSpec(lambda cfg: ("gpt_pretrain",), gpt_encoder(random_init))
+ENCODERS = {name: EncoderSpec(lambda cfg: ("gpt_pretrain",), gpt_encoder(random_init),
+                              random_twin=None if random_init else "gpt_mean_random")
             for name, random_init in (("gpt_mean", False), ("gpt_mean_random", True))}

@@ -18,6 +18,7 @@ from pipeline.downstream.finetune import (
     label_efficiency,
     pretraining_scaling,
 )
+from pipeline.evaluation.stage import ENCODERS
 from pipeline.report.plots import (
     Curve,
     plot_label_efficiency,
@@ -89,7 +90,7 @@ def _results_section(stage: str, results: list[dict]) -> list[str]:
                   f"{' / '.join('–' if v is None else f'{v:.4f}' for v in r.get('per_seed') or [])} | "
                   f"{r.get('train_examples', '–')} |" for r in headline]
         return lines + pretrained_vs_random(headline)
-    return lines + _pivot(results) + pair_features_lines(results)
+    return lines + _pivot(results) + pair_features_lines(results) + frozen_vs_random(results)
 
 
 def pair_features_lines(results: list[dict]) -> list[str]:
@@ -103,6 +104,27 @@ def pair_features_lines(results: list[dict]) -> list[str]:
                 tasks.append(row["task"])
     return ["", *(f"- pair features of {', '.join(tasks)}: [{', '.join(names)}] (senteval.pair_features)"
                   for names, tasks in used.items())] if used else []
+
+
+def frozen_vs_random(rows: list[dict]) -> list[str]:
+    """One line per probed encoder whose random twin (EncoderSpec.random_twin) is in the table too: the difference on
+    every task metric, and in plain words the probes where pretraining gave nothing over the random architecture."""
+    score = {(r["model"], f"{r['task']} {r['metric']}"): r["score"] for r in rows}
+    columns = list(dict.fromkeys(f"{r['task']} {r['metric']}" for r in rows))
+    lines = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        twin = ENCODERS[model].random_twin if model in ENCODERS else None
+        differences = [(c, score[model, c] - score[twin, c]) for c in columns
+                       if (model, c) in score and (twin, c) in score]
+        if not differences:
+            continue
+        behind = [c for c, difference in differences if difference <= 0]
+        verdict = (f"ahead on all {len(differences)}" if not behind else
+                   f"NOT ahead on {len(behind)} of {len(differences)} ({', '.join(behind)}): there the pretraining "
+                   "gave nothing over the random architecture")
+        lines.append(f"- {model} - {twin}: " + ", ".join(f"{c} {d:+.4f}" for c, d in differences) + f"; {verdict}")
+    return ["", "Pretrained encoder minus its random twin (the same architecture randomly initialised):", *lines] \
+        if lines else []
 
 
 def pretrained_vs_random(rows: list[dict]) -> list[str]:

@@ -61,7 +61,9 @@ def skip_thought_encoder(name: str, encoders: tuple[str, ...], expand_vocabulary
         # the stages copy the one vocabulary stage's file next to their model
         vocab = WordVocab.load(ctx.stage_dir(stages[0]) / "model" / "vocab.txt")
         return SkipThoughtSentenceEncoder(models, vocab, name, expand_vocabulary)
-    return EncoderSpec(lambda cfg: stages, build)
+    # an expanded vocabulary has no random twin: the random words' map to GloVe would be fitted to noise
+    twin = None if random_init or expand_vocabulary else f"{name}_random"
+    return EncoderSpec(lambda cfg: stages, build, random_twin=twin)
 
 
 ENCODERS = {name: skip_thought_encoder(name, encoders, expand, random_init)
