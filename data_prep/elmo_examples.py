@@ -28,13 +28,23 @@ from models.elmo import SPECIAL_WORDS, sentence_tokens, split_words
 STREAM_SCHEMA = pa.schema([("book_id", pa.string()), ("tokens", pa.list_(pa.string()))])
 
 
+def count_words(sentences: Iterable[str]) -> Counter:
+    """How often each word occurs, words as the biLM splits them (models.elmo.split_words)."""
+    return Counter(word for text in sentences for word in split_words(text))
+
+
 def build_word_vocab(sentences: Iterable[str], max_size: int, min_count: int) -> list[str]:
+    """<S>, </S>, <UNK>, then the most frequent words of `sentences`: vocab_from_counts of their count_words."""
+    return vocab_from_counts(count_words(sentences), max_size, min_count)
+
+
+def vocab_from_counts(counts: Counter, max_size: int, min_count: int) -> list[str]:
     """<S>, </S>, <UNK>, then the most frequent words (ties broken alphabetically), at most max_size in all.
 
     Sorted by frequency on purpose: the sampled softmax draws log-uniform (Zipfian) candidates by rank."""
     if max_size <= len(SPECIAL_WORDS):
         raise ValueError(f"elmo.vocab_size={max_size} leaves no room for words next to {SPECIAL_WORDS}; raise it")
-    counts = Counter(word for text in sentences for word in split_words(text))
+    counts = Counter(counts)
     for special in SPECIAL_WORDS:
         counts.pop(special, None)
     ranked = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))

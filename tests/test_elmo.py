@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+from collections import Counter
 from pathlib import Path
 
 import hydra
@@ -103,6 +104,25 @@ def write_streams(tmp_path: Path, n_books: int = 6, sentences: int = 40, seed: i
 
 # -----------------------------------------------------------------------------
 # Data functions
+
+
+def test_vocabulary_counted_per_shard_equals_the_one_counted_over_the_whole_corpus(tmp_path):
+    import pyarrow as pa
+
+    from data_prep.elmo_examples import vocab_from_counts
+    from pipeline.elmo.stages import count_shard_words
+
+    shards = [["b a b, c", "b a d"], ["d d e", "a"], ["e, b"]]
+    counts = Counter()
+    for i, texts in enumerate(shards):
+        path = tmp_path / f"shard-{i:05d}.arrow"
+        with pa.ipc.new_file(str(path), pa.schema([("text", pa.string())])) as writer:
+            writer.write_table(pa.table({"text": texts}))
+        counts.update(count_shard_words(i, path))
+    everything = [t for texts in shards for t in texts]
+    for max_size, min_count in ((6, 1), (20, 1), (20, 2)):
+        assert vocab_from_counts(counts, max_size, min_count) == build_word_vocab(everything, max_size, min_count)
+    assert vocab_from_counts(counts, 20, 1)[3:6] == ["b", "a", "d"]  # b: 4, a: 3, d: 3 (a before d on the tie)
 
 
 def test_word_vocab_is_specials_then_words_by_frequency(tmp_path):
