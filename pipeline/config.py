@@ -149,7 +149,7 @@ def check_declared_keys(cfg: DictConfig) -> None:
     walk(cfg, "")
 
 
-def null_standins(schema: type = None, path: str = "") -> dict[str, str]:
+def null_standins(schema: type | None = None, path: str = "") -> dict[str, str]:
     """Dotted key of each block a run may leave null -> the block that stands in for it then (field metadata
     NULL_MEANS: gpt.model -> model)."""
     schema = schema or Config

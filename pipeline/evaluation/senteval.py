@@ -149,7 +149,7 @@ class ClassifierSettings:
     """How the logistic regression is trained and selected (conf/senteval `classifier`) and what a sentence-pair
     task feeds it (`pair_features`)."""
     l2_grid: tuple[float, ...] = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
-    max_iter: int = 100  # L-BFGS iterations per fit
+    max_iter: int = 100  # L-BFGS iterations per fit (fit_softmax_regressions: one fit for many problems)
     cv_folds: int = 10  # outer folds of single-sentence tasks (SentEval's MR/CR/SUBJ/MPQA protocol)
     inner_folds: int = 5  # folds that choose the L2 strength where a task has no validation split (SentEval: 5)
     pair_features: tuple[str, ...] = DEFAULT_PAIR_FEATURES  # what a pair task feeds it (senteval.pair_features)
