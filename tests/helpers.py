@@ -62,6 +62,18 @@ def write_sentiment_task(root: Path, n_train: int = 160, n_dev: int = 40, seed: 
     return root
 
 
+def write_stsb(root: Path) -> None:
+    """STS-B layout: a float similarity score for a sentence pair."""
+    rng = random.Random(1)
+    root.mkdir(parents=True)
+    for name, n in (("train.tsv", 40), ("dev.tsv", 12)):
+        rows = ["index\tsentence1\tsentence2\tscore"]
+        for i in range(n):
+            rows.append(f"{i}\t{rng.choice(SUBJECTS)} {rng.choice(POSITIVE)}\t{rng.choice(SUBJECTS)}"
+                        f"\t{rng.uniform(0, 5):.2f}")
+        (root / name).write_text("\n".join(rows) + "\n")
+
+
 # Overrides that shrink bert_tiny to seconds: tiny corpus, small vocab, a few steps.
 TINY_OVERRIDES = [
     "tokenizer.vocab_size=300", "tokenizer.min_frequency=1", "data.shard_bytes=4000", "data.min_tokens=2",

@@ -8,29 +8,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from data_prep.tokenizer import train_wordpiece
 from models.bert import BertModel, bert_config, save_pretrained, to_hf
+from models.checkpoint import random_twin
 from pipeline import CONF_DIR
 from pipeline.downstream import finetune as finetuning
 from pipeline.engine.dag import StageContext, plain_config
-from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, write_sentiment_task
+from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, write_sentiment_task, write_stsb
 
 WORDS = SUBJECTS + OBJECTS + POSITIVE + NEGATIVE + ["peter", "paris", "went", "to", "smith", "london"]
-
-
-def _write_stsb(root: Path) -> None:
-    """STS-B layout: a float similarity score for a sentence pair."""
-    rng = random.Random(1)
-    root.mkdir(parents=True)
-    for name, n in (("train.tsv", 40), ("dev.tsv", 12)):
-        rows = ["index\tsentence1\tsentence2\tscore"]
-        for i in range(n):
-            rows.append(f"{i}\t{rng.choice(SUBJECTS)} {rng.choice(POSITIVE)}\t{rng.choice(SUBJECTS)}"
-                        f"\t{rng.uniform(0, 5):.2f}")
-        (root / name).write_text("\n".join(rows) + "\n")
 
 
 def _write_conll(root: Path) -> None:
@@ -54,7 +44,7 @@ def ctx(tmp_path) -> StageContext:
                     pretrain_dir / "encoder")
     glue = tmp_path / "glue"
     write_sentiment_task(glue / "SST-2", n_train=32, n_dev=16)
-    _write_stsb(glue / "STS-B")
+    write_stsb(glue / "STS-B")
     _write_conll(glue / "conll2003")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
@@ -158,6 +148,15 @@ def test_elmo_is_fine_tuned_feature_based_on_every_task_family(ctx, tmp_path):
     assert by_key[("elmo", "sst2", "accuracy")]["dev_examples"] == 16
     conll = {metric: by_key[("elmo", "conll2003", metric)]["score"] for metric in ("precision", "recall", "f1")}
     assert conll == pytest.approx({"precision": 0.75, "recall": 1.0, "f1": 6 / 7}, abs=1e-4)  # _write_conll
+
+    # elmo_random: the same heads on the biLM's randomly initialised twin, encoded apart from the trained biLM's
+    trained, twin = (finetuning.MODEL_KINDS[kind].load(ctx) for kind in ("elmo", "elmo_random"))
+    assert finetuning.MODEL_KINDS["elmo"].random_twin == "elmo_random" and twin.encoding_key != trained.encoding_key
+    expected = random_twin(elmo.load_pretrained(tmp_path / "elmo" / "bilm"), ctx.cfg.seed).state_dict()
+    assert twin.bilm.state_dict().keys() == expected.keys()
+    assert all(torch.equal(twin.bilm.state_dict()[k], expected[k]) for k in expected)
+    assert not torch.equal(twin.bilm.state_dict()["token_encoder.char_embedding.weight"],
+                           trained.bilm.state_dict()["token_encoder.char_embedding.weight"])
 
 
 def test_train_sizes_draw_stratified_subsets_deterministic_per_seed():

@@ -3,18 +3,30 @@ in two stages on one vocabulary and one set of triples; the evaluate stage probe
 their random twins."""
 from __future__ import annotations
 
+import copy
 import csv
 import json
 
 import numpy as np
 import pytest
+import torch
 
 from data_prep.skip_thought_examples import tokenize
 from models.skip_thought import load_pretrained
+from pipeline.downstream.finetune import MODEL_KINDS, finetune, finetune_upstream
+from pipeline.downstream.tasks import load_task, read_split
 from pipeline.engine.dag import StageContext
 from pipeline.evaluation.stage import ENCODERS
 from pipeline.runner import validate
-from tests.helpers import SENTEVAL_MR_ONLY, TINY_FAMILIES, TinyRun, tiny_config, write_mr
+from tests.helpers import (
+    SENTEVAL_MR_ONLY,
+    TINY_FAMILIES,
+    TinyRun,
+    tiny_config,
+    write_mr,
+    write_sentiment_task,
+    write_stsb,
+)
 
 TRAINED = ("skip_thought", "skip_thought_bi", "skip_thought_combine")
 SENTENCES = [tokenize(s) for s in ("The captain found the ship at night.", "A stranger answered.",
@@ -106,3 +118,43 @@ def test_evaluate_probes_uni_bi_and_combine_skip_beside_their_random_twins(combi
 def test_an_encoder_kind_in_the_model_config_is_refused_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="model.config.encoder=bi: each Skip-Thought pretraining stage trains"):
         validate(combine_config(tmp_path, ("+model.config.encoder=bi",)))
+
+
+def test_finetune_trains_a_linear_model_on_frozen_vectors_of_combine_skip_and_its_twin(combine_run, tmp_path):
+    """finetune.models=[skip_thought_combine, skip_thought_combine_random] (Kiros et al. §3): each task's sentences
+    encoded once by the frozen encoder, a standardised linear model on u or on [|u-v|, u*v] per seed, scored by the
+    task's metric."""
+    glue = tmp_path / "glue"
+    write_sentiment_task(glue / "SST-2", n_train=32, n_dev=16)
+    write_stsb(glue / "STS-B")
+    cfg = copy.deepcopy(combine_run.cfg)
+    cfg.finetune.task, cfg.finetune.data_dir, cfg.finetune.seeds = ["sst2", "stsb"], str(glue), [1]
+    cfg.finetune.models = ["skip_thought_combine", "skip_thought_combine_random"]
+    assert finetune_upstream(cfg) == ("skip_thought_pretrain", "skip_thought_bi_pretrain")
+    (tmp_path / "finetune").mkdir()
+    ctx = StageContext(cfg, "finetune", tmp_path / "finetune",
+                       {u: combine_run.stage_dir(u) for u in finetune_upstream(cfg)})
+    scores = {(r["model"], r["task"], r["metric"]): r["score"] for r in finetune(ctx)["results"]}
+    for model in ("skip_thought_combine", "skip_thought_combine_random"):
+        assert {k for k in scores if k[0] == model} == {(model, "sst2", "accuracy"), (model, "stsb", "pearson"),
+                                                        (model, "stsb", "spearman")}
+    assert MODEL_KINDS["skip_thought_combine"].random_twin == "skip_thought_combine_random"
+
+    models = MODEL_KINDS["skip_thought_combine"].load(ctx)
+    task = load_task("stsb")
+    data = models.encode(task, glue / task.data_subdir, cfg.finetune, cfg.seed, None)
+    train = read_split(task, glue / task.data_subdir / task.train_file)
+    encoder = ENCODERS["skip_thought_combine"].build(ctx)
+    u, v = (encoder.batcher([t.split() for t in texts]) for texts in (train.texts_a, train.texts_b))
+    np.testing.assert_allclose(np.stack([r["u"] for r in data.train]), u, atol=1e-6)  # the frozen encoder's vectors
+    features = np.concatenate([np.abs(u - v), u * v], axis=1)
+    head = models.build(data)
+    np.testing.assert_allclose(head.mean.numpy(), features.mean(0), rtol=1e-4, atol=1e-6)
+    batch = data.collate(data.train[:4])
+    expected = (features[:4] - head.mean.numpy()) / head.scale.numpy() @ head.classifier.weight.detach().numpy().T
+    np.testing.assert_allclose(head(batch["u"], batch["v"]).detach().numpy(),
+                               expected + head.classifier.bias.detach().numpy(), rtol=1e-4, atol=1e-5)
+    assert batch["labels"].dtype == torch.float32 and set(dict(head.named_parameters())) == {"classifier.weight",
+                                                                                            "classifier.bias"}
+    with pytest.raises(ValueError, match="Skip-Thought vectors are sentence vectors.*drop skip_thought_combine"):
+        models.encode(load_task("conll2003"), glue, cfg.finetune, cfg.seed, None)

@@ -49,6 +49,12 @@ def collate_question_answering(rows: list[dict], pad_id: int = 0) -> dict[str, t
             "feature_index": torch.tensor([index for index, _ in rows])}
 
 
+def model_inputs(batch: dict) -> dict[str, torch.Tensor]:
+    """A sentence (pair) batch without its labels: the keyword arguments of the task model's forward (BERT's
+    input_ids, token_type_ids and attention_mask; sentence vectors u and v for a head on a frozen encoder)."""
+    return {key: value for key, value in batch.items() if key != "labels"}
+
+
 class FinetuneModule(L.LightningModule):
     """Training step, logging and BERT's optimiser shared by the modules below and ELMo's ElmoTaskModule
     (pipeline/elmo/downstream.py); subclasses save lr, weight_decay, warmup_steps and total_steps as hyperparameters,
@@ -64,7 +70,7 @@ class FinetuneModule(L.LightningModule):
         if not torch.isfinite(loss):
             raise FloatingPointError(f"fine-tuning loss is {loss.item()} at step {self.global_step}; "
                                      "lower finetune.lr")
-        rows = batch["input_ids"] if "input_ids" in batch else batch["inputs"]  # BERT's or ELMo's inputs
+        rows = next(iter(batch.values()))  # every entry of a batch is batch-first
         self.log("train/loss", loss.detach(), prog_bar=True, batch_size=rows.shape[0])
         return loss
 
@@ -72,12 +78,14 @@ class FinetuneModule(L.LightningModule):
         self.scores = scores
         self.log_dict({f"val/{name}": float(value) for name, value in scores.items()}, prog_bar=True)
 
-    # finetune.encoder_lr_factor: the task model's pretrained `encoder` trains at this factor x the head's lr
+    # finetune.encoder_lr_factor: the task model's pretrained `encoder` trains at this factor x the head's lr (a head on
+    # a frozen encoder, which has no `encoder` to train, ignores it)
     encoder_lr_factor: float = 1.0
 
     def configure_optimizers(self):
         hp = self.hparams
-        slower = (self.model.encoder, self.encoder_lr_factor) if self.encoder_lr_factor != 1.0 else None
+        encoder = getattr(self.model, "encoder", None)
+        slower = (encoder, self.encoder_lr_factor) if encoder is not None and self.encoder_lr_factor != 1.0 else None
         return adamw_with_linear_schedule(self.model, hp.lr, hp.weight_decay, (0.9, 0.999), hp.warmup_steps,
                                           hp.total_steps, slower=slower)
 
@@ -93,7 +101,7 @@ class ClassificationModule(FinetuneModule):
         self._predictions, self._references = [], []
 
     def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        logits = self.model(**model_inputs(batch))
         return F.cross_entropy(logits.float(), batch["labels"]), logits.argmax(-1)
 
     def on_validation_epoch_start(self) -> None:
@@ -122,7 +130,7 @@ class RegressionModule(FinetuneModule):
         if not batch["labels"].is_floating_point():
             raise TypeError("regression labels arrived as integers, so scores were truncated; collate them as "
                             "float tensors")
-        predictions = self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).squeeze(-1)
+        predictions = self.model(**model_inputs(batch)).squeeze(-1)
         return F.mse_loss(predictions.float(), batch["labels"].float()), predictions
 
     def on_validation_epoch_start(self) -> None:

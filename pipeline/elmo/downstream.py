@@ -1,5 +1,5 @@
 """ELMo used feature-based on the downstream tasks (Peters et al. 2018, §3.3): the frozen biLM, a trainable scalar mix
-and a small task head; `finetune.models=[elmo]`."""
+and a small task head; `finetune.models=[elmo]`, and `elmo_random` for the same with the biLM randomly initialised."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,6 +14,7 @@ from torch import nn
 
 from data_prep.elmo_examples import read_word_vocab
 from models import IGNORE_INDEX
+from models.checkpoint import random_twin
 from models.elmo import ElmoEmbedder, ElmoSentenceClassifier, ElmoTokenTagger, load_pretrained
 from pipeline.downstream.modules import FinetuneModule
 from pipeline.downstream.task_data import TaskData, conll_sentences, subsample, tsv_splits
@@ -39,13 +40,21 @@ class ElmoTaskModels:
         return data.make_model(None)
 
 
-def _load(ctx: StageContext) -> ElmoTaskModels:
-    bilm_dir = ctx.stage_dir("elmo_pretrain") / "bilm"
-    return ElmoTaskModels(load_pretrained(bilm_dir).eval(), read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"),
-                          str(bilm_dir))
+def _load(random_init: bool):
+    """The run's biLM, or (random_init) its randomly initialised twin, the baseline its features must beat."""
+    def load(ctx: StageContext) -> ElmoTaskModels:
+        bilm_dir = ctx.stage_dir("elmo_pretrain") / "bilm"
+        bilm = load_pretrained(bilm_dir)
+        if random_init:
+            bilm = random_twin(bilm, ctx.cfg.seed)
+        return ElmoTaskModels(bilm.eval(), read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"),
+                              f"{bilm_dir}{' random' if random_init else ''}")
+    return load
 
 
-FINETUNE_KINDS = {"elmo": FinetuneKind(lambda cfg: ("elmo_vocab", "elmo_pretrain"), _load)}
+FINETUNE_KINDS = {"elmo": FinetuneKind(lambda cfg: ("elmo_vocab", "elmo_pretrain"), _load(random_init=False),
+                                       random_twin="elmo_random"),
+                  "elmo_random": FinetuneKind(lambda cfg: ("elmo_vocab", "elmo_pretrain"), _load(random_init=True))}
 
 
 def load_elmo_task_data(task: DictConfig, data_dir: Path, bilm_and_vocab: tuple, max_train_examples: int | None,

@@ -1,9 +1,10 @@
 """Skip-Thought (Kiros et al. 2015): its stages, uni-skip's and bi-skip's pretraining among them, and the trained
-encoders, combine-skip too, for `evaluate`."""
+encoders, combine-skip too, for `evaluate` and, frozen under a linear model, for `finetune`."""
 from dataclasses import dataclass
 
 from pipeline.engine.family import Family
 from pipeline.engine.settings import POSITIVE_INT
+from pipeline.skip_thought.downstream import FINETUNE_KINDS
 from pipeline.skip_thought.encoder import ENCODERS
 from pipeline.skip_thought.stages import PRETRAINING_STAGES, SKIP_THOUGHT_STAGES, validate
 
@@ -17,5 +18,6 @@ class SkipThoughtConfig:
 
 
 FAMILY = Family("skip_thought", stages=tuple(SKIP_THOUGHT_STAGES),
-                pretraining_stages=tuple(PRETRAINING_STAGES.values()), encoders=ENCODERS, validate=validate,
+                pretraining_stages=tuple(PRETRAINING_STAGES.values()), encoders=ENCODERS,
+                finetune_kinds=FINETUNE_KINDS, validate=validate,
                 config={"skip_thought": SkipThoughtConfig}, numbers={"skip_thought.max_words": POSITIVE_INT})
