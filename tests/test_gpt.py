@@ -181,6 +181,26 @@ def test_next_token_logits_are_the_last_positions_logits_and_fill_the_cache():
     assert cache.length == 9
 
 
+def test_decoding_reads_the_embeddings_as_they_are_now_after_a_training_step_or_a_load():
+    """The transposed LM head that decoding keeps between calls is made again whenever the tied embeddings change."""
+    model = tiny_model()
+    idx = tokens(1, 5)
+
+    def decoded_and_full():
+        return model.next_token_logits(idx, model.new_cache(1, 5)), model(idx).logits[:, -1]
+
+    first, _ = decoded_and_full()
+    model(idx, idx).loss.backward()
+    torch.optim.SGD(model.parameters(), lr=0.5).step()
+    after_step, full = decoded_and_full()
+    assert not torch.allclose(after_step, first, atol=1e-3)
+    torch.testing.assert_close(after_step, full, atol=1e-5, rtol=0)
+    model.load_state_dict(tiny_model(seed=1).state_dict())  # copied into the same tensors
+    after_load, full = decoded_and_full()
+    torch.testing.assert_close(after_load, full, atol=1e-5, rtol=0)
+    assert model.decoding_output_weight() is model.decoding_output_weight()  # unchanged weights: the copy is kept
+
+
 def test_cache_longer_than_allocated_is_an_error():
     model = tiny_model()
     cache = model.new_cache(1, 4)
