@@ -46,14 +46,14 @@ class SkipThoughtTaskModels:
         train, dev, majority_scores = tsv_splits(task, data_dir, finetune.max_train_examples, seed, selection_fraction)
         pair, regression = train.texts_b is not None, task.labels is None
 
-        def vectors(split: TaskSplit) -> list[np.ndarray]:  # [u] or [u, v]
+        def split_vectors(split: TaskSplit) -> list[np.ndarray]:  # [u] or [u, v]
             return [self.vectors(split.texts_a)] + ([self.vectors(split.texts_b)] if pair else [])
 
         def rows(split: TaskSplit, sentence_vectors: list[np.ndarray]) -> list[dict]:
             return [{**dict(zip("uv", (x[i] for x in sentence_vectors))), "label": split.labels[i]}
                     for i in range(len(split.labels))]
 
-        train_vectors = vectors(train)
+        train_vectors = split_vectors(train)
         size, outputs = train_vectors[0].shape[1], 1 if regression else len(task.labels)
         # standardised with the whole train split's features (no labels read), so that every (size, seed) subset
         # is scaled alike
@@ -67,7 +67,7 @@ class SkipThoughtTaskModels:
             return model
 
         module = RegressionModule if regression else partial(ClassificationModule, metric=task.metric)
-        return TaskData(rows(train, train_vectors), rows(dev, vectors(dev)), collate_vectors, make_model, module,
+        return TaskData(rows(train, train_vectors), rows(dev, split_vectors(dev)), collate_vectors, make_model, module,
                         majority_scores, None if regression else train.labels)
 
     def build(self, data: TaskData) -> nn.Module:
