@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from models.bert import BertForPreTraining, bert_config  # noqa: E402
 from pipeline.bert.data import PretrainingInstances  # noqa: E402
 from pipeline.bert.module import bert_pretraining_losses  # noqa: E402
 from pipeline.engine.arrow import read_arrow  # noqa: E402
-from pipeline.optim import adamw_with_linear_schedule  # noqa: E402
+from pipeline.optim import LR_DECAYS, adamw_with_schedule  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -44,7 +43,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--sched", default="linear", choices=["linear", "cosine"])
+    p.add_argument("--sched", default="linear", choices=list(LR_DECAYS))
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--bs", type=int, default=32)
     p.add_argument("--seqlen", type=int, default=128)
@@ -86,13 +85,8 @@ def main() -> None:
                                            pre_layer_norm=bool(a.preln), hidden_dropout_prob=a.dropout,
                                            attention_probs_dropout_prob=a.dropout, position_embedding_type=a.pos,
                                            **shape))
-    optimization = adamw_with_linear_schedule(model, a.lr, 0.01, (0.9, 0.999), a.warmup, a.steps)
+    optimization = adamw_with_schedule(model, a.lr, 0.01, (0.9, 0.999), a.warmup, a.steps, decay=a.sched)
     optimizer, schedule = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
-    if a.sched == "cosine":
-        warmup = max(1, a.warmup)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: (s + 1) / warmup if s < warmup else
-                                                     0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup) /
-                                                                                        max(1, a.steps - warmup)))))
 
     @torch.no_grad()
     def evaluate() -> list[float]:

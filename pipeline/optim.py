@@ -1,6 +1,9 @@
 """The optimisers and schedules every family trains with: AdamW without decay on biases and LayerNorm and a linear
-warmup/decay schedule (BERT §A.2), LazyAdamW for sparse gradients (ELMo's sampled softmax), LAMB for large batches."""
+warmup, then a linear (BERT §A.2) or cosine (Loshchilov & Hutter 2017, without restarts) decay; LazyAdamW for sparse
+gradients (ELMo's sampled softmax), LAMB for large batches."""
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -24,15 +27,24 @@ def _decay_groups(module: nn.Module, weight_decay: float, lr: float | None = Non
     return groups
 
 
-def _with_linear_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int) -> dict:
-    """Lightning's optimizer dict: linear warmup to the peak lr over `warmup_steps`, then linear decay to 0 at
+# pretrain.lr_decay: the shape of the decay from the peak lr to 0 after the warmup. Linear warmup then linear decay is
+# also the "one-cycle" of Izsak et al. 2021 (BERT in 24 h).
+LR_DECAYS = ("linear", "cosine")
+
+
+def _with_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int,
+                   decay: str = "linear") -> dict:
+    """Lightning's optimizer dict: linear warmup to the peak lr over `warmup_steps`, then `decay` (LR_DECAYS) to 0 at
     `total_steps`, stepped once per optimizer step (not per batch, so gradient accumulation keeps the schedule)."""
+    if decay not in LR_DECAYS:
+        raise ValueError(f"lr decay {decay!r} is not known; use one of {list(LR_DECAYS)}")
     warmup_steps = max(1, warmup_steps)
 
     def factor(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / warmup_steps
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+        remaining = max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))  # 1 -> 0
+        return remaining if decay == "linear" else 0.5 * (1.0 - math.cos(math.pi * remaining))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
@@ -111,15 +123,15 @@ def clip_grad_norm_with_sparse(parameters, max_norm: float) -> torch.Tensor:
     return total
 
 
-def adamw_with_linear_schedule(module: nn.Module, lr: float, weight_decay: float, betas, warmup_steps: int,
-                               total_steps: int, slower: tuple[nn.Module, float] | None = None):
-    """AdamW without decay on biases and LayerNorm weights, linear warmup then linear decay to 0 (BERT §A.2).
+def adamw_with_schedule(module: nn.Module, lr: float, weight_decay: float, betas, warmup_steps: int,
+                        total_steps: int, slower: tuple[nn.Module, float] | None = None, decay: str = "linear"):
+    """AdamW without decay on biases and LayerNorm weights, linear warmup then `decay` to 0 (_with_schedule).
     LazyAdamW, which is AdamW for dense gradients, so that sparse ones (ELMo's sampled softmax) are taken too.
     `slower`: (submodule, factor) trained at factor x lr (_decay_groups)."""
     # fused: one kernel over all tensors instead of a Python loop of ~10 ops per tensor; 0.3-0.5 s -> 0.05-0.09 s
     # per step at bert_base on this CPU (~5 % of the step).
     optimizer = LazyAdamW(_decay_groups(module, weight_decay, lr, slower), lr=lr, betas=tuple(betas), fused=True)
-    return _with_linear_schedule(optimizer, warmup_steps, total_steps)
+    return _with_schedule(optimizer, warmup_steps, total_steps, decay)
 
 
 class Lamb(torch.optim.Optimizer):
@@ -169,15 +181,15 @@ class Lamb(torch.optim.Optimizer):
         return loss
 
 
-def lamb_with_linear_schedule(module: nn.Module, lr: float, weight_decay: float, betas, warmup_steps: int,
-                              total_steps: int):
-    """LAMB with the same parameter groups and schedule as adamw_with_linear_schedule (You et al. §4: BERT with
+def lamb_with_schedule(module: nn.Module, lr: float, weight_decay: float, betas, warmup_steps: int,
+                       total_steps: int, decay: str = "linear"):
+    """LAMB with the same parameter groups and schedule as adamw_with_schedule (You et al. §4: BERT with
     batches up to 64k)."""
     optimizer = Lamb(_decay_groups(module, weight_decay), lr=lr, betas=tuple(betas))
-    return _with_linear_schedule(optimizer, warmup_steps, total_steps)
+    return _with_schedule(optimizer, warmup_steps, total_steps, decay)
 
 
-PRETRAIN_OPTIMIZERS = {"adamw": adamw_with_linear_schedule, "lamb": lamb_with_linear_schedule}
+PRETRAIN_OPTIMIZERS = {"adamw": adamw_with_schedule, "lamb": lamb_with_schedule}
 
 
 

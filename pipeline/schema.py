@@ -19,12 +19,13 @@ from typing import Any, Optional, get_type_hints
 from omegaconf import MISSING
 
 from pipeline.evaluation.senteval import PAIR_FEATURES
-from pipeline.optim import PRETRAIN_OPTIMIZERS
+from pipeline.optim import LR_DECAYS, PRETRAIN_OPTIMIZERS
 
 # Field metadata of a block a run may leave null, naming the block that stands in for it then (gpt.model: `model`)
 NULL_MEANS = "null_means"
 
 PretrainOptimizer = StrEnum("PretrainOptimizer", {name: name for name in PRETRAIN_OPTIMIZERS}, module=__name__)
+LrDecay = StrEnum("LrDecay", {name: name for name in LR_DECAYS}, module=__name__)
 InputFormat = StrEnum("InputFormat", {name: name for name in ("raw", "sentence_per_line")}, module=__name__)
 PairFeature = StrEnum("PairFeature", {name: name for name in PAIR_FEATURES}, module=__name__)
 
@@ -60,6 +61,7 @@ class PretrainConfig:
     batch_size: int = MISSING
     lr: float = MISSING
     warmup_steps: int = MISSING
+    lr_decay: LrDecay = MISSING
     weight_decay: float = MISSING
     betas: list[float] = MISSING
     grad_clip: Optional[float] = MISSING

@@ -363,7 +363,7 @@ def test_every_position_scheme_lets_masked_lm_learn_from_the_neighbours(position
     a task only neighbours solve; each scheme must get well below it in a few hundred steps."""
     from data_prep.bert_examples import BertPretrainingCollator
     from pipeline.bert.module import bert_pretraining_losses
-    from pipeline.optim import adamw_with_linear_schedule
+    from pipeline.optim import adamw_with_schedule
     from tests.helpers import successor_corpus
 
     vocab, rng = 45, np.random.default_rng(0)
@@ -376,7 +376,7 @@ def test_every_position_scheme_lets_masked_lm_learn_from_the_neighbours(position
                                             position_embedding_type=position_embedding_type,
                                             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
     steps = 300
-    optimization = adamw_with_linear_schedule(model, 3e-3, 0.0, (0.9, 0.999), 10, steps)
+    optimization = adamw_with_schedule(model, 3e-3, 0.0, (0.9, 0.999), 10, steps)
     for _ in range(steps):
         batch = collator([train[int(i)] for i in rng.integers(0, len(train), 32)])
         optimization["optimizer"].zero_grad()

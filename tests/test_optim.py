@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from models.bert import BertForPreTraining, bert_config
 from pipeline.bert.module import BertPretrainModule
-from pipeline.optim import Lamb, adamw_with_linear_schedule, lamb_with_linear_schedule
+from pipeline.optim import Lamb, adamw_with_schedule, lamb_with_schedule
 
 
 def test_lamb_first_step_by_hand():
@@ -68,7 +68,7 @@ def test_lamb_rejects_bad_hyperparameters():
         Lamb([torch.zeros(1, requires_grad=True)], betas=(0.9, 1.0))
 
 
-@pytest.mark.parametrize("make", [adamw_with_linear_schedule, lamb_with_linear_schedule])
+@pytest.mark.parametrize("make", [adamw_with_schedule, lamb_with_schedule])
 def test_groups_and_schedule(make):
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
     out = make(model, lr=1.0, weight_decay=0.01, betas=(0.9, 0.999), warmup_steps=4, total_steps=12)
@@ -81,6 +81,37 @@ def test_groups_and_schedule(make):
         out["optimizer"].step()
         scheduler.step()
     assert lrs == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 7 / 8, 6 / 8, 5 / 8, 4 / 8, 3 / 8, 2 / 8, 1 / 8, 0.0])
+
+
+def test_cosine_decay_falls_from_the_peak_to_zero_along_half_a_cosine():
+    model = torch.nn.Linear(2, 2)
+    out = adamw_with_schedule(model, lr=1.0, weight_decay=0.0, betas=(0.9, 0.999), warmup_steps=2, total_steps=10,
+                              decay="cosine")
+    factor = out["lr_scheduler"]["scheduler"].lr_lambdas[0]
+    remaining = [(10 - step) / 8 for step in range(2, 11)]  # 1 -> 0 after the warmup
+    assert [factor(step) for step in range(11)] == pytest.approx(
+        [0.5, 1.0, *(0.5 * (1 - math.cos(math.pi * r)) for r in remaining)])
+    assert factor(6) == pytest.approx(0.5) and factor(4) == pytest.approx(0.5 + 0.5 * math.sqrt(0.5))
+    with pytest.raises(ValueError, match="lr decay 'step' is not known; use one of"):
+        adamw_with_schedule(model, 1.0, 0.0, (0.9, 0.999), 2, 10, decay="step")
+
+
+@pytest.mark.parametrize("family", ["bert", "elmo", "skip_thought", "gpt"])
+def test_every_family_pretrains_with_the_configured_lr_decay(family_data, family):
+    """pretrain.lr_decay reaches the optimizer of each family's pretraining stage, as built by the stage itself."""
+    from pipeline.engine.dag import StageContext
+    from pipeline.stages import STAGES
+    from tests.helpers import TINY_FAMILIES
+
+    run = family_data(family)
+    name = TINY_FAMILIES[family].pretraining_stage
+    cfg = run.cfg.copy()
+    cfg.pretrain.lr_decay, cfg.pretrain.warmup_steps, cfg.pretrain.max_steps = "cosine", 2, 10
+    task = STAGES[name].fn.keywords["task"]
+    module = task.build_module(StageContext(cfg, name, run.stage_dir(name),
+                                            {u: run.stage_dir(u) for u in run.plan.stages[name].upstream}))
+    factor = module.configure_optimizers()["lr_scheduler"]["scheduler"].lr_lambdas[0]
+    assert factor(4) == pytest.approx(0.5 + 0.5 * math.sqrt(0.5))  # linear: 0.75
 
 
 def _module(optimizer: str = "adamw") -> BertPretrainModule:
@@ -206,10 +237,10 @@ def test_clipping_with_sparse_gradients_equals_clip_grad_norm_on_dense_ones():
 
 def test_a_slower_submodule_trains_at_its_factor_of_the_rate_through_the_schedule():
     from models.bert import BertForSequenceClassification
-    from pipeline.optim import adamw_with_linear_schedule
+    from pipeline.optim import adamw_with_schedule
 
     model = BertForSequenceClassification(bert_config("bert_tiny", vocab_size=64, max_position_embeddings=16), 2)
-    out = adamw_with_linear_schedule(model, 1e-3, 0.01, (0.9, 0.999), warmup_steps=1, total_steps=10,
+    out = adamw_with_schedule(model, 1e-3, 0.01, (0.9, 0.999), warmup_steps=1, total_steps=10,
                                      slower=(model.bert, 0.1))
     optimizer, scheduler = out["optimizer"], out["lr_scheduler"]["scheduler"]
     encoder = {id(p) for p in model.bert.parameters()}

@@ -15,7 +15,7 @@ from pipeline.bert.data import PretrainingInstances
 from pipeline.bert.diagnostics import PLATEAU_MARGIN_NATS, plateau_message, unigram_cross_entropy
 from pipeline.bert.module import bert_pretraining_losses
 from pipeline.engine.arrow import read_arrow
-from pipeline.optim import adamw_with_linear_schedule
+from pipeline.optim import adamw_with_schedule
 from tests.helpers import successor_corpus
 
 CLS, SEP, MASK = 2, 3, 4
@@ -80,7 +80,7 @@ def test_the_warning_fires_on_an_untrained_model_and_not_on_a_trained_one():
     assert plateau_message(_held_out_mlm_loss(model, val_batches), unigram) is not None
 
     steps = 200
-    optimization = adamw_with_linear_schedule(model, 1e-2, 0.0, (0.9, 0.999), 10, steps)
+    optimization = adamw_with_schedule(model, 1e-2, 0.0, (0.9, 0.999), 10, steps)
     optimizer, schedule = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
     model.train()
     for step in range(steps):

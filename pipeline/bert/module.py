@@ -56,8 +56,8 @@ class BertPretrainModule(L.LightningModule):
     objective="electra" replaced-token detection on an `ElectraForPreTraining`."""
 
     def __init__(self, model: nn.Module, lr: float, weight_decay: float, betas, warmup_steps: int,
-                 max_steps: int, optimizer: str = "adamw", next_sentence_prediction: bool = True,
-                 objective: str = "mlm", discriminator_weight: float = 50.0):
+                 max_steps: int, optimizer: str = "adamw", lr_decay: str = "linear",
+                 next_sentence_prediction: bool = True, objective: str = "mlm", discriminator_weight: float = 50.0):
         super().__init__()
         if optimizer not in PRETRAIN_OPTIMIZERS:
             raise ValueError(f"pretrain.optimizer={optimizer!r} is not known; use one of {sorted(PRETRAIN_OPTIMIZERS)}")
@@ -91,4 +91,4 @@ class BertPretrainModule(L.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         return PRETRAIN_OPTIMIZERS[hp.optimizer](self.model, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps,
-                                                 hp.max_steps)
+                                                 hp.max_steps, decay=hp.get("lr_decay", "linear"))

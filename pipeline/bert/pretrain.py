@@ -155,7 +155,8 @@ class BertPretraining:
         # plain Python values: a checkpoint's hyperparameters must load with torch.load(weights_only=True)
         return BertPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
                                   warmup_steps=p.warmup_steps, max_steps=p.max_steps, optimizer=p.optimizer,
-                                  next_sentence_prediction=p.next_sentence_prediction, objective=p.objective,
+                                  lr_decay=p.lr_decay, next_sentence_prediction=p.next_sentence_prediction,
+                                  objective=p.objective,
                                   discriminator_weight=p.electra.discriminator_weight)
 
     def data(self, ctx: StageContext, module: BertPretrainModule, rank: int, world_size: int) -> BertData:

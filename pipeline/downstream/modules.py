@@ -18,7 +18,7 @@ from data_prep.conll import word_level_tags
 from data_prep.squad import SquadExample, best_answers
 from models import IGNORE_INDEX
 from pipeline.evaluation.metrics import score_task
-from pipeline.optim import adamw_with_linear_schedule
+from pipeline.optim import adamw_with_schedule
 
 
 def _pad(sequences: Sequence[np.ndarray], value: int) -> torch.Tensor:
@@ -86,7 +86,7 @@ class FinetuneModule(L.LightningModule):
         hp = self.hparams
         encoder = getattr(self.model, "encoder", None)
         slower = (encoder, self.encoder_lr_factor) if encoder is not None and self.encoder_lr_factor != 1.0 else None
-        return adamw_with_linear_schedule(self.model, hp.lr, hp.weight_decay, (0.9, 0.999), hp.warmup_steps,
+        return adamw_with_schedule(self.model, hp.lr, hp.weight_decay, (0.9, 0.999), hp.warmup_steps,
                                           hp.total_steps, slower=slower)
 
 

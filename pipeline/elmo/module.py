@@ -26,7 +26,7 @@ from torch.utils.data import IterableDataset
 from data_prep.elmo_examples import TokenStreams, WindowSlot, plan_windows, split_books
 from models import IGNORE_INDEX
 from models.elmo import MAX_CHARACTERS_PER_TOKEN, BiLMOutput, BiLMState, detach_state, tokens_char_ids, word_ids
-from pipeline.optim import adamw_with_linear_schedule, clip_grad_norm_with_sparse
+from pipeline.optim import adamw_with_schedule, clip_grad_norm_with_sparse
 
 
 class LMWindowBatches(IterableDataset):
@@ -133,7 +133,7 @@ class ElmoPretrainModule(L.LightningModule):
     the paper reports."""
 
     def __init__(self, model: nn.Module, lr: float, warmup_steps: int, max_steps: int, betas=(0.9, 0.999),
-                 weight_decay: float = 0.0):
+                 weight_decay: float = 0.0, lr_decay: str = "linear"):
         super().__init__()
         self.model = model
         self.save_hyperparameters(ignore=["model"])
@@ -186,8 +186,8 @@ class ElmoPretrainModule(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        return adamw_with_linear_schedule(self.model, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps,
-                                          hp.max_steps)
+        return adamw_with_schedule(self.model, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps, hp.max_steps,
+                                   decay=hp.get("lr_decay", "linear"))
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         # The sampled softmax's gradient is sparse, which Lightning's clipping (torch's clip_grad_norm_) refuses.

@@ -69,7 +69,7 @@ class ElmoPretraining:
         cfg, p = ctx.cfg, ctx.cfg.pretrain
         model = instantiate_model(cfg, vocab_size=len(read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt")))
         return ElmoPretrainModule(model, lr=p.lr, warmup_steps=p.warmup_steps, max_steps=p.max_steps,
-                                  weight_decay=p.weight_decay)
+                                  weight_decay=p.weight_decay, lr_decay=p.lr_decay)
 
     def data(self, ctx: StageContext, module: ElmoPretrainModule, rank: int, world_size: int) -> PretrainingData:
         e = ctx.cfg.elmo

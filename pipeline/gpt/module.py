@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from models.gpt import GPTLMHeadModel
 from pipeline.engine.arrow import list_column
 from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler
-from pipeline.optim import adamw_with_linear_schedule
+from pipeline.optim import adamw_with_schedule
 
 
 class Blocks(Dataset):
@@ -73,7 +73,7 @@ class GPTPretrainModule(L.LightningModule):
     whole held-out set and `val/perplexity` its exp, the number GPT-2 reports."""
 
     def __init__(self, model: GPTLMHeadModel, lr: float, weight_decay: float, betas, warmup_steps: int,
-                 max_steps: int):
+                 max_steps: int, lr_decay: str = "linear"):
         super().__init__()
         self.model = model
         self.save_hyperparameters(ignore=["model"])
@@ -110,4 +110,5 @@ class GPTPretrainModule(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        return adamw_with_linear_schedule(self.model, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps, hp.max_steps)
+        return adamw_with_schedule(self.model, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps, hp.max_steps,
+                                   decay=hp.get("lr_decay", "linear"))

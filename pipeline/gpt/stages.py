@@ -83,7 +83,7 @@ class GPTPretraining:
         model = instantiate_model(cfg, model_key(cfg, "gpt"), vocab_size=tok.get_vocab_size(),
                                   eos_token_id=end_of_text_id(tok), n_positions=cfg.gpt.block_size)
         return GPTPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
-                                 warmup_steps=p.warmup_steps, max_steps=p.max_steps)
+                                 warmup_steps=p.warmup_steps, max_steps=p.max_steps, lr_decay=p.lr_decay)
 
     def data(self, ctx: StageContext, module: GPTPretrainModule, rank: int, world_size: int) -> PretrainingData:
         p = self.settings(ctx.cfg)

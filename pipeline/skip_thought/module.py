@@ -26,7 +26,7 @@ from models.skip_thought import SkipThoughts
 from pipeline.engine.arrow import list_column
 from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler
 from pipeline.engine.training import log_step_outputs
-from pipeline.optim import adamw_with_linear_schedule
+from pipeline.optim import adamw_with_schedule
 
 
 class SkipThoughtTriples(Dataset):
@@ -85,7 +85,8 @@ def triple_loaders(dataset: SkipThoughtTriples, batch_size: int, val_fraction: f
 class SkipThoughtPretrainModule(L.LightningModule):
     """Sum of the previous- and next-sentence decoders' cross-entropies (Kiros et al. eq. 9), per target word."""
 
-    def __init__(self, model: SkipThoughts, lr: float, weight_decay: float, betas, warmup_steps: int, max_steps: int):
+    def __init__(self, model: SkipThoughts, lr: float, weight_decay: float, betas, warmup_steps: int, max_steps: int,
+                 lr_decay: str = "linear"):
         super().__init__()
         self.model = model
         self.save_hyperparameters(ignore=["model"])
@@ -119,4 +120,5 @@ class SkipThoughtPretrainModule(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        return adamw_with_linear_schedule(self.model, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps, hp.max_steps)
+        return adamw_with_schedule(self.model, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps, hp.max_steps,
+                                   decay=hp.get("lr_decay", "linear"))

@@ -78,7 +78,8 @@ class SkipThoughtPretraining:
         vocab = WordVocab.load(ctx.stage_dir("skip_thought_vocab") / "vocab.txt")
         model = instantiate_model(cfg, vocab_size=len(vocab), encoder=self.encoder)
         return SkipThoughtPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
-                                         warmup_steps=p.warmup_steps, max_steps=p.max_steps)
+                                         warmup_steps=p.warmup_steps, max_steps=p.max_steps,
+                                         lr_decay=p.lr_decay)
 
     def data(self, ctx: StageContext, module: SkipThoughtPretrainModule, rank: int,
              world_size: int) -> PretrainingData:
