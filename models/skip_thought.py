@@ -297,29 +297,20 @@ class CombineSkip(nn.Module):
 
 
 class SkipThoughtClassifier(nn.Module):
-    """The paper's downstream use (Kiros et al. sec. 3): no fine-tuning, a linear model on the frozen vectors of a
-    sentence u, or of a pair read as [|u - v|, u * v] (sec. 3.1 and 3.2, after Tai et al. 2015). One output regresses
-    a score. The features are standardised with statistics of the training split (`mean`, `scale`, set by the caller)
-    as the SentEval probes do: the vectors' coordinates differ in scale by orders of magnitude, which a linear model
-    trained by gradient steps would otherwise feel as ill-conditioning."""
+    """The paper's downstream use (Kiros et al. sec. 3): no fine-tuning, a linear model on features of the frozen
+    vectors: a sentence's vector u, or a pair's [|u - v|, u * v] (sec. 3.1 and 3.2, after Tai et al. 2015), composed by
+    the caller. One output regresses a score. The features are standardised with statistics of the training split
+    (`mean`, `scale`, set by the caller) as the SentEval probes do: the vectors' coordinates differ in scale by orders
+    of magnitude, which a linear model trained by gradient steps would otherwise feel as ill-conditioning."""
 
-    def __init__(self, vector_size: int, num_outputs: int, pair: bool):
+    def __init__(self, num_features: int, num_outputs: int):
         super().__init__()
-        features = 2 * vector_size if pair else vector_size
-        self.pair = pair
-        self.register_buffer("mean", torch.zeros(features))
-        self.register_buffer("scale", torch.ones(features))
-        self.classifier = nn.Linear(features, num_outputs)
+        self.register_buffer("mean", torch.zeros(num_features))
+        self.register_buffer("scale", torch.ones(num_features))
+        self.classifier = nn.Linear(num_features, num_outputs)
 
-    def features(self, u: torch.Tensor, v: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, D) sentence vectors, and a second sentence's for a pair -> (B, D) or (B, 2D), unstandardised."""
-        if self.pair != (v is not None):
-            raise ValueError(f"this classifier reads {'pairs' if self.pair else 'single sentences'}; "
-                             f"got {'a pair' if v is not None else 'one sentence'}")
-        return u if v is None else torch.cat([(u - v).abs(), u * v], dim=1)
-
-    def forward(self, u: torch.Tensor, v: torch.Tensor | None = None) -> torch.Tensor:
-        return self.classifier((self.features(u, v) - self.mean) / self.scale)  # (B, num_outputs)
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.classifier((features - self.mean) / self.scale)  # (B, F) -> (B, num_outputs)
 
 
 # -----------------------------------------------------------------------------

@@ -146,13 +146,14 @@ def test_finetune_trains_a_linear_model_on_frozen_vectors_of_combine_skip_and_it
     train = read_split(task, glue / task.data_subdir / task.train_file)
     encoder = ENCODERS["skip_thought_combine"].build(ctx)
     u, v = (encoder.batcher([t.split() for t in texts]) for texts in (train.texts_a, train.texts_b))
-    np.testing.assert_allclose(np.stack([r["u"] for r in data.train]), u, atol=1e-6)  # the frozen encoder's vectors
-    features = np.concatenate([np.abs(u - v), u * v], axis=1)
+    features = np.concatenate([np.abs(u - v), u * v], axis=1)  # of the frozen encoder's vectors
+    np.testing.assert_allclose(np.stack([r["features"] for r in data.train]), features, atol=1e-6)
     head = models.build(data)
     np.testing.assert_allclose(head.mean.numpy(), features.mean(0), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(head.scale.numpy(), features.std(0, ddof=1), rtol=1e-4, atol=1e-6)
     batch = data.collate(data.train[:4])
     expected = (features[:4] - head.mean.numpy()) / head.scale.numpy() @ head.classifier.weight.detach().numpy().T
-    np.testing.assert_allclose(head(batch["u"], batch["v"]).detach().numpy(),
+    np.testing.assert_allclose(head(batch["features"]).detach().numpy(),
                                expected + head.classifier.bias.detach().numpy(), rtol=1e-4, atol=1e-5)
     assert batch["labels"].dtype == torch.float32 and set(dict(head.named_parameters())) == {"classifier.weight",
                                                                                             "classifier.bias"}

@@ -91,4 +91,4 @@ class BertPretrainModule(L.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         return PRETRAIN_OPTIMIZERS[hp.optimizer](self.model, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps,
-                                                 hp.max_steps, decay=hp.get("lr_decay", "linear"))
+                                                 hp.max_steps, decay=hp.lr_decay)

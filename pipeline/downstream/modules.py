@@ -51,7 +51,7 @@ def collate_question_answering(rows: list[dict], pad_id: int = 0) -> dict[str, t
 
 def model_inputs(batch: dict) -> dict[str, torch.Tensor]:
     """A sentence (pair) batch without its labels: the keyword arguments of the task model's forward (BERT's
-    input_ids, token_type_ids and attention_mask; sentence vectors u and v for a head on a frozen encoder)."""
+    input_ids, token_type_ids and attention_mask; the features of frozen sentence vectors for a head on them)."""
     return {key: value for key, value in batch.items() if key != "labels"}
 
 

@@ -187,7 +187,7 @@ class ElmoPretrainModule(L.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         return adamw_with_schedule(self.model, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps, hp.max_steps,
-                                   decay=hp.get("lr_decay", "linear"))
+                                   decay=hp.lr_decay)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         # The sampled softmax's gradient is sparse, which Lightning's clipping (torch's clip_grad_norm_) refuses.

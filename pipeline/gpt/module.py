@@ -111,4 +111,4 @@ class GPTPretrainModule(L.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         return adamw_with_schedule(self.model, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps, hp.max_steps,
-                                   decay=hp.get("lr_decay", "linear"))
+                                   decay=hp.lr_decay)

@@ -1,5 +1,6 @@
 """Skip-Thought vectors on the fine-tune stage's tasks as Kiros et al. §3 use them: the encoder frozen, a linear model
-(`models.skip_thought.SkipThoughtClassifier`) trained on its sentence vectors, pairs read as [|u - v|, u * v].
+(`models.skip_thought.SkipThoughtClassifier`) trained on its sentence vectors, pairs read as [|u - v|, u * v] (the
+probes' default pair features, pipeline/evaluation/senteval.py).
 `finetune.models` takes every encoder the evaluate stage offers (uni-skip `skip_thought`, `skip_thought_bi`,
 `skip_thought_combine`, their `_expanded` vocabularies and their `_random` twins), so that GLUE-style tables get the
 paper's rows beside BERT's and ELMo's."""
@@ -20,6 +21,7 @@ from pipeline.downstream.task_data import TaskData, tsv_splits
 from pipeline.downstream.tasks import TaskSplit
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec, FinetuneKind
+from pipeline.evaluation.senteval import pair_features
 from pipeline.skip_thought.encoder import ENCODERS, SkipThoughtSentenceEncoder
 
 ENCODE_BATCH = 256  # sentences per forward pass of the frozen encoder
@@ -46,39 +48,39 @@ class SkipThoughtTaskModels:
         train, dev, majority_scores = tsv_splits(task, data_dir, finetune.max_train_examples, seed, selection_fraction)
         pair, regression = train.texts_b is not None, task.labels is None
 
-        def split_vectors(split: TaskSplit) -> list[np.ndarray]:  # [u] or [u, v]
-            return [self.vectors(split.texts_a)] + ([self.vectors(split.texts_b)] if pair else [])
+        def features(split: TaskSplit) -> np.ndarray:  # (N, D), or (N, 2D) for pairs
+            u = self.vectors(split.texts_a)
+            return pair_features(u, self.vectors(split.texts_b)) if pair else u
 
-        def rows(split: TaskSplit, sentence_vectors: list[np.ndarray]) -> list[dict]:
-            return [{**dict(zip("uv", (x[i] for x in sentence_vectors))), "label": split.labels[i]}
-                    for i in range(len(split.labels))]
+        def rows(split: TaskSplit, x: np.ndarray) -> list[dict]:
+            return [{"features": x[i], "label": split.labels[i]} for i in range(len(split.labels))]
 
-        train_vectors = split_vectors(train)
-        size, outputs = train_vectors[0].shape[1], 1 if regression else len(task.labels)
+        train_features = features(train)
+        outputs = 1 if regression else len(task.labels)
         # standardised with the whole train split's features (no labels read), so that every (size, seed) subset
         # is scaled alike
-        features = SkipThoughtClassifier(size, outputs, pair).features(*map(torch.from_numpy, train_vectors))
-        mean, scale = features.mean(0), features.std(0).clamp(min=1e-6)
+        mean = torch.from_numpy(train_features.mean(0))
+        scale = torch.from_numpy(train_features.std(0, ddof=1)).clamp(min=1e-6)
 
         def make_model(_) -> SkipThoughtClassifier:
-            model = SkipThoughtClassifier(size, outputs, pair)
+            model = SkipThoughtClassifier(train_features.shape[1], outputs)
             model.mean.copy_(mean)
             model.scale.copy_(scale)
             return model
 
         module = RegressionModule if regression else partial(ClassificationModule, metric=task.metric)
-        return TaskData(rows(train, train_vectors), rows(dev, split_vectors(dev)), collate_vectors, make_model, module,
+        return TaskData(rows(train, train_features), rows(dev, features(dev)), collate_features, make_model, module,
                         majority_scores, None if regression else train.labels)
 
     def build(self, data: TaskData) -> nn.Module:
         return data.make_model(None)
 
 
-def collate_vectors(rows: list[dict]) -> dict[str, torch.Tensor]:
-    """Rows {"u", optional "v", "label"} -> {"u": (B, D), "v": (B, D), "labels": (B,)}, float labels for a score."""
-    batch = {key: torch.from_numpy(np.stack([r[key] for r in rows])) for key in ("u", "v") if key in rows[0]}
+def collate_features(rows: list[dict]) -> dict[str, torch.Tensor]:
+    """Rows {"features", "label"} -> {"features": (B, F), "labels": (B,)}, float labels for a score."""
     dtype = torch.float32 if isinstance(rows[0]["label"], float) else torch.long
-    return {**batch, "labels": torch.tensor([r["label"] for r in rows], dtype=dtype)}
+    return {"features": torch.from_numpy(np.stack([r["features"] for r in rows])),
+            "labels": torch.tensor([r["label"] for r in rows], dtype=dtype)}
 
 
 def _finetune_kind(name: str, spec: EncoderSpec) -> FinetuneKind:
