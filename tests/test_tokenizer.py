@@ -1,7 +1,9 @@
 import json
 import random
+from collections import Counter
 
 import pytest
+from tokenizers import normalizers, pre_tokenizers
 
 from data_prep.tokenizer import (
     CLS_ID,
@@ -10,7 +12,9 @@ from data_prep.tokenizer import (
     SEP_ID,
     SPECIAL_TOKENS,
     UNK_ID,
+    count_words,
     encode_batch_ids,
+    learn_wordpieces,
     load_tokenizer,
     train_wordpiece,
 )
@@ -88,3 +92,34 @@ def test_cased_tokenizer_keeps_case(tmp_path):
 def test_missing_tokenizer_error_says_what_to_do(tmp_path):
     with pytest.raises(FileNotFoundError, match="train_wordpiece"):
         load_tokenizer(tmp_path)
+
+
+def test_training_twice_gives_the_same_ids(tmp_path):
+    # tokenizers' own trainer numbered its pieces in hash-map order, different on every call: on this corpus the
+    # ids (so every example and embedding row downstream) changed from one training to the next.
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 7))) for _ in range(300)]
+    sentences = [" ".join(rng.choice(words) for _ in range(10)) for _ in range(2000)]
+    trained = [train_wordpiece(sentences, tmp_path / str(i), vocab_size=200) for i in range(4)]
+    vocab = trained[0].get_vocab()
+    assert len(vocab) == 200 and all(t.get_vocab() == vocab for t in trained[1:])
+    assert (tmp_path / "3" / "tokenizer.json").read_text() == (tmp_path / "0" / "tokenizer.json").read_text()
+
+
+def test_wordpieces_are_bpe_merges_with_ties_to_the_earliest_pieces():
+    # "aab" x3, "ab" x2. Alphabet by frequency (a: 8, b: 5), then the continuation pieces. Pairs: (a, ##a) 3,
+    # (##a, ##b) 3, (a, ##b) 2: the tie goes to (a, ##a), whose pieces come first; then (aa, ##b) 3, then (a, ##b) 2.
+    words = Counter({"aab": 3, "ab": 2})
+    assert learn_wordpieces(words, 100, min_frequency=2, limit_alphabet=10) == ["a", "b", "##a", "##b", "aa", "aab",
+                                                                                 "ab"]
+    assert learn_wordpieces(words, 100, min_frequency=3, limit_alphabet=10) == ["a", "b", "##a", "##b", "aa", "aab"]
+    assert learn_wordpieces(words, 5, min_frequency=2, limit_alphabet=10) == ["a", "b", "##a", "##b", "aa"]
+    # A character outside the alphabet is left out of the words (and encodes as [UNK]).
+    assert learn_wordpieces(Counter({"ab": 3, "c": 1}), 100, min_frequency=2, limit_alphabet=2) == [
+        "a", "b", "##b", "ab"]
+
+
+def test_words_are_counted_as_the_tokenizer_splits_them():
+    words = count_words(["Hello, world!\tHELLO\u00a0again", "world's end"],
+                        normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer())
+    assert words == Counter({"hello": 2, "world": 2, ",": 1, "!": 1, "again": 1, "'": 1, "s": 1, "end": 1})
