@@ -6,6 +6,7 @@ import unittest.mock
 import hydra
 import pytest
 import torch
+import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -13,6 +14,7 @@ from models import IGNORE_INDEX
 from models.generation import beam_search, filter_logits, greedy, length_penalty, sample
 from models.gpt import (
     GPT_SIZES,
+    DecodingLinear,
     GPTConfig,
     GPTLMHeadModel,
     KVCache,
@@ -477,3 +479,33 @@ def test_bad_requests_are_one_line_errors(call, argument):
     with pytest.raises(ValueError, match=argument) as error:
         call(tiny_model())
     assert "\n" not in str(error.value)
+
+
+def test_decoding_linear_multiplies_one_row_by_a_kept_copy_that_follows_the_weight():
+    torch.manual_seed(0)
+    widening, shrinking = DecodingLinear(8, 24), DecodingLinear(24, 8)
+    assert shrinking._one_row_weight is None  # (out, in) is the faster one-row layout there: no copy kept
+    x = torch.randn(1, 1, 8)
+    with torch.no_grad():
+        y = widening(x)
+        kept = widening._one_row_weight.of(widening.weight)
+        torch.testing.assert_close(y, F.linear(x, widening.weight, widening.bias), atol=1e-6, rtol=0)
+        assert kept.shape == (8, 24) and widening._one_row_weight.of(widening.weight) is kept
+        widening.weight.mul_(2)  # an in-place update, as an optimizer step makes
+        torch.testing.assert_close(widening(x), F.linear(x, widening.weight, widening.bias), atol=1e-6, rtol=0)
+        assert widening._one_row_weight.of(widening.weight) is not kept
+    # With autograd on, or for more than one row, it is nn.Linear: gradients flow to the weight itself.
+    widening(torch.randn(3, 8)).sum().backward()
+    assert widening.weight.grad is not None
+
+
+def test_decoding_steps_use_the_kept_copies():
+    model = tiny_model()
+    with torch.no_grad():
+        cache = model.new_cache(1, 6)
+        model.next_token_logits(tokens(1, 5), cache)
+        assert model.transformer.h[0].attn.c_attn._one_row_weight._copy is None  # a 5-token prompt is a matmul
+        step = model.next_token_logits(tokens(1, 1), cache)
+    assert model.transformer.h[0].attn.c_attn._one_row_weight._copy is not None
+    full = model(torch.cat([tokens(1, 5), tokens(1, 1)], dim=1)).logits[:, -1]
+    torch.testing.assert_close(step, full, atol=1e-5, rtol=0)
