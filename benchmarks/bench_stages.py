@@ -65,6 +65,7 @@ class Sample:
     shmem: int        # the part of it that is shared memory
     store: int        # bytes in use in Ray's object store
     processes: int    # in the tree: the driver, Ray's daemons and as many workers as Ray has started
+    roles: tuple[tuple[str, int], ...] = ()  # (role, summed RSS of the tree's processes in that role): process_role
 
     @property
     def total(self) -> int:
@@ -184,18 +185,35 @@ class ObjectStore:
         return None
 
 
+def process_role(process: psutil.Process, root: psutil.Process) -> str:
+    """What a process of the tree is: "driver" (python -m pipeline), a Ray worker by the task it runs as Ray titles it
+    ("ray::stage:examples", "ray::_on_node" for a shard task, "ray::IDLE"), a Ray daemon by its executable
+    ("raylet", "gcs_server") or by its Python script ("agent.py", "log_monitor.py", ...)."""
+    if process.pid == root.pid:
+        return "driver"
+    name = process.name()
+    cmdline = process.cmdline()
+    if cmdline and cmdline[0].startswith("ray::"):
+        return cmdline[0].split()[0]
+    scripts = [Path(arg).name for arg in cmdline if arg.endswith(".py")]
+    return scripts[0] if name.startswith("python") and scripts else name
+
+
 def sample_tree(root: psutil.Process, t0: float, store_bytes: int = 0) -> Sample:
-    """The tree's RSS now, with the object store's latest figure."""
+    """The tree's RSS now, by process role too, with the object store's latest figure."""
     tree = tree_of(root)
     rss = shmem = 0
+    roles: dict[str, int] = {}
     for process in tree:
         try:
             process_rss, process_shmem = _status_bytes(process.pid)
-        except OSError:  # it ended between the listing and the read
+            role = process_role(process, root)
+        except (OSError, psutil.Error):  # it ended between the listing and the read
             continue
         rss += process_rss
         shmem += process_shmem
-    return Sample(time.monotonic() - t0, rss, shmem, store_bytes, len(tree))
+        roles[role] = roles.get(role, 0) + process_rss
+    return Sample(time.monotonic() - t0, rss, shmem, store_bytes, len(tree), tuple(sorted(roles.items())))
 
 
 def run_pipeline(overrides: list[str], run_dir: Path, log, t0: float) -> Run:
@@ -262,7 +280,9 @@ def report(runs: list[Run], stages: list[str], corpus_bytes: int, workers: int) 
              "peak_rss": max((s.rss for s in samples), default=None),
              "peak_store": max((s.store for s in samples), default=None),
              "peak_total": max((s.total for s in samples), default=None),
-             "peak_processes": max((s.processes for s in samples), default=None), "samples": len(samples)}
+             "peak_processes": max((s.processes for s in samples), default=None), "samples": len(samples),
+             # who holds the memory at the peak: the per-role sums of the sample with the largest tree RSS
+             "rss_by_role_at_peak": dict(max(samples, key=lambda s: s.rss).roles) if samples else {}}
     return {"stages": rows, "run": whole, "corpus_bytes": corpus_bytes, "workers": workers,
             "sample_seconds": SAMPLE_SECONDS,
             "samples": [[round(s.t, 2), s.rss, s.shmem, s.store, s.processes] for s in samples]}
@@ -325,6 +345,9 @@ def main() -> None:
     print(f"\ncorpus {args.corpus}: {corpus_bytes / 1e6:.1f} MB; {args.workers} workers; "
           f"{'one run per stage' if args.serial else 'one run'}; load average {os.getloadavg()}")
     print(format_table(result))
+    print("RSS by process at the whole run's peak: " + ", ".join(
+        f"{role} {rss / 1e6:.0f} MB" for role, rss in sorted(result["run"]["rss_by_role_at_peak"].items(),
+                                                              key=lambda item: -item[1])))
     if args.json_out:
         args.json_out.write_text(json.dumps(result, indent=1))
     shutil.rmtree(work)

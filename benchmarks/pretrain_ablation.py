@@ -21,10 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data_prep.bert_examples import BertPretrainingCollator  # noqa: E402
 from data_prep.tokenizer import MASK_ID, PAD_ID, SPECIAL_TOKENS, load_tokenizer  # noqa: E402
 from models.bert import BertForPreTraining, bert_config  # noqa: E402
-from pipeline.bert.data import PretrainingInstances  # noqa: E402
+from pipeline.bert.data import BertPretrainingCollator, PretrainingInstances  # noqa: E402
 from pipeline.bert.module import bert_pretraining_losses  # noqa: E402
 from pipeline.engine.arrow import read_arrow  # noqa: E402
 from pipeline.optim import LR_DECAYS, adamw_with_schedule  # noqa: E402

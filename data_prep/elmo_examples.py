@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from data_prep.shards import atomic_arrow_file
-from models.elmo import SPECIAL_WORDS, sentence_tokens, split_words
+from models.elmo_words import SPECIAL_WORDS, sentence_tokens, split_words
 
 STREAM_SCHEMA = pa.schema([("book_id", pa.string()), ("tokens", pa.list_(pa.string()))])
 

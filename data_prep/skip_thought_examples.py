@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from data_prep.shards import atomic_arrow_file
 
@@ -120,27 +119,3 @@ def write_triples(triples: Sequence[tuple[Sequence[int], Sequence[int], Sequence
     table = pa.Table.from_arrays(columns, schema=TRIPLE_SCHEMA)
     with atomic_arrow_file(path, TRIPLE_SCHEMA) as writer:
         writer.write_table(table)
-
-
-def pad_sentences(sentences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Word-id sentences -> right-padded ids (B, T) with <eos> appended, and lengths (B,) counting the <eos>.
-
-    The encoder reads the <eos> and each decoder learns to predict it, as in the authors' code. Use this for any
-    sentence given to SkipThoughts.encode, not only for training batches."""
-    lengths = torch.tensor([len(s) + 1 for s in sentences], dtype=torch.long)
-    ids = torch.full((len(sentences), int(lengths.max())), PAD_ID, dtype=torch.long)
-    for row, sentence in enumerate(sentences):
-        ids[row, : len(sentence)] = torch.as_tensor(np.asarray(sentence, dtype=np.int64))
-        ids[row, len(sentence)] = EOS_ID
-    return ids, lengths
-
-
-def collate_triples(rows: Sequence[Mapping[str, Sequence[int]]]) -> dict[str, torch.Tensor]:
-    """Rows with `previous`, `current`, `next` word ids -> the keyword arguments of SkipThoughts.forward:
-    ids/lengths (current sentence), previous_ids/previous_lengths, next_ids/next_lengths; each sentence padded
-    separately, to its own longest length."""
-    ids, lengths = pad_sentences([r["current"] for r in rows])
-    previous_ids, previous_lengths = pad_sentences([r["previous"] for r in rows])
-    next_ids, next_lengths = pad_sentences([r["next"] for r in rows])
-    return {"ids": ids, "lengths": lengths, "previous_ids": previous_ids, "previous_lengths": previous_lengths,
-            "next_ids": next_ids, "next_lengths": next_lengths}

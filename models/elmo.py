@@ -24,14 +24,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from tokenizers import pre_tokenizers
 
 from models import IGNORE_INDEX
 from models.checkpoint import config_from_dict, load_checkpoint, save_checkpoint
-
-BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
-SPECIAL_WORDS = (BOS, EOS, UNK)  # ids 0, 1, 2 of every vocabulary
-BOS_ID, EOS_ID, UNK_ID = range(len(SPECIAL_WORDS))
+from models.elmo_words import BOS, EOS, UNK_ID, sentence_tokens
 
 # bilm-tf `UnicodeCharsVocabulary`: UTF-8 bytes 0..255, then five marker characters. AllenNLP adds 1 to every id
 # so that 0 can mean "no token here" (batch padding), which the char-CNN must tell apart from real characters.
@@ -111,14 +107,8 @@ def elmo_config(name: str, **overrides) -> ElmoConfig:
 
 
 # -----------------------------------------------------------------------------
-# Input encoding: sentences wrapped in <S> ... </S>, words as bilm-tf character ids (or as vocabulary ids)
-
-_PRE_TOKENIZER = pre_tokenizers.BertPreTokenizer()
-
-
-def split_words(text: str) -> list[str]:
-    """Whitespace and punctuation split (BERT's BasicTokenizer without lowercasing: the char-CNN sees case)."""
-    return [word for word, _ in _PRE_TOKENIZER.pre_tokenize_str(text)]
+# Input encoding: sentences wrapped in <S> ... </S> (models/elmo_words.py), words as bilm-tf character ids (or as
+# vocabulary ids)
 
 
 def word_ids(tokens: Sequence[str], index: dict[str, int]) -> np.ndarray:
@@ -146,15 +136,11 @@ def tokens_char_ids(tokens: Sequence[str], max_characters_per_token: int = MAX_C
     return out
 
 
-def sentence_tokens(text: str) -> list[str]:
-    return [BOS, *split_words(text), EOS]
-
-
 def sentence_batch_inputs(sentences: Sequence[str | Sequence[str]], word_index: dict[str, int] | None,
                           max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN) -> tuple[np.ndarray, np.ndarray]:
     """A padded batch of sentences, each wrapped in <S> ... </S>: (inputs, mask (B, T) bool). A sentence is raw text
-    (split by split_words) or a list of words taken as they are (CoNLL tokens, whose tags are per word). Inputs are
-    (B, T, max_chars) char ids, or (B, T) word ids when a word_index is given (word-input biLMs)."""
+    (split by models.elmo_words.split_words) or a list of words taken as they are (CoNLL tokens, whose tags are per
+    word). Inputs are (B, T, max_chars) char ids, or (B, T) word ids when a word_index is given (word-input biLMs)."""
     tokenized = [sentence_tokens(s) if isinstance(s, str) else [BOS, *s, EOS] for s in sentences]
     T = max((len(t) for t in tokenized), default=2)
     mask = np.zeros((len(tokenized), T), dtype=bool)

@@ -109,7 +109,7 @@ def test_a_serial_report_takes_each_stage_from_the_run_where_it_ran():
                                             if state == "ran"], started=started, ended=ended,
                    stages={name: {"state": state, "duration_s": d} for name, (state, d) in stages.items()})
 
-    runs = [run(0.0, 10.0, {"prepare": ("ran", 5.0)}, [Sample(3.0, 2 * 10**9, 0, 0, 9)]),
+    runs = [run(0.0, 10.0, {"prepare": ("ran", 5.0)}, [Sample(3.0, 2 * 10**9, 0, 0, 9, (("driver", 10**9),))]),
             run(10.0, 30.0, {"prepare": ("cached", 5.0), "tokenizer": ("ran", 10.0)}, [Sample(15.0, 10**9, 0, 5, 7)])]
     result = bench_stages.report(runs, ["prepare", "tokenizer", "examples"], corpus_bytes=100 * 10**6, workers=2)
     prepare, tokenizer, examples = (result["stages"][s] for s in ("prepare", "tokenizer", "examples"))
@@ -117,7 +117,7 @@ def test_a_serial_report_takes_each_stage_from_the_run_where_it_ran():
     assert prepare["peak_rss"] == 2 * 10**9 and tokenizer["peak_rss"] == 10**9 and tokenizer["peak_store"] == 5
     assert examples["state"] == "not run"
     assert result["run"]["seconds"] == 30.0 and result["run"]["peak_rss"] == 2 * 10**9
-    assert result["run"]["peak_processes"] == 9
+    assert result["run"]["peak_processes"] == 9 and result["run"]["rss_by_role_at_peak"] == {"driver": 10**9}
     table = bench_stages.format_table(result)
     assert "examples" in table and "not run" in table and "whole run" in table
 
@@ -139,6 +139,9 @@ def test_the_tree_sample_counts_grandchildren_and_no_object_store_without_ray():
         child.stdout.readline()  # the grandchild holds its 200 MB
         sample = bench_stages.sample_tree(child, 0.0)
         assert sample.rss > 200 << 20 > child.memory_info().rss and sample.processes == 2
+        roles = dict(sample.roles)  # the root is the driver; the grandchild a python without a script
+        assert set(roles) == {"driver", child.children()[0].name()} and sum(roles.values()) == sample.rss
+        assert roles["driver"] < 200 << 20 < roles[child.children()[0].name()]
         assert bench_stages.ObjectStore().used(bench_stages.tree_of(child)) == 0
     finally:
         for process in [*child.children(recursive=True), child]:

@@ -7,7 +7,6 @@ import torch
 
 from data_prep.bert_examples import (
     INSTANCE_SCHEMA,
-    BertPretrainingCollator,
     TrainingInstance,
     continuation_mask_from_vocab,
     create_instances_from_document,
@@ -20,6 +19,7 @@ from data_prep.bert_examples import (
 )
 from data_prep.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID, encode_batch_ids, train_wordpiece
 from models import IGNORE_INDEX
+from pipeline.bert.data import BertPretrainingCollator
 
 SPECIAL_IDS = (PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID)
 VOCAB_SIZE = 1000

@@ -361,7 +361,7 @@ def test_sinusoidal_table_matches_formula():
 def test_every_position_scheme_lets_masked_lm_learn_from_the_neighbours(position_embedding_type):
     """A model that cannot tell positions apart (the unscaled sinusoidal table did this) stays at the unigram loss on
     a task only neighbours solve; each scheme must get well below it in a few hundred steps."""
-    from data_prep.bert_examples import BertPretrainingCollator
+    from pipeline.bert.data import BertPretrainingCollator
     from pipeline.bert.module import bert_pretraining_losses
     from pipeline.optim import adamw_with_schedule
     from tests.helpers import successor_corpus

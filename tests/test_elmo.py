@@ -29,11 +29,7 @@ from data_prep.elmo_examples import (
 )
 from models import IGNORE_INDEX
 from models.elmo import (
-    BOS,
-    EOS,
     MAX_CHARACTERS_PER_TOKEN,
-    UNK,
-    UNK_ID,
     BiLanguageModel,
     ElmoEmbedder,
     ElmoSentenceClassifier,
@@ -46,6 +42,7 @@ from models.elmo import (
     sentence_batch_inputs,
     word_char_ids,
 )
+from models.elmo_words import BOS, EOS, UNK, UNK_ID
 from pipeline import CONF_DIR
 from pipeline.elmo.downstream import ElmoTaskModule, make_elmo_task_collate
 from pipeline.elmo.module import ElmoPretrainModule, LMWindowBatches, build_elmo_datasets
@@ -110,7 +107,7 @@ def test_vocabulary_counted_per_shard_equals_the_one_counted_over_the_whole_corp
     import pyarrow as pa
 
     from data_prep.elmo_examples import vocab_from_counts
-    from pipeline.elmo.stages import count_shard_words
+    from pipeline.elmo.data_stages import count_shard_words
 
     shards = [["b a b, c", "b a d"], ["d d e", "a"], ["e, b"]]
     counts = Counter()

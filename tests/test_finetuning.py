@@ -126,9 +126,10 @@ def test_elmo_is_fine_tuned_feature_based_on_every_task_family(ctx, tmp_path):
     classification, regression and tagging, each scored by its task's metric."""
     from data_prep.elmo_examples import write_word_vocab
     from models import elmo
+    from models.elmo_words import SPECIAL_WORDS
     from pipeline.downstream.finetune import finetune_upstream
 
-    vocab = [*elmo.SPECIAL_WORDS, *sorted(set(WORDS))]
+    vocab = [*SPECIAL_WORDS, *sorted(set(WORDS))]
     (tmp_path / "elmo_vocab").mkdir()
     write_word_vocab(vocab, tmp_path / "elmo_vocab" / "vocab.txt")
     tiny = dict(filters=[[1, 8], [2, 8]], projection_dim=16, lstm_dim=32)

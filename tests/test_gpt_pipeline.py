@@ -16,9 +16,9 @@ from models.gpt import load_pretrained
 from pipeline.engine.arrow import read_arrow
 from pipeline.generate import main as generate_main
 from pipeline.gpt import samples
+from pipeline.gpt.data_stages import build_shard_blocks
 from pipeline.gpt.encoder import ENCODERS
 from pipeline.gpt.samples import load_model
-from pipeline.gpt.stages import build_shard_blocks
 from tests.helpers import TinyRun, family_config
 
 EOT = 0

@@ -3,8 +3,13 @@ once."""
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import io
+import json
+import os
+import subprocess
+import sys
 import tokenize
 from pathlib import Path
 
@@ -43,3 +48,46 @@ def test_the_ignore_index_is_written_once():
             literals += [str(path.relative_to(ROOT)) for a, b in zip(tokens, tokens[1:])
                          if a.string == "-" and b.type == tokenize.NUMBER and b.string == "100"]
     assert literals == ["models/__init__.py"]
+
+
+# The stages before pretraining, and the per-shard functions they map with Ray. Their workers must not load torch
+# (~200 MB) or Lightning (~400 MB with it): at 66 MB of books, 2-4 such workers made up 2.3 GB of the data stages'
+# 4.0 GB peak (docs/scaling.md).
+DATA_STAGES = ("prepare", "tokenizer", "examples", "examples_phase2", "elmo_vocab", "elmo_streams",
+               "skip_thought_vocab", "skip_thought_examples", "gpt_tokenizer", "gpt_blocks")
+_HEAVY = "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
+
+
+def _modules_loaded_by(code: str, tmp_path: Path | None = None) -> list[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), str(tmp_path or "")]))}
+    out = subprocess.run([sys.executable, "-c", f"import sys\n{code}\n{_HEAVY}"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return ast.literal_eval(out.strip().splitlines()[-1])
+
+
+def test_data_stages_and_their_shard_tasks_do_not_load_torch():
+    from pipeline.stages import STAGES
+
+    def function(fn):
+        return fn.func if isinstance(fn, functools.partial) else fn
+
+    modules = sorted({function(STAGES[name].fn).__module__ for name in DATA_STAGES})
+    assert len(modules) == 5  # pipeline.corpus and each family's data_stages
+    imports = "\n".join(f"import {module}" for module in modules)
+    assert _modules_loaded_by(imports) == []
+
+
+def test_the_stage_runner_loads_torch_only_when_the_stage_does(tmp_path):
+    # What a Ray worker runs for a stage (run_dag sends the stage's function alone): the runner, tracking (logger
+    # Lightning's CSVLogger, told by name) and a torch-free stage function leave torch unloaded.
+    (tmp_path / "torch_free_stage.py").write_text("def stage(ctx):\n    return {'rows': 3}\n")
+    (tmp_path / "torch_stage.py").write_text(
+        "def stage(ctx):\n    import torch\n    return {'threads': torch.get_num_threads()}\n")
+    run = ("from omegaconf import OmegaConf\nfrom pathlib import Path\n"
+           "from pipeline.engine.dag import execute_stage_with_threads\nimport {module}\n"
+           "cfg = OmegaConf.create({{'logger': {{'_target_': 'lightning.pytorch.loggers.CSVLogger'}}}})\n"
+           f"out = Path({str(tmp_path)!r}) / '{{module}}'\n"
+           "print(execute_stage_with_threads(2, {module}.stage, cfg, 'stage', 'abc', out / 'abc', {{}}, None))")
+    assert _modules_loaded_by(run.format(module="torch_free_stage"), tmp_path) == []
+    assert _modules_loaded_by(run.format(module="torch_stage"), tmp_path) == ["torch"]
+    assert json.loads((tmp_path / "torch_stage" / "abc" / "stage.json").read_text())["threads"] == 2

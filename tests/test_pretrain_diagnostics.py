@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from data_prep.bert_examples import BertPretrainingCollator, TrainingInstance, write_instances
+from data_prep.bert_examples import TrainingInstance, write_instances
 from models import IGNORE_INDEX
 from models.bert import BertForPreTraining, bert_config
-from pipeline.bert.data import PretrainingInstances
+from pipeline.bert.data import BertPretrainingCollator, PretrainingInstances
 from pipeline.bert.diagnostics import PLATEAU_MARGIN_NATS, plateau_message, unigram_cross_entropy
 from pipeline.bert.module import bert_pretraining_losses
 from pipeline.engine.arrow import read_arrow

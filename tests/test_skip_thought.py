@@ -19,10 +19,8 @@ from data_prep.skip_thought_examples import (
     UNK_ID,
     WordVocab,
     build_word_vocab,
-    collate_triples,
     count_words,
     make_triples,
-    pad_sentences,
     triples_from_shard,
     write_triples,
 )
@@ -48,7 +46,13 @@ from models.skip_thought import (
 )
 from pipeline import CONF_DIR
 from pipeline.engine.arrow import read_arrow
-from pipeline.skip_thought.module import SkipThoughtPretrainModule, SkipThoughtTriples, triple_loaders
+from pipeline.skip_thought.module import (
+    SkipThoughtPretrainModule,
+    SkipThoughtTriples,
+    collate_triples,
+    pad_sentences,
+    triple_loaders,
+)
 
 
 def tiny_config(**overrides):

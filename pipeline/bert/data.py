@@ -2,13 +2,109 @@
 their own (resumable), and downstream sentence (pair) tasks encoded with the model's tokenizer."""
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping, Sequence
+
 import numpy as np
 import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 
-from data_prep.bert_examples import BertPretrainingCollator
+from data_prep.bert_examples import MASK_FRACTION, RANDOM_FRACTION
+from models import IGNORE_INDEX
 from pipeline.engine.arrow import list_column
+
+
+class BertPretrainingCollator:
+    """Pads a list of instance rows and applies dynamic masked-LM masking (RoBERTa-style).
+
+    Rows are mappings with ``input_ids``, ``token_type_ids`` (lists or numpy arrays of ints, e.g. rows of
+    ``read_instances(path).to_pylist()``) and ``next_sentence_label``. Per sequence,
+    ``round(mlm_probability * n)`` of the ``n`` maskable tokens (not in ``special_ids``, not padding) are chosen,
+    at least 1 and at most ``max_predictions_per_seq`` -- the fixed count of google-research/bert, not an
+    independent coin per token -- then replaced 80 % by [MASK], 10 % by a random non-special id, 10 % kept.
+
+    Returns int64 tensors: ``input_ids``, ``token_type_ids``, ``attention_mask`` (B, T) with T the longest row;
+    ``mlm_positions`` and ``mlm_labels`` (B, P) with P the most predictions in the batch, padded with position 0
+    and label IGNORE_INDEX; ``next_sentence_label`` (B,). Positions + labels instead of a (B, T) label tensor let the
+    model gather the P hidden states and run the vocabulary projection only there (as run_pretraining.py's
+    gather_indexes does), instead of over all T.
+
+    ``generator`` makes masking reproducible in a single process. Do not pass one to a DataLoader with workers:
+    each worker would get a copy of the same generator state and draw identical masks; with ``None`` torch's
+    global RNG is used, which DataLoader seeds differently in every worker.
+    """
+
+    def __init__(
+        self,
+        pad_id: int,
+        mask_id: int,
+        vocab_size: int,
+        special_ids: Collection[int],
+        mlm_probability: float = 0.15,
+        max_predictions_per_seq: int = 20,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.pad_id = pad_id
+        self.mask_id = mask_id
+        self.mlm_probability = mlm_probability
+        self.max_predictions_per_seq = max_predictions_per_seq
+        self.generator = generator
+        self.special_ids = torch.tensor(sorted({*special_ids, pad_id}), dtype=torch.long)
+        is_special = torch.zeros(vocab_size, dtype=torch.bool)
+        is_special[self.special_ids] = True
+        self.replacement_ids = torch.nonzero(~is_special).squeeze(1)
+        if len(self.replacement_ids) == 0:
+            raise ValueError(f"all {vocab_size} ids are special; random replacements need at least one other id")
+
+    def __call__(self, rows: Sequence[Mapping[str, object]]) -> dict[str, torch.Tensor]:
+        batch_size = len(rows)
+        seq_length = max(len(row["input_ids"]) for row in rows)
+        input_ids = torch.full((batch_size, seq_length), self.pad_id, dtype=torch.long)
+        token_type_ids = torch.zeros((batch_size, seq_length), dtype=torch.long)
+        attention_mask = torch.zeros((batch_size, seq_length), dtype=torch.long)
+        for b, row in enumerate(rows):
+            length = len(row["input_ids"])
+            input_ids[b, :length] = torch.as_tensor(row["input_ids"])
+            token_type_ids[b, :length] = torch.as_tensor(row["token_type_ids"])
+            attention_mask[b, :length] = 1
+        next_sentence_label = torch.tensor([int(row["next_sentence_label"]) for row in rows], dtype=torch.long)
+
+        maskable = attention_mask.bool() & ~torch.isin(input_ids, self.special_ids)
+        num_maskable = maskable.sum(dim=1)
+        num_to_predict = torch.clamp(
+            torch.round(num_maskable * self.mlm_probability).long(), min=1, max=self.max_predictions_per_seq
+        ).minimum(num_maskable)
+        # Choosing exactly k of the maskable tokens uniformly: give each a uniform score, ineligible ones a score
+        # above every eligible one, and take the k lowest.
+        scores = torch.rand((batch_size, seq_length), generator=self.generator).masked_fill_(~maskable, 2.0)
+        ranks = torch.empty_like(input_ids)
+        ranks.scatter_(1, scores.argsort(dim=1), torch.arange(seq_length).expand(batch_size, -1).contiguous())
+        chosen = ranks < num_to_predict.unsqueeze(1)
+
+        num_predictions = int(num_to_predict.max())
+        # Chosen positions in increasing order first, then the sentinel seq_length for padding slots.
+        positions = torch.where(chosen, torch.arange(seq_length), seq_length).sort(dim=1).values[:, :num_predictions]
+        is_prediction = positions < seq_length
+        mlm_positions = positions.masked_fill(~is_prediction, 0)
+        mlm_labels = input_ids.gather(1, mlm_positions).masked_fill_(~is_prediction, IGNORE_INDEX)
+
+        action = torch.rand((batch_size, seq_length), generator=self.generator)
+        replace_with_mask = chosen & (action < MASK_FRACTION)
+        replace_with_random = chosen & (action >= MASK_FRACTION) & (action < MASK_FRACTION + RANDOM_FRACTION)
+        random_ids = self.replacement_ids[
+            torch.randint(len(self.replacement_ids), (batch_size, seq_length), generator=self.generator)
+        ]
+        masked_input_ids = input_ids.masked_fill(replace_with_mask, self.mask_id)
+        masked_input_ids = torch.where(replace_with_random, random_ids, masked_input_ids)
+
+        return {
+            "input_ids": masked_input_ids,
+            "token_type_ids": token_type_ids,
+            "attention_mask": attention_mask,
+            "mlm_positions": mlm_positions,
+            "mlm_labels": mlm_labels,
+            "next_sentence_label": next_sentence_label,
+        }
 
 
 class PretrainingInstances(Dataset):

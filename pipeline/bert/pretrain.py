@@ -19,11 +19,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
-from data_prep.bert_examples import BertPretrainingCollator
 from data_prep.tokenizer import SPECIAL_TOKENS, load_tokenizer, save_hf_tokenizer
 from models import IGNORE_INDEX
 from models.bert import BertConfig, hf_incompatibility, load_pretrained, save_pretrained, to_hf
-from pipeline.bert.data import MaskedBatches, PretrainingInstances
+from pipeline.bert.data import BertPretrainingCollator, MaskedBatches, PretrainingInstances
 from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import BertPretrainModule
 from pipeline.engine.arrow import read_arrow

@@ -1,73 +1,12 @@
-"""BERT's data stages: a WordPiece vocabulary trained on the sentence shards, then sentence-pair instances per
-shard (google-research/bert's create_pretraining_data), one Ray task per shard."""
+"""BERT's stages: the data stages (pipeline/bert/data_stages.py), then pretraining in one or two phases."""
 from __future__ import annotations
 
-import random
 from functools import partial
-from pathlib import Path
 
-from omegaconf import OmegaConf
-
-from data_prep.bert_examples import create_training_instances, write_instances
-from data_prep.shards import sampled_texts, shard_paths
-from data_prep.tokenize_shards import encode_by_word, use_one_tokenizer_thread
-from data_prep.tokenizer import load_tokenizer, train_wordpiece
+from pipeline.bert.data_stages import examples, tokenizer
 from pipeline.bert.pretrain import PHASES, PRETRAINING
-from pipeline.engine.arrow import read_arrow
-from pipeline.engine.dag import Stage, StageContext
+from pipeline.engine.dag import Stage
 from pipeline.engine.pretraining import pretraining_stage
-
-
-def tokenizer(ctx: StageContext) -> dict:
-    tok_cfg = ctx.cfg.tokenizer
-    # Streamed from the memory map: the trainer never holds the corpus as Python strings.
-    num_sentences, sentences = sampled_texts(ctx.stage_dir("prepare"), tok_cfg.max_sentences)
-    trained = train_wordpiece(sentences, ctx.stage_dir("tokenizer"), vocab_size=tok_cfg.vocab_size,
-                              min_frequency=tok_cfg.min_frequency, lowercase=tok_cfg.lowercase)
-    return {"vocab_size": trained.get_vocab_size(), "sentences": num_sentences}
-
-
-def _tokenized_books(shard_path: Path, tok) -> list[list[list[int]]]:
-    """The books of one sentence shard as lists of sentences of token ids, in shard order."""
-    table = read_arrow(shard_path)
-    ids = encode_by_word(tok, table.column("text").combine_chunks()).to_pylist()  # each distinct word encoded once
-    books, current = [], None
-    for book_id, sentence_ids in zip(table.column("book_id").to_pylist(), ids):
-        if book_id != current:
-            books.append([])
-            current = book_id
-        books[-1].append(sentence_ids)
-    return books
-
-
-def build_shard_examples(index: int, shard_path: Path, shards: list[Path], tokenizer_dir: Path, out_dir: Path,
-                         max_seq_length: int, short_seq_prob: float, dupe_factor: int, seed: int) -> int:
-    """Tokenize shard `index` of `shards` and write its BERT sentence-pair instances to examples-<index>.arrow.
-
-    Random next sentences come from the shard's other books; a shard holding a single (long) book borrows the
-    books of its neighbour shard for that, and only for that. One seed per shard, derived from the run seed."""
-    use_one_tokenizer_thread()
-    tok = load_tokenizer(tokenizer_dir)
-    books = _tokenized_books(shard_path, tok)
-    neighbour_path = shards[(index + 1) % len(shards)]
-    borrowed = _tokenized_books(neighbour_path, tok) if len(books) < 2 and neighbour_path != shard_path else []
-    instances = create_training_instances(books, max_seq_length, short_seq_prob, dupe_factor,
-                                          random.Random(seed * 1000 + index), random_next_documents=borrowed)
-    write_instances(instances, out_dir / f"examples-{index:05d}.arrow", tok.token_to_id("[CLS]"),
-                    tok.token_to_id("[SEP]"))
-    return len(instances)
-
-
-def examples(ctx: StageContext, length_key: str) -> dict:
-    """Sentence-pair instances at the sequence length configured under `length_key` (`examples` at phase 1's,
-    `examples_phase2` at phase 2's), built from the same shards and tokenizer with the `examples` settings."""
-    shards = shard_paths(ctx.stage_dir("prepare"))
-    ex = ctx.cfg.examples
-    max_seq_length = int(OmegaConf.select(ctx.cfg, length_key))
-    counts = ctx.map_shards(build_shard_examples, shards, shards, ctx.stage_dir("tokenizer"), ctx.out_dir,
-                            max_seq_length, ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed)
-    return {"instances": int(sum(counts)), "files": len(counts), "max_seq_length": max_seq_length}
-
 
 PHASE_1, PHASE_2 = PHASES
 BERT_STAGES = (

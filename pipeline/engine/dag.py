@@ -18,6 +18,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import os
 import shutil
 import sys
 import time
@@ -287,9 +288,17 @@ def execute_stage(stages: dict[str, Stage], cfg: DictConfig, name: str, digest: 
 
     `inputs` maps each upstream stage to (output directory, hash). Everything the stage prints also goes to
     `<out_dir>/stage.log`; a failure leaves no marker and raises StageFailed naming the stage and that log."""
+    return execute_stage_function(stages[name].fn, cfg, name, digest, out_dir, inputs, run_dir, forced)
+
+
+def execute_stage_function(fn: Callable[[StageContext], dict], cfg: DictConfig, name: str, digest: str,
+                           out_dir: Path, inputs: dict[str, tuple[Path, str]], run_dir: Path | None,
+                           forced: bool = False) -> dict:
+    """execute_stage with the stage's function alone: what a Ray task is sent, so that its worker imports that
+    function's module and no other stage's (a data stage's worker then never loads torch)."""
     from pipeline.engine.tracking import finish_stage_run, start_stage_run
 
-    stage, cfg = stages[name], plain_config(cfg)
+    cfg = plain_config(cfg)
     with exclusive_lock(out_dir.parent / f"{digest}.lock"):
         if is_complete(out_dir):
             if not forced:  # a concurrent run of the same experiment finished it while we waited
@@ -306,7 +315,7 @@ def execute_stage(stages: dict[str, Stage], cfg: DictConfig, name: str, digest: 
             started = time.perf_counter()
             ctx = StageContext(cfg, name, out_dir, {k: v[0] for k, v in inputs.items()}, run_dir, tracker)
             try:
-                summary = stage.fn(ctx)
+                summary = fn(ctx)
             except BaseException:
                 traceback.print_exc()
                 finish_stage_run(tracker, name, digest, out_dir, ok=False)
@@ -321,14 +330,16 @@ def execute_stage(stages: dict[str, Stage], cfg: DictConfig, name: str, digest: 
 
 
 def execute_stage_with_threads(threads: int, *args) -> dict:
-    """execute_stage in a Ray worker, with torch's intra-op pool sized to the CPUs the stage was granted. Ray reuses
-    worker processes across tasks and torch sizes its pool once, from the OMP_NUM_THREADS of the first task that
-    imports it: after a one-CPU data stage, a training stage granted both cores ran on one (a fresh `make run`
-    pretrained at 3.3-3.6 steps/s against 6.1 with the data stages cached)."""
-    import torch
-
-    torch.set_num_threads(max(1, threads))
-    return execute_stage(*args)
+    """execute_stage_function in a Ray worker, with torch's intra-op pool sized to the CPUs the stage was granted.
+    Ray reuses worker processes across tasks and torch sizes its pool once, from the OMP_NUM_THREADS of the first
+    task that imports it: after a one-CPU data stage, a training stage granted both cores ran on one (a fresh `make
+    run` pretrained at 3.3-3.6 steps/s against 6.1 with the data stages cached). So: resized here if this worker has
+    loaded torch already, else sized by OMP_NUM_THREADS when the stage first imports it (data stages never do)."""
+    threads = max(1, threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    return execute_stage_function(*args)
 
 
 def directory_size(path: Path) -> int:
@@ -414,8 +425,8 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
                 inputs = {u: (the_plan.dirs[u], the_plan.hashes[u]) for u in stages[name].upstream}
                 cpus = stages[name].num_cpus(cfg)
                 ref = remote.options(num_cpus=cpus, max_retries=0, name=f"stage:{name}") \
-                    .remote(int(cpus), stages, cfg_resolved, name, the_plan.hashes[name], the_plan.dirs[name], inputs,
-                            run_dir, name in the_plan.forced)
+                    .remote(int(cpus), stages[name].fn, cfg_resolved, name, the_plan.hashes[name], the_plan.dirs[name],
+                            inputs, run_dir, name in the_plan.forced)
                 running[ref] = name
             if not running:
                 raise RuntimeError(f"stages {pending} wait on upstream stages that are not in this run")

@@ -56,8 +56,8 @@ from pipeline.engine.distributed import (
 from pipeline.engine.divergence import DivergenceMonitor, reduce_mean
 from pipeline.engine.fingerprints import content_digests
 from pipeline.engine.settings import check_target_arguments
-from pipeline.engine.tracking import LossHistory, log_curves
-from pipeline.engine.training import keep_freed_memory_for_reuse, make_trainer, resolve_precision
+from pipeline.engine.tracking import log_curves
+from pipeline.engine.training import LossHistory, keep_freed_memory_for_reuse, make_trainer, resolve_precision
 
 CHECKPOINT_DIR = "checkpoints"
 KEEP_CHECKPOINTS = 2

@@ -1,17 +1,17 @@
 """Experiment tracking: one W&B run per executed stage, grouped by pipeline run, offline by default (never waits
-for a network or an API key); stage outputs logged as artifacts and consumed with `use_artifact` for lineage."""
+for a network or an API key); stage outputs logged as artifacts and consumed with `use_artifact` for lineage.
+
+Every stage's Ray worker runs this, the data stages' too, so it does not import Lightning (and with it torch, ~400 MB
+per worker) unless the logger block needs it; the training stages' loggers are in engine/training.py."""
 from __future__ import annotations
 
 import csv
 import inspect
 import json
 import os
-import time
 from pathlib import Path
 
 import hydra
-import lightning as L
-from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.engine.settings import check_target_arguments
@@ -19,16 +19,24 @@ from pipeline.engine.settings import check_target_arguments
 LINEAGE_FILE = "wandb_lineage.jsonl"  # offline runs' artifact inputs, one JSON line per stage run
 # wandb.init arguments the pipeline sets for every stage's run; the logger block may not
 STAGE_RUN_ARGUMENTS = ("group", "job_type", "name", "tags", "dir", "config", "reinit", "settings")
+LIGHTNING_LOGGERS = "lightning.pytorch.loggers."
 
 
 def uses_wandb(cfg: DictConfig) -> bool:
-    """Whether the `logger` block is W&B's: then every stage gets a W&B run."""
-    return issubclass(hydra.utils.get_class(cfg.logger._target_), WandbLogger)
+    """Whether the `logger` block is W&B's (Lightning's WandbLogger or a subclass): then every stage gets a W&B run."""
+    target = cfg.logger._target_
+    if target.startswith(LIGHTNING_LOGGERS):  # told by name, without importing Lightning
+        return target.rsplit(".", 1)[1] == "WandbLogger"
+    from lightning.pytorch.loggers import WandbLogger
+
+    return issubclass(hydra.utils.get_class(target), WandbLogger)
 
 
 def wandb_init_arguments(logger: DictConfig) -> dict:
     """The `logger` block's wandb.init arguments: `project` and those WandbLogger passes on to wandb.init (`mode`,
     `entity`, ...); its own (`log_model`, `prefix`, ...) apply to the WandbLogger of a training stage."""
+    from lightning.pytorch.loggers import WandbLogger
+
     own = set(inspect.signature(WandbLogger).parameters) - {"project"}
     return {k: v for k, v in OmegaConf.to_container(logger, resolve=True).items() if k != "_target_" and k not in own}
 
@@ -40,6 +48,7 @@ def check_logger(cfg: DictConfig) -> None:
         check_target_arguments(cfg.logger, "logger")
         return
     import wandb
+    from lightning.pytorch.loggers import WandbLogger
 
     for key in wandb_init_arguments(cfg.logger):
         if key in STAGE_RUN_ARGUMENTS:
@@ -117,84 +126,3 @@ def log_curves(run, loss_curve: Path) -> int:
     for step in sorted(by_step):
         run.log(by_step[step], step=step)
     return len(by_step)
-
-
-def make_logger(ctx, prefix: str = ""):
-    """The Lightning logger of a training stage, built from the `logger` block by its `_target_`: a WandbLogger
-    writing into the stage's W&B run, or e.g. CSV / TensorBoard files (tensorboardX, which Ray Tune already installs,
-    writes them when `tensorboard` is absent) in the stage directory, one version per `prefix`. A Ray Train worker has
-    no W&B run (the stage logs rank 0's curves into it when they finish): CSV files there."""
-    if uses_wandb(ctx.cfg):
-        if ctx.wandb_run is None:
-            return CSVLogger(save_dir=str(ctx.out_dir), name="csv_logs", version=prefix or None)
-        return hydra.utils.instantiate(ctx.cfg.logger, _partial_=True)(experiment=ctx.wandb_run, prefix=prefix,
-                                                                       save_dir=str(ctx.out_dir))
-    build = hydra.utils.instantiate(ctx.cfg.logger, _partial_=True)
-    accepted = inspect.signature(build.func).parameters
-    return build(**{k: v for k, v in (("save_dir", str(ctx.out_dir)), ("version", prefix or None)) if k in accepted})
-
-
-class ProgressLog(L.Callback):
-    """One line every `every` steps with loss, speed and ETA: readable in logs, where progress bars are not."""
-
-    def __init__(self, label: str, every: int = 50):
-        self.label, self.every = label, every
-        self._started = time.perf_counter()
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self._started, self._start_step = time.perf_counter(), trainer.global_step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if step % self.every and step != trainer.max_steps:
-            return
-        elapsed = time.perf_counter() - self._started
-        rate = (step - self._start_step) / max(elapsed, 1e-9)
-        total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else trainer.estimated_stepping_batches
-        eta = (total - step) / rate if rate > 0 else float("nan")
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        print(f"{self.label}: step {step}/{int(total)} loss {float(loss):.4f} {rate:.2f} steps/s, "
-              f"ETA {eta:.0f} s", flush=True)
-
-
-class LossHistory(L.Callback):
-    """Every logged train loss and every validation result, for the report's loss curve; the rows recorded before
-    a checkpoint travel inside it, so the curve survives a resume."""
-
-    def __init__(self):
-        self.rows: list[dict] = []
-
-    def state_dict(self) -> dict:
-        return {"rows": list(self.rows)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.rows = list(state["rows"])
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self.rows.append({"step": trainer.global_step, "split": "train", "name": "train/loss",
-                          "value": float(loss)})
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        # not on_validation_epoch_end: Lightning calls the callbacks' before the module's, so what a module logs in
-        # its own on_validation_epoch_end (ELMo's held-out perplexity) would be recorded one validation late
-        if not trainer.sanity_checking:
-            self.record_validation(trainer.global_step, trainer.callback_metrics)
-
-    def record_validation(self, step: int, metrics: dict) -> None:
-        self.rows.extend({"step": step, "split": "val", "name": name, "value": float(value)}
-                         for name, value in metrics.items() if name.startswith("val/"))
-
-    def last(self, name: str) -> float | None:
-        values = [r["value"] for r in self.rows if r["name"] == name]
-        return round(values[-1], 4) if values else None
-
-    def last_step(self, name: str) -> int | None:
-        steps = [r["step"] for r in self.rows if r["name"] == name]
-        return steps[-1] if steps else None
-
-    def write_csv(self, path: Path) -> None:
-        with open(path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=["step", "split", "name", "value"])
-            writer.writeheader()
-            writer.writerows(self.rows)

@@ -4,23 +4,28 @@ lightning-hydra-template does): any Trainer argument set there reaches it (`+tra
 (`logger`) and the callbacks (`callbacks`, for pretraining)."""
 from __future__ import annotations
 
+import csv
 import ctypes
 import ctypes.util
 import functools
+import inspect
 import sys
+import time
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import hydra
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.loggers import CSVLogger
 from omegaconf import MISSING, DictConfig
 
 from pipeline.engine.dag import StageContext
 from pipeline.engine.settings import check_target_arguments
-from pipeline.engine.tracking import ProgressLog, make_logger
+from pipeline.engine.tracking import uses_wandb
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
 Accelerator = StrEnum("Accelerator", {name: name for name in ("auto", "cpu", "gpu", "cuda")}, module=__name__)
@@ -129,3 +134,84 @@ def resolve_precision(precision: str) -> str:
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
     native = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
     return "bf16-mixed" if native else "32-true"
+
+
+def make_logger(ctx, prefix: str = ""):
+    """The Lightning logger of a training stage, built from the `logger` block by its `_target_`: a WandbLogger
+    writing into the stage's W&B run, or e.g. CSV / TensorBoard files (tensorboardX, which Ray Tune already installs,
+    writes them when `tensorboard` is absent) in the stage directory, one version per `prefix`. A Ray Train worker has
+    no W&B run (the stage logs rank 0's curves into it when they finish): CSV files there."""
+    if uses_wandb(ctx.cfg):
+        if ctx.wandb_run is None:
+            return CSVLogger(save_dir=str(ctx.out_dir), name="csv_logs", version=prefix or None)
+        return hydra.utils.instantiate(ctx.cfg.logger, _partial_=True)(experiment=ctx.wandb_run, prefix=prefix,
+                                                                       save_dir=str(ctx.out_dir))
+    build = hydra.utils.instantiate(ctx.cfg.logger, _partial_=True)
+    accepted = inspect.signature(build.func).parameters
+    return build(**{k: v for k, v in (("save_dir", str(ctx.out_dir)), ("version", prefix or None)) if k in accepted})
+
+
+class ProgressLog(L.Callback):
+    """One line every `every` steps with loss, speed and ETA: readable in logs, where progress bars are not."""
+
+    def __init__(self, label: str, every: int = 50):
+        self.label, self.every = label, every
+        self._started = time.perf_counter()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._started, self._start_step = time.perf_counter(), trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step % self.every and step != trainer.max_steps:
+            return
+        elapsed = time.perf_counter() - self._started
+        rate = (step - self._start_step) / max(elapsed, 1e-9)
+        total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else trainer.estimated_stepping_batches
+        eta = (total - step) / rate if rate > 0 else float("nan")
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        print(f"{self.label}: step {step}/{int(total)} loss {float(loss):.4f} {rate:.2f} steps/s, "
+              f"ETA {eta:.0f} s", flush=True)
+
+
+class LossHistory(L.Callback):
+    """Every logged train loss and every validation result, for the report's loss curve; the rows recorded before
+    a checkpoint travel inside it, so the curve survives a resume."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def state_dict(self) -> dict:
+        return {"rows": list(self.rows)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rows = list(state["rows"])
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self.rows.append({"step": trainer.global_step, "split": "train", "name": "train/loss",
+                          "value": float(loss)})
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        # not on_validation_epoch_end: Lightning calls the callbacks' before the module's, so what a module logs in
+        # its own on_validation_epoch_end (ELMo's held-out perplexity) would be recorded one validation late
+        if not trainer.sanity_checking:
+            self.record_validation(trainer.global_step, trainer.callback_metrics)
+
+    def record_validation(self, step: int, metrics: dict) -> None:
+        self.rows.extend({"step": step, "split": "val", "name": name, "value": float(value)}
+                         for name, value in metrics.items() if name.startswith("val/"))
+
+    def last(self, name: str) -> float | None:
+        values = [r["value"] for r in self.rows if r["name"] == name]
+        return round(values[-1], 4) if values else None
+
+    def last_step(self, name: str) -> int | None:
+        steps = [r["step"] for r in self.rows if r["name"] == name]
+        return steps[-1] if steps else None
+
+    def write_csv(self, path: Path) -> None:
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["step", "split", "name", "value"])
+            writer.writeheader()
+            writer.writerows(self.rows)

@@ -6,21 +6,10 @@ from __future__ import annotations
 
 import math
 import shutil
-from pathlib import Path
 
 from omegaconf import DictConfig
 
-from data_prep.gpt_blocks import (
-    TOKENIZER_FILE,
-    end_of_text_id,
-    load_gpt_tokenizer,
-    shard_blocks,
-    train_byte_level_bpe,
-    write_blocks,
-    write_hf_tokenizer_config,
-)
-from data_prep.shards import sampled_texts, shard_paths
-from data_prep.tokenize_shards import use_one_tokenizer_thread
+from data_prep.gpt_blocks import TOKENIZER_FILE, end_of_text_id, load_gpt_tokenizer, write_hf_tokenizer_config
 from models.gpt import save_pretrained, to_hf
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
@@ -34,33 +23,8 @@ from pipeline.engine.pretraining import (
     pretraining_stage,
 )
 from pipeline.engine.settings import PRETRAINING_NUMBERS, check_numbers
+from pipeline.gpt.data_stages import gpt_blocks, gpt_tokenizer
 from pipeline.gpt.module import Blocks, GPTPretrainModule, block_loaders
-
-
-def gpt_tokenizer(ctx: StageContext) -> dict:
-    g = ctx.cfg.gpt
-    num_sentences, texts = sampled_texts(ctx.stage_dir("prepare"), g.max_sentences)
-    tok = train_byte_level_bpe(texts, ctx.out_dir, g.vocab_size, g.min_frequency)
-    return {"vocab_size": tok.get_vocab_size(), "sentences": num_sentences}
-
-
-def build_shard_blocks(index: int, shard_and_next: tuple[Path, Path | None], tokenizer_dir: Path, out_dir: Path,
-                       block_size: int) -> int:
-    use_one_tokenizer_thread()
-    shard_path, next_shard = shard_and_next
-    table = read_arrow(shard_path)
-    next_first_book = read_arrow(next_shard).column("book_id")[0].as_py() if next_shard else None
-    blocks = shard_blocks(table.column("book_id").to_pylist(), table.column("text").to_pylist(),
-                          load_gpt_tokenizer(tokenizer_dir), block_size, next_first_book)
-    write_blocks(blocks, out_dir / f"blocks-{index:05d}.arrow")
-    return len(blocks)
-
-
-def gpt_blocks(ctx: StageContext) -> dict:
-    shards = shard_paths(ctx.stage_dir("prepare"))
-    counts = ctx.map_shards(build_shard_blocks, list(zip(shards, [*shards[1:], None])),
-                            ctx.stage_dir("gpt_tokenizer"), ctx.out_dir, ctx.cfg.gpt.block_size)
-    return {"blocks": int(sum(counts)), "files": len(counts), "block_size": ctx.cfg.gpt.block_size}
 
 
 class GPTPretraining:

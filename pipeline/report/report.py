@@ -36,7 +36,7 @@ PERPLEXITY_NAMES = ("val/mlm_perplexity", "val/perplexity")
 
 
 def read_curves(path: Path) -> dict[str, Curve]:
-    """metric name -> [(step, value)] from a stage's loss_curve.csv (pipeline.engine.tracking.LossHistory)."""
+    """metric name -> [(step, value)] from a stage's loss_curve.csv (pipeline.engine.training.LossHistory)."""
     curves: dict[str, Curve] = {}
     with open(path) as f:
         for row in csv.DictReader(f):

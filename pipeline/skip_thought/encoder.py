@@ -6,12 +6,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from data_prep.skip_thought_examples import WordVocab, pad_sentences, tokenize
+from data_prep.skip_thought_examples import WordVocab, tokenize
 from data_prep.word_vectors import ExpandedVocabulary, WordVectors, fit_vocabulary_expansion, load_glove, shared_words
 from models.checkpoint import random_twin
 from models.skip_thought import CombineSkip, SkipThoughts, load_pretrained
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec
+from pipeline.skip_thought.module import pad_sentences
 from pipeline.skip_thought.stages import PRETRAINING_STAGES
 
 

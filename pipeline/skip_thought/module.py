@@ -1,6 +1,6 @@
 """Skip-Thought pretraining (Kiros et al. 2015): the LightningModule and the data helpers a pipeline stage needs.
 
-How a stage uses this module (the stages themselves live in pipeline/skip_thought/stages.py):
+How the stages use this module (pipeline/skip_thought/data_stages.py, then stages.py):
 
 1. vocabulary: `count_words` over every sentence shard (one Ray task per shard, counters added up as they come), then
    `build_word_vocab(counts, cfg.skip_thought.vocab_size).save(<stage>/vocab.txt)`.
@@ -14,6 +14,8 @@ How a stage uses this module (the stages themselves live in pipeline/skip_though
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import lightning as L
 import numpy as np
 import pyarrow as pa
@@ -21,12 +23,36 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from data_prep.skip_thought_examples import TRIPLE_SCHEMA, collate_triples
+from data_prep.skip_thought_examples import EOS_ID, PAD_ID, TRIPLE_SCHEMA
 from models.skip_thought import SkipThoughts
 from pipeline.engine.arrow import list_column
 from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler
 from pipeline.engine.training import log_step_outputs
 from pipeline.optim import adamw_with_schedule
+
+
+def pad_sentences(sentences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Word-id sentences -> right-padded ids (B, T) with <eos> appended, and lengths (B,) counting the <eos>.
+
+    The encoder reads the <eos> and each decoder learns to predict it, as in the authors' code. Use this for any
+    sentence given to SkipThoughts.encode, not only for training batches."""
+    lengths = torch.tensor([len(s) + 1 for s in sentences], dtype=torch.long)
+    ids = torch.full((len(sentences), int(lengths.max())), PAD_ID, dtype=torch.long)
+    for row, sentence in enumerate(sentences):
+        ids[row, : len(sentence)] = torch.as_tensor(np.asarray(sentence, dtype=np.int64))
+        ids[row, len(sentence)] = EOS_ID
+    return ids, lengths
+
+
+def collate_triples(rows: Sequence[Mapping[str, Sequence[int]]]) -> dict[str, torch.Tensor]:
+    """Rows with `previous`, `current`, `next` word ids -> the keyword arguments of SkipThoughts.forward:
+    ids/lengths (current sentence), previous_ids/previous_lengths, next_ids/next_lengths; each sentence padded
+    separately, to its own longest length."""
+    ids, lengths = pad_sentences([r["current"] for r in rows])
+    previous_ids, previous_lengths = pad_sentences([r["previous"] for r in rows])
+    next_ids, next_lengths = pad_sentences([r["next"] for r in rows])
+    return {"ids": ids, "lengths": lengths, "previous_ids": previous_ids, "previous_lengths": previous_lengths,
+            "next_ids": next_ids, "next_lengths": next_lengths}
 
 
 class SkipThoughtTriples(Dataset):

@@ -7,53 +7,16 @@ from __future__ import annotations
 
 import math
 import shutil
-from collections import Counter
-from pathlib import Path
 
 from omegaconf import DictConfig
 
-from data_prep.shards import shard_paths
-from data_prep.skip_thought_examples import (
-    WordVocab,
-    build_word_vocab,
-    count_words,
-    triples_from_shard,
-    write_triples,
-)
+from data_prep.skip_thought_examples import WordVocab
 from models.skip_thought import save_pretrained
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretraining_stage
+from pipeline.skip_thought.data_stages import skip_thought_examples, skip_thought_vocab
 from pipeline.skip_thought.module import SkipThoughtPretrainModule, SkipThoughtTriples, triple_loaders
-
-
-def count_shard_words(index: int, shard_path: Path) -> Counter:
-    return count_words(read_arrow(shard_path).column("text").to_pylist())
-
-
-def skip_thought_vocab(ctx: StageContext) -> dict:
-    # Folded in as each shard's count arrives: collecting them all first held one Counter per shard (1 MB for the
-    # default 1 MB shard of novels: 11k distinct words), a thousand of them for a gigabyte of books.
-    counts = Counter()
-    for _, shard_counts in ctx.shard_results(count_shard_words, shard_paths(ctx.stage_dir("prepare"))):
-        counts.update(shard_counts)
-    vocab = build_word_vocab(counts, ctx.cfg.skip_thought.vocab_size, ctx.cfg.skip_thought.min_count)
-    vocab.save(ctx.out_dir / "vocab.txt")
-    return {"vocab_size": len(vocab), "distinct_words": len(counts)}
-
-
-def build_shard_triples(index: int, shard_path: Path, vocab_path: Path, out_dir: Path, max_words: int) -> int:
-    triples = triples_from_shard(read_arrow(shard_path), WordVocab.load(vocab_path), max_words)
-    write_triples(triples, out_dir / f"triples-{index:05d}.arrow")
-    return len(triples)
-
-
-def skip_thought_examples(ctx: StageContext) -> dict:
-    counts = ctx.map_shards(build_shard_triples, shard_paths(ctx.stage_dir("prepare")),
-                            ctx.stage_dir("skip_thought_vocab") / "vocab.txt", ctx.out_dir,
-                            ctx.cfg.skip_thought.max_words)
-    return {"triples": int(sum(counts)), "files": len(counts)}
-
 
 # Kiros et al. §3: uni-skip and bi-skip are separate models, each with its own decoders, trained alike; the stage,
 # not model.config, says which encoder it trains, so one run can train both for combine-skip.

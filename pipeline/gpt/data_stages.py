@@ -1,0 +1,38 @@
+"""GPT's data stages: a byte-level BPE trained on the sentence shards, then the books of each shard packed into
+fixed-length blocks (data_prep/gpt_blocks.py), one Ray task per shard. Nothing here imports torch: the Ray workers
+these stages run in stay at the size of the data they hold (pipeline/gpt/stages.py lists the stages)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from data_prep.gpt_blocks import load_gpt_tokenizer, shard_blocks, train_byte_level_bpe, write_blocks
+from data_prep.shards import sampled_texts, shard_paths
+from data_prep.tokenize_shards import use_one_tokenizer_thread
+from pipeline.engine.arrow import read_arrow
+from pipeline.engine.dag import StageContext
+
+
+def gpt_tokenizer(ctx: StageContext) -> dict:
+    g = ctx.cfg.gpt
+    num_sentences, texts = sampled_texts(ctx.stage_dir("prepare"), g.max_sentences)
+    tok = train_byte_level_bpe(texts, ctx.out_dir, g.vocab_size, g.min_frequency)
+    return {"vocab_size": tok.get_vocab_size(), "sentences": num_sentences}
+
+
+def build_shard_blocks(index: int, shard_and_next: tuple[Path, Path | None], tokenizer_dir: Path, out_dir: Path,
+                       block_size: int) -> int:
+    use_one_tokenizer_thread()
+    shard_path, next_shard = shard_and_next
+    table = read_arrow(shard_path)
+    next_first_book = read_arrow(next_shard).column("book_id")[0].as_py() if next_shard else None
+    blocks = shard_blocks(table.column("book_id").to_pylist(), table.column("text").to_pylist(),
+                          load_gpt_tokenizer(tokenizer_dir), block_size, next_first_book)
+    write_blocks(blocks, out_dir / f"blocks-{index:05d}.arrow")
+    return len(blocks)
+
+
+def gpt_blocks(ctx: StageContext) -> dict:
+    shards = shard_paths(ctx.stage_dir("prepare"))
+    counts = ctx.map_shards(build_shard_blocks, list(zip(shards, [*shards[1:], None])),
+                            ctx.stage_dir("gpt_tokenizer"), ctx.out_dir, ctx.cfg.gpt.block_size)
+    return {"blocks": int(sum(counts)), "files": len(counts), "block_size": ctx.cfg.gpt.block_size}
