@@ -27,6 +27,8 @@ STAGE_RUN_THEN_WORKER_ENDS = textwrap.dedent("""
     for child in children:  # Ray ends a worker's child processes with it
         child.kill()
     psutil.wait_procs(children, timeout=30)
+    # a data stage's worker runs this too, and must not load torch for it (tests/test_layering.py)
+    assert not {"torch", "lightning"} & set(sys.modules), sorted({"torch", "lightning"} & set(sys.modules))
 """)
 
 
@@ -38,6 +40,16 @@ def test_a_finished_stage_run_leaves_no_service_to_tear_down_at_exit(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
     assert list((tmp_path / "wandb").glob("offline-run-*")), "the stage's offline run was not written"
+
+
+def test_the_listed_wandb_logger_parameters_are_lightnings():
+    import inspect
+
+    from lightning.pytorch.loggers import WandbLogger
+
+    from pipeline.engine.tracking import WANDB_LOGGER_PARAMETERS
+
+    assert WANDB_LOGGER_PARAMETERS == set(inspect.signature(WandbLogger).parameters)
 
 
 class RecordingRun:

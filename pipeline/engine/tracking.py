@@ -6,7 +6,6 @@ per worker) unless the logger block needs it; the training stages' loggers are i
 from __future__ import annotations
 
 import csv
-import inspect
 import json
 import os
 from pathlib import Path
@@ -20,6 +19,11 @@ LINEAGE_FILE = "wandb_lineage.jsonl"  # offline runs' artifact inputs, one JSON 
 # wandb.init arguments the pipeline sets for every stage's run; the logger block may not
 STAGE_RUN_ARGUMENTS = ("group", "job_type", "name", "tags", "dir", "config", "reinit", "settings")
 LIGHTNING_LOGGERS = "lightning.pytorch.loggers."
+# WandbLogger's own parameters: the logger block's other keys go on to wandb.init. Listed here, not read off the class,
+# so that a stage's worker need not import Lightning to start its W&B run; test_tracking checks the list against it.
+WANDB_LOGGER_PARAMETERS = frozenset({"name", "save_dir", "version", "offline", "dir", "id", "anonymous", "project",
+                                     "log_model", "experiment", "prefix", "checkpoint_name", "add_file_policy",
+                                     "kwargs"})
 
 
 def uses_wandb(cfg: DictConfig) -> bool:
@@ -35,9 +39,7 @@ def uses_wandb(cfg: DictConfig) -> bool:
 def wandb_init_arguments(logger: DictConfig) -> dict:
     """The `logger` block's wandb.init arguments: `project` and those WandbLogger passes on to wandb.init (`mode`,
     `entity`, ...); its own (`log_model`, `prefix`, ...) apply to the WandbLogger of a training stage."""
-    from lightning.pytorch.loggers import WandbLogger
-
-    own = set(inspect.signature(WandbLogger).parameters) - {"project"}
+    own = WANDB_LOGGER_PARAMETERS - {"project"}
     return {k: v for k, v in OmegaConf.to_container(logger, resolve=True).items() if k != "_target_" and k not in own}
 
 
