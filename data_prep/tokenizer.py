@@ -23,8 +23,8 @@ The vocabulary is learned here, by the algorithm of ``tokenizers``' WordPieceTra
 word counts, "##" marking pieces inside a word), not by that trainer: it numbers the pieces in hash-map order and
 breaks ties between merges of equal count by those numbers, so two trainings on the same sentences gave different
 ids and, where counts tie, different pieces (measured on the default corpus: 217 of 8,000 ids moved, 2 pieces
-differed). Every example, embedding row and random initialisation downstream changed with them. Here ties go to the
-pair that sorts first, and a training is a function of its sentences alone.
+differed). Every example, embedding row and random initialisation downstream changed with them. Here the pieces'
+order, and so the tie-break, is deterministic, and a training is a function of its sentences alone.
 """
 
 from __future__ import annotations
@@ -148,6 +148,7 @@ def learn_wordpieces(words: Counter, num_pieces: int, min_frequency: int, limit_
         for pair in zip(word, word[1:]):
             pair_counts[pair] += counts[index]
             pair_words[pair].add(index)
+
     def entry(pair, count):  # max-heap on count, then min on the pieces' ranks
         return -count, rank[pair[0]], rank[pair[1]], pair
 
