@@ -106,8 +106,8 @@ def write_streams(tmp_path: Path, n_books: int = 6, sentences: int = 40, seed: i
 def test_vocabulary_counted_per_shard_equals_the_one_counted_over_the_whole_corpus(tmp_path):
     import pyarrow as pa
 
-    from data_prep.elmo_examples import vocab_from_counts
-    from pipeline.elmo.data_stages import count_shard_words
+    from data_prep.elmo_examples import count_words, vocab_from_counts
+    from pipeline.engine.dag import count_shard_texts
 
     shards = [["b a b, c", "b a d"], ["d d e", "a"], ["e, b"]]
     counts = Counter()
@@ -115,7 +115,7 @@ def test_vocabulary_counted_per_shard_equals_the_one_counted_over_the_whole_corp
         path = tmp_path / f"shard-{i:05d}.arrow"
         with pa.ipc.new_file(str(path), pa.schema([("text", pa.string())])) as writer:
             writer.write_table(pa.table({"text": texts}))
-        counts.update(count_shard_words(i, path))
+        counts.update(count_shard_texts(i, path, count_words))  # each shard task's count
     everything = [t for texts in shards for t in texts]
     for max_size, min_count in ((6, 1), (20, 1), (20, 2)):
         assert vocab_from_counts(counts, max_size, min_count) == build_word_vocab(everything, max_size, min_count)

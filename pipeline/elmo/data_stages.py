@@ -3,7 +3,6 @@ Nothing here imports torch: the Ray workers these stages run in stay at the size
 (pipeline/elmo/stages.py lists the stages)."""
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 from data_prep.elmo_examples import (
@@ -18,17 +17,11 @@ from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 
 
-def count_shard_words(index: int, shard_path: Path) -> Counter:
-    return count_words(read_arrow(shard_path).column("text").to_pylist())
-
-
 def elmo_vocab(ctx: StageContext) -> dict:
-    # One counting task per shard, folded as each arrives: counted in the stage's own process, this was the slowest
-    # data stage at 1 GB (335 s, where the per-shard Skip-Thought vocabulary took 74 s) and the one that no number of
-    # workers would speed up (docs/scaling.md)
-    counts = Counter()
-    for _, shard_counts in ctx.shard_results(count_shard_words, shard_paths(ctx.stage_dir("prepare"))):
-        counts.update(shard_counts)
+    # One counting task per shard: counted in the stage's own process, this was the slowest data stage at 1 GB (335 s,
+    # where the per-shard Skip-Thought vocabulary took 74 s) and the one that no number of workers would speed up
+    # (docs/scaling.md)
+    counts = ctx.count_over_shards(count_words)
     vocab = vocab_from_counts(counts, ctx.cfg.elmo.vocab_size, ctx.cfg.elmo.min_count)
     write_word_vocab(vocab, ctx.out_dir / "vocab.txt")
     return {"vocab_size": len(vocab)}

@@ -23,6 +23,7 @@ import shutil
 import sys
 import time
 import traceback
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence, TypeVar
@@ -30,7 +31,8 @@ from typing import Callable, Iterator, Sequence, TypeVar
 from omegaconf import DictConfig, OmegaConf
 
 from data_prep.prepare import list_corpus_files
-from data_prep.shards import write_json_atomically
+from data_prep.shards import shard_paths, write_json_atomically
+from pipeline.engine.arrow import read_arrow
 from pipeline.engine.fingerprints import code_version, content_digests
 from pipeline.engine.shard_tasks import shard_results
 
@@ -58,6 +60,10 @@ class Stage:
     num_cpus: Callable[[DictConfig], float] = lambda cfg: 1
 
 
+def count_shard_texts(index: int, shard_path: Path, count_texts: Callable[[list[str]], Counter]) -> Counter:
+    return count_texts(read_arrow(shard_path).column("text").to_pylist())
+
+
 @dataclass
 class StageContext:
     cfg: DictConfig
@@ -75,6 +81,15 @@ class StageContext:
         for i, result, node in shard_results(fn, shards, *args, **kwargs):
             self.shard_nodes[i] = node
             yield i, result
+
+    def count_over_shards(self, count_texts: Callable[[list[str]], Counter]) -> Counter:
+        """count_texts (a word count) of every sentence shard's texts, one Ray task per shard, the counts added up as
+        each arrives: one shard's counts held at a time, not one per shard (a thousand at 1 GB of books)."""
+        counts = Counter()
+        for _, shard_counts in self.shard_results(count_shard_texts, shard_paths(self.stage_dir("prepare")),
+                                                  count_texts):
+            counts.update(shard_counts)
+        return counts
 
     def map_shards(self, fn: Callable[..., T], shards: Sequence, *args, **kwargs) -> list[T]:
         """[fn(i, shard, *args, **kwargs) for i, shard in enumerate(shards)], one Ray task per shard."""

@@ -3,7 +3,6 @@ triples that never cross a book, one Ray task per shard. Nothing here imports to
 in stay at the size of the data they hold (pipeline/skip_thought/stages.py lists the stages)."""
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 from data_prep.shards import shard_paths
@@ -12,16 +11,8 @@ from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 
 
-def count_shard_words(index: int, shard_path: Path) -> Counter:
-    return count_words(read_arrow(shard_path).column("text").to_pylist())
-
-
 def skip_thought_vocab(ctx: StageContext) -> dict:
-    # Folded in as each shard's count arrives: collecting them all first held one Counter per shard (1 MB for the
-    # default 1 MB shard of novels: 11k distinct words), a thousand of them for a gigabyte of books.
-    counts = Counter()
-    for _, shard_counts in ctx.shard_results(count_shard_words, shard_paths(ctx.stage_dir("prepare"))):
-        counts.update(shard_counts)
+    counts = ctx.count_over_shards(count_words)
     vocab = build_word_vocab(counts, ctx.cfg.skip_thought.vocab_size, ctx.cfg.skip_thought.min_count)
     vocab.save(ctx.out_dir / "vocab.txt")
     return {"vocab_size": len(vocab), "distinct_words": len(counts)}
