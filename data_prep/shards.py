@@ -221,21 +221,24 @@ class ShardWriter:
         self._buffer, self._buffer_bytes = [], 0
 
 
-def shard_paths(shard_dir: str | os.PathLike) -> list[Path]:
-    """The shards of a finished run, in order, as listed in its manifest.
+def shard_entries(shard_dir: str | os.PathLike) -> list[dict]:
+    """The shards of a finished run, in order, as listed in its manifest (ShardInfo's fields: file, rows, ...).
 
     The manifest is written last, so its absence means the run that filled this directory did not
     finish; reading whatever shards are there would silently train on part of the corpus.
     """
-    shard_dir = Path(shard_dir)
-    manifest_path = shard_dir / MANIFEST_NAME
+    manifest_path = Path(shard_dir) / MANIFEST_NAME
     if not manifest_path.is_file():
         raise FileNotFoundError(
             f"{manifest_path} not found: {shard_dir} is not a finished prepare_corpus output "
             "(the run may have been interrupted); run data_prep.prepare.prepare_corpus again"
         )
-    manifest = json.loads(manifest_path.read_text())
-    return [shard_dir / shard["file"] for shard in manifest["shards"]]
+    return json.loads(manifest_path.read_text())["shards"]
+
+
+def shard_paths(shard_dir: str | os.PathLike) -> list[Path]:
+    """The paths of the shards of a finished run, in order (shard_entries)."""
+    return [Path(shard_dir) / shard["file"] for shard in shard_entries(shard_dir)]
 
 
 def open_shards(shard_dir: str | os.PathLike) -> pa.Table:
@@ -255,19 +258,13 @@ def shard_batches(shard_dir: str | os.PathLike) -> Iterator[pa.RecordBatch]:
                 yield reader.get_batch(i)
 
 
-def _num_rows(path: Path) -> int:
-    with pa.memory_map(str(path), "r") as source:
-        reader = pa.ipc.open_file(source)
-        return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))  # metadata only
-
-
 def sampled_texts(shard_dir: str | os.PathLike, max_rows: int | None) -> tuple[int, Iterator[str]]:
     """(k, the texts of k sentences of the shards): all of them, or with `max_rows` at most that many, evenly spaced
     through the corpus (row i is taken when floor(i k / n) steps up), so every stretch of it, every book, gives its
     share. What a tokenizer trainer needs to bound its memory and time, as SentencePiece's `input_sentence_size`
     does; the sample is streamed one record batch at a time, one shard mapped at a time (shard_batches), instead of
     held (SentencePiece's reservoir sampling holds it), and is the same on every run, without a seed."""
-    n = sum(_num_rows(path) for path in shard_paths(shard_dir))
+    n = sum(shard["rows"] for shard in shard_entries(shard_dir))  # the manifest counts them
     k = n if max_rows is None else min(max_rows, n)
 
     def texts() -> Iterator[str]:

@@ -87,7 +87,7 @@ class FinetuneModule(L.LightningModule):
         encoder = getattr(self.model, "encoder", None)
         slower = (encoder, self.encoder_lr_factor) if encoder is not None and self.encoder_lr_factor != 1.0 else None
         return adamw_with_schedule(self.model, hp.lr, hp.weight_decay, (0.9, 0.999), hp.warmup_steps,
-                                          hp.total_steps, slower=slower)
+                                   hp.total_steps, slower=slower)
 
 
 class ClassificationModule(FinetuneModule):
