@@ -1,8 +1,10 @@
 """Corpus directory of books -> sentence shards + manifest.json.
 
-The work per book is `data_prep.ingest.process_book`; Ray only maps it over groups of files, and the
-driver consumes the groups in input order, so the output does not depend on the number of workers or
-on which task finishes first: same inputs and options give byte-identical shards.
+The work per book is `data_prep.ingest.process_book`; Ray only maps it over groups of files. The driver takes the
+groups' summaries in input order, decides which books are duplicates and which rows go to which shard
+(`ShardPlanner`), and Ray tasks write the shards from the rows where the groups' tasks left them, so the driver never
+carries the corpus's bytes. The output does not depend on the number of workers or on which task finishes first: same
+inputs and options give byte-identical shards.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
 import ray
 
 from data_prep.dedup import (
@@ -31,7 +34,17 @@ from data_prep.dedup import (
 from data_prep.ingest import BYTE_ORDER_MARKS, BookResult, IngestOptions, exact_duplicate_of, process_book
 from data_prep.progress import ProgressReporter
 from data_prep.sentences import fallback_notice
-from data_prep.shards import MANIFEST_NAME, SHARD_PREFIX, SHARD_SCHEMA, ShardWriter, write_json_atomically
+from data_prep.shards import (
+    MANIFEST_NAME,
+    SHARD_PREFIX,
+    SHARD_SCHEMA,
+    ShardInfo,
+    ShardPlan,
+    ShardPlanner,
+    row_bytes,
+    write_json_atomically,
+    write_shard,
+)
 
 # 2: near duplicates (status "near_duplicate", "similarity"); 3: a file over max_book_bytes is read as parts, each a
 # book and an entry of its own ("big.txt#2/31")
@@ -47,8 +60,8 @@ _MAX_GROUP_BYTES = 4 << 20
 # ~140 bytes made 8 groups of 12,500 books, and 2.7 GB peak RSS for the driver and its Ray workers against 1.7 GB
 # with this cap.
 _MAX_GROUP_BOOKS = 1000
-# Groups submitted ahead of the one the driver is writing, per worker: enough to keep every worker busy
-# while the driver writes, few enough that finished-but-unwritten results stay bounded.
+# Groups submitted ahead of the one the driver is classifying, and shards submitted but not yet written, per worker:
+# enough to keep every worker busy, few enough that finished-but-unwritten results stay bounded.
 _IN_FLIGHT_PER_WORKER = 2
 # A book is decoded, cleaned and split in memory, at ~26x its size at peak (tests/test_bad_input.py: 1.3 GB for
 # 50 MB), so a 500 MB file without a line break, or BookCorpus as it is often shipped (two files of 2 GB, a sentence
@@ -185,7 +198,9 @@ def plan_pieces(corpus_dir: Path, book_ids: list[str], sizes: list[int],
 
 
 class ProcessedBook(NamedTuple):
-    result: BookResult
+    result: BookResult  # without its rows, which stay in the group's result (read_and_process)
+    num_sentences: int
+    row_bytes: np.ndarray | None  # each kept sentence's share of a shard (data_prep.shards.row_bytes)
     signature: np.ndarray | None  # MinHash signature of a kept book when near-duplicate detection is on
 
 
@@ -211,28 +226,31 @@ def _read_piece(corpus_dir: Path, piece: Piece) -> bytes:
 
 def read_and_process(corpus_dir: str, pieces: list[Piece], options: IngestOptions,
                      near_duplicates: NearDuplicateOptions | None = None,
-                     hasher: MinHasher | None = None) -> list[ProcessedBook]:
+                     hasher: MinHasher | None = None) -> tuple[list[ProcessedBook], list[pa.RecordBatch | None]]:
     """One Ray task: reads and processes a group of books (`plan_pieces`), and signs the kept ones for
-    near-duplicate detection when `near_duplicates` (with its `hasher`) is given. A file that cannot be read is a
-    rejected book, not a failed run."""
-    processed = []
+    near-duplicate detection when `near_duplicates` (with its `hasher`) is given. Returns the books' summaries for the
+    driver and, apart, their rows for the tasks that write the shards. A file that cannot be read is a rejected book,
+    not a failed run."""
+    summaries, rows = [], []
     for piece in pieces:
         if piece.reject:
-            processed.append(ProcessedBook(BookResult.rejected(piece.book_id, piece.reject, num_bytes=piece.end), None))
-            continue
-        try:
-            raw = _read_piece(Path(corpus_dir), piece)
-        except OSError as exc:
-            result = BookResult.rejected(piece.book_id, f"unreadable ({type(exc).__name__}: "
-                                                        f"{exc.strerror or exc}); fix or remove the file")
-            processed.append(ProcessedBook(result, None))
-            continue
-        result = process_book(piece.path, raw, options, book_id=piece.book_id)
-        signature = None
-        if near_duplicates is not None and result.status == "kept":
-            signature = minhash_signature(shingle_hashes(result.rows["text"], near_duplicates.shingle_words), hasher)
-        processed.append(ProcessedBook(result, signature))
-    return processed
+            result = BookResult.rejected(piece.book_id, piece.reject, num_bytes=piece.end)
+        else:
+            try:
+                result = process_book(piece.path, _read_piece(Path(corpus_dir), piece), options, book_id=piece.book_id)
+            except OSError as exc:
+                result = BookResult.rejected(piece.book_id, f"unreadable ({type(exc).__name__}: "
+                                                            f"{exc.strerror or exc}); fix or remove the file")
+        signature = sizes = None
+        if result.status == "kept":
+            sizes = row_bytes(result.rows)
+            if near_duplicates is not None:
+                signature = minhash_signature(shingle_hashes(result.rows["text"], near_duplicates.shingle_words),
+                                              hasher)
+        summaries.append(ProcessedBook(dataclasses.replace(result, rows=None), result.num_sentences, sizes,
+                                       signature))
+        rows.append(result.rows)
+    return summaries, rows
 
 
 def group_by_bytes(book_ids: list, sizes: list[int], target_bytes: int, max_books: int) -> list[list]:
@@ -250,25 +268,73 @@ def group_by_bytes(book_ids: list, sizes: list[int], target_bytes: int, max_book
     return groups
 
 
-def _results_in_order(corpus_dir: Path, groups: Iterable[list[str]], options: IngestOptions,
-                      near_duplicates: NearDuplicateOptions | None, max_in_flight: int) -> Iterator[ProcessedBook]:
-    """Runs the groups as Ray tasks and yields their results in input order, holding at most
-    `max_in_flight` groups submitted but not yet consumed."""
+def _books_in_order(corpus_dir: Path, groups: Iterable[list[str]], options: IngestOptions,
+                    near_duplicates: NearDuplicateOptions | None,
+                    max_in_flight: int) -> Iterator[tuple[ProcessedBook, tuple[ray.ObjectRef, int]]]:
+    """Runs the groups as Ray tasks and yields each book's summary in input order, with where its rows are (its
+    group's rows in the object store, its position there), holding at most `max_in_flight` groups submitted but not
+    yet consumed."""
     # SPREAD, as the pipeline's shard tasks (pipeline/engine/shard_tasks.py): on a cluster, every node reads books
     # from the start, instead of the driver's node first.
-    task = ray.remote(read_and_process).options(num_cpus=1, scheduling_strategy="SPREAD")
+    task = ray.remote(read_and_process).options(num_cpus=1, scheduling_strategy="SPREAD", num_returns=2)
     hasher = draw_minhasher(near_duplicates.num_perm, np.random.default_rng(near_duplicates.seed)) \
         if near_duplicates else None
     in_flight = collections.deque()
+
+    def books_of(refs):
+        summaries_ref, rows_ref = refs
+        for position, book in enumerate(ray.get(summaries_ref)):
+            yield book, (rows_ref, position)
+
     for group in groups:
         in_flight.append(task.remote(str(corpus_dir), group, options, near_duplicates, hasher))
         if len(in_flight) >= max_in_flight:
-            yield from ray.get(in_flight.popleft())
+            yield from books_of(in_flight.popleft())
     while in_flight:
-        yield from ray.get(in_flight.popleft())
+        yield from books_of(in_flight.popleft())
 
 
-def _file_entry(result: BookResult, status: str, duplicate_of: str | None = None,
+def write_planned_shard(out_dir: str, index: int, slices: list[tuple[int, int, int, int]],
+                        *groups_rows: list[pa.RecordBatch]) -> ShardInfo:
+    """A Ray task: writes shard `index` from its (group, book, start, stop) slices of the groups' rows."""
+    return write_shard(out_dir, index, (groups_rows[group][book].slice(start, stop - start)
+                                        for group, book, start, stop in slices))
+
+
+class _ShardWrites:
+    """Shards planned by the driver, written by Ray tasks from the rows where the groups' tasks left them (on the
+    node that holds them, when it can: Ray's default scheduling prefers the node of a task's arguments); at most
+    `max_in_flight` at once. `shards` lists the written ones, in order."""
+
+    def __init__(self, out_dir: Path, max_in_flight: int):
+        self.out_dir, self.max_in_flight = str(out_dir), max_in_flight
+        self._task = ray.remote(write_planned_shard).options(num_cpus=1)
+        self._in_flight: collections.deque[ray.ObjectRef] = collections.deque()
+        self.shards: list[ShardInfo] = []
+
+    def submit(self, plan: ShardPlan) -> None:
+        refs: list[ray.ObjectRef] = []  # each group's rows passed once, however many of its books the shard holds
+        slices = []
+        for (rows_ref, book), start, stop in plan.slices:
+            if rows_ref not in refs:
+                refs.append(rows_ref)
+            slices.append((refs.index(rows_ref), book, start, stop))
+        self._in_flight.append(self._task.remote(self.out_dir, plan.index, slices, *refs))
+        if len(self._in_flight) >= self.max_in_flight:
+            self.shards.append(ray.get(self._in_flight.popleft()))
+
+    def finish(self) -> None:
+        while self._in_flight:
+            self.shards.append(ray.get(self._in_flight.popleft()))
+
+    def abandon(self) -> None:
+        """After an error: lets the writes already started end (each commits whole or removes its temporary file),
+        so none is killed half-way when Ray shuts down; the next run replaces what they wrote."""
+        if self._in_flight:
+            ray.wait(list(self._in_flight), num_returns=len(self._in_flight))
+
+
+def _file_entry(result: BookResult, status: str, num_sentences: int = 0, duplicate_of: str | None = None,
                 similarity: float | None = None) -> dict:
     entry = {
         "book_id": result.book_id,
@@ -277,7 +343,7 @@ def _file_entry(result: BookResult, status: str, duplicate_of: str | None = None
         "author": result.author,
         "encoding": result.encoding,
         "bytes": result.num_bytes,
-        "sentences": result.num_sentences if status == "kept" else 0,
+        "sentences": num_sentences if status == "kept" else 0,
         "sentences_dropped_by_length": result.num_dropped_by_length,
     }
     if result.utf8_replacements:
@@ -297,20 +363,20 @@ def _classify(processed: ProcessedBook, first_by_fingerprint: dict[str, str],
               near_duplicate_index: NearDuplicateIndex | None) -> dict:
     """The manifest entry of one book, registering it as the original for later duplicates if kept.
     Exact duplicates are checked first: they are certain and cheap."""
-    result, signature = processed
+    result, signature = processed.result, processed.signature
     if result.status != "kept":
         return _file_entry(result, result.status)
     duplicate_of = exact_duplicate_of(result, first_by_fingerprint)
     if duplicate_of:
-        return _file_entry(result, "duplicate", duplicate_of)
+        return _file_entry(result, "duplicate", duplicate_of=duplicate_of)
     if near_duplicate_index is not None:
         match = near_duplicate_index.match(signature)
         if match:
-            return _file_entry(result, "near_duplicate", *match)
+            return _file_entry(result, "near_duplicate", 0, *match)
         # A copy: Ray deserialises numpy arrays as views into the task's result in the object store, so
         # keeping the view would pin every group's sentences there, growing memory with the corpus.
         near_duplicate_index.add(result.book_id, signature.copy())
-    return _file_entry(result, "kept")
+    return _file_entry(result, "kept", processed.num_sentences)
 
 
 def _no_sentences_message(files: list[dict], options: IngestOptions) -> str:
@@ -386,7 +452,7 @@ def prepare_corpus(
         raise ValueError(f"num_workers (ray.num_cpus in the pipeline) must be at least 1, got {num_workers}")
     if max_book_bytes < 1:
         raise ValueError(f"max_book_bytes must be at least 1, got {max_book_bytes}")
-    writer = ShardWriter(out_dir, shard_bytes)  # validates shard_bytes before any work is done
+    planner = ShardPlanner(shard_bytes)  # validates shard_bytes before any work is done
     if not corpus_dir.is_dir():
         raise FileNotFoundError(f"corpus directory {corpus_dir} does not exist or is not a directory; "
                                 "pass the folder that holds the book files (data.corpus_dir)")
@@ -416,16 +482,24 @@ def prepare_corpus(
         files = []
         first_by_fingerprint: dict[str, str] = {}
         near_duplicate_index = NearDuplicateIndex(near_duplicates) if near_duplicates else None
-        with writer:
-            for processed in _results_in_order(corpus_dir, groups, options, near_duplicates,
-                                               _IN_FLIGHT_PER_WORKER * num_workers):
+        writes = _ShardWrites(out_dir, _IN_FLIGHT_PER_WORKER * num_workers)
+        try:
+            for processed, rows_at in _books_in_order(corpus_dir, groups, options, near_duplicates,
+                                                      _IN_FLIGHT_PER_WORKER * num_workers):
                 entry = _classify(processed, first_by_fingerprint, near_duplicate_index)
                 files.append(entry)
                 if entry["status"] == "kept":
-                    writer.add_book(processed.result.rows)
+                    for plan in planner.add_book(rows_at, processed.row_bytes):
+                        writes.submit(plan)
                 progress.update(1, entry["bytes"])
             if not any(entry["sentences"] for entry in files):
                 raise ValueError(_no_sentences_message(files, options))
+            for plan in planner.finish():
+                writes.submit(plan)
+            writes.finish()
+        except BaseException:
+            writes.abandon()
+            raise
     finally:
         if started_ray:
             ray.shutdown()
@@ -448,10 +522,10 @@ def prepare_corpus(
             "sentences_dropped_by_length": sum(entry["sentences_dropped_by_length"] for entry in files),
             "nul_characters_removed": sum(entry.get("nul_characters_removed", 0) for entry in files),
             "input_bytes": sum(entry["bytes"] for entry in files),
-            "shards": len(writer.shards),
-            "output_bytes": sum(shard.bytes for shard in writer.shards),
+            "shards": len(writes.shards),
+            "output_bytes": sum(shard.bytes for shard in writes.shards),
         },
-        "shards": [dataclasses.asdict(shard) for shard in writer.shards],
+        "shards": [dataclasses.asdict(shard) for shard in writes.shards],
         "files": files,
     }
     write_json_atomically(out_dir / MANIFEST_NAME, manifest)

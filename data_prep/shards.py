@@ -13,7 +13,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -117,108 +117,91 @@ def book_rows(book_id: str, title: str, paragraph_index: np.ndarray, text: pa.St
     ], schema=SHARD_SCHEMA)
 
 
-def _row_bytes(batch: pa.RecordBatch) -> np.ndarray:
+def row_bytes(batch: pa.RecordBatch) -> np.ndarray:
     """Each row's share of the Arrow buffers, the unit of the shard size budget."""
     strings = sum(pc.binary_length(batch[name]).to_numpy() for name in ("book_id", "title", "text"))
     return strings.astype(np.int64) + _FIXED_ROW_BYTES
 
 
-class ShardWriter:
-    """Writes books in the order given into `shard-00000.arrow`, `shard-00001.arrow`, ... in out_dir.
+@dataclasses.dataclass(frozen=True)
+class ShardPlan:
+    """The rows of shard number `index`: (book, start, stop) slices of the books' rows, in order; `book` is whatever
+    key the caller gave `ShardPlanner.add_book`."""
+    index: int
+    slices: tuple[tuple[Hashable, int, int], ...]
 
-    A shard is closed before a book that would push it past `shard_bytes` (of Arrow data; the file adds
-    a few KiB of metadata), so a book never straddles two shards, except a book larger than a whole
-    shard, whose rows continue, in order, into the following shard(s). Memory is bounded by one write
-    batch plus the current book. Use as a context manager: leaving on an exception deletes the
-    unfinished shard's temp file; leaving normally finishes the last shard. `shards` lists what was
-    written.
+
+class ShardPlanner:
+    """Decides which rows of the books, added in order, go to `shard-00000.arrow`, `shard-00001.arrow`, ...
+
+    A shard is closed before a book that would push it past `shard_bytes` (of Arrow data; the file adds a few KiB of
+    metadata), so a book never straddles two shards, except a book larger than a whole shard, whose rows continue, in
+    order, into the following shard(s). Only the rows' sizes pass through it: the rows stay where they were made (a
+    Ray task's result in prepare) and each shard is written by whichever process `write_shard` runs in, so no single
+    process has to carry the corpus's bytes (docs/scaling.md).
     """
 
-    def __init__(self, out_dir: str | os.PathLike, shard_bytes: int):
+    def __init__(self, shard_bytes: int):
         if shard_bytes <= 0:
             raise ValueError(f"data.shard_bytes must be positive, got {shard_bytes}; use a target size such as "
                              "1_000_000")
-        self.out_dir = Path(out_dir)
         self.shard_bytes = shard_bytes
-        self.shards: list[ShardInfo] = []
-        self._tmp_path: Path | None = None
-        self._sink: pa.NativeFile | None = None
-        self._writer: pa.ipc.RecordBatchFileWriter | None = None
-        self._shard_used = 0  # bytes of rows in the current shard, written or buffered
-        self._shard_rows = 0
-        self._first_book = ""
-        self._last_book = ""
-        self._buffer: list[pa.RecordBatch] = []
-        self._buffer_bytes = 0
+        self._index = 0
+        self._slices: list[tuple[Hashable, int, int]] = []
+        self._used = 0  # bytes of rows in the open shard
 
-    def __enter__(self) -> ShardWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self._finish_shard()
-        else:
-            self._abort()
-
-    def add_book(self, batch: pa.RecordBatch) -> None:
-        """Appends one book's rows (`book_rows`), in order."""
-        if not batch.num_rows:
-            return
-        row_bytes = _row_bytes(batch)
-        if self._shard_used and self._shard_used + int(row_bytes.sum()) > self.shard_bytes:
-            self._finish_shard()
+    def add_book(self, book: Hashable, sizes: np.ndarray) -> list[ShardPlan]:
+        """Places one book's rows, of `sizes` bytes each (`row_bytes(rows)`); returns the shards this closed."""
+        closed = []
+        if not len(sizes):
+            return closed
+        if self._used and self._used + int(sizes.sum()) > self.shard_bytes:
+            closed.append(self._close())
         start = 0
-        while start < batch.num_rows:
-            room = self.shard_bytes - self._shard_used
-            cumulative = np.cumsum(row_bytes[start:])
+        while start < len(sizes):
+            cumulative = np.cumsum(sizes[start:])
             # At least one row, or a single row larger than a whole shard would never be placed.
-            take = max(1, int(np.searchsorted(cumulative, room, side="right")))
-            self._append(batch.slice(start, take), int(cumulative[take - 1]))
+            take = max(1, int(np.searchsorted(cumulative, self.shard_bytes - self._used, side="right")))
+            self._slices.append((book, start, start + take))
+            self._used += int(cumulative[take - 1])
             start += take
-            if start < batch.num_rows:
-                self._finish_shard()
+            if start < len(sizes):
+                closed.append(self._close())
+        return closed
 
-    def _append(self, rows: pa.RecordBatch, num_bytes: int) -> None:
-        if self._writer is None:
-            self._tmp_path = temp_path_for(self.out_dir / shard_name(len(self.shards)))
-            self._sink = pa.OSFile(str(self._tmp_path), "wb")
-            self._writer = pa.ipc.new_file(self._sink, SHARD_SCHEMA)
-            self._first_book = rows["book_id"][0].as_py()
-        self._buffer.append(rows)
-        self._buffer_bytes += num_bytes
-        self._shard_used += num_bytes
-        self._shard_rows += rows.num_rows
-        self._last_book = rows["book_id"][-1].as_py()
-        if self._buffer_bytes >= _WRITE_BATCH_BYTES:
-            self._flush()
+    def finish(self) -> list[ShardPlan]:
+        """The last, open shard, if it has rows."""
+        return [self._close()] if self._slices else []
 
-    def _flush(self) -> None:
-        if self._buffer:
-            # One contiguous batch instead of one per book keeps the mapped table's chunk count low.
-            self._writer.write_batch(pa.concat_batches(self._buffer))
-        self._buffer, self._buffer_bytes = [], 0
+    def _close(self) -> ShardPlan:
+        plan = ShardPlan(self._index, tuple(self._slices))
+        self._index, self._slices, self._used = self._index + 1, [], 0
+        return plan
 
-    def _finish_shard(self) -> None:
-        if self._writer is None:
-            return
-        self._flush()
-        self._writer.close()
-        self._sink.close()
-        final_path = self.out_dir / shard_name(len(self.shards))
-        commit_temp_file(self._tmp_path, final_path)
-        self.shards.append(ShardInfo(
-            file=final_path.name, rows=self._shard_rows, bytes=final_path.stat().st_size,
-            sha256=file_sha256(final_path), first_book=self._first_book, last_book=self._last_book,
-        ))
-        self._writer = self._sink = self._tmp_path = None
-        self._shard_used = self._shard_rows = 0
 
-    def _abort(self) -> None:
-        if self._sink is not None:
-            self._sink.close()
-            self._tmp_path.unlink(missing_ok=True)
-        self._writer = self._sink = self._tmp_path = None
-        self._buffer, self._buffer_bytes = [], 0
+def write_shard(out_dir: str | os.PathLike, index: int, batches: Iterable[pa.RecordBatch]) -> ShardInfo:
+    """Writes the rows of `batches`, in order, as shard `index` of `out_dir` (committed atomically: a killed run
+    leaves no half shard), and describes it for the manifest. Memory is bounded by one write batch."""
+    path = Path(out_dir) / shard_name(index)
+    rows, first_book, last_book = 0, None, None
+    with atomic_arrow_file(path, SHARD_SCHEMA) as writer:
+        buffer, buffered = [], 0
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            first_book = first_book or batch["book_id"][0].as_py()
+            last_book = batch["book_id"][-1].as_py()
+            rows += batch.num_rows
+            buffer.append(batch)
+            buffered += int(row_bytes(batch).sum())
+            if buffered >= _WRITE_BATCH_BYTES:
+                # One contiguous batch instead of one per book keeps the mapped table's chunk count low.
+                writer.write_batch(pa.concat_batches(buffer))
+                buffer, buffered = [], 0
+        if buffer:
+            writer.write_batch(pa.concat_batches(buffer))
+    return ShardInfo(file=path.name, rows=rows, bytes=path.stat().st_size, sha256=file_sha256(path),
+                     first_book=first_book or "", last_book=last_book or "")
 
 
 def shard_entries(shard_dir: str | os.PathLike) -> list[dict]:

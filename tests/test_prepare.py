@@ -9,7 +9,12 @@ import ray
 from data_prep.ingest import IngestOptions, process_book
 from data_prep.prepare import prepare_corpus
 from data_prep.sentences import default_splitter
-from data_prep.shards import MANIFEST_NAME, file_sha256, iter_books, open_shards
+import numpy as np
+import pyarrow as pa
+
+import data_prep.prepare
+import data_prep.shards
+from data_prep.shards import MANIFEST_NAME, ShardPlan, ShardPlanner, file_sha256, iter_books, open_shards
 
 WORDS = "the a ship sailed over quiet grey water while old men watched from harbour walls and sang".split()
 SHARD_BYTES = 4096
@@ -140,6 +145,51 @@ def test_output_does_not_depend_on_worker_count(corpus, prepared, tmp_path):
     assert single["shards"] == manifest["shards"]
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
         [MANIFEST_NAME] + [shard["file"] for shard in manifest["shards"]])
+
+
+def test_the_planner_closes_a_shard_before_a_book_that_does_not_fit_and_splits_only_a_bigger_one():
+    planner = ShardPlanner(100)
+    closed = []
+    for book, sizes in [("A", [30, 30]), ("B", [50]), ("C", [40, 40, 40, 40]), ("D", []), ("E", [150])]:
+        closed += planner.add_book(book, np.array(sizes, dtype=np.int64))
+    closed += planner.finish()
+    assert closed == [ShardPlan(0, (("A", 0, 2),)), ShardPlan(1, (("B", 0, 1),)), ShardPlan(2, (("C", 0, 2),)),
+                      ShardPlan(3, (("C", 2, 4),)), ShardPlan(4, (("E", 0, 1),))]  # E: one row above a shard
+    assert ShardPlanner(100).finish() == []
+    with pytest.raises(ValueError, match="shard_bytes must be positive"):
+        ShardPlanner(0)
+
+
+def _holds_rows(value) -> bool:
+    if isinstance(value, (pa.RecordBatch, pa.Table)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_rows(item) for item in value)
+    return False
+
+
+def test_the_driver_writes_no_shard_and_never_fetches_a_books_rows(corpus, prepared, tmp_path, monkeypatch):
+    """Ray tasks write the shards from the rows where the groups' tasks left them and the driver only plans them, so
+    no one process carries the corpus's bytes: writing them all in the driver capped prepare at ~21 workers
+    (docs/scaling.md). Same shards as ever."""
+    fetched = []
+    get = ray.get
+
+    def recording_get(refs, *args, **kwargs):
+        values = get(refs, *args, **kwargs)
+        fetched.append(values)
+        return values
+
+    def no_writing_here(*args, **kwargs):
+        raise AssertionError("the driver wrote a shard")
+
+    monkeypatch.setattr(ray, "get", recording_get)
+    # the driver's modules only: a Ray worker imports its own
+    monkeypatch.setattr(data_prep.shards, "write_shard", no_writing_here)
+    monkeypatch.setattr(data_prep.prepare, "write_shard", no_writing_here)
+    manifest = prepare_corpus(corpus, tmp_path, shard_bytes=SHARD_BYTES, num_workers=2)
+    assert manifest["shards"] == prepared[1]["shards"]
+    assert fetched and not any(_holds_rows(values) for values in fetched)
 
 
 def test_progress_lines_while_preparing(corpus, tmp_path, capsys):
