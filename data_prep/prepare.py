@@ -63,6 +63,9 @@ _MAX_GROUP_BOOKS = 1000
 # Groups submitted ahead of the one the driver is classifying, and shards submitted but not yet written, per worker:
 # enough to keep every worker busy, few enough that finished-but-unwritten results stay bounded.
 _IN_FLIGHT_PER_WORKER = 2
+# Shards written per task, in bytes: Ray's cost per task (scheduling, fetching its arguments) is the same for a shard of
+# 1 MB, data.shard_bytes' default, as for one of 64 MB.
+_WRITE_TASK_BYTES = 16 << 20
 # A book is decoded, cleaned and split in memory, at ~26x its size at peak (tests/test_bad_input.py: 1.3 GB for
 # 50 MB), so a 500 MB file without a line break, or BookCorpus as it is often shipped (two files of 2 GB, a sentence
 # per line), would take 13 or 52 GB in one worker. A file bigger than this is read in parts of about this size, each a
@@ -294,44 +297,58 @@ def _books_in_order(corpus_dir: Path, groups: Iterable[list[str]], options: Inge
         yield from books_of(in_flight.popleft())
 
 
-def write_planned_shard(out_dir: str, index: int, slices: list[tuple[int, int, int, int]],
-                        *groups_rows: list[pa.RecordBatch]) -> ShardInfo:
-    """A Ray task: writes shard `index` from its (group, book, start, stop) slices of the groups' rows."""
-    return write_shard(out_dir, index, (groups_rows[group][book].slice(start, stop - start)
-                                        for group, book, start, stop in slices))
+def write_planned_shards(out_dir: str, plans: list[tuple[int, list[tuple[int, int, int, int]]]],
+                         *groups_rows: list[pa.RecordBatch]) -> list[ShardInfo]:
+    """A Ray task: writes each (index, slices) shard from its (group, book, start, stop) slices of the groups' rows."""
+    return [write_shard(out_dir, index, (groups_rows[group][book].slice(start, stop - start)
+                                         for group, book, start, stop in slices))
+            for index, slices in plans]
 
 
 class _ShardWrites:
     """Shards planned by the driver, written by Ray tasks from the rows where the groups' tasks left them (on the
-    node that holds them, when it can: Ray's default scheduling prefers the node of a task's arguments); at most
-    `max_in_flight` at once. `shards` lists the written ones, in order."""
+    node that holds them, when it can: Ray's default scheduling prefers the node of a task's arguments). A task
+    writes `shards_per_task` shards: one task per 1 MB shard cost 12 % more CPU than the driver writing them
+    (docs/scaling.md). At most `max_in_flight` tasks at once; `shards` lists the written shards, in order."""
 
-    def __init__(self, out_dir: Path, max_in_flight: int):
-        self.out_dir, self.max_in_flight = str(out_dir), max_in_flight
-        self._task = ray.remote(write_planned_shard).options(num_cpus=1)
+    def __init__(self, out_dir: Path, shards_per_task: int, max_in_flight: int):
+        self.out_dir, self.shards_per_task, self.max_in_flight = str(out_dir), shards_per_task, max_in_flight
+        self._task = ray.remote(write_planned_shards).options(num_cpus=1)
+        self._planned: list[ShardPlan] = []
         self._in_flight: collections.deque[ray.ObjectRef] = collections.deque()
         self.shards: list[ShardInfo] = []
 
     def submit(self, plan: ShardPlan) -> None:
-        refs: list[ray.ObjectRef] = []  # each group's rows passed once, however many of its books the shard holds
-        slices = []
-        for (rows_ref, book), start, stop in plan.slices:
-            if rows_ref not in refs:
-                refs.append(rows_ref)
-            slices.append((refs.index(rows_ref), book, start, stop))
-        self._in_flight.append(self._task.remote(self.out_dir, plan.index, slices, *refs))
-        if len(self._in_flight) >= self.max_in_flight:
-            self.shards.append(ray.get(self._in_flight.popleft()))
+        self._planned.append(plan)
+        if len(self._planned) >= self.shards_per_task:
+            self._start_task()
 
     def finish(self) -> None:
+        if self._planned:
+            self._start_task()
         while self._in_flight:
-            self.shards.append(ray.get(self._in_flight.popleft()))
+            self.shards += ray.get(self._in_flight.popleft())
 
     def abandon(self) -> None:
         """After an error: lets the writes already started end (each commits whole or removes its temporary file),
         so none is killed half-way when Ray shuts down; the next run replaces what they wrote."""
         if self._in_flight:
             ray.wait(list(self._in_flight), num_returns=len(self._in_flight))
+
+    def _start_task(self) -> None:
+        refs: list[ray.ObjectRef] = []  # each group's rows passed once, however many of its books the shards hold
+        plans = []
+        for plan in self._planned:
+            slices = []
+            for (rows_ref, book), start, stop in plan.slices:
+                if rows_ref not in refs:
+                    refs.append(rows_ref)
+                slices.append((refs.index(rows_ref), book, start, stop))
+            plans.append((plan.index, slices))
+        self._planned = []
+        self._in_flight.append(self._task.remote(self.out_dir, plans, *refs))
+        if len(self._in_flight) >= self.max_in_flight:
+            self.shards += ray.get(self._in_flight.popleft())
 
 
 def _file_entry(result: BookResult, status: str, num_sentences: int = 0, duplicate_of: str | None = None,
@@ -482,7 +499,7 @@ def prepare_corpus(
         files = []
         first_by_fingerprint: dict[str, str] = {}
         near_duplicate_index = NearDuplicateIndex(near_duplicates) if near_duplicates else None
-        writes = _ShardWrites(out_dir, _IN_FLIGHT_PER_WORKER * num_workers)
+        writes = _ShardWrites(out_dir, max(1, _WRITE_TASK_BYTES // shard_bytes), _IN_FLIGHT_PER_WORKER * num_workers)
         try:
             for processed, rows_at in _books_in_order(corpus_dir, groups, options, near_duplicates,
                                                       _IN_FLIGHT_PER_WORKER * num_workers):
