@@ -3,17 +3,16 @@ import random
 import textwrap
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
 import ray
 
+import data_prep.prepare
+import data_prep.shards
 from data_prep.ingest import IngestOptions, process_book
 from data_prep.prepare import prepare_corpus
 from data_prep.sentences import default_splitter
-import numpy as np
-import pyarrow as pa
-
-import data_prep.prepare
-import data_prep.shards
 from data_prep.shards import MANIFEST_NAME, ShardPlan, ShardPlanner, file_sha256, iter_books, open_shards
 
 WORDS = "the a ship sailed over quiet grey water while old men watched from harbour walls and sang".split()
