@@ -169,7 +169,7 @@ def _holds_rows(value) -> bool:
 
 def test_the_driver_writes_no_shard_and_never_fetches_a_books_rows(corpus, prepared, tmp_path, monkeypatch):
     """Ray tasks write the shards from the rows where the groups' tasks left them and the driver only plans them, so
-    no one process carries the corpus's bytes: writing them all in the driver capped prepare at ~21 workers
+    no one process carries the corpus's bytes: writing them all in the driver capped prepare at ~25 workers
     (docs/scaling.md). Same shards as ever."""
     fetched = []
     get = ray.get
