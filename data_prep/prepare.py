@@ -202,7 +202,6 @@ def plan_pieces(corpus_dir: Path, book_ids: list[str], sizes: list[int],
 
 class ProcessedBook(NamedTuple):
     result: BookResult  # without its rows, which stay in the group's result (read_and_process)
-    num_sentences: int
     row_bytes: np.ndarray | None  # each kept sentence's share of a shard (data_prep.shards.row_bytes)
     signature: np.ndarray | None  # MinHash signature of a kept book when near-duplicate detection is on
 
@@ -250,8 +249,7 @@ def read_and_process(corpus_dir: str, pieces: list[Piece], options: IngestOption
             if near_duplicates is not None:
                 signature = minhash_signature(shingle_hashes(result.rows["text"], near_duplicates.shingle_words),
                                               hasher)
-        summaries.append(ProcessedBook(dataclasses.replace(result, rows=None), result.num_sentences, sizes,
-                                       signature))
+        summaries.append(ProcessedBook(dataclasses.replace(result, rows=None), sizes, signature))
         rows.append(result.rows)
     return summaries, rows
 
@@ -336,23 +334,19 @@ class _ShardWrites:
             ray.wait(list(self._in_flight), num_returns=len(self._in_flight))
 
     def _start_task(self) -> None:
-        refs: list[ray.ObjectRef] = []  # each group's rows passed once, however many of its books the shards hold
-        plans = []
-        for plan in self._planned:
-            slices = []
-            for (rows_ref, book), start, stop in plan.slices:
-                if rows_ref not in refs:
-                    refs.append(rows_ref)
-                slices.append((refs.index(rows_ref), book, start, stop))
-            plans.append((plan.index, slices))
+        # each group's rows passed once, however many of its books the shards hold: ref -> its argument's position
+        positions: dict[ray.ObjectRef, int] = {}
+        plans = [(plan.index, [(positions.setdefault(rows_ref, len(positions)), book, start, stop)
+                               for (rows_ref, book), start, stop in plan.slices])
+                 for plan in self._planned]
         self._planned = []
-        self._in_flight.append(self._task.remote(self.out_dir, plans, *refs))
+        self._in_flight.append(self._task.remote(self.out_dir, plans, *positions))
         if len(self._in_flight) >= self.max_in_flight:
             self.shards += ray.get(self._in_flight.popleft())
 
 
-def _file_entry(result: BookResult, status: str, num_sentences: int = 0, duplicate_of: str | None = None,
-                similarity: float | None = None) -> dict:
+def _file_entry(result: BookResult, status: str, duplicate_of: str | None = None,
+                similarity: float | None = None, sentences: int = 0) -> dict:
     entry = {
         "book_id": result.book_id,
         "status": status,
@@ -360,7 +354,7 @@ def _file_entry(result: BookResult, status: str, num_sentences: int = 0, duplica
         "author": result.author,
         "encoding": result.encoding,
         "bytes": result.num_bytes,
-        "sentences": num_sentences if status == "kept" else 0,
+        "sentences": sentences,
         "sentences_dropped_by_length": result.num_dropped_by_length,
     }
     if result.utf8_replacements:
@@ -385,15 +379,15 @@ def _classify(processed: ProcessedBook, first_by_fingerprint: dict[str, str],
         return _file_entry(result, result.status)
     duplicate_of = exact_duplicate_of(result, first_by_fingerprint)
     if duplicate_of:
-        return _file_entry(result, "duplicate", duplicate_of=duplicate_of)
+        return _file_entry(result, "duplicate", duplicate_of)
     if near_duplicate_index is not None:
         match = near_duplicate_index.match(signature)
         if match:
-            return _file_entry(result, "near_duplicate", 0, *match)
+            return _file_entry(result, "near_duplicate", *match)
         # A copy: Ray deserialises numpy arrays as views into the task's result in the object store, so
         # keeping the view would pin every group's sentences there, growing memory with the corpus.
         near_duplicate_index.add(result.book_id, signature.copy())
-    return _file_entry(result, "kept", processed.num_sentences)
+    return _file_entry(result, "kept", sentences=len(processed.row_bytes))
 
 
 def _no_sentences_message(files: list[dict], options: IngestOptions) -> str:
