@@ -56,6 +56,7 @@ class FinetuneConfig:
     task: Any = MISSING  # a name in tasks/ or a list of names, checked against tasks/ at start-up
     data_dir: Optional[str] = MISSING
     models: list[FinetuneModel] = MISSING
+    random_twins: bool = MISSING
     seeds: list[int] = MISSING
     train_sizes: list[Optional[int]] = MISSING
     min_steps: int = MISSING

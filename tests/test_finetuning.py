@@ -51,6 +51,7 @@ def ctx(tmp_path) -> StageContext:
             "+experiment=bert_tiny", f"paths.run_dir={tmp_path}", f"paths.cache_dir={tmp_path / 'cache'}",
             "logger=csv", "trainer.precision=32-true", "finetune.task=[sst2,stsb,conll2003]",
             f"finetune.data_dir={glue}", "finetune.models=[pretrained]", "finetune.seeds=[1,2]",
+            "finetune.random_twins=false",  # each test fine-tunes the kinds it names, and no others
             "finetune.train_sizes=[null]", "finetune.min_steps=0",
             "finetune.epochs=1", "finetune.batch_size=8", "finetune.max_seq_length=16"])
     out = tmp_path / "finetune"
@@ -175,6 +176,18 @@ def test_train_sizes_draw_stratified_subsets_deterministic_per_seed():
     assert finetuning.stratified_subsample(labels, 500, 100, np.random.default_rng(0)).tolist() == list(range(100))
     unlabelled = finetuning.stratified_subsample(None, 10, 100, np.random.default_rng(0))  # regression, tagging
     assert len(set(unlabelled.tolist())) == 10
+
+
+def test_each_pretrained_kind_is_fine_tuned_beside_its_random_twin(ctx):
+    ctx.cfg.finetune.random_twins = True  # the default (conf/config.yaml)
+    ctx.cfg.finetune.models = ["gpt", "pretrained", "external", "elmo_random"]
+    assert list(finetuning.finetune_kinds(ctx.cfg)) == ["gpt", "gpt_random", "pretrained", "random_init", "external",
+                                                        "elmo_random"]
+    ctx.cfg.finetune.models = ["random_init", "pretrained"]  # listed already: once, where the user put it
+    assert list(finetuning.finetune_kinds(ctx.cfg)) == ["random_init", "pretrained"]
+    ctx.cfg.finetune.random_twins = False
+    ctx.cfg.finetune.models = ["gpt", "pretrained"]
+    assert list(finetuning.finetune_kinds(ctx.cfg)) == ["gpt", "pretrained"]
 
 
 def test_small_train_sizes_get_at_least_min_steps():

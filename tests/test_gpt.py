@@ -138,6 +138,20 @@ def test_label_smoothing_applies_in_training_only():
     assert abs(train_out.loss.item() - (0.9 * nll + 0.1 * uniform).item()) < 1e-5
 
 
+def test_label_smoothing_is_off_by_default():
+    """Every named size, and the pipeline's model configs, train on the plain next-token cross-entropy unless asked."""
+    assert all(gpt_config(name).label_smoothing == 0.0 for name in GPT_SIZES)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for name in ("gpt_tiny", "gpt_mini", "gpt_small"):
+            cfg = compose(config_name="config", overrides=[f"model={name}"])
+            assert OmegaConf.select(cfg, "model.config.label_smoothing", default=0.0) == 0.0, name
+    model = tiny_model().train()  # no dropout in tiny_model
+    idx, targets = tokens(2, 7), tokens(2, 7, seed=1)
+    out = model(idx, targets)
+    nll = F.cross_entropy(out.logits.flatten(0, 1), targets.flatten())
+    assert abs(out.loss.item() - nll.item()) < 1e-6
+
+
 def test_changing_a_future_token_changes_no_earlier_logits():
     model = tiny_model()
     idx = tokens(2, 12)

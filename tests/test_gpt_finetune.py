@@ -172,6 +172,22 @@ def test_a_regression_pair_is_encoded_in_both_orders_and_trained_with_mse_plus_l
     torch.testing.assert_close(loss, F.mse_loss(scores, batch["labels"]) + 0.5 * lm)
 
 
+@pytest.mark.parametrize("name, both_orders", [("mrpc", True), ("qqp", True), ("rte", False)])
+def test_paraphrase_pairs_get_both_orders_and_entailment_pairs_one(tmp_path, name, both_orders):
+    """GPT-1 Sec. 3.3: similarity (MRPC, QQP) has no inherent order; entailment has one, premise first."""
+    root = tmp_path / name
+    root.mkdir()
+    for split in ("train.tsv", "dev.tsv"):
+        (root / split).write_text("sentence1\tsentence2\tlabel\nalice found\tbob found\t1\nbob found\talice\t0\n")
+    task = OmegaConf.create({**STSB, "name": name, "label": "label", "labels": ["0", "1"], "metric": "accuracy"})
+    tokenizer = _tokenizer(tmp_path / "tok")
+    data = load_task_data(task, root, tokenizer, 32, 32, None, 0)
+    a, b = tokenizer.encode("alice found").ids, tokenizer.encode("bob found").ids
+    v = tokenizer.get_vocab_size()
+    ordered = [v, *a, v + 1, *b, v + 2]
+    assert data.train[0]["sequences"] == ([ordered, [v, *b, v + 1, *a, v + 2]] if both_orders else [ordered])
+
+
 def test_a_tokenizer_that_does_not_match_the_model_is_refused(tmp_path):
     tokenizer = _tokenizer(tmp_path / "tok")
     data = load_task_data(OmegaConf.create(STSB), _write_pairs(tmp_path / "stsb"), tokenizer, 32, 32, None, 0)

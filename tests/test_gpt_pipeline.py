@@ -173,6 +173,13 @@ def test_generate_names_the_missing_gpt_stage(tmp_path, capsys):
     assert "has no gpt_pretrain stage output" in capsys.readouterr().err
 
 
+def test_generate_names_an_unfinished_gpt_stage(tmp_path, capsys):
+    (tmp_path / "gpt_pretrain" / "model").mkdir(parents=True)  # killed before the stage wrote its model and marker
+    assert generate_main([str(tmp_path), "--prompt", "The old man"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "gpt_pretrain stage has not finished" in err and err.count("\n") == 1
+
+
 def test_generate_names_a_run_directory_that_is_not_there(tmp_path, capsys):
     assert generate_main([str(tmp_path / "outputs" / "typo"), "--prompt", "The old man"]) == 2
     err = capsys.readouterr().err

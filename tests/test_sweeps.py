@@ -151,7 +151,7 @@ def test_a_sweep_config_without_multirun_is_refused_not_ignored(tmp_path):
 @pytest.mark.slow
 def test_an_optuna_sweep_maximises_the_finetune_score_and_pretrains_once(tmp_path):
     run_pipeline_cli(tmp_path, ["+sweep=finetune_lr_epochs", "hydra.sweeper.n_trials=2",
-                                "finetune.models=[pretrained]"], multirun=True)
+                                "finetune.models=[pretrained]", "finetune.random_twins=false"], multirun=True)
     for stage in ("prepare", "tokenizer", "examples", "pretrain"):
         assert stage_executions(tmp_path / "cache", stage) == 1, stage
     assert stage_executions(tmp_path / "cache", "finetune") == 2
@@ -172,7 +172,8 @@ def test_on_a_cluster_trials_run_side_by_side_and_still_pretrain_once(tmp_path):
     with ray_cluster(tmp_path) as (port, _):
         # a 2-CPU cluster, 1 CPU per trial's stages: both trials at once
         result = run_pipeline_cli(tmp_path, ["+sweep=finetune_lr_epochs", "hydra.sweeper.n_trials=2",
-                                             "finetune.models=[pretrained]", f"ray.address=127.0.0.1:{port}",
+                                             "finetune.models=[pretrained]", "finetune.random_twins=false",
+                                             f"ray.address=127.0.0.1:{port}",
                                              "ray.num_cpus=1"], multirun=True, RAY_ADDRESS="")
     driver_log = result.stdout + result.stderr
     assert "Connecting to existing Ray cluster" in driver_log and "2 trials, 2 at a time" in driver_log

@@ -1,8 +1,9 @@
 """BERT fine-tuned end to end on the downstream tasks (Devlin et al. 2019, §4; seed 003): each task encoded with the
 model's tokenizer, a task head on the encoder. Three kinds of `finetune.models`: `pretrained` (this run's encoder, of
-its last pretraining phase), `random_init` (the same architecture untrained: what pretraining must beat) and
-`external` (`finetune.external_encoder`, an HF BERT directory). `pretrained` is also fine-tuned from each encoder
-snapshot of that phase (pretrain.encoder_snapshots), as `pretrained@<step>`."""
+its last pretraining phase), `random_init` (the same architecture untrained: what pretraining must beat; fine-tuned
+with `pretrained` unless finetune.random_twins=false) and `external` (`finetune.external_encoder`, an HF BERT
+directory). `pretrained` is also fine-tuned from each encoder snapshot of that phase (pretrain.encoder_snapshots), as
+`pretrained@<step>`."""
 from __future__ import annotations
 
 import json

@@ -35,13 +35,16 @@ MODEL_KINDS: dict[str, FinetuneKind] = {name: kind for family in FAMILIES
                                         for name, kind in family.finetune_kinds.items()}
 
 
-def _kinds(cfg: DictConfig) -> dict[str, FinetuneKind]:
-    """The kinds `finetune.models` names: names the config schema allows (pipeline/config.py)."""
-    return {name: MODEL_KINDS[name] for name in cfg.finetune.models}
+def finetune_kinds(cfg: DictConfig) -> dict[str, FinetuneKind]:
+    """The kinds `finetune.models` names (names the config schema allows, pipeline/config.py), each followed by its
+    random-init twin where it has one and finetune.random_twins is on."""
+    names = [twin for name in cfg.finetune.models
+             for twin in (name, MODEL_KINDS[name].random_twin if cfg.finetune.random_twins else None) if twin]
+    return {name: MODEL_KINDS[name] for name in dict.fromkeys(names)}
 
 
 def finetune_upstream(cfg: DictConfig) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(stage for kind in _kinds(cfg).values() for stage in kind.upstream(cfg)))
+    return tuple(dict.fromkeys(stage for kind in finetune_kinds(cfg).values() for stage in kind.upstream(cfg)))
 
 
 def train_sizes(cfg: DictConfig) -> list[int | None]:
@@ -81,7 +84,7 @@ def model_sources(ctx: StageContext) -> dict[str, tuple[TaskModels, int | None]]
     """Each kind in finetune.models, loaded once for every task and seed, with the pretraining steps of its encoder
     where its pretraining stage wrote encoder snapshots (else None); and each of those snapshots, as <kind>@<step>."""
     sources = {}
-    for name, kind in _kinds(ctx.cfg).items():
+    for name, kind in finetune_kinds(ctx.cfg).items():
         stage = kind.pretraining_stage(ctx.cfg) if kind.pretraining_stage else None
         snapshots = encoder_snapshots(ctx.stage_dir(stage)) if stage else {}
         final = steps_trained(ctx.stage_dir(stage)) if snapshots else None
@@ -261,7 +264,7 @@ def _finetune_fingerprint(cfg: DictConfig) -> str:
     """The task files, and the files a model kind reads from outside the cache (an external encoder's)."""
     parts = [task_data_fingerprint(load_task(name), cfg.finetune.data_dir, cfg.paths.cache_dir)
              for name in task_names(cfg)]
-    parts += [kind.fingerprint(cfg) for kind in _kinds(cfg).values()]
+    parts += [kind.fingerprint(cfg) for kind in finetune_kinds(cfg).values()]
     return hashlib.sha256("".join(parts).encode()).hexdigest()
 
 

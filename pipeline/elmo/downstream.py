@@ -1,5 +1,6 @@
 """ELMo used feature-based on the downstream tasks (Peters et al. 2018, §3.3): the frozen biLM, a trainable scalar mix
-and a small task head; `finetune.models=[elmo]`, and `elmo_random` for the same with the biLM randomly initialised."""
+and a small task head; `finetune.models=[elmo]`, and with it (finetune.random_twins) `elmo_random`, the same with the
+biLM randomly initialised."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,7 +1,8 @@
 """GPT fine-tuned end to end on the downstream tasks as in GPT-1 (Radford et al. 2018, Sec. 3.2-3.3; seed 004): each
 example becomes one token sequence (two for a similarity pair) framed by start, delimiter and extract tokens, a linear
 head reads the extract token's final state, and the loss is the task's plus 0.5 x the LM loss on the same tokens.
-`finetune.models=[gpt, gpt_random]`: this run's pretrained GPT, and its architecture untrained."""
+`finetune.models=[gpt]`: this run's pretrained GPT, and with it (finetune.random_twins) `gpt_random`, its
+architecture untrained."""
 from __future__ import annotations
 
 from dataclasses import dataclass
