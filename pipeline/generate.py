@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline.engine.dag import MARKER
+from pipeline.engine.dag import MARKER, is_complete
 from pipeline.gpt.samples import STAGE, STRATEGIES, Request, continuations, load_model
 
 
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         if not model_dir.is_dir():
             raise ValueError(f"{args.run_dir} has no {STAGE} stage output ({model_dir} is missing); pass the run "
                              "directory of a GPT experiment (python -m pipeline +experiment=gpt_tiny)")
-        if not (args.run_dir / STAGE / MARKER).is_file():
+        if not is_complete(args.run_dir / STAGE):
             raise ValueError(f"{args.run_dir}'s {STAGE} stage has not finished (no {MARKER}); run the pipeline again "
                              "to finish it (a killed pretraining resumes from its last checkpoint)")
         model, tokenizer = load_model(model_dir)

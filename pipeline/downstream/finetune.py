@@ -38,8 +38,10 @@ MODEL_KINDS: dict[str, FinetuneKind] = {name: kind for family in FAMILIES
 def finetune_kinds(cfg: DictConfig) -> dict[str, FinetuneKind]:
     """The kinds `finetune.models` names (names the config schema allows, pipeline/config.py), each followed by its
     random-init twin where it has one and finetune.random_twins is on."""
-    names = [twin for name in cfg.finetune.models
-             for twin in (name, MODEL_KINDS[name].random_twin if cfg.finetune.random_twins else None) if twin]
+    names = []
+    for name in cfg.finetune.models:
+        twin = MODEL_KINDS[name].random_twin if cfg.finetune.random_twins else None
+        names += [name, twin] if twin else [name]
     return {name: MODEL_KINDS[name] for name in dict.fromkeys(names)}
 
 
