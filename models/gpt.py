@@ -91,6 +91,10 @@ class KVCache:
         shape = (config.n_layer, batch_size, config.n_head, max_len, hs)  # (L, B, nh, max_len, hs)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # Each layer's (B, nh, max_len, hs) view, made once: a decoding step appends to every layer, and indexing the
+        # (L, ...) tensors anew each time costs more than the copy itself at one token
+        self._layer_k = [self.k[layer] for layer in range(config.n_layer)]
+        self._layer_v = [self.v[layer] for layer in range(config.n_layer)]
         self.max_len = max_len
         self.length = 0  # positions filled, the same in every row
         self.pad = pad
@@ -98,10 +102,13 @@ class KVCache:
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this layer's keys and values of the new positions, k and v (B, nh, T, hs); return all of the
         layer's so far, (B, nh, length + T, hs). The caller advances `length` once every layer has appended."""
-        B, end = k.size(0), self.length + k.size(2)
-        self.k[layer, :B, :, self.length:end] = k
-        self.v[layer, :B, :, self.length:end] = v
-        return self.k[layer, :B, :, :end], self.v[layer, :B, :, :end]
+        B, T, end = k.size(0), k.size(2), self.length + k.size(2)
+        layer_k, layer_v = self._layer_k[layer], self._layer_v[layer]
+        if B != layer_k.size(0):  # beam search's first step: one row, before the beams exist
+            layer_k, layer_v = layer_k[:B], layer_v[:B]
+        layer_k.narrow(2, self.length, T).copy_(k)
+        layer_v.narrow(2, self.length, T).copy_(v)
+        return layer_k.narrow(2, 0, end), layer_v.narrow(2, 0, end)
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Row i becomes the old row rows[i] (beam search keeping, and duplicating, the surviving beams' pasts)."""
@@ -150,19 +157,23 @@ class TransposedCopy:
 
 
 class DecodingLinear(nn.Linear):
-    """nn.Linear that multiplies a single row outside autograd (a decoding step: batch 1, one new token) by a kept
-    (in, out) copy of its weight where that is faster. A one-row product only streams the weight from memory, and on
-    this project's CPUs (in, out) streams faster where out >= in and slower where out < in (2 threads, gpt_small's
-    shapes: 768 -> 2304 in 318 against 430 us, 768 -> 3072 in 406 against 572 us, but 3072 -> 768 in 522 against
-    415 us), so only the projections that do not shrink keep a copy, and decoding holds their weights twice."""
+    """nn.Linear that multiplies a single row outside autograd (a decoding step: batch 1, one new token) by the kernel
+    and weight layout that stream the weight fastest. A one-row product only streams the weight from memory, and on
+    this project's CPUs the fastest way depends on the shape (2 threads, gpt_small's shapes, AMD EPYC with AVX2 only):
+    where out >= in, a matrix product by a kept (in, out) copy (768 -> 3072: 594 us, against 826 us for F.linear);
+    where out < in, a matrix-vector product by the weight as stored (out, in) (3072 -> 768: 628 us, against 750 us
+    for F.linear and 797 us by an (in, out) copy). So only the projections that do not shrink keep a copy, and
+    decoding holds their weights twice."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features)
         self._one_row_weight = TransposedCopy() if out_features >= in_features else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._one_row_weight is None or torch.is_grad_enabled() or x.numel() != self.in_features:
+        if torch.is_grad_enabled() or x.numel() != self.in_features:
             return super().forward(x)
+        if self._one_row_weight is None:
+            return torch.addmv(self.bias, self.weight, x.reshape(-1)).view(*x.shape[:-1], self.out_features)
         weight = self._one_row_weight.of(self.weight)  # (in, out)
         return torch.addmm(self.bias, x.reshape(1, -1), weight).view(*x.shape[:-1], self.out_features)
 
@@ -247,7 +258,7 @@ class GPTModel(nn.Module):
                              f"{self.config.n_positions}; feed at most {self.config.n_positions} positions")
         if cache is not None and past + T > cache.max_len:
             raise ValueError(f"the KV cache holds {cache.max_len} positions, {past + T} needed; allocate it longer")
-        pos = past + torch.arange(T, device=idx.device)  # (T,)
+        pos = torch.arange(past, past + T, device=idx.device)  # (T,)
         if pad is not None:
             pos = (pos - pad[:, None]).clamp(min=0)  # (B, T): each row counts from its first real token
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)

@@ -501,6 +501,8 @@ def test_decoding_linear_multiplies_one_row_by_a_kept_copy_that_follows_the_weig
     assert shrinking._one_row_weight is None  # (out, in) is the faster one-row layout there: no copy kept
     x = torch.randn(1, 1, 8)
     with torch.no_grad():
+        row = torch.randn(1, 1, 24)  # its matrix-vector product
+        torch.testing.assert_close(shrinking(row), F.linear(row, shrinking.weight, shrinking.bias), atol=1e-6, rtol=0)
         y = widening(x)
         kept = widening._one_row_weight.of(widening.weight)
         torch.testing.assert_close(y, F.linear(x, widening.weight, widening.bias), atol=1e-6, rtol=0)
