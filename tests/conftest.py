@@ -18,7 +18,9 @@ def pytest_configure(config):
 def ray_session():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from tests.helpers import start_session_ray
+
+    start_session_ray()
     yield
     ray.shutdown()
 

@@ -22,6 +22,14 @@ ENDINGS = ["at night", "in the morning", "without a word", "before the storm", "
            "with great care", "near the sea"]
 
 
+def start_session_ray() -> None:
+    """The local Ray that the tests of one pytest session share (the ray_session fixture; restarted by a test that had
+    to leave it, tests/test_multinode.py)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+
 def write_books(root: Path, n_books: int = 6, paragraphs: int = 12, seed: int = 0) -> Path:
     """Small books of grammatical sentences, hard-wrapped like Gutenberg text, one file per book."""
     rng = random.Random(seed)

@@ -14,7 +14,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pipeline.engine.dag import StageContext
 from pipeline.runner import run_pipeline
-from tests.helpers import file_bytes, tiny_config, write_books
+from tests.helpers import file_bytes, start_session_ray, tiny_config, write_books
 
 DATA_STAGES = ("prepare", "tokenizer", "examples")
 # Ray's smallest object store: the data stages of the test corpus pass a few MB through it
@@ -34,6 +34,10 @@ def make_cluster(monkeypatch):
     # ray_current_cluster): under the default /tmp, other people's local runs would join this test's cluster.
     temp_dir = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's unix sockets live under it
     monkeypatch.setenv("RAY_TMPDIR", str(temp_dir))
+    # A Ray this process already holds (the session's, which earlier tests started: ray_session) would take this
+    # test's ray.init(address=...) and its runs, which keep a Ray they did not start: leave it, start it again after.
+    had_session_ray = ray.is_initialized()
+    ray.shutdown()
     started = []
 
     def make(**node_args):
@@ -47,6 +51,9 @@ def make_cluster(monkeypatch):
         for cluster in started:
             cluster.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
+        if had_session_ray:
+            monkeypatch.undo()  # RAY_TMPDIR: the session's Ray lives where it did before
+            start_session_ray()
 
 
 def _run_data_stages(tmp_path: Path, cluster, name: str) -> dict[str, Path]:
