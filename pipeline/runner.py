@@ -77,7 +77,12 @@ def init_ray(cfg: DictConfig) -> None:
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if ray.is_initialized():
+    if ray.is_initialized():  # a Ray this process joined before (a notebook, a sweep's driver) is kept
+        connected = ray.get_runtime_context().gcs_address
+        if cfg.ray.address and cfg.ray.address != "auto" and cfg.ray.address != connected:
+            print(f"note: ray.address={cfg.ray.address} is not used: this process is already connected to the Ray "
+                  f"cluster at {connected}, and the run uses it; call ray.shutdown() first to join "
+                  f"{cfg.ray.address}", flush=True)
         return
     if cfg.ray.address:  # "auto" or "ray://host:port": join an existing cluster, which owns its resources
         ray.init(address=cfg.ray.address, log_to_driver=True)
