@@ -173,9 +173,10 @@ class DecodingLinear(nn.Linear):
         if torch.is_grad_enabled() or x.numel() != self.in_features:
             return super().forward(x)
         if self._one_row_weight is None:
-            return torch.addmv(self.bias, self.weight, x.reshape(-1)).view(*x.shape[:-1], self.out_features)
-        weight = self._one_row_weight.of(self.weight)  # (in, out)
-        return torch.addmm(self.bias, x.reshape(1, -1), weight).view(*x.shape[:-1], self.out_features)
+            y = torch.addmv(self.bias, self.weight, x.reshape(-1))  # weight (out, in)
+        else:
+            y = torch.addmm(self.bias, x.reshape(1, -1), self._one_row_weight.of(self.weight))  # by the (in, out) copy
+        return y.view(*x.shape[:-1], self.out_features)
 
 
 class CausalSelfAttention(nn.Module):
