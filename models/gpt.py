@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from models import IGNORE_INDEX
+from models import IGNORE_INDEX, gemv
 from models.bert import BertDropout
 from models.checkpoint import load_checkpoint, read_config, save_checkpoint
 
@@ -141,42 +141,12 @@ def causal_mask(past: int, T: int, pad: torch.Tensor | None, device=None) -> tor
 # Blocks
 
 
-class TransposedCopy:
-    """A contiguous transpose of a weight, kept between calls and made again when the weight changes: a new tensor, or
-    an in-place update (an optimizer step, load_state_dict), which bumps the tensor's version."""
-
-    def __init__(self):
-        self._key: tuple | None = None
-        self._copy: torch.Tensor | None = None
-
-    def of(self, weight: torch.Tensor) -> torch.Tensor:
-        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
-        if key != self._key:
-            self._key, self._copy = key, weight.detach().t().contiguous()
-        return self._copy
-
-
 class DecodingLinear(nn.Linear):
-    """nn.Linear that multiplies a single row outside autograd (a decoding step: batch 1, one new token) by the kernel
-    and weight layout that stream the weight fastest. A one-row product only streams the weight from memory, and on
-    this project's CPUs the fastest way depends on the shape (2 threads, gpt_small's shapes, AMD EPYC with AVX2 only):
-    where out >= in, a matrix product by a kept (in, out) copy (768 -> 3072: 594 us, against 826 us for F.linear);
-    where out < in, a matrix-vector product by the weight as stored (out, in) (3072 -> 768: 628 us, against 750 us
-    for F.linear and 797 us by an (in, out) copy). So only the projections that do not shrink keep a copy, and
-    decoding holds their weights twice."""
-
-    def __init__(self, in_features: int, out_features: int):
-        super().__init__(in_features, out_features)
-        self._one_row_weight = TransposedCopy() if out_features >= in_features else None
+    """nn.Linear whose products of a few rows outside autograd (a decoding step) go through models/gemv.py, which
+    streams the weight from memory 1.4-1.8x as fast as the library's one-row products on this project's CPUs."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or x.numel() != self.in_features:
-            return super().forward(x)
-        if self._one_row_weight is None:
-            y = torch.addmv(self.bias, self.weight, x.reshape(-1))  # weight (out, in)
-        else:
-            y = torch.addmm(self.bias, x.reshape(1, -1), self._one_row_weight.of(self.weight))  # by the (in, out) copy
-        return y.view(*x.shape[:-1], self.out_features)
+        return gemv.linear(x, self.weight, self.bias)
 
 
 class CausalSelfAttention(nn.Module):
@@ -285,7 +255,6 @@ class GPTLMHeadModel(nn.Module):
         super().__init__()
         self.config = config
         self.transformer = GPTModel(config)
-        self._decoding_head = TransposedCopy()  # of the tied embeddings: decoding_output_weight
         self.init_weights()
 
     @torch.no_grad()
@@ -321,16 +290,9 @@ class GPTLMHeadModel(nn.Module):
 
     def next_token_logits(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Scores (B, V) of the token after the last of idx (B, T), which are appended to `cache`: what a decoding step
-        needs. The LM head runs on that position alone; over a T-token prompt forward() would multiply T x V."""
-        return self.transformer(idx, cache)[:, -1] @ self.decoding_output_weight()  # (B, C) x (C, V)
-
-    def decoding_output_weight(self) -> torch.Tensor:
-        """The LM head (the tied token embeddings) transposed to a contiguous (C, V), for decoding's one-row products:
-        on this project's CPUs (1, C) x (C, V) streams the matrix about twice as fast as F.linear's (1, C) x (V, C)^T,
-        and at gpt_small the head is 154 MB of the 497 MB decoding reads per token (greedy: 34.5 -> 28.6 ms per token,
-        benchmarks/bench_gpt.py). The copy takes ~135 ms there, so it is kept between decoding calls (V x C more
-        memory) and made again when the embeddings change (TransposedCopy)."""
-        return self._decoding_head.of(self.transformer.wte.weight)
+        needs. The LM head runs on that position alone (over a T-token prompt forward() would multiply T x V), by
+        models/gemv.py: at gpt_small the head is 154 MB of the 494 MB a decoding step reads."""
+        return gemv.linear(self.transformer(idx, cache)[:, -1], self.transformer.wte.weight)  # (B, C) x (V, C)^T
 
     def new_cache(self, batch_size: int, max_len: int, pad: torch.Tensor | None = None) -> KVCache:
         """An empty KV cache on this model's device and in its dtype."""

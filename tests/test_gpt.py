@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from models import IGNORE_INDEX
+from models import IGNORE_INDEX, gemv
 from models.generation import beam_search, filter_logits, greedy, length_penalty, sample
 from models.gpt import (
     GPT_SIZES,
@@ -198,7 +198,7 @@ def test_next_token_logits_are_the_last_positions_logits_and_fill_the_cache():
 
 
 def test_decoding_reads_the_embeddings_as_they_are_now_after_a_training_step_or_a_load():
-    """The transposed LM head that decoding keeps between calls is made again whenever the tied embeddings change."""
+    """Decoding keeps nothing derived from the weights between calls: a training step or a load shows at once."""
     model = tiny_model()
     idx = tokens(1, 5)
 
@@ -214,7 +214,6 @@ def test_decoding_reads_the_embeddings_as_they_are_now_after_a_training_step_or_
     model.load_state_dict(tiny_model(seed=1).state_dict())  # copied into the same tensors
     after_load, full = decoded_and_full()
     torch.testing.assert_close(after_load, full, atol=1e-5, rtol=0)
-    assert model.decoding_output_weight() is model.decoding_output_weight()  # unchanged weights: the copy is kept
 
 
 def test_cache_longer_than_allocated_is_an_error():
@@ -495,33 +494,29 @@ def test_bad_requests_are_one_line_errors(call, argument):
     assert "\n" not in str(error.value)
 
 
-def test_decoding_linear_multiplies_one_row_by_a_kept_copy_that_follows_the_weight():
-    torch.manual_seed(0)
-    widening, shrinking = DecodingLinear(8, 24), DecodingLinear(24, 8)
-    assert shrinking._one_row_weight is None  # (out, in) is the faster one-row layout there: no copy kept
-    x = torch.randn(1, 1, 8)
-    with torch.no_grad():
-        row = torch.randn(1, 1, 24)  # its matrix-vector product
-        torch.testing.assert_close(shrinking(row), F.linear(row, shrinking.weight, shrinking.bias), atol=1e-6, rtol=0)
-        y = widening(x)
-        kept = widening._one_row_weight.of(widening.weight)
-        torch.testing.assert_close(y, F.linear(x, widening.weight, widening.bias), atol=1e-6, rtol=0)
-        assert kept.shape == (8, 24) and widening._one_row_weight.of(widening.weight) is kept
-        widening.weight.mul_(2)  # an in-place update, as an optimizer step makes
-        torch.testing.assert_close(widening(x), F.linear(x, widening.weight, widening.bias), atol=1e-6, rtol=0)
-        assert widening._one_row_weight.of(widening.weight) is not kept
-    # With autograd on, or for more than one row, it is nn.Linear: gradients flow to the weight itself.
-    widening(torch.randn(3, 8)).sum().backward()
-    assert widening.weight.grad is not None
+def test_decoding_steps_multiply_their_rows_by_models_gemv_and_a_prompt_by_f_linear(monkeypatch):
+    """Every product of a one-token step (4 per block and the LM head) goes through models/gemv.py's kernel; a
+    prompt of more than gemv.MAX_ROWS tokens and training go through F.linear."""
+    calls = []
 
+    class CountingKernel:
+        @staticmethod
+        def linear_rows(x, weight, bias):
+            calls.append(tuple(x.shape))
+            return F.linear(x, weight, bias if bias.numel() else None)
 
-def test_decoding_steps_use_the_kept_copies():
+    monkeypatch.setattr(gemv, "_kernel", CountingKernel)
     model = tiny_model()
+    prompt = tokens(1, gemv.MAX_ROWS + 1)
     with torch.no_grad():
-        cache = model.new_cache(1, 6)
-        model.next_token_logits(tokens(1, 5), cache)
-        assert model.transformer.h[0].attn.c_attn._one_row_weight._copy is None  # a 5-token prompt is a matmul
+        cache = model.new_cache(1, prompt.size(1) + 1)
+        model.next_token_logits(prompt, cache)
+        assert calls == [(1, 32)]  # the prompt's last position through the LM head; its blocks were matmuls
         step = model.next_token_logits(tokens(1, 1), cache)
-    assert model.transformer.h[0].attn.c_attn._one_row_weight._copy is not None
-    full = model(torch.cat([tokens(1, 5), tokens(1, 1)], dim=1)).logits[:, -1]
+    assert len(calls) == 1 + 4 * model.config.n_layer + 1
+    full = model(torch.cat([prompt, tokens(1, 1)], dim=1)).logits[:, -1]
     torch.testing.assert_close(step, full, atol=1e-5, rtol=0)
+    calls.clear()
+    layer = DecodingLinear(8, 24)
+    layer(torch.randn(1, 8)).sum().backward()  # autograd on: nn.Linear, gradients reach the weight
+    assert calls == [] and layer.weight.grad is not None
