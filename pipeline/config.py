@@ -62,6 +62,7 @@ class FinetuneConfig:
     min_steps: int = MISSING
     max_seq_length: int = MISSING
     batch_size: int = MISSING
+    group_by_length: bool = MISSING
     eval_batch_size: int = MISSING
     lr: float = MISSING
     encoder_lr_factor: float = MISSING

@@ -17,6 +17,7 @@ from models.bert import BertModel, bert_config, save_pretrained, to_hf
 from models.checkpoint import random_twin
 from pipeline import CONF_DIR
 from pipeline.downstream import finetune as finetuning
+from pipeline.downstream import task_data
 from pipeline.engine.dag import StageContext, plain_config
 from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, write_sentiment_task, write_stsb
 
@@ -247,3 +248,69 @@ def test_selection_fraction_scores_a_held_out_part_of_train_instead_of_dev(ctx, 
     ctx.cfg.finetune.task = "conll2003"
     with pytest.raises(ValueError, match="selection_fraction"):
         finetuning.finetune(ctx)
+
+
+def test_length_grouped_batches_cover_every_example_once_in_random_order_and_pad_little():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, 65, size=1000)
+    batches = task_data.length_grouped_batches(lengths, 32, np.random.default_rng(1),
+                                                                    pool_batches=10)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(1000))
+    assert [len(b) for b in batches].count(32) == len(batches) - 1  # only the last pool's last batch is short
+    again = task_data.length_grouped_batches(lengths, 32, np.random.default_rng(1), pool_batches=10)
+    assert all(np.array_equal(a, b) for a, b in zip(batches, again))  # a function of its rng
+
+    def padded(batches):
+        return sum(lengths[b].max() * len(b) for b in batches)
+
+    shuffled = np.random.default_rng(1).permutation(1000)
+    random_batches = [shuffled[i:i + 32] for i in range(0, 1000, 32)]
+    assert padded(batches) < 0.7 * padded(random_batches)
+    assert padded(batches) < 1.15 * lengths.sum()  # random: 1.6x
+    # the batches come in random order, not from short to long
+    maxima = [lengths[b].max() for b in batches]
+    assert maxima != sorted(maxima) and maxima != sorted(maxima, reverse=True)
+    sampler = task_data.LengthGroupedBatchSampler(lengths, 32, seed=1)
+    first, second = list(sampler), list(sampler)
+    assert len(sampler) == len(first) == 32 and first != second  # a new draw each epoch
+
+
+def test_fine_tuning_batches_sentences_of_similar_length_when_asked(ctx, tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from pipeline.bert import downstream as bert_downstream
+
+    rng = random.Random(0)
+    task_dir = tmp_path / "varied" / "SST-2"
+    task_dir.mkdir(parents=True)
+    rows = ["sentence\tlabel"]
+    for _ in range(64):
+        label = rng.randint(0, 1)
+        words = [rng.choice(WORDS) for _ in range(rng.randint(1, 12))]
+        rows.append(" ".join(words + [rng.choice(POSITIVE if label else NEGATIVE)]) + f"\t{label}")
+    (task_dir / "train.tsv").write_text("\n".join(rows) + "\n")
+    (task_dir / "dev.tsv").write_text("\n".join(rows[:6]) + "\n")  # 5 sentences: one dev batch, told apart by size
+    pad = bert_downstream.pad_classification_batch
+    batches = []
+
+    def recording(batch_rows, *args, **kwargs):
+        if len(batch_rows) == 8:  # a training batch (finetune.batch_size=8): one epoch of 64 sentences is 8 of them
+            batches[-1].append([len(r["input_ids"]) for r in batch_rows])
+        return pad(batch_rows, *args, **kwargs)
+
+    monkeypatch.setattr(bert_downstream, "pad_classification_batch", recording)
+    ctx.cfg.finetune.update(task="sst2", data_dir=str(tmp_path / "varied"), seeds=[1])
+    padding, spread = {}, {}
+    for grouped in (True, False):
+        ctx.cfg.finetune.group_by_length = grouped
+        batches.append([])
+        out = tmp_path / f"finetune-{grouped}"
+        out.mkdir()
+        finetuning.finetune(replace(ctx, out_dir=out))
+        assert len(batches[-1]) == 8 and sum(len(b) for b in batches[-1]) == 64
+        padding[grouped] = sum(max(b) * len(b) - sum(b) for b in batches[-1])
+        spread[grouped] = sum(max(b) - min(b) for b in batches[-1])
+    assert sorted(sum(batches[0], [])) == sorted(sum(batches[1], []))  # the same sentences
+    # one pool of 64 cut in length order: the 8 batches' ranges add up to at most the range of all lengths
+    assert spread[True] <= max(sum(batches[0], [])) - min(sum(batches[0], [])) < spread[False]
+    assert padding[True] < 0.5 * padding[False]

@@ -104,21 +104,23 @@ def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, m
     if task.format == "tsv":
         train, dev, majority_scores = tsv_splits(task, data_dir, max_train_examples, seed, selection_fraction)
         sets = [EncodedTask(tok, s.texts_a, s.texts_b, s.labels, max_seq_length) for s in (train, dev)]
+        lengths = [len(ids) for ids, _ in sets[0].rows]
         if task.labels is None:  # regression (STS-B): one output, mean squared error
             return TaskData(*sets, pad_classification_batch,
                             lambda c: BertForSequenceClassification(c, 1, pooling=pooling),
-                            RegressionModule, None)
+                            RegressionModule, None, train_lengths=lengths)
         return TaskData(*sets, pad_classification_batch,
                         lambda c: BertForSequenceClassification(c, len(task.labels), pooling=pooling),
-                        partial(ClassificationModule, metric=task.metric), majority_scores, train.labels)
+                        partial(ClassificationModule, metric=task.metric), majority_scores, train.labels, lengths)
     if task.format == "conll":
         train = subsample(conll_sentences(task, data_dir, task.train_file), max_train_examples, seed)
         dev, labels = conll_sentences(task, data_dir, task.dev_file), list(task.labels)
-        return TaskData(encode_tagged_sentences(tok, train, labels, max_seq_length),
-                        encode_tagged_sentences(tok, dev, labels, max_seq_length), collate_token_classification,
-                        lambda c: BertForTokenClassification(c, len(labels)),
+        train_features = encode_tagged_sentences(tok, train, labels, max_seq_length)
+        return TaskData(train_features, encode_tagged_sentences(tok, dev, labels, max_seq_length),
+                        collate_token_classification, lambda c: BertForTokenClassification(c, len(labels)),
                         partial(TokenClassificationModule, labels=labels, dev_tags=[s.tags for s in dev],
-                                metric=task.metric), None)
+                                metric=task.metric), None,
+                        train_lengths=[len(feature["input_ids"]) for feature in train_features])
     if task.format == "squad":
         train = subsample(read_squad(data_dir / task.train_file), max_train_examples, seed)
         dev = read_squad(data_dir / task.dev_file)

@@ -23,7 +23,13 @@ from torch.utils.data import DataLoader, Subset
 
 from data_prep.shards import write_json_atomically
 from pipeline.downstream.baselines import bow_logreg_scores
-from pipeline.downstream.task_data import TaskData, read_task_files, stratified_subsample, tsv_splits
+from pipeline.downstream.task_data import (
+    LengthGroupedBatchSampler,
+    TaskData,
+    read_task_files,
+    stratified_subsample,
+    tsv_splits,
+)
 from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fingerprint
 from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import FinetuneKind, TaskModels
@@ -103,8 +109,14 @@ def finetune_once(ctx: StageContext, task: DictConfig, data: TaskData, models: T
     f = ctx.cfg.finetune
     L.seed_everything(seed, workers=True)  # the same head initialisation and data order for every model kind
     model = models.build(data)
-    train_loader = DataLoader(Subset(data.train, train_indices.tolist()), batch_size=f.batch_size, shuffle=True,
-                              collate_fn=data.collate, generator=torch.Generator().manual_seed(seed))
+    train = Subset(data.train, train_indices.tolist())
+    if f.group_by_length and data.train_lengths is not None:
+        lengths = np.asarray(data.train_lengths)[train_indices]
+        train_loader = DataLoader(train, batch_sampler=LengthGroupedBatchSampler(lengths, f.batch_size, seed),
+                                  collate_fn=data.collate)
+    else:
+        train_loader = DataLoader(train, batch_size=f.batch_size, shuffle=True, collate_fn=data.collate,
+                                  generator=torch.Generator().manual_seed(seed))
     dev_loader = DataLoader(data.dev, batch_size=f.eval_batch_size, collate_fn=data.collate)
     epochs = finetune_epochs(f.epochs, f.get("min_steps", 0), len(train_loader))
     total_steps = len(train_loader) * epochs

@@ -26,6 +26,41 @@ class TaskData:
     make_module: Callable      # (model, lr=, weight_decay=, warmup_steps=, total_steps=) -> LightningModule
     majority_scores: dict[str, float] | None  # majority-class baseline, for classification tasks only
     train_labels: list | None = None  # class of each train example, for stratified subsets; None: not a class task
+    # the padded length of each train example, for batches of similar lengths (finetune.group_by_length); None: the
+    # kind pads nothing that costs work (frozen sentence vectors)
+    train_lengths: list[int] | None = None
+
+
+def length_grouped_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
+                           pool_batches: int = 50) -> list[np.ndarray]:
+    """One epoch of batches (positions into `lengths`): the examples shuffled, each pool of `pool_batches` batches'
+    worth sorted by length and cut into batches, then the batches shuffled. A batch is padded to its longest example,
+    so batches of similar lengths pad little (HF Trainer's group_by_length, AllenNLP's bucket sampler), while every
+    batch is still drawn from a random pool and comes in random order. Only the last batch can be short."""
+    order = rng.permutation(len(lengths))
+    pool = batch_size * pool_batches
+    batches = []
+    for start in range(0, len(order), pool):
+        chunk = order[start:start + pool]
+        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+class LengthGroupedBatchSampler:
+    """A DataLoader batch_sampler drawing length_grouped_batches anew each epoch, from (seed, epoch)."""
+
+    def __init__(self, lengths, batch_size: int, seed: int):
+        self.lengths, self.batch_size, self.seed, self.epoch = np.asarray(lengths), batch_size, seed, 0
+
+    def __len__(self) -> int:
+        return -(-len(self.lengths) // self.batch_size)
+
+    def __iter__(self):
+        rng = np.random.default_rng([self.seed, self.epoch])
+        self.epoch += 1
+        for batch in length_grouped_batches(self.lengths, self.batch_size, rng):
+            yield batch.tolist()
 
 
 def stratified_subsample(labels: list | None, size: int | None, count: int, rng: np.random.Generator) -> np.ndarray:

@@ -111,10 +111,12 @@ def load_task_data(task: DictConfig, data_dir: Path, tokenizer, n_positions: int
             type(config)(**{**vars(config), "vocab_size": vocab_size + GPTForSequenceClassification.N_SPECIAL}),
             num_labels)
 
+    train_rows = rows(train)
+    lengths = [max(len(sequence) for sequence in row["sequences"]) for row in train_rows]
     if regression:
-        return TaskData(rows(train), rows(dev), collate, make_model, GPTRegressionModule, None)
-    return TaskData(rows(train), rows(dev), collate, make_model, partial(GPTClassificationModule, metric=task.metric),
-                    majority_scores, train.labels)
+        return TaskData(train_rows, rows(dev), collate, make_model, GPTRegressionModule, None, train_lengths=lengths)
+    return TaskData(train_rows, rows(dev), collate, make_model, partial(GPTClassificationModule, metric=task.metric),
+                    majority_scores, train.labels, lengths)
 
 
 @dataclass
