@@ -1,10 +1,10 @@
 """F.linear for the few rows of a decoding step, by a kernel of our own (models/gemv.cpp) where it is faster.
 
 A decoding step multiplies one row per sequence by every weight of the model: 2 flops per weight read, so its speed
-is the speed at which the weights stream from memory. The library's one-row products stream 12-17 GB/s on this
-project's CPUs (MKL through F.linear, addmv or addmm by a transposed copy; 2 threads, AMD EPYC with AVX2), because MKL
+is the speed at which the weights stream from memory. The library's one-row products stream 12-18 GB/s on this
+project's CPUs (MKL through F.linear, addmv or addmm by a transposed copy; 2 threads, AMD EPYC with AVX2), as MKL
 runs a one-row product on one thread. models/gemv.cpp splits the weight's rows between the intra-op threads and reads
-each once: 22-27 GB/s at gpt_small's shapes, the rate of a plain sum over the same matrix (docs/gpt.md has the table).
+each once: 24-26 GB/s at gpt_small's shapes, the rate of a plain sum over the same matrix (docs/gpt.md has the table).
 
 The kernel is compiled on first use (~40 s, once per machine: torch.utils.cpp_extension keeps it under
 TORCH_EXTENSIONS_DIR) for x86 CPUs with AVX2 and FMA, as DeepSpeed builds its CPU ops. Where it cannot run (another
