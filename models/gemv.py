@@ -11,7 +11,10 @@ TORCH_EXTENSIONS_DIR) for x86 CPUs with AVX2 and FMA, as DeepSpeed builds its CP
 CPU, no compiler, a build that fails) `linear` is F.linear, with one warning saying why.
 """
 
+import contextlib
 import os
+import shutil
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -52,13 +55,31 @@ def _build():
         build_dir = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / "textrep_gemv"
         build_dir.mkdir(parents=True, exist_ok=True)
         _remove_stale_lock(build_dir / "lock")
-        return load(name="textrep_gemv", sources=[str(_SOURCE)], extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
-                    extra_ldflags=["-fopenmp"], build_directory=str(build_dir))
+        with _ninja_on_path():
+            return load(name="textrep_gemv", sources=[str(_SOURCE)],
+                        extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                        build_directory=str(build_dir))
     except Exception as error:  # a missing compiler or ninja, a failed build: decoding still works, more slowly
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         warnings.warn(f"decoding uses F.linear: models/gemv.cpp did not build ({first_line}); install a C++ "
                       "compiler (g++) and ninja for faster decoding", stacklevel=3)
         return False
+
+
+@contextlib.contextmanager
+def _ninja_on_path():
+    """torch builds with the `ninja` on PATH. The pip package (a dependency of DeepSpeed) puts one beside this Python,
+    which is not on PATH when the venv's Python is run without activating the venv (as `make` does)."""
+    beside_python = Path(sys.executable).parent
+    if shutil.which("ninja") or not (beside_python / "ninja").is_file():
+        yield
+        return
+    path = os.environ.get("PATH", "")
+    os.environ["PATH"] = f"{beside_python}{os.pathsep}{path}"
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = path
 
 
 # A build takes ~40 s. torch's build lock is a file that a killed build leaves behind, and every later build waits on

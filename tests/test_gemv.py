@@ -122,3 +122,19 @@ def test_a_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_waited_for(mon
         warnings.simplefilter("error")
         gemv.kernel()
     assert lock.exists()
+
+
+def test_the_build_finds_the_ninja_pip_put_beside_python_when_the_venv_is_not_activated(monkeypatch, tmp_path):
+    """`make` runs .venv/bin/python without activating the venv, and a fresh machine may have no system ninja."""
+    import os
+
+    (tmp_path / "ninja").touch()
+    monkeypatch.setattr(gemv.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(gemv.shutil, "which", lambda name: None)
+    monkeypatch.setenv("PATH", "/usr/bin")
+    with gemv._ninja_on_path():
+        assert os.environ["PATH"].split(os.pathsep) == [str(tmp_path), "/usr/bin"]
+    assert os.environ["PATH"] == "/usr/bin"
+    monkeypatch.setattr(gemv.shutil, "which", lambda name: "/usr/bin/ninja")  # one on PATH already: left as it is
+    with gemv._ninja_on_path():
+        assert os.environ["PATH"] == "/usr/bin"
