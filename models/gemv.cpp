@@ -63,6 +63,14 @@ void weight_rows(const float* __restrict w, const float* __restrict x, const flo
 
 // x (M, in), weight (out, in), bias (out,) or empty: contiguous fp32 CPU tensors (models/gemv.py checks) -> (M, out).
 torch::Tensor linear_rows(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
+              "linear_rows: x (M, in) and weight (out, in) expected, got ", x.sizes(), " and ", weight.sizes());
+  TORCH_CHECK(x.is_cpu() && weight.is_cpu() && bias.is_cpu(), "linear_rows: CPU tensors");
+  TORCH_CHECK(x.is_contiguous() && weight.is_contiguous() && bias.is_contiguous(), "linear_rows: contiguous inputs");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && weight.scalar_type() == torch::kFloat &&
+              bias.scalar_type() == torch::kFloat, "linear_rows: fp32 inputs");
+  TORCH_CHECK(bias.numel() == 0 || bias.numel() == weight.size(0), "linear_rows: bias of ", bias.numel(),
+              " values for ", weight.size(0), " outputs");
   const int64_t rows_of_x = x.size(0), in = x.size(1), out = weight.size(0);
   auto y = torch::empty({rows_of_x, out}, x.options());
   const float* w = weight.data_ptr<float>();

@@ -102,9 +102,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """F.linear(x, weight, bias): x (..., in), weight (out, in) -> (..., out). By the kernel for at most MAX_ROWS rows
     of fp32 on the CPU outside autograd (a decoding step), else by F.linear."""
     rows = x.numel() // max(1, x.size(-1))
-    if (rows > MAX_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32
+    if (rows > MAX_ROWS or x.device.type != "cpu" or weight.device.type != "cpu" or x.dtype != torch.float32
+            or weight.dtype != torch.float32
             or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)))
-            or not weight.is_contiguous() or kernel() is None):
+            or x.size(-1) != weight.size(-1) or not weight.is_contiguous() or kernel() is None):
         return F.linear(x, weight, bias)
     no_bias = weight.new_empty(0)
     y = _kernel.linear_rows(x.reshape(rows, -1).contiguous(), weight, no_bias if bias is None else bias.contiguous())

@@ -138,3 +138,13 @@ def test_the_build_finds_the_ninja_pip_put_beside_python_when_the_venv_is_not_ac
     monkeypatch.setattr(gemv.shutil, "which", lambda name: "/usr/bin/ninja")  # one on PATH already: left as it is
     with gemv._ninja_on_path():
         assert os.environ["PATH"] == "/usr/bin"
+
+
+@pytest.mark.skipif(not BUILDABLE, reason="models/gemv.cpp is built for x86 CPUs with AVX2, with g++")
+def test_mismatched_shapes_are_refused_not_read_past():
+    with pytest.raises(RuntimeError, match=r"x \(M, in\) and weight \(out, in\) expected"):
+        gemv.kernel().linear_rows(torch.randn(1, 5), torch.randn(3, 4), torch.empty(0))
+    with pytest.raises(RuntimeError, match="bias of 2 values for 3 outputs"):
+        gemv.kernel().linear_rows(torch.randn(1, 4), torch.randn(3, 4), torch.randn(2))
+    with torch.no_grad(), pytest.raises(RuntimeError, match="cannot be multiplied"):  # through linear: F.linear's
+        gemv.linear(torch.randn(1, 5), torch.randn(3, 4))
