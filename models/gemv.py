@@ -107,6 +107,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)))
             or x.size(-1) != weight.size(-1) or not weight.is_contiguous() or kernel() is None):
         return F.linear(x, weight, bias)
-    no_bias = weight.new_empty(0)
-    y = _kernel.linear_rows(x.reshape(rows, -1).contiguous(), weight, no_bias if bias is None else bias.contiguous())
+    bias = weight.new_empty(0) if bias is None else bias.contiguous()  # the kernel reads an empty bias as none
+    y = _kernel.linear_rows(x.reshape(rows, -1).contiguous(), weight, bias)
     return y.view(*x.shape[:-1], weight.size(0))
