@@ -4,9 +4,10 @@
 
 Every measured configuration runs in a fresh child process; the parent samples the resident set size
 (RSS) of the child's whole process tree (driver, Ray's raylet/GCS and workers, or `datasets`' map
-processes) every 50 ms with psutil and reports the peak of the sum. Ray's own daemons are included, so
-"ours" carries a fixed ~0.3-0.5 GB that does not grow with the corpus. Both sides use the same trained
-WordPiece tokenizer (trained here, once, on a sample of the corpus). Rates are input MB (raw file
+processes) every 100 ms with psutil, finding the tree's processes once a second, and reports the peak of
+the sum. Ray's own daemons are included, so "ours" carries a fixed ~0.3-0.5 GB that does not grow with
+the corpus. Both sides use the same trained WordPiece tokenizer (trained here, once, on a sample of the
+corpus). Rates are input MB (raw file
 bytes) per second of wall time, from the start (Ray's start-up included) until the token files are
 written; Ray's shutdown after that is shown apart, since a pipeline run stops Ray once. Prints the
 machine's load average next to the table: on a shared machine ratios measured in the same run are what
@@ -49,6 +50,11 @@ TOKENIZER_SAMPLE_BYTES = 128 << 20
 # issue 19 at 1-2 GB: ours with 2 workers against HF's map(num_proc=2), and what a second worker buys
 SCALE_TARGET_VS_HF = 2.5
 SCALE_TARGET_SPEEDUP = 1.8
+# The sampler runs on the machine it measures. Finding a tree's processes scans all of /proc (~2 ms); done every 50 ms
+# it took ~4 % of a core, which a run on 2 workers pays and a run on 1 does not (its second core idles): it lowered the
+# measured 1 -> 2 speed-up. Reading the known processes' RSS costs ~0.04 ms each.
+RSS_SAMPLE_SECONDS = 0.1
+TREE_REFRESH_SECONDS = 1.0
 
 
 def corpus_bytes(corpus: Path) -> int:
@@ -123,35 +129,45 @@ def run_splitter(corpus: str) -> dict:
 
 # --------------------------------------------------------------------------- parent side
 
-def measure(args: list[str]) -> dict:
-    """Runs `bench_data.py --child ...` and returns its JSON result plus the peak RSS of its process tree."""
-    child = psutil.Popen([sys.executable, __file__, "--child", *args], stdout=subprocess.PIPE, cwd=REPO)
+def run_with_peak_rss(command: list[str]) -> tuple[int, bytes, int]:
+    """Runs `command` and returns its exit code, its stdout and the peak RSS of its process tree, summed over the
+    processes found (the tree is looked up once a second, the RSS of what was found every 100 ms)."""
+    child = psutil.Popen(command, stdout=subprocess.PIPE, cwd=REPO)
     peak = 0
     done = threading.Event()
 
     def sample():
         nonlocal peak
+        tree, found_at = [child], -TREE_REFRESH_SECONDS
         while not done.is_set():
-            try:
-                tree = [child, *child.children(recursive=True)]
-                total = 0
-                for process in tree:
-                    try:
-                        total += process.memory_info().rss
-                    except psutil.Error:
-                        pass
-                peak = max(peak, total)
-            except psutil.Error:
-                pass
-            time.sleep(0.05)
+            if time.monotonic() - found_at >= TREE_REFRESH_SECONDS:
+                try:
+                    tree = [child, *child.children(recursive=True)]
+                except psutil.Error:  # the child has ended
+                    pass
+                found_at = time.monotonic()
+            total = 0
+            for process in tree:
+                try:
+                    total += process.memory_info().rss
+                except psutil.Error:  # ended since the tree was found
+                    pass
+            peak = max(peak, total)
+            done.wait(RSS_SAMPLE_SECONDS)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     out, _ = child.communicate()
     done.set()
     sampler.join()
-    if child.returncode:
-        raise SystemExit(f"benchmark child {args} failed with exit code {child.returncode}")
+    return child.returncode, out, peak
+
+
+def measure(args: list[str]) -> dict:
+    """Runs `bench_data.py --child ...` and returns its JSON result plus the peak RSS of its process tree."""
+    returncode, out, peak = run_with_peak_rss([sys.executable, __file__, "--child", *args])
+    if returncode:
+        raise SystemExit(f"benchmark child {args} failed with exit code {returncode}")
     return {**json.loads(out.decode().strip().splitlines()[-1]), "peak_rss": peak}
 
 

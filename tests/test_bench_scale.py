@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -58,6 +59,24 @@ def test_speed_runs_interleave_take_medians_and_remove_each_runs_outputs(monkeyp
     assert order == ["hf", "ours2", "ours1"] * 3
     assert (hf["seconds"], ours2["seconds"], ours1["seconds"]) == (4.0, 5.0, 6.0)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_peak_counts_a_grandchild_started_later_and_the_tree_is_looked_up_about_once_a_second(monkeypatch):
+    # The lookup scans all of /proc; done at every sample it took CPU from the measured run (bench_data.py's constants)
+    lookups, reads = [], []
+    children, memory_info = psutil.Process.children, psutil.Process.memory_info
+    monkeypatch.setattr(psutil.Process, "children", lambda self, **kw: lookups.append(1) or children(self, **kw))
+    monkeypatch.setattr(psutil.Process, "memory_info", lambda self: reads.append(1) or memory_info(self))
+    grandchild = "b = bytearray(b'x' * (200 << 20)); import time; time.sleep(1.5)"
+    script = (f"import subprocess, sys, time; time.sleep(0.5); subprocess.run([sys.executable, '-c', {grandchild!r}]); "
+              "print('done')")
+    started = time.monotonic()
+    returncode, out, peak = bench_data.run_with_peak_rss([sys.executable, "-c", script])
+    seconds = time.monotonic() - started
+    assert (returncode, out.decode().strip()) == (0, "done")
+    assert peak > 200 << 20
+    # ~2.5 s: a lookup a second (one every sample would be ~50), an RSS read of each process found every 100 ms
+    assert 2 <= len(lookups) <= seconds + 2 and len(reads) >= 3 * len(lookups)
 
 
 def test_the_shared_tokenizer_reads_the_first_books_only(monkeypatch, tmp_path):
