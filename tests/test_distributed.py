@@ -6,6 +6,7 @@ import csv
 import math
 import shutil
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from pipeline.engine.distributed import (
     checkpoint_tags,
     consolidated_state_dict,
     deepspeed_config,
+    lightning_strategy,
     whole_parameters,
 )
 from pipeline.engine.pretraining import KEEP_CHECKPOINTS, pretrain
@@ -80,6 +82,24 @@ def test_the_deepspeed_json_takes_the_precision_auto_resolves_to(monkeypatch, re
     ds = deepspeed_config(_settings("auto"), micro_batch_size=4, grad_clip=1.0)
     assert ds["bf16"] == {"enabled": bf16} and ds["fp16"] == {"enabled": fp16}
     assert deepspeed_config(_settings("32-true"), 4, 1.0)["bf16"] == {"enabled": False}
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])  # Lightning's DeepSpeedStrategy; Ray Train's subclass of it
+def test_lightning_takes_the_deepspeed_json_with_the_trainers_gradient_accumulation(num_workers):
+    """The first GPU run (2026-11-26): Lightning refuses a DeepSpeed JSON that sets gradient_accumulation_steps, which
+    it writes itself from the Trainer's accumulate_grad_batches, so every Lightning DeepSpeed run failed at setup.
+    Lightning's own formatting of the JSON runs here on the CPU, where its strategy cannot train."""
+    from types import SimpleNamespace
+
+    settings = replace(_settings("32-true"), num_workers=num_workers, accumulate_grad_batches=4)
+    ds = deepspeed_config(settings, micro_batch_size=8, grad_clip=1.0)
+    strategy = lightning_strategy(settings, ds)
+    strategy._lightning_module = SimpleNamespace(trainer=SimpleNamespace(accumulate_grad_batches=4,
+                                                                         gradient_clip_val=None))
+    strategy._format_batch_size_and_grad_accum_config()
+    assert strategy.config["gradient_accumulation_steps"] == 4
+    assert strategy.config["train_micro_batch_size_per_gpu"] == 8 and strategy.config["gradient_clipping"] == 1.0
+    assert ds["gradient_accumulation_steps"] == 4  # the CPU loop, which has no Trainer, still reads it
 
 
 @pytest.mark.parametrize("strategy, zero_stage, gathers", [("deepspeed", 3, True), ("deepspeed", 2, False),

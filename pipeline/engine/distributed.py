@@ -175,16 +175,20 @@ def deepspeed_config(s: DistributedSettings, micro_batch_size: int, grad_clip: f
 
 def lightning_strategy(s: DistributedSettings, ds_config: dict):
     """The Lightning strategy for a run in this process (one device) or in a Ray Train worker."""
+    # Lightning writes gradient_accumulation_steps from the Trainer's accumulate_grad_batches and refuses a JSON that
+    # already has it (found on the first GPU run: every Lightning DeepSpeed run failed at setup); the DeepSpeed CPU
+    # loop, which has no Trainer, reads it from the JSON
+    lightning_config = {key: value for key, value in ds_config.items() if key != "gradient_accumulation_steps"}
     if s.num_workers > 1:
         from ray.train.lightning import RayDDPStrategy, RayDeepSpeedStrategy
 
         if s.strategy == "deepspeed":
-            return RayDeepSpeedStrategy(config=ds_config)
+            return RayDeepSpeedStrategy(config=lightning_config)
         return RayDDPStrategy(process_group_backend="nccl" if s.uses_cuda else "gloo")
     if s.strategy == "deepspeed":
         from lightning.pytorch.strategies import DeepSpeedStrategy
 
-        return DeepSpeedStrategy(config=ds_config)
+        return DeepSpeedStrategy(config=lightning_config)
     return "auto"
 
 
