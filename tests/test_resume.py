@@ -247,3 +247,22 @@ def test_a_held_out_loss_worse_than_a_uniform_guess_fails_the_rerun_too(tiny, tm
                                               r"guess .* lower pretrain.lr"):
             run_stage_into(run, "pretrain", out)
         assert not (out / MARKER).exists() and (out / "checkpoints" / "step-000020.ckpt").exists()
+
+
+def test_a_last_step_between_validations_is_validated_inside_fit(tiny, tmp_path, monkeypatch):
+    """max_steps 20 with validation every 15: step 20 is validated by the training loop itself (ValidateAtLastStep),
+    not by a second trainer.validate, whose new strategy set-up left the embeddings on the CPU under DeepSpeed ZeRO-3
+    on a GPU (the first GPU run, 2026-11-26)."""
+    import lightning as L
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("trainer.validate after fit")
+
+    monkeypatch.setattr(L.Trainer, "validate", refuse)
+    run = TinyRun(family_config(Path(tiny.cfg.paths.cache_dir).parent, "bert",
+                                ["pretrain.max_steps=20", "pretrain.val_every_steps=15"]))
+    summary = run_stage_into(run, "pretrain", tmp_path / "pretrain")
+    with open(tmp_path / "pretrain" / "loss_curve.csv") as f:
+        held_out = {int(r["step"]): float(r["value"]) for r in csv.DictReader(f) if r["name"] == "val/loss"}
+    assert sorted(held_out) == [15, 20] and summary["steps"] == 20
+    assert summary["final_val_loss"] == pytest.approx(held_out[20], abs=1e-4)

@@ -317,6 +317,17 @@ class StartingStep(L.Callback):
         self.step = trainer.global_step
 
 
+class ValidateAtLastStep(L.Callback):
+    """Validation at the last step inside `fit`, also when max_steps is no multiple of the validation interval: a
+    stopping Trainer validates before it stops (Lightning's early-stopping path). A separate `trainer.validate` after
+    `fit` sets the strategy up again, and under DeepSpeed ZeRO-3 on a GPU that second set-up left the word embeddings
+    on the CPU (the first GPU run, 2026-11-26)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+            trainer.should_stop = True
+
+
 class SparseGradientSync(L.Callback):
     """DDP for the parameters whose gradient is sparse (ELMo's sampled softmax): DDP expects one only from an
     nn.Embedding(sparse=True) and fails on any other ("Cannot access storage of SparseTensorImpl", torch's
@@ -386,7 +397,8 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
                                   **pruning)
     start = StartingStep()
     configured = [hydra.utils.instantiate(c) for c in ctx.cfg.callbacks.values()]
-    callbacks = [*configured, history, monitor, start, TrainingPosition(data.position), checkpoints]
+    callbacks = [*configured, history, monitor, start, TrainingPosition(data.position), checkpoints,
+                 ValidateAtLastStep()]
     if snapshots := encoder_snapshot_steps(ctx.cfg, p, task.settings_key(ctx.cfg)):
         callbacks.append(EncoderSnapshots(task, ctx, snapshots))
     if world_size > 1 and not uses_deepspeed:
@@ -417,7 +429,7 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
         warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
         trainer.fit(module, data.train_loader, val_loader, ckpt_path=str(resume_from) if resume_from else None)
     seconds = time.perf_counter() - started
-    if history.last_step("val/loss") != trainer.global_step:  # e.g. max_steps not a multiple of val_every_steps
+    if history.last_step("val/loss") != trainer.global_step:  # resumed at max_steps: fit ran no step
         trainer.validate(module, val_loader, verbose=False)
     resumed_from = start.step if resume_from else None
     run = TrainingRun(trainer.global_step, trainer.global_step - (resumed_from or 0), seconds, world_size,
