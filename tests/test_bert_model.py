@@ -16,6 +16,7 @@ from models.bert import (
     BertForTokenClassification,
     BertModel,
     BertSelfAttention,
+    RealTokens,
     bert_config,
     load_pretrained,
     save_pretrained,
@@ -168,6 +169,59 @@ def test_layers_run_on_the_real_tokens_alone_with_the_padded_results(position_em
     torch.testing.assert_close(pooled, pooled_padded, atol=1e-5, rtol=1e-5)
     for name, p in model.named_parameters():
         torch.testing.assert_close(unpadded[name], p.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("position_embedding_type", ["learned", "relative"])
+def test_under_autocast_the_layers_see_few_shapes_and_the_outputs_are_unchanged(monkeypatch, position_embedding_type):
+    """Under bf16 autocast oneDNN builds a kernel per shape: packed rows come in multiples of PACKED_ROW_MULTIPLE and
+    batches are padded to a multiple of PADDED_LENGTH_MULTIPLE positions, the extra rows' results dropped. Outputs,
+    attention probabilities and gradients are those of the exact shapes."""
+    import models.bert as bert
+
+    torch.manual_seed(0)
+    model = BertModel(small_config(position_embedding_type=position_embedding_type, hidden_dropout_prob=0.0,
+                                   attention_probs_dropout_prob=0.0))
+    input_ids, token_type_ids, attention_mask = batch(B=3, T=11)
+    attention_mask[2, 5:] = 0
+    real = attention_mask.bool()
+    shapes = []
+    model.encoder.layer[0].intermediate.dense.register_forward_hook(lambda m, i, o: shapes.append(i[0].shape))
+    model.encoder.layer[0].attention.self.register_forward_hook(lambda m, i, o: shapes.append(o[1].shape))
+
+    def run():
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            seq, pooled, probs = model(input_ids, token_type_ids, attention_mask, output_attentions=True)
+        (seq.float()[real].sum() + pooled.float().sum()).backward()
+        return seq.float(), [p.float() for p in probs], {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    seq, probs, grads = run()
+    assert shapes == [(3, 4, 16, 16), (48, 32)]  # 23 real tokens -> 64 rows, capped at the 3 x 16 positions
+    assert seq.shape == (3, 11, 32) and torch.all(seq[~real] == 0) and probs[0].shape == (3, 4, 11, 11)
+    row_sums = probs[0].sum(-1).transpose(0, 1)[:, real]  # (nh, real queries): the dropped keys took no weight
+    torch.testing.assert_close(row_sums, torch.ones_like(row_sums), atol=1e-2, rtol=0)
+    monkeypatch.setattr(bert, "PACKED_ROW_MULTIPLE", 1)
+    monkeypatch.setattr(bert, "PADDED_LENGTH_MULTIPLE", 1)
+    shapes.clear()
+    exact_seq, exact_probs, exact_grads = run()
+    assert shapes == [(3, 4, 11, 11), (23, 32)]
+    torch.testing.assert_close(seq, exact_seq, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(probs[0], exact_probs[0], atol=1e-2, rtol=1e-2)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, exact_grads[name], atol=2e-2, rtol=5e-2, msg=name)
+
+
+def test_packed_rows_round_up_with_padding_positions_that_unpack_drops():
+    mask = torch.zeros(4, 40, dtype=torch.long)
+    mask[:, :9] = 1  # 36 real tokens of 160 positions
+    tokens = RealTokens(mask, row_multiple=64)
+    assert tokens.index.shape == (64,) and torch.equal(tokens.index[:36], mask.flatten().nonzero().squeeze(1))
+    assert bool((mask.flatten()[tokens.index[36:]] == 0).all())
+    x = torch.randn(4, 40, 3)
+    packed = tokens.pack(x)
+    torch.testing.assert_close(tokens.unpack(packed)[mask.bool()], x[mask.bool()])
+    assert torch.all(tokens.unpack(packed)[~mask.bool()] == 0)
+    assert RealTokens(mask[:, :10], row_multiple=64).index.shape == (40,)  # never more rows than positions
 
 
 def naive_relative_attention(attn: BertSelfAttention, x: torch.Tensor, mask: torch.Tensor):
