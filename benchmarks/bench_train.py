@@ -6,6 +6,7 @@ this run next to this CPU's fp32 and bf16 matmul throughput.
     python benchmarks/bench_train.py --quick          # 2 timed steps per row, no torch.compile
     python benchmarks/bench_train.py --loss-curve 600 # bert_mini fp32 vs bf16 on learnable synthetic data
     python benchmarks/bench_train.py --short-seq-prob 0.1  # padded batches as google-research/bert's data makes them
+    python benchmarks/bench_train.py --sentence-batches 64  # bert_tiny fine-tuning steps on batches of sentences
 
 A step is forward + MLM/NSP loss + backward + fused AdamW update (both sides) + zero_grad, timed as the median of
 the steps after warm-up (the machine may be shared: the load average is printed with the table). The pipeline's
@@ -265,6 +266,56 @@ def loss_curve(args) -> None:
               f"{rel.index(max(rel))}; final {smooth['fp32'][-1]:.3f} vs {smooth[other][-1]:.3f}")
 
 
+def sentence_batches(args) -> None:
+    """Fine-tuning steps of make run's classifier (bert_tiny, relative positions, pre-LN, mean pooling, dropout 0.1) on
+    batches of 32 sentences whose lengths change from batch to batch, as Rotten Tomatoes' do (8-64 tokens): fp32, bf16
+    autocast with every batch's exact shapes (the baseline: oneDNN builds its bf16 kernels per shape), and bf16 with
+    the model's rounded shapes (models.bert.PACKED_ROW_MULTIPLE and PADDED_LENGTH_MULTIPLE)."""
+    import models.bert as bert
+    from models.bert import BertForSequenceClassification
+
+    if not bf16_supported():
+        raise SystemExit("this CPU has no native bf16 (AMX / AVX512-BF16): no bf16 rows to compare")
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(args.sentence_batches):
+        longest = int(torch.randint(12, 65, (), generator=g))
+        lengths = torch.randint(longest // 2, longest + 1, (32,), generator=g)
+        lengths[0] = longest
+        mask = (torch.arange(longest)[None, :] < lengths[:, None]).long()
+        batches.append((torch.randint(5, 8000, (32, longest), generator=g) * mask, mask,
+                        torch.randint(0, 2, (32,), generator=g)))
+    rounded = (bert.PACKED_ROW_MULTIPLE, bert.PADDED_LENGTH_MULTIPLE)
+    rows = {}
+    for name, bf16, multiples in (("fp32", False, rounded), ("bf16, exact shapes", True, (1, 1)),
+                                  ("bf16, rounded shapes", True, rounded)):
+        bert.PACKED_ROW_MULTIPLE, bert.PADDED_LENGTH_MULTIPLE = multiples
+        torch.manual_seed(0)
+        config = bert_config("bert_tiny", vocab_size=8000, position_embedding_type="relative", pre_layer_norm=True)
+        model = BertForSequenceClassification(config, num_labels=2, pooling="mean").train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=True)
+        times = []
+        for epoch in range(2):  # the first pass over the batches meets every shape once: timed, not the reference
+            started = time.perf_counter()
+            for input_ids, mask, labels in batches:
+                with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext():
+                    logits = model(input_ids, torch.zeros_like(input_ids), mask)
+                torch.nn.functional.cross_entropy(logits.float(), labels).backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            times.append((time.perf_counter() - started) / len(batches))
+        rows[name] = times
+        print(f"  {name}: {times[0] * 1e3:.1f} ms/step in the first pass, {times[1] * 1e3:.1f} in the second",
+              flush=True)
+    bert.PACKED_ROW_MULTIPLE, bert.PADDED_LENGTH_MULTIPLE = rounded
+    print(f"\nbert_tiny classifier, {args.sentence_batches} batches of 32 sentences of 8-64 tokens, "
+          f"{torch.get_num_threads()} threads; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for name, (first, second) in rows.items():
+        print(f"{name:22s} {second * 1e3:7.1f} ms/step (first pass {first * 1e3:.1f}); "
+              f"{rows['bf16, exact shapes'][1] / second:.2f}x the exact-shape bf16 step, "
+              f"{rows['fp32'][1] / second:.2f}x fp32's")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 timed steps per row, no torch.compile rows")
@@ -277,6 +328,9 @@ def main() -> None:
                              "0.1); default: all full length")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="add a torch.compile row for ours (default: on, off with --quick)")
+    parser.add_argument("--sentence-batches", type=int, metavar="N",
+                        help="instead: bert_tiny fine-tuning steps on N batches of sentences of changing lengths, "
+                             "fp32 and bf16 with exact and rounded shapes")
     parser.add_argument("--loss-curve", type=int, metavar="STEPS",
                         help="instead of timing: train bert_mini STEPS steps in fp32 and bf16 and compare the losses")
     args = parser.parse_args()
@@ -284,7 +338,9 @@ def main() -> None:
     keep_freed_memory_for_reuse()
     if args.compile is None:
         args.compile = not args.quick
-    if args.loss_curve:
+    if args.sentence_batches:
+        sentence_batches(args)
+    elif args.loss_curve:
         loss_curve(args)
     else:
         benchmark(args)
