@@ -392,7 +392,7 @@ def run_encoder(encoder: BertEncoder, hidden_states, attention_mask=None, output
             hidden_states, attention_mask = F.pad(hidden_states, (0, 0, 0, extra)), F.pad(attention_mask, (0, extra))
         if not bool(attention_mask.all()):
             tokens = RealTokens(attention_mask, row_multiple=PACKED_ROW_MULTIPLE if autocast else 1)
-            hidden_states = tokens.pack(hidden_states)  # (N, H): the layers skip the padding (RealTokens)
+            hidden_states = tokens.pack(hidden_states)  # (rows, H): the layers skip the padding (RealTokens)
         # (B, T) -> additive (B, 1, 1, T): 0 for tokens, the most negative float for padding keys, broadcast over
         # heads and queries. finfo.min rather than -inf keeps fully padded rows finite instead of NaN.
         dtype = hidden_states.dtype
