@@ -454,7 +454,10 @@ def test_beam_search_stops_early_only_when_nothing_can_beat_the_finished():
                      for k in range(8)]
         reference = sorted(reference + [(ones[8] / length_penalty(8, alpha), (1,) * 8)], reverse=True)
         assert [tuple(h.tokens) for h in found] == [seq for _, seq in reference[:2]], (scale, alpha, seed)
-        assert [h.score for h in found] == pytest.approx([score for score, _ in reference[:2]], rel=1e-5, abs=1e-5)
+        # fp32 scores of KV-cached steps against a full forward's log-softmax in float64: on the AMX Xeon, whose
+        # kernels sum in another order, they differed by up to 8.7e-6 relative (3.2e-4 at a score of -36.5) and 2.2e-5
+        # absolute (at -2.1)
+        assert [h.score for h in found] == pytest.approx([score for score, _ in reference[:2]], rel=2e-5, abs=1e-4)
     assert stopped_early >= 20
 
 

@@ -112,7 +112,9 @@ def test_fitting_problems_together_gives_each_the_model_it_gets_alone():
     together = fit_softmax_regressions(features, targets, problems, max_iter=500)
     for (rows, l2), model in zip(problems, together):
         alone = fit_softmax_regressions(features[rows], targets[rows], [(np.arange(len(rows)), l2)], 500)[0]
-        np.testing.assert_allclose(model.predict_proba(features), alone.predict_proba(features), atol=2e-4)
+        # L-BFGS in float32 stops a little apart on the two batch shapes: 2.01e-4 on the AMX Xeon, against the 1e-2
+        # that separates two problems below
+        np.testing.assert_allclose(model.predict_proba(features), alone.predict_proba(features), atol=5e-4)
         np.testing.assert_allclose(model.mean.numpy(), features[rows].mean(0), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(model.scale.numpy(), features[rows].std(0, ddof=1), rtol=1e-4)
     # Different rows and strengths give different models: no problem sees another's rows.
