@@ -11,7 +11,7 @@ torch.set_num_threads(1)
 if sys.argv[1] == "keep":
     assert keep_freed_memory_for_reuse()
 layer, x = torch.nn.Linear(768, 30522, bias=False), torch.randn(160, 768)
-for _ in range(8):
+for _ in range(16):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     layer(x).square().mean().backward()
     layer.weight.grad = None
@@ -28,5 +28,7 @@ def faults_per_step_after_warmup(mode: str) -> list[int]:
 def test_training_steps_reuse_freed_memory_instead_of_faulting_it_back_in():
     # By default the 94 MB weight gradient is a fresh mmap every step: >= 23k faults of 4 KiB pages, every step.
     assert min(faults_per_step_after_warmup("default")) > 10_000
-    # Kept: the freed blocks are reused (glibc may still grow the heap once while aligned blocks settle).
-    assert sorted(faults_per_step_after_warmup("keep"))[1] < 1_000
+    # Kept: the freed blocks are reused. glibc may still grow the heap now and then while aligned blocks settle: on the
+    # AMX Xeon two of the 4 steps after the warm-up once faulted (4.8k-17k pages), so the median of 12 is asked.
+    kept = sorted(faults_per_step_after_warmup("keep"))
+    assert kept[len(kept) // 2] < 1_000
