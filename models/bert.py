@@ -207,21 +207,24 @@ class RealTokens:
     def __init__(self, attention_mask: torch.Tensor, row_multiple: int = 1):  # (B, T), 1 = token, 0 = padding
         self.batch_size, self.seq_len = attention_mask.shape
         flat = attention_mask.flatten()
-        self.real = flat.nonzero().squeeze(1)  # (N,) positions of the real tokens in the flattened batch
+        self.index = flat.nonzero().squeeze(1)  # (N,) positions of the real tokens in the flattened batch
+        self.num_real = self.index.numel()
         # row_multiple: the packed rows are rounded up to a multiple of it with padding positions, whose results are
         # dropped. Under bf16 autocast on the CPU, oneDNN builds a kernel for every new row count, and batches of
         # sentences bring a new count almost every step: a bert_tiny fine-tuning step took 45.7 ms with the counts
         # free and 24.7 ms with one count (fp32: 28-30 ms either way; AMX Xeon, 2026-11-26).
-        rows = min(-(-self.real.numel() // row_multiple) * row_multiple, flat.numel())
-        extra = (flat == 0).nonzero().squeeze(1)[: rows - self.real.numel()]
-        self.index = torch.cat([self.real, extra]) if extra.numel() else self.real  # (rows,) the real tokens first
+        rows = min(-(-self.num_real // row_multiple) * row_multiple, flat.numel())
+        if rows > self.num_real:  # (rows,): the real tokens first, then padding positions
+            padding = (flat == 0).nonzero().squeeze(1)[: rows - self.num_real]
+            self.index = torch.cat([self.index, padding])
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         return x.flatten(0, 1).index_select(0, self.index)  # (B, T, D) -> (rows, D)
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
-        real = x[: self.real.numel()]  # the rows of padding positions are dropped: zeros there, as if never computed
-        padded = x.new_zeros(self.batch_size * self.seq_len, x.size(-1)).index_copy(0, self.real, real)
+        # the rows of padding positions are dropped: zeros there, as if never computed
+        n = self.num_real
+        padded = x.new_zeros(self.batch_size * self.seq_len, x.size(-1)).index_copy(0, self.index[:n], x[:n])
         return padded.view(self.batch_size, self.seq_len, -1)  # (rows, D) -> (B, T, D), zeros at the padding
 
 
