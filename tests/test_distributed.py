@@ -141,6 +141,14 @@ def test_lightning_deepspeed_on_a_gpu_writes_whole_weights_and_prunes_its_checkp
     assert word.shape[0] % 64 == 0 and word.abs().sum() > 0  # not ZeRO-3's empty shard
     assert len(list((out / "checkpoints").iterdir())) == KEEP_CHECKPOINTS
     assert summary["precision"] == ("bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed")
+    # Killed after its last checkpoint, before the marker: the rerun resumes at max_steps, trains nothing and validates
+    # in a second strategy set-up, the path on which ZeRO-3 once left the embeddings on the CPU.
+    (out / MARKER).unlink()
+    rerun = run.run_stage("pretrain")
+    assert rerun["resumed_from_step"] == 20 and rerun["steps"] == 20
+    assert rerun["final_val_loss"] == pytest.approx(summary["final_val_loss"], rel=1e-2)
+    torch.testing.assert_close(load_pretrained(out / "encoder").embeddings.word_embeddings.weight, word, rtol=0,
+                               atol=1e-3)
 
 
 def test_every_stage_that_depends_on_the_data_parallel_settings_honours_them(tmp_path):

@@ -266,3 +266,21 @@ def test_a_last_step_between_validations_is_validated_inside_fit(tiny, tmp_path,
         held_out = {int(r["step"]): float(r["value"]) for r in csv.DictReader(f) if r["name"] == "val/loss"}
     assert sorted(held_out) == [15, 20] and summary["steps"] == 20
     assert summary["final_val_loss"] == pytest.approx(held_out[20], abs=1e-4)
+
+
+def test_a_rerun_resumed_at_its_last_step_validates_it_and_says_where_it_resumed(tiny, tmp_path):
+    """Killed after the last checkpoint, before the marker: the rerun trains nothing, validates the checkpoint's
+    weights once (in a fresh module: a second strategy set-up of the trained one lost ZeRO-3's embeddings on a GPU)
+    and reports that it resumed at step 20 (it once said 0, Lightning never starting training)."""
+    run = TinyRun(family_config(Path(tiny.cfg.paths.cache_dir).parent, "bert",
+                                [*RESUME_OVERRIDES, "pretrain.max_steps=20", "pretrain.val_every_steps=15"]))
+    out = tmp_path / "pretrain"
+    first = run_stage_into(run, "pretrain", out)
+    (out / MARKER).unlink()
+    rerun = run_stage_into(run, "pretrain", out)
+    assert (first["resumed_from_step"], rerun["resumed_from_step"], rerun["steps"]) == (None, 20, 20)
+    assert rerun["final_val_loss"] == pytest.approx(first["final_val_loss"], abs=1e-4)
+    with open(out / "loss_curve.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows if r["name"] == "val/loss"] == [15, 20]
+    assert len([r for r in rows if r["name"] == "train/loss"]) == 20

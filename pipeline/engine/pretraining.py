@@ -310,8 +310,9 @@ class EncoderSnapshots(L.Callback):
 
 
 class StartingStep(L.Callback):
-    """The step training starts from: 0, or the resumed checkpoint's."""
-    step = 0
+    """The step training starts from: 0, or the resumed checkpoint's; None when `fit` trained nothing (resumed at
+    max_steps, where Lightning never starts training)."""
+    step: int | None = None
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.step = trainer.global_step
@@ -429,9 +430,9 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
         warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
         trainer.fit(module, data.train_loader, val_loader, ckpt_path=str(resume_from) if resume_from else None)
     seconds = time.perf_counter() - started
-    if history.last_step("val/loss") != trainer.global_step:  # resumed at max_steps: fit ran no step
-        trainer.validate(module, val_loader, verbose=False)
-    resumed_from = start.step if resume_from else None
+    if start.step is None:  # resumed at max_steps: fit trained nothing, and the checkpoint precedes its validation
+        _validate_last_step(task, ctx, module, settings, trainer, val_loader, history, monitor)
+    resumed_from = (trainer.global_step if start.step is None else start.step) if resume_from else None
     run = TrainingRun(trainer.global_step, trainer.global_step - (resumed_from or 0), seconds, world_size,
                       p.accumulate_grad_batches, history)
     with whole_parameters(module, settings):  # every rank enters: under ZeRO-3 gathering is a collective
@@ -439,6 +440,20 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
         if trainer.is_global_zero:
             _write_outputs(task, ctx, module, history, summary, settings.uses_ray_train)
     return summary
+
+
+def _validate_last_step(task: PretrainingTask, ctx: StageContext, module: L.LightningModule,
+                        settings: DistributedSettings, trainer: L.Trainer, val_loader: Iterable[dict],
+                        history: LossHistory, monitor: DivergenceMonitor) -> None:
+    """Validates the trained weights, gathered into a fresh module, on this rank alone, as the DeepSpeed CPU loop does.
+    Not `trainer.validate`: its second strategy set-up of the module that `fit` had set up left the word embeddings on
+    the CPU under DeepSpeed ZeRO-3 on a GPU (tests/test_distributed.py, on an H100, 2026-11-26)."""
+    with whole_parameters(module, settings):  # every rank enters: under ZeRO-3 gathering is a collective
+        final = task.build_module(ctx)
+        final.load_state_dict(module.state_dict())
+    metrics = _validate(final, val_loader, trainer.precision, trainer.strategy.root_device)
+    history.record_validation(trainer.global_step, metrics)
+    monitor.observe_heldout(trainer.global_step, metrics["val/loss"])
 
 
 def _summary(task: PretrainingTask, module: L.LightningModule, data: PretrainingData, run: TrainingRun,
@@ -526,9 +541,11 @@ def _deepspeed_cpu_worker(config: dict) -> None:
     _write_outputs(task, ctx, final, history, summary, in_ray_worker=True)
 
 
-def _validate(module: L.LightningModule, val_loader: Iterable[dict], precision: str) -> dict[str, float]:
-    """The module's own validation, in this process alone: what it logs under `val/`."""
-    trainer = L.Trainer(accelerator="cpu", devices=1, precision=precision, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+def _validate(module: L.LightningModule, val_loader: Iterable[dict], precision: str,
+              device: torch.device = torch.device("cpu")) -> dict[str, float]:
+    """The module's own validation, in this process alone, on `device`: what it logs under `val/`."""
+    accelerator, devices = ("gpu", [device.index or 0]) if device.type == "cuda" else ("cpu", 1)
+    trainer = L.Trainer(accelerator=accelerator, devices=devices, precision=precision, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.validate(module, val_loader, verbose=False)
     return {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
