@@ -270,12 +270,15 @@ def sentence_batches(args) -> None:
     """Fine-tuning steps of make run's classifier (bert_tiny, relative positions, pre-LN, mean pooling, dropout 0.1) on
     batches of 32 sentences whose lengths change from batch to batch, as Rotten Tomatoes' do (8-64 tokens): fp32, bf16
     autocast with every batch's exact shapes (the baseline: oneDNN builds its bf16 kernels per shape), and bf16 with
-    the model's rounded shapes (models.bert.PACKED_ROW_MULTIPLE and PADDED_LENGTH_MULTIPLE)."""
+    the model's rounded shapes (models.bert.PACKED_ROW_MULTIPLE and PADDED_LENGTH_MULTIPLE). `--device cuda`: the same
+    rows on a GPU, where autocast rounds the shapes too."""
     import models.bert as bert
     from models.bert import BertForSequenceClassification
 
-    if not bf16_supported():
+    device = torch.device(args.device)
+    if device.type == "cpu" and not bf16_supported():
         raise SystemExit("this CPU has no native bf16 (AMX / AVX512-BF16): no bf16 rows to compare")
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(0)
     batches = []
     for _ in range(args.sentence_batches):
@@ -283,8 +286,8 @@ def sentence_batches(args) -> None:
         lengths = torch.randint(longest // 2, longest + 1, (32,), generator=g)
         lengths[0] = longest
         mask = (torch.arange(longest)[None, :] < lengths[:, None]).long()
-        batches.append((torch.randint(5, 8000, (32, longest), generator=g) * mask, mask,
-                        torch.randint(0, 2, (32,), generator=g)))
+        batches.append(tuple(t.to(device) for t in (torch.randint(5, 8000, (32, longest), generator=g) * mask, mask,
+                                                    torch.randint(0, 2, (32,), generator=g))))
     rounded = (bert.PACKED_ROW_MULTIPLE, bert.PADDED_LENGTH_MULTIPLE)
     rows = {}
     for name, bf16, multiples in (("fp32", False, rounded), ("bf16, exact shapes", True, (1, 1)),
@@ -292,24 +295,27 @@ def sentence_batches(args) -> None:
         bert.PACKED_ROW_MULTIPLE, bert.PADDED_LENGTH_MULTIPLE = multiples
         torch.manual_seed(0)
         config = bert_config("bert_tiny", vocab_size=8000, position_embedding_type="relative", pre_layer_norm=True)
-        model = BertForSequenceClassification(config, num_labels=2, pooling="mean").train()
+        model = BertForSequenceClassification(config, num_labels=2, pooling="mean").to(device).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=True)
         times = []
         for epoch in range(2):  # the first pass over the batches meets every shape once: timed, not the reference
+            synchronize()
             started = time.perf_counter()
             for input_ids, mask, labels in batches:
-                with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext():
+                with torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext():
                     logits = model(input_ids, torch.zeros_like(input_ids), mask)
                 torch.nn.functional.cross_entropy(logits.float(), labels).backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+            synchronize()
             times.append((time.perf_counter() - started) / len(batches))
         rows[name] = times
         print(f"  {name}: {times[0] * 1e3:.1f} ms/step in the first pass, {times[1] * 1e3:.1f} in the second",
               flush=True)
     bert.PACKED_ROW_MULTIPLE, bert.PADDED_LENGTH_MULTIPLE = rounded
     print(f"\nbert_tiny classifier, {args.sentence_batches} batches of 32 sentences of 8-64 tokens, "
-          f"{torch.get_num_threads()} threads; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+          f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else f'{torch.get_num_threads()} threads'}; "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for name, (first, second) in rows.items():
         print(f"{name:22s} {second * 1e3:7.1f} ms/step (first pass {first * 1e3:.1f}); "
               f"{rows['bf16, exact shapes'][1] / second:.2f}x the exact-shape bf16 step, "
@@ -331,6 +337,7 @@ def main() -> None:
     parser.add_argument("--sentence-batches", type=int, metavar="N",
                         help="instead: bert_tiny fine-tuning steps on N batches of sentences of changing lengths, "
                              "fp32 and bf16 with exact and rounded shapes")
+    parser.add_argument("--device", default="cpu", help="with --sentence-batches: cpu, or cuda for a GPU")
     parser.add_argument("--loss-curve", type=int, metavar="STEPS",
                         help="instead of timing: train bert_mini STEPS steps in fp32 and bf16 and compare the losses")
     args = parser.parse_args()

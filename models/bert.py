@@ -191,8 +191,11 @@ def relative_attention_values(probs: torch.Tensor, w_v: torch.Tensor, index: tor
     return per_distance @ w_v  # (B, nh, T, hs)
 
 
-# Under autocast, packed rows come in multiples of this (RealTokens): at most B*T/64 row counts, whose kernels oneDNN
-# keeps, for at most 63 rows of padding per batch (~3 % of a fine-tuning batch of 32 sentences).
+# Under CPU autocast, packed rows come in multiples of this (RealTokens): at most B*T/64 row counts, whose kernels
+# oneDNN keeps, for at most 63 rows of padding per batch (~3 % of a fine-tuning batch of 32 sentences). oneDNN builds
+# its bf16 kernels per shape, so exact shapes made bf16 fine-tuning 2.2x slower on an AMX Xeon; CUDA has no such cost
+# (`bench_train.py --sentence-batches 200 --device cuda` on an H100: rounded 0.77-1.00x the exact-shape step), so
+# CUDA keeps the exact shapes.
 PACKED_ROW_MULTIPLE = 64
 PADDED_LENGTH_MULTIPLE = 8  # and batches are padded to a multiple of 8 positions (HF's pad_to_multiple_of)
 
@@ -388,7 +391,7 @@ def run_encoder(encoder: BertEncoder, hidden_states, attention_mask=None, output
     returns (sequence_output (B, T, H), zero at the padding, and the per-layer attention probabilities)."""
     tokens, length = None, hidden_states.size(1)
     if attention_mask is not None:
-        autocast = torch.is_autocast_enabled(hidden_states.device.type)
+        autocast = hidden_states.device.type == "cpu" and torch.is_autocast_enabled("cpu")  # see PACKED_ROW_MULTIPLE
         if autocast and length % PADDED_LENGTH_MULTIPLE:
             # attention's products are (B*nh, T, T): a few lengths, a few oneDNN kernels (as PACKED_ROW_MULTIPLE)
             extra = -length % PADDED_LENGTH_MULTIPLE
