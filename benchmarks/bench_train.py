@@ -271,7 +271,8 @@ def sentence_batches(args) -> None:
     batches of 32 sentences whose lengths change from batch to batch, as Rotten Tomatoes' do (8-64 tokens): fp32, bf16
     autocast with every batch's exact shapes (the baseline: oneDNN builds its bf16 kernels per shape), and bf16 with
     the model's rounded shapes (models.bert.PACKED_ROW_MULTIPLE and PADDED_LENGTH_MULTIPLE). `--device cuda`: the same
-    rows on a GPU, where autocast rounds the shapes too."""
+    rows on a GPU, whose autocast the model leaves at the exact shapes (models.bert.ROUNDED_SHAPE_DEVICES): the
+    rounded row rounds them there for this comparison."""
     import models.bert as bert
     from models.bert import BertForSequenceClassification
 
@@ -288,7 +289,8 @@ def sentence_batches(args) -> None:
         mask = (torch.arange(longest)[None, :] < lengths[:, None]).long()
         batches.append(tuple(t.to(device) for t in (torch.randint(5, 8000, (32, longest), generator=g) * mask, mask,
                                                     torch.randint(0, 2, (32,), generator=g))))
-    rounded = (bert.PACKED_ROW_MULTIPLE, bert.PADDED_LENGTH_MULTIPLE)
+    rounded, rounding_devices = (bert.PACKED_ROW_MULTIPLE, bert.PADDED_LENGTH_MULTIPLE), bert.ROUNDED_SHAPE_DEVICES
+    bert.ROUNDED_SHAPE_DEVICES = (device.type,)
     rows = {}
     for name, bf16, multiples in (("fp32", False, rounded), ("bf16, exact shapes", True, (1, 1)),
                                   ("bf16, rounded shapes", True, rounded)):
@@ -313,6 +315,7 @@ def sentence_batches(args) -> None:
         print(f"  {name}: {times[0] * 1e3:.1f} ms/step in the first pass, {times[1] * 1e3:.1f} in the second",
               flush=True)
     bert.PACKED_ROW_MULTIPLE, bert.PADDED_LENGTH_MULTIPLE = rounded
+    bert.ROUNDED_SHAPE_DEVICES = rounding_devices
     print(f"\nbert_tiny classifier, {args.sentence_batches} batches of 32 sentences of 8-64 tokens, "
           f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else f'{torch.get_num_threads()} threads'}; "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

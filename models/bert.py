@@ -196,6 +196,7 @@ def relative_attention_values(probs: torch.Tensor, w_v: torch.Tensor, index: tor
 # its bf16 kernels per shape, so exact shapes made bf16 fine-tuning 2.2x slower on an AMX Xeon; CUDA has no such cost
 # (`bench_train.py --sentence-batches 200 --device cuda` on an H100: rounded 0.77-1.00x the exact-shape step), so
 # CUDA keeps the exact shapes.
+ROUNDED_SHAPE_DEVICES = ("cpu",)
 PACKED_ROW_MULTIPLE = 64
 PADDED_LENGTH_MULTIPLE = 8  # and batches are padded to a multiple of 8 positions (HF's pad_to_multiple_of)
 
@@ -391,13 +392,14 @@ def run_encoder(encoder: BertEncoder, hidden_states, attention_mask=None, output
     returns (sequence_output (B, T, H), zero at the padding, and the per-layer attention probabilities)."""
     tokens, length = None, hidden_states.size(1)
     if attention_mask is not None:
-        autocast = hidden_states.device.type == "cpu" and torch.is_autocast_enabled("cpu")  # see PACKED_ROW_MULTIPLE
-        if autocast and length % PADDED_LENGTH_MULTIPLE:
+        device = hidden_states.device.type
+        rounded = device in ROUNDED_SHAPE_DEVICES and torch.is_autocast_enabled(device)  # see PACKED_ROW_MULTIPLE
+        if rounded and length % PADDED_LENGTH_MULTIPLE:
             # attention's products are (B*nh, T, T): a few lengths, a few oneDNN kernels (as PACKED_ROW_MULTIPLE)
             extra = -length % PADDED_LENGTH_MULTIPLE
             hidden_states, attention_mask = F.pad(hidden_states, (0, 0, 0, extra)), F.pad(attention_mask, (0, extra))
         if not bool(attention_mask.all()):
-            tokens = RealTokens(attention_mask, row_multiple=PACKED_ROW_MULTIPLE if autocast else 1)
+            tokens = RealTokens(attention_mask, row_multiple=PACKED_ROW_MULTIPLE if rounded else 1)
             hidden_states = tokens.pack(hidden_states)  # (rows, H): the layers skip the padding (RealTokens)
         # (B, T) -> additive (B, 1, 1, T): 0 for tokens, the most negative float for padding keys, broadcast over
         # heads and queries. finfo.min rather than -inf keeps fully padded rows finite instead of NaN.

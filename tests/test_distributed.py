@@ -141,8 +141,8 @@ def test_lightning_deepspeed_on_a_gpu_writes_whole_weights_and_prunes_its_checkp
     assert word.shape[0] % 64 == 0 and word.abs().sum() > 0  # not ZeRO-3's empty shard
     assert len(list((out / "checkpoints").iterdir())) == KEEP_CHECKPOINTS
     assert summary["precision"] == ("bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed")
-    # Killed after its last checkpoint, before the marker: the rerun resumes at max_steps, trains nothing and validates
-    # in a second strategy set-up, the path on which ZeRO-3 once left the embeddings on the CPU.
+    # Killed after its last checkpoint, before the marker: the rerun resumes at max_steps and trains nothing. Its
+    # validation once ran in a second strategy set-up (trainer.validate), which left ZeRO-3's embeddings on the CPU.
     (out / MARKER).unlink()
     rerun = run.run_stage("pretrain")
     assert rerun["resumed_from_step"] == 20 and rerun["steps"] == 20
