@@ -320,9 +320,10 @@ class StartingStep(L.Callback):
 
 class ValidateAtLastStep(L.Callback):
     """Validation at the last step inside `fit`, also when max_steps is no multiple of the validation interval: a
-    stopping Trainer validates before it stops (Lightning's early-stopping path). A separate `trainer.validate` after
-    `fit` sets the strategy up again, and under DeepSpeed ZeRO-3 on a GPU that second set-up left the word embeddings
-    on the CPU (the first GPU run, 2026-11-26)."""
+    stopping Trainer validates before it stops (Lightning's early-stopping path). The `trainer.validate` after `fit`
+    that this replaced set the strategy up again, and under DeepSpeed ZeRO-3 on a GPU that second set-up left the word
+    embeddings on the CPU (the first GPU run, 2026-11-26); a rerun with no step left validates by
+    _validate_last_step."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
