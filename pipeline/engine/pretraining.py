@@ -57,7 +57,14 @@ from pipeline.engine.divergence import DivergenceMonitor, reduce_mean
 from pipeline.engine.fingerprints import content_digests
 from pipeline.engine.settings import check_target_arguments
 from pipeline.engine.tracking import log_curves
-from pipeline.engine.training import LossHistory, keep_freed_memory_for_reuse, make_trainer, resolve_precision
+from pipeline.engine.training import (
+    RELEASE_EVERY_N_BATCHES,
+    LossHistory,
+    keep_freed_memory_for_reuse,
+    make_trainer,
+    release_freed_memory,
+    resolve_precision,
+)
 
 CHECKPOINT_DIR = "checkpoints"
 KEEP_CHECKPOINTS = 2
@@ -509,6 +516,8 @@ def _deepspeed_cpu_worker(config: dict) -> None:
     def on_step(step: int, loss: float) -> None:
         history.rows.append({"step": step, "split": "train", "name": "train/loss", "value": loss})
         monitor.observe_train(step, reduce_mean(loss))
+        if step % RELEASE_EVERY_N_BATCHES == 0:  # as every Lightning Trainer does (ReleaseFreedMemory)
+            release_freed_memory()
 
     def rank_state(consumed: int) -> dict:
         return {"data": data.position.state_dict(consumed), "history": history.state_dict(),

@@ -74,14 +74,79 @@ def keep_freed_memory_for_reuse() -> bool:
     fresh mmap and trims the heap after large frees, so each training step faults its buffers back in page by page:
     70-120k minor faults (~400 MB) per bert_base step on CPU, measured. Fixed thresholds reuse them instead (the
     reason Intel's PyTorch CPU guides preload jemalloc/tcmalloc). The cost: resident memory stays at the step's
-    peak (+0.1 GB at bert_base). A no-op where the C library has no mallopt (macOS, musl).
+    peak (+0.1 GB at bert_base), and freed blocks that no later request fits stay resident too: ReleaseFreedMemory
+    hands those back every few steps. A no-op where the C library has no mallopt (macOS, musl).
     """
+    libc = _glibc()
+    return bool(libc and libc.mallopt(M_MMAP_THRESHOLD, 1 << 30) and libc.mallopt(M_TRIM_THRESHOLD, 2_000_000_000))
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """The C library where it is glibc (mallopt and malloc_trim), else None."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
-    if not hasattr(libc, "mallopt"):
-        return False
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 30) and libc.mallopt(M_TRIM_THRESHOLD, 2_000_000_000))
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the kernel (glibc's malloc_trim(0), which also releases whole free pages
+    inside the heap, not only at its top). A no-op without glibc."""
+    if libc := _glibc():
+        libc.malloc_trim(0)
+
+
+RELEASE_EVERY_N_BATCHES = 50
+
+
+class ReleaseFreedMemory(L.Callback):
+    """Every `every_n_batches` training batches, release_freed_memory().
+
+    Why: batches whose shapes change at every step (BERT's packed real tokens, sentences of any length) free blocks
+    of a new size each step, and small long-lived allocations between them (oneDNN's cache of per-shape kernels)
+    keep the heap from coalescing them, so the freed memory is never reused: bert_tiny's fp32 pretraining grew by
+    ~4.5 MB of resident memory per step until the node ran out (docs/reliability.md). Trimming every 50 steps keeps
+    it flat at no measurable cost per step (benchmarks/bench_memory.py)."""
+
+    def __init__(self, every_n_batches: int = RELEASE_EVERY_N_BATCHES):
+        self.every_n_batches = every_n_batches
+        self._batches = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._batches += 1
+        if self._batches % self.every_n_batches == 0:
+            release_freed_memory()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        release_freed_memory()
+
+
+class MemoryLog(L.Callback):
+    """The process's resident memory every `every_n_steps` optimizer steps, as `sys/rss_mb` in the stage's logger
+    and as rows of `memory.csv` in the stage directory (benchmarks/bench_memory.py reads it): whether training's
+    memory is flat after warm-up. conf/callbacks/memory_log.yaml."""
+
+    FILE = "memory.csv"
+
+    def __init__(self, every_n_steps: int = 10):
+        self.every_n_steps = every_n_steps
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._path = Path(trainer.default_root_dir) / self.FILE
+        if trainer.is_global_zero and not self._path.exists():
+            self._path.write_text("step,rss_mb\n")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step % self.every_n_steps or not trainer.is_global_zero:
+            return
+        import psutil  # DeepSpeed's dependency, so installed wherever the pipeline is
+
+        rss_mb = psutil.Process().memory_info().rss / 2**20
+        with open(self._path, "a") as f:
+            f.write(f"{step},{rss_mb:.1f}\n")
+        pl_module.log("sys/rss_mb", rss_mb, on_step=True, on_epoch=False)
 
 
 def make_trainer(ctx: StageContext, callbacks: list, prefix: str = "", one_process: bool = False,
@@ -96,7 +161,7 @@ def make_trainer(ctx: StageContext, callbacks: list, prefix: str = "", one_proce
     # handed over as they are
     build = hydra.utils.instantiate(ctx.cfg.trainer, _partial_=True)
     return build(precision=resolve_precision(str(ctx.cfg.trainer.precision)), logger=make_logger(ctx, prefix),
-                 callbacks=[ProgressLog(f"{ctx.name} {prefix}".strip()), *callbacks],
+                 callbacks=[ProgressLog(f"{ctx.name} {prefix}".strip()), ReleaseFreedMemory(), *callbacks],
                  enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
                  default_root_dir=str(ctx.out_dir), **kwargs)
 
