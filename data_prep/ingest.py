@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from data_prep.decontaminate import EvaluationOverlap
 from data_prep.sentences import SPLITTERS, SentenceSplitError, default_splitter, split_sentences
 from data_prep.shards import book_rows
 
@@ -80,6 +81,10 @@ class BookResult:
     utf8_replacements: int = 0  # invalid sequences replaced by U+FFFD (see decode_book): UTF-8's, or UTF-16/32's
     nuls_removed: int = 0  # stray NUL characters deleted (see binary_content_reason)
     fingerprint: str = ""
+    # sentences removed for overlapping the run's evaluation text, by source (data_prep/decontaminate.py); a sentence
+    # that overlaps two sources counts in both
+    removed_as_evaluation_text: dict[str, int] = dataclasses.field(default_factory=dict)
+    num_removed_as_evaluation_text: int = 0
 
     @property
     def num_sentences(self) -> int:
@@ -94,10 +99,14 @@ class BookResult:
 
     @classmethod
     def rejected(cls, book_id: str, reason: str, *, num_bytes: int = 0, encoding: str = "",
-                 title: str = "", author: str = "", num_dropped_by_length: int = 0) -> BookResult:
+                 title: str = "", author: str = "", num_dropped_by_length: int = 0,
+                 removed_as_evaluation_text: dict[str, int] | None = None,
+                 num_removed_as_evaluation_text: int = 0) -> BookResult:
         return cls(book_id=book_id, title=title or PurePath(book_id).stem, author=author, encoding=encoding,
                    num_bytes=num_bytes, status="rejected", reason=reason,
-                   num_dropped_by_length=num_dropped_by_length)
+                   num_dropped_by_length=num_dropped_by_length,
+                   removed_as_evaluation_text=removed_as_evaluation_text or {},
+                   num_removed_as_evaluation_text=num_removed_as_evaluation_text)
 
 
 # ---------------------------------------------------------------------------------------------- decoding
@@ -301,11 +310,14 @@ def exact_duplicate_of(result: BookResult, first_by_fingerprint: dict[str, str])
     return None if first == result.book_id else first
 
 
-def process_book(path: str | PurePath, raw: bytes, options: IngestOptions, book_id: str | None = None) -> BookResult:
+def process_book(path: str | PurePath, raw: bytes, options: IngestOptions, book_id: str | None = None,
+                 decontamination: EvaluationOverlap | None = None) -> BookResult:
     """Decodes, cleans and splits one book. Never raises on bad content: it returns a rejected result.
 
     path: the file's path relative to the corpus root; its POSIX form is the stable book_id (unless `book_id` is
         given: a part of a file too big to be one book) and its stem the title when the Gutenberg header has none.
+    decontamination: the run's evaluation text; the sentences that overlap it are removed (after the length filter,
+        so each removed sentence is counted once, under its reason).
     """
     book_id = book_id or PurePath(path).as_posix()
     text, encoding, utf8_replacements = decode_book(raw)
@@ -355,9 +367,21 @@ def process_book(path: str | PurePath, raw: bytes, options: IngestOptions, book_
             f"data.min_tokens={options.min_tokens}..data.max_tokens={options.max_tokens}",
             num_dropped_by_length=num_dropped, **common,
         )
+    removed = {}
+    if decontamination is not None:
+        overlapping, sources = decontamination.overlapping(candidates.to_pylist())
+        overlapping &= kept
+        removed = decontamination.source_counts(sources[overlapping])
+        kept &= ~overlapping
+        common["num_removed_as_evaluation_text"] = int(overlapping.sum())
+        if not kept.any():
+            return BookResult.rejected(book_id, f"zero sentences after removing the {int(overlapping.sum())} that "
+                                       "overlap the run's evaluation text (data.decontaminate)",
+                                       num_dropped_by_length=num_dropped, removed_as_evaluation_text=removed,
+                                       **common)
     paragraph_of = np.repeat(np.arange(len(candidates_by_paragraph)), [len(c) for c in candidates_by_paragraph])
     _, paragraph_index = np.unique(paragraph_of[kept], return_inverse=True)  # dense: emptied paragraphs get none
     rows = book_rows(book_id, title, paragraph_index, candidates.filter(kept))
     return BookResult(book_id=book_id, status="kept", rows=rows, num_dropped_by_length=num_dropped,
                       utf8_replacements=utf8_replacements, nuls_removed=nuls_removed, fingerprint=fingerprint,
-                      **common)
+                      removed_as_evaluation_text=removed, **common)

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 
+from data_prep.decontaminate import EvaluationOverlap
 from data_prep.dedup import (
     MinHasher,
     NearDuplicateIndex,
@@ -47,8 +48,8 @@ from data_prep.shards import (
 )
 
 # 2: near duplicates (status "near_duplicate", "similarity"); 3: a file over max_book_bytes is read as parts, each a
-# book and an entry of its own ("big.txt#2/31")
-MANIFEST_FORMAT_VERSION = 3
+# book and an entry of its own ("big.txt#2/31"); 4: "decontamination", and per book what it removed
+MANIFEST_FORMAT_VERSION = 4
 # A group is one Ray task. Aim for ~4 groups per worker so a few big books do not leave workers idle
 # at the end, but keep tasks big enough that Ray's per-task overhead (~1 ms) stays invisible and small
 # enough that the results of the groups in flight bound the driver's memory. The cap is what keeps that
@@ -228,18 +229,20 @@ def _read_piece(corpus_dir: Path, piece: Piece) -> bytes:
 
 def read_and_process(corpus_dir: str, pieces: list[Piece], options: IngestOptions,
                      near_duplicates: NearDuplicateOptions | None = None,
-                     hasher: MinHasher | None = None) -> tuple[list[ProcessedBook], list[pa.RecordBatch | None]]:
-    """One Ray task: reads and processes a group of books (`plan_pieces`), and signs the kept ones for
-    near-duplicate detection when `near_duplicates` (with its `hasher`) is given. Returns the books' summaries for the
-    driver and, apart, their rows for the tasks that write the shards. A file that cannot be read is a rejected book,
-    not a failed run."""
+                     hasher: MinHasher | None = None, decontamination: EvaluationOverlap | None = None,
+                     ) -> tuple[list[ProcessedBook], list[pa.RecordBatch | None]]:
+    """One Ray task: reads and processes a group of books (`plan_pieces`), removing the sentences that overlap
+    `decontamination`'s evaluation text, and signs the kept ones for near-duplicate detection when `near_duplicates`
+    (with its `hasher`) is given. Returns the books' summaries for the driver and, apart, their rows for the tasks
+    that write the shards. A file that cannot be read is a rejected book, not a failed run."""
     summaries, rows = [], []
     for piece in pieces:
         if piece.reject:
             result = BookResult.rejected(piece.book_id, piece.reject, num_bytes=piece.end)
         else:
             try:
-                result = process_book(piece.path, _read_piece(Path(corpus_dir), piece), options, book_id=piece.book_id)
+                result = process_book(piece.path, _read_piece(Path(corpus_dir), piece), options, book_id=piece.book_id,
+                                      decontamination=decontamination)
             except OSError as exc:
                 result = BookResult.rejected(piece.book_id, f"unreadable ({type(exc).__name__}: "
                                                             f"{exc.strerror or exc}); fix or remove the file")
@@ -270,7 +273,7 @@ def group_by_bytes(book_ids: list, sizes: list[int], target_bytes: int, max_book
 
 
 def _books_in_order(corpus_dir: Path, groups: Iterable[list[str]], options: IngestOptions,
-                    near_duplicates: NearDuplicateOptions | None,
+                    near_duplicates: NearDuplicateOptions | None, decontamination: EvaluationOverlap | None,
                     max_in_flight: int) -> Iterator[tuple[ProcessedBook, tuple[ray.ObjectRef, int]]]:
     """Runs the groups as Ray tasks and yields each book's summary in input order, with where its rows are (its
     group's rows in the object store, its position there), holding at most `max_in_flight` groups submitted but not
@@ -281,6 +284,7 @@ def _books_in_order(corpus_dir: Path, groups: Iterable[list[str]], options: Inge
     hasher = draw_minhasher(near_duplicates.num_perm, np.random.default_rng(near_duplicates.seed)) \
         if near_duplicates else None
     in_flight = collections.deque()
+    decontamination_ref = ray.put(decontamination)  # once, not with every task: up to a few MB of hashes
 
     def books_of(refs):
         summaries_ref, rows_ref = refs
@@ -288,7 +292,7 @@ def _books_in_order(corpus_dir: Path, groups: Iterable[list[str]], options: Inge
             yield book, (rows_ref, position)
 
     for group in groups:
-        in_flight.append(task.remote(str(corpus_dir), group, options, near_duplicates, hasher))
+        in_flight.append(task.remote(str(corpus_dir), group, options, near_duplicates, hasher, decontamination_ref))
         if len(in_flight) >= max_in_flight:
             yield from books_of(in_flight.popleft())
     while in_flight:
@@ -357,6 +361,9 @@ def _file_entry(result: BookResult, status: str, duplicate_of: str | None = None
         "sentences": sentences,
         "sentences_dropped_by_length": result.num_dropped_by_length,
     }
+    if result.removed_as_evaluation_text:
+        entry["sentences_removed_as_evaluation_text"] = result.num_removed_as_evaluation_text
+        entry["evaluation_text_overlapped"] = result.removed_as_evaluation_text
     if result.utf8_replacements:
         entry["invalid_utf8_sequences_replaced"] = result.utf8_replacements
     if result.nuls_removed:
@@ -419,6 +426,21 @@ def manifest_summary(shard_dir: str | os.PathLike, names_per_reason: int = 3) ->
     return "\n".join(lines)
 
 
+def _decontamination_summary(decontamination: EvaluationOverlap | None, files: list[dict]) -> dict | None:
+    """What decontamination removed: sentences in all, and per evaluation source, of the books not rejected for
+    something else (a duplicate's sentences are counted in its original's); None when it was off."""
+    if decontamination is None:
+        return None
+    counted = [entry for entry in files if entry["status"] == "kept" or "evaluation text" in entry.get("reason", "")]
+    by_source = collections.Counter()
+    for entry in counted:
+        by_source.update(entry.get("evaluation_text_overlapped", {}))
+    return {"ngram": decontamination.n, "sources": list(decontamination.sources),
+            "evaluation_units_indexed": len(decontamination),
+            "sentences_removed": sum(entry.get("sentences_removed_as_evaluation_text", 0) for entry in counted),
+            "sentences_removed_by_source": {name: by_source.get(name, 0) for name in decontamination.sources}}
+
+
 def _remove_previous_outputs(out_dir: Path) -> None:
     """A previous run's manifest and shards must not outlive this run: the manifest goes first, so a
     reader never sees one describing shards that are being replaced."""
@@ -438,6 +460,7 @@ def prepare_corpus(
     max_tokens: int = IngestOptions.max_tokens,
     nfkc: bool = False,
     near_duplicates: NearDuplicateOptions | None = NearDuplicateOptions(),
+    decontamination: EvaluationOverlap | None = None,
     num_workers: int,
     progress_interval_s: float = 10.0,
     max_book_bytes: int = MAX_BOOK_BYTES,
@@ -448,11 +471,12 @@ def prepare_corpus(
     file bigger than `max_book_bytes` is read in parts of about that size, each a book ("big.txt#2/31", `plan_pieces`).
     Writes `shard-NNNNN.arrow` files and, last, `manifest.json` (returned as a dict): the options, every
     input file's fate (kept, rejected with a reason, duplicate or near_duplicate of an earlier book), the
-    shards with their sha256, and totals. `near_duplicates=None` keeps near duplicates (exact duplicates
-    are always dropped). A previous run's shards and manifest in `out_dir` are replaced. Prints a progress
-    line every `progress_interval_s` seconds and a summary at the end. Uses the running Ray instance, or
-    starts a local one with `num_workers` CPUs (and shuts it down afterwards); either way at most
-    2 x `num_workers` groups of files are in flight.
+    shards with their sha256, totals, and what decontamination removed (per book and per evaluation source).
+    `near_duplicates=None` keeps near duplicates (exact duplicates are always dropped); `decontamination` (the run's
+    evaluation text, data_prep/decontaminate.py) removes every sentence that overlaps it. A previous run's shards and
+    manifest in `out_dir` are replaced. Prints a progress line every `progress_interval_s` seconds and a summary at
+    the end. Uses the running Ray instance, or starts a local one with `num_workers` CPUs (and shuts it down
+    afterwards); either way at most 2 x `num_workers` groups of files are in flight.
     """
     corpus_dir = Path(corpus_dir).resolve()
     out_dir = Path(out_dir)
@@ -495,7 +519,7 @@ def prepare_corpus(
         near_duplicate_index = NearDuplicateIndex(near_duplicates) if near_duplicates else None
         writes = _ShardWrites(out_dir, max(1, _WRITE_TASK_BYTES // shard_bytes), _IN_FLIGHT_PER_WORKER * num_workers)
         try:
-            for processed, rows_at in _books_in_order(corpus_dir, groups, options, near_duplicates,
+            for processed, rows_at in _books_in_order(corpus_dir, groups, options, near_duplicates, decontamination,
                                                       _IN_FLIGHT_PER_WORKER * num_workers):
                 entry = _classify(processed, first_by_fingerprint, near_duplicate_index)
                 files.append(entry)
@@ -536,6 +560,7 @@ def prepare_corpus(
             "shards": len(writes.shards),
             "output_bytes": sum(shard.bytes for shard in writes.shards),
         },
+        "decontamination": _decontamination_summary(decontamination, files),
         "shards": [dataclasses.asdict(shard) for shard in writes.shards],
         "files": files,
     }

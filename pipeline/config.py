@@ -19,7 +19,8 @@ from typing import Any, Optional, get_type_hints
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from pipeline.downstream.finetune import MODEL_KINDS
+from pipeline.downstream.finetune import BASELINES, MODEL_KINDS
+from pipeline.downstream.word2vec import Word2VecConfig
 from pipeline.engine.distributed import DistributedConfig
 from pipeline.engine.settings import did_you_mean
 from pipeline.engine.training import TrainerConfig
@@ -40,6 +41,7 @@ from pipeline.stages import STAGES
 
 StageName = StrEnum("StageName", {name: name for name in STAGES}, module=__name__)
 FinetuneModel = StrEnum("FinetuneModel", {name: name for name in MODEL_KINDS}, module=__name__)
+Baseline = StrEnum("Baseline", {name: name for name in BASELINES}, module=__name__)
 EncoderName = StrEnum("EncoderName", {name: name for name in ENCODERS}, module=__name__)
 
 
@@ -57,6 +59,7 @@ class FinetuneConfig:
     data_dir: Optional[str] = MISSING
     models: list[FinetuneModel] = MISSING
     random_twins: bool = MISSING
+    baselines: list[Baseline] = MISSING
     seeds: list[int] = MISSING
     train_sizes: list[Optional[int]] = MISSING
     min_steps: int = MISSING
@@ -87,7 +90,7 @@ ENGINE_BLOCKS: dict[str, type] = {
     "paths": PathsConfig, "ray": RayConfig, "pipeline": PipelineConfig, "data": DataConfig,
     "pretrain": PretrainConfig, "finetune": FinetuneConfig, "evaluate": EvaluateConfig, "report": ReportConfig,
     "trainer": TrainerConfig, "distributed": DistributedConfig, "logger": TargetConfig, "model": ModelConfig,
-    "senteval": SentevalConfig,
+    "senteval": SentevalConfig, "word2vec": Word2VecConfig,
 }
 
 

@@ -1,21 +1,31 @@
-"""The stage every family starts from: the corpus (the configured directory of books, or the built-in one) cleaned,
-deduplicated and split into sentence shards (data_prep/prepare.py)."""
+"""The stage every family starts from: the corpus (the configured directory of books, or a built-in one) cleaned,
+deduplicated, decontaminated against the run's evaluation text and split into sentence shards (data_prep/prepare.py).
+"""
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from data_prep.builtin import DEFAULT_CORPUS
+from data_prep.builtin import BUILTIN_CORPORA
+from data_prep.decontaminate import EvaluationOverlap
 from data_prep.dedup import NearDuplicateOptions
 from data_prep.prepare import prepare_corpus
 from data_prep.sentences import default_splitter, splitter_identity
+from pipeline.downstream.finetune import task_names
+from pipeline.downstream.task_data import evaluation_texts as task_evaluation_texts
+from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fingerprint
 from pipeline.engine.dag import Stage, StageContext, files_fingerprint
+from pipeline.evaluation import senteval
+from pipeline.evaluation.stage import senteval_fingerprint
 
 
 def corpus_dir(cfg: DictConfig) -> Path:
-    """The configured corpus, or the built-in one (downloaded on first use)."""
-    return Path(cfg.data.corpus_dir).expanduser() if cfg.data.corpus_dir else DEFAULT_CORPUS.fetch(cfg.paths.cache_dir)
+    """The configured corpus, or the built-in one `data.corpus` names (downloaded on first use)."""
+    if cfg.data.corpus_dir:
+        return Path(cfg.data.corpus_dir).expanduser()
+    return BUILTIN_CORPORA[cfg.data.corpus].fetch(cfg.paths.cache_dir)
 
 
 def prepare_workers(cfg: DictConfig) -> int:
@@ -27,6 +37,48 @@ def prepare_workers(cfg: DictConfig) -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1))) if ray.is_initialized() else int(cfg.ray.num_cpus)
 
 
+def _finetune_tasks(cfg: DictConfig) -> list[str]:
+    return task_names(cfg) if "finetune" in cfg.pipeline.stages else []
+
+
+def _senteval_in_run(cfg: DictConfig) -> bool:
+    return "evaluate" in cfg.pipeline.stages and bool(cfg.senteval.tasks)
+
+
+def _senteval_tasks_present(cfg: DictConfig) -> DictConfig:
+    """The `senteval` block with only the tasks whose data is there. A missing one is the evaluate stage's to report
+    when it runs; its data, once added, changes prepare's cache key (_evaluation_fingerprint), and prepare runs
+    again against it."""
+    present = {name: spec for name, spec in cfg.senteval.tasks.items()
+               if senteval.task_paths(cfg.senteval)[name].exists()}
+    for name in cfg.senteval.tasks.keys() - present.keys():
+        print(f"prepare: senteval task {name}'s data is not at {senteval.task_paths(cfg.senteval)[name]}: the corpus "
+              "is not decontaminated against it", flush=True)
+    return OmegaConf.merge(OmegaConf.masked_copy(cfg.senteval, [k for k in cfg.senteval if k != "tasks"]),
+                           {"tasks": present})
+
+
+def evaluation_texts(cfg: DictConfig) -> dict[str, list[str]]:
+    """The text the run's scores come from, by source ("rotten_tomatoes dev", "senteval MR"): the dev split of every
+    fine-tune task, and every text the evaluate stage's probes are scored on, for the stages the run asks for
+    (`pipeline.stages`, whatever `pipeline.until`, so a run stopped after prepare prepares what the full run reads)."""
+    texts = {}
+    for name in _finetune_tasks(cfg):
+        task = load_task(name)
+        texts[f"{name} dev"] = task_evaluation_texts(task, resolve_task_dir(task, cfg.finetune.data_dir,
+                                                                            cfg.paths.cache_dir))
+    if _senteval_in_run(cfg):
+        texts.update({f"senteval {name}": sentences
+                      for name, sentences in senteval.evaluation_texts(_senteval_tasks_present(cfg)).items()})
+    return texts
+
+
+def decontamination(cfg: DictConfig) -> EvaluationOverlap | None:
+    if not cfg.data.decontaminate:
+        return None
+    return EvaluationOverlap.build(evaluation_texts(cfg), int(cfg.data.decontamination_ngram))
+
+
 def prepare(ctx: StageContext) -> dict:
     data = ctx.cfg.data
     corpus = corpus_dir(ctx.cfg)
@@ -34,24 +86,37 @@ def prepare(ctx: StageContext) -> dict:
                               shard_bytes=int(data.shard_bytes), min_tokens=data.min_tokens,
                               max_tokens=data.max_tokens, nfkc=data.nfkc, num_workers=prepare_workers(ctx.cfg),
                               near_duplicates=None if data.near_duplicate_threshold is None
-                              else NearDuplicateOptions(threshold=data.near_duplicate_threshold))
-    return {"corpus_dir": str(corpus), **manifest["totals"]}
+                              else NearDuplicateOptions(threshold=data.near_duplicate_threshold),
+                              decontamination=decontamination(ctx.cfg))
+    return {"corpus_dir": str(corpus), **manifest["totals"], "decontamination": manifest["decontamination"]}
 
 
 def _corpus_fingerprint(cfg: DictConfig) -> str:
     """The configured corpus's files, or the built-in corpus's pinned releases: planning never downloads."""
     if not cfg.data.corpus_dir:
-        return DEFAULT_CORPUS.fingerprint
+        return BUILTIN_CORPORA[cfg.data.corpus].fingerprint
     return files_fingerprint(corpus_dir(cfg), cfg.data.glob, cfg.paths.cache_dir)
 
 
+def _evaluation_fingerprint(cfg: DictConfig) -> str:
+    """What decontamination reads: the fine-tune tasks' data and the SentEval tasks' files of the run."""
+    if not cfg.data.decontaminate:
+        return "not decontaminated"
+    parts = [f"{name}:{task_data_fingerprint(load_task(name), cfg.finetune.data_dir, cfg.paths.cache_dir)}"
+             for name in _finetune_tasks(cfg)]
+    if _senteval_in_run(cfg):
+        parts.append(f"senteval:{senteval_fingerprint(cfg)}")
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
 def _prepare_fingerprint(cfg: DictConfig) -> str:
-    """The corpus, and for raw text the sentence splitter this machine runs: blingfire and its aarch64 stand-in split
-    some sentences differently (data_prep/sentences.py), so an x86-64 run's shards are not an aarch64 run's."""
-    corpus = _corpus_fingerprint(cfg)
+    """The corpus, the evaluation text it is decontaminated against, and for raw text the sentence splitter this
+    machine runs: blingfire and its aarch64 stand-in split some sentences differently (data_prep/sentences.py), so an
+    x86-64 run's shards are not an aarch64 run's."""
+    key = f"{_corpus_fingerprint(cfg)} decontaminated against {_evaluation_fingerprint(cfg)}"
     if cfg.data.input_format != "raw":
-        return corpus
-    return f"{corpus} split by {splitter_identity(default_splitter())}"
+        return key
+    return f"{key} split by {splitter_identity(default_splitter())}"
 
 
 PREPARE = Stage("prepare", prepare, (), ("data",), fingerprint=_prepare_fingerprint)

@@ -18,6 +18,7 @@ from typing import Any, Optional, get_type_hints
 
 from omegaconf import MISSING
 
+from data_prep.builtin import BUILTIN_CORPORA
 from pipeline.evaluation.senteval import PAIR_FEATURES
 from pipeline.optim import LR_DECAYS, PRETRAIN_OPTIMIZERS
 
@@ -27,6 +28,7 @@ NULL_MEANS = "null_means"
 PretrainOptimizer = StrEnum("PretrainOptimizer", {name: name for name in PRETRAIN_OPTIMIZERS}, module=__name__)
 LrDecay = StrEnum("LrDecay", {name: name for name in LR_DECAYS}, module=__name__)
 InputFormat = StrEnum("InputFormat", {name: name for name in ("raw", "sentence_per_line")}, module=__name__)
+BuiltinCorpus = StrEnum("BuiltinCorpus", {name: name for name in BUILTIN_CORPORA}, module=__name__)
 PairFeature = StrEnum("PairFeature", {name: name for name in PAIR_FEATURES}, module=__name__)
 
 
@@ -44,6 +46,7 @@ class RayConfig:
 
 @dataclass
 class DataConfig:
+    corpus: BuiltinCorpus = MISSING
     corpus_dir: Optional[str] = MISSING
     glob: str = MISSING
     input_format: InputFormat = MISSING
@@ -52,6 +55,8 @@ class DataConfig:
     max_tokens: int = MISSING
     nfkc: bool = MISSING
     near_duplicate_threshold: Optional[float] = MISSING
+    decontaminate: bool = MISSING
+    decontamination_ngram: int = MISSING
 
 
 @dataclass

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pipeline.corpus import PREPARE
 from pipeline.downstream.finetune import FINETUNE
+from pipeline.downstream.word2vec import WORD2VEC
 from pipeline.engine.dag import Stage
 from pipeline.evaluation.stage import EVALUATE
 from pipeline.families import FAMILIES
 from pipeline.report.stage import REPORT
 
 STAGES: dict[str, Stage] = {s.name: s for s in [
-    PREPARE, *(stage for family in FAMILIES for stage in family.stages), FINETUNE, EVALUATE, REPORT]}
+    PREPARE, *(stage for family in FAMILIES for stage in family.stages), WORD2VEC, FINETUNE, EVALUATE, REPORT]}

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import random
 
-from pipeline.downstream.baselines import bow_logreg_scores
+from omegaconf import OmegaConf
+
+from pipeline.downstream.baselines import bow_logreg_scores, w2v_mean_scores
 from pipeline.downstream.task_data import tsv_splits
-from pipeline.downstream.tasks import load_task
+from pipeline.downstream.tasks import TaskSplit, load_task
+from pipeline.downstream.word2vec import train_word2vec
 from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, VERBS, write_sentiment_task
 
 
@@ -33,3 +36,36 @@ def test_bow_logreg_reads_both_texts_of_a_pair_task(tmp_path):
     task = load_task("rte")
     train, dev, majority = tsv_splits(task, tmp_path / "RTE", None, 0)
     assert bow_logreg_scores(task, train, dev, seed=0)["accuracy"] > 0.9 > 0.7 > majority["accuracy"]
+
+
+def test_w2v_mean_learns_what_word2vec_learned_from_unlabelled_text(tmp_path):
+    """Labelled sentences each carry one sentiment word that the few labelled examples never show in that class's
+    position; word2vec, trained on unlabelled text in which the words of a class share contexts, puts them together,
+    so the mean vector generalises from 20 labels where bag-of-words cannot (it never saw the dev words)."""
+    rng = random.Random(0)
+    positive, negative = [f"good{i}" for i in range(20)], [f"bad{i}" for i in range(20)]
+    corpus = tmp_path / "sentences.txt"
+    corpus.write_text("".join(f"{' '.join(rng.choice(['joy', 'smile', 'laugh', 'sun']) for _ in range(4))} {w} "
+                              f"{' '.join(rng.choice(['joy', 'smile', 'laugh', 'sun']) for _ in range(4))}\n"
+                              if w in positive else
+                              f"{' '.join(rng.choice(['rain', 'cry', 'grim', 'loss']) for _ in range(4))} {w} "
+                              f"{' '.join(rng.choice(['rain', 'cry', 'grim', 'loss']) for _ in range(4))}\n"
+                              for _ in range(3000) for w in [rng.choice(positive + negative)]))
+    settings = OmegaConf.create({"vector_size": 16, "window": 4, "min_count": 1, "skip_gram": True, "negative": 5,
+                                 "epochs": 5})
+    vectors = train_word2vec(corpus, settings, seed=1)
+    assert train_word2vec(corpus, settings, seed=1).vectors.tolist() == vectors.vectors.tolist()  # reproducible
+
+    def split(words_by_label):
+        texts, labels = [], []
+        for label, words in words_by_label:
+            for w in words:
+                texts.append(f"the film was {w}")
+                labels.append(label)
+        return TaskSplit(texts, None, labels)
+
+    train = split([(1, positive[:10]), (0, negative[:10])])
+    dev = split([(1, positive[10:]), (0, negative[10:])])
+    task = load_task("sst2")
+    assert w2v_mean_scores(task, train, dev, seed=0, vectors=vectors)["accuracy"] > 0.9
+    assert bow_logreg_scores(task, train, dev, seed=0)["accuracy"] < 0.7

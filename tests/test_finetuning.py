@@ -53,6 +53,7 @@ def ctx(tmp_path) -> StageContext:
             "logger=csv", "trainer.precision=32-true", "finetune.task=[sst2,stsb,conll2003]",
             f"finetune.data_dir={glue}", "finetune.models=[pretrained]", "finetune.seeds=[1,2]",
             "finetune.random_twins=false",  # each test fine-tunes the kinds it names, and no others
+            "finetune.baselines=[majority_class,bow_logreg]",  # no word2vec stage in these contexts
             "finetune.train_sizes=[null]", "finetune.min_steps=0",
             "finetune.epochs=1", "finetune.batch_size=8", "finetune.max_seq_length=16"])
     out = tmp_path / "finetune"
@@ -71,9 +72,11 @@ def test_every_task_family_is_scored_with_its_metric_over_seeds_and_reruns_skip(
     assert ("majority_class", "sst2", "accuracy") in by_key  # classification tasks only
     assert not any(k[0] == "majority_class" and k[1] != "sst2" for k in by_key)
     assert not any(k[0] == "bow_logreg" and k[1] != "sst2" for k in by_key)  # TSV classification only
-    assert by_key[("bow_logreg", "sst2", "accuracy")]["train_examples"] == 32  # beats majority: test_baselines.py
+    bow = by_key[("bow_logreg", "sst2", "accuracy")]  # beats majority: test_baselines.py
+    assert bow["train_examples"] == 32 and bow["seeds"] == 2  # on the models' subsets, every seed
     assert by_key[("pretrained", "sst2", "accuracy")]["dev_examples"] == 16
-    assert len(list((ctx.out_dir / "finished").glob("*-seed*.json"))) == 6  # 3 tasks × 1 model × 2 seeds
+    # 3 tasks × 1 model × 2 seeds, and bow_logreg's 2 seeds
+    assert len(list((ctx.out_dir / "finished").glob("*-seed*.json"))) == 8
 
     def must_not_train(*args, **kwargs):
         raise AssertionError("a finished (task, model, seed) was trained again")
@@ -210,9 +213,10 @@ def test_train_sizes_give_a_label_efficiency_curve_in_the_report(ctx, tmp_path):
     stored = json.loads((ctx.out_dir / "results.json").read_text())
     curve = finetuning.label_efficiency(stored)
     assert sorted({(r["model"], r["train_examples"], r["seeds"]) for r in curve}) == [
-        (kind, n, 2) for kind in ("pretrained", "random_init") for n in (8, 16, 32)]
-    # the same examples for both model kinds at one size and seed: the subsets differ by seed and size only
-    assert len(list((ctx.out_dir / "finished").glob("sst2-*-8-seed*.json"))) == 4
+        (kind, n, 2) for kind in ("bow_logreg", "pretrained", "random_init") for n in (8, 16, 32)]
+    # the same examples for both model kinds and the baseline at one size and seed: the subsets differ by seed and
+    # size only
+    assert len(list((ctx.out_dir / "finished").glob("sst2-*-8-seed*.json"))) == 6
     out = tmp_path / "report"
     out.mkdir()
     paths = write_report({"finetune": ctx.out_dir}, out, "unit")

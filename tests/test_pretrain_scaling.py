@@ -28,7 +28,7 @@ def root(tmp_path_factory, ray_session) -> Path:
 @pytest.fixture(scope="module")
 def run(root) -> TinyRun:
     tiny = TinyRun(tiny_config(root, [SNAPSHOTS]))
-    for stage in ("prepare", "tokenizer", "examples", "pretrain"):
+    for stage in ("prepare", "tokenizer", "examples", "pretrain", "word2vec"):
         tiny.run_stage(stage)
     return tiny
 
@@ -60,7 +60,8 @@ def test_every_snapshot_is_fine_tuned_with_its_pretraining_steps_and_reported(ru
     assert "pretrained@10" not in {r["model"] for r in headline}  # the scaling section's, not the results table's
     rows = json.loads((run.stage_dir("finetune") / "results.json").read_text())
     assert {r["model"]: r["pretraining_steps"] for r in rows} == {
-        "pretrained": 30, "pretrained@10": 10, "random_init": None, "majority_class": None, "bow_logreg": None}
+        "pretrained": 30, "pretrained@10": 10, "random_init": None, "majority_class": None, "bow_logreg": None,
+        "w2v_mean": None}
 
     run.run_stage("report")
     out = run.stage_dir("report")

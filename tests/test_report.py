@@ -362,3 +362,18 @@ def test_probe_table_says_where_a_pretrained_encoder_is_not_ahead_of_its_random_
                         "architecture")
     assert lines[3] == "- bert_mean - bert_mean_random: MR accuracy +0.0100; ahead on all 1"
     assert len(lines) == 4
+
+
+def test_the_label_efficiency_section_says_what_pretraining_bought_against_the_twin_and_word2vec():
+    from pipeline.report.report import pretraining_gains
+
+    def row(model, examples, score, per_seed):
+        return {"model": model, "task": "rt", "metric": "accuracy", "train_examples": examples, "score": score,
+                "per_seed": per_seed}
+
+    lines = pretraining_gains([row("pretrained", 300, 0.70, [0.69, 0.72, 0.69]),
+                               row("random_init", 300, 0.60, [0.62, 0.58, 0.60]),
+                               row("w2v_mean", 300, 0.71, [0.71, 0.71, 0.71]),
+                               row("pretrained", 1000, 0.74, [0.74, 0.74, 0.74])])  # no twin at 1000: no line
+    assert lines[2:] == ["- rt accuracy, 300 examples: pretrained - random_init = +0.1000 (ahead on 3 of 3 seeds); "
+                         "pretrained - w2v_mean = -0.0100"]

@@ -94,10 +94,18 @@ def test_held_out_instances_are_a_fraction_of_the_examples_up_to_a_cap(ctx):
     assert held_out_and_train(val_fraction=0.1, val_max_instances=7) == (7, total - 7)
 
 
+def test_word2vec_learns_vectors_of_the_prepared_corpus(ctx):
+    summary = ctx.run_stage("word2vec")
+    out = ctx.stage_dir("word2vec")
+    words = (out / "words.txt").read_text().split("\n")
+    assert summary["vocabulary"] == len(words) > 20 and {"captain", "ship", "."} <= set(words)
+    assert summary["vector_size"] == 100 and summary["corpus_words"] > 1000
+
+
 def test_finetune_compares_pretrained_and_random_init(ctx):
     summary = ctx.run_stage("finetune")
     rows = {r["model"]: r for r in summary["results"]}
-    assert set(rows) == {"pretrained", "random_init", "majority_class", "bow_logreg"}
+    assert set(rows) == {"pretrained", "random_init", "majority_class", "bow_logreg", "w2v_mean"}
     for row in rows.values():
         assert row["task"] == "sst2" and row["metric"] == "accuracy" and 0.0 <= row["score"] <= 1.0
         assert row["dev_examples"] == 40
@@ -115,8 +123,8 @@ def test_report_writes_results_table_and_loss_summary(ctx):
     out = ctx.stage_dir("report")
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [r["model"] for r in rows] == ["pretrained", "random_init", "majority_class", "bow_logreg", "bert_cls",
-                                         "bert_mean"]
+    assert [r["model"] for r in rows] == ["pretrained", "random_init", "majority_class", "bow_logreg", "w2v_mean",
+                                         "bert_cls", "bert_mean"]
     assert set(rows[0]) == {"stage", "model", "task", "metric", "score", "std", "seeds", "train_examples"}
     md = (out / "results.md").read_text()
     assert "against the unigram baseline" in md  # the pretrain stage measured it (pipeline/bert/diagnostics.py)

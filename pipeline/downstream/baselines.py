@@ -1,10 +1,15 @@
 """Classic baselines of the fine-tune table, next to majority class: without one a reader cannot tell whether a
-neural row is any good (a bag-of-words logistic regression reaches ~0.77 on MR; Wang & Manning 2012)."""
+neural row is any good. `bow_logreg`: TF-IDF of word uni- and bigrams (a bag-of-words logistic regression reaches
+~0.77 on MR; Wang & Manning 2012). `w2v_mean`: the mean of a sentence's word2vec vectors, trained on the run's own
+pretraining corpus (pipeline/downstream/word2vec.py): what a pretrained encoder must beat to have earned its compute.
+Both are fitted on the same labelled subsets as the model kinds, at every train size and seed."""
 from __future__ import annotations
 
 import numpy as np
 from omegaconf import DictConfig
 
+from data_prep.senteval_data import tokenize
+from data_prep.word_vectors import WordVectors
 from pipeline.downstream.tasks import TaskSplit
 from pipeline.evaluation.metrics import score_task
 
@@ -12,28 +17,62 @@ from pipeline.evaluation.metrics import score_task
 C_GRID = (0.01, 0.1, 1.0, 10.0, 100.0)
 
 
-def bow_logreg_scores(task: DictConfig, train: TaskSplit, dev: TaskSplit, seed: int) -> dict[str, float]:
-    """TF-IDF of word unigrams and bigrams and a logistic regression, scored on dev by the task's metric. A pair
-    task's two texts are vectorised with one vocabulary (fitted on both sides of train) and their vectors
-    concatenated, so a word can weigh differently in the first and the second text."""
-    # scikit-learn (and its scipy) load only when a baseline is fitted: the other stages never need them
-    import scipy.sparse
-    from sklearn.feature_extraction.text import TfidfVectorizer
+def _sides(split: TaskSplit) -> list[list[str]]:
+    return [split.texts_a] + ([split.texts_b] if split.texts_b is not None else [])
+
+
+def _fit_and_score(task: DictConfig, train_features, train_labels: list[int], dev_features, dev: TaskSplit,
+                   seed: int) -> dict[str, float]:
+    """A logistic regression, its L2 strength chosen by stratified cross-validation on train, scored on dev by the
+    task's metric."""
     from sklearn.linear_model import LogisticRegressionCV
     from sklearn.model_selection import StratifiedKFold
 
-    vectorizer = TfidfVectorizer(ngram_range=(1, 2))
-    vectorizer.fit(train.texts_a + (train.texts_b or []))
-
-    def features(split: TaskSplit):
-        sides = [split.texts_a] + ([split.texts_b] if split.texts_b is not None else [])
-        return scipy.sparse.hstack([vectorizer.transform(texts) for texts in sides]).tocsr()
-
-    labels = np.asarray(train.labels)
+    labels = np.asarray(train_labels)
     # stratified folds need each class in every fold: fewer folds for a tiny train split (two at least)
     folds = max(2, min(5, int(np.bincount(labels).min())))
     model = LogisticRegressionCV(Cs=list(C_GRID), cv=StratifiedKFold(folds, shuffle=True, random_state=seed),
                                  scoring="accuracy", max_iter=1000, n_jobs=1,
                                  l1_ratios=(0.0,), use_legacy_attributes=False)  # plain L2, as 1.10 will default
-    model.fit(features(train), labels)
-    return score_task(task.metric, model.predict(features(dev)).tolist(), dev.labels)
+    model.fit(train_features, labels)
+    return score_task(task.metric, model.predict(dev_features).tolist(), dev.labels)
+
+
+def bow_logreg_scores(task: DictConfig, train: TaskSplit, dev: TaskSplit, seed: int) -> dict[str, float]:
+    """TF-IDF of word unigrams and bigrams and a logistic regression. A pair task's two texts are vectorised with one
+    vocabulary (fitted on both sides of train) and their vectors concatenated, so a word can weigh differently in the
+    first and the second text."""
+    # scikit-learn (and its scipy) load only when a baseline is fitted: the other stages never need them
+    import scipy.sparse
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2))
+    vectorizer.fit([text for side in _sides(train) for text in side])
+
+    def features(split: TaskSplit):
+        return scipy.sparse.hstack([vectorizer.transform(texts) for texts in _sides(split)]).tocsr()
+
+    return _fit_and_score(task, features(train), train.labels, features(dev), dev, seed)
+
+
+def mean_word_vectors(texts: list[str], vectors: WordVectors) -> np.ndarray:
+    """(N, d): each text's mean word vector over its words in the vocabulary (zeros when it has none)."""
+    out = np.zeros((len(texts), vectors.vectors.shape[1]), dtype=np.float32)
+    for i, text in enumerate(texts):
+        known = [vectors.index[w] for w in tokenize(text) if w in vectors.index]
+        if known:
+            out[i] = vectors.vectors[known].mean(axis=0)
+    return out
+
+
+def w2v_mean_scores(task: DictConfig, train: TaskSplit, dev: TaskSplit, seed: int,
+                    vectors: WordVectors) -> dict[str, float]:
+    """The mean word vector of each text (a pair's two concatenated), standardised with train's statistics, and a
+    logistic regression."""
+    def features(split: TaskSplit) -> np.ndarray:
+        return np.hstack([mean_word_vectors(texts, vectors) for texts in _sides(split)])
+
+    train_features = features(train)
+    mean, std = train_features.mean(axis=0), train_features.std(axis=0) + 1e-6
+    return _fit_and_score(task, (train_features - mean) / std, train.labels, (features(dev) - mean) / std, dev,
+                          seed)

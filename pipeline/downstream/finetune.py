@@ -14,6 +14,7 @@ import hashlib
 import json
 import time
 from dataclasses import replace
+from functools import partial
 
 import lightning as L
 import numpy as np
@@ -22,7 +23,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Subset
 
 from data_prep.shards import write_json_atomically
-from pipeline.downstream.baselines import bow_logreg_scores
+from pipeline.downstream.baselines import bow_logreg_scores, w2v_mean_scores
 from pipeline.downstream.task_data import (
     LengthGroupedBatchSampler,
     TaskData,
@@ -30,7 +31,8 @@ from pipeline.downstream.task_data import (
     stratified_subsample,
     tsv_splits,
 )
-from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fingerprint
+from pipeline.downstream.tasks import TaskSplit, load_task, resolve_task_dir, task_data_fingerprint
+from pipeline.downstream.word2vec import WORD2VEC, load_word2vec
 from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import FinetuneKind, TaskModels
 from pipeline.engine.pretraining import encoder_snapshots, steps_trained
@@ -52,7 +54,10 @@ def finetune_kinds(cfg: DictConfig) -> dict[str, FinetuneKind]:
 
 
 def finetune_upstream(cfg: DictConfig) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(stage for kind in finetune_kinds(cfg).values() for stage in kind.upstream(cfg)))
+    stages = [stage for kind in finetune_kinds(cfg).values() for stage in kind.upstream(cfg)]
+    if "w2v_mean" in cfg.finetune.baselines:
+        stages.append(WORD2VEC.name)
+    return tuple(dict.fromkeys(stages))
 
 
 def train_sizes(cfg: DictConfig) -> list[int | None]:
@@ -203,18 +208,24 @@ def finetune(ctx: StageContext) -> dict:
                     rows += result
                     print(f"finetune {tag}: " + ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), flush=True)
         data = next(iter(encoded.values()))
-        if data.majority_scores is not None:
+        if "majority_class" in f.baselines and data.majority_scores is not None:
             rows += _baseline_rows("majority_class", task, data.majority_scores, len(data.train), len(data.dev),
                                    scored_on, 0.0)
         if task.format == "tsv" and task.labels is not None:
-            rows += _bow_logreg_rows(ctx, task, data_dir, scored_on)
+            rows += _subset_baseline_rows(ctx, task, data_dir, scored_on, sizes)
     results = _aggregate(rows)
     write_json_atomically(ctx.out_dir / "results.json", results)
     return {"results": headline_results(results)}
 
 
-# Rows trained once on all of train, outside the model kinds' sizes and seeds.
-BASELINES = ("majority_class", "bow_logreg")
+# The baselines fitted on the model kinds' labelled subsets, at every train size and seed (TSV classification
+# tasks): name -> what gives its scorer, (task, train subset, dev, seed) -> scores.
+SUBSET_BASELINES = {
+    "bow_logreg": lambda ctx: bow_logreg_scores,
+    "w2v_mean": lambda ctx: partial(w2v_mean_scores, vectors=load_word2vec(ctx.stage_dir(WORD2VEC.name))),
+}
+# finetune.baselines: majority_class is scored once, from all of train
+BASELINES = ("majority_class", *SUBSET_BASELINES)
 
 
 def _baseline_rows(model: str, task: DictConfig, scores: dict[str, float], train_examples: int, dev_examples: int,
@@ -224,20 +235,39 @@ def _baseline_rows(model: str, task: DictConfig, scores: dict[str, float], train
              "seconds": seconds} for metric, value in scores.items()]
 
 
-def _bow_logreg_rows(ctx: StageContext, task: DictConfig, data_dir, scored_on: str) -> list[dict]:
-    """The bag-of-words baseline on the train split the model kinds get, kept in finished/ like a fine-tuning run:
-    on MNLI or QQP it takes minutes."""
-    done = ctx.out_dir / "finished" / f"{task.name}-bow_logreg.json"
-    if done.is_file():
-        return json.loads(done.read_text())
-    started = time.perf_counter()
-    train, dev, _ = tsv_splits(task, data_dir, ctx.cfg.finetune.max_train_examples, ctx.cfg.seed,
-                               ctx.cfg.finetune.get("selection_fraction"))
-    scores = bow_logreg_scores(task, train, dev, ctx.cfg.seed)
-    rows = _baseline_rows("bow_logreg", task, scores, len(train.labels), len(dev.labels), scored_on,
-                          round(time.perf_counter() - started, 1))
-    write_json_atomically(done, rows)
-    print(f"finetune {task.name}/bow_logreg: " + ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), flush=True)
+def _subset(split: TaskSplit, indices: np.ndarray) -> TaskSplit:
+    return TaskSplit([split.texts_a[i] for i in indices], None if split.texts_b is None else
+                     [split.texts_b[i] for i in indices], [split.labels[i] for i in indices])
+
+
+def _subset_baseline_rows(ctx: StageContext, task: DictConfig, data_dir, scored_on: str,
+                          sizes: list[int | None]) -> list[dict]:
+    """finetune.baselines' SUBSET_BASELINES on the labelled subsets the model kinds get, at every size and seed, each
+    kept in finished/ like a fine-tuning run (bow_logreg takes minutes on MNLI or QQP)."""
+    f = ctx.cfg.finetune
+    train, dev, _ = tsv_splits(task, data_dir, f.max_train_examples, ctx.cfg.seed, f.get("selection_fraction"))
+    rows = []
+    for name in (b for b in f.baselines if b in SUBSET_BASELINES):
+        scorer = None
+        for size in sizes:
+            for seed in f.seeds:
+                tag = f"{task.name}/{name}/{'all' if size is None else size}/seed{seed}"
+                done = ctx.out_dir / "finished" / (tag.replace("/", "-") + ".json")
+                if done.is_file():
+                    rows += json.loads(done.read_text())
+                    continue
+                subset = stratified_subsample(train.labels, size, len(train.labels),
+                                              np.random.default_rng([seed, size or 0]))
+                scorer = scorer or SUBSET_BASELINES[name](ctx)
+                started = time.perf_counter()
+                scores = scorer(task, _subset(train, subset), dev, seed)
+                result = [{"model": name, "task": task.name, "metric": metric, "score": value, "seed": seed,
+                           "train_size": size, "train_examples": len(subset), "dev_examples": len(dev.labels),
+                           "scored_on": scored_on, "seconds": round(time.perf_counter() - started, 1)}
+                          for metric, value in scores.items()]
+                write_json_atomically(done, result)
+                rows += result
+                print(f"finetune {tag}: " + ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), flush=True)
     return rows
 
 
@@ -260,7 +290,7 @@ def headline_results(results: list[dict]) -> list[dict]:
 def label_efficiency(results: list[dict]) -> list[dict]:
     """The rows of a run with several training sizes (none when it had one), smallest size first; encoder snapshots
     are the pretraining-scaling curve's."""
-    models = [r for r in results if r["model"] not in BASELINES and not is_snapshot(r)]
+    models = [r for r in results if r["model"] != "majority_class" and not is_snapshot(r)]
     if len({r.get("train_size") for r in models}) < 2:
         return []
     return sorted(models, key=_size_order)

@@ -144,6 +144,21 @@ SPLIT_READERS: dict[str, Callable[[DictConfig, Path, str], object]] = {
 }
 
 
+def _texts(split) -> list[str]:
+    """The text of a split as a reader gives it: sentences (and their pairs), tagged sentences' words, SQuAD's
+    contexts and questions."""
+    if isinstance(split, TaskSplit):
+        return split.texts_a + (split.texts_b or [])
+    if split and isinstance(split[0], TaggedSentence):
+        return [" ".join(sentence.tokens) for sentence in split]
+    return list(dict.fromkeys(text for example in split for text in (example.context, example.question)))
+
+
+def evaluation_texts(task: DictConfig, data_dir: Path) -> list[str]:
+    """The texts a task is scored on (its dev split): what pretraining must not read (data.decontaminate)."""
+    return _texts(SPLIT_READERS[task.format](task, data_dir, task.dev_file))
+
+
 def read_task_files(task: DictConfig, data_dir: Path) -> None:
     """Both splits of a task read as fine-tuning reads them: raises on the first bad row, naming its file and line."""
     if task.format not in SPLIT_READERS:

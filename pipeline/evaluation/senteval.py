@@ -457,19 +457,39 @@ TASK_KINDS: dict[str, tuple[Callable, Callable]] = {
 PAIR_KINDS = frozenset({"sick_entailment", "sick_relatedness", "mrpc"})  # the kinds scored on pair_features
 
 
+def task_paths(cfg: Mapping) -> dict[str, Path]:
+    """Each task's data file or directory (`senteval.tasks.<name>.path` under `senteval.data_root`)."""
+    root = Path(str(cfg["data_root"])).expanduser()
+    return {name: root / str(spec["path"]) for name, spec in cfg["tasks"].items()}
+
+
+def evaluation_texts(cfg: Mapping) -> dict[str, list[str]]:
+    """Per task, the sentences it is scored on: every split but train (SICK's trial and test, MRPC's and TREC's
+    test), or all of a task scored by cross-validation (MR, CR, SUBJ, MPQA): what pretraining must not read."""
+    texts = {}
+    for name, path in task_paths(cfg).items():
+        data = TASK_KINDS[cfg["tasks"][name]["kind"]][0](path, cfg["tasks"][name])
+        splits = [split for split_name, split in data.items() if split_name != "train"] \
+            if isinstance(data, dict) else [data]
+        texts[name] = [" ".join(tokens) for split in splits
+                       for tokens in (split.sentences if isinstance(split, LabelledSentences)
+                                      else split.sentences_a + split.sentences_b)]
+    return texts
+
+
 def run_senteval(encoders: list[Encoder], cfg: Mapping, seed: int) -> list[dict]:
     """Evaluate every encoder on every task of `cfg` (the `senteval` config node: data_root, batch_size,
     classifier, pair_features, tasks) and return rows {encoder, task, metric, score}, plus the pair_features list
     on the rows of pair tasks. Each task draws its folds from a generator
     seeded with `seed` alone, so results do not depend on which other tasks or encoders run."""
-    root = Path(str(cfg["data_root"])).expanduser()
     settings = ClassifierSettings.from_config(cfg["classifier"], cfg.get("pair_features", DEFAULT_PAIR_FEATURES))
     rows = []
-    for task_name, spec in cfg["tasks"].items():
+    for task_name, path in task_paths(cfg).items():
+        spec = cfg["tasks"][task_name]
         if spec["kind"] not in TASK_KINDS:
             raise ValueError(f"senteval task {task_name}: unknown kind {spec['kind']!r}; use one of {list(TASK_KINDS)}")
         read, evaluate = TASK_KINDS[spec["kind"]]
-        data = read(root / str(spec["path"]), spec)
+        data = read(path, spec)
         for encoder in encoders:
             start = time.perf_counter()
             metrics = evaluate(encoder, data, settings, int(cfg["batch_size"]), np.random.default_rng(seed))

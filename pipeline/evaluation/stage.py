@@ -4,7 +4,6 @@ the seed."""
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -12,7 +11,7 @@ from data_prep.shards import write_json_atomically
 from data_prep.word_vectors import load_glove
 from pipeline.engine.dag import Stage, StageContext, all_cpus, files_fingerprint
 from pipeline.engine.family import EncoderSpec
-from pipeline.evaluation.senteval import GloveBagOfWords, run_senteval
+from pipeline.evaluation.senteval import GloveBagOfWords, run_senteval, task_paths
 from pipeline.families import FAMILIES
 
 # evaluate.encoders name -> its spec. Each family's `*_random` is its architecture freshly initialised and frozen:
@@ -37,13 +36,12 @@ def evaluate(ctx: StageContext) -> dict:
     return {"results": rows}
 
 
-def _senteval_fingerprint(cfg: DictConfig) -> str:
-    root = Path(str(cfg.senteval.data_root)).expanduser()
-    paths = [root / str(t.path) for t in cfg.senteval.tasks.values()]
+def senteval_fingerprint(cfg: DictConfig) -> str:
+    """The files of every SentEval task of the run."""
     return hashlib.sha256("".join(files_fingerprint(path, "*", cfg.paths.cache_dir) if path.is_dir()
                                   else files_fingerprint(path.parent, path.name, cfg.paths.cache_dir)
-                                  for path in paths).encode()).hexdigest()
+                                  for path in task_paths(cfg.senteval).values()).encode()).hexdigest()
 
 
 EVALUATE = Stage("evaluate", evaluate, evaluate_upstream, ("evaluate", "senteval", "seed"),
-                 fingerprint=_senteval_fingerprint, num_cpus=all_cpus)
+                 fingerprint=senteval_fingerprint, num_cpus=all_cpus)

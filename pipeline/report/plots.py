@@ -105,10 +105,10 @@ def plot_task_scores(panels: dict[str, list[dict]], path: Path, title: str) -> F
     return _save(fig, path)
 
 
-def plot_label_efficiency(rows: list[dict], path: Path, title: str) -> Figure:
+def plot_label_efficiency(rows: list[dict], path: Path, title: str, dashed: tuple[str, ...] = ()) -> Figure:
     """Dev score against the number of labelled training examples (log axis), one line per model with the std over
-    seeds as error bars, one panel per task (its first metric). Rows: model, task, metric, score, std, seeds and
-    train_examples (the examples a run at that size actually had)."""
+    seeds as error bars, one panel per task (its first metric); the models in `dashed` (baselines) dashed. Rows:
+    model, task, metric, score, std, seeds and train_examples (the examples a run at that size actually had)."""
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
@@ -118,7 +118,7 @@ def plot_label_efficiency(rows: list[dict], path: Path, title: str) -> Figure:
             points = sorted((r["train_examples"], r["score"], r["std"] if r["seeds"] > 1 else 0.0)
                             for r in mine if r["model"] == model)
             ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points], marker="o",
-                        capsize=3, label=model)
+                        capsize=3, label=model, linestyle="--" if model in dashed else "-")
         ax.set(xscale="log", xlabel="labelled training examples (log scale)",
                ylabel=f"dev {metric} (mean ± std over seeds)", title=task)
         ax.grid(alpha=0.3, which="both")

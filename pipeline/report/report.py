@@ -13,6 +13,7 @@ from pipeline.downstream.finetune import (
     BASELINES,
     MODEL_KINDS,
     SNAPSHOT_MARK,
+    SUBSET_BASELINES,
     headline_results,
     is_snapshot,
     label_efficiency,
@@ -145,10 +146,35 @@ def pretrained_vs_random(rows: list[dict]) -> list[str]:
     return [""] + lines if lines else []
 
 
+def pretraining_gains(rows: list[dict]) -> list[str]:
+    """One line per pretrained model kind, task, metric and number of labelled examples: its mean difference to its
+    random-init twin (and on how many seeds it was ahead) and to each baseline fitted on the same examples
+    (w2v_mean: is the pretrained encoder better than word2vec on the same text?)."""
+    by_key = {(r["model"], r["task"], r["metric"], r["train_examples"]): r for r in rows}
+    baselines = [b for b in SUBSET_BASELINES if any(r["model"] == b for r in rows)]
+    lines = []
+    for (model, task, metric, examples), row in by_key.items():
+        twin_name = MODEL_KINDS[model].random_twin if model in MODEL_KINDS else None
+        twin = by_key.get((twin_name, task, metric, examples))
+        if twin is None:
+            continue
+        pairs = [(a, b) for a, b in zip(row.get("per_seed") or [], twin.get("per_seed") or [])
+                 if a is not None and b is not None]
+        parts = [f"{model} - {twin_name} = {row['score'] - twin['score']:+.4f} (ahead on "
+                 f"{sum(a > b for a, b in pairs)} of {len(pairs)} seeds)"]
+        parts += [f"{model} - {b} = {row['score'] - by_key[b, task, metric, examples]['score']:+.4f}"
+                  for b in baselines if (b, task, metric, examples) in by_key]
+        lines.append(f"- {task} {metric}, {examples} examples: " + "; ".join(parts))
+    return ["", "What pretraining bought, at each number of labelled examples (mean over seeds):", *lines] \
+        if lines else []
+
+
 def _label_efficiency_section(rows: list[dict], out: Path, title: str, figures: dict[str, Path]) -> list[str]:
-    """Dev score per number of labelled examples, pretrained next to random init: where pretraining pays most."""
+    """Dev score per number of labelled examples, pretrained next to random init and the baselines fitted on the same
+    examples: where pretraining pays most."""
     figures["label_efficiency_plot"] = out / "label_efficiency.png"
-    plot_label_efficiency(rows, figures["label_efficiency_plot"], title=f"Label efficiency ({title})")
+    plot_label_efficiency(rows, figures["label_efficiency_plot"], title=f"Label efficiency ({title})",
+                          dashed=tuple(SUBSET_BASELINES))
     sizes = list(dict.fromkeys(r["train_examples"] for r in rows))
     models = list(dict.fromkeys(r["model"] for r in rows))
     lines = ["", "## Label efficiency (dev score by labelled training examples)", ""]
@@ -159,7 +185,7 @@ def _label_efficiency_section(rows: list[dict], out: Path, title: str, figures: 
         lines += [f"{task} {metric}, {seeds} seeds:", "", "| model | " + " | ".join(map(str, sizes)) + " |",
                   "|---" * (len(sizes) + 1) + "|"]
         lines += [f"| {m} | " + " | ".join(cell.get((m, n), "–") for n in sizes) + " |" for m in models] + [""]
-    return lines + ["![label efficiency](label_efficiency.png)"]
+    return lines + pretraining_gains(rows) + ["", "![label efficiency](label_efficiency.png)"]
 
 
 def _pretrain_scaling_section(rows: list[dict], results: list[dict], out: Path, title: str,

@@ -1,0 +1,89 @@
+"""The word2vec stage: word vectors trained with gensim on the run's own pretraining corpus (prepare's shards, after
+decontamination), for the `w2v_mean` baseline of the fine-tune table.
+
+Why a baseline of its own: at the compute of a CPU run (~10^14 FLOPs) a pretrained encoder must first beat what two
+minutes of word2vec (Mikolov et al. 2013) on the same text give (the mean of a sentence's word vectors under a logistic
+regression): "is my BERT better than word2vec on the same text?" is the honest bar, where bag-of-words and the random
+twin only say whether the model learned anything. On 25,000 IMDb reviews it beat bag-of-words by 5-7 points with 300
+labelled Rotten Tomatoes sentences (docs/pretraining_recipes.md).
+
+The words are data_prep.senteval_data.tokenize's (lower-cased, punctuation split off), as for the bag-of-GloVe probe.
+Trained on one thread from a fixed seed and a stable hash of the words (gensim's default, Python's hash(), changes from
+process to process), so the same corpus gives the same vectors.
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from omegaconf import MISSING, DictConfig
+
+from data_prep.senteval_data import tokenize
+from data_prep.shards import shard_batches
+from data_prep.word_vectors import WordVectors
+from pipeline.engine.dag import Stage, StageContext
+
+WORDS_FILE, VECTORS_FILE = "words.txt", "vectors.npy"
+
+
+@dataclass
+class Word2VecConfig:
+    """Schema of the `word2vec` block (values in conf/config.yaml)."""
+    vector_size: int = MISSING
+    window: int = MISSING
+    min_count: int = MISSING
+    skip_gram: bool = MISSING
+    negative: int = MISSING
+    epochs: int = MISSING
+
+
+def _stable_hash(word: str) -> int:
+    return zlib.crc32(word.encode())
+
+
+def write_line_sentences(shard_dir: Path, path: Path) -> int:
+    """The shards' sentences, tokenised, one per line as gensim's corpus_file reads them; returns the word count.
+    From a file, not a Python list: gensim's fastest mode, and memory that does not grow with the corpus."""
+    words = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for batch in shard_batches(shard_dir):
+            for sentence in batch.column("text").to_pylist():
+                tokens = tokenize(sentence)
+                words += len(tokens)
+                f.write(" ".join(tokens) + "\n")
+    return words
+
+
+def train_word2vec(corpus_file: Path, settings: DictConfig, seed: int) -> WordVectors:
+    from gensim.models import Word2Vec  # only this stage needs gensim
+
+    model = Word2Vec(corpus_file=str(corpus_file), vector_size=settings.vector_size, window=settings.window,
+                     min_count=settings.min_count, sg=int(settings.skip_gram), negative=settings.negative,
+                     epochs=settings.epochs, workers=1, seed=seed, hashfxn=_stable_hash)
+    return WordVectors(tuple(model.wv.index_to_key), model.wv.vectors.astype(np.float32))
+
+
+def load_word2vec(stage_dir: Path) -> WordVectors:
+    words = (stage_dir / WORDS_FILE).read_text(encoding="utf-8").split("\n")
+    return WordVectors(tuple(words), np.load(stage_dir / VECTORS_FILE))
+
+
+def word2vec(ctx: StageContext) -> dict:
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=ctx.out_dir) as scratch:
+        corpus_file = Path(scratch) / "sentences.txt"
+        words = write_line_sentences(ctx.stage_dir("prepare"), corpus_file)
+        vectors = train_word2vec(corpus_file, ctx.cfg.word2vec, ctx.cfg.seed)
+    (ctx.out_dir / WORDS_FILE).write_text("\n".join(vectors.words), encoding="utf-8")
+    np.save(ctx.out_dir / VECTORS_FILE, vectors.vectors)
+    summary = {"corpus_words": words, "vocabulary": len(vectors.words), "vector_size": vectors.vectors.shape[1],
+               "seconds": round(time.perf_counter() - started, 1)}
+    print(f"word2vec: {summary['vocabulary']} words of {words} in the corpus, {summary['seconds']} s", flush=True)
+    return summary
+
+
+WORD2VEC = Stage("word2vec", word2vec, ("prepare",), ("word2vec", "seed"))
