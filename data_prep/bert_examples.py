@@ -59,7 +59,10 @@ class TrainingInstance:
 
 
 def to_features(instance: TrainingInstance, cls_id: int, sep_id: int) -> tuple[list[int], list[int]]:
-    """``input_ids`` = [CLS] A [SEP] B [SEP] and ``token_type_ids`` = 0 over [CLS] A [SEP], 1 over B [SEP]."""
+    """``input_ids`` = [CLS] A [SEP] B [SEP] and ``token_type_ids`` = 0 over [CLS] A [SEP], 1 over B [SEP]; an
+    instance without B (DOC-SENTENCES packing) is [CLS] A [SEP], all segment 0."""
+    if not instance.tokens_b:
+        return [cls_id, *instance.tokens_a, sep_id], [0] * (len(instance.tokens_a) + 2)
     input_ids = [cls_id, *instance.tokens_a, sep_id, *instance.tokens_b, sep_id]
     len_a = len(instance.tokens_a) + 2
     token_type_ids = [0] * len_a + [1] * (len(input_ids) - len_a)
@@ -169,6 +172,29 @@ def create_instances_from_document(
     return instances
 
 
+def create_doc_sentence_instances(document: Sequence[Sequence[int]], max_seq_length: int, short_seq_prob: float,
+                                  rng: random.Random) -> list[TrainingInstance]:
+    """RoBERTa's DOC-SENTENCES (Liu et al. 2019, §4.2): contiguous sentences of one document packed up to the target
+    length, never across documents and without a second segment; a sentence longer than the sequence is cut at its
+    end. Without next-sentence prediction, pairs only halve the context a masked token is predicted from, and a
+    random B puts unrelated text beside it half the time; RoBERTa measured DOC-SENTENCES best of their four inputs."""
+    max_num_tokens = max_seq_length - 2  # [CLS] A [SEP]
+    if max_num_tokens < 1:
+        raise ValueError(f"max_seq_length must be at least 3, got {max_seq_length}")
+    instances, chunk = [], []
+    target = _target_seq_length(max_num_tokens, short_seq_prob, rng)
+    for i, sentence in enumerate(document):
+        chunk.extend(sentence)
+        if len(chunk) >= target or i == len(document) - 1:
+            instances.append(TrainingInstance(chunk[:max_num_tokens], [], False))
+            chunk, target = [], _target_seq_length(max_num_tokens, short_seq_prob, rng)
+    return instances
+
+
+# examples.packing: what one instance holds
+PACKINGS = ("sentence_pairs", "doc_sentences")
+
+
 def create_training_instances(
     all_documents: Sequence[Sequence[Sequence[int]]],
     max_seq_length: int,
@@ -176,6 +202,7 @@ def create_training_instances(
     dupe_factor: int,
     rng: random.Random,
     random_next_documents: Sequence[Sequence[Sequence[int]]] = (),
+    packing: str = "sentence_pairs",
 ) -> list[TrainingInstance]:
     """All NSP instances of ``all_documents``, ``dupe_factor`` passes over each document, shuffled with ``rng``.
 
@@ -184,8 +211,11 @@ def create_training_instances(
     (The original also shuffles the documents beforehand; that changes nothing in distribution, since random
     documents are drawn uniformly and the instances are shuffled at the end, so it is left out.)
     ``random_next_documents`` only serve as sources of random segments B, never as segment A: a shard that holds
-    a single long book borrows them from a neighbouring shard.
+    a single long book borrows them from a neighbouring shard. ``packing="doc_sentences"`` builds single-segment
+    instances instead (:func:`create_doc_sentence_instances`).
     """
+    if packing not in PACKINGS:
+        raise ValueError(f"examples.packing={packing!r}; use one of {list(PACKINGS)}")
     def non_empty(docs):
         return [doc for doc in ([s for s in document if len(s)] for document in docs) if doc]
 
@@ -195,6 +225,8 @@ def create_training_instances(
     for _ in range(dupe_factor):
         for document_index in range(len(documents)):
             instances.extend(
+                create_doc_sentence_instances(documents[document_index], max_seq_length, short_seq_prob, rng)
+                if packing == "doc_sentences" else
                 create_instances_from_document(sources, document_index, max_seq_length, short_seq_prob, rng)
             )
     rng.shuffle(instances)

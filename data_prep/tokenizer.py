@@ -219,6 +219,28 @@ def save_hf_tokenizer(tokenizer: Tokenizer, out_dir: Path, *, lowercase: bool, m
     (out_dir / "special_tokens_map.json").write_text(json.dumps(special_tokens_map, indent=2) + "\n")
 
 
+def checkpoint_tokenizer(directory: Path) -> tuple[Tokenizer, bool]:
+    """The tokenizer saved beside a HuggingFace BERT checkpoint (its `tokenizer.json`, or its `vocab.txt` read as
+    BERT's WordPiece) and whether it lower-cases. Its special tokens keep the checkpoint's ids (a released BERT
+    vocabulary has [UNK] at 100, not 1): code that needs them looks them up."""
+    config = directory / "tokenizer_config.json"
+    lowercase = json.loads(config.read_text()).get("do_lower_case", True) if config.is_file() else True
+    if (directory / TOKENIZER_FILE).is_file():
+        tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
+    elif (directory / "vocab.txt").is_file():
+        from tokenizers.implementations import BertWordPieceTokenizer
+
+        tokenizer = BertWordPieceTokenizer(str(directory / "vocab.txt"), lowercase=lowercase)._tokenizer
+    else:
+        raise FileNotFoundError(f"{directory} has no tokenizer.json or vocab.txt; put the tokenizer files of that "
+                                "model beside its weights")
+    missing = [t for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
+    if missing:
+        raise ValueError(f"the tokenizer in {directory} has no {', '.join(missing)}: it is not a BERT WordPiece "
+                         "tokenizer")
+    return tokenizer, lowercase
+
+
 def load_tokenizer(directory: str | Path) -> Tokenizer:
     """Load a tokenizer saved by :func:`train_wordpiece` (reads ``directory/tokenizer.json``)."""
     path = Path(directory) / TOKENIZER_FILE

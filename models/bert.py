@@ -13,7 +13,7 @@ positions) and pre-LayerNorm blocks.
 import json
 import math
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -838,6 +838,31 @@ def from_hf_pretraining(path_or_state_dict, config: BertConfig | None = None) ->
     full = {**{"bert." + k: v for k, v in encoder.items()}, **heads}
     _load_checked(model, full, may_miss=("bert.pooler.", BertForPreTraining.TIED_DECODER))
     return model
+
+
+def continue_from_hf(path, vocab_size: int | None = None) -> tuple[BertForPreTraining, list[str]]:
+    """BertForPreTraining from any HuggingFace BERT directory, to continue its pretraining (Gururangan et al. 2020):
+    the encoder's weights, and the MLM and NSP heads where the checkpoint has them (a BertForPreTraining or
+    BertForMaskedLM one), freshly initialised where it has not (a bare BertModel, as sentence encoders ship). With
+    `vocab_size` above the checkpoint's, the word embeddings (and the MLM bias) get rows of padding, initialised as
+    the others and never a target. Returns the model and the parts that were loaded."""
+    state, config = _hf_state_and_config(path, None)
+    model = BertForPreTraining(replace(config, vocab_size=max(vocab_size or 0, config.vocab_size)))
+    own = model.state_dict()
+    words = state["embeddings.word_embeddings.weight"]
+    state["embeddings.word_embeddings.weight"] = torch.cat([words, own["bert.embeddings.word_embeddings.weight"]
+                                                            [len(words):]])
+    if "cls.predictions.bias" in state:
+        bias = state["cls.predictions.bias"]
+        state["cls.predictions.bias"] = torch.cat([bias, own["cls.predictions.bias"][len(bias):]])
+    encoder = _encoder_state(state)
+    heads = {k: v for k, v in state.items() if k.startswith("cls.") and not k.startswith("cls.predictions.decoder.")}
+    _load_checked(model, {**{"bert." + k: v for k, v in encoder.items()}, **heads},
+                  may_miss=("bert.pooler.", "cls.", BertForPreTraining.TIED_DECODER))
+    loaded = ["encoder"] + [name for name, prefix in (("masked-LM head", "cls.predictions."),
+                                                      ("next-sentence head", "cls.seq_relationship."))
+                            if any(k.startswith(prefix) for k in heads)]
+    return model, loaded
 
 
 def hf_incompatibility(config: BertConfig) -> str:

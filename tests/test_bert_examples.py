@@ -396,3 +396,66 @@ def test_end_to_end_with_trained_tokenizer(tmp_path):
     batch = collator(rows)
     assert batch["input_ids"].shape[1] <= 32
     assert (batch["input_ids"] < tokenizer.get_vocab_size()).all()
+
+
+def test_whole_word_masking_chooses_every_piece_of_a_word_or_none_within_the_count():
+    continuation = np.zeros(VOCAB_SIZE, dtype=bool)
+    continuation[FIRST_TOKEN_ID::3] = True  # a third of the ids are "##" pieces
+    sequences = _sequences(64)
+    collator = _collator(seed=0, continuation=continuation)
+    batch = collator(_rows(sequences))
+    again = _collator(seed=0, continuation=continuation)(_rows(sequences))
+    assert all(torch.equal(batch[k], again[k]) for k in batch)  # reproducible from its generator
+    chosen_counts = []
+    for b, ids in enumerate(sequences):
+        positions = {int(p) for p, label in zip(batch["mlm_positions"][b], batch["mlm_labels"][b])
+                     if label != IGNORE_INDEX}
+        words, current = [], []  # the words of the row: a non-continuation piece and the "##" pieces after it
+        for i, token in enumerate(ids):
+            if token in SPECIAL_IDS:
+                current = []
+                continue
+            if not continuation[token] or not current:
+                current = [i]
+                words.append(current)
+            else:
+                current.append(i)
+        for word in words:
+            assert {i in positions for i in word} in ({True}, {False}), (b, word, positions)
+        budget = min(20, max(1, round(0.15 * (len(ids) - 3))))
+        assert len(positions) <= budget
+        chosen_counts.append(len(positions) / budget)
+        assert all(batch["mlm_labels"][b, k] == ids[p]
+                   for k, p in enumerate(batch["mlm_positions"][b].tolist()) if p in positions)
+    # words are taken until the next one would overshoot: most of the count is used
+    assert np.mean(chosen_counts) > 0.8
+    # and the words chosen vary: not always the first ones
+    first = [int(batch["mlm_positions"][b, 0]) for b in range(len(sequences))]
+    assert len(set(first)) > 10
+
+
+def test_doc_sentences_pack_contiguous_sentences_of_one_document_into_one_segment():
+    documents = [[[100 + 10 * d + s] * 7 for s in range(9)] for d in range(3)]  # sentence s of document d: 7 tokens
+    instances = create_training_instances(documents, max_seq_length=24, short_seq_prob=0.0, dupe_factor=1,
+                                          rng=random.Random(0), packing="doc_sentences")
+    assert all(not i.tokens_b and not i.is_random_next for i in instances)
+    by_document = {}
+    for instance in instances:
+        sentences = sorted(set(instance.tokens_a))
+        assert len({(t - 100) // 10 for t in sentences}) == 1  # never across documents
+        assert sentences == list(range(sentences[0], sentences[-1] + 1))  # contiguous sentences
+        assert len(instance.tokens_a) <= 22
+        by_document.setdefault((sentences[0] - 100) // 10, []).extend(instance.tokens_a)
+    # every sentence is read (the last of a full chunk is cut at the length): sentences 0..8 of each document
+    assert all(sorted(set(tokens)) == [100 + 10 * d + s for s in range(9)] for d, tokens in by_document.items())
+    input_ids, token_types = to_features(instances[0], CLS_ID, SEP_ID)
+    assert input_ids == [CLS_ID, *instances[0].tokens_a, SEP_ID] and set(token_types) == {0}
+
+
+def test_doc_sentences_without_a_second_segment_refuse_next_sentence_prediction(tmp_path):
+    from pipeline.runner import validate
+    from tests.helpers import tiny_config
+
+    with pytest.raises(ValueError, match="next_sentence_prediction=false"):
+        validate(tiny_config(tmp_path, ["examples.packing=doc_sentences"]))
+    validate(tiny_config(tmp_path, ["examples.packing=doc_sentences", "pretrain.next_sentence_prediction=false"]))

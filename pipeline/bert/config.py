@@ -9,12 +9,14 @@ from typing import Optional
 
 from omegaconf import MISSING
 
+from data_prep.bert_examples import PACKINGS
 from pipeline.bert.encoder import BERT_POOLINGS
 from pipeline.bert.module import PRETRAINING_OBJECTIVES
 from pipeline.schema import PretrainConfig, override_block
 
 Objective = StrEnum("Objective", {name: name for name in PRETRAINING_OBJECTIVES}, module=__name__)
 Pooling = StrEnum("Pooling", {name: name for name in BERT_POOLINGS}, module=__name__)
+Packing = StrEnum("Packing", {name: name for name in PACKINGS}, module=__name__)
 
 
 @dataclass
@@ -31,10 +33,14 @@ class TokenizerConfig:
 
 @dataclass
 class ExamplesConfig:
-    """The `examples` block: BERT's sentence-pair instances."""
+    """The `examples` block: BERT's pretraining instances."""
     max_seq_length: int = 128
     short_seq_prob: float = 0.1  # google-research/bert: 10 % shorter sequences to reduce pretrain/finetune mismatch
     dupe_factor: int = 1  # passes over the corpus with different pairings (masking is dynamic, in the collator)
+    # sentence_pairs: google-research/bert's [CLS] A [SEP] B [SEP], B the next sentences or a random document's, for
+    # next-sentence prediction; doc_sentences: RoBERTa's contiguous sentences of one document, one segment (Liu et al.
+    # 2019, §4.2), for masked LM alone (pretrain.next_sentence_prediction=false)
+    packing: Packing = Packing.sentence_pairs
 
 
 @dataclass
@@ -48,9 +54,11 @@ class BertPretrainConfig:
     """What BERT adds to `pretrain`."""
     mlm_probability: float = MISSING
     max_predictions_per_seq: int = MISSING
+    whole_word_masking: bool = MISSING
     next_sentence_prediction: bool = MISSING
     objective: Objective = MISSING
     electra: ElectraConfig = field(default_factory=ElectraConfig)
+    init_from: Optional[str] = MISSING
 
 
 # The `pretrain_phase2` block. BERT's phase 2 (Devlin et al. 2019, §A.2), run when pipeline.stages has pretrain_phase2

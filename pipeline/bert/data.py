@@ -29,6 +29,11 @@ class BertPretrainingCollator:
     model gather the P hidden states and run the vocabulary projection only there (as run_pretraining.py's
     gather_indexes does), instead of over all T.
 
+    ``continuation`` (a bool per vocabulary id, True for a "##" piece; data_prep.bert_examples'
+    continuation_mask_from_vocab) turns on whole-word masking (Devlin et al.'s 2019 update of the released models;
+    seed 003): the pieces of a word are chosen together, words in random order until the next would overshoot the
+    count, so a masked piece cannot be read off the rest of its word ("un ##believ [MASK]").
+
     ``generator`` makes masking reproducible in a single process. Do not pass one to a DataLoader with workers:
     each worker would get a copy of the same generator state and draw identical masks; with ``None`` torch's
     global RNG is used, which DataLoader seeds differently in every worker.
@@ -43,6 +48,7 @@ class BertPretrainingCollator:
         mlm_probability: float = 0.15,
         max_predictions_per_seq: int = 20,
         generator: torch.Generator | None = None,
+        continuation: Sequence[bool] | None = None,
     ) -> None:
         self.pad_id = pad_id
         self.mask_id = mask_id
@@ -55,6 +61,35 @@ class BertPretrainingCollator:
         self.replacement_ids = torch.nonzero(~is_special).squeeze(1)
         if len(self.replacement_ids) == 0:
             raise ValueError(f"all {vocab_size} ids are special; random replacements need at least one other id")
+        self.continuation = None if continuation is None else torch.as_tensor(np.asarray(continuation, dtype=bool))
+
+    def _choose(self, maskable: torch.Tensor, num_to_predict: torch.Tensor) -> torch.Tensor:
+        """Exactly k of the maskable tokens of each row, uniformly: each gets a uniform score, ineligible ones a score
+        above every eligible one, and the k lowest are taken."""
+        batch_size, seq_length = maskable.shape
+        scores = torch.rand((batch_size, seq_length), generator=self.generator).masked_fill_(~maskable, 2.0)
+        ranks = torch.empty((batch_size, seq_length), dtype=torch.long)
+        ranks.scatter_(1, scores.argsort(dim=1), torch.arange(seq_length).expand(batch_size, -1).contiguous())
+        return ranks < num_to_predict.unsqueeze(1)
+
+    def _choose_whole_words(self, input_ids: torch.Tensor, maskable: torch.Tensor,
+                            num_to_predict: torch.Tensor) -> torch.Tensor:
+        """Whole words, in a uniformly random order, while their pieces add up to at most k per row. A word is a
+        maskable piece that is no continuation, with the continuations right after it."""
+        batch_size, seq_length = maskable.shape
+        starts = maskable & ~self.continuation[input_ids]
+        # a continuation after [SEP] or padding starts a word of its own
+        starts |= maskable & ~torch.cat([torch.zeros(batch_size, 1, dtype=torch.bool), maskable[:, :-1]], dim=1)
+        word = torch.cumsum(starts, dim=1)  # (B, T): the 1-based word of each maskable piece
+        word_scores = torch.rand((batch_size, seq_length + 1), generator=self.generator)
+        scores = word_scores.gather(1, word).masked_fill_(~maskable, 2.0)  # a word's pieces share its score
+        order = scores.argsort(dim=1, stable=True)  # a word's pieces stay together, in reading order
+        taken = torch.empty((batch_size, seq_length), dtype=torch.long)
+        taken.scatter_(1, order, torch.arange(1, seq_length + 1).expand(batch_size, -1).contiguous())
+        # pieces counted up to each word's last piece: within k, the word is chosen
+        through_word = torch.zeros((batch_size, seq_length + 1), dtype=torch.long).scatter_reduce_(
+            1, word, taken.masked_fill(~maskable, 0), reduce="amax")
+        return maskable & (through_word.gather(1, word) <= num_to_predict.unsqueeze(1))
 
     def __call__(self, rows: Sequence[Mapping[str, object]]) -> dict[str, torch.Tensor]:
         batch_size = len(rows)
@@ -74,12 +109,8 @@ class BertPretrainingCollator:
         num_to_predict = torch.clamp(
             torch.round(num_maskable * self.mlm_probability).long(), min=1, max=self.max_predictions_per_seq
         ).minimum(num_maskable)
-        # Choosing exactly k of the maskable tokens uniformly: give each a uniform score, ineligible ones a score
-        # above every eligible one, and take the k lowest.
-        scores = torch.rand((batch_size, seq_length), generator=self.generator).masked_fill_(~maskable, 2.0)
-        ranks = torch.empty_like(input_ids)
-        ranks.scatter_(1, scores.argsort(dim=1), torch.arange(seq_length).expand(batch_size, -1).contiguous())
-        chosen = ranks < num_to_predict.unsqueeze(1)
+        chosen = (self._choose(maskable, num_to_predict) if self.continuation is None
+                  else self._choose_whole_words(input_ids, maskable, num_to_predict))
 
         num_predictions = int(num_to_predict.max())
         # Chosen positions in increasing order first, then the sentinel seq_length for padding slots.

@@ -3,6 +3,7 @@ shard (google-research/bert's create_pretraining_data), one Ray task per shard. 
 workers these stages run in stay at the size of the data they hold (pipeline/bert/stages.py lists the stages)."""
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -11,13 +12,19 @@ from omegaconf import OmegaConf
 from data_prep.bert_examples import create_training_instances, write_instances
 from data_prep.shards import sampled_texts, shard_paths
 from data_prep.tokenize_shards import encode_by_word, use_one_tokenizer_thread
-from data_prep.tokenizer import load_tokenizer, train_wordpiece
+from data_prep.tokenizer import checkpoint_tokenizer, load_tokenizer, save_hf_tokenizer, train_wordpiece
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 
 
 def tokenizer(ctx: StageContext) -> dict:
     tok_cfg = ctx.cfg.tokenizer
+    if ctx.cfg.pretrain.init_from:  # continued pretraining reads the text as its checkpoint was trained to
+        start = Path(ctx.cfg.pretrain.init_from).expanduser()
+        tok, lowercase = checkpoint_tokenizer(start)
+        save_hf_tokenizer(tok, ctx.out_dir, lowercase=lowercase,
+                          model_max_length=json.loads((start / "config.json").read_text())["max_position_embeddings"])
+        return {"vocab_size": tok.get_vocab_size(), "from_checkpoint": str(start)}
     # Streamed from the memory map: the trainer never holds the corpus as Python strings.
     num_sentences, sentences = sampled_texts(ctx.stage_dir("prepare"), tok_cfg.max_sentences)
     trained = train_wordpiece(sentences, ctx.stage_dir("tokenizer"), vocab_size=tok_cfg.vocab_size,
@@ -39,7 +46,8 @@ def _tokenized_books(shard_path: Path, tok) -> list[list[list[int]]]:
 
 
 def build_shard_examples(index: int, shard_and_neighbour: tuple[Path, Path], tokenizer_dir: Path, out_dir: Path,
-                         max_seq_length: int, short_seq_prob: float, dupe_factor: int, seed: int) -> int:
+                         max_seq_length: int, short_seq_prob: float, dupe_factor: int, seed: int,
+                         packing: str = "sentence_pairs") -> int:
     """Tokenize shard `index` and write its BERT sentence-pair instances to examples-<index>.arrow.
 
     Random next sentences come from the shard's other books; a shard holding a single (long) book borrows the
@@ -49,9 +57,12 @@ def build_shard_examples(index: int, shard_and_neighbour: tuple[Path, Path], tok
     shard_path, neighbour_path = shard_and_neighbour
     tok = load_tokenizer(tokenizer_dir)
     books = _tokenized_books(shard_path, tok)
-    borrowed = _tokenized_books(neighbour_path, tok) if len(books) < 2 and neighbour_path != shard_path else []
+    pairs = packing == "sentence_pairs"
+    borrowed = _tokenized_books(neighbour_path, tok) if pairs and len(books) < 2 and neighbour_path != shard_path \
+        else []
     instances = create_training_instances(books, max_seq_length, short_seq_prob, dupe_factor,
-                                          random.Random(seed * 1000 + index), random_next_documents=borrowed)
+                                          random.Random(seed * 1000 + index), random_next_documents=borrowed,
+                                          packing=packing)
     write_instances(instances, out_dir / f"examples-{index:05d}.arrow", tok.token_to_id("[CLS]"),
                     tok.token_to_id("[SEP]"))
     return len(instances)
@@ -67,5 +78,5 @@ def examples(ctx: StageContext, length_key: str) -> dict:
     # arguments grow as shards squared (3,449 shards at 2 GB of books: 345 KB per task, 515 MB in Ray's object store).
     neighbours = list(zip(shards, [*shards[1:], *shards[:1]]))
     counts = ctx.map_shards(build_shard_examples, neighbours, ctx.stage_dir("tokenizer"), ctx.out_dir,
-                            max_seq_length, ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed)
+                            max_seq_length, ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed, ex.packing)
     return {"instances": int(sum(counts)), "files": len(counts), "max_seq_length": max_seq_length}

@@ -6,7 +6,6 @@ directory). `pretrained` is also fine-tuned from each encoder snapshot of that p
 `pretrained@<step>`."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -16,7 +15,7 @@ from torch import nn
 
 from data_prep.conll import encode_tagged_sentences
 from data_prep.squad import read_squad, squad_features
-from data_prep.tokenizer import load_tokenizer
+from data_prep.tokenizer import checkpoint_tokenizer, load_tokenizer
 from models.bert import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
@@ -136,15 +135,7 @@ def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, m
 
 def external_tokenizer(path: Path):
     """The tokenizer saved beside an external encoder (HF `tokenizer.json`, or a BERT `vocab.txt`)."""
-    if (path / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_file(str(path / "tokenizer.json"))
-    if (path / "vocab.txt").is_file():
-        from tokenizers.implementations import BertWordPieceTokenizer
-
-        config = path / "tokenizer_config.json"
-        lowercase = json.loads(config.read_text()).get("do_lower_case", True) if config.is_file() else True
-        return BertWordPieceTokenizer(str(path / "vocab.txt"), lowercase=lowercase)
-    raise FileNotFoundError(f"finetune.external_encoder={path} has no tokenizer.json or vocab.txt; put the "
-                            "tokenizer files of that model beside its weights")
+    try:
+        return checkpoint_tokenizer(path)[0]
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"finetune.external_encoder={path}: {err}") from None

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from data_prep.tokenizer import CLS_ID, PAD_ID, SEP_ID, encode_batch_ids
+from data_prep.tokenizer import CLS_TOKEN, PAD_TOKEN, SEP_TOKEN, encode_batch_ids
 from pipeline.bert.pretrain import encoder_stage
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec
@@ -53,9 +53,10 @@ class BertEncoder:
     @torch.inference_mode()
     def batcher(self, batch: list[list[str]]) -> np.ndarray:
         pieces = encode_batch_ids(self.tokenizer, [" ".join(sentence) for sentence in batch])
-        ids = [[CLS_ID, *p[: self.max_seq_length - 2], SEP_ID] for p in pieces]
+        cls, sep, pad = (self.tokenizer.token_to_id(t) for t in (CLS_TOKEN, SEP_TOKEN, PAD_TOKEN))  # a checkpoint's ids
+        ids = [[cls, *p[: self.max_seq_length - 2], sep] for p in pieces]
         device = next(self.model.parameters()).device
-        input_ids = torch.full((len(ids), max(map(len, ids))), PAD_ID, dtype=torch.long)
+        input_ids = torch.full((len(ids), max(map(len, ids))), pad, dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
         for row, sequence in enumerate(ids):
             input_ids[row, : len(sequence)] = torch.tensor(sequence)

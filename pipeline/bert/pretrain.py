@@ -9,9 +9,11 @@ where transformers' BertModel can express it, as a HuggingFace directory with it
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -19,14 +21,23 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
+from data_prep.bert_examples import continuation_mask_from_vocab
 from data_prep.tokenizer import SPECIAL_TOKENS, load_tokenizer, save_hf_tokenizer
 from models import IGNORE_INDEX
-from models.bert import BertConfig, hf_incompatibility, load_pretrained, save_pretrained, to_hf
+from models.bert import (
+    BertConfig,
+    config_from_hf,
+    continue_from_hf,
+    hf_incompatibility,
+    load_pretrained,
+    save_pretrained,
+    to_hf,
+)
 from pipeline.bert.data import BertPretrainingCollator, MaskedBatches, PretrainingInstances
 from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import BertPretrainModule
 from pipeline.engine.arrow import read_arrow
-from pipeline.engine.dag import StageContext
+from pipeline.engine.dag import StageContext, files_fingerprint
 from pipeline.engine.pretraining import (
     PretrainingData,
     TrainingRun,
@@ -83,21 +94,27 @@ def phase_of(stage: str) -> Phase:
     return next(p for p in PHASES if stage in (p.stage, p.examples))
 
 
-def check_objective(settings: DictConfig, key: str) -> None:
-    """ELECTRA is not asked for a next-sentence task it lacks."""
+def check_objective(settings: DictConfig, key: str, packing: str = "sentence_pairs") -> None:
+    """ELECTRA, and instances without a second segment, are not asked for a next-sentence task they lack."""
     if settings.objective == "electra" and settings.next_sentence_prediction:
         raise ValueError(f"{key}.objective=electra has no next-sentence task (Clark et al. 2020); set "
                          f"{key}.next_sentence_prediction=false")
+    if packing == "doc_sentences" and settings.next_sentence_prediction:
+        raise ValueError(f"examples.packing=doc_sentences has no second segment to predict; set "
+                         f"{key}.next_sentence_prediction=false (RoBERTa's masked LM alone), or "
+                         "examples.packing=sentence_pairs")
 
 
 def validate(cfg: DictConfig, stages: list[str]) -> None:
     """Before any stage runs: every phase in the run (`stages`, those needed upstream included) fits the model's
-    position table, has a known objective and snapshots at steps it takes."""
+    position table, has a known objective and snapshots at steps it takes; a checkpoint to continue is one."""
+    if {"tokenizer", PHASES[0].stage} & set(stages):
+        check_init_from(cfg)
     for phase in PHASES:
         if {phase.stage, phase.examples} & set(stages):
             phase.max_seq_length(cfg)
             settings, key = phase.settings(cfg), phase.config_blocks[-1]
-            check_objective(settings, key)
+            check_objective(settings, key, cfg.examples.packing)
             encoder_snapshot_steps(cfg, settings, key)
 
 
@@ -108,13 +125,49 @@ def encoder_stage(cfg: DictConfig) -> str:
 
 
 def _build_model(cfg: DictConfig, settings: DictConfig, vocab_size: int) -> nn.Module:
-    """The model config's BertForPreTraining, or for objective=electra its encoder as ELECTRA's discriminator."""
+    """The model config's BertForPreTraining, or for objective=electra its encoder as ELECTRA's discriminator; with
+    pretrain.init_from, the checkpoint's architecture and weights."""
     if settings.objective == "electra":
         cfg = copy.deepcopy(cfg)
         with open_dict(cfg):
             cfg.model._target_ = "models.electra.ElectraForPreTraining"
             cfg.model.generator_layers = settings.electra.generator_layers
-    return instantiate_model(cfg, vocab_size=-(-vocab_size // 64) * 64)  # padded to a multiple of 64 for matmul tiles
+    padded = -(-vocab_size // 64) * 64  # a multiple of 64 for matmul tiles
+    if not settings.init_from:
+        return instantiate_model(cfg, vocab_size=padded)
+    start = Path(settings.init_from).expanduser()
+    L.seed_everything(cfg.seed, workers=True)  # the heads the checkpoint lacks: the same on every rank
+    model, loaded = continue_from_hf(start, vocab_size=padded)
+    print(f"pretrain: starting from {start} (its {', '.join(loaded)}; the rest freshly initialised)", flush=True)
+    return model
+
+
+def init_from_fingerprint(cfg: DictConfig) -> str:
+    """The files of pretrain.init_from's checkpoint (weights, config, tokenizer), by content."""
+    if not cfg.pretrain.init_from:
+        return ""
+    return files_fingerprint(Path(cfg.pretrain.init_from).expanduser(), "*", cfg.paths.cache_dir)
+
+
+def check_init_from(cfg: DictConfig) -> None:
+    """pretrain.init_from names a HuggingFace BERT directory this pipeline can continue."""
+    if not cfg.pretrain.init_from:
+        return
+    start = Path(cfg.pretrain.init_from).expanduser()
+    config = start / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"pretrain.init_from={cfg.pretrain.init_from} has no config.json; point it at a "
+                                "HuggingFace BERT directory (config.json, model.safetensors, tokenizer files)")
+    hf = json.loads(config.read_text())
+    if hf.get("model_type") != "bert":
+        raise ValueError(f"pretrain.init_from={cfg.pretrain.init_from} holds a {hf.get('model_type')!r} model; "
+                         "continued pretraining starts from a BERT (model_type bert)")
+    config_from_hf(hf)  # an architecture our BertModel has, or the reason it has not
+    if cfg.pretrain.objective == "electra":
+        raise ValueError("pretrain.init_from continues a masked-LM checkpoint; set pretrain.objective=mlm")
+    if cfg.examples.max_seq_length > hf["max_position_embeddings"]:
+        raise ValueError(f"examples.max_seq_length={cfg.examples.max_seq_length} is longer than the positions of "
+                         f"pretrain.init_from's model ({hf['max_position_embeddings']}); lower it")
 
 
 def _continue_from(model: nn.Module, pretrain_dir: Path) -> None:
@@ -142,7 +195,7 @@ class BertPretraining:
     def settings(self, cfg: DictConfig) -> DictConfig:
         self.phase.max_seq_length(cfg)  # too long for the position table: fail now, not at the first batch
         settings = self.phase.settings(cfg)
-        check_objective(settings, self.settings_key(cfg))
+        check_objective(settings, self.settings_key(cfg), cfg.examples.packing)
         return settings
 
     def build_module(self, ctx: StageContext) -> BertPretrainModule:
@@ -174,7 +227,9 @@ class BertPretraining:
                                            vocab_size=vocab_size, special_ids=special_ids,
                                            mlm_probability=p.mlm_probability,
                                            max_predictions_per_seq=p.max_predictions_per_seq,
-                                           generator=torch.Generator().manual_seed(cfg.seed + 1))
+                                           generator=torch.Generator().manual_seed(cfg.seed + 1),
+                                           continuation=continuation_mask_from_vocab(tok) if p.whole_word_masking
+                                           else None)
         batch_sampler = SeededBatchSampler(ResumableRandomSampler(len(train_set), cfg.seed, world_size, rank),
                                            p.batch_size)
         # A generator of its own: creating a loader iterator would otherwise draw from the global RNG (dropout's).

@@ -4,13 +4,15 @@ from __future__ import annotations
 from functools import partial
 
 from pipeline.bert.data_stages import examples, tokenizer
-from pipeline.bert.pretrain import PHASES, PRETRAINING
+from pipeline.bert.pretrain import PHASES, PRETRAINING, init_from_fingerprint
 from pipeline.engine.dag import Stage
 from pipeline.engine.pretraining import pretraining_stage
 
 PHASE_1, PHASE_2 = PHASES
 BERT_STAGES = (
-    Stage("tokenizer", tokenizer, ("prepare",), ("tokenizer",)),
+    # with pretrain.init_from, the checkpoint's tokenizer: its files are the stage's input (and, through this stage,
+    # the weights pretrain reads from the same directory)
+    Stage("tokenizer", tokenizer, ("prepare",), ("tokenizer", "pretrain.init_from"), fingerprint=init_from_fingerprint),
     Stage(PHASE_1.examples, partial(examples, length_key=PHASE_1.length_key), ("prepare", "tokenizer"),
           ("examples", "seed")),
     # phase 2 (Devlin et al. §A.2; PHASES in pipeline/bert/pretrain.py): its own examples, and phase 1's weights
