@@ -49,6 +49,7 @@ class PipelineConfig:
     until: Optional[StageName] = MISSING
     force: list[StageName] = MISSING
     dry_run: bool = MISSING
+    verify: bool = MISSING
 
 
 @dataclass
