@@ -10,6 +10,15 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
+@pytest.fixture(autouse=True)
+def no_shared_data(request, tmp_path_factory, monkeypatch):
+    """Every fast test runs as in a fresh clone, which has no ../shared beside it (the team's data, beside its main
+    checkout; the configs' default for TEXTREP_SHARED_DATA): a fast test that reads it fails here, for every developer,
+    not first on a user's machine (issue 39). Slow tests may read it."""
+    if request.node.get_closest_marker("slow") is None:
+        monkeypatch.setenv("TEXTREP_SHARED_DATA", str(tmp_path_factory.getbasetemp() / "no-shared-data"))
+
+
 def pytest_configure(config):
     import pipeline.config  # noqa: F401  registers the config schema that conf/config.yaml composes with
 

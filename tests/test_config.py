@@ -19,6 +19,7 @@ from pipeline import CONF_DIR
 from pipeline.downstream.finetune import task_names
 from pipeline.downstream.tasks import load_task
 from pipeline.runner import validate
+from tests.helpers import write_books
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
@@ -64,7 +65,11 @@ def test_experiment_composes_to_what_its_file_states(name, tmp_path):
         assert OmegaConf.to_container(OmegaConf.select(cfg, key), resolve=False) == \
             OmegaConf.to_container(expected, resolve=False)
     assert cfg.model._target_.startswith("models.")
-    if cfg.finetune.data_dir:  # e.g. GLUE under ../shared, which a fresh clone has not: validate reads the files
+    # A fresh clone has no ../shared (the data beside the team's checkout; tests/conftest.py hides it): validate reads
+    # the corpus directory and the task files, so the ones an experiment names there are written small here.
+    if cfg.data.corpus_dir:
+        cfg.data.corpus_dir = str(write_books(tmp_path / "books", n_books=2))
+    if cfg.finetune.data_dir:  # e.g. GLUE
         cfg.finetune.data_dir = str(_write_task_files(tmp_path / "tasks", task_names(cfg)))
     validate(cfg)
 
