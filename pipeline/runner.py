@@ -12,7 +12,14 @@ from omegaconf import DictConfig
 
 from data_prep.prepare import manifest_summary
 from pipeline.config import check_declared_keys
-from pipeline.downstream.finetune import FINETUNE, check_task_files, headline_results, task_names, train_sizes
+from pipeline.downstream.finetune import (
+    FINETUNE,
+    check_task_files,
+    finetune_seeds,
+    headline_results,
+    task_names,
+    train_sizes,
+)
 from pipeline.downstream.tasks import load_task
 from pipeline.engine.dag import StageFailed, plan, resolve_upstream, run_dag, select_stages
 from pipeline.engine.distributed import validate_distributed
@@ -63,6 +70,7 @@ def validate(cfg: DictConfig) -> None:
     for name in task_names(cfg):
         load_task(name)
     train_sizes(cfg)
+    finetune_seeds(cfg)
     validate_distributed(cfg)
     encoder_snapshot_steps(cfg, cfg.pretrain, "pretrain")  # every family's; BERT's phase 2 in its own validate
     stages = resolve_upstream(STAGES, cfg)
