@@ -17,6 +17,7 @@ fine-tune stage compares to show what more pretraining buys downstream.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -234,6 +235,10 @@ def pretrain(ctx: StageContext, task: PretrainingTask) -> dict:
     return json.loads((ctx.out_dir / WORKER_SUMMARY).read_text())
 
 
+# Less than this left on a checkpoint's disk when its save failed: the disk was full.
+_FULL_BYTES = 1 << 20
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """A checkpoint appears under its name only once fully written, and only the newest `keep` stay.
 
@@ -248,11 +253,24 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            torch.save(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException as err:
+            # Measured before the temporary file gives its space back. A failed save used to leave it: 7.6 MB on a
+            # 20 MiB volume, and every rerun added another, so that a rerun which would fit failed again (issue 39).
+            free = shutil.disk_usage(path.parent).free
+            written = tmp.stat().st_size if tmp.exists() else 0
+            tmp.unlink(missing_ok=True)
+            if free < _FULL_BYTES and not (isinstance(err, OSError) and err.errno == errno.ENOSPC):
+                # torch.save reports a full disk as "RuntimeError: [enforce fail at inline_container.cc] unexpected
+                # pos": said as the full disk it is, the stage's error names paths.cache_dir (engine/dag.py)
+                raise OSError(errno.ENOSPC, f"no space left on device for checkpoint {path} ({written / 1e6:.1f} MB "
+                                            f"written, {free / 1e6:.2f} MB free): {err}") from err
+            raise
         for old in sorted(path.parent.glob("step-*.ckpt"))[:-self.keep]:  # zero-padded: name order is step order
             old.unlink()
 
