@@ -128,3 +128,15 @@ def test_report_writes_results_table_and_loss_summary(ctx):
     assert "![attention heat-map](attention.png)" in md
     # no encoder snapshots in this run: no scaling curve (tests/test_pretrain_scaling.py)
     assert not (out / "pretrain_scaling.png").exists() and "by pretraining steps" not in md
+
+
+@pytest.mark.parametrize("family", ["bert", "elmo", "skip_thought", "gpt"])
+def test_every_vocabulary_stage_reports_its_unknown_rate(family_data, family):
+    """Issue 39, defect 5: the share of the corpus's tokens (or words) each family's vocabulary cannot represent is in
+    its stage.json, where a vocabulary too small for the corpus shows."""
+    from tests.helpers import TINY_FAMILIES
+
+    run = family_data(family)
+    vocabulary_stage = TINY_FAMILIES[family].data_stages[1]
+    summary = json.loads((run.stage_dir(vocabulary_stage) / "stage.json").read_text())
+    assert 0 <= summary["unknown_rate"] <= 0.01 and summary["unknown_rate_warning"] is None

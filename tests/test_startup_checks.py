@@ -29,9 +29,16 @@ def _fails_before_any_stage(cfg, error: type[Exception], message: str) -> None:
 @pytest.mark.parametrize("override, message", [
     ("pretrain.lr=-1", r"pretrain\.lr=-1\.0: expected a number > 0; set pretrain\.lr "),
     ("pretrain.batch_size=0", r"pretrain\.batch_size=0: expected an integer >= 1"),
-    ("examples.max_seq_length=-8", r"examples\.max_seq_length=-8: expected an integer >= 1"),
+    ("examples.max_seq_length=-8", r"examples\.max_seq_length=-8: expected an integer >= 5"),
+    # issue 39, defects 5 and 8: these passed start-up and failed, or did nothing useful, in a stage
+    ("examples.max_seq_length=2", r"examples\.max_seq_length=2: expected an integer >= 5 \(\[CLS\] a \[SEP\] b"),
+    ("pretrain.val_fraction=1", r"pretrain\.val_fraction=1\.0: expected a number >= 0 and < 1 \(the held-out share"),
+    ("tokenizer.vocab_size=3", r"tokenizer\.vocab_size=3: expected an integer >= 6 \(5 special tokens and at least"),
+    ("gpt.vocab_size=10", r"gpt\.vocab_size=10: expected an integer >= 257 \(byte-level BPE's 256 byte pieces"),
+    ("elmo.vocab_size=3", r"elmo\.vocab_size=3: expected an integer >= 4 \(its special words"),
+    ("skip_thought.vocab_size=2", r"skip_thought\.vocab_size=2: expected an integer >= 4 \(its special words"),
     ("finetune.lr=0", r"finetune\.lr=0\.0: expected a number > 0"),
-    ("pretrain.val_fraction=1.5", r"pretrain\.val_fraction=1\.5: expected a number >= 0 and <= 1"),
+    ("pretrain.val_fraction=1.5", r"pretrain\.val_fraction=1\.5: expected a number >= 0 and < 1"),
     ("ray.num_cpus=0", r"ray\.num_cpus=0: expected an integer >= 1"),  # hung forever, waiting for a CPU
     ("elmo.window=0", r"elmo\.window=0: expected an integer >= 1"),  # a family's own (Family.numbers)
     ("gpt.block_size=0", r"gpt\.block_size=0: expected an integer >= 1"),

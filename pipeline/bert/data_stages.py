@@ -11,7 +11,13 @@ from omegaconf import OmegaConf
 from data_prep.bert_examples import create_training_instances, write_instances
 from data_prep.shards import sampled_texts, shard_paths
 from data_prep.tokenize_shards import encode_by_word, use_one_tokenizer_thread
-from data_prep.tokenizer import load_tokenizer, train_wordpiece
+from data_prep.tokenizer import (
+    UNKNOWN_RATE_SENTENCES,
+    load_tokenizer,
+    train_wordpiece,
+    unknown_rate_summary,
+    unknown_tokens,
+)
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 
@@ -22,7 +28,9 @@ def tokenizer(ctx: StageContext) -> dict:
     num_sentences, sentences = sampled_texts(ctx.stage_dir("prepare"), tok_cfg.max_sentences)
     trained = train_wordpiece(sentences, ctx.stage_dir("tokenizer"), vocab_size=tok_cfg.vocab_size,
                               min_frequency=tok_cfg.min_frequency, lowercase=tok_cfg.lowercase)
-    return {"vocab_size": trained.get_vocab_size(), "sentences": num_sentences}
+    _, sample = sampled_texts(ctx.stage_dir("prepare"), UNKNOWN_RATE_SENTENCES)
+    return {"vocab_size": trained.get_vocab_size(), "sentences": num_sentences,
+            **unknown_rate_summary(*unknown_tokens(trained, sample), "tokenizer.vocab_size")}
 
 
 def _tokenized_books(shard_path: Path, tok) -> list[list[list[int]]]:

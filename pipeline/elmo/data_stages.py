@@ -13,6 +13,7 @@ from data_prep.elmo_examples import (
     write_word_vocab,
 )
 from data_prep.shards import shard_paths
+from data_prep.tokenizer import unknown_rate_summary, unknown_words
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 
@@ -24,7 +25,8 @@ def elmo_vocab(ctx: StageContext) -> dict:
     counts = ctx.count_over_shards(count_words)
     vocab = vocab_from_counts(counts, ctx.cfg.elmo.vocab_size, ctx.cfg.elmo.min_count)
     write_word_vocab(vocab, ctx.out_dir / "vocab.txt")
-    return {"vocab_size": len(vocab)}
+    return {"vocab_size": len(vocab),
+            **unknown_rate_summary(*unknown_words(counts, vocab), "elmo.vocab_size", unit="words")}
 
 
 def build_shard_streams(index: int, shard_path: Path, out_dir: Path) -> int:
