@@ -81,6 +81,14 @@ def validate(cfg: DictConfig) -> None:
         check_task_files(cfg)  # read now, not after pretraining
 
 
+def absolute_paths(cfg: DictConfig) -> None:
+    """paths.cache_dir and paths.run_dir as absolute paths: a relative cache directory made relative links from the run
+    directory, which dangled, so every stage succeeded and then the run failed, `pipeline.status` saying 'not run'
+    (issue 39); stages in Ray workers need not share the driver's working directory either."""
+    for key in ("cache_dir", "run_dir"):
+        cfg.paths[key] = str(Path(cfg.paths[key]).expanduser().absolute())
+
+
 def init_ray(cfg: DictConfig) -> None:
     import ray
 
@@ -134,6 +142,7 @@ def run_pipeline(cfg: DictConfig) -> Path:
     import ray
 
     validate(cfg)
+    absolute_paths(cfg)
     run_dir = Path(cfg.paths.run_dir)
     Path(cfg.paths.cache_dir).mkdir(parents=True, exist_ok=True)
     if cfg.pipeline.dry_run:

@@ -112,3 +112,17 @@ def test_sizes_and_durations_read_like_units():
     assert [status.human_bytes(n) for n in (999, 5000, 2_500_000, 3_000_000_000)] == \
         ["999 B", "5.0 KB", "2.5 MB", "3.0 GB"]
     assert [status.human_duration(s) for s in (4.3, 125, 7384)] == ["4.3 s", "2m05s", "2h03m"]
+
+
+def test_a_relative_cache_directory_gives_a_run_whose_stages_are_linked_and_complete(tmp_path, ray_session,
+                                                                                      monkeypatch):
+    """Issue 39, defect 6: with paths.cache_dir=relcache the run directory's links were relative and dangled: every
+    stage succeeded, then the driver failed with exit 1 and `pipeline.status` said 'not run'."""
+    from pipeline.runner import run_pipeline
+    from tests.helpers import tiny_config
+
+    monkeypatch.chdir(tmp_path)
+    run_dir = run_pipeline(tiny_config(tmp_path, ["pipeline.until=prepare", "paths.cache_dir=relcache"]))
+    (prepare,) = status.read_status(run_dir)
+    assert prepare.state == "complete"
+    assert (run_dir / "prepare").resolve() == prepare.output == tmp_path / "relcache/stages/prepare" / prepare.hash
