@@ -2,6 +2,7 @@
 deduplicated and split into sentence shards (data_prep/prepare.py)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -10,6 +11,7 @@ from data_prep.builtin import DEFAULT_CORPUS
 from data_prep.dedup import NearDuplicateOptions
 from data_prep.prepare import prepare_corpus
 from data_prep.sentences import default_splitter, splitter_identity
+from data_prep.shards import MANIFEST_NAME
 from pipeline.engine.dag import Stage, StageContext, files_fingerprint
 
 
@@ -36,6 +38,31 @@ def prepare(ctx: StageContext) -> dict:
                               near_duplicates=None if data.near_duplicate_threshold is None
                               else NearDuplicateOptions(threshold=data.near_duplicate_threshold))
     return {"corpus_dir": str(corpus), **manifest["totals"]}
+
+
+def require_books(prepare_dir: Path, needed: int, purpose: str) -> None:
+    """Fail, saying what became of the other files, when the prepared corpus has fewer than `needed` books: a corpus
+    of copies of one book got "needs at least 2 books; got 1", without a word of the copies dropped as duplicates."""
+    manifest_path = Path(prepare_dir) / MANIFEST_NAME
+    manifest = json.loads(manifest_path.read_text())
+    totals = manifest["totals"]
+    if totals["files_kept"] >= needed:
+        return
+    dropped = [_fate(entry) for entry in manifest["files"] if entry["status"] != "kept"]
+    listed = "; ".join(dropped[:3]) + (f"; and {len(dropped) - 3} more" if len(dropped) > 3 else "")
+    raise ValueError(f"{purpose}, so the corpus needs at least {needed} distinct books; prepare kept "
+                     f"{totals['files_kept']} of the {totals['files_read']} files, dropping "
+                     f"{totals['files_duplicate']} as exact duplicates, {totals['files_near_duplicate']} as near "
+                     f"duplicates (data.near_duplicate_threshold) and rejecting {totals['files_rejected']}"
+                     f"{': ' + listed if listed else ''} (every file's fate: {manifest_path}). Add books that are not "
+                     "copies of one another to data.corpus_dir")
+
+
+def _fate(entry: dict) -> str:
+    if entry.get("duplicate_of"):
+        near = "near " if entry["status"] == "near_duplicate" else ""
+        return f"{entry['book_id']}, a {near}copy of {entry['duplicate_of']}"
+    return f"{entry['book_id']}: {entry.get('reason', entry['status'])}"
 
 
 def _corpus_fingerprint(cfg: DictConfig) -> str:

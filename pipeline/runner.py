@@ -33,6 +33,7 @@ from pipeline.engine.settings import (
     Number,
     check_numbers,
     check_target_arguments,
+    did_you_mean,
 )
 from pipeline.engine.tracking import check_logger, uses_wandb
 from pipeline.engine.training import check_trainer_arguments
@@ -75,6 +76,7 @@ def validate(cfg: DictConfig) -> None:
     encoder_snapshot_steps(cfg, cfg.pretrain, "pretrain")  # every family's; BERT's phase 2 in its own validate
     stages = resolve_upstream(STAGES, cfg)
     in_run = select_stages(stages, list(cfg.pipeline.stages), cfg.pipeline.until)
+    warn_of_an_until_outside_the_run(cfg, stages, in_run)
     for family in FAMILIES:
         family.validate(cfg, in_run)
     if FINETUNE.name in in_run:
@@ -87,6 +89,18 @@ def absolute_paths(cfg: DictConfig) -> None:
     (issue 39); stages in Ray workers need not share the driver's working directory either."""
     for key in ("cache_dir", "run_dir"):
         cfg.paths[key] = str(Path(cfg.paths[key]).expanduser().absolute())
+
+
+def warn_of_an_until_outside_the_run(cfg: DictConfig, stages: dict, in_run: list[str]) -> None:
+    """pipeline.until names a stage this run's stages do not include (another family's: `pretrain` is BERT's, and
+    `+experiment=gpt_tiny pipeline.until=pretrain` ran without a word what the two share, the corpus): say so."""
+    until = cfg.pipeline.until
+    run_stages = select_stages(stages, list(cfg.pipeline.stages), None)
+    if not until or until in run_stages:
+        return
+    hint = did_you_mean(str(until), run_stages, "pipeline.until=")
+    print(f"WARNING: pipeline.until={until} is not one of this run's stages ({', '.join(run_stages)}); the run "
+          f"stops at what it shares with {until}: {', '.join(in_run) or 'nothing'}. {hint}", flush=True)
 
 
 def init_ray(cfg: DictConfig) -> None:

@@ -114,3 +114,23 @@ def test_a_snapshot_past_gpts_own_steps_fails_before_any_stage(tmp_path):
                       experiment="bert_vs_gpt")
     _fails_before_any_stage(cfg, ValueError, r"gpt\.pretrain\.encoder_snapshots=\[20\]: \[20\] not a step of the run; "
                                              r"each must be a whole number from 1 to gpt\.pretrain\.max_steps=10")
+
+
+def test_an_until_outside_the_runs_stages_is_warned_about(tmp_path, capsys):
+    """Issue 39, defect 8: `+experiment=gpt_tiny pipeline.until=pretrain` (BERT's stage) ran, without a word, only
+    what the two share."""
+    validate(tiny_config(tmp_path, ["pipeline.until=pretrain"], experiment="gpt_tiny"))
+    out = capsys.readouterr().out
+    assert "WARNING: pipeline.until=pretrain is not one of this run's stages (prepare, gpt_tokenizer" in out
+    assert "the run stops at what it shares with pretrain: prepare. did you mean pipeline.until=gpt_pretrain?" in out
+    validate(tiny_config(tmp_path, ["pipeline.until=gpt_pretrain"], experiment="gpt_tiny"))
+    assert "WARNING" not in capsys.readouterr().out
+
+
+def test_a_task_data_dir_that_is_a_file_is_called_a_file(tmp_path):
+    """Issue 39, defect 8: a finetune.data_dir naming the train file itself was reported as "does not exist"."""
+    cfg = tiny_config(tmp_path)
+    train = tmp_path / "task" / "train.tsv"
+    cfg.finetune.data_dir = str(train)
+    _fails_before_any_stage(cfg, NotADirectoryError, rf"finetune.data_dir={train} is a file, not a directory; pass "
+                                                     rf"the directory that holds .*finetune.data_dir={train.parent}\)")

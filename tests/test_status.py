@@ -126,3 +126,16 @@ def test_a_relative_cache_directory_gives_a_run_whose_stages_are_linked_and_comp
     (prepare,) = status.read_status(run_dir)
     assert prepare.state == "complete"
     assert (run_dir / "prepare").resolve() == prepare.output == tmp_path / "relcache/stages/prepare" / prepare.hash
+
+
+def test_a_truncated_stage_json_or_pipeline_json_gives_a_message_not_a_traceback(tmp_path, ray_session, capsys):
+    """Issue 39, defect 8: a truncated stage.json crashed `pipeline.status` with a traceback."""
+    run_dag(_cfg(tmp_path, fail=False), STAGES, tmp_path / "run")
+    produced = status.read_status(tmp_path / "run")[0].output
+    (produced / "stage.json").write_text('{"stage": "produce", "dura')
+    assert status.main([str(tmp_path / "run")]) == 0
+    assert status.main([str(tmp_path / "run"), "--verify"]) == 1
+    assert "stage.json has 26 bytes where the stage wrote" in capsys.readouterr().out
+    (tmp_path / "run" / "pipeline.json").write_text('{"stages": {"produce": {"hash"')
+    assert status.main([str(tmp_path / "run")]) == 1
+    assert "pipeline.json is not a readable pipeline file (truncated or damaged)" in capsys.readouterr().err

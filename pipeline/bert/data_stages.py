@@ -18,6 +18,7 @@ from data_prep.tokenizer import (
     unknown_rate_summary,
     unknown_tokens,
 )
+from pipeline.corpus import require_books
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 
@@ -68,6 +69,7 @@ def build_shard_examples(index: int, shard_and_neighbour: tuple[Path, Path], tok
 def examples(ctx: StageContext, length_key: str) -> dict:
     """Sentence-pair instances at the sequence length configured under `length_key` (`examples` at phase 1's,
     `examples_phase2` at phase 2's), built from the same shards and tokenizer with the `examples` settings."""
+    require_books(ctx.stage_dir("prepare"), 2, "BERT's sentence pairs take a random next sentence from another book")
     shards = shard_paths(ctx.stage_dir("prepare"))
     ex = ctx.cfg.examples
     max_seq_length = int(OmegaConf.select(ctx.cfg, length_key))

@@ -35,6 +35,10 @@ def resolve_task_dir(task: DictConfig, data_dir: str | None, cache_dir: str) -> 
         path = Path(data_dir).expanduser()
         if task.get("data_subdir") and (path / task.data_subdir).is_dir():
             path = path / task.data_subdir
+        if path.exists() and not path.is_dir():
+            raise NotADirectoryError(f"task {task.name}: finetune.data_dir={data_dir} is a file, not a directory; "
+                                     f"pass the directory that holds {task.train_file} and {task.dev_file} (for "
+                                     f"this file, its folder: finetune.data_dir={path.parent})")
         if not path.is_dir():
             raise FileNotFoundError(f"task {task.name}: data directory {path} does not exist; "
                                     f"pass finetune.data_dir=DIR with {task.train_file} and {task.dev_file}")

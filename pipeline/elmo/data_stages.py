@@ -14,6 +14,7 @@ from data_prep.elmo_examples import (
 )
 from data_prep.shards import shard_paths
 from data_prep.tokenizer import unknown_rate_summary, unknown_words
+from pipeline.corpus import require_books
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 
@@ -36,6 +37,8 @@ def build_shard_streams(index: int, shard_path: Path, out_dir: Path) -> int:
 
 
 def elmo_streams(ctx: StageContext) -> dict:
+    require_books(ctx.stage_dir("prepare"), 2, "ELMo's held-out perplexity is measured on whole books set aside "
+                  "from training")
     shards = shard_paths(ctx.stage_dir("prepare"))
     books = ctx.map_shards(build_shard_streams, shards, ctx.out_dir)
     return {"books": int(sum(books)), "files": len(shards)}
