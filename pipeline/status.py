@@ -17,11 +17,13 @@ import argparse
 import errno
 import fcntl
 import json
+import os
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.engine.dag import LOG_FILE, MARKER, directory_size, output_damage
+from pipeline.engine.dag import LOG_FILE, MARKER, directory_size, output_damage, process_start
 from pipeline.engine.integrity import damage_message
 
 PIPELINE_FILE = "pipeline.json"
@@ -117,6 +119,28 @@ def read_status(run_dir: Path) -> list[StageStatus]:
     return statuses
 
 
+def killed_driver(run_dir: Path) -> str | None:
+    """How the run's driver ended without finishing the run (killed by SIGKILL, or its machine), or None: it got to the
+    end, it is still running, or it ran on another machine, where this cannot be told."""
+    planned = _read_json(run_dir / PIPELINE_FILE) or {}
+    driver = planned.get("driver")
+    if planned.get("ended", True) or not driver or driver.get("host") != socket.gethostname():
+        return None
+    if driver.get("started") is None:  # no /proc to tell a reused pid apart: whether one runs under it
+        try:
+            os.kill(driver["pid"], 0)
+            return None
+        except ProcessLookupError:
+            pass
+        except PermissionError:  # another user's process: one runs under it
+            return None
+    elif process_start(driver["pid"]) == driver["started"]:
+        return None
+    return (f"run interrupted: its driver (pid {driver['pid']}) ended without finishing the run (killed?); stages "
+            "still running are left to finish or fail, the others were not started. Rerun the same command to resume "
+            "(finished stages are reused)")
+
+
 def verify(statuses: list[StageStatus]) -> list[str]:
     """A message for each finished stage whose files are not what it recorded when it finished, naming every file."""
     return [damage_message(s.name, s.output, problems) for s in statuses if s.state in ("complete", "cached")
@@ -172,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(format_table(run_dir, statuses))
     failed = any(s.state in ("failed", "interrupted") for s in statuses)
+    if killed := killed_driver(run_dir):
+        print(killed)
+        failed = True
     if args.verify:
         damaged = verify(statuses)
         checked = sum(s.state in ("complete", "cached") for s in statuses)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,35 @@ def test_a_truncated_stage_json_or_pipeline_json_gives_a_message_not_a_traceback
     (tmp_path / "run" / "pipeline.json").write_text('{"stages": {"produce": {"hash"')
     assert status.main([str(tmp_path / "run")]) == 1
     assert "pipeline.json is not a readable pipeline file (truncated or damaged)" in capsys.readouterr().err
+
+
+def peek(ctx) -> dict:
+    """What `python -m pipeline.status` would read of the run while this stage runs: as a SIGKILL would leave it."""
+    (ctx.out_dir / "seen.json").write_text((ctx.run_dir / "pipeline.json").read_text())
+    return {}
+
+
+def test_a_run_whose_driver_was_killed_is_interrupted_and_its_reused_stages_cached(tmp_path, ray_session, capsys):
+    """Issue 39, defect 9: after the driver was SIGKILLed, pipeline.json was left as first written, every stage 'not
+    run', so pipeline.status called a stage reused from the cache 'complete' and, exit 0, said nothing of the run
+    having been killed."""
+    stages = {s.name: s for s in [Stage("produce", produce), Stage("peek", peek, ("produce",))]}
+    cfg = _cfg(tmp_path, fail=False)
+    cfg.pipeline.stages = ["peek"]
+    run_dag(cfg, stages, tmp_path / "run1")
+    cfg.pipeline.force = ["peek"]
+    run_dag(cfg, stages, tmp_path / "run2")
+    mid_run = json.loads((tmp_path / "run2" / "peek" / "seen.json").read_text())
+    assert mid_run["stages"]["produce"]["state"] == "cached" and mid_run["ended"] is False
+    assert mid_run["driver"]["pid"] == os.getpid()
+    assert status.main([str(tmp_path / "run2")]) == 0  # ended: its last write says so
+    assert "run interrupted" not in capsys.readouterr().out
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    mid_run["driver"] |= {"pid": dead.pid, "started": "1"}  # as the killed driver left it
+    (tmp_path / "run2" / "pipeline.json").write_text(json.dumps(mid_run))
+    assert status.main([str(tmp_path / "run2")]) == 1
+    out = capsys.readouterr().out
+    assert f"run interrupted: its driver (pid {dead.pid}) ended without finishing the run" in out
+    assert {s.name: s.state for s in status.read_status(tmp_path / "run2")}["produce"] == "cached"

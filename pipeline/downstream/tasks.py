@@ -25,7 +25,13 @@ def load_task(name: str) -> DictConfig:
     if not path.is_file():
         raise ValueError(f"unknown task {name!r}; available tasks: {', '.join(available_tasks())} "
                          f"(add one with a YAML file in {TASK_DIR})")
-    return OmegaConf.load(path)
+    task = OmegaConf.load(path)
+    labels = list(task.get("labels") or [])
+    repeated = [label for label in dict.fromkeys(labels) if labels.count(label) > 1]
+    if repeated:
+        # a label's position is its class id: a repeat gives one name two classes, of which the second never occurs
+        raise ValueError(f"{path}: labels {labels} name {repeated} more than once; list each class once")
+    return task
 
 
 def resolve_task_dir(task: DictConfig, data_dir: str | None, cache_dir: str) -> Path:

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import sys
 import time
 import traceback
@@ -488,11 +489,24 @@ def _link(run_dir: Path, name: str, target: Path) -> None:
     link.symlink_to(target, target_is_directory=True)
 
 
-def _write_pipeline_file(run_dir: Path, the_plan: Plan, results: dict[str, dict]) -> None:
-    write_json_atomically(run_dir / "pipeline.json", {"stages": {
-        n: {"hash": the_plan.hashes[n], "output": str(the_plan.dirs[n]),
-            "state": results.get(n, {}).get("state", "not run"),
-            "duration_s": results.get(n, {}).get("duration_s")} for n in the_plan.order}})
+def process_start(pid: int) -> str | None:
+    """When process `pid` started (Linux: clock ticks since boot, /proc/PID/stat's 22nd field), which tells a pid that
+    was reused apart; None where it is not running or this cannot be read."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _write_pipeline_file(run_dir: Path, the_plan: Plan, results: dict[str, dict], ended: bool = False) -> None:
+    """`ended`: the driver got to the end of the run (finished, failed or interrupted by a signal it caught); without
+    it, and with the driver gone, `python -m pipeline.status` knows the run was killed (SIGKILL) mid-way."""
+    write_json_atomically(run_dir / "pipeline.json", {
+        "driver": {"host": socket.gethostname(), "pid": os.getpid(), "started": process_start(os.getpid())},
+        "ended": ended,
+        "stages": {n: {"hash": the_plan.hashes[n], "output": str(the_plan.dirs[n]),
+                       "state": results.get(n, {}).get("state", "not run"),
+                       "duration_s": results.get(n, {}).get("duration_s")} for n in the_plan.order}})
 
 
 def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[str, dict]:
@@ -508,7 +522,6 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
     check_outputs_intact({n: the_plan.dirs[n] for n in the_plan.order if the_plan.cached[n]},
                          full=bool(cfg.pipeline.get("verify")))
     run_dir.mkdir(parents=True, exist_ok=True)
-    _write_pipeline_file(run_dir, the_plan, {})  # before any work: `python -m pipeline.status` sees a running run
     cfg_resolved = plain_config(cfg)
     remote = ray.remote(execute_stage_with_threads)
     results: dict[str, dict] = {}
@@ -517,6 +530,8 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
             print(f"stage {name}: cached ({the_plan.hashes[name]})", flush=True)
             results[name] = cached_summary(the_plan.dirs[name])
             _link(run_dir, name, the_plan.dirs[name])
+    # before any work: `python -m pipeline.status` sees a running run, whose reused stages are cached, not complete
+    _write_pipeline_file(run_dir, the_plan, results)
     pending = [n for n in the_plan.order if n not in results]
     running: dict = {}
     try:
@@ -545,7 +560,7 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
     finally:
         for ref in running:
             ray.cancel(ref, force=True)
-        _write_pipeline_file(run_dir, the_plan, results)
+        _write_pipeline_file(run_dir, the_plan, results, ended=True)
     return results
 
 

@@ -275,6 +275,24 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             old.unlink()
 
 
+class CheckpointAfterValidation(ModelCheckpoint):
+    """ModelCheckpoint every n training steps, where a step that also validates is saved once that validation has run
+    (Lightning's own deferral, which it uses for a monitored metric). Saved before it, as Lightning orders the two, a
+    checkpoint lacked its step's held-out point, and a run resumed from it had none at the step it resumed at (issue
+    39). A kill during the validation leaves the checkpoint before, from which the step and its validation are done
+    again."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if (self._every_n_train_steps >= 1 and step % self._every_n_train_steps == 0
+                and not self._should_skip_saving_checkpoint(trainer)
+                # the test Lightning makes right after this hook
+                and trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher)):
+            self._defer_save_until_validation = True
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+
 class TrainingPosition(L.Callback):
     """Saves and restores what Lightning's checkpoint leaves out: every rank's data position and torch RNG.
 
@@ -412,9 +430,9 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
     # AtomicCheckpointIO keeps the newest KEEP_CHECKPOINTS files; DeepSpeed writes directories through its own
     # engine, so there Lightning prunes them, keeping the highest steps
     pruning = dict(save_top_k=KEEP_CHECKPOINTS, monitor="step", mode="max") if uses_deepspeed else dict(save_top_k=-1)
-    checkpoints = ModelCheckpoint(dirpath=out / CHECKPOINT_DIR, filename="step-{step:06d}",
-                                  auto_insert_metric_name=False, every_n_train_steps=p.checkpoint_every_steps,
-                                  **pruning)
+    checkpoints = CheckpointAfterValidation(dirpath=out / CHECKPOINT_DIR, filename="step-{step:06d}",
+                                            auto_insert_metric_name=False,
+                                            every_n_train_steps=p.checkpoint_every_steps, **pruning)
     start = StartingStep()
     configured = [hydra.utils.instantiate(c) for c in ctx.cfg.callbacks.values()]
     callbacks = [*configured, history, monitor, start, TrainingPosition(data.position), checkpoints,
@@ -449,7 +467,9 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
         warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
         trainer.fit(module, data.train_loader, val_loader, ckpt_path=str(resume_from) if resume_from else None)
     seconds = time.perf_counter() - started
-    if start.step is None:  # resumed at max_steps: fit trained nothing, and the checkpoint precedes its validation
+    if start.step is None and history.last_step("val/loss") != trainer.global_step:
+        # resumed at max_steps: fit trained nothing, and the checkpoint was saved before a validation at that step
+        # (one that is no multiple of the validation interval, or a checkpoint of an earlier version)
         _validate_last_step(task, ctx, module, settings, trainer, val_loader, history, monitor)
     resumed_from = (trainer.global_step if start.step is None else start.step) if resume_from else None
     run = TrainingRun(trainer.global_step, trainer.global_step - (resumed_from or 0), seconds, world_size,

@@ -57,6 +57,7 @@ PRETRAINING_NUMBERS = {
     "weight_decay": Number(float, 0), "accumulate_grad_batches": POSITIVE_INT,
     # all held out leaves nothing to train on: val_fraction=1 passed start-up and failed in pretraining
     "val_fraction": Number(float, 0, 1, high_open=True, why="the held-out share; the rest trains"),
+    "val_max_instances": POSITIVE_INT,
     "val_every_steps": POSITIVE_INT, "checkpoint_every_steps": POSITIVE_INT,
 }
 
