@@ -250,8 +250,9 @@ def test_diverged_pretraining_fails_naming_the_setting_and_is_never_complete(fam
 
 
 def test_a_held_out_loss_worse_than_a_uniform_guess_fails_the_rerun_too(tiny, tmp_path, monkeypatch):
-    """Diverged after the last checkpoint, caught by the final validation: the rerun resumes at the last step, trains
-    nothing, and must still refuse to complete."""
+    """Diverged after the last checkpoint, caught by the final validation: the checkpoint of that step waits for its
+    validation (CheckpointAfterValidation), so the weights that failed it are not kept, and the rerun, resumed from the
+    checkpoint before, must refuse to complete again."""
     from pipeline.bert.module import BertPretrainModule
 
     model_step = BertPretrainModule.model_step
@@ -270,7 +271,8 @@ def test_a_held_out_loss_worse_than_a_uniform_guess_fails_the_rerun_too(tiny, tm
         with pytest.raises(StageFailed, match=r"held-out loss at step 20 is .*more than 1.5 times the .* of a uniform "
                                               r"guess .* lower pretrain.lr"):
             run_stage_into(run, "pretrain", out)
-        assert not (out / MARKER).exists() and (out / "checkpoints" / "step-000020.ckpt").exists()
+        assert not (out / MARKER).exists()
+        assert [p.name for p in (out / "checkpoints").glob("*.ckpt")] == ["step-000010.ckpt"]
 
 
 def test_a_last_step_between_validations_is_validated_inside_fit(tiny, tmp_path, monkeypatch):

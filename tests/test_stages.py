@@ -117,7 +117,8 @@ def test_report_writes_results_table_and_loss_summary(ctx):
         rows = list(csv.DictReader(f))
     assert [r["model"] for r in rows] == ["pretrained", "random_init", "majority_class", "bow_logreg", "bert_cls",
                                          "bert_mean"]
-    assert set(rows[0]) == {"stage", "model", "task", "metric", "score", "std", "seeds", "train_examples"}
+    assert set(rows[0]) == {"stage", "model", "task", "metric", "score", "std", "seeds", "train_size",
+                            "train_examples"}
     md = (out / "results.md").read_text()
     assert "against the unigram baseline" in md  # the pretrain stage measured it (pipeline/bert/diagnostics.py)
     assert "| pretrained | sst2 | accuracy |" in md and "## Pretraining (pretrain)" in md and "train loss" in md

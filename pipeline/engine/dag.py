@@ -392,7 +392,8 @@ def execute_stage_function(fn: Callable[[StageContext], dict], cfg: DictConfig, 
         with _failure_names_the_stage(cfg, name, log_path), _captured_output(log_path):
             print(f"stage {name}: running ({digest}) → {out_dir}", flush=True)
             try:
-                check_outputs_intact({up: up_dir for up, (up_dir, _) in inputs.items()})
+                # the finished ones: run_dag starts a stage only after its upstream stages finished
+                check_outputs_intact({up: up_dir for up, (up_dir, _) in inputs.items() if is_complete(up_dir)})
                 check_inputs_unchanged(fingerprint, cfg, planned_inputs, "since the run was planned")
             except BaseException:
                 traceback.print_exc()
