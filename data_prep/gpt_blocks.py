@@ -23,6 +23,8 @@ from tokenizers.implementations import ByteLevelBPETokenizer
 from data_prep.shards import atomic_arrow_file
 
 END_OF_TEXT = "<|endoftext|>"
+# Byte-level BPE starts from the 256 byte pieces, whatever vocab_size asks for: fewer gave 257 entries, silently
+MIN_VOCAB_SIZE = 256 + 1  # and <|endoftext|>
 TOKENIZER_FILE = "tokenizer.json"
 BLOCK_SCHEMA = pa.schema([("ids", pa.list_(pa.int32()))])
 

@@ -77,7 +77,8 @@ class BookResult:
     status: str  # "kept" or "rejected"
     reason: str = ""  # why it was rejected; empty when kept
     rows: pa.RecordBatch | None = None
-    num_dropped_by_length: int = 0
+    num_dropped_too_short: int = 0  # sentences of fewer than min_tokens space-separated tokens
+    num_dropped_too_long: int = 0  # and of more than max_tokens
     utf8_replacements: int = 0  # invalid sequences replaced by U+FFFD (see decode_book): UTF-8's, or UTF-16/32's
     nuls_removed: int = 0  # stray NUL characters deleted (see binary_content_reason)
     fingerprint: str = ""
@@ -85,6 +86,10 @@ class BookResult:
     # that overlaps two sources counts in both
     removed_as_evaluation_text: dict[str, int] = dataclasses.field(default_factory=dict)
     num_removed_as_evaluation_text: int = 0
+
+    @property
+    def num_dropped_by_length(self) -> int:
+        return self.num_dropped_too_short + self.num_dropped_too_long
 
     @property
     def num_sentences(self) -> int:
@@ -99,12 +104,12 @@ class BookResult:
 
     @classmethod
     def rejected(cls, book_id: str, reason: str, *, num_bytes: int = 0, encoding: str = "",
-                 title: str = "", author: str = "", num_dropped_by_length: int = 0,
-                 removed_as_evaluation_text: dict[str, int] | None = None,
+                 title: str = "", author: str = "", num_dropped_too_short: int = 0,
+                 num_dropped_too_long: int = 0, removed_as_evaluation_text: dict[str, int] | None = None,
                  num_removed_as_evaluation_text: int = 0) -> BookResult:
         return cls(book_id=book_id, title=title or PurePath(book_id).stem, author=author, encoding=encoding,
-                   num_bytes=num_bytes, status="rejected", reason=reason,
-                   num_dropped_by_length=num_dropped_by_length,
+                   num_bytes=num_bytes, status="rejected", reason=reason, num_dropped_too_short=num_dropped_too_short,
+                   num_dropped_too_long=num_dropped_too_long,
                    removed_as_evaluation_text=removed_as_evaluation_text or {},
                    num_removed_as_evaluation_text=num_removed_as_evaluation_text)
 
@@ -358,14 +363,16 @@ def process_book(path: str | PurePath, raw: bytes, options: IngestOptions, book_
     candidates = pa.array(itertools.chain.from_iterable(candidates_by_paragraph), pa.string())
     # Whitespace is collapsed to single spaces, so counting them counts tokens without a list of words.
     num_tokens = pc.count_substring(candidates, " ").to_numpy() + 1
-    kept = (options.min_tokens <= num_tokens) & (num_tokens <= options.max_tokens)
-    num_dropped = int(len(kept) - kept.sum())
+    too_short, too_long = num_tokens < options.min_tokens, num_tokens > options.max_tokens
+    kept = ~(too_short | too_long)
+    dropped = dict(num_dropped_too_short=int(too_short.sum()), num_dropped_too_long=int(too_long.sum()))
     if not kept.any():
         return BookResult.rejected(
             book_id,
-            f"zero sentences after filtering: all {num_dropped} fall outside "
-            f"data.min_tokens={options.min_tokens}..data.max_tokens={options.max_tokens}",
-            num_dropped_by_length=num_dropped, **common,
+            f"zero sentences after filtering: all {len(kept)} fall outside "
+            f"data.min_tokens={options.min_tokens}..data.max_tokens={options.max_tokens} (tokens counted as "
+            "space-separated runs: text written without spaces is one token a sentence)",
+            **dropped, **common,
         )
     removed = {}
     if decontamination is not None:
@@ -377,11 +384,10 @@ def process_book(path: str | PurePath, raw: bytes, options: IngestOptions, book_
         if not kept.any():
             return BookResult.rejected(book_id, f"zero sentences after removing the {int(overlapping.sum())} that "
                                        "overlap the run's evaluation text (data.decontaminate)",
-                                       num_dropped_by_length=num_dropped, removed_as_evaluation_text=removed,
-                                       **common)
+                                       **dropped, removed_as_evaluation_text=removed, **common)
     paragraph_of = np.repeat(np.arange(len(candidates_by_paragraph)), [len(c) for c in candidates_by_paragraph])
     _, paragraph_index = np.unique(paragraph_of[kept], return_inverse=True)  # dense: emptied paragraphs get none
     rows = book_rows(book_id, title, paragraph_index, candidates.filter(kept))
-    return BookResult(book_id=book_id, status="kept", rows=rows, num_dropped_by_length=num_dropped,
+    return BookResult(book_id=book_id, status="kept", rows=rows, **dropped,
                       utf8_replacements=utf8_replacements, nuls_removed=nuls_removed, fingerprint=fingerprint,
                       removed_as_evaluation_text=removed, **common)

@@ -48,7 +48,8 @@ from data_prep.shards import (
 )
 
 # 2: near duplicates (status "near_duplicate", "similarity"); 3: a file over max_book_bytes is read as parts, each a
-# book and an entry of its own ("big.txt#2/31"); 4: "decontamination", and per book what it removed
+# book and an entry of its own ("big.txt#2/31"); 4: the sentences dropped by length split into too short and too long,
+# "decontamination", and per book what it removed
 MANIFEST_FORMAT_VERSION = 4
 # A group is one Ray task. Aim for ~4 groups per worker so a few big books do not leave workers idle
 # at the end, but keep tasks big enough that Ray's per-task overhead (~1 ms) stays invisible and small
@@ -360,6 +361,8 @@ def _file_entry(result: BookResult, status: str, duplicate_of: str | None = None
         "bytes": result.num_bytes,
         "sentences": sentences,
         "sentences_dropped_by_length": result.num_dropped_by_length,
+        "sentences_dropped_too_short": result.num_dropped_too_short,
+        "sentences_dropped_too_long": result.num_dropped_too_long,
     }
     if result.removed_as_evaluation_text:
         entry["sentences_removed_as_evaluation_text"] = result.num_removed_as_evaluation_text
@@ -414,6 +417,12 @@ def manifest_summary(shard_dir: str | os.PathLike, names_per_reason: int = 3) ->
     lines = [f"prepare: {totals['files_kept']} of {totals['files_read']} files kept, {totals['files_duplicate']} "
              f"duplicates, {totals['files_near_duplicate']} near duplicates, {totals['files_rejected']} rejected; "
              f"every file's fate and reason: {manifest_path}"]
+    short, long = totals["sentences_dropped_too_short"], totals["sentences_dropped_too_long"]
+    options = manifest["options"]
+    lines.append(f"  sentences: {totals['sentences']} kept, {short} dropped as shorter than data.min_tokens="
+                 f"{options['min_tokens']} tokens, {long} as longer than data.max_tokens={options['max_tokens']}"
+                 + (" (tokens are counted as space-separated runs: text written without spaces, such as Chinese, or "
+                    "joined by zero-width spaces, is one token a sentence)" if short or long else ""))
     by_reason = collections.defaultdict(list)
     for entry in manifest["files"]:
         if entry["status"] == "rejected":
@@ -555,6 +564,8 @@ def prepare_corpus(
             "files_rejected": status_counts["rejected"],
             "sentences": sum(entry["sentences"] for entry in files),
             "sentences_dropped_by_length": sum(entry["sentences_dropped_by_length"] for entry in files),
+            "sentences_dropped_too_short": sum(entry["sentences_dropped_too_short"] for entry in files),
+            "sentences_dropped_too_long": sum(entry["sentences_dropped_too_long"] for entry in files),
             "nul_characters_removed": sum(entry.get("nul_characters_removed", 0) for entry in files),
             "input_bytes": sum(entry["bytes"] for entry in files),
             "shards": len(writes.shards),

@@ -131,28 +131,34 @@ def read_subj(directory: str | Path) -> LabelledSentences:
 
 
 CR_SENTENCE = re.compile(r"^(?P<tags>[^#]*)##(?P<sentence>.*)$")
+# The files as distributed hold lines whose tags and sentence are parted by a single '#' (at least one in the Apex DVD
+# player's): read as '##', and counted, where refusing them refused the whole task.
+CR_SINGLE_HASH = re.compile(r"^(?P<tags>[^#]*)#(?P<sentence>[^#].*)$")
 CR_POLARITY = re.compile(r"\[([+-])\d+\]")
 CR_EXPECTED = ("Hu & Liu's annotated review format: '[t]title' lines, 'feature[+n],feature[-n]##sentence' lines, "
                "'*' header lines or blank lines")
 
 
-def read_cr_annotated(path: Path) -> tuple[list[list[str]], list[int]]:
-    """Sentences and labels (0 negative, 1 positive) of one product file of Hu & Liu 2004: a `##` line is positive
-    when its tags hold a [+n] opinion, negative when they hold a [-n], and dropped when they hold neither or both,
-    as SentEval's CR was built; `[t]` review titles and the `*` header block are not review sentences."""
-    sentences, labels = [], []
+def read_cr_annotated(path: Path) -> tuple[list[list[str]], list[int], int]:
+    """Sentences and labels (0 negative, 1 positive) of one product file of Hu & Liu 2004, and how many of its lines
+    part tags and sentence with a single '#' (CR_SINGLE_HASH): a `##` line is positive when its tags hold a [+n]
+    opinion, negative when they hold a [-n], and dropped when they hold neither or both, as SentEval's CR was built;
+    `[t]` review titles and the `*` header block are not review sentences."""
+    sentences, labels, single_hash = [], [], 0
     for line_no, line in enumerate(_read_text(path).splitlines(), start=1):
         stripped = line.strip()
         if not stripped or stripped.startswith("*") or stripped.startswith("[t]"):
             continue
         match = CR_SENTENCE.match(stripped)
+        if match is None and (match := CR_SINGLE_HASH.match(stripped)):
+            single_hash += 1
         if match is None:
             raise ValueError(f"{path}:{line_no}: {stripped[:60]!r} is not a review line; expected {CR_EXPECTED}")
         signs = set(CR_POLARITY.findall(match["tags"]))
         if len(signs) == 1 and match["sentence"].strip():
             sentences.append(tokenize(match["sentence"]))
             labels.append(int(signs == {"+"}))
-    return sentences, labels
+    return sentences, labels, single_hash
 
 
 def read_cr(directory: str | Path) -> LabelledSentences:
@@ -167,10 +173,15 @@ def read_cr(directory: str | Path) -> LabelledSentences:
         raise FileNotFoundError(f"{directory}: no CR files found; point the CR task at a directory holding SentEval's "
                                 "custrev.neg and custrev.pos, or Hu & Liu's annotated product files (*.txt)")
     task = LabelledSentences([], [], ["negative", "positive"])
+    single_hash = {}
     for path in products:
-        sentences, labels = read_cr_annotated(path)
+        sentences, labels, single_hash[path.name] = read_cr_annotated(path)
         task.sentences += sentences
         task.labels += labels
+    if any(single_hash.values()):
+        print(f"CR: {sum(single_hash.values())} line(s) part tags and sentence with a single '#', a known quirk of "
+              "Hu & Liu's files, read as '##': " + ", ".join(f"{name} ({n})" for name, n in single_hash.items() if n),
+              flush=True)
     if len(set(task.labels)) < 2:
         raise ValueError(f"{directory}: the product files hold {len(task.labels)} sentences with a single polarity; "
                          f"expected {CR_EXPECTED}, with [+n] and [-n] opinions")

@@ -82,8 +82,17 @@ def train_wordpiece(
         clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
     )
     pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise ValueError(f"tokenizer.vocab_size={vocab_size} leaves no room for word pieces next to the "
+                         f"{len(SPECIAL_TOKENS)} special tokens {SPECIAL_TOKENS}; raise it (BERT's is 30,522)")
     words = count_words(sentences, normalizer, pre_tokenizer)
-    pieces = learn_wordpieces(words, vocab_size - len(SPECIAL_TOKENS), min_frequency, limit_alphabet)
+    try:
+        pieces = learn_wordpieces(words, vocab_size - len(SPECIAL_TOKENS), min_frequency, limit_alphabet)
+    except AlphabetTooLarge as err:
+        raise ValueError(f"tokenizer.vocab_size={vocab_size} is too small for this corpus: {err}, so every word "
+                         f"holding one of the others would be [UNK]; set tokenizer.vocab_size to at least "
+                         f"{len(SPECIAL_TOKENS) + err.pieces} (the {len(SPECIAL_TOKENS)} special tokens and those "
+                         "pieces; a vocabulary that learns words needs many more: BERT's is 30,522)") from None
     if not pieces:
         raise ValueError("the training corpus yielded no word pieces; pass non-empty sentences to train_wordpiece")
     vocab = {token: i for i, token in enumerate((*SPECIAL_TOKENS, *pieces))}
@@ -116,6 +125,14 @@ def count_words(sentences: Iterable[str], normalizer, pre_tokenizer) -> Counter:
     return counts
 
 
+class AlphabetTooLarge(ValueError):
+    """Fewer pieces asked for than the corpus's characters need to be spelled out."""
+
+    def __init__(self, message: str, pieces: int):
+        super().__init__(message)
+        self.pieces = pieces
+
+
 def learn_wordpieces(words: Counter, num_pieces: int, min_frequency: int, limit_alphabet: int) -> list[str]:
     """At most `num_pieces` pieces, in the order learned: the alphabet, then each merge's result.
 
@@ -123,7 +140,10 @@ def learn_wordpieces(words: Counter, num_pieces: int, min_frequency: int, limit_
     start and, where they occur inside words, as "##" continuations. Then, as in BPE (Sennrich et al. 2016), the
     most frequent adjacent pair of symbols over all words is merged into a new piece, until there are `num_pieces`
     or no pair occurs `min_frequency` times. Ties go to the pair of the earliest pieces (lowest ids), as in
-    ``tokenizers``, whose order is made deterministic here: alphabet by frequency then character, "##" pieces sorted."""
+    ``tokenizers``, whose order is made deterministic here: alphabet by frequency then character, "##" pieces sorted.
+
+    Raises AlphabetTooLarge where `num_pieces` cannot hold the alphabet and its "##" forms: `vocab_size=10` once kept
+    [UNK] and `e t a o n`, and pretraining scored "MLM acc 0.78" predicting [UNK] (issue 39)."""
     char_counts = Counter()
     for word, count in words.items():
         for char in word:
@@ -140,7 +160,10 @@ def learn_wordpieces(words: Counter, num_pieces: int, min_frequency: int, limit_
     pieces = list(alphabet)
     pieces += sorted({s for word in symbols for s in word[1:]} - set(pieces))
     rank = {piece: i for i, piece in enumerate(pieces)}  # the tie-break: a piece's id, or would-be id
-    pieces = pieces[:num_pieces]
+    if num_pieces < len(pieces):
+        raise AlphabetTooLarge(f"{num_pieces} pieces cannot spell its {len(alphabet)} characters and the "
+                               f"{len(pieces) - len(alphabet)} '##' forms of those found inside words "
+                               f"({len(pieces)} pieces)", len(pieces))
 
     pair_counts: Counter = Counter()
     pair_words: dict[tuple[str, str], set[int]] = defaultdict(set)
@@ -247,6 +270,44 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; train a tokenizer into {directory} with train_wordpiece first")
     return Tokenizer.from_file(str(path))
+
+
+# More of the corpus's tokens than this unknown to a vocabulary, and its stage warns: a model then learns to predict
+# the unknown token (vocab_size=10 scored "MLM acc 0.78"), and downstream tasks see it for words they need.
+UNKNOWN_RATE_WARNING = 0.01
+# The rate of a subword vocabulary is measured on at most this many sentences, evenly spaced through the corpus
+# (data_prep.shards.sampled_texts): a second pass over the whole training sample would cost as much as its counting.
+UNKNOWN_RATE_SENTENCES = 100_000
+
+
+def unknown_tokens(tokenizer: Tokenizer, texts: Iterable[str]) -> tuple[int, int]:
+    """(unknown tokens, all tokens) of `texts` encoded by `tokenizer` (special tokens not added); a tokenizer without
+    an unknown token (GPT's byte-level BPE) has none."""
+    unknown_token = getattr(tokenizer.model, "unk_token", None)
+    unknown_id = tokenizer.token_to_id(unknown_token) if unknown_token else None
+    unknown = total = 0
+    for batch in _batches(texts, _TRAIN_BATCH_SIZE):
+        for encoding in tokenizer.encode_batch_fast(batch, add_special_tokens=False):
+            total += len(encoding.ids)
+            unknown += encoding.ids.count(unknown_id) if unknown_id is not None else 0
+    return unknown, total
+
+
+def unknown_words(counts: Counter, vocabulary: Iterable[str]) -> tuple[int, int]:
+    """(occurrences of words outside `vocabulary`, all occurrences) of a word count."""
+    total = sum(counts.values())
+    return total - sum(counts.get(word, 0) for word in set(vocabulary)), total
+
+
+def unknown_rate_summary(unknown: int, total: int, vocab_key: str, unit: str = "tokens") -> dict:
+    """The stage.json fields of a vocabulary's unknown-token rate, printing a warning above UNKNOWN_RATE_WARNING."""
+    rate = unknown / total if total else 0.0
+    warning = None
+    if rate > UNKNOWN_RATE_WARNING:
+        warning = (f"{rate:.1%} of the corpus's {unit} ({unknown:,} of {total:,}) are unknown to the vocabulary; raise "
+                   f"{vocab_key} (or lower the minimum count) unless that is intended")
+        print(f"WARNING: {warning}", flush=True)
+    return {"unknown_rate": round(rate, 6), "unknown_rate_warning": warning}
 
 
 def encode_batch_ids(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:

@@ -12,6 +12,7 @@ as `Conv1D` with the weight transposed relative to nn.Linear, so converting weig
 
 import json
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -346,7 +347,16 @@ def config_from_hf(hf: dict) -> GPTConfig:
     if bad:
         raise ValueError(f"models.gpt computes GPT-2 with tanh GELU, a 4x MLP, 1/sqrt(hs) attention scaling and a "
                          f"tied head only; this config has {', '.join(bad)}")
-    return GPTConfig(**{k: hf[k] for k in HF_CONFIG_KEYS if k in hf})
+    values = {k: hf[k] for k in HF_CONFIG_KEYS if k in hf}
+    eos, vocab_size = values.get("eos_token_id"), values.get("vocab_size", GPTConfig.vocab_size)
+    if eos is not None and not 0 <= eos < vocab_size:
+        # transformers' GPT2Config keeps GPT-2's eos_token_id=50256 whatever vocab_size is, and loads such a model; a
+        # small custom-vocabulary GPT-2 saved with it has no such token
+        warnings.warn(f"the config's eos_token_id {eos} is outside the vocabulary of {vocab_size} tokens (GPT2Config's "
+                      "default, kept whatever vocab_size is); the model is loaded without one: generation then runs "
+                      "to max_new_tokens", stacklevel=2)
+        values["eos_token_id"] = None
+    return GPTConfig(**values)
 
 
 def _state_from_hf(state: dict) -> dict:

@@ -51,6 +51,7 @@ class PipelineConfig:
     until: Optional[StageName] = MISSING
     force: list[StageName] = MISSING
     dry_run: bool = MISSING
+    verify: bool = MISSING
 
 
 @dataclass
@@ -166,6 +167,37 @@ def null_standins(schema: type | None = None, path: str = "") -> dict[str, str]:
         elif dataclasses.is_dataclass(hints[f.name]):
             found.update(null_standins(hints[f.name], f"{path}{f.name}."))
     return found
+
+
+def map_keys(schema: type | None = None, prefix: str = "") -> list[str]:
+    """The dotted keys of the schema's maps of names (`dict[str, ...]` fields: senteval.tasks, callbacks)."""
+    found = []
+    for name, kind in get_type_hints(schema or Config).items():
+        if getattr(kind, "__origin__", None) is dict:
+            found.append(f"{prefix}{name}")
+        elif dataclasses.is_dataclass(kind):
+            found += map_keys(kind, f"{prefix}{name}.")
+    return found
+
+
+def check_whole_map_overrides(overrides: list[str], compose: Callable[[list[str]], DictConfig]) -> None:
+    """Refuse `senteval.tasks={SUBJ: {...}}`, naming the overrides that do what it means: Hydra merges a whole map
+    given on the command line into the names already there instead of replacing them, and refuses a new name in it
+    ("Key 'SUBJ' is not in struct"), so it either fails with that or silently keeps the other names."""
+    maps = map_keys()
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key not in maps or not value.lstrip().startswith("{"):
+            continue
+        try:
+            names = list(OmegaConf.select(compose([o for o in overrides if o != override]), key) or {})
+        except Exception:  # noqa: BLE001 -- Hydra reports the other overrides' errors itself
+            return
+        drop = " ".join(f"~{key}.{name}" for name in names)
+        raise SystemExit(f"error: {override}: {key} is a map of names, and an override of the whole map would merge "
+                         f"into the names it has ({', '.join(names) or 'none'}) rather than replace them, and cannot "
+                         f"add a name; drop names with ~{key}.NAME and add one with +{key}.NAME='{{...}}', e.g. to "
+                         f"have only the names you give: {drop} +{key}.NAME='{{...}}'")
 
 
 def check_overrides_into_null_blocks(overrides: list[str], compose: Callable[[list[str]], DictConfig]) -> None:

@@ -4,6 +4,7 @@ deduplicated, decontaminated against the run's evaluation text and split into se
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -13,6 +14,7 @@ from data_prep.decontaminate import EvaluationOverlap
 from data_prep.dedup import NearDuplicateOptions
 from data_prep.prepare import prepare_corpus
 from data_prep.sentences import default_splitter, splitter_identity
+from data_prep.shards import MANIFEST_NAME
 from pipeline.downstream.finetune import task_names
 from pipeline.downstream.task_data import evaluation_texts as task_evaluation_texts
 from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fingerprint
@@ -89,6 +91,31 @@ def prepare(ctx: StageContext) -> dict:
                               else NearDuplicateOptions(threshold=data.near_duplicate_threshold),
                               decontamination=decontamination(ctx.cfg))
     return {"corpus_dir": str(corpus), **manifest["totals"], "decontamination": manifest["decontamination"]}
+
+
+def require_books(prepare_dir: Path, needed: int, purpose: str) -> None:
+    """Fail, saying what became of the other files, when the prepared corpus has fewer than `needed` books: a corpus
+    of copies of one book got "needs at least 2 books; got 1", without a word of the copies dropped as duplicates."""
+    manifest_path = Path(prepare_dir) / MANIFEST_NAME
+    manifest = json.loads(manifest_path.read_text())
+    totals = manifest["totals"]
+    if totals["files_kept"] >= needed:
+        return
+    dropped = [_fate(entry) for entry in manifest["files"] if entry["status"] != "kept"]
+    listed = "; ".join(dropped[:3]) + (f"; and {len(dropped) - 3} more" if len(dropped) > 3 else "")
+    raise ValueError(f"{purpose}, so the corpus needs at least {needed} distinct books; prepare kept "
+                     f"{totals['files_kept']} of the {totals['files_read']} files, dropping "
+                     f"{totals['files_duplicate']} as exact duplicates, {totals['files_near_duplicate']} as near "
+                     f"duplicates (data.near_duplicate_threshold) and rejecting {totals['files_rejected']}"
+                     f"{': ' + listed if listed else ''} (every file's fate: {manifest_path}). Add books that are not "
+                     "copies of one another to data.corpus_dir")
+
+
+def _fate(entry: dict) -> str:
+    if entry.get("duplicate_of"):
+        near = "near " if entry["status"] == "near_duplicate" else ""
+        return f"{entry['book_id']}, a {near}copy of {entry['duplicate_of']}"
+    return f"{entry['book_id']}: {entry.get('reason', entry['status'])}"
 
 
 def _corpus_fingerprint(cfg: DictConfig) -> str:

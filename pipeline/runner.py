@@ -12,7 +12,14 @@ from omegaconf import DictConfig
 
 from data_prep.prepare import manifest_summary
 from pipeline.config import check_declared_keys
-from pipeline.downstream.finetune import FINETUNE, check_task_files, headline_results, task_names, train_sizes
+from pipeline.downstream.finetune import (
+    FINETUNE,
+    check_task_files,
+    finetune_seeds,
+    headline_results,
+    task_names,
+    train_sizes,
+)
 from pipeline.downstream.tasks import load_task
 from pipeline.engine.dag import StageFailed, plan, resolve_upstream, run_dag, select_stages
 from pipeline.engine.distributed import validate_distributed
@@ -26,6 +33,7 @@ from pipeline.engine.settings import (
     Number,
     check_numbers,
     check_target_arguments,
+    did_you_mean,
 )
 from pipeline.engine.tracking import check_logger, uses_wandb
 from pipeline.engine.training import check_trainer_arguments
@@ -63,14 +71,36 @@ def validate(cfg: DictConfig) -> None:
     for name in task_names(cfg):
         load_task(name)
     train_sizes(cfg)
+    finetune_seeds(cfg)
     validate_distributed(cfg)
     encoder_snapshot_steps(cfg, cfg.pretrain, "pretrain")  # every family's; BERT's phase 2 in its own validate
     stages = resolve_upstream(STAGES, cfg)
     in_run = select_stages(stages, list(cfg.pipeline.stages), cfg.pipeline.until)
+    warn_of_an_until_outside_the_run(cfg, stages, in_run)
     for family in FAMILIES:
         family.validate(cfg, in_run)
     if FINETUNE.name in in_run:
         check_task_files(cfg)  # read now, not after pretraining
+
+
+def absolute_paths(cfg: DictConfig) -> None:
+    """paths.cache_dir and paths.run_dir as absolute paths: a relative cache directory made relative links from the run
+    directory, which dangled, so every stage succeeded and then the run failed, `pipeline.status` saying 'not run'
+    (issue 39); stages in Ray workers need not share the driver's working directory either."""
+    for key in ("cache_dir", "run_dir"):
+        cfg.paths[key] = str(Path(cfg.paths[key]).expanduser().absolute())
+
+
+def warn_of_an_until_outside_the_run(cfg: DictConfig, stages: dict, in_run: list[str]) -> None:
+    """pipeline.until names a stage this run's stages do not include (another family's: `pretrain` is BERT's, and
+    `+experiment=gpt_tiny pipeline.until=pretrain` ran without a word what the two share, the corpus): say so."""
+    until = cfg.pipeline.until
+    run_stages = select_stages(stages, list(cfg.pipeline.stages), None)
+    if not until or until in run_stages:
+        return
+    hint = did_you_mean(str(until), run_stages, "pipeline.until=")
+    print(f"WARNING: pipeline.until={until} is not one of this run's stages ({', '.join(run_stages)}); the run "
+          f"stops at what it shares with {until}: {', '.join(in_run) or 'nothing'}. {hint}", flush=True)
 
 
 def init_ray(cfg: DictConfig) -> None:
@@ -126,6 +156,7 @@ def run_pipeline(cfg: DictConfig) -> Path:
     import ray
 
     validate(cfg)
+    absolute_paths(cfg)
     run_dir = Path(cfg.paths.run_dir)
     Path(cfg.paths.cache_dir).mkdir(parents=True, exist_ok=True)
     if cfg.pipeline.dry_run:

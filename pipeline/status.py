@@ -4,10 +4,12 @@ The run directory's `pipeline.json` (written by dag.run_dag) names every planned
 output directory; the output directory tells the rest, because the engine's own files are the truth there:
 the marker (complete), `stage.json` (duration), `stage.log` (a traceback means the stage failed), and the
 per-output lock (held only while a process is executing the stage). Without RUN_DIR, the newest run under
-`outputs/` or `multirun/` is shown.
+`outputs/` or `multirun/` is shown. With --verify, every file of each finished stage is hashed again and compared
+with what the stage recorded in its marker when it finished (pipeline/engine/integrity.py); each mismatch is listed.
 
-Exit status: 0 when no stage failed or was interrupted, 1 when one did (rerun the same command to retry it) or when
-there is no run to show, so that scripts can test a run with it.
+Exit status: 0 when no stage failed or was interrupted (and, with --verify, no finished output differs from its
+record), 1 when one did (rerun the same command to retry it; a damaged output, with the pipeline.force it names) or
+when there is no run to show, so that scripts can test a run with it.
 """
 from __future__ import annotations
 
@@ -15,11 +17,14 @@ import argparse
 import errno
 import fcntl
 import json
+import os
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.engine.dag import LOG_FILE, MARKER, directory_size
+from pipeline.engine.dag import LOG_FILE, MARKER, directory_size, output_damage, process_start
+from pipeline.engine.integrity import damage_message
 
 PIPELINE_FILE = "pipeline.json"
 RUN_ROOTS = ("outputs", "multirun")  # where Hydra puts single runs and sweeps (conf/config.yaml)
@@ -83,22 +88,63 @@ def stage_state(name: str, digest: str, output: Path, recorded_state: str) -> st
     return "failed" if _last_attempt_failed(output / LOG_FILE, name) else "interrupted"
 
 
+def _read_json(path: Path) -> dict | None:
+    """A JSON file's object, or None where there is none or it does not parse (a truncated or damaged file)."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def read_status(run_dir: Path) -> list[StageStatus]:
     pipeline_file = run_dir / PIPELINE_FILE
     if not pipeline_file.is_file():
         raise FileNotFoundError(f"{pipeline_file} not found: {run_dir} is not a pipeline run directory, or its "
                                 "run is still planning or was killed before it wrote one; pass the directory "
                                 "that `python -m pipeline` printed as 'run directory:'")
+    planned = _read_json(pipeline_file)
+    if planned is None or not isinstance(planned.get("stages"), dict):
+        raise ValueError(f"{pipeline_file} is not a readable pipeline file (truncated or damaged); rerun the same "
+                         "command to write it again (finished stages are reused)")
     statuses = []
-    for name, recorded in json.loads(pipeline_file.read_text())["stages"].items():
+    for name, recorded in planned["stages"].items():
         output = Path(recorded["output"])
         state = stage_state(name, recorded["hash"], output, recorded["state"])
-        summary_file = output / "stage.json"
-        # For a cached stage this is how long the run that produced the output took: the work it saved.
-        duration = json.loads(summary_file.read_text()).get("duration_s") if summary_file.is_file() else None
+        # For a cached stage this is how long the run that produced the output took: the work it saved. A stage.json
+        # that cannot be read gives none (`--verify` names it).
+        duration = (_read_json(output / "stage.json") or {}).get("duration_s")
         size = directory_size(output) if output.is_dir() else None
         statuses.append(StageStatus(name, state, recorded["hash"], output, duration, size))
     return statuses
+
+
+def killed_driver(run_dir: Path) -> str | None:
+    """How the run's driver ended without finishing the run (killed by SIGKILL, or its machine), or None: it got to the
+    end, it is still running, or it ran on another machine, where this cannot be told."""
+    planned = _read_json(run_dir / PIPELINE_FILE) or {}
+    driver = planned.get("driver")
+    if planned.get("ended", True) or not driver or driver.get("host") != socket.gethostname():
+        return None
+    if driver.get("started") is None:  # no /proc to tell a reused pid apart: whether one runs under it
+        try:
+            os.kill(driver["pid"], 0)
+            return None
+        except ProcessLookupError:
+            pass
+        except PermissionError:  # another user's process: one runs under it
+            return None
+    elif process_start(driver["pid"]) == driver["started"]:
+        return None
+    return (f"run interrupted: its driver (pid {driver['pid']}) ended without finishing the run (killed?); stages "
+            "still running are left to finish or fail, the others were not started. Rerun the same command to resume "
+            "(finished stages are reused)")
+
+
+def verify(statuses: list[StageStatus]) -> list[str]:
+    """A message for each finished stage whose files are not what it recorded when it finished, naming every file."""
+    return [damage_message(s.name, s.output, problems) for s in statuses if s.state in ("complete", "cached")
+            if (problems := output_damage(s.name, s.output, full=True))]
 
 
 def human_bytes(n: int) -> str:
@@ -138,15 +184,28 @@ def main(argv: list[str] | None = None) -> int:
                                      epilog=__doc__.split("\n\n")[-1])
     parser.add_argument("run_dir", nargs="?", type=Path,
                         help=f"a run directory (default: the newest under {' or '.join(RUN_ROOTS)}/)")
+    parser.add_argument("--verify", action="store_true",
+                        help="hash every file of the finished stages again and list each one that differs from what "
+                             "its stage recorded")
     args = parser.parse_args(argv)
     try:
         run_dir = args.run_dir or latest_run_dir(tuple(Path(r) for r in RUN_ROOTS))
         statuses = read_status(run_dir)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(format_table(run_dir, statuses))
-    return 1 if any(s.state in ("failed", "interrupted") for s in statuses) else 0
+    failed = any(s.state in ("failed", "interrupted") for s in statuses)
+    if killed := killed_driver(run_dir):
+        print(killed)
+        failed = True
+    if args.verify:
+        damaged = verify(statuses)
+        checked = sum(s.state in ("complete", "cached") for s in statuses)
+        print("\n".join(f"damaged: {message}" for message in damaged) if damaged else
+              f"verified: the files of all {checked} finished stages are what their stages wrote")
+        failed = failed or bool(damaged)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

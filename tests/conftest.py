@@ -10,6 +10,18 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
+@pytest.fixture(autouse=True)
+def no_shared_data(request, tmp_path_factory):
+    """Every fast test runs as in a fresh clone, which has no ../shared beside it (the team's data, beside its main
+    checkout; the configs' default for TEXTREP_SHARED_DATA): a fast test that reads it fails here, for every developer,
+    not first on a user's machine (issue 39). Slow tests may read it. A MonkeyPatch of its own, not the test's: undone
+    after every other fixture of the test."""
+    with pytest.MonkeyPatch.context() as patch:
+        if request.node.get_closest_marker("slow") is None:
+            patch.setenv("TEXTREP_SHARED_DATA", str(tmp_path_factory.getbasetemp() / "no-shared-data"))
+        yield
+
+
 def pytest_configure(config):
     import pipeline.config  # noqa: F401  registers the config schema that conf/config.yaml composes with
 

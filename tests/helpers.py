@@ -151,7 +151,7 @@ class TinyRun:
     def run_stage(self, name: str) -> dict:
         inputs = {u: (self.plan.dirs[u], self.plan.hashes[u]) for u in self.plan.stages[name].upstream}
         return execute_stage(self.plan.stages, self.cfg, name, self.plan.hashes[name], self.plan.dirs[name], inputs,
-                             Path(self.cfg.paths.run_dir))
+                             Path(self.cfg.paths.run_dir), planned_inputs=self.plan.input_files[name])
 
 
 # The evaluate stage on write_mr's MR alone (at <senteval.data_root>/MR), 3-fold: seconds per encoder.

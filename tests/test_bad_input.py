@@ -16,7 +16,7 @@ import ray
 import data_prep.prepare as prepare_module
 from data_prep import elmo_examples, skip_thought_examples
 from data_prep.dedup import NearDuplicateOptions
-from data_prep.prepare import MAX_BOOK_BYTES, plan_pieces, prepare_corpus
+from data_prep.prepare import MAX_BOOK_BYTES, manifest_summary, plan_pieces, prepare_corpus
 from data_prep.shards import open_shards
 from pipeline import runner
 from pipeline.evaluation.senteval import stratified_folds
@@ -272,11 +272,34 @@ def test_the_driver_lists_rejected_files_by_reason_and_the_manifest(tmp_path, mo
     monkeypatch.setenv("WANDB_MODE", "offline")
     capsys.readouterr()
     runner.run_pipeline(tiny_config(tmp_path))
-    assert capsys.readouterr().out.splitlines()[-4:-1] == [
+    assert capsys.readouterr().out.splitlines()[-5:-1] == [
         f"prepare: 1 of 6 files kept, 0 duplicates, 0 near duplicates, 5 rejected; every file's fate and reason: "
         f"{prepared / 'manifest.json'}",
+        "  sentences: 2 kept, 0 dropped as shorter than data.min_tokens=3 tokens, 0 as longer than "
+        "data.max_tokens=200",
         "  rejected, binary file (4): image0.txt, image1.txt, image2.txt and 1 more",
         "  rejected, unreadable (1): dangling.txt"]
+
+
+def test_sentences_dropped_by_each_length_filter_are_counted_and_said_with_why(tmp_path):
+    """Issue 39, defect 9: Chinese text and words joined by zero-width spaces were dropped 'by length', as tokens are
+    counted as spaces + 1, and only a total said so; each filter's count, and why, is in the manifest and the summary
+    the driver prints."""
+    corpus = corpus_with(tmp_path, "chinese.txt", "她走进了花园。他在河边等她。我们明天再见吧。\n".encode())
+    (corpus / "joined.txt").write_text("The\u200bold\u200bman\u200bsaw\u200bthe\u200bship. "
+                                       "He waved to us from the quiet harbour wall at dawn.\n")
+    manifest = prepare(corpus, tmp_path / "out", min_tokens=3, max_tokens=9)
+    assert (entry(manifest, "chinese.txt")["status"], entry(manifest, "chinese.txt")["sentences_dropped_too_short"]) \
+        == ("rejected", 3)
+    assert "text written without spaces is one token a sentence" in entry(manifest, "chinese.txt")["reason"]
+    joined = entry(manifest, "joined.txt")
+    assert (joined["sentences_dropped_too_short"], joined["sentences_dropped_too_long"]) == (1, 1)
+    totals = manifest["totals"]
+    assert (totals["sentences_dropped_too_short"], totals["sentences_dropped_too_long"]) == (4, 1)
+    assert manifest_summary(tmp_path / "out").splitlines()[1] == (
+        f"  sentences: {totals['sentences']} kept, 4 dropped as shorter than data.min_tokens=3 tokens, 1 as longer "
+        "than data.max_tokens=9 (tokens are counted as space-separated runs: text written without spaces, such as "
+        "Chinese, or joined by zero-width spaces, is one token a sentence)")
 
 
 def test_corpus_filtered_to_zero_sentences(tmp_path):

@@ -19,6 +19,7 @@ from pipeline import CONF_DIR
 from pipeline.downstream.finetune import task_names
 from pipeline.downstream.tasks import load_task
 from pipeline.runner import validate
+from tests.helpers import write_books
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
@@ -64,7 +65,11 @@ def test_experiment_composes_to_what_its_file_states(name, tmp_path):
         assert OmegaConf.to_container(OmegaConf.select(cfg, key), resolve=False) == \
             OmegaConf.to_container(expected, resolve=False)
     assert cfg.model._target_.startswith("models.")
-    if cfg.finetune.data_dir:  # e.g. GLUE under ../shared, which a fresh clone has not: validate reads the files
+    # A fresh clone has no ../shared (the data beside the team's checkout; tests/conftest.py hides it): validate reads
+    # the corpus directory and the task files, so the ones an experiment names there are written small here.
+    if cfg.data.corpus_dir:
+        cfg.data.corpus_dir = str(write_books(tmp_path / "books", n_books=2))
+    if cfg.finetune.data_dir:  # e.g. GLUE
         cfg.finetune.data_dir = str(_write_task_files(tmp_path / "tasks", task_names(cfg)))
     validate(cfg)
 
@@ -193,3 +198,19 @@ def test_an_override_into_a_null_block_names_the_block_that_stands_in_for_it():
         check_overrides_into_null_blocks(["+experiment=gpt_tiny", "gpt.model.config.n_layer=4"], _compose)
     check_overrides_into_null_blocks(["+experiment=bert_vs_gpt", "gpt.model.config.name=gpt_mini"], _compose)
     check_overrides_into_null_blocks(["+experiment=gpt_tiny", "+gpt.model.config.n_layer=4"], _compose)  # adds one
+
+
+def test_a_whole_map_override_names_the_overrides_that_replace_it():
+    """Issue 39, defect 8: `senteval.tasks={SUBJ: {...}}` failed with "Key 'SUBJ' is not in struct", and a map of
+    names already there merged silently into the configured tasks instead of replacing them."""
+    drop = ("~senteval.tasks.MR ~senteval.tasks.SICKEntailment ~senteval.tasks.SICKRelatedness ~senteval.tasks.MRPC "
+            "+senteval.tasks.NAME='{...}'")
+    result = _cli("+experiment=bert_tiny", "senteval.tasks={SUBJ: {kind: subj, path: SUBJ}}")
+    assert result.returncode != 0
+    assert ("error: senteval.tasks={SUBJ: {kind: subj, path: SUBJ}}: senteval.tasks is a map of names, and an "
+            "override of the whole map would merge into the names it has (MR, SICKEntailment, SICKRelatedness, MRPC)"
+            ) in result.stderr and drop in result.stderr
+    from pipeline.config import check_whole_map_overrides
+
+    with pytest.raises(SystemExit, match=re.escape(drop)):  # before, it kept the other three tasks
+        check_whole_map_overrides(["+experiment=bert_tiny", "senteval.tasks={MR: {kind: mr, path: MR}}"], _compose)

@@ -254,6 +254,51 @@ def test_a_full_disk_names_the_cache_directory(small_disk, fill, says):
     assert not (the_plan.dirs["fill"] / MARKER).exists()
 
 
+def save_a_checkpoint(ctx) -> dict:
+    import torch
+
+    from pipeline.engine.pretraining import AtomicCheckpointIO
+
+    AtomicCheckpointIO(keep=2).save_checkpoint({"weights": torch.zeros(1 << 19)},
+                                               ctx.out_dir / "checkpoints" / "step-00000010.ckpt")
+    return {}
+
+
+def test_a_checkpoint_that_does_not_fit_leaves_no_temporary_and_names_the_cache_directory(small_disk):
+    """Issue 39, defect 4: a failed checkpoint save left its temporary file (7.6 MB on a 20 MiB volume; each rerun
+    added another), and the error was torch's 'unexpected pos'."""
+    cache_dir = small_disk / "cache"
+    cfg = _cfg(small_disk, **{"paths.cache_dir": str(cache_dir), "pipeline.stages": ["save"]})
+    stages = {"save": Stage("save", save_a_checkpoint)}
+    the_plan = plan(cfg, stages)
+    with pytest.raises(StageFailed, match=re.escape(f"stage save failed: no space left on device: the cache directory "
+                                                    f"paths.cache_dir={cache_dir} is full (")):
+        execute_stage(stages, cfg, "save", the_plan.hashes["save"], the_plan.dirs["save"], {}, None)
+    assert [p.name for p in (the_plan.dirs["save"] / "checkpoints").iterdir()] == []
+
+
+@pytest.mark.parametrize("free, raised", [(0, OSError), (10 << 30, RuntimeError)], ids=["full", "not-full"])
+def test_a_failed_checkpoint_save_removes_its_temporary(tmp_path, monkeypatch, free, raised):
+    """The same on any machine (no tmpfs needed): a save that fails removes what it wrote; with the disk full it says
+    so (errno ENOSPC, which the engine's message turns into paths.cache_dir), else the error is torch's own."""
+    import torch
+
+    from pipeline.engine import pretraining
+
+    def half_written(obj, f):
+        f.write(b"x" * 4096)
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4096 vs 4000")
+
+    monkeypatch.setattr(torch, "save", half_written)
+    monkeypatch.setattr(pretraining.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 0, free))
+    path = tmp_path / "checkpoints" / "step-00000010.ckpt"
+    with pytest.raises(raised) as err:
+        pretraining.AtomicCheckpointIO(keep=2).save_checkpoint({"weights": 1}, path)
+    assert list(path.parent.iterdir()) == []
+    if raised is OSError:
+        assert err.value.errno == errno.ENOSPC and str(path) in str(err.value)
+
+
 @ray.remote
 def _write_in_a_ray_task() -> None:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

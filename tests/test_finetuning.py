@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -225,6 +226,47 @@ def test_train_sizes_give_a_label_efficiency_curve_in_the_report(ctx, tmp_path):
     assert "## Label efficiency" in md and "| model | 8 | 16 | 32 |" in md
     assert md.count("| pretrained | sst2 | accuracy |") == 1  # the headline table shows all-data rows only
     assert md.count("| bow_logreg | sst2 | accuracy |") == 1
+
+
+def test_sizes_at_or_above_the_train_split_run_once_as_all_and_the_csv_says_which_size(ctx, tmp_path, capsys):
+    """Issue 39, defect 3: sizes of 32 and 100 on a train split of 32 each gave a copy of the all-data run, whose
+    label-efficiency cells (keyed by train examples) overwrote one another, and results.csv had no train_size."""
+    import csv
+
+    from pipeline.report.report import write_report
+
+    ctx.cfg.finetune.task = "sst2"
+    ctx.cfg.finetune.seeds = [1]
+    ctx.cfg.finetune.train_sizes = [16, 32, 100, None]
+    finetuning.finetune(ctx)
+    assert sorted(p.name for p in (ctx.out_dir / "finished").glob("sst2-pretrained-*.json")) == [
+        "sst2-pretrained-16-seed1.json", "sst2-pretrained-all-seed1.json"]
+    assert "finetune.train_sizes 32, 100 are at least the 32 training examples of task sst2" in capsys.readouterr().out
+    stored = json.loads((ctx.out_dir / "results.json").read_text())
+    assert sorted((r["train_size"] or 0, r["train_examples"]) for r in stored if r["model"] == "pretrained") == [
+        (0, 32), (16, 16)]
+    out = tmp_path / "report"
+    out.mkdir()
+    with open(write_report({"finetune": ctx.out_dir}, out, "unit")["results_csv"]) as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["model"], r["train_size"]) for r in rows} == {
+        ("pretrained", "16"), ("pretrained", "all"), ("majority_class", "all"), ("bow_logreg", "all")}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("finetune.seeds=[1,1]", "finetune.seeds=[1, 1] repeats [1]: a seed gives the same run every time"),
+    ("finetune.seeds=[]", "finetune.seeds=[]: fine-tuning needs at least one seed"),
+    ("finetune.train_sizes=[100,null,100]", "finetune.train_sizes=[100, None, 100] repeats [100]"),
+])
+def test_repeated_or_no_seeds_and_repeated_sizes_fail_at_start_up(override, message, tmp_path):
+    """Issue 39, defect 3: finetune.seeds=[1,1] trained seed 1 once and counted it twice (0.5000 ± 0.0000 | 2, 'ahead
+    on 0 of 2 seeds'); finetune.seeds=[] gave a table of baselines alone, exit 0."""
+    from pipeline.runner import validate
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["+experiment=bert_tiny", f"paths.run_dir={tmp_path}", override])
+    with pytest.raises(ValueError, match=re.escape(message)):
+        validate(cfg)
 
 
 def test_bad_train_sizes_are_refused_before_any_work(ctx):

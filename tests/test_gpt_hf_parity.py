@@ -45,6 +45,19 @@ def test_hf_to_ours(tmp_path):
     assert_same_logits(load_pretrained(tmp_path), hf)  # load_pretrained reads HF directories too
 
 
+def test_a_small_vocabulary_model_saved_with_gpt2s_default_eos_loads_without_it(tmp_path):
+    """Issue 39, defect 7: GPT2Config keeps eos_token_id=50256 whatever vocab_size is, and transformers loads such a
+    model; from_hf refused it ("eos_token_id 50256 is outside the vocabulary")."""
+    torch.manual_seed(0)
+    hf = hf_model()  # SMALL's vocabulary of 99, and GPT2Config's default eos_token_id
+    assert hf.config.eos_token_id == 50256
+    hf.save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match="eos_token_id 50256 is outside the vocabulary of 99 tokens"):
+        ours = from_hf(tmp_path)
+    assert ours.config.eos_token_id is None
+    assert_same_logits(ours, hf)
+
+
 def test_hf_state_dicts_of_the_lm_and_of_the_bare_model():
     torch.manual_seed(0)
     hf = hf_model()

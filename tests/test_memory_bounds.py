@@ -144,7 +144,7 @@ def test_a_shard_tasks_arguments_do_not_grow_with_the_number_of_shards(tmp_path)
         prepare = tmp_path / f"{num_shards:05d}"
         prepare.mkdir()
         shards = [{"file": f"shard-{i:05d}.arrow"} for i in range(num_shards)]
-        (prepare / "manifest.json").write_text(json.dumps({"shards": shards}))
+        (prepare / "manifest.json").write_text(json.dumps({"shards": shards, "totals": {"files_kept": num_shards}}))
         tasks = []
 
         class Context:  # what the stage asks of its StageContext

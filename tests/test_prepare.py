@@ -284,7 +284,7 @@ def test_a_workers_word_cache_serves_each_tokenizer_its_own_ids(tmp_path, monkey
     from data_prep.tokenizer import encode_batch_ids, train_wordpiece
 
     texts = [" ".join(WORDS[i:] + WORDS[:i]) + "." for i in range(len(WORDS))] + TRICKY_TEXTS
-    small = train_wordpiece(texts, tmp_path / "small", vocab_size=80, min_frequency=1)
+    small = train_wordpiece(texts, tmp_path / "small", vocab_size=110, min_frequency=1)
     large = train_wordpiece(texts, tmp_path / "large", vocab_size=300, min_frequency=1)
     assert encode_batch_ids(small, texts) != encode_batch_ids(large, texts)
     for tokenizer in (small, large, small):

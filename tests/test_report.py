@@ -153,8 +153,9 @@ def test_report_logs_the_table_and_every_plot_to_the_wandb_run(stage_dirs, tmp_p
     assert set(run.logged) == {"report/results", "report/task_scores_plot", "report/pretrain_loss_plot"}
     table = run.logged["report/results"]
     assert isinstance(table, wandb.Table)
-    assert table.columns == ["stage", "model", "task", "metric", "score", "std", "seeds", "train_examples"]
-    assert table.data[0] == ["finetune", "pretrained", "cola", "matthews_corrcoef", 0.12, 0.03, 3, None]
+    assert table.columns == ["stage", "model", "task", "metric", "score", "std", "seeds", "train_size",
+                             "train_examples"]
+    assert table.data[0] == ["finetune", "pretrained", "cola", "matthews_corrcoef", 0.12, 0.03, 3, None, None]
     assert len(table.data) == len(FINETUNE_ROWS)
     assert all(isinstance(run.logged[f"report/{n}"], wandb.Image) for n in paths if n.endswith("_plot"))
 

@@ -63,6 +63,16 @@ def test_sampler_refuses_a_checkpoint_of_another_data_order():
         ResumableRandomSampler(20, seed=1).load_state_dict(state)
 
 
+def test_a_val_fraction_that_holds_out_none_holds_out_one_and_says_so(capsys):
+    """Issue 39, defect 9: pretrain.val_fraction=0 held out one instance without a word."""
+    from pipeline.engine.sampler import held_out_count
+
+    assert held_out_count(131, 0.0, 5000) == 1
+    assert "NOTE: val_fraction=0 of 131 instances holds out none; 1 is held out all the same" in capsys.readouterr().out
+    assert (held_out_count(131, 0.1, 5000), held_out_count(131, 0.1, 4)) == (13, 4)
+    assert capsys.readouterr().out == ""
+
+
 def test_batch_seeds_depend_on_epoch_rank_and_position_only():
     def seeds(sampler, epoch):
         batches = SeededBatchSampler(sampler, 4)
@@ -82,6 +92,16 @@ def tiny(family_data) -> TinyRun:
     return family_data("bert")
 
 
+# Validation at checkpoint steps: a checkpoint saved before its step's validation lost that held-out point from the
+# curve of a run resumed from it (issue 39).
+VALIDATE_EVERY = ["pretrain.val_every_steps=10"]
+
+
+def val_points(out_dir: Path) -> dict[tuple[int, str], float]:
+    with open(out_dir / "loss_curve.csv") as f:
+        return {(int(r["step"]), r["name"]): float(r["value"]) for r in csv.DictReader(f) if r["split"] == "val"}
+
+
 def run_pretrain(root: str, family: str, out_dir: str, seconds_per_step: float) -> None:
     """A family's pretraining stage as the engine runs it, in this process, into `out_dir` (the subprocess's entry
     point)."""
@@ -93,7 +113,7 @@ def run_pretrain(root: str, family: str, out_dir: str, seconds_per_step: float) 
             return record(self, *args)
 
         LossHistory.on_train_batch_end = slow_step
-    run = TinyRun(family_config(Path(root), family, [*RESUME_OVERRIDES,
+    run = TinyRun(family_config(Path(root), family, [*RESUME_OVERRIDES, *VALIDATE_EVERY,
                                                      f"pretrain.encoder_snapshots={SNAPSHOT_STEPS}"]))
     stage = TINY_FAMILIES[family].pretraining_stage
     inputs = {u: (run.plan.dirs[u], run.plan.hashes[u]) for u in STAGES[stage].upstream}
@@ -157,6 +177,10 @@ def test_killed_pretraining_resumes_exactly_where_an_uninterrupted_run_would_be(
     assert sorted(resumed) == sorted(uninterrupted) == list(range(1, 31))
     after = range(resume_step + 1, 31)
     torch.testing.assert_close([resumed[s] for s in after], [uninterrupted[s] for s in after], rtol=0, atol=0)
+    resumed_val, uninterrupted_val = val_points(out), val_points(reference_dir)
+    assert {step for step, _ in resumed_val} == {step for step, _ in uninterrupted_val} == {10, 20, 30}
+    assert {k: v for k, v in resumed_val.items() if k[0] >= resume_step} == \
+        {k: v for k, v in uninterrupted_val.items() if k[0] >= resume_step}
     assert summary["final_val_loss"] == json.loads((reference_dir / MARKER).read_text())["final_val_loss"]
     resumed_snapshots, uninterrupted_snapshots = encoder_snapshots(out), encoder_snapshots(reference_dir)
     assert list(resumed_snapshots) == list(uninterrupted_snapshots) == SNAPSHOT_STEPS
@@ -226,8 +250,9 @@ def test_diverged_pretraining_fails_naming_the_setting_and_is_never_complete(fam
 
 
 def test_a_held_out_loss_worse_than_a_uniform_guess_fails_the_rerun_too(tiny, tmp_path, monkeypatch):
-    """Diverged after the last checkpoint, caught by the final validation: the rerun resumes at the last step, trains
-    nothing, and must still refuse to complete."""
+    """Diverged after the last checkpoint, caught by the final validation: the checkpoint of that step waits for its
+    validation (CheckpointAfterValidation), so the weights that failed it are not kept, and the rerun, resumed from the
+    checkpoint before, must refuse to complete again."""
     from pipeline.bert.module import BertPretrainModule
 
     model_step = BertPretrainModule.model_step
@@ -246,7 +271,8 @@ def test_a_held_out_loss_worse_than_a_uniform_guess_fails_the_rerun_too(tiny, tm
         with pytest.raises(StageFailed, match=r"held-out loss at step 20 is .*more than 1.5 times the .* of a uniform "
                                               r"guess .* lower pretrain.lr"):
             run_stage_into(run, "pretrain", out)
-        assert not (out / MARKER).exists() and (out / "checkpoints" / "step-000020.ckpt").exists()
+        assert not (out / MARKER).exists()
+        assert [p.name for p in (out / "checkpoints").glob("*.ckpt")] == ["step-000010.ckpt"]
 
 
 def test_a_last_step_between_validations_is_validated_inside_fit(tiny, tmp_path, monkeypatch):

@@ -242,6 +242,20 @@ def test_read_cr_takes_senteval_files_or_hu_liu_annotated_products(tmp_path):
         read_cr(tmp_path / "empty")
 
 
+def test_read_cr_accepts_the_single_hash_lines_of_the_files_as_distributed_and_counts_them(tmp_path, capsys):
+    """Issue 39, defect 7: a line of the Apex DVD player's file parts its tags and sentence with one '#', and the
+    reader refused the whole task there."""
+    (tmp_path / "Canon G3.txt").write_text(HU_LIU_PRODUCT)
+    (tmp_path / "Apex AD2600 Progressive-scan DVD player.txt").write_text(
+        "[t] works\nplayer[+2]#plays every disc i own .\nremote[-2]##the remote is flimsy .\n")
+    cr = read_cr(tmp_path)
+    assert (cr.sentences[:2], cr.labels[:2]) == ([["plays", "every", "disc", "i", "own", "."],
+                                                  ["the", "remote", "is", "flimsy", "."]], [1, 0])
+    assert len(cr.labels) == 5
+    assert ("CR: 1 line(s) part tags and sentence with a single '#', a known quirk of Hu & Liu's files, read as '##': "
+            "Apex AD2600 Progressive-scan DVD player.txt (1)") in capsys.readouterr().out
+
+
 def test_read_trec_labels_questions_by_their_coarse_class_on_its_own_split(tmp_path):
     (tmp_path / "train_5500.label").write_bytes("NUM:date When did the war end ?\nHUM:ind Who wrote Hamlet ?\n"
                                                 "LOC:city Where is Sant\xe9 ?\n".encode("latin-1"))

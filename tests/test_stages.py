@@ -125,7 +125,8 @@ def test_report_writes_results_table_and_loss_summary(ctx):
         rows = list(csv.DictReader(f))
     assert [r["model"] for r in rows] == ["pretrained", "random_init", "majority_class", "bow_logreg", "w2v_mean",
                                          "bert_cls", "bert_mean"]
-    assert set(rows[0]) == {"stage", "model", "task", "metric", "score", "std", "seeds", "train_examples"}
+    assert set(rows[0]) == {"stage", "model", "task", "metric", "score", "std", "seeds", "train_size",
+                            "train_examples"}
     md = (out / "results.md").read_text()
     assert "against the unigram baseline" in md  # the pretrain stage measured it (pipeline/bert/diagnostics.py)
     assert "| pretrained | sst2 | accuracy |" in md and "## Pretraining (pretrain)" in md and "train loss" in md
@@ -136,3 +137,35 @@ def test_report_writes_results_table_and_loss_summary(ctx):
     assert "![attention heat-map](attention.png)" in md
     # no encoder snapshots in this run: no scaling curve (tests/test_pretrain_scaling.py)
     assert not (out / "pretrain_scaling.png").exists() and "by pretraining steps" not in md
+
+
+@pytest.mark.parametrize("family", ["bert", "elmo", "skip_thought", "gpt"])
+def test_every_vocabulary_stage_reports_its_unknown_rate(family_data, family):
+    """Issue 39, defect 5: the share of the corpus's tokens (or words) each family's vocabulary cannot represent is in
+    its stage.json, where a vocabulary too small for the corpus shows."""
+    from tests.helpers import TINY_FAMILIES
+
+    run = family_data(family)
+    vocabulary_stage = TINY_FAMILIES[family].data_stages[1]
+    summary = json.loads((run.stage_dir(vocabulary_stage) / "stage.json").read_text())
+    assert 0 <= summary["unknown_rate"] <= 0.01 and summary["unknown_rate_warning"] is None
+
+
+def test_a_corpus_of_copies_says_they_were_dropped_as_duplicates(tmp_path, ray_session):
+    """Issue 39, defect 8: books that were all copies of one another got "needs at least 2 books; got 1", without a
+    word of the others having been dropped as duplicates."""
+    from pipeline.engine.dag import StageFailed
+    from tests.helpers import write_books
+
+    write_books(tmp_path / "one", n_books=1)
+    (tmp_path / "books").mkdir()
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (tmp_path / "books" / name).write_text((tmp_path / "one" / "book_00.txt").read_text())
+    run = TinyRun(tiny_config(tmp_path, ["pipeline.until=examples"]))
+    for name in ("prepare", "tokenizer"):
+        run.run_stage(name)
+    with pytest.raises(StageFailed, match=r"BERT's sentence pairs take a random next sentence from another book, so "
+                                          r"the corpus needs at least 2 distinct books; prepare kept 1 of the 3 files, "
+                                          r"dropping 2 as exact duplicates.*: b.txt, a copy of a.txt; c.txt, a copy of "
+                                          r"a.txt \(every file's fate: \S+manifest.json\)"):
+        run.run_stage("examples")

@@ -29,9 +29,16 @@ def _fails_before_any_stage(cfg, error: type[Exception], message: str) -> None:
 @pytest.mark.parametrize("override, message", [
     ("pretrain.lr=-1", r"pretrain\.lr=-1\.0: expected a number > 0; set pretrain\.lr "),
     ("pretrain.batch_size=0", r"pretrain\.batch_size=0: expected an integer >= 1"),
-    ("examples.max_seq_length=-8", r"examples\.max_seq_length=-8: expected an integer >= 1"),
+    ("examples.max_seq_length=-8", r"examples\.max_seq_length=-8: expected an integer >= 5"),
+    # issue 39, defects 5 and 8: these passed start-up and failed, or did nothing useful, in a stage
+    ("examples.max_seq_length=2", r"examples\.max_seq_length=2: expected an integer >= 5 \(\[CLS\] a \[SEP\] b"),
+    ("pretrain.val_fraction=1", r"pretrain\.val_fraction=1\.0: expected a number >= 0 and < 1 \(the held-out share"),
+    ("tokenizer.vocab_size=3", r"tokenizer\.vocab_size=3: expected an integer >= 6 \(5 special tokens and at least"),
+    ("gpt.vocab_size=10", r"gpt\.vocab_size=10: expected an integer >= 257 \(byte-level BPE's 256 byte pieces"),
+    ("elmo.vocab_size=3", r"elmo\.vocab_size=3: expected an integer >= 4 \(its special words"),
+    ("skip_thought.vocab_size=2", r"skip_thought\.vocab_size=2: expected an integer >= 4 \(its special words"),
     ("finetune.lr=0", r"finetune\.lr=0\.0: expected a number > 0"),
-    ("pretrain.val_fraction=1.5", r"pretrain\.val_fraction=1\.5: expected a number >= 0 and <= 1"),
+    ("pretrain.val_fraction=1.5", r"pretrain\.val_fraction=1\.5: expected a number >= 0 and < 1"),
     ("ray.num_cpus=0", r"ray\.num_cpus=0: expected an integer >= 1"),  # hung forever, waiting for a CPU
     ("elmo.window=0", r"elmo\.window=0: expected an integer >= 1"),  # a family's own (Family.numbers)
     ("gpt.block_size=0", r"gpt\.block_size=0: expected an integer >= 1"),
@@ -107,3 +114,23 @@ def test_a_snapshot_past_gpts_own_steps_fails_before_any_stage(tmp_path):
                       experiment="bert_vs_gpt")
     _fails_before_any_stage(cfg, ValueError, r"gpt\.pretrain\.encoder_snapshots=\[20\]: \[20\] not a step of the run; "
                                              r"each must be a whole number from 1 to gpt\.pretrain\.max_steps=10")
+
+
+def test_an_until_outside_the_runs_stages_is_warned_about(tmp_path, capsys):
+    """Issue 39, defect 8: `+experiment=gpt_tiny pipeline.until=pretrain` (BERT's stage) ran, without a word, only
+    what the two share."""
+    validate(tiny_config(tmp_path, ["pipeline.until=pretrain"], experiment="gpt_tiny"))
+    out = capsys.readouterr().out
+    assert "WARNING: pipeline.until=pretrain is not one of this run's stages (prepare, gpt_tokenizer" in out
+    assert "the run stops at what it shares with pretrain: prepare. did you mean pipeline.until=gpt_pretrain?" in out
+    validate(tiny_config(tmp_path, ["pipeline.until=gpt_pretrain"], experiment="gpt_tiny"))
+    assert "WARNING" not in capsys.readouterr().out
+
+
+def test_a_task_data_dir_that_is_a_file_is_called_a_file(tmp_path):
+    """Issue 39, defect 8: a finetune.data_dir naming the train file itself was reported as "does not exist"."""
+    cfg = tiny_config(tmp_path)
+    train = tmp_path / "task" / "train.tsv"
+    cfg.finetune.data_dir = str(train)
+    _fails_before_any_stage(cfg, NotADirectoryError, rf"finetune.data_dir={train} is a file, not a directory; pass "
+                                                     rf"the directory that holds .*finetune.data_dir={train.parent}\)")

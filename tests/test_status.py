@@ -4,6 +4,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,62 @@ def test_sizes_and_durations_read_like_units():
     assert [status.human_bytes(n) for n in (999, 5000, 2_500_000, 3_000_000_000)] == \
         ["999 B", "5.0 KB", "2.5 MB", "3.0 GB"]
     assert [status.human_duration(s) for s in (4.3, 125, 7384)] == ["4.3 s", "2m05s", "2h03m"]
+
+
+def test_a_relative_cache_directory_gives_a_run_whose_stages_are_linked_and_complete(tmp_path, ray_session,
+                                                                                      monkeypatch):
+    """Issue 39, defect 6: with paths.cache_dir=relcache the run directory's links were relative and dangled: every
+    stage succeeded, then the driver failed with exit 1 and `pipeline.status` said 'not run'."""
+    from pipeline.runner import run_pipeline
+    from tests.helpers import tiny_config
+
+    monkeypatch.chdir(tmp_path)
+    run_dir = run_pipeline(tiny_config(tmp_path, ["pipeline.until=prepare", "paths.cache_dir=relcache"]))
+    (prepare,) = status.read_status(run_dir)
+    assert prepare.state == "complete"
+    assert (run_dir / "prepare").resolve() == prepare.output == tmp_path / "relcache/stages/prepare" / prepare.hash
+
+
+def test_a_truncated_stage_json_or_pipeline_json_gives_a_message_not_a_traceback(tmp_path, ray_session, capsys):
+    """Issue 39, defect 8: a truncated stage.json crashed `pipeline.status` with a traceback."""
+    run_dag(_cfg(tmp_path, fail=False), STAGES, tmp_path / "run")
+    produced = status.read_status(tmp_path / "run")[0].output
+    (produced / "stage.json").write_text('{"stage": "produce", "dura')
+    assert status.main([str(tmp_path / "run")]) == 0
+    assert status.main([str(tmp_path / "run"), "--verify"]) == 1
+    assert "stage.json has 26 bytes where the stage wrote" in capsys.readouterr().out
+    (tmp_path / "run" / "pipeline.json").write_text('{"stages": {"produce": {"hash"')
+    assert status.main([str(tmp_path / "run")]) == 1
+    assert "pipeline.json is not a readable pipeline file (truncated or damaged)" in capsys.readouterr().err
+
+
+def peek(ctx) -> dict:
+    """What `python -m pipeline.status` would read of the run while this stage runs: as a SIGKILL would leave it."""
+    (ctx.out_dir / "seen.json").write_text((ctx.run_dir / "pipeline.json").read_text())
+    return {}
+
+
+def test_a_run_whose_driver_was_killed_is_interrupted_and_its_reused_stages_cached(tmp_path, ray_session, capsys):
+    """Issue 39, defect 9: after the driver was SIGKILLed, pipeline.json was left as first written, every stage 'not
+    run', so pipeline.status called a stage reused from the cache 'complete' and, exit 0, said nothing of the run
+    having been killed."""
+    stages = {s.name: s for s in [Stage("produce", produce), Stage("peek", peek, ("produce",))]}
+    cfg = _cfg(tmp_path, fail=False)
+    cfg.pipeline.stages = ["peek"]
+    run_dag(cfg, stages, tmp_path / "run1")
+    cfg.pipeline.force = ["peek"]
+    run_dag(cfg, stages, tmp_path / "run2")
+    mid_run = json.loads((tmp_path / "run2" / "peek" / "seen.json").read_text())
+    assert mid_run["stages"]["produce"]["state"] == "cached" and mid_run["ended"] is False
+    assert mid_run["driver"]["pid"] == os.getpid()
+    assert status.main([str(tmp_path / "run2")]) == 0  # ended: its last write says so
+    assert "run interrupted" not in capsys.readouterr().out
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    mid_run["driver"] |= {"pid": dead.pid, "started": "1"}  # as the killed driver left it
+    (tmp_path / "run2" / "pipeline.json").write_text(json.dumps(mid_run))
+    assert status.main([str(tmp_path / "run2")]) == 1
+    out = capsys.readouterr().out
+    assert f"run interrupted: its driver (pid {dead.pid}) ended without finishing the run" in out
+    assert {s.name: s.state for s in status.read_status(tmp_path / "run2")}["produce"] == "cached"

@@ -160,3 +160,15 @@ def test_glue_tasks_read_the_columns_of_glues_own_files(name, header, row, expec
     assert task.metric == ("accuracy_f1" if name == "qqp" else "accuracy")
     if name.startswith("mnli"):
         assert task.dev_file == {"mnli": "dev_matched.tsv", "mnli_mm": "dev_mismatched.tsv"}[name]
+
+
+def test_a_task_whose_labels_repeat_a_name_is_refused(tmp_path, monkeypatch):
+    """Issue 39, defect 9: duplicate label names in a task YAML were accepted."""
+    from pipeline.downstream import tasks
+
+    (tmp_path / "reviews.yaml").write_text("name: reviews\nformat: tsv\ntext_a: sentence\nlabel: label\n"
+                                           "labels: [negative, positive, negative]\n")
+    monkeypatch.setattr(tasks, "TASK_DIR", tmp_path)
+    with pytest.raises(ValueError, match=r"reviews.yaml: labels \['negative', 'positive', 'negative'\] name "
+                                         r"\['negative'\] more than once; list each class once"):
+        tasks.load_task("reviews")

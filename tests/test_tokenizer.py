@@ -1,5 +1,6 @@
 import json
 import random
+import re
 from collections import Counter
 
 import pytest
@@ -123,3 +124,39 @@ def test_words_are_counted_as_the_tokenizer_splits_them():
     words = count_words(["Hello, world!\tHELLO\u00a0again", "world's end"],
                         normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer())
     assert words == Counter({"hello": 2, "world": 2, ",": 1, "!": 1, "again": 1, "'": 1, "s": 1, "end": 1})
+
+
+def test_a_vocabulary_too_small_for_the_corpus_alphabet_is_refused(tmp_path):
+    """Issue 39, defect 5: vocab_size=10 kept the specials and `e t a o n`, every other word was [UNK] and pretraining
+    scored "MLM acc 0.78" predicting it; vocab_size=3 gave 97 entries (a negative slice of the pieces)."""
+    sentences = _corpus()
+    with pytest.raises(ValueError, match=r"tokenizer.vocab_size=10 is too small for this corpus: 5 pieces cannot spell "
+                                         r"its \d+ characters .* set tokenizer.vocab_size to at least (\d+)") as err:
+        train_wordpiece(sentences, tmp_path / "small", vocab_size=10)
+    smallest = int(re.search(r"at least (\d+)", str(err.value)).group(1))
+    with pytest.raises(ValueError, match="tokenizer.vocab_size=3 leaves no room for word pieces"):
+        train_wordpiece(sentences, tmp_path / "tiny", vocab_size=3)
+    from data_prep.tokenizer import unknown_tokens
+
+    tokenizer = train_wordpiece(sentences, tmp_path / "smallest", vocab_size=smallest)
+    assert tokenizer.get_vocab_size() == smallest
+    assert unknown_tokens(tokenizer, sentences)[0] == 0  # every word can be spelled out
+
+
+def test_unknown_rates_are_counted_and_warned_about_above_one_percent(tmp_path, capsys):
+    from data_prep.tokenizer import unknown_rate_summary, unknown_tokens, unknown_words
+
+    sentences = _corpus()
+    # a letter outside the alphabet (limit_alphabet keeps the most frequent characters) makes its words [UNK]
+    tokenizer = train_wordpiece(sentences, tmp_path, vocab_size=200, min_frequency=1, limit_alphabet=20)
+    unknown, total = unknown_tokens(tokenizer, sentences)
+    expected = sum(tokenizer.encode(s, add_special_tokens=False).ids.count(UNK_ID) for s in sentences)
+    assert unknown == expected > 0 and total == sum(len(tokenizer.encode(s, add_special_tokens=False).ids)
+                                                    for s in sentences)
+    summary = unknown_rate_summary(unknown, total, "tokenizer.vocab_size")
+    assert summary["unknown_rate"] == round(unknown / total, 6) > 0.01
+    assert "raise tokenizer.vocab_size" in summary["unknown_rate_warning"]
+    assert "WARNING: " in capsys.readouterr().out
+    assert unknown_words(Counter({"a": 90, "b": 9, "c": 1}), ["<unk>", "a", "b"]) == (1, 100)
+    assert unknown_rate_summary(1, 100, "elmo.vocab_size", unit="words") == {"unknown_rate": 0.01,
+                                                                            "unknown_rate_warning": None}

@@ -12,7 +12,16 @@ from omegaconf import OmegaConf
 from data_prep.bert_examples import create_training_instances, write_instances
 from data_prep.shards import sampled_texts, shard_paths
 from data_prep.tokenize_shards import encode_by_word, use_one_tokenizer_thread
-from data_prep.tokenizer import checkpoint_tokenizer, load_tokenizer, save_hf_tokenizer, train_wordpiece
+from data_prep.tokenizer import (
+    UNKNOWN_RATE_SENTENCES,
+    checkpoint_tokenizer,
+    load_tokenizer,
+    save_hf_tokenizer,
+    train_wordpiece,
+    unknown_rate_summary,
+    unknown_tokens,
+)
+from pipeline.corpus import require_books
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 
@@ -24,12 +33,16 @@ def tokenizer(ctx: StageContext) -> dict:
         tok, lowercase = checkpoint_tokenizer(start)
         save_hf_tokenizer(tok, ctx.out_dir, lowercase=lowercase,
                           model_max_length=json.loads((start / "config.json").read_text())["max_position_embeddings"])
-        return {"vocab_size": tok.get_vocab_size(), "from_checkpoint": str(start)}
-    # Streamed from the memory map: the trainer never holds the corpus as Python strings.
-    num_sentences, sentences = sampled_texts(ctx.stage_dir("prepare"), tok_cfg.max_sentences)
-    trained = train_wordpiece(sentences, ctx.stage_dir("tokenizer"), vocab_size=tok_cfg.vocab_size,
+        summary = {"from_checkpoint": str(start)}
+    else:
+        # Streamed from the memory map: the trainer never holds the corpus as Python strings.
+        num_sentences, sentences = sampled_texts(ctx.stage_dir("prepare"), tok_cfg.max_sentences)
+        tok = train_wordpiece(sentences, ctx.stage_dir("tokenizer"), vocab_size=tok_cfg.vocab_size,
                               min_frequency=tok_cfg.min_frequency, lowercase=tok_cfg.lowercase)
-    return {"vocab_size": trained.get_vocab_size(), "sentences": num_sentences}
+        summary = {"sentences": num_sentences}
+    _, sample = sampled_texts(ctx.stage_dir("prepare"), UNKNOWN_RATE_SENTENCES)
+    return {"vocab_size": tok.get_vocab_size(), **summary,
+            **unknown_rate_summary(*unknown_tokens(tok, sample), "tokenizer.vocab_size")}
 
 
 def _tokenized_books(shard_path: Path, tok) -> list[list[list[int]]]:
@@ -71,6 +84,7 @@ def build_shard_examples(index: int, shard_and_neighbour: tuple[Path, Path], tok
 def examples(ctx: StageContext, length_key: str) -> dict:
     """Sentence-pair instances at the sequence length configured under `length_key` (`examples` at phase 1's,
     `examples_phase2` at phase 2's), built from the same shards and tokenizer with the `examples` settings."""
+    require_books(ctx.stage_dir("prepare"), 2, "BERT's sentence pairs take a random next sentence from another book")
     shards = shard_paths(ctx.stage_dir("prepare"))
     ex = ctx.cfg.examples
     max_seq_length = int(OmegaConf.select(ctx.cfg, length_key))

@@ -1,5 +1,7 @@
 """BERT (Devlin et al. 2019): its data and two-phase pretraining stages, frozen encoders for `evaluate`, end-to-end
 fine-tuning, and the attention heat-map in the report."""
+from data_prep.bert_examples import NUM_SPECIAL_TOKENS_IN_PAIR
+from data_prep.tokenizer import SPECIAL_TOKENS
 from pipeline.bert import attention
 from pipeline.bert.config import CONFIG
 from pipeline.bert.downstream import FINETUNE_KINDS
@@ -9,13 +11,21 @@ from pipeline.bert.stages import BERT_STAGES
 from pipeline.engine.family import Family
 from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, RATE, Number
 
+# The shortest sentence pair: [CLS] a [SEP] b [SEP], a token on each side (google-research/bert's
+# create_instances_from_document needs two); a shorter examples.max_seq_length failed in the examples stage.
+MIN_PAIR_LENGTH = NUM_SPECIAL_TOKENS_IN_PAIR + 2
+PAIR_LENGTH = Number(int, MIN_PAIR_LENGTH, why="[CLS] a [SEP] b [SEP] with a token on each side")
+
 FAMILY = Family("bert", stages=BERT_STAGES, pretraining_stages=tuple(p.stage for p in PHASES), encoders=ENCODERS,
                 finetune_kinds=FINETUNE_KINDS, report_upstream=attention.report_upstream,
                 report_section=attention.report_section, validate=validate, config=CONFIG, numbers={
-                    "tokenizer.vocab_size": POSITIVE_INT, "tokenizer.max_sentences": Number(int, 1, nullable=True),
-                    "examples.max_seq_length": POSITIVE_INT,
+                    "tokenizer.vocab_size": Number(int, len(SPECIAL_TOKENS) + 1, why=(
+                        f"{len(SPECIAL_TOKENS)} special tokens and at least one word piece; the tokenizer stage "
+                        "refuses a vocabulary too small for the corpus's characters")),
+                    "tokenizer.max_sentences": Number(int, 1, nullable=True),
+                    "examples.max_seq_length": PAIR_LENGTH,
                     "examples.dupe_factor": POSITIVE_INT, "examples.short_seq_prob": FRACTION,
                     "pretrain.mlm_probability": Number(float, 0, 1, low_open=True),
-                    "pretrain.max_predictions_per_seq": POSITIVE_INT, "pretrain_phase2.max_seq_length": POSITIVE_INT,
+                    "pretrain.max_predictions_per_seq": POSITIVE_INT, "pretrain_phase2.max_seq_length": PAIR_LENGTH,
                     "pretrain_phase2.max_steps": POSITIVE_INT, "pretrain_phase2.batch_size": POSITIVE_INT,
                     "pretrain_phase2.lr": RATE, "pretrain_phase2.warmup_steps": COUNT})

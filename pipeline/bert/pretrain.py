@@ -45,7 +45,7 @@ from pipeline.engine.pretraining import (
     instantiate_model,
     merged_settings,
 )
-from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler
+from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler, held_out_count
 
 # The MLM and NSP heads, beside encoder/: what a later phase needs, besides the encoder, to continue pretraining.
 HEADS_FILE = "pretraining_heads.safetensors"
@@ -218,7 +218,7 @@ class BertPretraining:
         vocab_size = tok.get_vocab_size()
         dataset = PretrainingInstances([read_arrow(f) for f in sorted(ctx.stage_dir(phase.examples).glob("*.arrow"))])
         order = np.random.default_rng(cfg.seed).permutation(len(dataset))
-        n_val = max(1, min(int(len(dataset) * p.val_fraction), p.val_max_instances))
+        n_val = held_out_count(len(dataset), p.val_fraction, p.val_max_instances)
         # numpy indices, not lists: a list of 10^7 Python ints would take ~0.4 GB in the driver and in every loader
         # worker
         train_set, val_set = Subset(dataset, order[n_val:]), Subset(dataset, order[:n_val])

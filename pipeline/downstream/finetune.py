@@ -60,13 +60,45 @@ def finetune_upstream(cfg: DictConfig) -> tuple[str, ...]:
     return tuple(dict.fromkeys(stages))
 
 
+def _repeated(values: list) -> list:
+    return [v for v in dict.fromkeys(values) if values.count(v) > 1]
+
+
 def train_sizes(cfg: DictConfig) -> list[int | None]:
     """finetune.train_sizes: labelled examples per fine-tuning run (None: all), in the order given."""
     sizes = list(cfg.finetune.get("train_sizes") or [None])
     bad = [s for s in sizes if s is not None and s < 1]
     if bad:
         raise ValueError(f"finetune.train_sizes={sizes}: each must be a positive number of examples or null (all)")
+    if _repeated(sizes):
+        raise ValueError(f"finetune.train_sizes={sizes} repeats {_repeated(sizes)}: each size is one cell of the "
+                         "label-efficiency table; give each once")
     return sizes
+
+
+def finetune_seeds(cfg: DictConfig) -> list[int]:
+    """finetune.seeds: one run of every model kind per seed, aggregated as mean ± std. A seed gives the same run each
+    time, so a repeated seed would be counted twice as if it were another sample (`0.5000 ± 0.0000 | 2`), and no seed
+    gives a table of baselines alone."""
+    seeds = list(cfg.finetune.seeds)
+    if not seeds:
+        raise ValueError("finetune.seeds=[]: fine-tuning needs at least one seed, e.g. finetune.seeds=[1,2,3] "
+                         "(or leave finetune out of pipeline.stages)")
+    if _repeated(seeds):
+        raise ValueError(f"finetune.seeds={seeds} repeats {_repeated(seeds)}: a seed gives the same run every time, "
+                         "so a repeat would count as another seed in the mean ± std; give distinct seeds")
+    return seeds
+
+
+def sizes_for_task(sizes: list[int | None], train_count: int, task: str) -> list[int | None]:
+    """`sizes` for a task of `train_count` training examples: a size of at least that many is all of them, run once
+    as null ("all"), instead of a copy of the all-data run whose label-efficiency cell would overwrite the other's."""
+    whole = [s for s in sizes if s is not None and s >= train_count]
+    if whole:
+        print(f"finetune: finetune.train_sizes {', '.join(map(str, whole))} {'is' if len(whole) == 1 else 'are'} at "
+              f"least the {train_count} training examples of task {task}: fine-tuned once on all of them, reported "
+              "as 'all'", flush=True)
+    return list(dict.fromkeys(None if s in whole else s for s in sizes))
 
 
 
@@ -169,7 +201,7 @@ def _aggregate(rows: list[dict]) -> list[dict]:
 def finetune(ctx: StageContext) -> dict:
     f = ctx.cfg.finetune
     sources = model_sources(ctx)
-    sizes = train_sizes(ctx.cfg)
+    sizes, seeds = train_sizes(ctx.cfg), finetune_seeds(ctx.cfg)
     selection = f.get("selection_fraction")
     scored_on = "train_holdout" if selection else "dev"
     finished = ctx.out_dir / "finished"
@@ -182,12 +214,15 @@ def finetune(ctx: StageContext) -> dict:
                              f"{task.name} is {task.format}: leave it null for this task")
         data_dir = resolve_task_dir(task, f.data_dir, ctx.cfg.paths.cache_dir)
         encoded: dict[str, TaskData] = {}  # kinds with the same inputs (tokenizer) encode the task once
+        task_sizes = None
         for kind, (models, pretraining_steps) in sources.items():
             if models.encoding_key not in encoded:
                 encoded[models.encoding_key] = models.encode(task, data_dir, f, ctx.cfg.seed, selection)
             data = encoded[models.encoding_key]
-            for size in sizes:
-                for seed in f.seeds:
+            if task_sizes is None:  # the same train split for every kind: its count, whatever it was encoded for
+                task_sizes = sizes_for_task(sizes, len(data.train), task.name)
+            for size in task_sizes:
+                for seed in seeds:
                     # The same examples for every model kind at a given size and seed: rows differ by the encoder only.
                     subset = stratified_subsample(data.train_labels, size, len(data.train),
                                                   np.random.default_rng([seed, size or 0]))

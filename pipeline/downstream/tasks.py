@@ -25,7 +25,13 @@ def load_task(name: str) -> DictConfig:
     if not path.is_file():
         raise ValueError(f"unknown task {name!r}; available tasks: {', '.join(available_tasks())} "
                          f"(add one with a YAML file in {TASK_DIR})")
-    return OmegaConf.load(path)
+    task = OmegaConf.load(path)
+    labels = list(task.get("labels") or [])
+    repeated = [label for label in dict.fromkeys(labels) if labels.count(label) > 1]
+    if repeated:
+        # a label's position is its class id: a repeat gives one name two classes, of which the second never occurs
+        raise ValueError(f"{path}: labels {labels} name {repeated} more than once; list each class once")
+    return task
 
 
 def resolve_task_dir(task: DictConfig, data_dir: str | None, cache_dir: str) -> Path:
@@ -35,6 +41,10 @@ def resolve_task_dir(task: DictConfig, data_dir: str | None, cache_dir: str) -> 
         path = Path(data_dir).expanduser()
         if task.get("data_subdir") and (path / task.data_subdir).is_dir():
             path = path / task.data_subdir
+        if path.exists() and not path.is_dir():
+            raise NotADirectoryError(f"task {task.name}: finetune.data_dir={data_dir} is a file, not a directory; "
+                                     f"pass the directory that holds {task.train_file} and {task.dev_file} (for "
+                                     f"this file, its folder: finetune.data_dir={path.parent})")
         if not path.is_dir():
             raise FileNotFoundError(f"task {task.name}: data directory {path} does not exist; "
                                     f"pass finetune.data_dir=DIR with {task.train_file} and {task.dev_file}")

@@ -13,6 +13,8 @@ from data_prep.elmo_examples import (
     write_word_vocab,
 )
 from data_prep.shards import shard_paths
+from data_prep.tokenizer import unknown_rate_summary, unknown_words
+from pipeline.corpus import require_books
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 
@@ -24,7 +26,8 @@ def elmo_vocab(ctx: StageContext) -> dict:
     counts = ctx.count_over_shards(count_words)
     vocab = vocab_from_counts(counts, ctx.cfg.elmo.vocab_size, ctx.cfg.elmo.min_count)
     write_word_vocab(vocab, ctx.out_dir / "vocab.txt")
-    return {"vocab_size": len(vocab)}
+    return {"vocab_size": len(vocab),
+            **unknown_rate_summary(*unknown_words(counts, vocab), "elmo.vocab_size", unit="words")}
 
 
 def build_shard_streams(index: int, shard_path: Path, out_dir: Path) -> int:
@@ -34,6 +37,8 @@ def build_shard_streams(index: int, shard_path: Path, out_dir: Path) -> int:
 
 
 def elmo_streams(ctx: StageContext) -> dict:
+    require_books(ctx.stage_dir("prepare"), 2, "ELMo's held-out perplexity is measured on whole books set aside "
+                  "from training")
     shards = shard_paths(ctx.stage_dir("prepare"))
     books = ctx.map_shards(build_shard_streams, shards, ctx.out_dir)
     return {"books": int(sum(books)), "files": len(shards)}

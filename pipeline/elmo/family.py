@@ -1,11 +1,12 @@
 """ELMo (Peters et al. 2018): its stages, the frozen biLM for `evaluate`, and feature-based fine-tuning."""
 from dataclasses import dataclass
 
+from data_prep.elmo_examples import SPECIAL_WORDS
 from pipeline.elmo.downstream import FINETUNE_KINDS
 from pipeline.elmo.encoder import ENCODERS
 from pipeline.elmo.stages import ELMO_STAGES
 from pipeline.engine.family import Family
-from pipeline.engine.settings import POSITIVE_INT
+from pipeline.engine.settings import POSITIVE_INT, Number
 
 
 @dataclass
@@ -21,5 +22,7 @@ class ElmoConfig:
 
 FAMILY = Family("elmo", stages=tuple(ELMO_STAGES), pretraining_stages=("elmo_pretrain",), encoders=ENCODERS,
                 finetune_kinds=FINETUNE_KINDS, config={"elmo": ElmoConfig},
-                numbers={"elmo.batch_size": POSITIVE_INT, "elmo.window": POSITIVE_INT,
+                numbers={"elmo.vocab_size": Number(int, len(SPECIAL_WORDS) + 1, why=(
+                             f"its special words {', '.join(SPECIAL_WORDS)} and at least one word")),
+                         "elmo.batch_size": POSITIVE_INT, "elmo.window": POSITIVE_INT,
                          "elmo.holdout_max_books": POSITIVE_INT})

@@ -9,6 +9,8 @@ the stage's source code, not bumped by hand):
   pretraining and what follows it, not data prep;
 - a stage is complete only once its marker is written, atomically, after its outputs; a crashed stage leaves
   no marker and is run again (into the same directory, so stages that checkpoint can resume);
+- a stage whose input files changed after planning is not marked complete, and a finished stage's outputs are
+  checked against the files its marker records before they are used again (pipeline/engine/integrity.py);
 - a per-output file lock makes two concurrent runs of the same experiment wait for, then reuse, each other's work.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import sys
 import time
 import traceback
@@ -34,6 +37,15 @@ from data_prep.prepare import list_corpus_files
 from data_prep.shards import shard_paths, write_json_atomically
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.fingerprints import code_version, content_digests
+from pipeline.engine.integrity import (
+    OUTPUTS_KEY,
+    InputFiles,
+    InputsChanged,
+    check_inputs_unchanged,
+    damage_message,
+    damaged_outputs,
+    record_outputs,
+)
 from pipeline.engine.shard_tasks import shard_results
 
 T = TypeVar("T")
@@ -170,17 +182,24 @@ def _config_subset(cfg: DictConfig, keys: tuple[str, ...]) -> dict:
             for key in keys for node in [OmegaConf.select(cfg, key, throw_on_missing=True)]}
 
 
-def stage_hashes(cfg: DictConfig, stages: dict[str, Stage], names: list[str]) -> dict[str, str]:
+def stage_keys(cfg: DictConfig, stages: dict[str, Stage],
+               names: list[str]) -> tuple[dict[str, str], dict[str, InputFiles]]:
+    """Each stage's hash (its cache key), and the input files its fingerprint digested for it."""
     stages = resolve_upstream(stages, cfg)
     hashes: dict[str, str] = {}
+    input_files: dict[str, InputFiles] = {}
     for name in topological_order({n: stages[n] for n in _closure(stages, names)}):
         stage = stages[name]
         keys = stage.config_keys(cfg) if callable(stage.config_keys) else stage.config_keys
+        fingerprint, input_files[name] = InputFiles.read(stage.fingerprint, cfg)
         payload = {"stage": name, "code": code_version(stage.fn), "config": _config_subset(cfg, keys),
-                   "upstream": {up: hashes[up] for up in stage.upstream},
-                   "inputs": stage.fingerprint(cfg) if stage.fingerprint else None}
+                   "upstream": {up: hashes[up] for up in stage.upstream}, "inputs": fingerprint}
         hashes[name] = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return hashes
+    return hashes, input_files
+
+
+def stage_hashes(cfg: DictConfig, stages: dict[str, Stage], names: list[str]) -> dict[str, str]:
+    return stage_keys(cfg, stages, names)[0]
 
 
 def _closure(stages: dict[str, Stage], names: list[str]) -> set[str]:
@@ -196,6 +215,43 @@ def output_dir(cache_dir: str | Path, name: str, digest: str) -> Path:
 
 def is_complete(out_dir: Path) -> bool:
     return (out_dir / MARKER).is_file()
+
+
+def read_marker(out_dir: Path) -> dict | None:
+    """A finished stage's completion marker: its summary and the files it wrote; None where it cannot be read."""
+    try:
+        marker = json.loads((out_dir / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def cached_summary(out_dir: Path) -> dict:
+    """A finished stage's summary, as a run that reuses it reports it."""
+    marker = read_marker(out_dir) or {}
+    return {**{k: v for k, v in marker.items() if k != OUTPUTS_KEY}, "state": "cached"}
+
+
+def output_damage(name: str, out_dir: Path, full: bool = False) -> list[str]:
+    """How the finished output of stage `name` differs from what its marker records (integrity.damaged_outputs); the
+    digests of files moved or copied since are memoised beside the output's lock."""
+    marker = read_marker(out_dir)
+    if marker is None:
+        return [f"its completion marker {MARKER} cannot be read"]
+    if OUTPUTS_KEY not in marker:
+        return [f"its completion marker {MARKER} records no files (it was written by an older version of the "
+                "pipeline)"]
+    return damaged_outputs(out_dir, marker[OUTPUTS_KEY], (MARKER,), out_dir.parent / f"{out_dir.name}.digests.json",
+                           full=full)
+
+
+def check_outputs_intact(outputs: dict[str, Path], full: bool = False) -> None:
+    """Raise StageFailed naming every file of the finished outputs `outputs` (stage -> directory) that is not what its
+    stage wrote, with the pipeline.force that rebuilds each."""
+    messages = [damage_message(name, out_dir, problems) for name, out_dir in outputs.items()
+                if (problems := output_damage(name, out_dir, full))]
+    if messages:
+        raise StageFailed("\n".join(messages))
 
 
 @contextlib.contextmanager
@@ -297,27 +353,36 @@ def stage_placement(ctx: StageContext) -> dict:
 
 
 def execute_stage(stages: dict[str, Stage], cfg: DictConfig, name: str, digest: str, out_dir: Path,
-                  inputs: dict[str, tuple[Path, str]], run_dir: Path | None, forced: bool = False) -> dict:
+                  inputs: dict[str, tuple[Path, str]], run_dir: Path | None, forced: bool = False,
+                  planned_inputs: InputFiles | None = None) -> dict:
     """Run one stage into its content-addressed directory, unless it is (or meanwhile became) complete; `forced`:
     replace a complete output, removing it only now that its replacement starts.
 
-    `inputs` maps each upstream stage to (output directory, hash). Everything the stage prints also goes to
-    `<out_dir>/stage.log`; a failure leaves no marker and raises StageFailed naming the stage and that log."""
-    return execute_stage_function(stages[name].fn, cfg, name, digest, out_dir, inputs, run_dir, forced)
+    `inputs` maps each upstream stage to (output directory, hash); each is checked against the files its marker
+    records before the stage starts. `planned_inputs`: the stage's input files as its hash was computed from them (the
+    plan's; by default, as they are now); the stage is refused if they differ before it starts or after it ends.
+    Everything the stage prints also goes to `<out_dir>/stage.log`; a failure leaves no marker and raises StageFailed
+    naming the stage and that log."""
+    stage = stages[name]
+    if planned_inputs is None:
+        planned_inputs = InputFiles.read(stage.fingerprint, cfg)[1]
+    return execute_stage_function(stage.fn, cfg, name, digest, out_dir, inputs, run_dir, forced, stage.fingerprint,
+                                  planned_inputs)
 
 
 def execute_stage_function(fn: Callable[[StageContext], dict], cfg: DictConfig, name: str, digest: str,
                            out_dir: Path, inputs: dict[str, tuple[Path, str]], run_dir: Path | None,
-                           forced: bool = False) -> dict:
-    """execute_stage with the stage's function alone: what a Ray task is sent, so that its worker imports that
-    function's module and no other stage's (a data stage's worker then never loads torch)."""
+                           forced: bool = False, fingerprint: Callable[[DictConfig], str] | None = None,
+                           planned_inputs: InputFiles = InputFiles({})) -> dict:
+    """execute_stage with the stage's functions alone: what a Ray task is sent, so that its worker imports their
+    module and no other stage's (a data stage's worker then never loads torch)."""
     from pipeline.engine.tracking import finish_stage_run, start_stage_run
 
     cfg = plain_config(cfg)
     with exclusive_lock(out_dir.parent / f"{digest}.lock"):
         if is_complete(out_dir):
             if not forced:  # a concurrent run of the same experiment finished it while we waited
-                return {**json.loads((out_dir / MARKER).read_text()), "state": "cached"}
+                return cached_summary(out_dir)
             # Rerun from scratch. Removing only the marker would let a stage that resumes (pretraining from its
             # checkpoints, fine-tuning from its finished runs) redo nothing.
             shutil.rmtree(out_dir)
@@ -326,22 +391,41 @@ def execute_stage_function(fn: Callable[[StageContext], dict], cfg: DictConfig, 
         # Outside the captured output, so that a log the full disk cannot take still gives the message.
         with _failure_names_the_stage(cfg, name, log_path), _captured_output(log_path):
             print(f"stage {name}: running ({digest}) → {out_dir}", flush=True)
+            try:
+                # the finished ones: run_dag starts a stage only after its upstream stages finished
+                check_outputs_intact({up: up_dir for up, (up_dir, _) in inputs.items() if is_complete(up_dir)})
+                check_inputs_unchanged(fingerprint, cfg, planned_inputs, "since the run was planned")
+            except BaseException:
+                traceback.print_exc()
+                raise
             tracker = start_stage_run(cfg, name, digest, run_dir, inputs)
             started = time.perf_counter()
             ctx = StageContext(cfg, name, out_dir, {k: v[0] for k, v in inputs.items()}, run_dir, tracker)
             try:
                 summary = fn(ctx)
-            except BaseException:
+                check_inputs_unchanged(fingerprint, cfg, planned_inputs, "while the stage ran")
+            except BaseException as err:
                 traceback.print_exc()
                 finish_stage_run(tracker, name, digest, out_dir, ok=False)
+                if isinstance(err, InputsChanged):  # made from files its key does not describe: a rerun must not resume
+                    _remove_outputs_but_the_log(out_dir)
                 raise
             summary = {"stage": name, "hash": digest, "state": "ran", **summary,
                        "duration_s": round(time.perf_counter() - started, 1), **stage_placement(ctx)}
             write_json_atomically(out_dir / "stage.json", summary)
             finish_stage_run(tracker, name, digest, out_dir, ok=True, summary=summary)
             print(f"stage {name}: done in {summary['duration_s']} s", flush=True)
-        write_json_atomically(out_dir / MARKER, {**summary, "completed_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        write_json_atomically(out_dir / MARKER, {**summary, "completed_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                                 OUTPUTS_KEY: record_outputs(out_dir, (MARKER,))})
     return summary
+
+
+def _remove_outputs_but_the_log(out_dir: Path) -> None:
+    for path in out_dir.iterdir():
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.name != LOG_FILE:
+            path.unlink()
 
 
 def execute_stage_with_threads(threads: int, *args) -> dict:
@@ -369,6 +453,7 @@ class Plan:
     dirs: dict[str, Path]
     cached: dict[str, bool]
     forced: set[str]  # pipeline.force and their descendants: rerun even if complete
+    input_files: dict[str, InputFiles]  # the files outside the cache whose digests each stage's hash covers
 
     def describe(self) -> str:
         lines = [f"{'stage':<12} {'state':<8} {'hash':<17} upstream → output"]
@@ -387,13 +472,13 @@ def plan(cfg: DictConfig, stages: dict[str, Stage]) -> Plan:
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; valid stages, in order: {topological_order(stages)}")
     order = select_stages(stages, list(p.stages), p.until)
-    hashes = stage_hashes(cfg, stages, order)
+    hashes, input_files = stage_keys(cfg, stages, order)
     dirs = {n: output_dir(cfg.paths.cache_dir, n, hashes[n]) for n in order}
     forced = set(p.force or [])
     for name in list(forced):
         forced |= descendants(stages, name)
     cached = {n: is_complete(dirs[n]) and n not in forced for n in order}
-    return Plan(stages, order, hashes, dirs, cached, forced)
+    return Plan(stages, order, hashes, dirs, cached, forced, {n: input_files[n] for n in order})
 
 
 def _link(run_dir: Path, name: str, target: Path) -> None:
@@ -405,11 +490,24 @@ def _link(run_dir: Path, name: str, target: Path) -> None:
     link.symlink_to(target, target_is_directory=True)
 
 
-def _write_pipeline_file(run_dir: Path, the_plan: Plan, results: dict[str, dict]) -> None:
-    write_json_atomically(run_dir / "pipeline.json", {"stages": {
-        n: {"hash": the_plan.hashes[n], "output": str(the_plan.dirs[n]),
-            "state": results.get(n, {}).get("state", "not run"),
-            "duration_s": results.get(n, {}).get("duration_s")} for n in the_plan.order}})
+def process_start(pid: int) -> str | None:
+    """When process `pid` started (Linux: clock ticks since boot, /proc/PID/stat's 22nd field), which tells a pid that
+    was reused apart; None where it is not running or this cannot be read."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _write_pipeline_file(run_dir: Path, the_plan: Plan, results: dict[str, dict], ended: bool = False) -> None:
+    """`ended`: the driver got to the end of the run (finished, failed or interrupted by a signal it caught); without
+    it, and with the driver gone, `python -m pipeline.status` knows the run was killed (SIGKILL) mid-way."""
+    write_json_atomically(run_dir / "pipeline.json", {
+        "driver": {"host": socket.gethostname(), "pid": os.getpid(), "started": process_start(os.getpid())},
+        "ended": ended,
+        "stages": {n: {"hash": the_plan.hashes[n], "output": str(the_plan.dirs[n]),
+                       "state": results.get(n, {}).get("state", "not run"),
+                       "duration_s": results.get(n, {}).get("duration_s")} for n in the_plan.order}})
 
 
 def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[str, dict]:
@@ -421,16 +519,20 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
     if cfg.pipeline.dry_run:
         print(the_plan.describe())
         return {}
+    # Before any work: a damaged output would fail the run wherever it is first read, after the stages before it.
+    check_outputs_intact({n: the_plan.dirs[n] for n in the_plan.order if the_plan.cached[n]},
+                         full=bool(cfg.pipeline.get("verify")))
     run_dir.mkdir(parents=True, exist_ok=True)
-    _write_pipeline_file(run_dir, the_plan, {})  # before any work: `python -m pipeline.status` sees a running run
     cfg_resolved = plain_config(cfg)
     remote = ray.remote(execute_stage_with_threads)
     results: dict[str, dict] = {}
     for name in the_plan.order:
         if the_plan.cached[name]:
             print(f"stage {name}: cached ({the_plan.hashes[name]})", flush=True)
-            results[name] = {**json.loads((the_plan.dirs[name] / MARKER).read_text()), "state": "cached"}
+            results[name] = cached_summary(the_plan.dirs[name])
             _link(run_dir, name, the_plan.dirs[name])
+    # before any work: `python -m pipeline.status` sees a running run, whose reused stages are cached, not complete
+    _write_pipeline_file(run_dir, the_plan, results)
     pending = [n for n in the_plan.order if n not in results]
     running: dict = {}
     try:
@@ -441,7 +543,8 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
                 cpus = stages[name].num_cpus(cfg)
                 ref = remote.options(num_cpus=cpus, max_retries=0, name=f"stage:{name}") \
                     .remote(int(cpus), stages[name].fn, cfg_resolved, name, the_plan.hashes[name], the_plan.dirs[name],
-                            inputs, run_dir, name in the_plan.forced)
+                            inputs, run_dir, name in the_plan.forced, stages[name].fingerprint,
+                            the_plan.input_files[name])
                 running[ref] = name
             if not running:
                 raise RuntimeError(f"stages {pending} wait on upstream stages that are not in this run")
@@ -458,7 +561,7 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
     finally:
         for ref in running:
             ray.cancel(ref, force=True)
-        _write_pipeline_file(run_dir, the_plan, results)
+        _write_pipeline_file(run_dir, the_plan, results, ended=True)
     return results
 
 

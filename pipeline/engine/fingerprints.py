@@ -9,6 +9,8 @@ for both, with git's trick for cost: a file is hashed once per (inode, size, mti
 from __future__ import annotations
 
 import ast
+import contextlib
+import contextvars
 import functools
 import hashlib
 import json
@@ -16,7 +18,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from data_prep.shards import write_json_atomically
 
@@ -28,12 +30,13 @@ CODE_PACKAGES = ("pipeline", "data_prep", "models")  # the repository's code; an
 SETTLE_NS = 2_000_000_000
 
 
-def _identity(st: os.stat_result) -> list[int]:
+def stat_identity(st: os.stat_result) -> list[int]:
+    """What git's index keeps of a file to tell that it has not changed since it was hashed."""
     # ctime too: unlike mtime it cannot be set back (os.utime), so a rewrite that restores size and mtime still counts
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode]
 
 
-def _content_digest(path: Path) -> str:
+def content_digest(path: Path) -> str:
     try:
         with open(path, "rb") as f:
             return hashlib.file_digest(f, "sha256").hexdigest()
@@ -58,16 +61,34 @@ def content_digests(paths: list[Path], memo_file: Path) -> list[str]:
         except OSError:  # a broken link: repairing it is new work
             digests.append(UNREADABLE)
             continue
-        identity = _identity(st)
+        identity = stat_identity(st)
         known = memo.get(str(path))
-        digest = known[1] if known and known[0] == identity else _content_digest(path)
+        digest = known[1] if known and known[0] == identity else content_digest(path)
         digests.append(digest)
         if digest != UNREADABLE and now - max(st.st_mtime_ns, st.st_ctime_ns) > SETTLE_NS:
             kept[str(path)] = [identity, digest]
     if kept != memo:
         memo_file.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomically(memo_file, kept)
+    recording = _recording.get()
+    if recording is not None:
+        recording.update(zip(map(str, paths), digests))
     return digests
+
+
+_recording: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("recorded_digests", default=None)
+
+
+@contextlib.contextmanager
+def recorded_digests() -> Iterator[dict[str, str]]:
+    """path -> digest of every file that content_digests hashed inside the block: the files a stage's fingerprint
+    read, so that a change to them after planning can be named file by file (engine/dag.py)."""
+    files: dict[str, str] = {}
+    token = _recording.set(files)
+    try:
+        yield files
+    finally:
+        _recording.reset(token)
 
 
 @functools.cache

@@ -17,6 +17,7 @@ fine-tune stage compares to show what more pretraining buys downstream.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -241,6 +242,10 @@ def pretrain(ctx: StageContext, task: PretrainingTask) -> dict:
     return json.loads((ctx.out_dir / WORKER_SUMMARY).read_text())
 
 
+# Less than this left on a checkpoint's disk when its save failed: the disk was full.
+_FULL_BYTES = 1 << 20
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """A checkpoint appears under its name only once fully written, and only the newest `keep` stay.
 
@@ -255,13 +260,44 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            torch.save(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException as err:
+            # Measured before the temporary file gives its space back. A failed save used to leave it: 7.6 MB on a
+            # 20 MiB volume, and every rerun added another, so that a rerun which would fit failed again (issue 39).
+            free = shutil.disk_usage(path.parent).free
+            written = tmp.stat().st_size if tmp.exists() else 0
+            tmp.unlink(missing_ok=True)
+            if free < _FULL_BYTES and not (isinstance(err, OSError) and err.errno == errno.ENOSPC):
+                # torch.save reports a full disk as "RuntimeError: [enforce fail at inline_container.cc] unexpected
+                # pos": said as the full disk it is, the stage's error names paths.cache_dir (engine/dag.py)
+                raise OSError(errno.ENOSPC, f"no space left on device for checkpoint {path} ({written / 1e6:.1f} MB "
+                                            f"written, {free / 1e6:.2f} MB free): {err}") from err
+            raise
         for old in sorted(path.parent.glob("step-*.ckpt"))[:-self.keep]:  # zero-padded: name order is step order
             old.unlink()
+
+
+class CheckpointAfterValidation(ModelCheckpoint):
+    """ModelCheckpoint every n training steps, where a step that also validates is saved once that validation has run
+    (Lightning's own deferral, which it uses for a monitored metric). Saved before it, as Lightning orders the two, a
+    checkpoint lacked its step's held-out point, and a run resumed from it had none at the step it resumed at (issue
+    39). A kill during the validation leaves the checkpoint before, from which the step and its validation are done
+    again."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if (self._every_n_train_steps >= 1 and step % self._every_n_train_steps == 0
+                and not self._should_skip_saving_checkpoint(trainer)
+                # the test Lightning makes right after this hook
+                and trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher)):
+            self._defer_save_until_validation = True
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
 
 class TrainingPosition(L.Callback):
@@ -401,9 +437,9 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
     # AtomicCheckpointIO keeps the newest KEEP_CHECKPOINTS files; DeepSpeed writes directories through its own
     # engine, so there Lightning prunes them, keeping the highest steps
     pruning = dict(save_top_k=KEEP_CHECKPOINTS, monitor="step", mode="max") if uses_deepspeed else dict(save_top_k=-1)
-    checkpoints = ModelCheckpoint(dirpath=out / CHECKPOINT_DIR, filename="step-{step:06d}",
-                                  auto_insert_metric_name=False, every_n_train_steps=p.checkpoint_every_steps,
-                                  **pruning)
+    checkpoints = CheckpointAfterValidation(dirpath=out / CHECKPOINT_DIR, filename="step-{step:06d}",
+                                            auto_insert_metric_name=False,
+                                            every_n_train_steps=p.checkpoint_every_steps, **pruning)
     start = StartingStep()
     configured = [hydra.utils.instantiate(c) for c in ctx.cfg.callbacks.values()]
     callbacks = [*configured, history, monitor, start, TrainingPosition(data.position), checkpoints,
@@ -438,7 +474,9 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
         warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
         trainer.fit(module, data.train_loader, val_loader, ckpt_path=str(resume_from) if resume_from else None)
     seconds = time.perf_counter() - started
-    if start.step is None:  # resumed at max_steps: fit trained nothing, and the checkpoint precedes its validation
+    if start.step is None and history.last_step("val/loss") != trainer.global_step:
+        # resumed at max_steps: fit trained nothing, and the checkpoint was saved before a validation at that step
+        # (one that is no multiple of the validation interval, or a checkpoint of an earlier version)
         _validate_last_step(task, ctx, module, settings, trainer, val_loader, history, monitor)
     resumed_from = (trainer.global_step if start.step is None else start.step) if resume_from else None
     run = TrainingRun(trainer.global_step, trainer.global_step - (resumed_from or 0), seconds, world_size,

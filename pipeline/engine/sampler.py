@@ -103,3 +103,14 @@ class SeededBatchSampler(Sampler[tuple[int, list[int]]]):
 
     def load_state_dict(self, state: dict) -> None:
         self.sampler.load_state_dict(state)
+
+
+def held_out_count(total: int, fraction: float, most: int) -> int:
+    """How many of `total` instances validation holds out: `fraction` of them, at most `most`, and at least one, which
+    the held-out loss, its curve and the learning summary need. Where `fraction` gives none (val_fraction=0) the one
+    is said, not held out silently."""
+    count = min(int(total * fraction), most)
+    if count < 1:
+        print(f"NOTE: val_fraction={fraction:g} of {total} instances holds out none; 1 is held out all the same, as "
+              "the held-out loss, its curve and the learning summary need one", flush=True)
+    return max(1, count)

@@ -19,20 +19,23 @@ class Number:
     low: float
     high: float | None = None
     low_open: bool = False     # `low` itself is excluded
+    high_open: bool = False    # `high` itself is excluded
     nullable: bool = False
     unless: str | None = None  # not checked when this setting is set
+    why: str = ""              # what the bound is, where the number alone would puzzle
 
     def accepts(self, value) -> bool:
         if value is None:
             return self.nullable
         if isinstance(value, bool) or not isinstance(value, int if self.kind is int else (int, float)):
             return False
-        return (value > self.low if self.low_open else value >= self.low) and (self.high is None or value <= self.high)
+        return ((value > self.low if self.low_open else value >= self.low)
+                and (self.high is None or (value < self.high if self.high_open else value <= self.high)))
 
     def describe(self) -> str:
-        upper = "" if self.high is None else f" and <= {self.high:g}"
+        upper = "" if self.high is None else f" and {'<' if self.high_open else '<='} {self.high:g}"
         return (f"{'an integer' if self.kind is int else 'a number'} {'>' if self.low_open else '>='} {self.low:g}"
-                f"{upper}{' or null' if self.nullable else ''}")
+                f"{upper}{' or null' if self.nullable else ''}{f' ({self.why})' if self.why else ''}")
 
 
 POSITIVE_INT, COUNT = Number(int, 1), Number(int, 0)
@@ -51,7 +54,10 @@ def check_numbers(cfg: DictConfig, numbers: dict[str, Number]) -> None:
 # a family's own block over it (gpt.pretrain)
 PRETRAINING_NUMBERS = {
     "max_steps": POSITIVE_INT, "batch_size": POSITIVE_INT, "lr": RATE, "warmup_steps": COUNT,
-    "weight_decay": Number(float, 0), "accumulate_grad_batches": POSITIVE_INT, "val_fraction": FRACTION,
+    "weight_decay": Number(float, 0), "accumulate_grad_batches": POSITIVE_INT,
+    # all held out leaves nothing to train on: val_fraction=1 passed start-up and failed in pretraining
+    "val_fraction": Number(float, 0, 1, high_open=True, why="the held-out share; the rest trains"),
+    "val_max_instances": POSITIVE_INT,
     "val_every_steps": POSITIVE_INT, "checkpoint_every_steps": POSITIVE_INT,
 }
 

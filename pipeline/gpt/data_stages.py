@@ -8,6 +8,7 @@ from pathlib import Path
 from data_prep.gpt_blocks import load_gpt_tokenizer, shard_blocks, train_byte_level_bpe, write_blocks
 from data_prep.shards import sampled_texts, shard_paths
 from data_prep.tokenize_shards import use_one_tokenizer_thread
+from data_prep.tokenizer import UNKNOWN_RATE_SENTENCES, unknown_rate_summary, unknown_tokens
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 
@@ -16,7 +17,9 @@ def gpt_tokenizer(ctx: StageContext) -> dict:
     g = ctx.cfg.gpt
     num_sentences, texts = sampled_texts(ctx.stage_dir("prepare"), g.max_sentences)
     tok = train_byte_level_bpe(texts, ctx.out_dir, g.vocab_size, g.min_frequency)
-    return {"vocab_size": tok.get_vocab_size(), "sentences": num_sentences}
+    _, sample = sampled_texts(ctx.stage_dir("prepare"), UNKNOWN_RATE_SENTENCES)
+    return {"vocab_size": tok.get_vocab_size(), "sentences": num_sentences,
+            **unknown_rate_summary(*unknown_tokens(tok, sample), "gpt.vocab_size")}
 
 
 def build_shard_blocks(index: int, shard_and_next: tuple[Path, Path | None], tokenizer_dir: Path, out_dir: Path,

@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 from typing import Optional
 
+from data_prep.gpt_blocks import MIN_VOCAB_SIZE
 from pipeline.engine.family import Family
 from pipeline.engine.settings import POSITIVE_INT, Number
 from pipeline.gpt import samples
@@ -32,5 +33,6 @@ class GptConfig:
 FAMILY = Family("gpt", stages=GPT_STAGES, pretraining_stages=("gpt_pretrain",), encoders=ENCODERS,
                 finetune_kinds=FINETUNE_KINDS, report_upstream=samples.report_upstream,
                 report_section=samples.report_section, validate=validate, config={"gpt": GptConfig},
-                numbers={"gpt.vocab_size": POSITIVE_INT, "gpt.block_size": POSITIVE_INT,
-                         "gpt.max_sentences": Number(int, 1, nullable=True)})
+                numbers={"gpt.vocab_size": Number(int, MIN_VOCAB_SIZE, why=(
+                    "byte-level BPE's 256 byte pieces and <|endoftext|>, which it keeps whatever the setting")),
+                         "gpt.block_size": POSITIVE_INT, "gpt.max_sentences": Number(int, 1, nullable=True)})

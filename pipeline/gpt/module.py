@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from models.gpt import GPTLMHeadModel
 from pipeline.engine.arrow import list_column
-from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler
+from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler, held_out_count
 from pipeline.optim import adamw_with_schedule
 
 
@@ -58,7 +58,7 @@ def block_loaders(blocks: Blocks, batch_size: int, val_fraction: float, val_max_
         raise ValueError(f"only {len(blocks)} GPT blocks: the corpus is shorter than two blocks; use a larger corpus "
                          "or lower gpt.block_size")
     order = np.random.default_rng(seed).permutation(len(blocks))
-    n_val = min(max(1, int(len(blocks) * val_fraction)), val_max_blocks)
+    n_val = held_out_count(len(blocks), val_fraction, val_max_blocks)
     batches = SeededBatchSampler(ResumableRandomSampler(len(blocks) - n_val, seed, world_size, rank), batch_size)
     # Generators of their own: creating a loader iterator would otherwise draw from the global RNG (dropout's).
     train = DataLoader(BlockBatches(Subset(blocks, order[n_val:])), sampler=batches, batch_size=None,

@@ -28,7 +28,7 @@ from pipeline.report.plots import (
     plot_task_scores,
 )
 
-RESULT_COLUMNS = ["model", "task", "metric", "score", "std", "seeds", "train_examples"]
+RESULT_COLUMNS = ["model", "task", "metric", "score", "std", "seeds", "train_size", "train_examples"]
 RESULT_STAGES = {"finetune": "Fine-tuning (dev set)", "evaluate": "Frozen sentence embeddings (SentEval-style probes)"}
 # Held-out perplexity as each family logs it: BERT's masked-LM perplexity, ELMo's biLM perplexity (mean of the two
 # directions). Skip-Thought logs none.
@@ -318,7 +318,10 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str,
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["stage", *RESULT_COLUMNS], extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(rows)
+        # train_size: the finetune.train_sizes entry of the row ("all": the whole train split), which tells the rows
+        # of the label-efficiency curve apart
+        writer.writerows({**r, "train_size": "all" if r.get("train_size") is None else r["train_size"]}
+                         if r["stage"] == "finetune" else r for r in rows)
     # All fields (train/dev sizes, seconds), unlike the CSV's fixed columns: for scripts that compare runs.
     write_json_atomically(out / "results.json", rows)
     (out / "results.md").write_text("\n".join(lines) + "\n")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from data_prep.shards import shard_paths
 from data_prep.skip_thought_examples import WordVocab, build_word_vocab, count_words, triples_from_shard, write_triples
+from data_prep.tokenizer import unknown_rate_summary, unknown_words
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 
@@ -15,7 +16,8 @@ def skip_thought_vocab(ctx: StageContext) -> dict:
     counts = ctx.count_over_shards(count_words)
     vocab = build_word_vocab(counts, ctx.cfg.skip_thought.vocab_size, ctx.cfg.skip_thought.min_count)
     vocab.save(ctx.out_dir / "vocab.txt")
-    return {"vocab_size": len(vocab), "distinct_words": len(counts)}
+    return {"vocab_size": len(vocab), "distinct_words": len(counts),
+            **unknown_rate_summary(*unknown_words(counts, vocab.words), "skip_thought.vocab_size", unit="words")}
 
 
 def build_shard_triples(index: int, shard_path: Path, vocab_path: Path, out_dir: Path, max_words: int) -> int:

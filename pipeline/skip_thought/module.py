@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from data_prep.skip_thought_examples import EOS_ID, PAD_ID, TRIPLE_SCHEMA
 from models.skip_thought import SkipThoughts
 from pipeline.engine.arrow import list_column
-from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler
+from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler, held_out_count
 from pipeline.engine.training import log_step_outputs
 from pipeline.optim import adamw_with_schedule
 
@@ -98,7 +98,7 @@ def triple_loaders(dataset: SkipThoughtTriples, batch_size: int, val_fraction: f
         raise ValueError(f"only {len(dataset)} Skip-Thought triples; a book needs at least 3 sentences to give one. "
                          "Use a larger corpus or lower data.min_tokens")
     order = np.random.default_rng(seed).permutation(len(dataset))
-    n_val = min(max(1, int(len(dataset) * val_fraction)), val_max_triples)
+    n_val = held_out_count(len(dataset), val_fraction, val_max_triples)
     batches = SeededBatchSampler(ResumableRandomSampler(len(dataset) - n_val, seed, world_size, rank), batch_size)
     # Generators of their own: creating a loader iterator would otherwise draw from the global RNG (dropout's).
     train = DataLoader(TripleBatches(Subset(dataset, order[n_val:])), sampler=batches, batch_size=None,
