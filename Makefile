@@ -11,7 +11,7 @@ EXPERIMENT ?= bert_tiny
 ARGS ?=
 
 .PHONY: help install run test test-slow clean bench-elmo bench-skip-thought bench-data bench-stages bench-train \
-        bench-gpt
+        bench-gpt bench-gpu
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
@@ -57,6 +57,9 @@ bench-train: $(STAMP)  ## BERT train step, ours vs HF BertForPreTraining, fp32/b
 
 bench-gpt: $(STAMP)  ## GPT train step and KV-cache generation, ours vs HF GPT2LMHeadModel (ARGS=--quick)
 	$(PY) benchmarks/bench_gpt.py $(ARGS)
+
+bench-gpu: $(STAMP)  ## one-call GPU check: every family's step vs HF, MFU, harness overhead (docs/gpu.md; ARGS="--device cpu --quick")
+	$(PY) benchmarks/gpu_check.py $(ARGS)
 
 clean:  ## remove run outputs (keeps .venv and the data cache)
 	rm -rf outputs multirun
