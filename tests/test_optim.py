@@ -328,3 +328,19 @@ def test_bf16_autocast_runs_every_matmul_of_a_training_step_in_bf16():
             loss.backward()
         assert seen.dtypes, name
         assert all(dtypes == (torch.bfloat16,) * len(dtypes) for _, dtypes in seen.dtypes), (name, seen.dtypes)
+
+
+def test_lazy_adamw_runs_its_step_hooks_once_beside_a_plain_adamw():
+    """torch wraps a class's step in its hook runner when the first instance is made; once a plain AdamW existed,
+    LazyAdamW's call of AdamW's step ran every step hook twice (found when gpu_check's tests made one first)."""
+    from pipeline.optim import LazyAdamW
+
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+    param = torch.nn.Parameter(torch.zeros(3))
+    param.grad = torch.ones(3)
+    optimizer, calls = LazyAdamW([param], lr=0.1), []
+    optimizer.register_step_post_hook(lambda *_: calls.append("post"))
+    optimizer.register_step_pre_hook(lambda *_: calls.append("pre"))
+    optimizer.step()
+    assert calls == ["pre", "post"]
+    assert param.detach().tolist() == pytest.approx([-0.1] * 3)  # the step itself ran, once
