@@ -71,7 +71,7 @@ PHASE_LIMITS: dict[str, tuple[float, float]] = {
     "skip_thought": (40, 120)}
 COMPARED_WITH_HF = ("bert", "bert_compile", "gpt", "gpt_compile", "decode")
 MIN_SHARE = 0.5  # a phase starts only if at least this share of its limit is left in the budget
-BERT_MAX_BATCH = 256  # phase 1 of BERT (Devlin et al. 2019, Sec. A.2): 256 sequences of 128 tokens
+BERT_BATCHES = (256, 128, 64, 32)  # phase 1 of BERT (Devlin et al. 2019, Sec. A.2): 256 sequences of 128 tokens
 GPT_BATCHES = (32, 16, 8, 4)  # GPT-small at 1024 tokens: the first that fits
 GPT_VOCAB = 50304  # GPT-2's 50,257 padded to a multiple of 64, as nanoGPT trains it
 
@@ -97,7 +97,7 @@ class Sizes:
     peak_n: int
 
 
-FULL = Sizes(bert="bert_base", bert_seq=128, bert_batches=(256, 128, 64, 32), gpt="gpt_small", gpt_seq=1024,
+FULL = Sizes(bert="bert_base", bert_seq=128, bert_batches=BERT_BATCHES, gpt="gpt_small", gpt_seq=1024,
              gpt_batches=GPT_BATCHES, gpt_vocab=GPT_VOCAB, elmo=("elmo_original", 793471, 128, 20),
              skip_thought=("skip_thought_paper", 20000, 128, 30), harness_experiment="bert_base", harness_batch=256,
              harness_steps=(10, 30), decode=(32, 128), warmup=3, steps=10, peak_n=8192)
@@ -744,7 +744,7 @@ def finish(rows: list[dict], skipped: dict[str, str], device: str, args) -> dict
             achieved = r["flops_per_step"] / r["step_s"]
             r["tflops"] = achieved / 1e12
             if peak_tflops and r["dtype"] == "bf16":
-                r["mfu"] = achieved / (peak_tflops * 1e12)
+                r["mfu"] = mfu(r["flops_per_step"], r["step_s"], peak_tflops)
             if r["dtype"] in measured:
                 r["of_matmul_peak"] = achieved / measured[r["dtype"]]
         # against HF's row of the same model, batch and decoding mode ("ours, beam-4" and "HF generate, beam-4")
