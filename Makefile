@@ -11,7 +11,7 @@ EXPERIMENT ?= bert_tiny
 ARGS ?=
 
 .PHONY: help install run test test-slow clean bench-elmo bench-skip-thought bench-data bench-stages bench-train \
-        bench-gpt bench-memory
+        bench-gpt bench-memory bench-gpu
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
@@ -60,6 +60,9 @@ bench-gpt: $(STAMP)  ## GPT train step and KV-cache generation, ours vs HF GPT2L
 
 bench-memory: $(STAMP)  ## pretraining RSS growth per step, every family, batch 32 and 128 (ARGS="--steps 600")
 	$(PY) benchmarks/bench_memory.py $(ARGS)
+
+bench-gpu: $(STAMP)  ## one-call GPU check: every family's step vs HF, MFU, harness overhead (docs/gpu.md; ARGS="--device cpu --quick")
+	$(PY) benchmarks/gpu_check.py $(ARGS)
 
 clean:  ## remove run outputs (keeps .venv and the data cache)
 	rm -rf outputs multirun

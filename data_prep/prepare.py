@@ -17,11 +17,10 @@ import re
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import ray
 
 from data_prep.decontaminate import EvaluationOverlap
 from data_prep.dedup import (
@@ -46,6 +45,9 @@ from data_prep.shards import (
     write_json_atomically,
     write_shard,
 )
+
+if TYPE_CHECKING:  # Ray is imported where it runs: what reads only this module's helpers (the engine listing the
+    import ray  # corpus files, a GPU machine without Ray) needs no Ray
 
 # 2: near duplicates (status "near_duplicate", "similarity"); 3: a file over max_book_bytes is read as parts, each a
 # book and an entry of its own ("big.txt#2/31"); 4: the sentences dropped by length split into too short and too long,
@@ -279,6 +281,7 @@ def _books_in_order(corpus_dir: Path, groups: Iterable[list[str]], options: Inge
     """Runs the groups as Ray tasks and yields each book's summary in input order, with where its rows are (its
     group's rows in the object store, its position there), holding at most `max_in_flight` groups submitted but not
     yet consumed."""
+    import ray
     # SPREAD, as the pipeline's shard tasks (pipeline/engine/shard_tasks.py): on a cluster, every node reads books
     # from the start, instead of the driver's node first.
     task = ray.remote(read_and_process).options(num_cpus=1, scheduling_strategy="SPREAD", num_returns=2)
@@ -315,6 +318,8 @@ class _ShardWrites:
     (docs/scaling.md). At most `max_in_flight` tasks at once; `shards` lists the written shards, in order."""
 
     def __init__(self, out_dir: Path, shards_per_task: int, max_in_flight: int):
+        import ray
+
         self.out_dir, self.shards_per_task, self.max_in_flight = str(out_dir), shards_per_task, max_in_flight
         self._task = ray.remote(write_planned_shards).options(num_cpus=1)
         self._planned: list[ShardPlan] = []
@@ -327,6 +332,8 @@ class _ShardWrites:
             self._start_task()
 
     def finish(self) -> None:
+        import ray
+
         if self._planned:
             self._start_task()
         while self._in_flight:
@@ -335,10 +342,14 @@ class _ShardWrites:
     def abandon(self) -> None:
         """After an error: lets the writes already started end (each commits whole or removes its temporary file),
         so none is killed half-way when Ray shuts down; the next run replaces what they wrote."""
+        import ray
+
         if self._in_flight:
             ray.wait(list(self._in_flight), num_returns=len(self._in_flight))
 
     def _start_task(self) -> None:
+        import ray
+
         # each group's rows passed once, however many of its books the shards hold: ref -> its argument's position
         positions: dict[ray.ObjectRef, int] = {}
         plans = [(plan.index, [(positions.setdefault(rows_ref, len(positions)), book, start, stop)
@@ -519,6 +530,8 @@ def prepare_corpus(
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_previous_outputs(out_dir)
     progress = ProgressReporter("prepare", len(pieces), sum(sizes), interval_s=progress_interval_s)
+    import ray
+
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(num_cpus=num_workers, include_dashboard=False)

@@ -257,3 +257,90 @@ def test_a_slower_submodule_trains_at_its_factor_of_the_rate_through_the_schedul
     scheduler.step()  # a linear decay scales both rates alike
     assert sorted({round(g["lr"], 12) for g in optimizer.param_groups}) == pytest.approx([1e-4 * 8 / 9,
                                                                                          1e-3 * 8 / 9])
+
+
+def test_adamw_is_fused_where_torch_has_the_kernel_and_falls_back_where_it_has_not():
+    """torch takes fused=True for any parameters and refuses those its fused kernels are not built for only at the
+    first step; the pipeline asks for the fused kernel only where it runs, and the fallback computes the same step."""
+    from pipeline.optim import LazyAdamW, fused_if_supported
+
+    model = torch.nn.Linear(4, 3)
+    assert adamw_with_schedule(model, 1e-3, 0.01, (0.9, 0.999), 1, 10)["optimizer"].defaults["fused"] is True
+    on_meta = torch.nn.Parameter(torch.zeros(3, device="meta"))
+    on_meta.grad = torch.zeros(3, device="meta")
+    with pytest.raises(RuntimeError, match="fused=True"):
+        torch.optim.AdamW([on_meta], fused=True).step()
+    fallback = fused_if_supported(LazyAdamW, [{"params": [on_meta]}], lr=1e-3)
+    assert not fallback.defaults["fused"]
+    fallback.step()
+
+    torch.manual_seed(0)
+    weights = [torch.nn.Parameter(torch.randn(5, 7)) for _ in range(2)]
+    for w in weights:
+        w.grad = torch.randn(5, 7)
+    fused = LazyAdamW([weights[0]], lr=1e-2, weight_decay=0.01, fused=True)
+    default = LazyAdamW([weights[1]], lr=1e-2, weight_decay=0.01)
+    weights[1].data.copy_(weights[0].data)
+    weights[1].grad.copy_(weights[0].grad)
+    for _ in range(3):
+        fused.step()
+        default.step()
+    torch.testing.assert_close(weights[0], weights[1], rtol=1e-6, atol=1e-6)
+
+
+def test_bf16_autocast_runs_every_matmul_of_a_training_step_in_bf16():
+    """No fp32 cast in the hot path: under bf16 autocast every matrix product of BERT's and GPT's forward and backward
+    takes bf16 operands (the losses upcast only the logits they reduce, as autocast itself would)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from models.gpt import GPTLMHeadModel, gpt_config
+    from pipeline.bert.module import bert_pretraining_losses
+    from tests.test_gpu_check import bench_train
+
+    matmuls = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+               torch.ops.aten.baddbmm.default}
+
+    class Operands(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.dtypes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in matmuls:
+                self.dtypes.append((func.__name__, tuple(a.dtype for a in args if isinstance(a, torch.Tensor))))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    bert = BertForPreTraining(bert_config("bert_tiny", vocab_size=512))
+    batch = bench_train.make_batch(2, 16)
+    batch["input_ids"] %= 512
+    batch["mlm_labels"] = torch.where(batch["mlm_labels"] >= 0, batch["mlm_labels"] % 512, batch["mlm_labels"])
+    # attention dropout off: with it torch's CPU attention falls back to its math kernel, which computes bf16 inputs in
+    # fp32 inside the kernel (not a cast of ours; CUDA's kernels take dropout in bf16)
+    gpt = GPTLMHeadModel(gpt_config("gpt_tiny", vocab_size=512, n_positions=32, attn_pdrop=0.0))
+    ids = torch.randint(0, 512, (2, 17))
+    steps = {"bert": lambda: bert_pretraining_losses(bert, batch)["loss"],
+             "gpt": lambda: gpt(ids[:, :-1], ids[:, 1:]).loss}
+    for name, loss_of in steps.items():
+        with Operands() as seen:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = loss_of()
+            loss.backward()
+        assert seen.dtypes, name
+        assert all(dtypes == (torch.bfloat16,) * len(dtypes) for _, dtypes in seen.dtypes), (name, seen.dtypes)
+
+
+def test_lazy_adamw_runs_its_step_hooks_once_beside_a_plain_adamw():
+    """torch wraps a class's step in its hook runner when the first instance is made; once a plain AdamW existed,
+    LazyAdamW's call of AdamW's step ran every step hook twice (found when gpu_check's tests made one first)."""
+    from pipeline.optim import LazyAdamW
+
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+    param = torch.nn.Parameter(torch.zeros(3))
+    param.grad = torch.ones(3)
+    optimizer, calls = LazyAdamW([param], lr=0.1), []
+    optimizer.register_step_post_hook(lambda *_: calls.append("post"))
+    optimizer.register_step_pre_hook(lambda *_: calls.append("pre"))
+    optimizer.step()
+    assert calls == ["pre", "post"]
+    assert param.detach().tolist() == pytest.approx([-0.1] * 3)  # the step itself ran, once

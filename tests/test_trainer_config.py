@@ -104,3 +104,90 @@ def test_ckpt_path_with_two_models_pretrained_from_scratch_fails_before_any_work
     with pytest.raises(ValueError, match="ckpt_path.*skip_thought_pretrain, skip_thought_bi_pretrain"):
         validate(tiny_config(tmp_path, [*TINY_FAMILIES["skip_thought"].overrides, f"ckpt_path={given}"],
                              experiment="skip_thought_combine"))
+
+
+def test_trainer_compile_is_the_pipelines_setting_not_a_trainer_argument(tmp_path):
+    """trainer.compile (off by default) adds the callback that compiles the network; it never reaches
+    lightning.Trainer, which has no such argument, and a value that is no boolean fails at composition."""
+    from hydra.errors import ConfigCompositionException
+
+    from pipeline.engine.training import CompileNetwork, check_trainer_arguments
+
+    cfg, trainer = built_trainer(tmp_path, [])
+    assert cfg.trainer.compile is False and not [c for c in trainer.callbacks if isinstance(c, CompileNetwork)]
+    cfg, trainer = built_trainer(tmp_path, ["trainer.compile=true"])
+    check_trainer_arguments(cfg)
+    assert [c for c in trainer.callbacks if isinstance(c, CompileNetwork)]
+    with pytest.raises(ValueError, match="trainer.compil: lightning.Trainer takes no argument"):
+        check_trainer_arguments(tiny_config(tmp_path, ["+trainer.compil=true"]))
+    with pytest.raises(ConfigCompositionException, match="trainer.compile=sometimes"):
+        tiny_config(tmp_path, ["trainer.compile=sometimes"])
+
+
+class _Regression(__import__("lightning").LightningModule):
+    """A family's module in miniature: the network it trains is `model`."""
+
+    def __init__(self):
+        import torch
+
+        super().__init__()
+        self.model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+        self.losses = []
+
+    def training_step(self, batch, batch_idx):
+        import torch.nn.functional as F
+
+        loss = F.mse_loss(self.model(batch[0]), batch[1])
+        self.losses.append(loss.item())
+        return loss
+
+    def configure_optimizers(self):
+        import torch
+
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_trainer_compile_compiles_the_network_in_place_on_the_cpu(tmp_path):
+    """torch.compile of the module's `model` (not the LightningModule), in place: the same parameters and state-dict
+    keys (checkpoints and written encoders are unchanged), and the losses of the eager network."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    data = DataLoader(TensorDataset(torch.randn(32, 8, generator=g), torch.randn(32, 1, generator=g)), batch_size=8)
+    runs = {}
+    for compiled in (False, True):
+        cfg = tiny_config(tmp_path, [f"trainer.compile={str(compiled).lower()}", "trainer.precision=32-true"])
+        torch.manual_seed(0)
+        module = _Regression()
+        keys = list(module.state_dict())
+        trainer = make_trainer(StageContext(cfg, "pretrain", tmp_path / f"out{compiled}"), [], max_steps=4)
+        trainer.fit(module, data)
+        assert (module.model._compiled_call_impl is not None) == compiled
+        assert not isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
+        assert list(module.state_dict()) == keys
+        runs[compiled] = module.losses
+    assert runs[True] == pytest.approx(runs[False], rel=1e-5)
+    assert isinstance(module, L.LightningModule)
+
+
+def test_a_gpu_run_pins_the_batches_of_its_train_loader():
+    """The families build their loaders without knowing the device; the harness sets pin_memory on a GPU run's
+    (pipeline.engine.pretraining.pin_batches, called when the run uses CUDA), read as each epoch's iterator starts."""
+    import warnings
+
+    from torch.utils.data import DataLoader
+
+    from pipeline.engine.pretraining import pin_batches
+
+    loader = DataLoader(list(range(6)), batch_size=2)
+    assert loader.pin_memory is False
+    pin_batches(loader)
+    assert loader.pin_memory is True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's note that without an accelerator nothing is pinned
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5]]
+    held_out = [{"input_ids": [1]}]
+    pin_batches(held_out)  # not a DataLoader: left as it is
+    assert held_out == [{"input_ids": [1]}]

@@ -36,6 +36,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
+from torch.utils.data import DataLoader
 
 from data_prep.shards import write_json_atomically
 from pipeline.engine.dag import MARKER, Stage, StageContext
@@ -61,6 +62,7 @@ from pipeline.engine.tracking import log_curves
 from pipeline.engine.training import (
     RELEASE_EVERY_N_BATCHES,
     LossHistory,
+    compile_network,
     keep_freed_memory_for_reuse,
     make_trainer,
     release_freed_memory,
@@ -416,6 +418,14 @@ def use_dense_gradients(module: nn.Module) -> None:
             sub.sparse = False
 
 
+def pin_batches(loader: Iterable[dict]) -> None:
+    """Training on a GPU: the loader hands its batches over in page-locked memory, from which Lightning's copy to the
+    device (non_blocking) runs asynchronously, overlapping the step before. Set here because the families build their
+    loaders without knowing the device; a DataLoader reads the flag when each epoch's iterator starts."""
+    if isinstance(loader, DataLoader):
+        loader.pin_memory = True
+
+
 def latest_checkpoint(out_dir: Path) -> Path | None:
     checkpoints = sorted((out_dir / CHECKPOINT_DIR).glob("step-*.ckpt"))  # zero-padded: name order is step order
     return checkpoints[-1] if checkpoints else None
@@ -430,6 +440,8 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
     out, p = ctx.out_dir, task.settings(ctx.cfg)
     module = task.build_module(ctx)
     data = task.data(ctx, module, rank, world_size)
+    if settings.uses_cuda:
+        pin_batches(data.train_loader)
     uses_deepspeed = settings.strategy == "deepspeed"  # which writes directories and clips by itself
     if uses_deepspeed:
         use_dense_gradients(module)
@@ -546,6 +558,8 @@ def _deepspeed_cpu_worker(config: dict) -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     module = task.build_module(ctx)
     use_dense_gradients(module)
+    if ctx.cfg.trainer.compile:  # no Trainer here to run CompileNetwork
+        compile_network(module)
     data = task.data(ctx, module, rank, world_size)
     optimization = module.configure_optimizers()
     history, monitor = LossHistory(), DivergenceMonitor(task.settings_key(ctx.cfg), data.uniform_loss)

@@ -21,7 +21,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.loggers import CSVLogger
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from pipeline.engine.dag import StageContext
 from pipeline.engine.settings import check_target_arguments
@@ -48,6 +48,10 @@ class TrainerConfig:
     log_every_n_steps: int = MISSING
     deterministic: bool = MISSING
     enable_model_summary: bool = MISSING
+    compile: bool = MISSING  # the pipeline's, not a Trainer argument (PIPELINE_SETTINGS)
+
+# Keys of the `trainer` block that the pipeline reads itself and does not hand to the Trainer
+PIPELINE_SETTINGS = ("compile",)
 
 # Trainer arguments the pipeline sets itself, and from what: a `trainer` block that set one would be overridden unseen,
 # so it is refused at start-up (check_trainer_arguments)
@@ -159,11 +163,35 @@ def make_trainer(ctx: StageContext, callbacks: list, prefix: str = "", one_proce
         kwargs = {"devices": 1, "strategy": "auto", **kwargs}
     # _partial_: the config's arguments are instantiated (a `profiler: {_target_: ...}` too), the objects below are
     # handed over as they are
-    build = hydra.utils.instantiate(ctx.cfg.trainer, _partial_=True)
+    build = hydra.utils.instantiate(trainer_arguments(ctx.cfg), _partial_=True)
+    if ctx.cfg.trainer.compile:
+        callbacks = [CompileNetwork(), *callbacks]
     return build(precision=resolve_precision(str(ctx.cfg.trainer.precision)), logger=make_logger(ctx, prefix),
                  callbacks=[ProgressLog(f"{ctx.name} {prefix}".strip()), ReleaseFreedMemory(), *callbacks],
                  enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
                  default_root_dir=str(ctx.out_dir), **kwargs)
+
+
+def trainer_arguments(cfg: DictConfig) -> DictConfig:
+    """The `trainer` block as the Trainer takes it: without PIPELINE_SETTINGS."""
+    return OmegaConf.masked_copy(cfg.trainer, [key for key in cfg.trainer if key not in PIPELINE_SETTINGS])
+
+
+def compile_network(module: L.LightningModule) -> None:
+    """trainer.compile: torch.compile the network a family's LightningModule trains (its `model`, as every family's
+    module holds it), in place (nn.Module.compile), so the parameters, the state-dict keys and with them the
+    checkpoints and the written encoder stay as they are. Not the LightningModule: its training_step logs and checks
+    in Python, which would only break the graph. Compiled on the first step, for the shapes seen then; a new batch shape
+    recompiles once and is then traced with dynamic shapes."""
+    module.model.compile()
+
+
+class CompileNetwork(L.Callback):
+    """compile_network at set-up, before the strategy moves and wraps the module (the compilation itself waits for the
+    first step)."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        compile_network(pl_module)
 
 
 def one_process_trainer_keys(cfg: DictConfig) -> tuple[str, ...]:
@@ -178,7 +206,7 @@ def check_trainer_arguments(cfg: DictConfig) -> None:
         if key in PIPELINE_ARGUMENTS:
             raise ValueError(f"trainer.{key} is the pipeline's to set ({PIPELINE_ARGUMENTS[key]}); drop "
                              f"trainer.{key}")
-    check_target_arguments(cfg.trainer, "trainer")
+    check_target_arguments(trainer_arguments(cfg), "trainer")
 
 
 def log_step_outputs(module: L.LightningModule, split: str, out: dict, batch_size: int) -> None:
