@@ -388,7 +388,7 @@ def test_layer_depths_and_rates_run_from_the_embeddings_to_the_top_for_bert_and_
 
 def test_frozen_embeddings_stay_and_a_linear_probe_trains_the_head_before_the_encoder(ctx, monkeypatch):
     ctx.cfg.finetune.task = "sst2"
-    ctx.cfg.finetune.models = ["pretrained"]
+    ctx.cfg.finetune.models = ["pretrained", "random_init"]
     ctx.cfg.finetune.seeds = [1]
     ctx.cfg.finetune.freeze_embeddings = True
     ctx.cfg.finetune.linear_probe_epochs = 2
@@ -405,9 +405,15 @@ def test_frozen_embeddings_stay_and_a_linear_probe_trains_the_head_before_the_en
                          if name in head)))
 
     monkeypatch.setattr(lightning.Trainer, "fit", recording_fit)
-    task, models = load_task("sst2"), finetuning.model_sources(ctx)["pretrained"][0]
+    task, sources = load_task("sst2"), finetuning.model_sources(ctx)
+    models = sources["pretrained"][0]
     data = models.encode(task, Path(ctx.cfg.finetune.data_dir) / "SST-2", ctx.cfg.finetune, 0, None)
     finetuning.finetune_once(ctx, task, data, models, "pretrained", 1, np.arange(len(data.train)))
     (probe_moved, probe_head), (tune_moved, tune_head) = fits
     assert probe_moved == set() and probe_head  # the probe trained the head alone
     assert tune_head and tune_moved and "embeddings.word_embeddings.weight" not in tune_moved  # then the encoder
+    fits.clear()  # the random twin has nothing to keep: its embeddings train
+    twin = sources["random_init"][0]
+    twin_data = twin.encode(task, Path(ctx.cfg.finetune.data_dir) / "SST-2", ctx.cfg.finetune, 0, None)
+    finetuning.finetune_once(ctx, task, twin_data, twin, "random_init", 1, np.arange(len(twin_data.train)))
+    assert "embeddings.word_embeddings.weight" in fits[-1][0]

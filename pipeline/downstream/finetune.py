@@ -44,6 +44,9 @@ MODEL_KINDS: dict[str, FinetuneKind] = {name: kind for family in FAMILIES
                                         for name, kind in family.finetune_kinds.items()}
 
 
+TWINS = {kind.random_twin for kind in MODEL_KINDS.values() if kind.random_twin}
+
+
 def finetune_kinds(cfg: DictConfig) -> dict[str, FinetuneKind]:
     """The kinds `finetune.models` names (names the config schema allows, pipeline/config.py), each followed by its
     random-init twin where it has one and finetune.random_twins is on."""
@@ -153,7 +156,8 @@ def finetune_once(ctx: StageContext, task: DictConfig, data: TaskData, models: T
     dev_loader = DataLoader(data.dev, batch_size=f.eval_batch_size, collate_fn=data.collate)
     prefix = f"{task.name}/{kind}/n{len(train_indices)}/seed{seed}"
     encoder = getattr(model, "encoder", None)  # None: a head on frozen features, nothing of the encoder trains
-    frozen = word_embeddings(encoder) if f.freeze_embeddings and encoder is not None else None
+    # a random twin has no embeddings worth keeping: frozen, its random vectors would handicap the comparison
+    frozen = word_embeddings(encoder) if f.freeze_embeddings and encoder is not None and kind not in TWINS else None
     if f.linear_probe_epochs and encoder is not None:
         # LP-FT (Kumar et al. 2022): the head first, on the frozen encoder, so that fine-tuning starts from a head that
         # fits the pretrained features instead of a random one whose gradients distort them
