@@ -261,6 +261,10 @@ def checkpoint_tokenizer(directory: Path) -> tuple[Tokenizer, bool]:
     if missing:
         raise ValueError(f"the tokenizer in {directory} has no {', '.join(missing)}: it is not a BERT WordPiece "
                          "tokenizer")
+    # sentence-transformers saves its tokenizer truncating and padding to 128 tokens (all-MiniLM-L6-v2 does); the
+    # stages encode a shard's words in one call and cut the sequences themselves
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
     return tokenizer, lowercase
 
 

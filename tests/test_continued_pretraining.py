@@ -72,3 +72,21 @@ def test_a_directory_that_is_no_bert_checkpoint_fails_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="longer than the positions"):
         validate(tiny_config(tmp_path, [f"pretrain.init_from={tmp_path / 'checkpoint'}",
                                         "examples.max_seq_length=128"]))
+
+
+def test_a_checkpoint_tokenizer_saved_truncating_and_padding_encodes_whole_texts(tmp_path):
+    """all-MiniLM-L6-v2's tokenizer.json truncates and pads to 128: the examples stage, which encodes a shard's words
+    in one call, failed ("11880 words came back as 613")."""
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    from data_prep.tokenizer import checkpoint_tokenizer
+
+    _, vocab = write_checkpoint(tmp_path / "checkpoint", heads=False)
+    saved = BertWordPieceTokenizer(str(tmp_path / "checkpoint" / "vocab.txt"), lowercase=True)
+    saved.enable_truncation(8)
+    saved.enable_padding(length=8)
+    saved.save(str(tmp_path / "checkpoint" / "tokenizer.json"))
+    tokenizer, _ = checkpoint_tokenizer(tmp_path / "checkpoint")
+    text = " ".join(["the captain found a letter ."] * 5)
+    assert len(tokenizer.encode(text).ids) == 2 + 6 * 5  # [CLS] ... [SEP], no piece cut, no padding
+    assert len(tokenizer.encode("the book").ids) == 4
