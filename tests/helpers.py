@@ -90,6 +90,9 @@ TINY_OVERRIDES = [
     "finetune.task=sst2", "finetune.epochs=1", "finetune.batch_size=16", "finetune.max_seq_length=16",
     "finetune.seeds=[1]", "finetune.train_sizes=[null]", "finetune.min_steps=0",
     "trainer.precision=32-true",
+    # bert_tiny's word2vec-started, frozen embeddings (a piece_vectors stage) have tests of their own
+    # (test_piece_vectors.py, test_finetuning.py)
+    "pretrain.init_embeddings=random", "pretrain.freeze_embeddings=false", "finetune.freeze_embeddings=false",
 ]
 
 

@@ -50,7 +50,7 @@ def test_frozen_word2vec_embeddings_are_the_encoders_after_pretraining(run):
 
 
 def test_unfrozen_word2vec_embeddings_start_there_and_move(tmp_path, ray_session):
-    tiny = TinyRun(tiny_config(tmp_path, WORD2VEC))
+    tiny = TinyRun(tiny_config(tmp_path, [*WORD2VEC, "pretrain.freeze_embeddings=false"]))
     for stage in ("prepare", "tokenizer", "examples", "piece_vectors", "pretrain"):
         tiny.run_stage(stage)
     vectors = np.load(tiny.stage_dir("piece_vectors") / PIECE_VECTORS_FILE)

@@ -119,13 +119,20 @@ def validate(cfg: DictConfig, stages: list[str]) -> None:
             encoder_snapshot_steps(cfg, settings, key)
 
 
+def starts_from_piece_vectors(phase: Phase, cfg: DictConfig) -> bool:
+    """pretrain.init_embeddings=word2vec, in a phase that starts from scratch: phase 2 starts from phase 1's weights,
+    and pretrain.init_from from a checkpoint's, embeddings included."""
+    settings = phase.settings(cfg)
+    return not phase.init_from and not settings.init_from and settings.init_embeddings == "word2vec"
+
+
 def pretraining_upstream(phase: Phase, cfg: DictConfig) -> tuple[str, ...]:
     """What a phase reads: the tokenizer, its examples, the phase it continues, and the piece vectors its word
-    embeddings start from (pretrain.init_embeddings=word2vec; phase 2 starts from phase 1's weights instead)."""
+    embeddings start from (starts_from_piece_vectors)."""
     upstream = ["tokenizer", phase.examples]
     if phase.init_from:
         upstream.append(phase.init_from)
-    elif phase.settings(cfg).init_embeddings == "word2vec":
+    elif starts_from_piece_vectors(phase, cfg):
         upstream.append("piece_vectors")
     return tuple(upstream)
 
@@ -230,7 +237,7 @@ class BertPretraining:
         model = _build_model(ctx.cfg, p, vocab_size)
         if self.phase.init_from:  # a resumed run then loads its own checkpoint over these
             _continue_from(model, ctx.stage_dir(self.phase.init_from))
-        elif p.init_embeddings == "word2vec":
+        elif starts_from_piece_vectors(self.phase, ctx.cfg):
             start_word_embeddings(model.bert.embeddings.word_embeddings,
                                   np.load(ctx.stage_dir("piece_vectors") / PIECE_VECTORS_FILE))
         # Kept as they start (Sentence-level transfer with frozen word2vec input layers, Kim 2014's "static" model):
