@@ -479,6 +479,7 @@ def prepare_corpus(
     min_tokens: int = IngestOptions.min_tokens,
     max_tokens: int = IngestOptions.max_tokens,
     nfkc: bool = False,
+    chinese_variant: str = "keep",
     near_duplicates: NearDuplicateOptions | None = NearDuplicateOptions(),
     decontamination: EvaluationOverlap | None = None,
     num_workers: int,
@@ -500,7 +501,8 @@ def prepare_corpus(
     """
     corpus_dir = Path(corpus_dir).resolve()
     out_dir = Path(out_dir)
-    options = IngestOptions(input_format=input_format, min_tokens=min_tokens, max_tokens=max_tokens, nfkc=nfkc)
+    options = IngestOptions(input_format=input_format, min_tokens=min_tokens, max_tokens=max_tokens, nfkc=nfkc,
+                            chinese_variant=chinese_variant)
     if options.input_format == "raw" and fallback_notice():
         print(fallback_notice(), flush=True)
     if num_workers < 1:
