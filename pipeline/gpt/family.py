@@ -3,6 +3,8 @@
 from dataclasses import dataclass, field
 from typing import Optional
 
+from omegaconf import MISSING
+
 from data_prep.gpt_blocks import MIN_VOCAB_SIZE
 from pipeline.engine.family import Family
 from pipeline.engine.settings import POSITIVE_INT, Number
@@ -30,9 +32,16 @@ class GptConfig:
     model: Optional[ModelConfig] = field(default=None, metadata={NULL_MEANS: "model"})
 
 
+@dataclass
+class GptReportConfig:
+    """What GPT adds to `report`: the prompts its section continues (greedy)."""
+    gpt_prompts: list[str] = MISSING
+
+
 FAMILY = Family("gpt", stages=GPT_STAGES, pretraining_stages=("gpt_pretrain",), encoders=ENCODERS,
                 finetune_kinds=FINETUNE_KINDS, report_upstream=samples.report_upstream,
-                report_section=samples.report_section, validate=validate, config={"gpt": GptConfig},
+                report_section=samples.report_section, validate=validate,
+                config={"gpt": GptConfig, "report": GptReportConfig},
                 numbers={"gpt.vocab_size": Number(int, MIN_VOCAB_SIZE, why=(
                     "byte-level BPE's 256 byte pieces and <|endoftext|>, which it keeps whatever the setting")),
                          "gpt.block_size": POSITIVE_INT, "gpt.max_sentences": Number(int, 1, nullable=True)})
