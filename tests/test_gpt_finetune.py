@@ -112,9 +112,9 @@ def _tokenizer(path: Path) -> ByteLevelBPETokenizer:
     return tokenizer
 
 
-def test_tagging_and_squad_are_refused_naming_the_task(tmp_path):
-    task = OmegaConf.create({"name": "conll2003", "format": "conll"})
-    with pytest.raises(ValueError, match="conll2003: conll tasks are not supported for gpt"):
+def test_squad_is_refused_naming_the_task(tmp_path):
+    task = OmegaConf.create({"name": "squad_v1", "format": "squad"})
+    with pytest.raises(ValueError, match="squad_v1: squad tasks are not supported for gpt"):
         load_task_data(task, tmp_path, _tokenizer(tmp_path / "tok"), 32, 16, None, 0)
 
 
@@ -133,7 +133,7 @@ def ctx(tmp_path) -> StageContext:
             "logger=csv", "trainer.precision=32-true", "finetune.task=[sst2]", f"finetune.data_dir={glue}",
             "finetune.models=[gpt,gpt_random]", "finetune.seeds=[1]", "finetune.train_sizes=[null]",
             "finetune.min_steps=0", "finetune.epochs=8", "finetune.batch_size=16", "finetune.max_seq_length=32",
-            "finetune.lr=2e-3"])
+            "finetune.lr=2e-3", "finetune.baselines=[majority_class,bow_logreg]"])
     out = tmp_path / "finetune"
     out.mkdir()
     return StageContext(cfg, "finetune", out, {"gpt_pretrain": tmp_path / "gpt_pretrain"})
