@@ -156,3 +156,42 @@ def test_gpt_tags_each_word_at_the_first_token_after_it(tmp_path):
     cut = tagging_features(tokenizer, [sentence], ["r", "v", "ns"], max_len=4, end_id=6)[0]
     assert cut["input_ids"].tolist() == [1, 2, 3, 6] and cut["word_ids"].tolist() == [-1, -1, 0, 1]
     assert np.all(feature["token_type_ids"] == 0)
+
+
+# A hard-wrapped bilingual book, as a Chinese user's own would be: Chinese paragraphs wrapped mid-word, English ones
+# mid-sentence, a dialogue line with closing quotes, a one-character heading, and a paragraph in traditional script
+MIXED_BOOK = """第一章
+
+北京是中华人民共和国的首都，也是全国的政治、文化中
+心。这座城市有三千多年的建城史！你去过故宫吗？
+他笑着说：“当然去过。”然后又补充道……
+“明年我们一起再去吧！”
+
+Beijing is the capital of the People's Republic of China. It has
+been a capital for more than eight centuries. Mr. Wang lives there
+with his family.
+
+他喜欢用 Python 写程序，也喜欢读 English novels。周末他常去
+图书馆；有时也去公园散步。
+
+這是一段繁體中文的文字，說明轉換的作用。
+"""
+MIXED_BOOK_SENTENCES = [
+    "第一章", "北京是中华人民共和国的首都，也是全国的政治、文化中心。", "这座城市有三千多年的建城史！", "你去过故宫吗？",
+    "他笑着说：“当然去过。”", "然后又补充道……", "“明年我们一起再去吧！”",
+    "Beijing is the capital of the People's Republic of China.",
+    "It has been a capital for more than eight centuries.", "Mr. Wang lives there with his family.",
+    "他喜欢用 Python 写程序，也喜欢读 English novels。", "周末他常去图书馆；", "有时也去公园散步。",
+    "这是一段繁体中文的文字，说明转换的作用。"]
+
+
+def test_a_mixed_chinese_and_english_book_through_prepare(tmp_path, ray_running):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "mixed.txt").write_text(MIXED_BOOK, encoding="utf-8")
+    manifest = prepare_corpus(corpus, tmp_path / "out", num_workers=1, near_duplicates=None,
+                              chinese_variant="simplified")
+    assert open_shards(tmp_path / "out").column("text").to_pylist() == MIXED_BOOK_SENTENCES
+    (book,) = manifest["files"]
+    # 第一章 (3 characters) is kept as a sentence of 3 tokens; nothing is too long
+    assert (book["status"], book["sentences"], manifest["options"]["chinese_variant"]) == ("kept", 14, "simplified")
