@@ -177,8 +177,8 @@ with his family.
 這是一段繁體中文的文字，說明轉換的作用。
 """
 MIXED_BOOK_SENTENCES = [
-    "第一章", "北京是中华人民共和国的首都，也是全国的政治、文化中心。", "这座城市有三千多年的建城史！", "你去过故宫吗？",
-    "他笑着说：“当然去过。”", "然后又补充道……", "“明年我们一起再去吧！”",
+    "第一章", "北京是中华人民共和国的首都，也是全国的政治、文化中心。", "这座城市有三千多年的建城史！",
+    "你去过故宫吗？", "他笑着说：“当然去过。”", "然后又补充道……", "“明年我们一起再去吧！”",
     "Beijing is the capital of the People's Republic of China.",
     "It has been a capital for more than eight centuries.", "Mr. Wang lives there with his family.",
     "他喜欢用 Python 写程序，也喜欢读 English novels。", "周末他常去图书馆；", "有时也去公园散步。",
