@@ -432,8 +432,8 @@ def manifest_summary(shard_dir: str | os.PathLike, names_per_reason: int = 3) ->
     options = manifest["options"]
     lines.append(f"  sentences: {totals['sentences']} kept, {short} dropped as shorter than data.min_tokens="
                  f"{options['min_tokens']} tokens, {long} as longer than data.max_tokens={options['max_tokens']}"
-                 + (" (tokens are counted as space-separated runs: text written without spaces, such as Chinese, or "
-                    "joined by zero-width spaces, is one token a sentence)" if short or long else ""))
+                 + (" (tokens are counted as space-separated runs, each CJK character one: text joined by "
+                    "zero-width spaces is one token a sentence)" if short or long else ""))
     by_reason = collections.defaultdict(list)
     for entry in manifest["files"]:
         if entry["status"] == "rejected":

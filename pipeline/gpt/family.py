@@ -3,8 +3,6 @@
 from dataclasses import dataclass, field
 from typing import Optional
 
-from omegaconf import MISSING
-
 from data_prep.gpt_blocks import MIN_VOCAB_SIZE
 from pipeline.engine.family import Family
 from pipeline.engine.settings import POSITIVE_INT, Number
@@ -35,7 +33,10 @@ class GptConfig:
 @dataclass
 class GptReportConfig:
     """What GPT adds to `report`: the prompts its section continues (greedy)."""
-    gpt_prompts: list[str] = MISSING
+    # openings in the style of the books (a tiny model has seen their words); here, not in conf/config.yaml, as the
+    # block is GPT's: a registry without GPT composes without it
+    gpt_prompts: list[str] = field(default_factory=lambda: [
+        "The old man", "It was a dark night, and", "She opened the letter and"])
 
 
 FAMILY = Family("gpt", stages=GPT_STAGES, pretraining_stages=("gpt_pretrain",), encoders=ENCODERS,
