@@ -7,11 +7,12 @@ with a benchmark's test set). Here the unit removed is the corpus sentence, not 
   that is also a dev sentence is the dev sentence);
 - a span of `n` words of the book's word stream that overlaps it (possibly running on into the next sentence) is also
   a span of an evaluation text (Brown et al.'s 13-gram rule; `n` configurable).
-Normalisation (NFKC, case-folded, contractions rejoined and apostrophes dropped, words = runs of word characters,
-punctuation dropped) makes "The Rock isn't..." match the lower-cased, tokenised "the rock is n't ..." of SentEval's
-readers and Rotten Tomatoes' files. Words are hashed to 64 bits (blake2b, stable
-across processes) and n-grams to 64-bit polynomial hashes over them, so a book is checked with a few numpy passes;
-a collision between a corpus n-gram and one of ~10^6 evaluation n-grams has probability ~10^-13 per n-gram.
+Normalisation (NFKC, case-folded, contractions rejoined and apostrophes dropped, words = runs of word characters and
+each CJK character alone, as BERT-Chinese tokenizes, so that n words of Chinese are n characters; punctuation dropped)
+makes "The Rock isn't..." match the lower-cased, tokenised "the rock is n't ..." of SentEval's readers and Rotten
+Tomatoes' files. Words are hashed to 64 bits (blake2b, stable across processes) and n-grams to 64-bit polynomial hashes
+over them, so a book is checked with a few numpy passes; a collision between a corpus n-gram and one of ~10^6 evaluation
+n-grams has probability ~10^-13 per n-gram.
 """
 from __future__ import annotations
 
@@ -23,8 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from data_prep.chinese import CJK_IDEOGRAPHS, split_chinese_sentences
+
 DEFAULT_NGRAM = 13  # Brown et al. 2020, appendix C
-_WORD = re.compile(r"\w+")
+# words: each CJK ideograph alone (Chinese has no spaces: as one `\w+` run, a Chinese sentence was one word and the
+# n-gram rule never fired), or a run of other word characters
+_WORD = re.compile(f"[{CJK_IDEOGRAPHS}]|[^\\W{CJK_IDEOGRAPHS}]+")
 # a tokeniser's split contraction ("is n't", "century 's") is joined back, then apostrophes go: "isnt", "centurys"
 _SPLIT_CONTRACTION = re.compile(r"\s+(?=n't\b|'(?:s|re|ve|ll|d|m|t)\b)")
 _APOSTROPHES = str.maketrans({"'": None, "\u2019": None, "`": None})
@@ -92,7 +97,7 @@ class EvaluationOverlap:
         for bit, texts in enumerate(texts_by_source.values()):
             mask = 1 << bit
             for text in texts:
-                for sentence in {text, *_SENTENCE_END.split(text)}:
+                for sentence in {text, *_SENTENCE_END.split(text), *split_chinese_sentences(text)}:
                     if normal := normalised_words(sentence):
                         key = _sentence_hash(normal)
                         sentences[key] = sentences.get(key, 0) | mask

@@ -26,8 +26,9 @@ import pyarrow.compute as pc
 # regex with Unicode classes ran at ~20 MB/s, a third of the prepare stage): every ASCII byte but [a-z0-9] breaks
 # a word, and so do the Latin-1 punctuation block U+0080-U+00BF (no-break space, guillemets, inverted marks) and
 # General Punctuation U+2000-U+206F (typographic spaces, dashes, curly quotes, ellipsis), which hold nearly all
-# the non-ASCII punctuation of books in European languages; other non-ASCII characters (accented letters,
-# CJK) belong to words.
+# the non-ASCII punctuation of books in European languages; other non-ASCII characters (accented letters) belong to
+# words. Chinese, written without spaces, is read as characters: each CJK ideograph is a word, so that a shingle of 5
+# is a character 5-gram, and CJK punctuation breaks words (_cjk_bytes).
 _ASCII_WORD_BYTE = np.zeros(256, dtype=bool)
 _ASCII_WORD_BYTE[np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789", np.uint8)] = True
 _ASCII_WORD_BYTE[0x80:] = True
@@ -102,6 +103,28 @@ def _word_byte_mask(data: np.ndarray) -> np.ndarray:
     return is_word
 
 
+# Code points of 3-byte UTF-8 characters that break words like ASCII punctuation: CJK Symbols and Punctuation (。、「」
+# 《》 and the ideographic space), and the punctuation of the full-width forms (！（），：；？［］｛｝｡｢｣､)
+_CJK_PUNCTUATION = ((0x3000, 0x303F), (0xFF00, 0xFF0F), (0xFF1A, 0xFF20), (0xFF3B, 0xFF40), (0xFF5B, 0xFF65))
+# and the ideographs (BMP blocks of data_prep/chinese.py's CJK_IDEOGRAPHS), each a word of its own
+_CJK_IDEOGRAPH_BLOCKS = ((0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF))
+
+
+def _cjk_bytes(data: np.ndarray, is_word: np.ndarray) -> np.ndarray:
+    """Marks the bytes of CJK punctuation as non-word in `is_word` (in place) and returns the positions of the first
+    bytes of CJK ideographs: Chinese has no spaces, so without this a paragraph was one "word" and a Chinese book a
+    single shingle. Ideographs outside the Basic Multilingual Plane (4-byte, rare) stay parts of runs."""
+    leads = np.flatnonzero((data[:-2] & 0xF0) == 0xE0)  # valid UTF-8 (Arrow's): 0xE0-0xEF only lead 3-byte sequences
+    if not len(leads):
+        return leads
+    code = ((data[leads].astype(np.int64) & 0x0F) << 12) | ((data[leads + 1].astype(np.int64) & 0x3F) << 6) \
+        | (data[leads + 2].astype(np.int64) & 0x3F)
+    punctuation = leads[np.any([(code >= low) & (code <= high) for low, high in _CJK_PUNCTUATION], axis=0)]
+    for following in range(3):
+        is_word[punctuation + following] = False
+    return leads[np.any([(code >= low) & (code <= high) for low, high in _CJK_IDEOGRAPH_BLOCKS], axis=0)]
+
+
 def _hash_byte_runs(data: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """A 64-bit hash of each run data[starts[i]:starts[i + 1]] (the last run ends with `data`), the same in every
     process (str's hash() is salted per process, and signatures computed in different Ray workers must agree): a
@@ -140,7 +163,13 @@ def shingle_hashes(texts: pa.Array | Sequence[str], shingle_words: int) -> np.nd
     offsets = np.frombuffer(lowered.buffers()[1], offset_type)[lowered.offset: lowered.offset + len(lowered) + 1]
     data = np.frombuffer(lowered.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]  # Arrow pads its buffers
     is_word = _word_byte_mask(data)
+    ideographs = _cjk_bytes(data, is_word)
     starts_word = is_word & ~np.concatenate([[False], is_word[:-1]])
+    if len(ideographs):  # each CJK ideograph a word of its own, and what follows one starts another: character n-grams
+        starts_word[ideographs] = True
+        after = ideographs + 3
+        after = after[after < len(data)]
+        starts_word[after] |= is_word[after]
     text_starts = offsets[:-1] - offsets[0]
     text_starts = text_starts[text_starts < len(data)]  # empty texts at the end start nowhere
     starts_word[text_starts] |= is_word[text_starts]  # texts are not separated by a space: each starts a word

@@ -22,20 +22,28 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from data_prep.chinese import segment_chinese
 from data_prep.shards import atomic_arrow_file
-from models.elmo_words import SPECIAL_WORDS, sentence_tokens, split_words
+from models.elmo_words import BOS, EOS, SPECIAL_WORDS, split_words
 
 STREAM_SCHEMA = pa.schema([("book_id", pa.string()), ("tokens", pa.list_(pa.string()))])
 
 
-def count_words(sentences: Iterable[str]) -> Counter:
-    """How often each word occurs, words as the biLM splits them (models.elmo.split_words)."""
-    return Counter(word for text in sentences for word in split_words(text))
+def elmo_words(text: str, chinese_words: str = "jieba") -> list[str]:
+    """The biLM's words of a text: models.elmo_words.split_words (whitespace and punctuation), Chinese first segmented
+    into words by `chinese_words` (data_prep/chinese.py: jieba, or characters), as a run of Chinese is no word."""
+    return split_words(segment_chinese(text, chinese_words))
 
 
-def build_word_vocab(sentences: Iterable[str], max_size: int, min_count: int) -> list[str]:
+def count_words(sentences: Iterable[str], chinese_words: str = "jieba") -> Counter:
+    """How often each word occurs, words as the biLM reads them (elmo_words)."""
+    return Counter(word for text in sentences for word in elmo_words(text, chinese_words))
+
+
+def build_word_vocab(sentences: Iterable[str], max_size: int, min_count: int,
+                     chinese_words: str = "jieba") -> list[str]:
     """<S>, </S>, <UNK>, then the most frequent words of `sentences`: vocab_from_counts of their count_words."""
-    return vocab_from_counts(count_words(sentences), max_size, min_count)
+    return vocab_from_counts(count_words(sentences, chinese_words), max_size, min_count)
 
 
 def vocab_from_counts(counts: Counter, max_size: int, min_count: int) -> list[str]:
@@ -62,15 +70,17 @@ def read_word_vocab(path: str | Path) -> list[str]:
     return words
 
 
-def books_from_rows(book_ids: Sequence[str], texts: Sequence[str]) -> Iterator[tuple[str, list[str]]]:
-    """(book_id, token stream) per book from sentence rows ordered by book, as the sentence shards are."""
+def books_from_rows(book_ids: Sequence[str], texts: Sequence[str],
+                    chinese_words: str = "jieba") -> Iterator[tuple[str, list[str]]]:
+    """(book_id, token stream) per book from sentence rows ordered by book, as the sentence shards are: each sentence
+    <S> words </S>."""
     current, stream = None, []
     for book_id, text in zip(book_ids, texts):
         if book_id != current:
             if stream:
                 yield current, stream
             current, stream = book_id, []
-        stream.extend(sentence_tokens(text))
+        stream.extend((BOS, *elmo_words(text, chinese_words), EOS))
     if stream:
         yield current, stream
 

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from data_prep.chinese import CHINESE_VARIANTS, convert_variant, count_tokens, has_cjk, join_wrapped_lines
 from data_prep.decontaminate import EvaluationOverlap
 from data_prep.sentences import SPLITTERS, SentenceSplitError, default_splitter, split_sentences
 from data_prep.shards import book_rows
@@ -37,10 +38,13 @@ class IngestOptions:
         "sentence_per_line" (already split: one sentence per line, a blank line ends a paragraph).
     sentence_splitter: one of data_prep.sentences.SPLITTERS; by default blingfire, or nupunkt where blingfire's
         x86-64 library cannot load. Chosen where the options are made, so worker processes split as it says.
-    min_tokens / max_tokens: inclusive bounds on whitespace tokens per sentence. Shorter ones are
-        mostly headings and ornaments ("CHAPTER I.", "* * *"); longer ones are run-on tables or
-        lists that BERT's create_pretraining_data would truncate anyway (max_seq_length 128/512).
+    min_tokens / max_tokens: inclusive bounds on tokens per sentence: whitespace tokens, and each CJK character one
+        token as BERT-Chinese counts them (data_prep/chinese.py). Shorter ones are mostly headings and ornaments
+        ("CHAPTER I.", "* * *"); longer ones are run-on tables or lists that BERT's create_pretraining_data would
+        truncate anyway (max_seq_length 128/512).
     nfkc: apply Unicode NFKC (folds ligatures, full-width forms, "…" -> "...") before splitting.
+    chinese_variant: "keep", or convert Chinese text to "simplified" or "traditional" characters (OpenCC), for
+        corpora that mix them.
     """
 
     input_format: str = "raw"
@@ -48,10 +52,13 @@ class IngestOptions:
     max_tokens: int = 200
     nfkc: bool = False
     sentence_splitter: str = dataclasses.field(default_factory=default_splitter)
+    chinese_variant: str = "keep"
 
     def __post_init__(self):
         if self.input_format not in INPUT_FORMATS:
             raise ValueError(f"data.input_format={self.input_format!r} is not supported; use one of {INPUT_FORMATS}")
+        if self.chinese_variant not in CHINESE_VARIANTS:
+            raise ValueError(f"data.chinese_variant={self.chinese_variant!r} is not one of {CHINESE_VARIANTS}")
         if self.sentence_splitter not in SPLITTERS:
             raise ValueError(f"sentence_splitter={self.sentence_splitter!r} is not one of {SPLITTERS}")
         if not 1 <= self.min_tokens <= self.max_tokens:
@@ -77,7 +84,7 @@ class BookResult:
     status: str  # "kept" or "rejected"
     reason: str = ""  # why it was rejected; empty when kept
     rows: pa.RecordBatch | None = None
-    num_dropped_too_short: int = 0  # sentences of fewer than min_tokens space-separated tokens
+    num_dropped_too_short: int = 0  # sentences of fewer than min_tokens tokens (space-separated; CJK: characters)
     num_dropped_too_long: int = 0  # and of more than max_tokens
     utf8_replacements: int = 0  # invalid sequences replaced by U+FFFD (see decode_book): UTF-8's, or UTF-16/32's
     nuls_removed: int = 0  # stray NUL characters deleted (see binary_content_reason)
@@ -287,8 +294,13 @@ def split_paragraphs(body: str) -> list[list[str]]:
 
 def reflow_paragraphs(body: str) -> list[str]:
     """Blank lines separate paragraphs; each hard-wrapped paragraph becomes one whitespace-collapsed line. Equal to
-    joining `split_paragraphs`' lines with spaces, in one split per paragraph instead of one per line."""
-    paragraphs = (collapse_whitespace(block) for block in _BLANK_LINES.split(body))
+    joining `split_paragraphs`' lines with spaces, in one split per paragraph instead of one per line, except where a
+    line ends and the next begins with Chinese characters: those join without a space (data_prep/chinese.py), as a
+    space would sit inside a Chinese word."""
+    blocks = _BLANK_LINES.split(body)
+    if has_cjk(body):  # one scan of the body: books without Chinese keep the one-split-per-paragraph path
+        blocks = [join_wrapped_lines(block) for block in blocks]
+    paragraphs = (collapse_whitespace(block) for block in blocks)
     return [paragraph for paragraph in paragraphs if paragraph]
 
 
@@ -339,10 +351,12 @@ def process_book(path: str | PurePath, raw: bytes, options: IngestOptions, book_
     del text  # a book can be large; the body is all that is needed from here on
     title = header_field(header, "Title") or PurePath(book_id).stem
     author = header_field(header, "Author")
+    body = convert_variant(clean_text(body, options.nfkc), options.chinese_variant)
+    chinese = has_cjk(body)
     if options.input_format == "raw":
-        paragraphs = reflow_paragraphs(clean_text(body, options.nfkc))  # a hard-wrapped paragraph is one run of text
+        paragraphs = reflow_paragraphs(body)  # a hard-wrapped paragraph is one run of text
     else:
-        paragraph_lines = split_paragraphs(clean_text(body, options.nfkc))
+        paragraph_lines = split_paragraphs(body)
         paragraphs = [" ".join(lines) for lines in paragraph_lines]
     del body
     common = dict(num_bytes=len(raw), encoding=encoding, title=title, author=author)
@@ -361,8 +375,10 @@ def process_book(path: str | PurePath, raw: bytes, options: IngestOptions, book_
 
     # The length filter and the paragraph numbering run over Arrow/numpy columns, not a tuple per sentence.
     candidates = pa.array(itertools.chain.from_iterable(candidates_by_paragraph), pa.string())
-    # Whitespace is collapsed to single spaces, so counting them counts tokens without a list of words.
-    num_tokens = pc.count_substring(candidates, " ").to_numpy() + 1
+    if chinese:
+        num_tokens = np.fromiter(map(count_tokens, candidates.to_pylist()), dtype=np.int64, count=len(candidates))
+    else:  # whitespace is collapsed to single spaces, so counting them counts tokens without a list of words
+        num_tokens = pc.count_substring(candidates, " ").to_numpy() + 1
     too_short, too_long = num_tokens < options.min_tokens, num_tokens > options.max_tokens
     kept = ~(too_short | too_long)
     dropped = dict(num_dropped_too_short=int(too_short.sum()), num_dropped_too_long=int(too_long.sum()))
@@ -371,7 +387,7 @@ def process_book(path: str | PurePath, raw: bytes, options: IngestOptions, book_
             book_id,
             f"zero sentences after filtering: all {len(kept)} fall outside "
             f"data.min_tokens={options.min_tokens}..data.max_tokens={options.max_tokens} (tokens counted as "
-            "space-separated runs: text written without spaces is one token a sentence)",
+            "space-separated runs, and each CJK character as one)",
             **dropped, **common,
         )
     removed = {}

@@ -432,8 +432,8 @@ def manifest_summary(shard_dir: str | os.PathLike, names_per_reason: int = 3) ->
     options = manifest["options"]
     lines.append(f"  sentences: {totals['sentences']} kept, {short} dropped as shorter than data.min_tokens="
                  f"{options['min_tokens']} tokens, {long} as longer than data.max_tokens={options['max_tokens']}"
-                 + (" (tokens are counted as space-separated runs: text written without spaces, such as Chinese, or "
-                    "joined by zero-width spaces, is one token a sentence)" if short or long else ""))
+                 + (" (tokens are counted as space-separated runs, each CJK character one: text joined by "
+                    "zero-width spaces is one token a sentence)" if short or long else ""))
     by_reason = collections.defaultdict(list)
     for entry in manifest["files"]:
         if entry["status"] == "rejected":
@@ -479,6 +479,7 @@ def prepare_corpus(
     min_tokens: int = IngestOptions.min_tokens,
     max_tokens: int = IngestOptions.max_tokens,
     nfkc: bool = False,
+    chinese_variant: str = "keep",
     near_duplicates: NearDuplicateOptions | None = NearDuplicateOptions(),
     decontamination: EvaluationOverlap | None = None,
     num_workers: int,
@@ -500,7 +501,8 @@ def prepare_corpus(
     """
     corpus_dir = Path(corpus_dir).resolve()
     out_dir = Path(out_dir)
-    options = IngestOptions(input_format=input_format, min_tokens=min_tokens, max_tokens=max_tokens, nfkc=nfkc)
+    options = IngestOptions(input_format=input_format, min_tokens=min_tokens, max_tokens=max_tokens, nfkc=nfkc,
+                            chinese_variant=chinese_variant)
     if options.input_format == "raw" and fallback_notice():
         print(fallback_notice(), flush=True)
     if num_workers < 1:

@@ -16,6 +16,8 @@ import platform
 import re
 from collections.abc import Callable, Sequence
 
+from data_prep.chinese import CLOSERS, has_cjk, split_chinese_sentences
+
 SPLITTERS = ("blingfire", "nupunkt")
 _X86_64 = ("x86_64", "amd64")  # platform.machine() on Linux and macOS; on Windows
 
@@ -105,8 +107,35 @@ _LONGEST_TITLE_OR_INITIAL = len('"Messrs.')
 
 def split_sentences(paragraphs: Sequence[str], splitter: str | None = None) -> list[list[str]]:
     """One list of sentences per whitespace-collapsed paragraph, split by `splitter` (one of SPLITTERS; None: this
-    machine's `default_splitter`), with title/initial fragments glued back onto the sentence they begin."""
-    return [_glue_title_fragments(sentences) for sentences in _SPLIT[splitter or default_splitter()](paragraphs)]
+    machine's `default_splitter`), with title/initial fragments glued back onto the sentence they begin.
+
+    A paragraph with Chinese characters is first cut at its Chinese sentence ends (data_prep/chinese.py): both English
+    splitters know 。 at best (blingfire ends the sentence before its closing ” and starts the next with it) and
+    neither knows ！？；…; the pieces then go through `splitter`, which splits the English sentences among them."""
+    split = _SPLIT[splitter or default_splitter()]
+    if not any(map(has_cjk, paragraphs)):
+        return [_glue_title_fragments(sentences) for sentences in split(paragraphs)]
+    pieces_by_paragraph = [split_chinese_sentences(p) if has_cjk(p) else [p] for p in paragraphs]
+    sentences_by_piece = iter(split([piece for pieces in pieces_by_paragraph for piece in pieces]))
+    return [_glue_title_fragments(_closers_to_previous([s for _ in pieces for s in next(sentences_by_piece)]))
+            for pieces in pieces_by_paragraph]
+
+
+_LEADING_CLOSERS = re.compile(f"[{CLOSERS}]+")
+
+
+def _closers_to_previous(sentences: list[str]) -> list[str]:
+    """Closing quotes and brackets that start a sentence moved to the end of the one before, where they belong:
+    blingfire cuts “走吧。”然后 after 。 (a sentence of only closers is dropped into the one before)."""
+    fixed: list[str] = []
+    for sentence in sentences:
+        closers = _LEADING_CLOSERS.match(sentence)
+        if closers and fixed:
+            fixed[-1] += closers.group()
+            sentence = sentence[closers.end():].strip()
+        if sentence:
+            fixed.append(sentence)
+    return fixed
 
 
 def _glue_title_fragments(sentences: list[str]) -> list[str]:

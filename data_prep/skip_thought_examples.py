@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from data_prep.chinese import segment_chinese
 from data_prep.shards import atomic_arrow_file
 
 PAD, UNK, EOS = "<pad>", "<unk>", "<eos>"
@@ -33,24 +34,27 @@ TRIPLE_SCHEMA = pa.schema([
 ])
 
 
-def tokenize(text: str) -> list[str]:
-    """Lower-cased words and punctuation marks."""
-    return _TOKEN.findall(text.lower())
+def tokenize(text: str, chinese_words: str = "jieba") -> list[str]:
+    """Lower-cased words and punctuation marks; Chinese words as `chinese_words` segments them (data_prep/chinese.py:
+    jieba, or characters)."""
+    return _TOKEN.findall(segment_chinese(text, chinese_words).lower())
 
 
-def count_words(texts: Iterable[str]) -> Counter:
+def count_words(texts: Iterable[str], chinese_words: str = "jieba") -> Counter:
     """Word frequencies of `texts`; per-shard counters add up with `+` to the corpus counts."""
     counts = Counter()
     for text in texts:
-        counts.update(tokenize(text))
+        counts.update(tokenize(text, chinese_words))
     return counts
 
 
 @dataclass(frozen=True)
 class WordVocab:
-    """Special words first, then words by decreasing frequency. `encode` maps unknown words to <unk>."""
+    """Special words first, then words by decreasing frequency. `encode` maps unknown words to <unk>, words as
+    `tokenize` splits them with `chinese_words`."""
 
     words: tuple[str, ...]
+    chinese_words: str = "jieba"
     index: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -62,17 +66,18 @@ class WordVocab:
         return len(self.words)
 
     def encode(self, text: str) -> list[int]:
-        return [self.index.get(w, UNK_ID) for w in tokenize(text)]
+        return [self.index.get(w, UNK_ID) for w in tokenize(text, self.chinese_words)]
 
     def save(self, path: str | os.PathLike) -> None:
         Path(path).write_text("\n".join(self.words) + "\n", encoding="utf-8")
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> WordVocab:
-        return cls(tuple(Path(path).read_text(encoding="utf-8").splitlines()))
+    def load(cls, path: str | os.PathLike, chinese_words: str = "jieba") -> WordVocab:
+        return cls(tuple(Path(path).read_text(encoding="utf-8").splitlines()), chinese_words)
 
 
-def build_word_vocab(counts: Mapping[str, int], vocab_size: int, min_count: int = 1) -> WordVocab:
+def build_word_vocab(counts: Mapping[str, int], vocab_size: int, min_count: int = 1,
+                     chinese_words: str = "jieba") -> WordVocab:
     """The `vocab_size - 3` most frequent words with at least `min_count` occurrences, after <pad> <unk> <eos>.
 
     Ties are broken alphabetically so that the same counts always give the same ids."""
@@ -81,7 +86,7 @@ def build_word_vocab(counts: Mapping[str, int], vocab_size: int, min_count: int 
                          "use e.g. 20000")
     ranked = sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIAL_WORDS),
                     key=lambda w: (-counts[w], w))
-    return WordVocab(SPECIAL_WORDS + tuple(ranked[: vocab_size - len(SPECIAL_WORDS)]))
+    return WordVocab(SPECIAL_WORDS + tuple(ranked[: vocab_size - len(SPECIAL_WORDS)]), chinese_words)
 
 
 def make_triples(book_sentences: Sequence) -> list[tuple]:

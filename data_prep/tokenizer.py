@@ -65,15 +65,18 @@ def train_wordpiece(
     vocab_size: int = 30522,
     min_frequency: int = 2,
     lowercase: bool = True,
-    limit_alphabet: int = 1000,
+    limit_alphabet: int | None = None,
     model_max_length: int = 512,
 ) -> Tokenizer:
     """Train a BERT WordPiece tokenizer on ``sentences`` and save it in Hugging Face format in ``out_dir``.
 
     ``sentences`` is consumed once, in batches, so memory depends on the number of distinct words, not on the
     size of the corpus. Defaults follow BERT-base uncased (vocabulary of 30,522 pieces, lowercased, accents
-    stripped). ``out_dir`` receives ``tokenizer.json`` (for :func:`load_tokenizer`) plus ``vocab.txt``,
-    ``tokenizer_config.json`` and ``special_tokens_map.json`` so that
+    stripped). Each CJK character is a word of its own (BertNormalizer's handle_chinese_chars puts spaces around it,
+    as BERT-Chinese does), and the alphabet is every character of the corpus (`limit_alphabet` None: a Chinese corpus
+    has thousands, where HF's trainer keeps 1,000 by default and sends the rest to [UNK]) or the `limit_alphabet` most
+    frequent ones. ``out_dir`` receives ``tokenizer.json`` (for
+    :func:`load_tokenizer`) plus ``vocab.txt``, ``tokenizer_config.json`` and ``special_tokens_map.json`` so that
     ``transformers.BertTokenizerFast.from_pretrained(out_dir)`` loads the same tokenizer.
     """
     # strip_accents=None follows `lowercase`, as BERT's BasicTokenizer does (uncased models strip accents,
@@ -92,7 +95,8 @@ def train_wordpiece(
         raise ValueError(f"tokenizer.vocab_size={vocab_size} is too small for this corpus: {err}, so every word "
                          f"holding one of the others would be [UNK]; set tokenizer.vocab_size to at least "
                          f"{len(SPECIAL_TOKENS) + err.pieces} (the {len(SPECIAL_TOKENS)} special tokens and those "
-                         "pieces; a vocabulary that learns words needs many more: BERT's is 30,522)") from None
+                         "pieces; a vocabulary that learns words needs many more: BERT's is 30,522), or "
+                         "tokenizer.limit_alphabet to the number of characters to keep") from None
     if not pieces:
         raise ValueError("the training corpus yielded no word pieces; pass non-empty sentences to train_wordpiece")
     vocab = {token: i for i, token in enumerate((*SPECIAL_TOKENS, *pieces))}
@@ -133,14 +137,16 @@ class AlphabetTooLarge(ValueError):
         self.pieces = pieces
 
 
-def learn_wordpieces(words: Counter, num_pieces: int, min_frequency: int, limit_alphabet: int) -> list[str]:
+def learn_wordpieces(words: Counter, num_pieces: int, min_frequency: int,
+                     limit_alphabet: int | None = None) -> list[str]:
     """At most `num_pieces` pieces, in the order learned: the alphabet, then each merge's result.
 
-    The alphabet is the `limit_alphabet` most frequent characters (rarer ones become [UNK] when encoding), as a word
-    start and, where they occur inside words, as "##" continuations. Then, as in BPE (Sennrich et al. 2016), the
-    most frequent adjacent pair of symbols over all words is merged into a new piece, until there are `num_pieces`
-    or no pair occurs `min_frequency` times. Ties go to the pair of the earliest pieces (lowest ids), as in
-    ``tokenizers``, whose order is made deterministic here: alphabet by frequency then character, "##" pieces sorted.
+    The alphabet is every character of the corpus (`limit_alphabet` None, SentencePiece's character_coverage 1.0), or
+    the `limit_alphabet` most frequent ones (rarer ones become [UNK] when encoding), as a word start and, where they
+    occur inside words, as "##" continuations. Then, as in BPE (Sennrich et al. 2016), the most frequent adjacent pair
+    of symbols over all words is merged into a new piece, until there are `num_pieces` or no pair occurs `min_frequency`
+    times. Ties go to the pair of the earliest pieces (lowest ids), as in ``tokenizers``, whose order is made
+    deterministic here: alphabet by frequency then character, "##" pieces sorted.
 
     Raises AlphabetTooLarge where `num_pieces` cannot hold the alphabet and its "##" forms: `vocab_size=10` once kept
     [UNK] and `e t a o n`, and pretraining scored "MLM acc 0.78" predicting [UNK] (issue 39)."""
@@ -279,6 +285,9 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
 # More of the corpus's tokens than this unknown to a vocabulary, and its stage warns: a model then learns to predict
 # the unknown token (vocab_size=10 scored "MLM acc 0.78"), and downstream tasks see it for words they need.
 UNKNOWN_RATE_WARNING = 0.01
+# A subword vocabulary can spell every word of its alphabet, so its unknown tokens are characters left out of the
+# alphabet: above 0.5 % a Chinese corpus is losing characters that words need (issue 41)
+WORDPIECE_UNKNOWN_RATE_WARNING = 0.005
 # The rate of a subword vocabulary is measured on at most this many sentences, evenly spaced through the corpus
 # (data_prep.shards.sampled_texts): a second pass over the whole training sample would cost as much as its counting.
 UNKNOWN_RATE_SENTENCES = 100_000
@@ -303,11 +312,12 @@ def unknown_words(counts: Counter, vocabulary: Iterable[str]) -> tuple[int, int]
     return total - sum(counts.get(word, 0) for word in set(vocabulary)), total
 
 
-def unknown_rate_summary(unknown: int, total: int, vocab_key: str, unit: str = "tokens") -> dict:
-    """The stage.json fields of a vocabulary's unknown-token rate, printing a warning above UNKNOWN_RATE_WARNING."""
+def unknown_rate_summary(unknown: int, total: int, vocab_key: str, unit: str = "tokens",
+                         warn_above: float = UNKNOWN_RATE_WARNING) -> dict:
+    """The stage.json fields of a vocabulary's unknown-token rate, printing a warning above `warn_above`."""
     rate = unknown / total if total else 0.0
     warning = None
-    if rate > UNKNOWN_RATE_WARNING:
+    if rate > warn_above:
         warning = (f"{rate:.1%} of the corpus's {unit} ({unknown:,} of {total:,}) are unknown to the vocabulary; raise "
                    f"{vocab_key} (or lower the minimum count) unless that is intended")
         print(f"WARNING: {warning}", flush=True)

@@ -457,14 +457,8 @@ class GPTForSequenceClassification(nn.Module):
         v = self.config.vocab_size
         return v - 3, v - 2, v - 1
 
-    @torch.no_grad()
     def load_lm(self, lm: GPTLMHeadModel) -> None:
-        """This model's LM weights from a pretrained one with N_SPECIAL fewer tokens; the special tokens keep their
-        fresh initialisation."""
-        state = lm.state_dict()
-        wte = self.lm.transformer.wte.weight.clone()
-        wte[: lm.config.vocab_size] = state.pop("transformer.wte.weight")
-        self.lm.load_state_dict({**state, "transformer.wte.weight": wte})
+        load_lm_with_new_tokens(self.lm, lm)
 
     def forward(self, idx: torch.Tensor, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         B, K, T = idx.shape
@@ -476,3 +470,49 @@ class GPTForSequenceClassification(nn.Module):
         lm_logits = F.linear(h[:, :-1], self.encoder.wte.weight)
         lm_loss = F.cross_entropy(lm_logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
         return self.head(extract), lm_loss
+
+
+@torch.no_grad()
+def load_lm_with_new_tokens(task_lm: GPTLMHeadModel, lm: GPTLMHeadModel) -> None:
+    """A task model's LM weights from a pretrained one with fewer tokens: the task's new tokens (the last rows of its
+    table) keep their fresh initialisation."""
+    state = lm.state_dict()
+    wte = task_lm.transformer.wte.weight.clone()
+    wte[: lm.config.vocab_size] = state.pop("transformer.wte.weight")
+    task_lm.load_state_dict({**state, "transformer.wte.weight": wte})
+
+
+class GPTForTokenClassification(nn.Module):
+    """Tagging with a causal LM: a linear head on the final states, the tag of each word read at the first token
+    *after* it (the next word's first token, or an end token after the last word), so that each tag sees one word to
+    its right. A left-to-right state at the word itself cannot tell the end of a word from its middle (B/M/E/S tags
+    depend on the next character) nor use the next word, as a bidirectional tagger does (BERT's Sec. 5.3). The end
+    token is the last of the task model's N_SPECIAL new rows of the token table, as GPT-1's special tokens are (Sec.
+    3.3); load_lm copies a pretrained LM's weights into the rest.
+
+    forward(input_ids (B, T), *_) takes BERT's tagger's arguments (token types and attention mask are not needed:
+    right padding is never attended to by a real token) and returns logits (B, T, num_labels)."""
+
+    N_SPECIAL = 1  # the end token: id vocab_size - 1
+
+    def __init__(self, config: GPTConfig, num_labels: int):
+        super().__init__()
+        self.config = config
+        self.lm = GPTLMHeadModel(config)
+        self.head = nn.Linear(config.n_embd, num_labels)
+        nn.init.normal_(self.head.weight, std=config.initializer_range)
+        nn.init.zeros_(self.head.bias)
+
+    @property
+    def encoder(self) -> GPTModel:
+        return self.lm.transformer
+
+    @property
+    def end_id(self) -> int:
+        return self.config.vocab_size - 1
+
+    def load_lm(self, lm: GPTLMHeadModel) -> None:
+        load_lm_with_new_tokens(self.lm, lm)
+
+    def forward(self, input_ids: torch.Tensor, *unused: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(input_ids))

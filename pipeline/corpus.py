@@ -60,14 +60,15 @@ def _senteval_tasks_present(cfg: DictConfig) -> DictConfig:
 
 
 def evaluation_texts(cfg: DictConfig) -> dict[str, list[str]]:
-    """The text the run's scores come from, by source ("rotten_tomatoes dev", "senteval MR"): the dev split of every
-    fine-tune task, and every text the evaluate stage's probes are scored on, for the stages the run asks for
-    (`pipeline.stages`, whatever `pipeline.until`, so a run stopped after prepare prepares what the full run reads)."""
+    """The text the run's scores come from, by source ("rotten_tomatoes dev", "zh_pos test", "senteval MR"): the dev
+    split of every fine-tune task and its test split where it has one, and every text the evaluate stage's probes are
+    scored on, for the stages the run asks for (`pipeline.stages`, whatever `pipeline.until`, so a run stopped after
+    prepare prepares what the full run reads)."""
     texts = {}
     for name in _finetune_tasks(cfg):
         task = load_task(name)
-        texts[f"{name} dev"] = task_evaluation_texts(task, resolve_task_dir(task, cfg.finetune.data_dir,
-                                                                            cfg.paths.cache_dir))
+        splits = task_evaluation_texts(task, resolve_task_dir(task, cfg.finetune.data_dir, cfg.paths.cache_dir))
+        texts.update({f"{name} {split}": split_texts for split, split_texts in splits.items()})
     if _senteval_in_run(cfg):
         from pipeline.evaluation import senteval  # with torch: loaded where SentEval's texts are read, not by workers
 
@@ -87,7 +88,8 @@ def prepare(ctx: StageContext) -> dict:
     corpus = corpus_dir(ctx.cfg)
     manifest = prepare_corpus(corpus, ctx.stage_dir("prepare"), glob=data.glob, input_format=data.input_format,
                               shard_bytes=int(data.shard_bytes), min_tokens=data.min_tokens,
-                              max_tokens=data.max_tokens, nfkc=data.nfkc, num_workers=prepare_workers(ctx.cfg),
+                              max_tokens=data.max_tokens, nfkc=data.nfkc,
+                              chinese_variant=str(data.chinese_variant), num_workers=prepare_workers(ctx.cfg),
                               near_duplicates=None if data.near_duplicate_threshold is None
                               else NearDuplicateOptions(threshold=data.near_duplicate_threshold),
                               decontamination=decontamination(ctx.cfg))

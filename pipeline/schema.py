@@ -19,6 +19,7 @@ from typing import Any, Optional, get_type_hints
 from omegaconf import MISSING
 
 from data_prep.builtin import BUILTIN_CORPORA
+from data_prep.chinese import CHINESE_VARIANTS, CHINESE_WORDS
 from pipeline.evaluation.senteval import PAIR_FEATURES
 from pipeline.optim import LR_DECAYS, PRETRAIN_OPTIMIZERS
 
@@ -29,6 +30,8 @@ PretrainOptimizer = StrEnum("PretrainOptimizer", {name: name for name in PRETRAI
 LrDecay = StrEnum("LrDecay", {name: name for name in LR_DECAYS}, module=__name__)
 InputFormat = StrEnum("InputFormat", {name: name for name in ("raw", "sentence_per_line")}, module=__name__)
 BuiltinCorpus = StrEnum("BuiltinCorpus", {name: name for name in BUILTIN_CORPORA}, module=__name__)
+ChineseVariant = StrEnum("ChineseVariant", {name: name for name in CHINESE_VARIANTS}, module=__name__)
+ChineseWords = StrEnum("ChineseWords", {name: name for name in CHINESE_WORDS}, module=__name__)
 PairFeature = StrEnum("PairFeature", {name: name for name in PAIR_FEATURES}, module=__name__)
 
 
@@ -57,6 +60,8 @@ class DataConfig:
     near_duplicate_threshold: Optional[float] = MISSING
     decontaminate: bool = MISSING
     decontamination_ngram: int = MISSING
+    chinese_variant: ChineseVariant = MISSING
+    chinese_words: ChineseWords = MISSING
 
 
 @dataclass

@@ -282,24 +282,25 @@ def test_the_driver_lists_rejected_files_by_reason_and_the_manifest(tmp_path, mo
 
 
 def test_sentences_dropped_by_each_length_filter_are_counted_and_said_with_why(tmp_path):
-    """Issue 39, defect 9: Chinese text and words joined by zero-width spaces were dropped 'by length', as tokens are
-    counted as spaces + 1, and only a total said so; each filter's count, and why, is in the manifest and the summary
-    the driver prints."""
-    corpus = corpus_with(tmp_path, "chinese.txt", "她走进了花园。他在河边等她。我们明天再见吧。\n".encode())
+    """Issue 39, defect 9: words joined by zero-width spaces were dropped 'by length', as tokens are counted as spaces
+    + 1, and only a total said so; each filter's count, and why, is in the manifest and the summary the driver prints.
+    Issue 41: Chinese, written without spaces, is counted a token per character (BERT-Chinese), so it is filtered by
+    its length like any other text, not dropped whole as one token a sentence."""
+    corpus = corpus_with(tmp_path, "chinese.txt", "好。她走进了花园。我们明天再见吧，然后一起去看电影。\n".encode())
     (corpus / "joined.txt").write_text("The\u200bold\u200bman\u200bsaw\u200bthe\u200bship. "
                                        "He waved to us from the quiet harbour wall at dawn.\n")
     manifest = prepare(corpus, tmp_path / "out", min_tokens=3, max_tokens=9)
-    assert (entry(manifest, "chinese.txt")["status"], entry(manifest, "chinese.txt")["sentences_dropped_too_short"]) \
-        == ("rejected", 3)
-    assert "text written without spaces is one token a sentence" in entry(manifest, "chinese.txt")["reason"]
+    chinese = entry(manifest, "chinese.txt")  # 好。 is 2 tokens, 她走进了花园。 7, the last 17
+    assert (chinese["status"], chinese["sentences"], chinese["sentences_dropped_too_short"],
+            chinese["sentences_dropped_too_long"]) == ("kept", 1, 1, 1)
     joined = entry(manifest, "joined.txt")
     assert (joined["sentences_dropped_too_short"], joined["sentences_dropped_too_long"]) == (1, 1)
     totals = manifest["totals"]
-    assert (totals["sentences_dropped_too_short"], totals["sentences_dropped_too_long"]) == (4, 1)
+    assert (totals["sentences_dropped_too_short"], totals["sentences_dropped_too_long"]) == (2, 2)
     assert manifest_summary(tmp_path / "out").splitlines()[1] == (
-        f"  sentences: {totals['sentences']} kept, 4 dropped as shorter than data.min_tokens=3 tokens, 1 as longer "
-        "than data.max_tokens=9 (tokens are counted as space-separated runs: text written without spaces, such as "
-        "Chinese, or joined by zero-width spaces, is one token a sentence)")
+        f"  sentences: {totals['sentences']} kept, 2 dropped as shorter than data.min_tokens=3 tokens, 2 as longer "
+        "than data.max_tokens=9 (tokens are counted as space-separated runs, each CJK character one: text joined by "
+        "zero-width spaces is one token a sentence)")
 
 
 def test_corpus_filtered_to_zero_sentences(tmp_path):

@@ -45,10 +45,12 @@ def test_experiment_composes_to_what_its_file_states(name, tmp_path):
     assert resolved["experiment_name"] == name
     stated = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml"), resolve=False)
     defaults = stated.pop("defaults", [])
-    extended = [item for item in defaults if isinstance(item, str)]  # `- skip_thought_small`: another experiment
+    # `- skip_thought_small`: another experiment (`- _self_` only orders the file's own settings)
+    extended = [item for item in defaults if isinstance(item, str) and item != "_self_"]
     # `- override /model: bert_base` replaces a group's option; `- /model@gpt.model: gpt_tiny` adds one at a key
     entries = [(entry, option) for item in defaults if isinstance(item, dict) for entry, option in item.items()]
-    base = _compose([*(f"+experiment={e}" for e in extended),
+    # `+experiment=[bert_tiny,zh]`: Hydra selects several options of a group from a list, in order
+    base = _compose([*([f"+experiment=[{','.join(extended)}]"] if extended else []),
                      *(f"{'' if entry.startswith('override ') else '+'}{entry.split()[-1].lstrip('/')}={option}"
                        for entry, option in entries)])
     defined = dict(_leaves(OmegaConf.to_container(base, resolve=False)))

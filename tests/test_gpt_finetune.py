@@ -112,9 +112,9 @@ def _tokenizer(path: Path) -> ByteLevelBPETokenizer:
     return tokenizer
 
 
-def test_tagging_and_squad_are_refused_naming_the_task(tmp_path):
-    task = OmegaConf.create({"name": "conll2003", "format": "conll"})
-    with pytest.raises(ValueError, match="conll2003: conll tasks are not supported for gpt"):
+def test_squad_is_refused_naming_the_task(tmp_path):
+    task = OmegaConf.create({"name": "squad_v1", "format": "squad"})
+    with pytest.raises(ValueError, match="squad_v1: squad tasks are not supported for gpt"):
         load_task_data(task, tmp_path, _tokenizer(tmp_path / "tok"), 32, 16, None, 0)
 
 

@@ -192,9 +192,9 @@ def test_report_section_shows_greedy_continuations_of_the_fixed_prompts(pretrain
                                    {})
     assert "## GPT samples" in lines
     shown = [line for line in lines if line.startswith("- **")]
-    assert [line.split("**")[1] for line in shown] == list(samples.REPORT_PROMPTS)
+    assert [line.split("**")[1] for line in shown] == list(pretrained.cfg.report.gpt_prompts)
     model, tok = load_model(pretrained.stage_dir("gpt_pretrain") / "model")
-    for prompt, line in zip(samples.REPORT_PROMPTS, shown):
+    for prompt, line in zip(pretrained.cfg.report.gpt_prompts, shown):
         room = model.config.n_positions - len(tok.encode(prompt).ids)  # the tiny model's context is 16 tokens
         if room < 1:
             assert "not continued: the prompt fills the 16-token context" in line

@@ -92,7 +92,7 @@ def test_manifest_accounts_for_every_file(corpus, prepared):
     assert manifest["options"] == {"glob": "**/*.txt", "shard_bytes": SHARD_BYTES, "max_book_bytes": 16 << 20,
                                    "input_format": "raw",
                                    "min_tokens": 3, "max_tokens": 200, "nfkc": False,
-                                   "sentence_splitter": default_splitter(),
+                                   "sentence_splitter": default_splitter(), "chinese_variant": "keep",
                                    "near_duplicates": {"threshold": 0.8, "shingle_words": 5, "num_perm": 128,
                                                        "seed": 0}}
     assert json.loads((prepared[0] / MANIFEST_NAME).read_text()) == manifest

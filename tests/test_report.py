@@ -102,7 +102,7 @@ def write_report(stage_dirs: dict, out: Path, title: str, attention: AttentionRe
     """The report stage's write_report: every family's pretraining stages, BERT's attention section on request."""
     sections = ()
     if attention is not None:
-        cfg = OmegaConf.create({"pipeline": {"stages": ["pretrain"]},
+        cfg = OmegaConf.create({"pipeline": {"stages": ["pretrain"]}, "paths": {"cache_dir": str(out / "cache")},
                                 "report": {"attention_sentence": attention.sentence,
                                            "attention_layer": attention.layer, "attention_head": attention.head}})
         sections = (partial(attention_section, cfg),)

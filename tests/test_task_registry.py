@@ -87,7 +87,7 @@ def test_task_reads_a_fixture_in_its_layout(name, tmp_path):
             expected = [iob1_to_iob2(tags) for tags in expected]
         assert [s.tags for s in sentences] == expected
         assert {t for s in sentences for t in s.tags} <= set(task.labels)
-        assert task.metric in {"entity_f1", "token_accuracy"}
+        assert task.metric in {"entity_f1", "token_accuracy", "word_f1"}
     else:
         expected = _write_squad(task, path)
         assert [e.answers[0] for e in read_squad(path)] == expected

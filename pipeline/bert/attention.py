@@ -9,6 +9,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from pipeline.bert.pretrain import encoder_stage
+from pipeline.report.fonts import font_for
 from pipeline.report.plots import plot_attention
 
 
@@ -82,7 +83,9 @@ def report_section(cfg: DictConfig, stage_dirs: dict[str, Path], out: Path, figu
     heat = attention_matrix(stage_dirs[encoder_stage(cfg)] / "encoder", stage_dirs["tokenizer"], request)
     where = f"layer {heat.layer} of {heat.num_layers} (0-based), head {heat.head}"
     figures["attention_plot"] = out / "attention.png"
-    plot_attention(heat.matrix, heat.tokens, figures["attention_plot"], title=f"Pretrained BERT, {where}")
+    font = font_for("".join(heat.tokens), cfg.paths.cache_dir)
+    plot_attention(heat.matrix, heat.tokens, figures["attention_plot"], title=f"Pretrained BERT, {where}",
+                   font=font.path)
     cut = f" (its first {len(heat.tokens)} tokens: the encoder has no more positions)" if heat.truncated else ""
     return ["", "## Attention", "", f"Pretrained BERT, {where}, on “{request.sentence}”{cut}:", "",
-            "![attention heat-map](attention.png)"]
+            "![attention heat-map](attention.png)", *([""] + [font.note] if font.note else [])]

@@ -32,6 +32,10 @@ class TokenizerConfig:
     # null: all. The trainer's memory grows with the distinct words it sees and its time with every sentence (68 MB of
     # books took it 50 s and 113 MB here), so 1 M sentences (~120 MB of books) bound both; BookCorpus has 74 M.
     max_sentences: Optional[int] = 1_000_000
+    # Characters of the alphabet, the most frequent first; the others are [UNK]. null: every character of the corpus
+    # (a Chinese corpus has thousands, which HF's default of 1,000 sent to [UNK]; a vocabulary too small for them is
+    # refused with the size it needs). stage.json reports the alphabet and the [UNK] rate, warned about above 0.5 %.
+    limit_alphabet: Optional[int] = None
 
 
 @dataclass

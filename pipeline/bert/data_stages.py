@@ -18,6 +18,7 @@ from data_prep.shards import sampled_texts, shard_paths
 from data_prep.tokenize_shards import encode_by_word, use_one_tokenizer_thread
 from data_prep.tokenizer import (
     UNKNOWN_RATE_SENTENCES,
+    WORDPIECE_UNKNOWN_RATE_WARNING,
     checkpoint_tokenizer,
     load_tokenizer,
     save_hf_tokenizer,
@@ -45,11 +46,14 @@ def tokenizer(ctx: StageContext) -> dict:
         # Streamed from the memory map: the trainer never holds the corpus as Python strings.
         num_sentences, sentences = sampled_texts(ctx.stage_dir("prepare"), tok_cfg.max_sentences)
         tok = train_wordpiece(sentences, ctx.stage_dir("tokenizer"), vocab_size=tok_cfg.vocab_size,
-                              min_frequency=tok_cfg.min_frequency, lowercase=tok_cfg.lowercase)
-        summary = {"sentences": num_sentences}
+                              min_frequency=tok_cfg.min_frequency, lowercase=tok_cfg.lowercase,
+                              limit_alphabet=tok_cfg.limit_alphabet)
+        summary = {"sentences": num_sentences,
+                   "alphabet": sum(1 for piece in tok.get_vocab() if len(piece) == 1)}  # its characters
     _, sample = sampled_texts(ctx.stage_dir("prepare"), UNKNOWN_RATE_SENTENCES)
     return {"vocab_size": tok.get_vocab_size(), **summary,
-            **unknown_rate_summary(*unknown_tokens(tok, sample), "tokenizer.vocab_size")}
+            **unknown_rate_summary(*unknown_tokens(tok, sample), "tokenizer.vocab_size (or tokenizer.limit_alphabet)",
+                                   warn_above=WORDPIECE_UNKNOWN_RATE_WARNING)}
 
 
 def piece_vectors(ctx: StageContext) -> dict:

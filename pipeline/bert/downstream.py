@@ -32,7 +32,7 @@ from pipeline.downstream.modules import (
     collate_question_answering,
     collate_token_classification,
 )
-from pipeline.downstream.task_data import TaskData, conll_sentences, subsample, tsv_splits
+from pipeline.downstream.task_data import TaskData, conll_sentences, majority_tag_scores, subsample, tsv_splits
 from pipeline.engine.dag import StageContext, files_fingerprint
 from pipeline.engine.family import FinetuneKind
 
@@ -118,7 +118,7 @@ def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, m
         return TaskData(train_features, encode_tagged_sentences(tok, dev, labels, max_seq_length),
                         collate_token_classification, lambda c: BertForTokenClassification(c, len(labels)),
                         partial(TokenClassificationModule, labels=labels, dev_tags=[s.tags for s in dev],
-                                metric=task.metric), None,
+                                metric=task.metric), majority_tag_scores(task, train, dev),
                         train_lengths=[len(feature["input_ids"]) for feature in train_features])
     if task.format == "squad":
         train = subsample(read_squad(data_dir / task.train_file), max_train_examples, seed)

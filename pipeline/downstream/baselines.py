@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from omegaconf import DictConfig
 
+from data_prep.chinese import CJK_IDEOGRAPHS
 from data_prep.senteval_data import tokenize
 from data_prep.word_vectors import WordVectors
 from pipeline.downstream.tasks import TaskSplit
@@ -38,15 +39,22 @@ def _fit_and_score(task: DictConfig, train_features, train_labels: list[int], de
     return score_task(task.metric, model.predict(dev_features).tolist(), dev.labels)
 
 
+# scikit-learn's default token pattern, \b\w\w+\b (words of two or more word characters), and each CJK ideograph a
+# token of its own: a run of Chinese was one "word", so a Chinese sentence was one feature. Chinese text thus gets
+# character unigrams and bigrams, the bag of character n-grams Chinese text classification baselines use (Zhang et al.
+# 2015's character-level comparisons; bigrams catch most two-character words), English its words as before.
+BOW_TOKEN = f"[{CJK_IDEOGRAPHS}]|[^\\W{CJK_IDEOGRAPHS}]{{2,}}"
+
+
 def bow_logreg_scores(task: DictConfig, train: TaskSplit, dev: TaskSplit, seed: int) -> dict[str, float]:
-    """TF-IDF of word unigrams and bigrams and a logistic regression. A pair task's two texts are vectorised with one
-    vocabulary (fitted on both sides of train) and their vectors concatenated, so a word can weigh differently in the
-    first and the second text."""
+    """TF-IDF of word (Chinese: character) unigrams and bigrams and a logistic regression. A pair task's two texts are
+    vectorised with one vocabulary (fitted on both sides of train) and their vectors concatenated, so a word can weigh
+    differently in the first and the second text."""
     # scikit-learn (and its scipy) load only when a baseline is fitted: the other stages never need them
     import scipy.sparse
     from sklearn.feature_extraction.text import TfidfVectorizer
 
-    vectorizer = TfidfVectorizer(ngram_range=(1, 2))
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), token_pattern=BOW_TOKEN)
     vectorizer.fit([text for side in _sides(train) for text in side])
 
     def features(split: TaskSplit):
@@ -55,22 +63,22 @@ def bow_logreg_scores(task: DictConfig, train: TaskSplit, dev: TaskSplit, seed: 
     return _fit_and_score(task, features(train), train.labels, features(dev), dev, seed)
 
 
-def mean_word_vectors(texts: list[str], vectors: WordVectors) -> np.ndarray:
+def mean_word_vectors(texts: list[str], vectors: WordVectors, chinese_words: str = "jieba") -> np.ndarray:
     """(N, d): each text's mean word vector over its words in the vocabulary (zeros when it has none)."""
     out = np.zeros((len(texts), vectors.vectors.shape[1]), dtype=np.float32)
     for i, text in enumerate(texts):
-        known = [vectors.index[w] for w in tokenize(text) if w in vectors.index]
+        known = [vectors.index[w] for w in tokenize(text, chinese_words) if w in vectors.index]
         if known:
             out[i] = vectors.vectors[known].mean(axis=0)
     return out
 
 
 def w2v_mean_scores(task: DictConfig, train: TaskSplit, dev: TaskSplit, seed: int,
-                    vectors: WordVectors) -> dict[str, float]:
+                    vectors: WordVectors, chinese_words: str = "jieba") -> dict[str, float]:
     """The mean word vector of each text (a pair's two concatenated), standardised with train's statistics, and a
-    logistic regression."""
+    logistic regression; words split as the word2vec stage split them (`chinese_words`)."""
     def features(split: TaskSplit) -> np.ndarray:
-        return np.hstack([mean_word_vectors(texts, vectors) for texts in _sides(split)])
+        return np.hstack([mean_word_vectors(texts, vectors, chinese_words) for texts in _sides(split)])
 
     train_features = features(train)
     mean, std = train_features.mean(axis=0), train_features.std(axis=0) + 1e-6

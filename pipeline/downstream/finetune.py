@@ -282,7 +282,8 @@ def finetune(ctx: StageContext) -> dict:
 # tasks): name -> what gives its scorer, (task, train subset, dev, seed) -> scores.
 SUBSET_BASELINES = {
     "bow_logreg": lambda ctx: bow_logreg_scores,
-    "w2v_mean": lambda ctx: partial(w2v_mean_scores, vectors=load_word2vec(ctx.stage_dir(WORD2VEC.name))),
+    "w2v_mean": lambda ctx: partial(w2v_mean_scores, vectors=load_word2vec(ctx.stage_dir(WORD2VEC.name)),
+                                    chinese_words=str(ctx.cfg.data.chinese_words)),
 }
 # finetune.baselines: majority_class is scored once, from all of train
 BASELINES = ("majority_class", *SUBSET_BASELINES)

@@ -137,6 +137,22 @@ def conll_sentences(task: DictConfig, data_dir: Path, name: str) -> list[TaggedS
     return [TaggedSentence(s.tokens, iob1_to_iob2(s.tags)) for s in sentences]
 
 
+def majority_tag_scores(task: DictConfig, train: list[TaggedSentence], dev: list[TaggedSentence]) -> dict[str, float]:
+    """The dev scores of tagging each word (character, in segmentation) with its most frequent tag in train, and a word
+    train never had with train's most frequent tag: the majority-class baseline of a tagging task (for POS tagging
+    the classic "most frequent tag" baseline, ~90 % on the Penn Treebank; Charniak et al. 1993)."""
+    from collections import Counter
+
+    by_word: dict[str, Counter] = {}
+    for sentence in train:
+        for token, tag in zip(sentence.tokens, sentence.tags):
+            by_word.setdefault(token, Counter())[tag] += 1
+    overall = Counter(tag for sentence in train for tag in sentence.tags).most_common(1)[0][0]
+    best = {token: counts.most_common(1)[0][0] for token, counts in by_word.items()}
+    predictions = [[best.get(token, overall) for token in sentence.tokens] for sentence in dev]
+    return score_task(task.metric, predictions, [sentence.tags for sentence in dev])
+
+
 SPLIT_READERS: dict[str, Callable[[DictConfig, Path, str], object]] = {
     "tsv": lambda task, data_dir, name: read_split(task, data_dir / name),
     "conll": conll_sentences,
@@ -154,14 +170,23 @@ def _texts(split) -> list[str]:
     return list(dict.fromkeys(text for example in split for text in (example.context, example.question)))
 
 
-def evaluation_texts(task: DictConfig, data_dir: Path) -> list[str]:
-    """The texts a task is scored on (its dev split): what pretraining must not read (data.decontaminate)."""
-    return _texts(SPLIT_READERS[task.format](task, data_dir, task.dev_file))
+def evaluation_files(task: DictConfig) -> dict[str, str]:
+    """Split name -> file of the splits a task is scored on: its dev split, and its test split where its YAML names
+    one (`test_file`; scored by nobody here, but a test set is only one while no model has read it)."""
+    return {"dev": task.dev_file, **({"test": task.test_file} if task.get("test_file") else {})}
+
+
+def evaluation_texts(task: DictConfig, data_dir: Path) -> dict[str, list[str]]:
+    """Split name -> the texts of each split in `evaluation_files`: what pretraining must not read
+    (data.decontaminate)."""
+    return {split: _texts(SPLIT_READERS[task.format](task, data_dir, name))
+            for split, name in evaluation_files(task).items()}
 
 
 def read_task_files(task: DictConfig, data_dir: Path) -> None:
-    """Both splits of a task read as fine-tuning reads them: raises on the first bad row, naming its file and line."""
+    """Every split of a task read as fine-tuning (and decontamination) reads it: raises on the first bad row, naming
+    its file and line."""
     if task.format not in SPLIT_READERS:
         raise ValueError(f"task {task.name}: unknown format {task.format!r}; use one of {list(SPLIT_READERS)}")
-    for name in (task.train_file, task.dev_file):
+    for name in (task.train_file, *evaluation_files(task).values()):
         SPLIT_READERS[task.format](task, data_dir, name)

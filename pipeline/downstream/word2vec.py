@@ -45,14 +45,14 @@ def _stable_hash(word: str) -> int:
     return zlib.crc32(word.encode())
 
 
-def write_line_sentences(shard_dir: Path, path: Path) -> int:
+def write_line_sentences(shard_dir: Path, path: Path, chinese_words: str = "jieba") -> int:
     """The shards' sentences, tokenised, one per line as gensim's corpus_file reads them; returns the word count.
     From a file, not a Python list: gensim's fastest mode, and memory that does not grow with the corpus."""
     words = 0
     with open(path, "w", encoding="utf-8") as f:
         for batch in shard_batches(shard_dir):
             for sentence in batch.column("text").to_pylist():
-                tokens = tokenize(sentence)
+                tokens = tokenize(sentence, chinese_words)
                 words += len(tokens)
                 f.write(" ".join(tokens) + "\n")
     return words
@@ -80,7 +80,7 @@ def word2vec(ctx: StageContext) -> dict:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=ctx.out_dir) as scratch:
         corpus_file = Path(scratch) / "sentences.txt"
-        words = write_line_sentences(ctx.stage_dir("prepare"), corpus_file)
+        words = write_line_sentences(ctx.stage_dir("prepare"), corpus_file, str(ctx.cfg.data.chinese_words))
         vectors = train_word2vec(corpus_file, ctx.cfg.word2vec, ctx.cfg.seed)
     (ctx.out_dir / WORDS_FILE).write_text("\n".join(vectors.words), encoding="utf-8")
     np.save(ctx.out_dir / VECTORS_FILE, vectors.vectors)

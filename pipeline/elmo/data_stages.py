@@ -3,6 +3,7 @@ Nothing here imports torch: the Ray workers these stages run in stay at the size
 (pipeline/elmo/stages.py lists the stages)."""
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from data_prep.elmo_examples import (
@@ -23,16 +24,17 @@ def elmo_vocab(ctx: StageContext) -> dict:
     # One counting task per shard: counted in the stage's own process, this was the slowest data stage at 1 GB (335 s,
     # where the per-shard Skip-Thought vocabulary took 74 s) and the one that no number of workers would speed up
     # (docs/scaling.md)
-    counts = ctx.count_over_shards(count_words)
+    counts = ctx.count_over_shards(partial(count_words, chinese_words=str(ctx.cfg.data.chinese_words)))
     vocab = vocab_from_counts(counts, ctx.cfg.elmo.vocab_size, ctx.cfg.elmo.min_count)
     write_word_vocab(vocab, ctx.out_dir / "vocab.txt")
     return {"vocab_size": len(vocab),
             **unknown_rate_summary(*unknown_words(counts, vocab), "elmo.vocab_size", unit="words")}
 
 
-def build_shard_streams(index: int, shard_path: Path, out_dir: Path) -> int:
+def build_shard_streams(index: int, shard_path: Path, out_dir: Path, chinese_words: str) -> int:
     table = read_arrow(shard_path)
-    return write_token_streams(books_from_rows(table.column("book_id").to_pylist(), table.column("text").to_pylist()),
+    return write_token_streams(books_from_rows(table.column("book_id").to_pylist(), table.column("text").to_pylist(),
+                                               chinese_words),
                                out_dir / f"streams-{index:05d}.arrow")
 
 
@@ -40,5 +42,5 @@ def elmo_streams(ctx: StageContext) -> dict:
     require_books(ctx.stage_dir("prepare"), 2, "ELMo's held-out perplexity is measured on whole books set aside "
                   "from training")
     shards = shard_paths(ctx.stage_dir("prepare"))
-    books = ctx.map_shards(build_shard_streams, shards, ctx.out_dir)
+    books = ctx.map_shards(build_shard_streams, shards, ctx.out_dir, str(ctx.cfg.data.chinese_words))
     return {"books": int(sum(books)), "files": len(shards)}

@@ -13,12 +13,12 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from data_prep.elmo_examples import read_word_vocab
+from data_prep.elmo_examples import elmo_words, read_word_vocab
 from models import IGNORE_INDEX
 from models.checkpoint import random_twin
 from models.elmo import ElmoEmbedder, ElmoSentenceClassifier, ElmoTokenTagger, load_pretrained
 from pipeline.downstream.modules import FinetuneModule
-from pipeline.downstream.task_data import TaskData, conll_sentences, subsample, tsv_splits
+from pipeline.downstream.task_data import TaskData, conll_sentences, majority_tag_scores, subsample, tsv_splits
 from pipeline.downstream.tasks import TaskSplit
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
@@ -31,11 +31,12 @@ class ElmoTaskModels:
     bilm: nn.Module
     vocab: list[str]
     encoding_key: str
+    chinese_words: str = "jieba"  # data.chinese_words: how the vocabulary's words were split
 
     def encode(self, task: DictConfig, data_dir: Path, finetune: DictConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
         return load_elmo_task_data(task, data_dir, (self.bilm, self.vocab), finetune.max_train_examples, seed,
-                                   selection_fraction)
+                                   selection_fraction, self.chinese_words)
 
     def build(self, data: TaskData) -> nn.Module:
         return data.make_model(None)
@@ -49,7 +50,7 @@ def _load(random_init: bool):
         if random_init:
             bilm = random_twin(bilm, ctx.cfg.seed)
         return ElmoTaskModels(bilm.eval(), read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"),
-                              f"{bilm_dir}{' random' if random_init else ''}")
+                              f"{bilm_dir}{' random' if random_init else ''}", str(ctx.cfg.data.chinese_words))
     return load
 
 
@@ -59,9 +60,11 @@ FINETUNE_KINDS = {"elmo": FinetuneKind(lambda cfg: ("elmo_vocab", "elmo_pretrain
 
 
 def load_elmo_task_data(task: DictConfig, data_dir: Path, bilm_and_vocab: tuple, max_train_examples: int | None,
-                        seed: int, selection_fraction: float | None = None) -> TaskData:
-    """One task as rows of raw text (tsv) or of words (conll) for the frozen biLM; the heads are ElmoTaskModule's. The
-    biLM is loaded once and shared by every seed: it is frozen, only the mix and the head are built fresh."""
+                        seed: int, selection_fraction: float | None = None, chinese_words: str = "jieba") -> TaskData:
+    """One task as rows of words for the frozen biLM: a tsv task's texts split as the biLM's vocabulary was
+    (data_prep.elmo_examples.elmo_words, Chinese by `chinese_words`), a conll task's words as they are; the heads are
+    ElmoTaskModule's. The biLM is loaded once and shared by every seed: it is frozen, only the mix and the head are
+    built fresh."""
     bilm, vocab = bilm_and_vocab
     collate = make_elmo_task_collate(ElmoEmbedder(bilm, vocab))
     if task.format == "tsv":
@@ -69,8 +72,9 @@ def load_elmo_task_data(task: DictConfig, data_dir: Path, bilm_and_vocab: tuple,
         pair, regression = train.texts_b is not None, task.labels is None
 
         def rows(split: TaskSplit) -> list[dict]:
-            return [{"text_a": split.texts_a[i], "label": split.labels[i],
-                     **({"text_b": split.texts_b[i]} if pair else {})} for i in range(len(split.labels))]
+            return [{"text_a": elmo_words(split.texts_a[i], chinese_words), "label": split.labels[i],
+                     **({"text_b": elmo_words(split.texts_b[i], chinese_words)} if pair else {})}
+                    for i in range(len(split.labels))]
 
         return TaskData(rows(train), rows(dev), collate,
                         lambda _: ElmoSentenceClassifier(bilm, 1 if regression else len(task.labels), pair=pair,
@@ -81,13 +85,14 @@ def load_elmo_task_data(task: DictConfig, data_dir: Path, bilm_and_vocab: tuple,
         labels = list(task.labels)
         index = {tag: i for i, tag in enumerate(labels)}
 
-        def rows(name: str) -> list[dict]:
-            return [{"text_a": s.tokens, "label": [index[t] for t in s.tags]}
-                    for s in conll_sentences(task, data_dir, name)]
+        def rows(sentences) -> list[dict]:
+            return [{"text_a": s.tokens, "label": [index[t] for t in s.tags]} for s in sentences]
 
-        return TaskData(subsample(rows(task.train_file), max_train_examples, seed), rows(task.dev_file), collate,
-                        lambda _: ElmoTokenTagger(bilm, len(labels), vocab=vocab),
-                        partial(ElmoTaskModule, metric=task.metric, labels=labels), None)
+        train = subsample(conll_sentences(task, data_dir, task.train_file), max_train_examples, seed)
+        dev = conll_sentences(task, data_dir, task.dev_file)
+        return TaskData(rows(train), rows(dev), collate, lambda _: ElmoTokenTagger(bilm, len(labels), vocab=vocab),
+                        partial(ElmoTaskModule, metric=task.metric, labels=labels),
+                        majority_tag_scores(task, train, dev))
     raise ValueError(f"task {task.name}: ELMo's feature-based heads take tsv (classification, pairs, regression) "
                      f"and conll (tagging) tasks, not {task.format!r}; drop elmo from finetune.models for it")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from data_prep.elmo_examples import read_word_vocab
+from data_prep.elmo_examples import elmo_words, read_word_vocab
 from models.checkpoint import random_twin
 from models.elmo import ElmoEmbedder, ScalarMix, load_pretrained
 from pipeline.engine.dag import StageContext
@@ -15,8 +15,9 @@ class ElmoSentenceEncoder:
     """SentEval encoder: the mean over words of the frozen biLM's layers mixed with equal weights (an untrained
     ScalarMix, s = 0, gamma = 1), as seed 000's SentEval section uses ELMo."""
 
-    def __init__(self, bilm_dir, vocab: list[str], name: str = "elmo", random_init_seed: int | None = None):
-        self.name = name
+    def __init__(self, bilm_dir, vocab: list[str], name: str = "elmo", random_init_seed: int | None = None,
+                 chinese_words: str = "jieba"):
+        self.name, self.chinese_words = name, chinese_words
         bilm = load_pretrained(bilm_dir)
         bilm = (bilm if random_init_seed is None else random_twin(bilm, random_init_seed)).eval()
         self.embedder = ElmoEmbedder(bilm, vocab)
@@ -27,7 +28,9 @@ class ElmoSentenceEncoder:
 
     @torch.no_grad()
     def batcher(self, batch: list[list[str]]) -> np.ndarray:
-        layers, mask = self.embedder.embed([" ".join(tokens) for tokens in batch])  # (B, L+1, T, 2P), (B, T)
+        # the probes' tokens re-split into the biLM's words (Chinese as its vocabulary was segmented)
+        layers, mask = self.embedder.embed([elmo_words(" ".join(tokens), self.chinese_words)
+                                            for tokens in batch])  # (B, L+1, T, 2P), (B, T)
         mixed = self.mix(layers, mask)                                                 # (B, T, 2P)
         weights = mask.unsqueeze(-1).float()
         return ((mixed * weights).sum(1) / weights.sum(1).clamp(min=1)).numpy()
@@ -39,7 +42,8 @@ def elmo_encoder(random_init: bool = False):
         return ElmoSentenceEncoder(ctx.stage_dir("elmo_pretrain") / "bilm",
                                    read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"),
                                    name="elmo_random" if random_init else "elmo",
-                                   random_init_seed=ctx.cfg.seed if random_init else None)
+                                   random_init_seed=ctx.cfg.seed if random_init else None,
+                                   chinese_words=str(ctx.cfg.data.chinese_words))
     return build
 
 

@@ -111,12 +111,14 @@ def _check_tagged(predictions: Sequence[Sequence[str]], references: Sequence[Seq
                              "predict one tag per word (decode sub-token predictions to words first)")
 
 
-def entity_scores(predictions: Sequence[Sequence[str]], references: Sequence[Sequence[str]]) -> dict[str, float]:
-    """Micro precision/recall/F1 over exact entity spans of tagged sentences (conlleval, CoNLL-2003's metric)."""
+def _span_scores(predictions: Sequence[Sequence[str]], references: Sequence[Sequence[str]],
+                 spans: Callable[[Sequence[str]], set]) -> dict[str, float]:
+    """Micro precision/recall/F1 of the exact `spans` of tagged sentences: a predicted span counts when the reference
+    has the same one, over all sentences together."""
     _check_tagged(predictions, references)
     correct = predicted = gold = 0
     for predicted_tags, gold_tags in zip(predictions, references):
-        predicted_spans, gold_spans = entity_spans(predicted_tags), entity_spans(gold_tags)
+        predicted_spans, gold_spans = spans(predicted_tags), spans(gold_tags)
         correct += len(predicted_spans & gold_spans)
         predicted += len(predicted_spans)
         gold += len(gold_spans)
@@ -124,6 +126,32 @@ def entity_scores(predictions: Sequence[Sequence[str]], references: Sequence[Seq
     recall = correct / gold if gold else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
     return {"precision": precision, "recall": recall, "f1": f1}
+
+
+def entity_scores(predictions: Sequence[Sequence[str]], references: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Micro precision/recall/F1 over exact entity spans of tagged sentences (conlleval, CoNLL-2003's metric)."""
+    return _span_scores(predictions, references, entity_spans)
+
+
+def segmentation_words(tags: Sequence[str]) -> set[tuple[int, int]]:
+    """(first, last) character spans of the words of one sentence tagged B/M/E/S (word segmentation as character
+    tagging, Xue 2003): a word ends at E or S, and at the end of the sentence; the next character starts another. Any
+    other sequence is read the same way (B B: two words; M after S: a new word), and a tag outside BMES (a character
+    the model never tagged) ends its word as S does."""
+    words, start = set(), 0
+    for position, tag in enumerate(tags):
+        if tag not in ("B", "M") or position == len(tags) - 1 or tags[position + 1] in ("B", "S"):
+            words.add((start, position))
+            start = position + 1
+    return words
+
+
+def word_f1(predictions: Sequence[Sequence[str]], references: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Word-level precision, recall and F1 of a segmentation, as the SIGHAN bakeoff's scorer (score, Emerson 2005)
+    computes them: a predicted word is correct when the gold segmentation has a word of the same characters at the same
+    place; precision over the predicted words, recall over the gold words, F1 their harmonic mean, over all sentences
+    together. Predictions and references are B/M/E/S tags per character."""
+    return _span_scores(predictions, references, segmentation_words)
 
 
 def token_accuracy(predictions: Sequence[Sequence[str]], references: Sequence[Sequence[str]]) -> dict[str, float]:
@@ -176,6 +204,7 @@ METRICS: dict[str, Callable[[Sequence, Sequence], dict[str, float]]] = {
     "pearson_spearman": lambda p, r: {"pearson": pearson(p, r), "spearman": spearman(p, r)},
     "entity_f1": entity_scores,
     "token_accuracy": token_accuracy,
+    "word_f1": word_f1,
     "squad": squad_scores,
 }
 

@@ -1,6 +1,7 @@
 """GPT fine-tuned end to end on the downstream tasks as in GPT-1 (Radford et al. 2018, Sec. 3.2-3.3; seed 004): each
 example becomes one token sequence (two for a similarity pair) framed by start, delimiter and extract tokens, a linear
 head reads the extract token's final state, and the loss is the task's plus 0.5 x the LM loss on the same tokens.
+Tagging tasks (CoNLL) read each word's tag one token after the word (models.gpt.GPTForTokenClassification).
 `finetune.models=[gpt]`: this run's pretrained GPT, and with it (finetune.random_twins) `gpt_random`, its
 architecture untrained."""
 from __future__ import annotations
@@ -9,15 +10,23 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
+from data_prep.conll import TaggedSentence
+from models import IGNORE_INDEX
 from models.checkpoint import read_config
-from models.gpt import GPTForSequenceClassification, load_pretrained
-from pipeline.downstream.modules import ClassificationModule, RegressionModule
-from pipeline.downstream.task_data import TaskData, tsv_splits
+from models.gpt import GPTForSequenceClassification, GPTForTokenClassification, load_pretrained
+from pipeline.downstream.modules import (
+    ClassificationModule,
+    RegressionModule,
+    TokenClassificationModule,
+    collate_token_classification,
+)
+from pipeline.downstream.task_data import TaskData, conll_sentences, majority_tag_scores, subsample, tsv_splits
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
 
@@ -82,11 +91,13 @@ class GPTRegressionModule(GPTObjective, RegressionModule):
 
 def load_task_data(task: DictConfig, data_dir: Path, tokenizer, n_positions: int, max_seq_length: int,
                    max_train_examples: int | None, seed: int, selection_fraction: float | None = None) -> TaskData:
-    """One TSV task (classification, pair, regression) encoded with GPT-1's input transformations; make_model takes
-    the pretrained GPTConfig."""
+    """One TSV task (classification, pair, regression) encoded with GPT-1's input transformations, or a CoNLL tagging
+    task (tagging_task_data); make_model takes the pretrained GPTConfig."""
+    if task.format == "conll":
+        return tagging_task_data(task, data_dir, tokenizer, min(max_seq_length, n_positions), max_train_examples, seed)
     if task.format != "tsv":
-        raise ValueError(f"task {task.name}: {task.format} tasks are not supported for gpt (GPT-1's heads here take "
-                         "tsv classification, pair and regression tasks); drop gpt and gpt_random from "
+        raise ValueError(f"task {task.name}: {task.format} tasks are not supported for gpt (its heads here take tsv "
+                         "classification, pair and regression tasks and conll tagging); drop gpt and gpt_random from "
                          "finetune.models for it")
     train, dev, majority_scores = tsv_splits(task, data_dir, max_train_examples, seed, selection_fraction)
     vocab_size = tokenizer.get_vocab_size()
@@ -117,6 +128,55 @@ def load_task_data(task: DictConfig, data_dir: Path, tokenizer, n_positions: int
         return TaskData(train_rows, rows(dev), collate, make_model, GPTRegressionModule, None, train_lengths=lengths)
     return TaskData(train_rows, rows(dev), collate, make_model, partial(GPTClassificationModule, metric=task.metric),
                     majority_scores, train.labels, lengths)
+
+
+def tagging_features(tokenizer, sentences: list[TaggedSentence], labels: list[str], max_len: int,
+                     end_id: int) -> list[dict]:
+    """One feature per sentence, as data_prep.conll.encode_tagged_sentences makes BERT's: the words' byte-level BPE
+    tokens (cut to max_len - 1) and the end token; each word's tag id at the first token after it (the next word's
+    first token, the end token for the last word kept), `word_ids` naming the word there, IGNORE_INDEX and -1
+    elsewhere. A word cut off has no position, and is scored as untagged."""
+    label_to_id = {label: i for i, label in enumerate(labels)}
+    features = []
+    for index, (sentence, encoding) in enumerate(zip(sentences, tokenizer.encode_batch(
+            [s.tokens for s in sentences], is_pretokenized=True))):
+        ids = [*encoding.ids[: max_len - 1], end_id]
+        first: dict[int, int] = {}
+        for position, word in enumerate(encoding.word_ids[: max_len - 1]):
+            if word is not None:
+                first.setdefault(word, position)
+        words = sorted(first)
+        word_ids, token_labels = [-1] * len(ids), [IGNORE_INDEX] * len(ids)
+        for k, word in enumerate(words):
+            position = first[words[k + 1]] if k + 1 < len(words) else len(ids) - 1
+            word_ids[position], token_labels[position] = word, label_to_id[sentence.tags[word]]
+        features.append({"input_ids": np.asarray(ids, dtype=np.int64),
+                         "token_type_ids": np.zeros(len(ids), dtype=np.int64),
+                         "labels": np.asarray(token_labels, dtype=np.int64),
+                         "word_ids": np.asarray(word_ids, dtype=np.int64), "example_index": index})
+    return features
+
+
+def tagging_task_data(task: DictConfig, data_dir: Path, tokenizer, max_len: int, max_train_examples: int | None,
+                      seed: int) -> TaskData:
+    """A CoNLL tagging task for GPTForTokenClassification (its end token after the pretrained vocabulary), scored by
+    TokenClassificationModule as BERT's is."""
+    train = subsample(conll_sentences(task, data_dir, task.train_file), max_train_examples, seed)
+    dev, labels = conll_sentences(task, data_dir, task.dev_file), list(task.labels)
+    vocab_size = tokenizer.get_vocab_size()
+    end_id = vocab_size + GPTForTokenClassification.N_SPECIAL - 1
+    train_features = tagging_features(tokenizer, train, labels, max_len, end_id)
+
+    def make_model(config):
+        return GPTForTokenClassification(
+            type(config)(**{**vars(config), "vocab_size": vocab_size + GPTForTokenClassification.N_SPECIAL}),
+            len(labels))
+
+    return TaskData(train_features, tagging_features(tokenizer, dev, labels, max_len, end_id),
+                    collate_token_classification, make_model,
+                    partial(TokenClassificationModule, labels=labels, dev_tags=[s.tags for s in dev],
+                            metric=task.metric), majority_tag_scores(task, train, dev),
+                    train_lengths=[len(feature["input_ids"]) for feature in train_features])
 
 
 @dataclass

@@ -30,9 +30,19 @@ class GptConfig:
     model: Optional[ModelConfig] = field(default=None, metadata={NULL_MEANS: "model"})
 
 
+@dataclass
+class GptReportConfig:
+    """What GPT adds to `report`: the prompts its section continues (greedy)."""
+    # openings in the style of the books (a tiny model has seen their words); here, not in conf/config.yaml, as the
+    # block is GPT's: a registry without GPT composes without it
+    gpt_prompts: list[str] = field(default_factory=lambda: [
+        "The old man", "It was a dark night, and", "She opened the letter and"])
+
+
 FAMILY = Family("gpt", stages=GPT_STAGES, pretraining_stages=("gpt_pretrain",), encoders=ENCODERS,
                 finetune_kinds=FINETUNE_KINDS, report_upstream=samples.report_upstream,
-                report_section=samples.report_section, validate=validate, config={"gpt": GptConfig},
+                report_section=samples.report_section, validate=validate,
+                config={"gpt": GptConfig, "report": GptReportConfig},
                 numbers={"gpt.vocab_size": Number(int, MIN_VOCAB_SIZE, why=(
                     "byte-level BPE's 256 byte pieces and <|endoftext|>, which it keeps whatever the setting")),
                          "gpt.block_size": POSITIVE_INT, "gpt.max_sentences": Number(int, 1, nullable=True)})

@@ -15,9 +15,7 @@ from models.generation import beam_search, greedy, sample
 from models.gpt import GPTLMHeadModel, load_pretrained
 
 STAGE = "gpt_pretrain"
-# Openings in the style of the books, so that even a tiny model has seen their words
-REPORT_PROMPTS = ("The old man", "It was a dark night, and", "She opened the letter and")
-REPORT_NEW_TOKENS = 30
+REPORT_NEW_TOKENS = 30  # of each of report.gpt_prompts' continuations
 STRATEGIES = ("greedy", "sample", "beam")
 
 
@@ -55,7 +53,13 @@ def continuations(model: GPTLMHeadModel, tokenizer: Tokenizer, prompt: str, requ
     else:
         outputs = greedy(model, [ids], request.max_new_tokens)
     eos = model.config.eos_token_id
-    return [tokenizer.decode([t for t in tokens if t != eos]) for tokens in outputs]
+    return [complete_characters(tokenizer.decode([t for t in tokens if t != eos])) for tokens in outputs]
+
+
+def complete_characters(text: str) -> str:
+    """`text` without the replacement characters that end it: a byte-level BPE stopped after max_new_tokens can end
+    inside a character of several UTF-8 bytes (a Chinese character is 3, often 2 tokens), which decodes to U+FFFD."""
+    return text.rstrip("\ufffd")
 
 
 def report_upstream(cfg: DictConfig) -> tuple[str, ...]:
@@ -68,7 +72,7 @@ def report_section(cfg: DictConfig, stage_dirs: dict[str, Path], out: Path, figu
     model, tokenizer = load_model(stage_dirs[STAGE] / "model")
     lines = ["", "## GPT samples", "", f"Greedy continuations ({REPORT_NEW_TOKENS} tokens at most) by the pretrained "
              "GPT; `python -m pipeline.generate RUN_DIR --prompt ...` for more.", ""]
-    for prompt in REPORT_PROMPTS:
+    for prompt in cfg.report.gpt_prompts:
         room = model.config.n_positions - len(tokenizer.encode(prompt).ids)
         if room < 1:
             lines.append(f"- **{prompt}** (not continued: the prompt fills the {model.config.n_positions}-token "

@@ -163,13 +163,18 @@ def plot_pretrain_scaling(rows: list[dict], references: list[dict], baselines: l
     return _save(fig, path)
 
 
-def plot_attention(matrix: np.ndarray, tokens: Sequence[str], path: Path, title: str) -> Figure:
-    """Heat-map of one head's attention: row i is how query token i spreads its attention over the key tokens."""
+def plot_attention(matrix: np.ndarray, tokens: Sequence[str], path: Path, title: str,
+                   font: Path | None = None) -> Figure:
+    """Heat-map of one head's attention: row i is how query token i spreads its attention over the key tokens; the
+    tokens drawn in the font file `font` (pipeline/report/fonts.py: one with CJK glyphs), or matplotlib's default."""
+    from matplotlib.font_manager import FontProperties
+
     size = max(4.0, 0.4 * len(tokens) + 1.5)
     fig, ax = plt.subplots(figsize=(size + 1.0, size))
     image = ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=float(matrix.max()))
-    ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=8)
-    ax.set_yticks(range(len(tokens)), tokens, fontsize=8)
+    labels = dict(fontsize=8, fontproperties=FontProperties(fname=font, size=8) if font else None)
+    ax.set_xticks(range(len(tokens)), tokens, rotation=90, **labels)
+    ax.set_yticks(range(len(tokens)), tokens, **labels)
     ax.set(xlabel="attended-to token (key)", ylabel="attending token (query)", title=title)
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="attention probability")
     return _save(fig, path)

@@ -3,6 +3,7 @@ triples that never cross a book, one Ray task per shard. Nothing here imports to
 in stay at the size of the data they hold (pipeline/skip_thought/stages.py lists the stages)."""
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from data_prep.shards import shard_paths
@@ -13,15 +14,17 @@ from pipeline.engine.dag import StageContext
 
 
 def skip_thought_vocab(ctx: StageContext) -> dict:
-    counts = ctx.count_over_shards(count_words)
-    vocab = build_word_vocab(counts, ctx.cfg.skip_thought.vocab_size, ctx.cfg.skip_thought.min_count)
+    chinese_words = str(ctx.cfg.data.chinese_words)
+    counts = ctx.count_over_shards(partial(count_words, chinese_words=chinese_words))
+    vocab = build_word_vocab(counts, ctx.cfg.skip_thought.vocab_size, ctx.cfg.skip_thought.min_count, chinese_words)
     vocab.save(ctx.out_dir / "vocab.txt")
     return {"vocab_size": len(vocab), "distinct_words": len(counts),
             **unknown_rate_summary(*unknown_words(counts, vocab.words), "skip_thought.vocab_size", unit="words")}
 
 
-def build_shard_triples(index: int, shard_path: Path, vocab_path: Path, out_dir: Path, max_words: int) -> int:
-    triples = triples_from_shard(read_arrow(shard_path), WordVocab.load(vocab_path), max_words)
+def build_shard_triples(index: int, shard_path: Path, vocab_path: Path, out_dir: Path, max_words: int,
+                        chinese_words: str) -> int:
+    triples = triples_from_shard(read_arrow(shard_path), WordVocab.load(vocab_path, chinese_words), max_words)
     write_triples(triples, out_dir / f"triples-{index:05d}.arrow")
     return len(triples)
 
@@ -29,5 +32,5 @@ def build_shard_triples(index: int, shard_path: Path, vocab_path: Path, out_dir:
 def skip_thought_examples(ctx: StageContext) -> dict:
     counts = ctx.map_shards(build_shard_triples, shard_paths(ctx.stage_dir("prepare")),
                             ctx.stage_dir("skip_thought_vocab") / "vocab.txt", ctx.out_dir,
-                            ctx.cfg.skip_thought.max_words)
+                            ctx.cfg.skip_thought.max_words, str(ctx.cfg.data.chinese_words))
     return {"triples": int(sum(counts)), "files": len(counts)}

@@ -43,7 +43,7 @@ class SkipThoughtSentenceEncoder:
         if self.expanded is None:
             ids, lengths = pad_sentences([self.vocab.encode(t) for t in texts])
             return self.model.encode(ids, lengths).numpy()
-        sentences = [tokenize(t) for t in texts]
+        sentences = [tokenize(t, self.vocab.chinese_words) for t in texts]
         # (B, D) per part, concatenated uni then bi as CombineSkip.encode does
         return np.concatenate([part.encode_embedded(*expanded.embed_sentences(sentences)).numpy()
                                for part, expanded in zip(self.parts, self.expanded)], axis=1)
@@ -60,7 +60,7 @@ def skip_thought_encoder(name: str, encoders: tuple[str, ...], expand_vocabulary
         if random_init:
             models = [random_twin(model, ctx.cfg.seed) for model in models]
         # the stages copy the one vocabulary stage's file next to their model
-        vocab = WordVocab.load(ctx.stage_dir(stages[0]) / "model" / "vocab.txt")
+        vocab = WordVocab.load(ctx.stage_dir(stages[0]) / "model" / "vocab.txt", str(ctx.cfg.data.chinese_words))
         return SkipThoughtSentenceEncoder(models, vocab, name, expand_vocabulary)
     # an expanded vocabulary has no random twin: the random words' map to GloVe would be fitted to noise
     twin = None if random_init or expand_vocabulary else f"{name}_random"
