@@ -18,7 +18,6 @@ from data_prep.shards import MANIFEST_NAME
 from pipeline.downstream.task_data import evaluation_texts as task_evaluation_texts
 from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fingerprint
 from pipeline.engine.dag import Stage, StageContext, files_fingerprint
-from pipeline.evaluation import senteval
 
 
 def corpus_dir(cfg: DictConfig) -> Path:
@@ -53,6 +52,8 @@ def _senteval_tasks_present(cfg: DictConfig) -> DictConfig:
     """The `senteval` block with only the tasks whose data is there. A missing one is the evaluate stage's to report
     when it runs; its data, once added, changes prepare's cache key (_evaluation_fingerprint), and prepare runs
     again against it."""
+    from pipeline.evaluation import senteval
+
     present = {name: spec for name, spec in cfg.senteval.tasks.items()
                if senteval.task_paths(cfg.senteval)[name].exists()}
     for name in cfg.senteval.tasks.keys() - present.keys():
@@ -72,6 +73,8 @@ def evaluation_texts(cfg: DictConfig) -> dict[str, list[str]]:
         texts[f"{name} dev"] = task_evaluation_texts(task, resolve_task_dir(task, cfg.finetune.data_dir,
                                                                             cfg.paths.cache_dir))
     if _senteval_in_run(cfg):
+        from pipeline.evaluation import senteval  # with torch: loaded where SentEval's texts are read, not by workers
+
         texts.update({f"senteval {name}": sentences
                       for name, sentences in senteval.evaluation_texts(_senteval_tasks_present(cfg)).items()})
     return texts

@@ -442,10 +442,10 @@ def test_doc_sentences_pack_contiguous_sentences_of_one_document_into_one_segmen
     by_document = {}
     for instance in instances:
         sentences = sorted(set(instance.tokens_a))
-        assert len({(t - 100) // 10 for t in sentences}) == 1  # never across documents
+        assert len({t // 10 - 10 for t in sentences}) == 1  # never across documents
         assert sentences == list(range(sentences[0], sentences[-1] + 1))  # contiguous sentences
         assert len(instance.tokens_a) <= 22
-        by_document.setdefault((sentences[0] - 100) // 10, []).extend(instance.tokens_a)
+        by_document.setdefault(sentences[0] // 10 - 10, []).extend(instance.tokens_a)
     # every sentence is read (the last of a full chunk is cut at the length): sentences 0..8 of each document
     assert all(sorted(set(tokens)) == [100 + 10 * d + s for s in range(9)] for d, tokens in by_document.items())
     input_ids, token_types = to_features(instances[0], CLS_ID, SEP_ID)
