@@ -155,9 +155,10 @@ def test_a_corpus_of_copies_says_they_were_dropped_as_duplicates(tmp_path, ray_s
     """Issue 39, defect 8: books that were all copies of one another got "needs at least 2 books; got 1", without a
     word of the others having been dropped as duplicates."""
     from pipeline.engine.dag import StageFailed
-    from tests.helpers import write_books
+    from tests.helpers import write_books, write_sentiment_task
 
     write_books(tmp_path / "one", n_books=1)
+    write_sentiment_task(tmp_path / "task")  # prepare decontaminates against its dev split
     (tmp_path / "books").mkdir()
     for name in ("a.txt", "b.txt", "c.txt"):
         (tmp_path / "books" / name).write_text((tmp_path / "one" / "book_00.txt").read_text())

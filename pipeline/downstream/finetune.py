@@ -247,7 +247,7 @@ def finetune(ctx: StageContext) -> dict:
             rows += _baseline_rows("majority_class", task, data.majority_scores, len(data.train), len(data.dev),
                                    scored_on, 0.0)
         if task.format == "tsv" and task.labels is not None:
-            rows += _subset_baseline_rows(ctx, task, data_dir, scored_on, sizes)
+            rows += _subset_baseline_rows(ctx, task, data_dir, scored_on, task_sizes)
     results = _aggregate(rows)
     write_json_atomically(ctx.out_dir / "results.json", results)
     return {"results": headline_results(results)}
@@ -278,7 +278,8 @@ def _subset(split: TaskSplit, indices: np.ndarray) -> TaskSplit:
 def _subset_baseline_rows(ctx: StageContext, task: DictConfig, data_dir, scored_on: str,
                           sizes: list[int | None]) -> list[dict]:
     """finetune.baselines' SUBSET_BASELINES on the labelled subsets the model kinds get, at every size and seed, each
-    kept in finished/ like a fine-tuning run (bow_logreg takes minutes on MNLI or QQP)."""
+    kept in finished/ like a fine-tuning run (bow_logreg takes minutes on MNLI or QQP). `sizes`: the task's, as
+    sizes_for_task gives them (a size of at least the train split is "all", fitted once)."""
     f = ctx.cfg.finetune
     train, dev, _ = tsv_splits(task, data_dir, f.max_train_examples, ctx.cfg.seed, f.get("selection_fraction"))
     rows = []
