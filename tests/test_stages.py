@@ -64,11 +64,15 @@ def test_pretrain_lowers_the_loss_and_saves_the_encoder(ctx):
     out = ctx.stage_dir("pretrain")
     assert summary["steps"] == 30
     assert (out / "encoder" / "config.json").is_file() and (out / "encoder" / "model.safetensors").is_file()
-    # bert_tiny's relative positions and pre-LN blocks are not HF's BERT: no hf/, and the stage says why
+    # bert_tiny's relative positions and pre-LN blocks are not transformers' BERT: hf/ gets our modelling code, and
+    # the stage says why (tests/test_hf_export.py loads it)
     reason = "HuggingFace's BertModel only expresses learned absolute positions with post-LN blocks; got " \
              "position_embedding_type='relative', pre_layer_norm=True"
-    assert not (out / "hf").exists() and summary["hf"] == reason
-    assert f"stage pretrain: no hf/ for transformers: {reason}" in (out / "stage.log").read_text()
+    assert summary["hf"] == "hf/" and (out / "hf" / "modeling_textrep_bert.py").is_file()
+    assert json.loads((out / "hf" / "config.json").read_text())["auto_map"]["AutoModelForMaskedLM"] == \
+        "modeling_textrep_bert.TextrepBertForMaskedLM"
+    assert (f"stage pretrain: hf/ is TextrepBertForMaskedLM, our modelling code beside the weights (load it with "
+            f"trust_remote_code=True): {reason}") in (out / "stage.log").read_text()
     with open(out / "loss_curve.csv") as f:
         train = [float(r["value"]) for r in csv.DictReader(f) if r["name"] == "train/loss"]
     assert len(train) == 30
