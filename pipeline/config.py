@@ -70,6 +70,9 @@ class FinetuneConfig:
     eval_batch_size: int = MISSING
     lr: float = MISSING
     encoder_lr_factor: float = MISSING
+    layer_lr_decay: float = MISSING
+    freeze_embeddings: bool = MISSING
+    linear_probe_epochs: int = MISSING
     epochs: int = MISSING
     warmup_fraction: float = MISSING
     weight_decay: float = MISSING

@@ -16,7 +16,7 @@ from data_prep.prepare import prepare_corpus
 from data_prep.sentences import default_splitter, splitter_identity
 from data_prep.shards import MANIFEST_NAME
 from pipeline.downstream.task_data import evaluation_texts as task_evaluation_texts
-from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fingerprint
+from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fingerprint, task_names
 from pipeline.engine.dag import Stage, StageContext, files_fingerprint
 
 
@@ -37,10 +37,6 @@ def prepare_workers(cfg: DictConfig) -> int:
 
 
 def _finetune_tasks(cfg: DictConfig) -> list[str]:
-    # imported where used, as is evaluation.stage: both import the families, whose data stages import this module
-    # (require_books)
-    from pipeline.downstream.finetune import task_names
-
     return task_names(cfg) if "finetune" in cfg.pipeline.stages else []
 
 
@@ -137,7 +133,7 @@ def _evaluation_fingerprint(cfg: DictConfig) -> str:
     parts = [f"{name}:{task_data_fingerprint(load_task(name), cfg.finetune.data_dir, cfg.paths.cache_dir)}"
              for name in _finetune_tasks(cfg)]
     if _senteval_in_run(cfg):
-        from pipeline.evaluation.stage import senteval_fingerprint
+        from pipeline.evaluation.senteval import senteval_fingerprint
 
         parts.append(f"senteval:{senteval_fingerprint(cfg)}")
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()

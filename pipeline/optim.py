@@ -10,20 +10,21 @@ from torch import nn
 
 
 def _decay_groups(module: nn.Module, weight_decay: float, lr: float | None = None,
-                  slower: tuple[nn.Module, float] | None = None) -> list[dict]:
+                  lr_scales: dict[int, float] | None = None) -> list[dict]:
     """Parameter groups: weight decay on weight matrices and embeddings, none on biases and LayerNorm (BERT §A.2).
-    `slower` = (submodule, factor): two more groups, that submodule's parameters at `factor` x `lr` (e.g. a pretrained
-    encoder under a fresh task head: Howard & Ruder 2018's discriminative fine-tuning)."""
-    slow = {id(p) for p in slower[0].parameters()} if slower else set()
+    `lr_scales` (id(parameter) -> factor): those parameters at factor x `lr`, in groups of their own (a pretrained
+    encoder under a fresh task head: Howard & Ruder 2018's discriminative fine-tuning; one factor per layer: layer-wise
+    decay); the others at `lr`."""
+    lr_scales = lr_scales or {}
     trained = [p for p in module.parameters() if p.requires_grad]
-
-    def split(params: list, extra: dict) -> list[dict]:
-        return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay, **extra},
-                {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, **extra}]
-
-    groups = split([p for p in trained if id(p) not in slow], {})
-    if slower:
-        groups += split([p for p in trained if id(p) in slow], {"lr": lr * slower[1]})
+    groups = []
+    for scale in dict.fromkeys([1.0, *(lr_scales.get(id(p), 1.0) for p in trained)]):
+        params = [p for p in trained if lr_scales.get(id(p), 1.0) == scale]
+        extra = {} if scale == 1.0 else {"lr": lr * scale}
+        groups += [group for group in (
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay, **extra},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, **extra}) if group["params"] or
+            scale == 1.0]
     return groups
 
 
@@ -127,11 +128,11 @@ def clip_grad_norm_with_sparse(parameters, max_norm: float) -> torch.Tensor:
 
 
 def adamw_with_schedule(module: nn.Module, lr: float, weight_decay: float, betas, warmup_steps: int,
-                        total_steps: int, slower: tuple[nn.Module, float] | None = None, decay: str = "linear"):
+                        total_steps: int, lr_scales: dict[int, float] | None = None, decay: str = "linear"):
     """AdamW without decay on biases and LayerNorm weights, linear warmup then `decay` to 0 (_with_schedule).
     LazyAdamW, which is AdamW for dense gradients, so that sparse ones (ELMo's sampled softmax) are taken too.
-    `slower`: (submodule, factor) trained at factor x lr (_decay_groups)."""
-    optimizer = fused_if_supported(LazyAdamW, _decay_groups(module, weight_decay, lr, slower), lr=lr,
+    `lr_scales`: id(parameter) -> factor of lr (_decay_groups)."""
+    optimizer = fused_if_supported(LazyAdamW, _decay_groups(module, weight_decay, lr, lr_scales), lr=lr,
                                    betas=tuple(betas))
     return _with_schedule(optimizer, warmup_steps, total_steps, decay)
 

@@ -131,6 +131,7 @@ def tiny_config(tmp_path: Path, extra: list[str] | None = None, experiment: str 
     corpus, task = tmp_path / "books", tmp_path / "task"
     if not corpus.exists():  # written once: rewriting would change the files' fingerprint, i.e. the data
         write_books(corpus)
+    if not task.exists():  # also where a test wrote its own books: prepare decontaminates against the task's dev
         write_sentiment_task(task)
     overrides = [f"+experiment={experiment}", f"data.corpus_dir={corpus}", f"finetune.data_dir={task}",
                  f"paths.cache_dir={tmp_path / 'cache'}", f"paths.run_dir={tmp_path / 'run'}", "logger=csv",

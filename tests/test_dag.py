@@ -90,7 +90,7 @@ def test_changing_a_pretraining_key_changes_pretraining_and_downstream_hashes_on
     base = tiny_config(tmp_path)
     changed = tiny_config(tmp_path, [override])
     names = plan(base, STAGES).order  # the stages of this experiment's run
-    assert names == ["prepare", "tokenizer", "examples", "pretrain", "finetune", "report"]
+    assert names == ["prepare", "tokenizer", "examples", "pretrain", "word2vec", "finetune", "report"]
     a, b = stage_hashes(base, STAGES, names), stage_hashes(changed, STAGES, names)
     assert [n for n in names if a[n] != b[n]] == ["pretrain", "finetune", "report"]
     logger_only = tiny_config(tmp_path, ["logger=wandb"])

@@ -39,7 +39,7 @@ from pipeline.stages import STAGES
 with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
     cfg = compose(config_name="config", overrides=[
         "pipeline.stages=[toy_pretrain,finetune,evaluate,report]", "finetune.models=[toy]",
-        "evaluate.encoders=[toy_bow,glove_bow]"])
+        "evaluate.encoders=[toy_bow,glove_bow]", "finetune.baselines=[majority_class]"])
 validate(cfg)
 print(json.dumps({"stages": list(STAGES), "validated": validated,
                   **{name: list(STAGES[name].upstream(cfg)) for name in ("finetune", "evaluate", "report")}}))

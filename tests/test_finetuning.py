@@ -7,6 +7,7 @@ import re
 import shutil
 from pathlib import Path
 
+import lightning
 import numpy as np
 import pytest
 import torch
@@ -20,6 +21,7 @@ from models.hf.bert import to_hf
 from pipeline import CONF_DIR
 from pipeline.downstream import finetune as finetuning
 from pipeline.downstream import task_data
+from pipeline.downstream.tasks import load_task
 from pipeline.engine.dag import StageContext, plain_config
 from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, write_sentiment_task, write_stsb
 
@@ -363,3 +365,50 @@ def test_fine_tuning_batches_sentences_of_similar_length_when_asked(ctx, tmp_pat
     # one pool of 64 cut in length order: the 8 batches' ranges add up to at most the range of all lengths
     assert spread[True] <= max(sum(batches[0], [])) - min(sum(batches[0], [])) < spread[False]
     assert padding[True] < 0.5 * padding[False]
+
+
+def test_layer_depths_and_rates_run_from_the_embeddings_to_the_top_for_bert_and_gpt():
+    from models.gpt import GPTModel, gpt_config
+    from pipeline.downstream.modules import encoder_lr_scales, layer_depths
+
+    bert = BertModel(bert_config("bert_tiny", vocab_size=64, max_position_embeddings=16))  # 2 layers
+    depths = layer_depths(bert)
+    assert depths["embeddings.word_embeddings.weight"] == 0
+    assert depths["encoder.layer.0.attention.self.query.weight"] == 1
+    assert depths["encoder.layer.1.output.dense.bias"] == 2 and depths["pooler.dense.weight"] == 3
+    scales = encoder_lr_scales(bert, 0.5, 0.8)
+    parameters = dict(bert.named_parameters())
+    assert scales[id(parameters["pooler.dense.weight"])] == pytest.approx(0.5)
+    assert scales[id(parameters["encoder.layer.1.output.dense.bias"])] == pytest.approx(0.5 * 0.8)
+    assert scales[id(parameters["embeddings.word_embeddings.weight"])] == pytest.approx(0.5 * 0.8 ** 3)
+    assert encoder_lr_scales(bert, 1.0, 1.0) == {}  # the defaults change nothing
+    gpt = GPTModel(gpt_config("gpt_tiny", vocab_size=64, n_positions=16))
+    gpt_depths = layer_depths(gpt)
+    assert gpt_depths["wte.weight"] == 0 and gpt_depths["h.1.mlp.c_fc.weight"] == 2 and gpt_depths["ln_f.weight"] == 3
+
+
+def test_frozen_embeddings_stay_and_a_linear_probe_trains_the_head_before_the_encoder(ctx, monkeypatch):
+    ctx.cfg.finetune.task = "sst2"
+    ctx.cfg.finetune.models = ["pretrained"]
+    ctx.cfg.finetune.seeds = [1]
+    ctx.cfg.finetune.freeze_embeddings = True
+    ctx.cfg.finetune.linear_probe_epochs = 2
+    fits = []
+    real_fit = lightning.Trainer.fit
+
+    def recording_fit(trainer, module, *args, **kwargs):
+        encoder = module.model.encoder
+        before = {name: p.detach().clone() for name, p in encoder.named_parameters()}
+        head = {name: p.detach().clone() for name, p in module.model.named_parameters() if not name.startswith("bert.")}
+        real_fit(trainer, module, *args, **kwargs)
+        fits.append(({name for name, p in encoder.named_parameters() if not torch.equal(p, before[name])},
+                     any(not torch.equal(p, head[name]) for name, p in module.model.named_parameters()
+                         if name in head)))
+
+    monkeypatch.setattr(lightning.Trainer, "fit", recording_fit)
+    task, models = load_task("sst2"), finetuning.model_sources(ctx)["pretrained"][0]
+    data = models.encode(task, Path(ctx.cfg.finetune.data_dir) / "SST-2", ctx.cfg.finetune, 0, None)
+    finetuning.finetune_once(ctx, task, data, models, "pretrained", 1, np.arange(len(data.train)))
+    (probe_moved, probe_head), (tune_moved, tune_head) = fits
+    assert probe_moved == set() and probe_head  # the probe trained the head alone
+    assert tune_head and tune_moved and "embeddings.word_embeddings.weight" not in tune_moved  # then the encoder

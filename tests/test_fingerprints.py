@@ -193,4 +193,5 @@ def test_the_prepare_stage_runs_the_corpus_code_and_not_the_models():
     repo = fingerprints.REPO_ROOT
     files = {p.relative_to(repo).as_posix() for p in fingerprints.code_files(repo / "pipeline" / "corpus.py")}
     assert {"pipeline/corpus.py", "data_prep/prepare.py", "data_prep/ingest.py", "pipeline/engine/dag.py"} <= files
-    assert not any(f.startswith(("models/", "pipeline/bert/")) for f in files)
+    # models/__init__.py holds only the ignore index data_prep writes into CoNLL labels (read by decontamination)
+    assert not any(f.startswith(("models/", "pipeline/bert/")) for f in files - {"models/__init__.py"})

@@ -148,7 +148,8 @@ def test_a_shard_tasks_arguments_do_not_grow_with_the_number_of_shards(tmp_path)
         tasks = []
 
         class Context:  # what the stage asks of its StageContext
-            cfg = OmegaConf.create({"examples": {"short_seq_prob": 0.1, "dupe_factor": 1, "max_seq_length": 32},
+            cfg = OmegaConf.create({"examples": {"short_seq_prob": 0.1, "dupe_factor": 1, "max_seq_length": 32,
+                                                 "packing": "sentence_pairs"},
                                     "seed": 1})
             out_dir = tmp_path
 

@@ -241,7 +241,7 @@ def test_a_slower_submodule_trains_at_its_factor_of_the_rate_through_the_schedul
 
     model = BertForSequenceClassification(bert_config("bert_tiny", vocab_size=64, max_position_embeddings=16), 2)
     out = adamw_with_schedule(model, 1e-3, 0.01, (0.9, 0.999), warmup_steps=1, total_steps=10,
-                                     slower=(model.bert, 0.1))
+                              lr_scales={id(p): 0.1 for p in model.bert.parameters()})
     optimizer, scheduler = out["optimizer"], out["lr_scheduler"]["scheduler"]
     encoder = {id(p) for p in model.bert.parameters()}
     rates = {}

@@ -31,6 +31,7 @@ PHASE2 = [
     "pretrain_phase2.max_seq_length=256", "pretrain_phase2.max_steps=10", "pretrain_phase2.batch_size=4",
     "pretrain_phase2.warmup_steps=2", "pretrain_phase2.max_predictions_per_seq=40",
     "++pretrain_phase2.checkpoint_every_steps=5", "finetune.models=[pretrained]", "finetune.random_twins=false",
+    "finetune.baselines=[majority_class]",
     "report.attention_sentence='the king saw the ship'",
 ]
 BEFORE_DOWNSTREAM = ("prepare", "tokenizer", "examples", "pretrain", "examples_phase2", "pretrain_phase2")

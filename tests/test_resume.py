@@ -116,7 +116,7 @@ def run_pretrain(root: str, family: str, out_dir: str, seconds_per_step: float) 
     run = TinyRun(family_config(Path(root), family, [*RESUME_OVERRIDES, *VALIDATE_EVERY,
                                                      f"pretrain.encoder_snapshots={SNAPSHOT_STEPS}"]))
     stage = TINY_FAMILIES[family].pretraining_stage
-    inputs = {u: (run.plan.dirs[u], run.plan.hashes[u]) for u in STAGES[stage].upstream}
+    inputs = {u: (run.plan.dirs[u], run.plan.hashes[u]) for u in run.plan.stages[stage].upstream}
     execute_stage(STAGES, run.cfg, stage, run.plan.hashes[stage], Path(out_dir), inputs, None)
 
 
@@ -203,7 +203,7 @@ def test_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(tiny,
 
     monkeypatch.setattr(BertPretrainModule, "model_step", diverging_step)
     out = tmp_path / "pretrain"
-    inputs = {u: (tiny.plan.dirs[u], tiny.plan.hashes[u]) for u in STAGES["pretrain"].upstream}
+    inputs = {u: (tiny.plan.dirs[u], tiny.plan.hashes[u]) for u in tiny.plan.stages["pretrain"].upstream}
     with pytest.raises(StageFailed, match=r"loss is nan at step 12; lower pretrain.lr"):
         execute_stage(STAGES, tiny.cfg, "pretrain", tiny.plan.hashes["pretrain"], out, inputs, None)
     assert not (out / MARKER).exists()
@@ -232,7 +232,7 @@ def test_divergence_monitor_lets_noisy_training_with_spikes_through_and_stops_an
 
 
 def run_stage_into(run: TinyRun, stage: str, out: Path) -> dict:
-    inputs = {u: (run.plan.dirs[u], run.plan.hashes[u]) for u in STAGES[stage].upstream}
+    inputs = {u: (run.plan.dirs[u], run.plan.hashes[u]) for u in run.plan.stages[stage].upstream}
     return execute_stage(STAGES, run.cfg, stage, run.plan.hashes[stage], out, inputs, None)
 
 

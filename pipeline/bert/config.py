@@ -17,6 +17,9 @@ from pipeline.schema import PretrainConfig, override_block
 Objective = StrEnum("Objective", {name: name for name in PRETRAINING_OBJECTIVES}, module=__name__)
 Pooling = StrEnum("Pooling", {name: name for name in BERT_POOLINGS}, module=__name__)
 Packing = StrEnum("Packing", {name: name for name in PACKINGS}, module=__name__)
+# pretrain.init_embeddings: where the word embeddings start, random (the model's initialiser) or word2vec (the
+# piece_vectors stage)
+InitEmbeddings = StrEnum("InitEmbeddings", {name: name for name in ("random", "word2vec")}, module=__name__)
 
 
 @dataclass
@@ -59,6 +62,8 @@ class BertPretrainConfig:
     objective: Objective = MISSING
     electra: ElectraConfig = field(default_factory=ElectraConfig)
     init_from: Optional[str] = MISSING
+    init_embeddings: InitEmbeddings = MISSING
+    freeze_embeddings: bool = MISSING
 
 
 # The `pretrain_phase2` block. BERT's phase 2 (Devlin et al. 2019, §A.2), run when pipeline.stages has pretrain_phase2

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import random
+import tempfile
+import time
 from pathlib import Path
 
+import numpy as np
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from data_prep.bert_examples import create_training_instances, write_instances
@@ -22,8 +26,11 @@ from data_prep.tokenizer import (
     unknown_tokens,
 )
 from pipeline.corpus import require_books
+from pipeline.downstream.word2vec import train_word2vec
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
+
+PIECE_VECTORS_FILE = "vectors.npy"
 
 
 def tokenizer(ctx: StageContext) -> dict:
@@ -43,6 +50,29 @@ def tokenizer(ctx: StageContext) -> dict:
     _, sample = sampled_texts(ctx.stage_dir("prepare"), UNKNOWN_RATE_SENTENCES)
     return {"vocab_size": tok.get_vocab_size(), **summary,
             **unknown_rate_summary(*unknown_tokens(tok, sample), "tokenizer.vocab_size")}
+
+
+def piece_vectors(ctx: StageContext) -> dict:
+    """word2vec (the `word2vec` block's settings) over the corpus written as WordPiece ids, one vector of the model's
+    hidden size per piece, saved in id order as `vectors.npy` (NaN rows: pieces the corpus never shows): what
+    pretrain.init_embeddings=word2vec starts the word embeddings from. Skip-gram's ~10^4 FLOPs per token place the
+    pieces by their contexts in a fraction of the time masked LM needs per token (docs/pretraining_recipes.md)."""
+    started = time.perf_counter()
+    tok = load_tokenizer(ctx.stage_dir("tokenizer"))
+    hidden_size = instantiate(ctx.cfg.model.config, vocab_size=tok.get_vocab_size()).hidden_size
+    with tempfile.TemporaryDirectory(dir=ctx.out_dir) as scratch:
+        corpus = Path(scratch) / "pieces.txt"
+        with open(corpus, "w") as f:
+            for shard in shard_paths(ctx.stage_dir("prepare")):
+                for ids in encode_by_word(tok, read_arrow(shard).column("text").combine_chunks()).to_pylist():
+                    f.write(" ".join(map(str, ids)) + "\n")
+        # every piece the corpus shows: the tokenizer kept only pieces frequent enough to be learned
+        vectors = train_word2vec(corpus, ctx.cfg.word2vec, ctx.cfg.seed, vector_size=hidden_size, min_count=1)
+    table = np.full((tok.get_vocab_size(), hidden_size), np.nan, dtype=np.float32)
+    table[[int(w) for w in vectors.words]] = vectors.vectors
+    np.save(ctx.out_dir / PIECE_VECTORS_FILE, table)
+    return {"pieces_with_vectors": len(vectors.words), "vocab_size": tok.get_vocab_size(),
+            "vector_size": hidden_size, "seconds": round(time.perf_counter() - started, 1)}
 
 
 def _tokenized_books(shard_path: Path, tok) -> list[list[list[int]]]:

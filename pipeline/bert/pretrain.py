@@ -34,6 +34,7 @@ from models.bert import (
 )
 from models.hf.bert import hf_incompatibility, to_hf
 from pipeline.bert.data import BertPretrainingCollator, MaskedBatches, PretrainingInstances
+from pipeline.bert.data_stages import PIECE_VECTORS_FILE
 from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import BertPretrainModule
 from pipeline.engine.arrow import read_arrow
@@ -116,6 +117,30 @@ def validate(cfg: DictConfig, stages: list[str]) -> None:
             settings, key = phase.settings(cfg), phase.config_blocks[-1]
             check_objective(settings, key, cfg.examples.packing)
             encoder_snapshot_steps(cfg, settings, key)
+
+
+def pretraining_upstream(phase: Phase, cfg: DictConfig) -> tuple[str, ...]:
+    """What a phase reads: the tokenizer, its examples, the phase it continues, and the piece vectors its word
+    embeddings start from (pretrain.init_embeddings=word2vec; phase 2 starts from phase 1's weights instead)."""
+    upstream = ["tokenizer", phase.examples]
+    if phase.init_from:
+        upstream.append(phase.init_from)
+    elif phase.settings(cfg).init_embeddings == "word2vec":
+        upstream.append("piece_vectors")
+    return tuple(upstream)
+
+
+def start_word_embeddings(word_embeddings: nn.Embedding, vectors: np.ndarray, std: float) -> int:
+    """`word_embeddings` set to `vectors` (one row per token id; NaN rows keep their initialisation),
+    rescaled to the standard deviation `std` the model initialises its embeddings with: word2vec's ~0.3 would put
+    the tied decoder's logits and the embedding LayerNorm's input at another scale from every other weight's.
+    Returns the rows set."""
+    known = ~np.isnan(vectors).any(axis=1)
+    rows = torch.from_numpy(np.flatnonzero(known))
+    values = torch.from_numpy(vectors[known])
+    with torch.no_grad():
+        word_embeddings.weight[rows] = values / values.std() * std
+    return int(known.sum())
 
 
 def encoder_stage(cfg: DictConfig) -> str:
@@ -205,6 +230,14 @@ class BertPretraining:
         model = _build_model(ctx.cfg, p, vocab_size)
         if self.phase.init_from:  # a resumed run then loads its own checkpoint over these
             _continue_from(model, ctx.stage_dir(self.phase.init_from))
+        elif p.init_embeddings == "word2vec":
+            start_word_embeddings(model.bert.embeddings.word_embeddings,
+                                  np.load(ctx.stage_dir("piece_vectors") / PIECE_VECTORS_FILE),
+                                  model.config.initializer_range)
+        # Kept as they start (Sentence-level transfer with frozen word2vec input layers, Kim 2014's "static" model):
+        # at this compute masked LM pulls them towards what predicts a masked piece (frequency, syntax) and the
+        # sentiment word2vec placed in them is lost (docs/pretraining_recipes.md)
+        model.bert.embeddings.word_embeddings.weight.requires_grad_(not p.freeze_embeddings)
         # plain Python values: a checkpoint's hyperparameters must load with torch.load(weights_only=True)
         return BertPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
                                   warmup_steps=p.warmup_steps, max_steps=p.max_steps, optimizer=p.optimizer,

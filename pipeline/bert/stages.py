@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from pipeline.bert.data_stages import examples, tokenizer
-from pipeline.bert.pretrain import PHASES, PRETRAINING, init_from_fingerprint
+from pipeline.bert.data_stages import examples, piece_vectors, tokenizer
+from pipeline.bert.pretrain import PHASES, PRETRAINING, init_from_fingerprint, pretraining_upstream
 from pipeline.engine.dag import Stage
 from pipeline.engine.pretraining import pretraining_stage
 
@@ -15,10 +15,13 @@ BERT_STAGES = (
     Stage("tokenizer", tokenizer, ("prepare",), ("tokenizer", "pretrain.init_from"), fingerprint=init_from_fingerprint),
     Stage(PHASE_1.examples, partial(examples, length_key=PHASE_1.length_key), ("prepare", "tokenizer"),
           ("examples", "seed")),
+    # pretrain.init_embeddings=word2vec: skip-gram vectors of the WordPiece pieces, the word embeddings' start
+    Stage("piece_vectors", piece_vectors, ("prepare", "tokenizer"), ("word2vec", "model", "seed")),
     # phase 2 (Devlin et al. §A.2; PHASES in pipeline/bert/pretrain.py): its own examples, and phase 1's weights
     Stage(PHASE_2.examples, partial(examples, length_key=PHASE_2.length_key), ("prepare", "tokenizer"),
           ("examples", PHASE_2.length_key, "seed")),
-    pretraining_stage(PHASE_1.stage, PRETRAINING[PHASE_1.stage], ("tokenizer", PHASE_1.examples), ("pretrain",)),
-    pretraining_stage(PHASE_2.stage, PRETRAINING[PHASE_2.stage], ("tokenizer", PHASE_2.examples, PHASE_1.stage),
+    pretraining_stage(PHASE_1.stage, PRETRAINING[PHASE_1.stage], partial(pretraining_upstream, PHASE_1),
+                      ("pretrain",)),
+    pretraining_stage(PHASE_2.stage, PRETRAINING[PHASE_2.stage], partial(pretraining_upstream, PHASE_2),
                       ("pretrain", "pretrain_phase2")),
 )

@@ -20,6 +20,7 @@ import lightning as L
 import numpy as np
 import torch
 from omegaconf import DictConfig
+from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from data_prep.shards import write_json_atomically
@@ -31,7 +32,7 @@ from pipeline.downstream.task_data import (
     stratified_subsample,
     tsv_splits,
 )
-from pipeline.downstream.tasks import TaskSplit, load_task, resolve_task_dir, task_data_fingerprint
+from pipeline.downstream.tasks import TaskSplit, load_task, resolve_task_dir, task_data_fingerprint, task_names
 from pipeline.downstream.word2vec import WORD2VEC, load_word2vec
 from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import FinetuneKind, TaskModels
@@ -102,11 +103,6 @@ def sizes_for_task(sizes: list[int | None], train_count: int, task: str) -> list
 
 
 
-def task_names(cfg: DictConfig) -> list[str]:
-    task = cfg.finetune.task
-    return [task] if isinstance(task, str) else list(task)
-
-
 
 def check_task_files(cfg: DictConfig) -> None:
     """The user's task files (finetune.data_dir) read as this stage will read them, so that a wrong label or a
@@ -155,17 +151,42 @@ def finetune_once(ctx: StageContext, task: DictConfig, data: TaskData, models: T
         train_loader = DataLoader(train, batch_size=f.batch_size, shuffle=True, collate_fn=data.collate,
                                   generator=torch.Generator().manual_seed(seed))
     dev_loader = DataLoader(data.dev, batch_size=f.eval_batch_size, collate_fn=data.collate)
+    prefix = f"{task.name}/{kind}/n{len(train_indices)}/seed{seed}"
+    encoder = getattr(model, "encoder", None)  # None: a head on frozen features, nothing of the encoder trains
+    frozen = word_embeddings(encoder) if f.freeze_embeddings and encoder is not None else None
+    if f.linear_probe_epochs and encoder is not None:
+        # LP-FT (Kumar et al. 2022): the head first, on the frozen encoder, so that fine-tuning starts from a head that
+        # fits the pretrained features instead of a random one whose gradients distort them
+        encoder.requires_grad_(False)
+        probe_steps = len(train_loader) * f.linear_probe_epochs
+        probe = data.make_module(model, lr=f.lr, weight_decay=f.weight_decay,
+                                 warmup_steps=int(f.warmup_fraction * probe_steps), total_steps=probe_steps)
+        make_trainer(ctx, [], prefix=f"{prefix}/probe", one_process=True, max_epochs=f.linear_probe_epochs,
+                     num_sanity_val_steps=0, enable_checkpointing=False, limit_val_batches=0).fit(probe, train_loader)
+        encoder.requires_grad_(True)
+    if frozen is not None:
+        frozen.weight.requires_grad_(False)
     epochs = finetune_epochs(f.epochs, f.get("min_steps", 0), len(train_loader))
     total_steps = len(train_loader) * epochs
     module = data.make_module(model, lr=f.lr, weight_decay=f.weight_decay,
                               warmup_steps=int(f.warmup_fraction * total_steps), total_steps=total_steps)
-    module.encoder_lr_factor = float(f.get("encoder_lr_factor", 1.0))
-    trainer = make_trainer(ctx, [], prefix=f"{task.name}/{kind}/n{len(train_indices)}/seed{seed}", one_process=True,
+    module.encoder_lr_factor, module.layer_lr_decay = float(f.encoder_lr_factor), float(f.layer_lr_decay)
+    trainer = make_trainer(ctx, [], prefix=prefix, one_process=True,
                            max_epochs=epochs, num_sanity_val_steps=0, enable_checkpointing=False,
                            # dev is scored once, after the last epoch: no model is chosen by its dev score
                            check_val_every_n_epoch=epochs)
     trainer.fit(module, train_loader, dev_loader)
     return dict(module.scores)
+
+
+def word_embeddings(encoder: nn.Module) -> nn.Embedding:
+    """The encoder's word (token) embeddings: its nn.Embedding with the most rows (BERT's word_embeddings, GPT's
+    wte; positions, segments and relative distances have far fewer)."""
+    tables = [m for m in encoder.modules() if isinstance(m, nn.Embedding)]
+    if not tables:
+        raise ValueError(f"finetune.freeze_embeddings: {type(encoder).__name__} has no embedding table to freeze; "
+                         "leave it false for this model kind")
+    return max(tables, key=lambda m: m.num_embeddings)
 
 
 def finetune_epochs(epochs: int, min_steps: int, steps_per_epoch: int) -> int:

@@ -78,16 +78,42 @@ class FinetuneModule(L.LightningModule):
         self.scores = scores
         self.log_dict({f"val/{name}": float(value) for name, value in scores.items()}, prog_bar=True)
 
-    # finetune.encoder_lr_factor: the task model's pretrained `encoder` trains at this factor x the head's lr (a head on
-    # a frozen encoder, which has no `encoder` to train, ignores it)
+    # finetune.encoder_lr_factor: the task model's pretrained `encoder` trains at this factor x the head's lr;
+    # finetune.layer_lr_decay: and each of its layers at this factor x the rate of the layer above (a head on a frozen
+    # encoder, which has no `encoder` to train, ignores both)
     encoder_lr_factor: float = 1.0
+    layer_lr_decay: float = 1.0
 
     def configure_optimizers(self):
         hp = self.hparams
         encoder = getattr(self.model, "encoder", None)
-        slower = (encoder, self.encoder_lr_factor) if encoder is not None and self.encoder_lr_factor != 1.0 else None
+        scales = {} if encoder is None else encoder_lr_scales(encoder, self.encoder_lr_factor, self.layer_lr_decay)
         return adamw_with_schedule(self.model, hp.lr, hp.weight_decay, (0.9, 0.999), hp.warmup_steps,
-                                   hp.total_steps, slower=slower)
+                                   hp.total_steps, lr_scales=scales)
+
+
+def layer_depths(encoder: nn.Module) -> dict[str, int]:
+    """Parameter name -> depth in a layered encoder: 0 for what comes before the first numbered layer (embeddings),
+    i + 1 for the parameters of layer i (a name with a number in it: BERT's encoder.layer.3, GPT's h.3), and the
+    number of layers + 1 for what follows the last (BERT's pooler, GPT's final LayerNorm)."""
+    names = [name for name, _ in encoder.named_parameters()]
+    layer = {name: next((int(part) for part in name.split(".") if part.isdigit()), None) for name in names}
+    layers = [i for i in layer.values() if i is not None]
+    top = max(layers, default=-1) + 2
+    first = next((k for k, name in enumerate(names) if layer[name] is not None), len(names))
+    return {name: layer[name] + 1 if layer[name] is not None else (0 if k < first else top)
+            for k, name in enumerate(names)}
+
+
+def encoder_lr_scales(encoder: nn.Module, factor: float, decay: float) -> dict[int, float]:
+    """id(parameter) -> its factor of the head's learning rate: `factor`, times `decay` per layer below the encoder's
+    top (ULMFiT's discriminative fine-tuning, Howard & Ruder 2018; ELECTRA's layer-wise decay, Clark et al. 2020):
+    the general features of the lower layers move least."""
+    depths = layer_depths(encoder)
+    top = max(depths.values(), default=0)
+    parameters = dict(encoder.named_parameters())
+    return {id(parameters[name]): factor * decay ** (top - depth) for name, depth in depths.items()
+            if factor * decay ** (top - depth) != 1.0}
 
 
 class ClassificationModule(FinetuneModule):

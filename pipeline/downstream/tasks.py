@@ -16,6 +16,12 @@ from pipeline.engine.dag import files_fingerprint
 TASK_DIR = CONF_DIR.parent / "tasks"
 
 
+def task_names(cfg: DictConfig) -> list[str]:
+    """finetune.task: one name or a list of them."""
+    task = cfg.finetune.task
+    return [task] if isinstance(task, str) else list(task)
+
+
 def available_tasks() -> list[str]:
     return sorted(p.stem for p in TASK_DIR.glob("*.yaml"))
 

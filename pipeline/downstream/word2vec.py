@@ -58,12 +58,16 @@ def write_line_sentences(shard_dir: Path, path: Path) -> int:
     return words
 
 
-def train_word2vec(corpus_file: Path, settings: DictConfig, seed: int) -> WordVectors:
-    from gensim.models import Word2Vec  # only this stage needs gensim
+def train_word2vec(corpus_file: Path, settings: DictConfig, seed: int, vector_size: int | None = None,
+                   min_count: int | None = None) -> WordVectors:
+    """Vectors of the words of `corpus_file` (one sentence per line, words separated by spaces) with the `word2vec`
+    block's settings; `vector_size` and `min_count` in place of the block's where given."""
+    from gensim.models import Word2Vec  # only the stages that train vectors need gensim
 
-    model = Word2Vec(corpus_file=str(corpus_file), vector_size=settings.vector_size, window=settings.window,
-                     min_count=settings.min_count, sg=int(settings.skip_gram), negative=settings.negative,
-                     epochs=settings.epochs, workers=1, seed=seed, hashfxn=_stable_hash)
+    model = Word2Vec(corpus_file=str(corpus_file), vector_size=vector_size or settings.vector_size,
+                     window=settings.window, min_count=settings.min_count if min_count is None else min_count,
+                     sg=int(settings.skip_gram), negative=settings.negative, epochs=settings.epochs, workers=1,
+                     seed=seed, hashfxn=_stable_hash)
     return WordVectors(tuple(model.wv.index_to_key), model.wv.vectors.astype(np.float32))
 
 

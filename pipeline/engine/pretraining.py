@@ -27,7 +27,7 @@ import warnings
 from dataclasses import dataclass, replace
 from functools import partial, reduce
 from pathlib import Path
-from typing import Iterable, Protocol, get_type_hints
+from typing import Callable, Iterable, Protocol, get_type_hints
 
 import hydra
 import lightning as L
@@ -136,10 +136,11 @@ class PretrainingTask(Protocol):
     def summary(self, module: L.LightningModule, data: PretrainingData, run: TrainingRun) -> dict: ...
 
 
-def pretraining_stage(name: str, task: PretrainingTask, upstream: tuple[str, ...],
+def pretraining_stage(name: str, task: PretrainingTask,
+                      upstream: tuple[str, ...] | Callable[[DictConfig], tuple[str, ...]],
                       config_keys: tuple[str, ...]) -> Stage:
-    """A family's pretraining stage on this harness, depending on `config_keys` (its own settings) and
-    HARNESS_CONFIG_KEYS."""
+    """A family's pretraining stage on this harness, reading the stages `upstream` names (a function of the config
+    where that depends on it), depending on `config_keys` (its own settings) and HARNESS_CONFIG_KEYS."""
     return Stage(name, partial(pretrain, task=task), upstream, (*config_keys, *HARNESS_CONFIG_KEYS),
                  fingerprint=start_checkpoint_fingerprint, num_cpus=stage_cpus)
 

@@ -34,6 +34,7 @@ The L2 strength is always chosen on data the reported score never sees: inner st
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ from data_prep.senteval_data import (
     read_trec,
 )
 from data_prep.word_vectors import WordVectors
+from pipeline.engine.dag import files_fingerprint
 from pipeline.engine.family import Encoder
 from pipeline.evaluation.metrics import accuracy, binary_f1, pearson, spearman
 
@@ -461,6 +463,13 @@ def task_paths(cfg: Mapping) -> dict[str, Path]:
     """Each task's data file or directory (`senteval.tasks.<name>.path` under `senteval.data_root`)."""
     root = Path(str(cfg["data_root"])).expanduser()
     return {name: root / str(spec["path"]) for name, spec in cfg["tasks"].items()}
+
+
+def senteval_fingerprint(cfg: Mapping) -> str:
+    """The files of every SentEval task of the run (the root config)."""
+    return hashlib.sha256("".join(files_fingerprint(path, "*", cfg["paths"]["cache_dir"]) if path.is_dir()
+                                  else files_fingerprint(path.parent, path.name, cfg["paths"]["cache_dir"])
+                                  for path in task_paths(cfg["senteval"]).values()).encode()).hexdigest()
 
 
 def evaluation_texts(cfg: Mapping) -> dict[str, list[str]]:

@@ -3,15 +3,13 @@ row per encoder and task, comparing the families' encoders (pipeline/families.py
 the seed."""
 from __future__ import annotations
 
-import hashlib
-
 from omegaconf import DictConfig
 
 from data_prep.shards import write_json_atomically
 from data_prep.word_vectors import load_glove
-from pipeline.engine.dag import Stage, StageContext, all_cpus, files_fingerprint
+from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import EncoderSpec
-from pipeline.evaluation.senteval import GloveBagOfWords, run_senteval, task_paths
+from pipeline.evaluation.senteval import GloveBagOfWords, run_senteval, senteval_fingerprint
 from pipeline.families import FAMILIES
 
 # evaluate.encoders name -> its spec. Each family's `*_random` is its architecture freshly initialised and frozen:
@@ -34,13 +32,6 @@ def evaluate(ctx: StageContext) -> dict:
             for row in run_senteval(encoders, ctx.cfg.senteval, ctx.cfg.seed)]
     write_json_atomically(ctx.out_dir / "results.json", rows)
     return {"results": rows}
-
-
-def senteval_fingerprint(cfg: DictConfig) -> str:
-    """The files of every SentEval task of the run."""
-    return hashlib.sha256("".join(files_fingerprint(path, "*", cfg.paths.cache_dir) if path.is_dir()
-                                  else files_fingerprint(path.parent, path.name, cfg.paths.cache_dir)
-                                  for path in task_paths(cfg.senteval).values()).encode()).hexdigest()
 
 
 EVALUATE = Stage("evaluate", evaluate, evaluate_upstream, ("evaluate", "senteval", "seed"),
