@@ -14,10 +14,13 @@ import yaml
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
+from data_prep.skip_thought_examples import EOS_ID
 from models.bert import BertForPreTraining, load_pretrained
 from models.elmo import BiLanguageModel, ElmoEmbedder
+from models.skip_thought import SkipThoughts
 from pipeline.bert.pretrain import HEADS_FILE
 from pipeline.engine.dag import run_dag
+from pipeline.skip_thought.module import pad_sentences
 from pipeline.stages import STAGES
 from tests.helpers import TinyRun
 
@@ -122,3 +125,25 @@ def assert_elmo_outputs(name: str, bilm: BiLanguageModel, vocab: list[str] | Non
     max_diff(f"{name}: AutoModel last_hidden_state", mixed[mask], model["last_hidden_state"][mask])
     weights = mask[..., None].float()
     max_diff(f"{name}: AutoModel pooler_output", (mixed * weights).sum(1) / weights.sum(1), model["pooler_output"])
+
+
+def assert_skip_thought_outputs(name: str, model: SkipThoughts, sentences: list[list[int]], out: dict) -> None:
+    """AutoModel's Skip-Thought vectors, and its state at every token, against our encoder's. Ours gives vectors only;
+    the state at token t is the vector of a shorter sentence: the prefix up to t (uni-skip, and bi-skip's forward
+    GRU), and the suffix from t (bi-skip's backward GRU, which reads the sentence from its end)."""
+    model.eval()
+    with torch.no_grad():
+        vectors = model.encode(*pad_sentences(sentences))
+        ids = [sentence + [EOS_ID] for sentence in sentences]
+        half = model.config.encoder_dim // 2
+        states = torch.zeros_like(out["AutoModel"]["last_hidden_state"])
+        for row, sentence in enumerate(ids):
+            for t in range(len(sentence)):
+                prefix = model.encode(torch.tensor([sentence[:t + 1]]), torch.tensor([t + 1]))[0]
+                if model.config.encoder == "uni":
+                    states[row, t] = prefix
+                else:
+                    suffix = model.encode(torch.tensor([sentence[t:]]), torch.tensor([len(sentence) - t]))[0]
+                    states[row, t] = torch.cat([prefix[:half], suffix[half:]])
+    max_diff(f"{name}: AutoModel pooler_output", vectors, out["AutoModel"]["pooler_output"])
+    max_diff(f"{name}: AutoModel last_hidden_state", states, out["AutoModel"]["last_hidden_state"])  # 0 at padding

@@ -49,7 +49,6 @@ from models.skip_thought import SkipThoughtConfig, SkipThoughts  # noqa: E402
 from pipeline.engine.arrow import read_arrow  # noqa: E402
 from pipeline.engine.fingerprints import _modules_of, code_files  # noqa: E402
 from pipeline.export import main as export_main  # noqa: E402
-from pipeline.skip_thought.module import pad_sentences  # noqa: E402
 from pipeline.stages import STAGES  # noqa: E402
 from tests.helpers import OBJECTS, SUBJECTS  # noqa: E402
 from tests.hf_checks import (  # noqa: E402
@@ -58,6 +57,7 @@ from tests.hf_checks import (  # noqa: E402
     TEXTS,
     assert_bert_outputs,
     assert_elmo_outputs,
+    assert_skip_thought_outputs,
     load_in_a_fresh_process,
     max_diff,
     pretrained,
@@ -229,9 +229,7 @@ def test_skip_thought_loads_with_its_tokenizer_and_sentence_vectors(exported, en
     assert out["tokenizer"]["model_max_length"] == 31
     special = out["tokenizer"]["special"]
     assert (special["eos_token"], special["pad_token"], special["unk_token"]) == ("<eos>", "<pad>", "<unk>")
-    with torch.no_grad():
-        vectors = model.encode(*pad_sentences([vocab.encode(text) for text in TEXTS]))
-    max_diff(f"skip_thought ({encoder}-skip): AutoModel pooler_output", vectors, out["AutoModel"]["pooler_output"])
+    assert_skip_thought_outputs(f"skip_thought ({encoder}-skip)", model, [vocab.encode(text) for text in TEXTS], out)
 
 
 def test_the_directories_run_without_the_repository(exported):
