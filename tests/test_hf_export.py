@@ -10,6 +10,7 @@ import ast
 import itertools
 import json
 import math
+import shutil
 import sys
 import unicodedata
 from pathlib import Path
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from omegaconf import OmegaConf
 
 transformers = pytest.importorskip("transformers")  # test-only: loading is the user's side, never the pipeline's
 
@@ -310,6 +312,27 @@ def test_export_copies_the_final_model_with_a_card_of_the_run(exported):
     assert "python -m pipeline +experiment=bert_tiny pretrain.max_steps=6 pretrain.val_every_steps=3 " \
            "pipeline.until=pretrain\n" in body
     assert "does not know its license" in body  # the tests' own books
+
+
+def test_the_card_gives_the_runs_probing_results_beside_the_random_twin(exported):
+    """A run whose evaluate stage probed the model: its rows beside its random twin's, and no row of an encoder of
+    another model (glove_bow) or of a twin alone."""
+    root = exported["root"]
+    run_dir = root / "run_with_probes"
+    shutil.copytree(root / "run", run_dir, symlinks=True)
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    cfg.pipeline.stages = [*cfg.pipeline.stages, "evaluate"]
+    cfg.evaluate.encoders = ["bert_cls", "bert_cls_random", "glove_bow"]
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    (run_dir / "evaluate").mkdir()
+    rows = [{"model": model, "task": "MR", "metric": "accuracy", "score": score, "std": 0.0, "seeds": 1}
+            for model, score in (("bert_cls", 0.625), ("bert_cls_random", 0.5), ("glove_bow", 0.75))]
+    (run_dir / "evaluate" / "results.json").write_text(json.dumps(rows))
+    assert export_main([str(run_dir), "--to", str(root / "exported_with_probes")]) == 0
+    _, body = card(root / "exported_with_probes" / "bert" / "README.md")
+    table = [line for line in body.splitlines() if line.startswith("| MR |")]
+    assert table == ["| MR | accuracy | bert_cls 0.6250 | 0.5000 | +0.1250 |"]
+    assert "The run fine-tuned and probed nothing" not in body
 
 
 def test_export_refuses_to_overwrite_and_what_is_no_run(exported, tmp_path, capsys):
