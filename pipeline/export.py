@@ -243,6 +243,12 @@ def _cell(row: dict | None) -> str:
     return f"{row['score']:.4f}{spread}"
 
 
+def _baseline_cell(name: str, same_size: dict | None, all_labels: dict) -> str:
+    if same_size is not None:
+        return f"{name} {same_size['score']:.4f}"
+    return f"{name} {all_labels['score']:.4f} (on all {all_labels['train_examples']:,})"
+
+
 def _downstream_lines(run_dir: Path, cfg: DictConfig, stage: str) -> list[str]:
     """This model's fine-tuning and probing rows next to its random twin's (the same architecture, randomly
     initialised: what pretraining gave) and the baselines fitted on the same examples."""
@@ -253,6 +259,8 @@ def _downstream_lines(run_dir: Path, cfg: DictConfig, stage: str) -> list[str]:
                  if kind.random_twin and _pretraining_stages_read(kind.upstream(cfg)) == {stage}]
         rows = [r for r in finetune if not is_snapshot(r)]
         index = {(r["model"], r["task"], r["metric"], r.get("train_examples")): r for r in rows}
+        # a baseline fitted once on all the labels (majority_class) stands beside every size
+        on_all = {(r["model"], r["task"], r["metric"]): r for r in rows if r.get("train_size") is None}
         table = []
         for row in (r for r in rows if r["model"] in kinds):
             key = (row["task"], row["metric"], row.get("train_examples"))
@@ -261,7 +269,8 @@ def _downstream_lines(run_dir: Path, cfg: DictConfig, stage: str) -> list[str]:
             seeds = zip(row.get("per_seed") or [], (twin or {}).get("per_seed") or [])
             pairs = [(a, b) for a, b in seeds if a is not None and b is not None]
             ahead = f"{sum(a > b for a, b in pairs)} of {len(pairs)}" if pairs else "–"
-            baselines = ", ".join(f"{b} {index[(b, *key)]['score']:.4f}" for b in BASELINES if (b, *key) in index)
+            baselines = ", ".join(_baseline_cell(b, index.get((b, *key)), on_all.get((b, *key[:2]))) for b in BASELINES
+                                  if (b, *key) in index or (b, *key[:2]) in on_all)
             table.append(f"| {row['task']} | {row['metric']} | {row.get('train_examples', '–')} | {row['model']} "
                          f"{_cell(row)} | {_cell(twin)} | {difference} | {ahead} | {baselines or '–'} |")
         if table:

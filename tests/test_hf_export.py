@@ -314,25 +314,48 @@ def test_export_copies_the_final_model_with_a_card_of_the_run(exported):
     assert "does not know its license" in body  # the tests' own books
 
 
+def run_with_results(root: Path, name: str, stage: str, settings: dict, rows: list[dict]) -> str:
+    """A copy of the fixture's run directory whose config ran `stage` too (with `settings`) and whose `stage` wrote
+    `rows`: the body of its exported card."""
+    run_dir = root / name
+    shutil.copytree(root / "run", run_dir, symlinks=True)
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    cfg.pipeline.stages = [*cfg.pipeline.stages, stage]
+    for key, value in settings.items():
+        OmegaConf.update(cfg, key, value)
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    (run_dir / stage).mkdir()
+    (run_dir / stage / "results.json").write_text(json.dumps(rows))
+    assert export_main([str(run_dir), "--to", str(root / f"exported_{name}")]) == 0
+    return card(root / f"exported_{name}" / "bert" / "README.md")[1]
+
+
 def test_the_card_gives_the_runs_probing_results_beside_the_random_twin(exported):
     """A run whose evaluate stage probed the model: its rows beside its random twin's, and no row of an encoder of
     another model (glove_bow) or of a twin alone."""
-    root = exported["root"]
-    run_dir = root / "run_with_probes"
-    shutil.copytree(root / "run", run_dir, symlinks=True)
-    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
-    cfg.pipeline.stages = [*cfg.pipeline.stages, "evaluate"]
-    cfg.evaluate.encoders = ["bert_cls", "bert_cls_random", "glove_bow"]
-    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
-    (run_dir / "evaluate").mkdir()
     rows = [{"model": model, "task": "MR", "metric": "accuracy", "score": score, "std": 0.0, "seeds": 1}
             for model, score in (("bert_cls", 0.625), ("bert_cls_random", 0.5), ("glove_bow", 0.75))]
-    (run_dir / "evaluate" / "results.json").write_text(json.dumps(rows))
-    assert export_main([str(run_dir), "--to", str(root / "exported_with_probes")]) == 0
-    _, body = card(root / "exported_with_probes" / "bert" / "README.md")
-    table = [line for line in body.splitlines() if line.startswith("| MR |")]
-    assert table == ["| MR | accuracy | bert_cls 0.6250 | 0.5000 | +0.1250 |"]
+    body = run_with_results(exported["root"], "probed", "evaluate",
+                            {"evaluate.encoders": ["bert_cls", "bert_cls_random", "glove_bow"]}, rows)
+    assert [line for line in body.splitlines() if line.startswith("| MR |")] == \
+        ["| MR | accuracy | bert_cls 0.6250 | 0.5000 | +0.1250 |"]
     assert "The run fine-tuned and probed nothing" not in body
+
+
+def test_the_card_gives_a_baseline_fitted_on_all_labels_beside_every_size(exported):
+    """majority_class is fitted once, on all the labels: it stands beside each size, saying so; a baseline fitted at
+    the size is given as it is."""
+    def row(model, size, examples, score, per_seed):
+        return {"model": model, "task": "sst2", "metric": "accuracy", "score": score, "std": 0.01,
+                "seeds": len(per_seed), "per_seed": per_seed, "train_size": size, "train_examples": examples}
+
+    rows = [row("pretrained", 300, 300, 0.6, [0.61, 0.59]), row("random_init", 300, 300, 0.55, [0.56, 0.6]),
+            row("majority_class", None, 11424, 0.52, [0.52]), row("bow_logreg", 300, 300, 0.58, [0.58, 0.58])]
+    body = run_with_results(exported["root"], "fine_tuned", "finetune",
+                            {"finetune.models": ["pretrained", "random_init"]}, rows)
+    assert [line for line in body.splitlines() if line.startswith("| sst2 |")] == [
+        "| sst2 | accuracy | 300 | pretrained 0.6000 ± 0.0100 | 0.5500 ± 0.0100 | +0.0500 | 1 of 2 | "
+        "majority_class 0.5200 (on all 11,424), bow_logreg 0.5800 |"]
 
 
 def test_export_refuses_to_overwrite_and_what_is_no_run(exported, tmp_path, capsys):
