@@ -7,6 +7,7 @@ the explicit I/O helpers); the pipeline maps them over the sentence shards, whos
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections import Counter
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from data_prep.chinese import segment_chinese
 from data_prep.shards import atomic_arrow_file
@@ -26,6 +28,10 @@ PAD_ID, UNK_ID, EOS_ID = range(len(SPECIAL_WORDS))
 # Words (with an inner apostrophe: "don't", "o'er") and single punctuation marks, the granularity of the
 # tokenised BookCorpus the paper's 20k vocabulary was counted on.
 _TOKEN = re.compile(r"\w+(?:'\w+)*|[^\w\s]")
+# _TOKEN for tokenizers' regex engine (Oniguruma), whose \w and \s are not Python's: Python's \w is [\p{L}\p{N}_]
+# and its \s is Unicode's White_Space with \x1c-\x1f (str.isspace), for every character Python's Unicode database
+# knows (tests/test_hf_export.py; characters of later Unicode versions, unassigned to Python, may differ)
+_TOKEN_FOR_TOKENIZERS = r"[\p{L}\p{N}_]+(?:'[\p{L}\p{N}_]+)*|[^\p{L}\p{N}_\s\x1c-\x1f]"
 
 TRIPLE_SCHEMA = pa.schema([
     pa.field("previous", pa.list_(pa.int32()), nullable=False),
@@ -124,3 +130,20 @@ def write_triples(triples: Sequence[tuple[Sequence[int], Sequence[int], Sequence
     table = pa.Table.from_arrays(columns, schema=TRIPLE_SCHEMA)
     with atomic_arrow_file(path, TRIPLE_SCHEMA) as writer:
         writer.write_table(table)
+
+
+def save_hf_tokenizer(vocab: WordVocab, out_dir: Path, model_max_length: int) -> None:
+    """The vocabulary as a tokenizer transformers' AutoTokenizer loads: `encode` and pad_sentences' ids (the words, then
+    <eos>); `model_max_length` the longest sentence trained on (skip_thought.max_words and its <eos>), to which
+    truncation cuts as triples_from_shard did. One difference from `tokenize` remains: Python lower-cases a word-final
+    capital sigma to "ς", tokenizers' Lowercase (character by character) to "σ"."""
+    tokenizer = Tokenizer(models.WordLevel(vocab.index, unk_token=UNK))
+    tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(_TOKEN_FOR_TOKENIZERS), behavior="removed", invert=True)
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, EOS_ID)])
+    tokenizer.decoder = decoders.WordPiece(cleanup=False)  # words joined by spaces
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length, "pad_token": PAD,
+              "unk_token": UNK, "eos_token": EOS, "split_special_tokens": True}
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")

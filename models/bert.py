@@ -2,7 +2,7 @@
 BERT (Devlin et al. 2018, https://arxiv.org/abs/1810.04805) in one file of plain PyTorch.
 
 Read top to bottom: config -> embeddings -> attention -> layer -> encoder -> BertModel -> task heads ->
-checkpoint I/O (our own format, plus import/export of HuggingFace BERT checkpoints).
+checkpoint I/O (our own format, and import of HuggingFace BERT checkpoints; export: models/hf/bert.py).
 
 Module and parameter names follow HuggingFace's `transformers.BertModel` exactly
 (`encoder.layer.0.attention.self.query`, `LayerNorm`, ...), so converting weights is a matter of renaming almost
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from models.checkpoint import config_from_dict, load_checkpoint, read_config, save_checkpoint
 
@@ -750,7 +750,10 @@ HF_CONFIG_KEYS = (
 
 
 def config_from_hf(hf: dict) -> BertConfig:
-    """Our BertConfig from the dict of a HuggingFace BERT config.json."""
+    """Our BertConfig from the dict of a HuggingFace BERT config.json, or of one models/hf/bert.py wrote with its own
+    modelling code (model_type textrep_bert: our config's fields as they are)."""
+    if hf.get("model_type") == "textrep_bert":
+        return BertConfig.from_dict(hf)
     if hf.get("hidden_act", "gelu") != "gelu":
         raise ValueError(f"only hidden_act='gelu' is supported, got {hf['hidden_act']!r}")
     if hf.get("position_embedding_type", "absolute") != "absolute":
@@ -863,33 +866,3 @@ def continue_from_hf(path, vocab_size: int | None = None) -> tuple[BertForPreTra
                                                       ("next-sentence head", "cls.seq_relationship."))
                             if any(k.startswith(prefix) for k in heads)]
     return model, loaded
-
-
-def hf_incompatibility(config: BertConfig) -> str:
-    """Why HuggingFace's BertModel cannot compute what a model of `config` does, or "" when it can. Its BERT has learned
-    absolute positions and post-LN blocks only: no fixed sinusoids (a frozen table it would train), no pre-LN, and no
-    Shaw et al. relative positions (transformers 5 dropped its "relative_key" variants, which had no value term and
-    no clipping anyway)."""
-    if config.position_embedding_type != "learned" or config.pre_layer_norm:
-        return ("HuggingFace's BertModel only expresses learned absolute positions with post-LN blocks; got "
-                f"position_embedding_type={config.position_embedding_type!r}, pre_layer_norm={config.pre_layer_norm}")
-    return ""
-
-
-def to_hf(model: BertModel, path) -> None:
-    """Write `model` as a HuggingFace BertModel directory (config.json + model.safetensors)."""
-    c = model.config
-    if hf_incompatibility(c):
-        raise ValueError(hf_incompatibility(c))
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    hf_config = {
-        "architectures": ["BertModel"],
-        "model_type": "bert",
-        "hidden_act": "gelu",
-        "position_embedding_type": "absolute",
-        **{k: getattr(c, k) for k in HF_CONFIG_KEYS},
-    }
-    (path / "config.json").write_text(json.dumps(hf_config, indent=2))
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})  # HF checks for "format": "pt"

@@ -1,6 +1,7 @@
 """Numerical parity with HuggingFace transformers' BERT, in both directions, on random and real pretrained weights."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,8 @@ from models.bert import (  # noqa: E402
     from_hf,
     from_hf_pretraining,
     load_pretrained,
-    to_hf,
 )
+from models.hf.bert import to_hf  # noqa: E402
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 SMALL = dict(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
@@ -91,9 +92,23 @@ def test_ours_to_hf(tmp_path):
 
 @pytest.mark.parametrize("overrides", [dict(position_embedding_type="sinusoidal"),
                                        dict(position_embedding_type="relative"), dict(pre_layer_norm=True)])
-def test_to_hf_rejects_what_hf_cannot_express(tmp_path, overrides):
-    with pytest.raises(ValueError):
-        to_hf(BertModel(BertConfig(**SMALL, **overrides)), tmp_path)
+def test_what_hf_cannot_express_is_written_with_our_modelling_code_and_reads_back(tmp_path, overrides):
+    """transformers' BertModel cannot compute these: the directory gets models/hf/'s modelling code, loaded with
+    trust_remote_code=True (tests/test_hf_export.py), and from_hf reads it back as it was."""
+    torch.manual_seed(0)
+    ours = BertModel(BertConfig(**SMALL, **overrides))
+    randomise_(ours)
+    assert to_hf(ours, tmp_path) == "TextrepBertModel"
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model_type"] == "textrep_bert" and (tmp_path / "modeling_textrep_bert.py").is_file()
+    assert config["auto_map"] == {"AutoConfig": "modeling_textrep_bert.TextrepBertConfig",
+                                  "AutoModel": "modeling_textrep_bert.TextrepBertModel"}  # no masked-LM head given
+    back = from_hf(tmp_path)
+    assert back.config == ours.config
+    input_ids, token_type_ids, attention_mask = inputs(SMALL["vocab_size"])
+    with torch.no_grad():
+        assert torch.equal(back.eval()(input_ids, token_type_ids, attention_mask)[0],
+                           ours.eval()(input_ids, token_type_ids, attention_mask)[0])
 
 
 def test_hf_pretraining_layout_state_dict():

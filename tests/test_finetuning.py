@@ -15,8 +15,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from data_prep.tokenizer import train_wordpiece
-from models.bert import BertModel, bert_config, save_pretrained, to_hf
+from models.bert import BertModel, bert_config, save_pretrained
 from models.checkpoint import random_twin
+from models.hf.bert import to_hf
 from pipeline import CONF_DIR
 from pipeline.downstream import finetune as finetuning
 from pipeline.downstream import task_data

@@ -31,7 +31,7 @@ def _imported_modules(path: Path) -> list[str]:
 
 
 def test_models_import_neither_data_prep_nor_pipeline():
-    files = sorted((ROOT / "models").glob("*.py"))
+    files = sorted((ROOT / "models").rglob("*.py"))
     assert len(files) >= 4
     leaks = [f"{path.name} imports {module}" for path in files for module in _imported_modules(path)
              if module.split(".")[0] in ("data_prep", "pipeline")]

@@ -64,11 +64,15 @@ def test_pretrain_lowers_the_loss_and_saves_the_encoder(ctx):
     out = ctx.stage_dir("pretrain")
     assert summary["steps"] == 30
     assert (out / "encoder" / "config.json").is_file() and (out / "encoder" / "model.safetensors").is_file()
-    # bert_tiny's relative positions and pre-LN blocks are not HF's BERT: no hf/, and the stage says why
+    # bert_tiny's relative positions and pre-LN blocks are not transformers' BERT: hf/ gets our modelling code, and
+    # the stage says why (tests/test_hf_export.py loads it)
     reason = "HuggingFace's BertModel only expresses learned absolute positions with post-LN blocks; got " \
              "position_embedding_type='relative', pre_layer_norm=True"
-    assert not (out / "hf").exists() and summary["hf"] == reason
-    assert f"stage pretrain: no hf/ for transformers: {reason}" in (out / "stage.log").read_text()
+    assert summary["hf"] == "hf/" and (out / "hf" / "modeling_textrep_bert.py").is_file()
+    assert json.loads((out / "hf" / "config.json").read_text())["auto_map"]["AutoModelForMaskedLM"] == \
+        "modeling_textrep_bert.TextrepBertForMaskedLM"
+    assert (f"stage pretrain: hf/ is TextrepBertForMaskedLM, our modelling code beside the weights (load it with "
+            f"trust_remote_code=True): {reason}") in (out / "stage.log").read_text()
     with open(out / "loss_curve.csv") as f:
         train = [float(r["value"]) for r in csv.DictReader(f) if r["name"] == "train/loss"]
     assert len(train) == 30
@@ -155,9 +159,10 @@ def test_a_corpus_of_copies_says_they_were_dropped_as_duplicates(tmp_path, ray_s
     """Issue 39, defect 8: books that were all copies of one another got "needs at least 2 books; got 1", without a
     word of the others having been dropped as duplicates."""
     from pipeline.engine.dag import StageFailed
-    from tests.helpers import write_books
+    from tests.helpers import write_books, write_sentiment_task
 
     write_books(tmp_path / "one", n_books=1)
+    write_sentiment_task(tmp_path / "task")  # prepare decontaminates against its dev split
     (tmp_path / "books").mkdir()
     for name in ("a.txt", "b.txt", "c.txt"):
         (tmp_path / "books" / name).write_text((tmp_path / "one" / "book_00.txt").read_text())

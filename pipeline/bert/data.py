@@ -166,6 +166,10 @@ class PretrainingInstances(Dataset):
         return {"input_ids": ids[start:end].astype(np.int64), "token_type_ids": types[start:end].astype(np.int64),
                 "next_sentence_label": int(nsp[row])}
 
+    def token_total(self) -> int:
+        """The tokens of all instances."""
+        return sum(len(ids) for _, ids, _, _ in self.parts)
+
     def token_counts(self, vocab_size: int, excluded: np.ndarray = np.empty(0, dtype=np.int64)) -> np.ndarray:
         """How often each token id occurs in the instances, leaving out those at indices `excluded` (a held-out
         set): one bincount per file over its memory-mapped ids, so memory is the vocabulary, not the corpus."""

@@ -3,8 +3,9 @@ BERT's two phases (Devlin et al. 2019, §A.2): `pretrain` at length 128 from ran
 has it, `pretrain_phase2` at length 512 from phase 1's final weights. One code path trains both (`Phase`).
 
 Both phases train on the pretraining harness (pipeline/engine/pretraining.py: checkpoints, exact resume, DDP and
-DeepSpeed); `BertPretraining` is what BERT supplies to it. Each phase writes its encoder in our format (`encoder/`) and,
-where transformers' BertModel can express it, as a HuggingFace directory with its tokenizer (`hf/`).
+DeepSpeed); `BertPretraining` is what BERT supplies to it. Each phase writes its encoder in our format (`encoder/`) and
+as a HuggingFace directory with its masked-LM head and tokenizer (`hf/`): transformers' BertForMaskedLM where its BERT
+computes ours, else with our modelling code beside the weights (models/hf/).
 """
 from __future__ import annotations
 
@@ -28,11 +29,10 @@ from models.bert import (
     BertConfig,
     config_from_hf,
     continue_from_hf,
-    hf_incompatibility,
     load_pretrained,
     save_pretrained,
-    to_hf,
 )
+from models.hf.bert import hf_incompatibility, to_hf
 from pipeline.bert.data import BertPretrainingCollator, MaskedBatches, PretrainingInstances
 from pipeline.bert.data_stages import PIECE_VECTORS_FILE
 from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
@@ -50,7 +50,7 @@ from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler, 
 
 # The MLM and NSP heads, beside encoder/: what a later phase needs, besides the encoder, to continue pretraining.
 HEADS_FILE = "pretraining_heads.safetensors"
-# The encoder and its tokenizer as transformers' AutoModel and AutoTokenizer load them, where HF's BERT can express it.
+# The encoder with its masked-LM head and its tokenizer as transformers' Auto classes load them (models/hf/bert.py)
 HF_DIR = "hf"
 
 
@@ -214,6 +214,7 @@ class BertData(PretrainingData):
     train_instances: int
     unigram_mlm_loss: float  # the held-out MLM loss of predicting from token frequencies alone
     phase_summary: dict
+    mean_instance_length: float  # tokens of an instance, [CLS] and [SEP] included, over all of them
 
 
 class BertPretraining:
@@ -290,16 +291,21 @@ class BertPretraining:
                          "initialised_from": str(ctx.stage_dir(phase.init_from)) if phase.init_from else None}
         return BertData(train_loader, batch_sampler, DataLoader(val_batches, batch_size=None), p.batch_size,
                         float(uniform), val_batches, len(train_set), unigram_cross_entropy(counts, targets),
-                        phase_summary)
+                        phase_summary, dataset.token_total() / max(len(dataset), 1))
 
     def write(self, ctx: StageContext, module: BertPretrainModule) -> None:
-        encoder = module.model.bert
-        save_pretrained(encoder, ctx.out_dir / "encoder")
-        save_file(module.model.heads_state_dict(), str(ctx.out_dir / HEADS_FILE))
-        if hf_incompatibility(encoder.config):
-            print(f"stage {ctx.name}: no {HF_DIR}/ for transformers: {hf_incompatibility(encoder.config)}", flush=True)
-            return
-        to_hf(encoder, ctx.out_dir / HF_DIR)
+        model = module.model
+        save_pretrained(model.bert, ctx.out_dir / "encoder")
+        heads = model.heads_state_dict()
+        save_file(heads, str(ctx.out_dir / HEADS_FILE))
+        # HF's names: BertForPreTraining's heads (an ELECTRA discriminator's are not); the NSP head only if trained
+        nsp = module.hparams.next_sentence_prediction
+        hf_heads = {k: v for k, v in heads.items()
+                    if k.startswith("cls.") and (nsp or not k.startswith("cls.seq_relationship."))}
+        architecture = to_hf(model.bert, ctx.out_dir / HF_DIR, hf_heads)
+        if hf_incompatibility(model.config):
+            print(f"stage {ctx.name}: {HF_DIR}/ is {architecture}, our modelling code beside the weights (load it with "
+                  f"trust_remote_code=True): {hf_incompatibility(model.config)}", flush=True)
         # the length trained at, not the position table's: phase 1 of bert_base never trains positions past 128
         save_hf_tokenizer(load_tokenizer(ctx.stage_dir("tokenizer")), ctx.out_dir / HF_DIR,
                           lowercase=ctx.cfg.tokenizer.lowercase, model_max_length=self.phase.max_seq_length(ctx.cfg))
@@ -311,10 +317,10 @@ class BertPretraining:
                 "val_instances": sum(len(b["input_ids"]) for b in data.val_batches),
                 "padded_tokens_per_s": round(run.batches_per_s * data.batch_size
                                              * data.phase_summary["max_seq_length"], 1),
+                "tokens_seen": round(run.rows_seen(data.batch_size) * data.mean_instance_length),
                 **_learning_summary(history.last("val/mlm_loss"), history.last("val/mlm_acc"), nsp_acc, data),
                 "objective": module.hparams.objective, "final_val_rtd_acc": history.last("val/rtd_acc"),
-                **data.phase_summary,
-                "hf": hf_incompatibility(module.model.config) or f"{HF_DIR}/"}
+                **data.phase_summary, "hf": f"{HF_DIR}/"}
 
 
 def _learning_summary(mlm_loss: float | None, mlm_acc: float | None, nsp_acc: float | None, data: BertData) -> dict:

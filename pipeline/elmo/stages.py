@@ -1,6 +1,7 @@
 """ELMo's stages (Peters et al. 2018): a word vocabulary and per-book token streams built from the sentence shards,
 then biLM pretraining with truncated BPTT over whole books (pipeline/elmo/module.py explains why windows, not
-sentence batches). The frozen biLM then serves the evaluate stage as a sentence encoder."""
+sentence batches). The frozen biLM then serves the evaluate stage as a sentence encoder; `hf/` is its representation
+layers as transformers loads them."""
 from __future__ import annotations
 
 import math
@@ -11,6 +12,7 @@ from torch.utils.data import DataLoader
 
 from data_prep.elmo_examples import read_word_vocab
 from models.elmo import save_pretrained
+from models.hf.elmo import to_hf
 from pipeline.elmo.data_stages import elmo_streams, elmo_vocab
 from pipeline.elmo.module import ElmoPretrainModule, WindowPosition, build_elmo_datasets
 from pipeline.engine.dag import Stage, StageContext
@@ -51,9 +53,13 @@ class ElmoPretraining:
 
     def write(self, ctx: StageContext, module: ElmoPretrainModule) -> None:
         save_pretrained(module.model, ctx.out_dir / "bilm")
+        # the representation layers and their tokenizer, as transformers' AutoModel loads them (models/hf/elmo.py)
+        to_hf(module.model, ctx.out_dir / "hf", read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"))
 
     def summary(self, module: ElmoPretrainModule, data: PretrainingData, run: TrainingRun) -> dict:
-        return {"heldout_perplexity": module.heldout_perplexities}
+        # the windows' positions, both directions reading the same tokens; the last windows of a book run short
+        return {"heldout_perplexity": module.heldout_perplexities,
+                "tokens_seen": run.rows_seen(data.batch_size) * data.train_loader.dataset.window}
 
 
 ELMO_STAGES = [

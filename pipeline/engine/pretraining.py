@@ -114,6 +114,11 @@ class TrainingRun:
         """Batches of all ranks together per second of this process's training."""
         return self.steps_run * self.accumulate_grad_batches * self.world_size / max(self.seconds, 1e-9)
 
+    def rows_seen(self, batch_size: int) -> int:
+        """The training rows (instances, blocks, windows, triples) of all steps, every rank's every micro-batch of
+        `batch_size` rows: what a model card counts its tokens from."""
+        return self.steps * self.accumulate_grad_batches * self.world_size * batch_size
+
 
 class PretrainingTask(Protocol):
     """What a family supplies. Its LightningModule logs `train/loss` and `val/loss` (and any other `val/*`), and its
@@ -520,6 +525,7 @@ def _summary(task: PretrainingTask, module: L.LightningModule, data: Pretraining
     return {"steps": run.steps, "resumed_from_step": resumed_from, "workers": run.world_size,
             "seconds": round(run.seconds, 1), "precision": precision,
             "final_val_loss": run.history.last("val/loss"),
+            "uniform_val_loss": round(data.uniform_loss, 4),  # a uniform guess's: the loss that means nothing learned
             "num_parameters": sum(t.numel() for t in module.parameters()), **task.summary(module, data, run)}
 
 

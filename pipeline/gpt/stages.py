@@ -67,7 +67,8 @@ class GPTPretraining:
     def summary(self, module: GPTPretrainModule, data: PretrainingData, run: TrainingRun) -> dict:
         batch_tokens = data.batch_size * module.model.config.n_positions
         return {"heldout_perplexity": module.heldout_perplexity,
-                "tokens_per_s": round(run.batches_per_s * batch_tokens, 1)}
+                "tokens_per_s": round(run.batches_per_s * batch_tokens, 1),
+                "tokens_seen": run.rows_seen(data.batch_size) * module.model.config.n_positions}
 
 
 def own_pretraining_settings(cfg: DictConfig) -> list[str]:

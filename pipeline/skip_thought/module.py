@@ -68,6 +68,10 @@ class SkipThoughtTriples(Dataset):
     def __len__(self) -> int:
         return int(self.cumulative[-1]) if len(self.cumulative) else 0
 
+    def word_total(self) -> int:
+        """The words of all triples' sentences."""
+        return sum(len(values) for part in self.parts for _, values in part)
+
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         part = int(np.searchsorted(self.cumulative, index, side="right"))
         row = index - (int(self.cumulative[part - 1]) if part else 0)

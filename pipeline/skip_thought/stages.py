@@ -2,15 +2,17 @@
 current, next) triples that never cross a book, then pretraining of an encoder and its two decoders: uni-skip in
 `skip_thought_pretrain`, bi-skip in `skip_thought_bi_pretrain`, on the same vocabulary and triples. The trained
 encoders serve the evaluate stage, alone, concatenated (combine-skip), or with the vocabulary expanded through GloVe
-(§2.2 of the paper)."""
+(§2.2 of the paper). Each pretraining stage also writes its encoder and tokenizer as transformers loads them (`hf/`)."""
 from __future__ import annotations
 
 import math
 import shutil
+from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from data_prep.skip_thought_examples import WordVocab
+from data_prep.skip_thought_examples import WordVocab, save_hf_tokenizer
+from models.hf.skip_thought import to_hf
 from models.skip_thought import save_pretrained
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
@@ -21,6 +23,11 @@ from pipeline.skip_thought.module import SkipThoughtPretrainModule, SkipThoughtT
 # Kiros et al. §3: uni-skip and bi-skip are separate models, each with its own decoders, trained alike; the stage,
 # not model.config, says which encoder it trains, so one run can train both for combine-skip.
 PRETRAINING_STAGES = {"uni": "skip_thought_pretrain", "bi": "skip_thought_bi_pretrain"}
+
+
+@dataclass
+class SkipThoughtData(PretrainingData):
+    tokens_per_triple: float  # the words of its three sentences and their <eos>, over all triples
 
 
 class SkipThoughtPretraining:
@@ -45,21 +52,30 @@ class SkipThoughtPretraining:
                                          lr_decay=p.lr_decay)
 
     def data(self, ctx: StageContext, module: SkipThoughtPretrainModule, rank: int,
-             world_size: int) -> PretrainingData:
+             world_size: int) -> SkipThoughtData:
         p = ctx.cfg.pretrain
         tables = [read_arrow(f) for f in sorted(ctx.stage_dir("skip_thought_examples").glob("triples-*.arrow"))]
-        train_loader, val_loader = triple_loaders(SkipThoughtTriples(tables), p.batch_size, p.val_fraction,
-                                                  p.val_max_instances, ctx.cfg.seed, p.num_workers, rank, world_size)
-        return PretrainingData(train_loader, train_loader.sampler, val_loader, p.batch_size,
+        triples = SkipThoughtTriples(tables)
+        train_loader, val_loader = triple_loaders(triples, p.batch_size, p.val_fraction, p.val_max_instances,
+                                                  ctx.cfg.seed, p.num_workers, rank, world_size)
+        return SkipThoughtData(train_loader, train_loader.sampler, val_loader, p.batch_size,
                                # the previous and the next sentence's decoder
-                               uniform_loss=2 * math.log(module.model.config.vocab_size))
+                               uniform_loss=2 * math.log(module.model.config.vocab_size),
+                               # each of its three sentences ends in <eos>
+                               tokens_per_triple=triples.word_total() / max(len(triples), 1) + 3)
 
     def write(self, ctx: StageContext, module: SkipThoughtPretrainModule) -> None:
+        vocab_file = ctx.stage_dir("skip_thought_vocab") / "vocab.txt"
         save_pretrained(module.model, ctx.out_dir / "model")
-        shutil.copy(ctx.stage_dir("skip_thought_vocab") / "vocab.txt", ctx.out_dir / "model" / "vocab.txt")
+        shutil.copy(vocab_file, ctx.out_dir / "model" / "vocab.txt")
+        # the encoder and its tokenizer as transformers' AutoModel and AutoTokenizer load them (models/hf/)
+        to_hf(module.model, ctx.out_dir / "hf")
+        save_hf_tokenizer(WordVocab.load(vocab_file), ctx.out_dir / "hf",
+                          model_max_length=ctx.cfg.skip_thought.max_words + 1)
 
-    def summary(self, module: SkipThoughtPretrainModule, data: PretrainingData, run: TrainingRun) -> dict:
-        return {"triples_per_s": round(run.batches_per_s * data.batch_size, 1)}
+    def summary(self, module: SkipThoughtPretrainModule, data: SkipThoughtData, run: TrainingRun) -> dict:
+        return {"triples_per_s": round(run.batches_per_s * data.batch_size, 1),
+                "tokens_seen": round(run.rows_seen(data.batch_size) * data.tokens_per_triple)}
 
 
 SKIP_THOUGHT_STAGES = [

@@ -1,0 +1,344 @@
+"""`python -m pipeline.export RUN_DIR --to DIR`: a run's final models as HuggingFace directories, one subfolder of DIR
+per model with its model card (README.md), ready for `huggingface-cli upload`.
+
+A run's final models are the last pretraining stage of each family it trained (BERT's phase 2 where the run has one;
+both of Skip-Thought's encoders where it trains both, as `skip_thought` and `skip_thought_bi`). Each stage wrote its
+model as transformers loads it (`hf/`: weights, config, tokenizer, and our modelling code where transformers has no
+class for the model: models/hf/); that directory is copied, and the card is written from what the run directory
+holds: the model's config, the stage's summary (steps, tokens, held-out loss against its baselines), the prepared
+corpus's manifest (its size, what decontamination removed) and provenance, the run's fine-tuning and probing results
+next to the random twin's, and the command (Hydra's `.hydra/overrides.yaml`) that ran it. A stage's own `hf/` is shared
+by every run that reuses it, so only an export knows the run's downstream results.
+
+Exit status 2, with a one-line error, for a directory that is no finished run or holds no model to export.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from safetensors import safe_open
+
+from data_prep.shards import MANIFEST_NAME
+from models.hf import bert, elmo, gpt, skip_thought
+from pipeline.downstream.finetune import BASELINES, MODEL_KINDS, is_snapshot
+from pipeline.engine.dag import resolve_upstream
+from pipeline.evaluation.stage import ENCODERS
+from pipeline.families import FAMILIES
+from pipeline.report.report import learning_lines
+from pipeline.stages import STAGES
+from pipeline.status import human_bytes, read_status
+
+HF_DIR = "hf"  # what every family's pretraining stage writes its model into
+CARD = "README.md"
+FINISHED = ("complete", "cached")
+DESCRIBE = {"bert": bert.describe, bert.CUSTOM_MODEL_TYPE: bert.describe, "gpt2": gpt.describe,
+            "textrep_elmo": elmo.describe, "textrep_skip_thought": skip_thought.describe}
+# The task an Auto class serves, as the Hub's pipeline_tag names it
+PIPELINE_TAGS = {"AutoModelForMaskedLM": "fill-mask", "AutoModelForCausalLM": "text-generation",
+                 "AutoModel": "feature-extraction"}
+# What the Hub's metadata can say of the built-in corpora (data.corpus): their language and the Hub's copy of the data
+BUILTIN_CORPUS_METADATA = {"imdb_reviews": {"language": ["en"], "datasets": ["stanfordnlp/imdb"]},
+                           "books_builtin": {"language": ["en"]}}
+
+
+class ExportError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class FinalModel:
+    name: str    # its subfolder of the export
+    family: str
+    stage: str
+    output: Path  # the stage's output directory
+
+
+def run_config(run_dir: Path) -> DictConfig:
+    """The config the run composed, as Hydra saved it in the run directory."""
+    path = run_dir / ".hydra" / "config.yaml"
+    if not path.is_file():
+        raise ExportError(f"{path} not found: {run_dir} is not a directory `python -m pipeline` ran in (Hydra writes "
+                          "the run's config there); pass the directory it printed as 'run directory:'")
+    return OmegaConf.load(path)
+
+
+def final_models(run_dir: Path, cfg: DictConfig) -> list[FinalModel]:
+    """The last finished pretraining stage of each family in the run: the ones no other of its pretraining stages in
+    the run continues from."""
+    try:
+        finished = {s.name: s.output for s in read_status(run_dir) if s.state in FINISHED}
+    except (FileNotFoundError, ValueError) as err:
+        raise ExportError(str(err)) from None
+    graph = resolve_upstream(STAGES, cfg)
+    models = []
+    for family in FAMILIES:
+        trained = [stage for stage in family.pretraining_stages if stage in finished]
+        final = [stage for stage in trained if not any(stage in graph[other].upstream for other in trained)]
+        for stage in final:
+            name = family.name if len(final) == 1 else stage.removesuffix("_pretrain")
+            models.append(FinalModel(name, family.name, stage, finished[stage]))
+    return models
+
+
+def export(run_dir: Path, to: Path, overwrite: bool = False) -> list[Path]:
+    """Copy each final model's hf/ into `to`/<name> with its card; returns the directories written."""
+    cfg = run_config(run_dir)
+    models = final_models(run_dir, cfg)
+    if not models:
+        raise ExportError(f"{run_dir} has no finished pretraining stage to export (python -m pipeline.status "
+                          f"{run_dir} shows what ran)")
+    for model in models:
+        if not (model.output / HF_DIR / "config.json").is_file():
+            raise ExportError(f"stage {model.stage} of {run_dir} has no {HF_DIR}/ (it ran before stages wrote one); "
+                              f"rerun the run's command with pipeline.force=[{model.stage}] to write it")
+        if (to / model.name).exists() and not overwrite:
+            raise ExportError(f"{to / model.name} exists; remove it, export elsewhere, or pass --overwrite")
+    written = []
+    for model in models:
+        target = to / model.name
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(model.output / HF_DIR, target)
+        (target / CARD).write_text(model_card(run_dir, cfg, model, target))
+        written.append(target)
+    return written
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The model card (https://huggingface.co/docs/hub/model-cards): YAML metadata, then markdown
+
+
+def _read_json(path: Path) -> dict | list | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def auto_class(config: dict) -> str:
+    """The Auto class that loads the model with the head it was trained with."""
+    architectures = config.get("architectures", [])
+    if any(a.endswith("ForMaskedLM") for a in architectures):
+        return "AutoModelForMaskedLM"
+    if any(a.endswith(("LMHeadModel", "ForCausalLM")) for a in architectures):
+        return "AutoModelForCausalLM"
+    return "AutoModel"
+
+
+def parameter_count(hf_dir: Path) -> int:
+    with safe_open(str(hf_dir / "model.safetensors"), "pt") as weights:
+        return sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
+
+
+def model_card(run_dir: Path, cfg: DictConfig, model: FinalModel, hf_dir: Path) -> str:
+    config = json.loads((hf_dir / "config.json").read_text())
+    summary = _read_json(model.output / "stage.json") or {}
+    custom_code = "auto_map" in config
+    auto = auto_class(config)
+    builtin = None if cfg.data.corpus_dir else str(cfg.data.corpus)
+    metadata = {**BUILTIN_CORPUS_METADATA.get(builtin, {}), "license": "other", "library_name": "transformers",
+                "pipeline_tag": PIPELINE_TAGS[auto],
+                "tags": ["textrep", model.family, config["model_type"], *(["custom_code"] if custom_code else [])]}
+    trust = ", trust_remote_code=True" if custom_code else ""
+    lines = ["---", yaml.safe_dump(metadata, sort_keys=False).strip(), "---", "",
+             f"# {cfg.experiment_name}: {model.name}", "",
+             f"{DESCRIBE[config['model_type']](config)}", "",
+             f"Pretrained by textrep's `{model.stage}` stage in a run of its `{cfg.experiment_name}` experiment: "
+             f"{_parameters(parameter_count(hf_dir), summary.get('num_parameters'))}.", "",
+             "## How to load it", "", "```python",
+             f"from transformers import {auto}, AutoTokenizer", "",
+             f'tokenizer = AutoTokenizer.from_pretrained("{hf_dir}"{trust})',
+             f'model = {auto}.from_pretrained("{hf_dir}"{trust})', "```", ""]
+    if custom_code:
+        code = config["auto_map"]["AutoModel"].split(".")[0]
+        lines += [f"transformers has no class for this model: its code is `{code}.py` in this directory (torch and "
+                  "transformers only), which `trust_remote_code=True` lets transformers run.", ""]
+    lines += _tokenizer_lines(hf_dir)
+    lines += _data_lines(run_dir, cfg)
+    lines += _pretraining_lines(summary)
+    lines += _downstream_lines(run_dir, cfg, model.stage)
+    lines += _command_lines(run_dir)
+    lines += _license_lines(run_dir, cfg)
+    return "\n".join(lines) + "\n"
+
+
+def _parameters(here: int, trained: int | None) -> str:
+    if trained is None or trained == here:
+        return f"{here:,} parameters"
+    return (f"{here:,} parameters, of the {trained:,} it trained (the rest served the pretraining objective alone: "
+            "an output softmax, decoders)")
+
+
+def _tokenizer_lines(hf_dir: Path) -> list[str]:
+    config = _read_json(hf_dir / "tokenizer_config.json") or {}
+    vocab = len(json.loads((hf_dir / "tokenizer.json").read_text())["model"]["vocab"])
+    length = config.get("model_max_length")
+    special = ", ".join(f"{k.removesuffix('_token')} `{v}`" for k, v in config.items() if k.endswith("_token"))
+    return ["## Tokenizer", "",
+            f"{vocab:,} entries ({config.get('tokenizer_class', 'tokenizer.json')}); "
+            + (f"the model was trained on inputs of at most {length} tokens (model_max_length); " if length else
+               "the model has no longest input; ") + f"special tokens: {special or 'none'}.", ""]
+
+
+def _data_lines(run_dir: Path, cfg: DictConfig) -> list[str]:
+    manifest = _read_json(run_dir / "prepare" / MANIFEST_NAME)
+    name = f"The built-in corpus `{cfg.data.corpus}`" if not cfg.data.corpus_dir else \
+        f"The books in `{cfg.data.corpus_dir}` (data.corpus_dir)"
+    lines = ["## Training data", ""]
+    if manifest is None:
+        return lines + [f"{name}; its prepared manifest is not in the run directory.", ""]
+    t = manifest["totals"]
+    lines += [f"{name}: {t['files_kept']:,} of its {t['files_read']:,} documents kept ({t['files_duplicate']:,} exact "
+              f"and {t['files_near_duplicate']:,} near duplicates dropped, {t['files_rejected']:,} rejected), "
+              f"{t['sentences']:,} sentences, {human_bytes(t['input_bytes'])} of text read.", ""]
+    decontamination = manifest.get("decontamination")
+    if decontamination is None:
+        lines += ["Not decontaminated (data.decontaminate=false): the evaluation text may overlap it.", ""]
+    else:
+        removed = decontamination["sentences_removed_by_source"]
+        by_source = "; ".join(f"{source}: {n:,}" for source, n in removed.items()) if len(removed) > 1 else ""
+        sources = ", ".join(decontamination["sources"]) or "none"
+        lines += [f"Decontaminated against the run's evaluation text ({sources}): "
+                  f"{decontamination['sentences_removed']:,} sentences removed, the same sentence normalised or a "
+                  f"shared {decontamination['ngram']}-gram" + (f" ({by_source})" if by_source else "") + ".", ""]
+    return lines
+
+
+def _pretraining_lines(summary: dict) -> list[str]:
+    lines = ["## Pretraining", ""]
+    tokens = f"{summary['tokens_seen']:,} tokens seen" if summary.get("tokens_seen") is not None else \
+        "tokens seen not recorded"
+    lines.append(f"- {summary.get('steps')} steps, {tokens}, {summary.get('seconds')} s of training on "
+                 f"{summary.get('workers')} worker(s), precision {summary.get('precision')}")
+    learned = learning_lines(summary)
+    if learned:
+        lines += learned
+    elif summary.get("final_val_loss") is not None:
+        uniform = summary.get("uniform_val_loss")
+        lines.append(f"- held-out loss {summary['final_val_loss']:.4f}"
+                     + (f" against {uniform:.4f} for a uniform guess over the outputs" if uniform else ""))
+    if summary.get("heldout_perplexity") is not None:
+        perplexity = summary["heldout_perplexity"]
+        shown = ", ".join(f"{k} {v:.1f}" for k, v in perplexity.items()) if isinstance(perplexity, dict) else \
+            f"{perplexity:.1f}"
+        lines.append(f"- held-out perplexity: {shown}")
+    return lines + [""]
+
+
+def _pretraining_stages_read(upstream: tuple[str, ...]) -> set[str]:
+    every = {stage for family in FAMILIES for stage in family.pretraining_stages}
+    return set(upstream) & every
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return "–"
+    spread = f" ± {row['std']:.4f}" if row.get("seeds", 1) > 1 else ""
+    return f"{row['score']:.4f}{spread}"
+
+
+def _baseline_cell(name: str, same_size: dict | None, all_labels: dict) -> str:
+    if same_size is not None:
+        return f"{name} {same_size['score']:.4f}"
+    return f"{name} {all_labels['score']:.4f} (on all {all_labels['train_examples']:,})"
+
+
+def _downstream_lines(run_dir: Path, cfg: DictConfig, stage: str) -> list[str]:
+    """This model's fine-tuning and probing rows next to its random twin's (the same architecture, randomly
+    initialised: what pretraining gave) and the baselines fitted on the same examples."""
+    lines = ["## Downstream results of this run", ""]
+    finetune = _read_json(run_dir / "finetune" / "results.json") if "finetune" in cfg.pipeline.stages else None
+    if finetune:
+        kinds = [name for name, kind in MODEL_KINDS.items()
+                 if kind.random_twin and _pretraining_stages_read(kind.upstream(cfg)) == {stage}]
+        rows = [r for r in finetune if not is_snapshot(r)]
+        index = {(r["model"], r["task"], r["metric"], r.get("train_examples")): r for r in rows}
+        # a baseline fitted once on all the labels (majority_class) stands beside every size
+        on_all = {(r["model"], r["task"], r["metric"]): r for r in rows if r.get("train_size") is None}
+        table = []
+        for row in (r for r in rows if r["model"] in kinds):
+            key = (row["task"], row["metric"], row.get("train_examples"))
+            twin = index.get((MODEL_KINDS[row["model"]].random_twin, *key))
+            difference = "–" if twin is None else f"{row['score'] - twin['score']:+.4f}"
+            seeds = zip(row.get("per_seed") or [], (twin or {}).get("per_seed") or [])
+            pairs = [(a, b) for a, b in seeds if a is not None and b is not None]
+            ahead = f"{sum(a > b for a, b in pairs)} of {len(pairs)}" if pairs else "–"
+            baselines = ", ".join(_baseline_cell(b, index.get((b, *key)), on_all.get((b, *key[:2]))) for b in BASELINES
+                                  if (b, *key) in index or (b, *key[:2]) in on_all)
+            table.append(f"| {row['task']} | {row['metric']} | {row.get('train_examples', '–')} | {row['model']} "
+                         f"{_cell(row)} | {_cell(twin)} | {difference} | {ahead} | {baselines or '–'} |")
+        if table:
+            scored = "the held-out part of train" if any(r.get("scored_on") == "train_holdout" for r in rows) else \
+                "the dev set"
+            lines += [f"Fine-tuned end to end (mean ± std over seeds, scored on {scored}), beside the same "
+                      "architecture fine-tuned from random initialisation:", "",
+                      "| task | metric | train examples | this model | random twin | difference | seeds ahead | "
+                      "baselines |", "|---|---|---|---|---|---|---|---|", *table, ""]
+    evaluate = _read_json(run_dir / "evaluate" / "results.json") if "evaluate" in cfg.pipeline.stages else None
+    if evaluate:
+        encoders = [name for name, spec in ENCODERS.items()
+                    if spec.random_twin and _pretraining_stages_read(spec.upstream(cfg)) == {stage}]
+        index = {(r["model"], r["task"], r["metric"]): r for r in evaluate}
+        table = []
+        for row in (r for r in evaluate if r["model"] in encoders):
+            twin = index.get((ENCODERS[row["model"]].random_twin, row["task"], row["metric"]))
+            difference = "–" if twin is None else f"{row['score'] - twin['score']:+.4f}"
+            table.append(f"| {row['task']} | {row['metric']} | {row['model']} {row['score']:.4f} | {_cell(twin)} | "
+                         f"{difference} |")
+        if table:
+            lines += ["Frozen, probed as SentEval does, beside the same architecture randomly initialised and frozen:",
+                      "", "| task | metric | this model | random twin | difference |", "|---|---|---|---|---|",
+                      *table, ""]
+    if len(lines) == 2:
+        lines += ["The run fine-tuned and probed nothing with this model.", ""]
+    return lines
+
+
+def _command_lines(run_dir: Path) -> list[str]:
+    overrides_file = run_dir / ".hydra" / "overrides.yaml"
+    overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else None
+    if overrides is None:
+        return ["## Reproduce", "", f"The run's command is not recorded ({overrides_file} is missing).", ""]
+    command = " ".join(["python -m pipeline", *(shlex.quote(o) for o in overrides)])
+    return ["## Reproduce", "", "With textrep (its `make install`), from the repository's root:", "", "```bash",
+            command, "```", ""]
+
+
+def _license_lines(run_dir: Path, cfg: DictConfig) -> list[str]:
+    lines = ["## License", ""]
+    manifest = _read_json(run_dir / "prepare" / MANIFEST_NAME) or {}
+    provenance = Path(manifest.get("corpus_dir", "")) / "PROVENANCE.md"
+    if manifest.get("corpus_dir") and provenance.is_file():
+        quoted = [f"> {line}" if line else ">" for line in provenance.read_text().strip().splitlines()]
+        return lines + ["The weights are derived from the training data, whose terms they follow. Its provenance, as "
+                        "textrep recorded it when it fetched the data:", "", *quoted, ""]
+    return lines + [f"The training data ({cfg.data.corpus_dir or cfg.data.corpus}) came from outside textrep, which "
+                    "does not know its license: the weights are derived from it and follow its terms. State them "
+                    "here, and in the `license` field above, before you publish the model.", ""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.export", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path, help="a run directory (outputs/<experiment>/<date_time>)")
+    parser.add_argument("--to", type=Path, required=True, help="the directory to write one subfolder per model into")
+    parser.add_argument("--overwrite", action="store_true", help="replace subfolders of --to that exist")
+    args = parser.parse_args(argv)
+    try:
+        written = export(args.run_dir, args.to, args.overwrite)
+    except ExportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for path in written:
+        config = json.loads((path / "config.json").read_text())
+        print(f"{path}: {config['architectures'][0]}" + (" (trust_remote_code=True)" if "auto_map" in config else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
