@@ -83,3 +83,16 @@ def test_every_trainer_releases_freed_memory_every_50_batches_and_after_validati
     assert len(calls) == 2
     release.on_validation_end(trainer, None)
     assert len(calls) == 3
+
+
+def test_the_memory_benchmark_measures_what_stays_after_each_release_not_the_sawtooth():
+    """bert_tiny at batch 128 climbed ~60 MB a step between releases and fell back to the same ~680 MB after each:
+    a slope over every sample called that +3.8 MB per step, or -1.2 where a run stopped just after a release."""
+    from benchmarks.bench_memory import retained_growth_per_step
+
+    sawtooth = [(step, 680 + 0.08 * step + (step % 50) * 60.0) for step in range(10, 310, 10)]
+    assert retained_growth_per_step(sawtooth, warmup=66, release_every=50) == pytest.approx(0.08)
+    leaking = [(step, 680 + 4.5 * step + (step % 50) * 60.0) for step in range(10, 310, 10)]
+    assert retained_growth_per_step(leaking, warmup=66, release_every=50) == pytest.approx(4.5)
+    with pytest.raises(ValueError, match="run more --steps"):
+        retained_growth_per_step(sawtooth[:12], warmup=66, release_every=50)
