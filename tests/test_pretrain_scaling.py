@@ -38,7 +38,8 @@ def test_snapshots_are_written_at_the_requested_steps_and_the_last_is_the_final_
     snapshots = encoder_snapshots(out)
     assert list(snapshots) == [10, 30]
     assert sorted(p.name for p in (out / "encoder_snapshots").iterdir()) == ["step-10", "step-30"]  # none half-written
-    final = {name: data for name, data in file_bytes(out).items() if name.startswith("encoder/") or name == HEADS_FILE}
+    final = {name: data for name, data in file_bytes(out).items()
+             if name.startswith(("encoder/", "hf/")) or name == HEADS_FILE}
     assert file_bytes(snapshots[30]) == final  # what the stage writes at the end, as the stage wrote it
     assert file_bytes(snapshots[10])["encoder/model.safetensors"] != final["encoder/model.safetensors"]
     plain = TinyRun(tiny_config(root))  # the same data stages, cached; pretraining without snapshots
