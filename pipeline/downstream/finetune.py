@@ -161,13 +161,15 @@ def finetune_once(ctx: StageContext, task: DictConfig, data: TaskData, models: T
     if f.linear_probe_epochs and encoder is not None:
         # LP-FT (Kumar et al. 2022): the head first, on the frozen encoder, so that fine-tuning starts from a head that
         # fits the pretrained features instead of a random one whose gradients distort them
+        trainable = [p for p in encoder.parameters() if p.requires_grad]  # a kind may keep part of it frozen
         encoder.requires_grad_(False)
         probe_steps = len(train_loader) * f.linear_probe_epochs
         probe = data.make_module(model, lr=f.lr, weight_decay=f.weight_decay,
                                  warmup_steps=int(f.warmup_fraction * probe_steps), total_steps=probe_steps)
         make_trainer(ctx, [], prefix=f"{prefix}/probe", one_process=True, max_epochs=f.linear_probe_epochs,
                      num_sanity_val_steps=0, enable_checkpointing=False, limit_val_batches=0).fit(probe, train_loader)
-        encoder.requires_grad_(True)
+        for parameter in trainable:
+            parameter.requires_grad_(True)
     if frozen is not None:
         frozen.weight.requires_grad_(False)
     epochs = finetune_epochs(f.epochs, f.get("min_steps", 0), len(train_loader))
