@@ -26,8 +26,10 @@ def faults_per_step_after_warmup(mode: str) -> list[int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_training_steps_reuse_freed_memory_instead_of_faulting_it_back_in():
-    # By default the 94 MB weight gradient is a fresh mmap every step: >= 23k faults of 4 KiB pages, every step.
-    assert min(faults_per_step_after_warmup("default")) > 10_000
+    # By default the 94 MB weight gradient is a fresh mmap nearly every step: >= 23k faults of 4 KiB pages. (CI once saw
+    # one step of 12 fault nothing, so the median is asked here too.)
+    default = sorted(faults_per_step_after_warmup("default"))
+    assert default[len(default) // 2] > 10_000
     # Kept: the freed blocks are reused. glibc may still grow the heap now and then while aligned blocks settle: on the
     # AMX Xeon two of the 4 steps after the warm-up once faulted (4.8k-17k pages), so the median of 12 is asked.
     kept = sorted(faults_per_step_after_warmup("keep"))
