@@ -344,3 +344,42 @@ def test_lazy_adamw_runs_its_step_hooks_once_beside_a_plain_adamw():
     optimizer.step()
     assert calls == ["pre", "post"]
     assert param.detach().tolist() == pytest.approx([-0.1] * 3)  # the step itself ran, once
+
+
+def _stage_module(run, stage: str, **settings):
+    """The pretraining module `stage` builds itself, from the run's composed config with `settings` set in `pretrain`."""
+    from pipeline.engine.dag import StageContext
+    from pipeline.stages import STAGES
+
+    cfg = run.cfg.copy()
+    for key, value in settings.items():
+        cfg.pretrain[key] = value
+    task = STAGES[stage].fn.keywords["task"]
+    return task.build_module(StageContext(cfg, stage, run.stage_dir(stage),
+                                          {u: run.stage_dir(u) for u in run.plan.stages[stage].upstream}))
+
+
+def test_bert_pretrains_with_the_optimizer_groups_and_schedule_it_always_had(family_data):
+    """What `make run`'s BERT numbers rest on, pinned: fused LazyAdamW at pretrain.lr and pretrain.betas with torch's
+    eps, weight decay on every trained matrix and embedding and on nothing else, in parameter order, and a linear warmup
+    then a linear decay to 0 at pretrain.max_steps."""
+    from pipeline.optim import LazyAdamW
+
+    run = family_data("bert")
+    p = run.cfg.pretrain
+    module = _stage_module(run, "pretrain")
+    out = module.configure_optimizers()
+    optimizer = out["optimizer"]
+    assert type(optimizer) is LazyAdamW
+    assert optimizer.defaults == {"lr": p.lr, "betas": tuple(p.betas), "eps": 1e-8, "weight_decay": 0.01,
+                                  "amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
+                                  "differentiable": False, "fused": True, "decoupled_weight_decay": True}
+    trained = [t for t in module.model.parameters() if t.requires_grad]
+    assert [([id(t) for t in g["params"]], g["weight_decay"], g["initial_lr"]) for g in optimizer.param_groups] == [
+        ([id(t) for t in trained if t.ndim >= 2], p.weight_decay, p.lr),
+        ([id(t) for t in trained if t.ndim < 2], 0.0, p.lr)]
+    assert out["lr_scheduler"]["interval"] == "step"
+    factor = out["lr_scheduler"]["scheduler"].lr_lambdas[0]
+    warmup, total = p.warmup_steps, p.max_steps
+    assert [factor(s) for s in range(total + 1)] == pytest.approx(
+        [(s + 1) / warmup if s < warmup else (total - s) / (total - warmup) for s in range(total + 1)])
