@@ -397,7 +397,7 @@ class SharedSoftmax(nn.Module):
         log_expected = lambda ids: log_uniform_log_prob(ids, V) + math.log(K)  # noqa: E731
         # One gather for targets and candidates, with a sparse gradient: only these N + K rows of the (V, P) matrix
         # get one, as TF's IndexedSlices give bilm-tf. A dense gradient would be a fresh 1.6 GB at the paper's 793k
-        # words each step, which took longer than the logits. Optimise with pipeline.optim.LazyAdamW.
+        # words each step, which took longer than the logits. Optimise with pipeline.engine.optim.LazyAdamW.
         N, ids = len(targets), torch.cat([targets, samples])
         rows = F.embedding(ids, self.weight, sparse=self.sparse)  # (N + K, P)
         biases = self.bias[ids] - log_expected(ids)  # (N + K,)

@@ -10,7 +10,8 @@ from torch.utils.data import DataLoader
 
 from models.bert import BertForPreTraining, bert_config
 from pipeline.bert.module import BertPretrainModule
-from pipeline.optim import Lamb, adamw_with_schedule, lamb_with_schedule
+from pipeline.engine.optim import Lamb, adamw_with_schedule, lamb_with_schedule
+from tests.helpers import optimizer_settings
 
 
 def test_lamb_first_step_by_hand():
@@ -118,8 +119,7 @@ def _module(optimizer: str = "adamw") -> BertPretrainModule:
     torch.manual_seed(0)
     model = BertForPreTraining(bert_config("bert_tiny", vocab_size=64, hidden_dropout_prob=0.0,
                                            attention_probs_dropout_prob=0.0, max_position_embeddings=16))
-    return BertPretrainModule(model, lr=1e-3, weight_decay=0.01, betas=(0.9, 0.999), warmup_steps=1, max_steps=10,
-                              optimizer=optimizer)
+    return BertPretrainModule(model, optimizer_settings(1e-3, 1, 10, weight_decay=0.01, optimizer=optimizer))
 
 
 def test_pretrain_module_picks_the_optimizer():
@@ -200,7 +200,7 @@ def test_pretraining_clips_gradients_in_every_precision(precision):
 def test_lazy_adamw_on_sparse_rows_equals_adamw_and_leaves_other_rows_alone():
     """Rows 1 and 3 get a gradient at every step: they follow AdamW exactly (dense moments of a row that never
     gets a gradient stay 0, so AdamW would still move it by weight decay alone: rows 0 and 2 must not move)."""
-    from pipeline.optim import LazyAdamW
+    from pipeline.engine.optim import LazyAdamW
 
     torch.manual_seed(0)
     start = torch.randn(4, 3)
@@ -220,7 +220,7 @@ def test_lazy_adamw_on_sparse_rows_equals_adamw_and_leaves_other_rows_alone():
 
 
 def test_clipping_with_sparse_gradients_equals_clip_grad_norm_on_dense_ones():
-    from pipeline.optim import clip_grad_norm_with_sparse
+    from pipeline.engine.optim import clip_grad_norm_with_sparse
 
     torch.manual_seed(0)
     table, bias = torch.nn.Parameter(torch.randn(5, 2)), torch.nn.Parameter(torch.randn(2))
@@ -237,7 +237,7 @@ def test_clipping_with_sparse_gradients_equals_clip_grad_norm_on_dense_ones():
 
 def test_a_slower_submodule_trains_at_its_factor_of_the_rate_through_the_schedule():
     from models.bert import BertForSequenceClassification
-    from pipeline.optim import adamw_with_schedule
+    from pipeline.engine.optim import adamw_with_schedule
 
     model = BertForSequenceClassification(bert_config("bert_tiny", vocab_size=64, max_position_embeddings=16), 2)
     out = adamw_with_schedule(model, 1e-3, 0.01, (0.9, 0.999), warmup_steps=1, total_steps=10,
@@ -262,7 +262,7 @@ def test_a_slower_submodule_trains_at_its_factor_of_the_rate_through_the_schedul
 def test_adamw_is_fused_where_torch_has_the_kernel_and_falls_back_where_it_has_not():
     """torch takes fused=True for any parameters and refuses those its fused kernels are not built for only at the
     first step; the pipeline asks for the fused kernel only where it runs, and the fallback computes the same step."""
-    from pipeline.optim import LazyAdamW, fused_if_supported
+    from pipeline.engine.optim import LazyAdamW, fused_if_supported
 
     model = torch.nn.Linear(4, 3)
     assert adamw_with_schedule(model, 1e-3, 0.01, (0.9, 0.999), 1, 10)["optimizer"].defaults["fused"] is True
@@ -333,7 +333,7 @@ def test_bf16_autocast_runs_every_matmul_of_a_training_step_in_bf16():
 def test_lazy_adamw_runs_its_step_hooks_once_beside_a_plain_adamw():
     """torch wraps a class's step in its hook runner when the first instance is made; once a plain AdamW existed,
     LazyAdamW's call of AdamW's step ran every step hook twice (found when gpu_check's tests made one first)."""
-    from pipeline.optim import LazyAdamW
+    from pipeline.engine.optim import LazyAdamW
 
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
     param = torch.nn.Parameter(torch.zeros(3))
@@ -347,7 +347,7 @@ def test_lazy_adamw_runs_its_step_hooks_once_beside_a_plain_adamw():
 
 
 def _stage_module(run, stage: str, **settings):
-    """The pretraining module `stage` builds itself, from the run's composed config with `settings` set in `pretrain`."""
+    """The pretraining module `stage` builds itself, from the run's config with `settings` set in `pretrain`."""
     from pipeline.engine.dag import StageContext
     from pipeline.stages import STAGES
 
@@ -363,7 +363,7 @@ def test_bert_pretrains_with_the_optimizer_groups_and_schedule_it_always_had(fam
     """What `make run`'s BERT numbers rest on, pinned: fused LazyAdamW at pretrain.lr and pretrain.betas with torch's
     eps, weight decay on every trained matrix and embedding and on nothing else, in parameter order, and a linear warmup
     then a linear decay to 0 at pretrain.max_steps."""
-    from pipeline.optim import LazyAdamW
+    from pipeline.engine.optim import LazyAdamW
 
     run = family_data("bert")
     p = run.cfg.pretrain
