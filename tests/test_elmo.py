@@ -17,6 +17,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
+from conventions.elmo_words import BOS, EOS, UNK, UNK_ID
 from data_prep.elmo_examples import (
     TokenStreams,
     books_from_rows,
@@ -42,7 +43,6 @@ from models.elmo import (
     sentence_batch_inputs,
     word_char_ids,
 )
-from models.elmo_words import BOS, EOS, UNK, UNK_ID
 from pipeline import CONF_DIR
 from pipeline.elmo.downstream import ElmoTaskModule, make_elmo_task_collate
 from pipeline.elmo.module import ElmoPretrainModule, LMWindowBatches, build_elmo_datasets
