@@ -3,6 +3,7 @@
 Lightning loop and in the DeepSpeed CPU loop alike."""
 from __future__ import annotations
 
+import csv
 import sys
 import types
 from pathlib import Path
@@ -10,13 +11,15 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.loggers import CSVLogger
 from omegaconf import open_dict
+from torch.utils.data import DataLoader
 
 from pipeline.engine.dag import MARKER, StageContext, execute_stage
 from pipeline.engine.module import NonFiniteLoss, PretrainModule
 from pipeline.engine.optim import Lamb, LazyAdamW, sparse_gradient_parameters
 from pipeline.stages import STAGES
-from tests.helpers import TINY_FAMILIES, TinyRun, family_config
+from tests.helpers import TINY_FAMILIES, TinyRun, family_config, optimizer_settings
 
 FAMILIES = ["bert", "elmo", "skip_thought", "gpt"]
 
@@ -142,3 +145,28 @@ def test_every_family_clips_and_accumulates_as_pretrain_says(family_data, family
     assert (tmp_path / name / MARKER).exists()
     assert [s["batches"] for s in STEPS] == [2, 4]
     assert [s["norm"] for s in STEPS] == pytest.approx([1e-4, 1e-4], rel=1e-3)
+
+
+class _Regression(PretrainModule):
+    def model_step(self, batch: dict) -> dict[str, torch.Tensor]:
+        error = self.model(batch["x"]).squeeze(-1) - batch["y"]
+        return {"loss": error.pow(2).mean(), "mean_abs_error": error.abs().mean()}
+
+
+def test_the_engine_logs_every_figure_of_the_step_the_learning_rate_and_the_throughput(tmp_path):
+    """What a family's model_step returns is logged under train/ and val/ with nothing more from the family; the
+    engine adds the learning rate each step took (here the warmup, then the linear decay) and the rows per second."""
+    torch.manual_seed(0)
+    batches = [{"x": torch.randn(8, 3), "y": torch.randn(8)} for _ in range(4)]
+    module = _Regression(torch.nn.Linear(3, 1), optimizer_settings(0.1, warmup_steps=2, max_steps=4))
+    trainer = L.Trainer(accelerator="cpu", max_steps=4, log_every_n_steps=1, logger=CSVLogger(tmp_path, name="m"),
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, val_check_interval=4)
+    trainer.fit(module, DataLoader(batches, batch_size=None), DataLoader(batches[:1], batch_size=None))
+    with open(next(tmp_path.rglob("metrics.csv"))) as f:
+        rows = list(csv.DictReader(f))
+    logged = {name: [float(r[name]) for r in rows if r.get(name)] for name in rows[0]}
+    assert logged["train/lr"] == pytest.approx([0.05, 0.1, 0.1, 0.05])  # decaying to 0 at step 4
+    assert len(logged["train/loss"]) == len(logged["train/mean_abs_error"]) == 4
+    assert len(logged["train/rows_per_s"]) == 4 and min(logged["train/rows_per_s"]) > 0
+    assert len(logged["val/loss"]) == len(logged["val/mean_abs_error"]) == 1
