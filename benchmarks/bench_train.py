@@ -40,6 +40,7 @@ import torch
 from models import IGNORE_INDEX
 from models.bert import BertForPreTraining, bert_config
 from pipeline.bert.module import BertPretrainModule
+from pipeline.engine.module import OptimizerSettings
 from pipeline.engine.training import keep_freed_memory_for_reuse
 
 VOCAB_SIZE = 30522  # BERT's WordPiece vocabulary, as in the paper's models
@@ -107,8 +108,9 @@ def make_batch(batch_size: int, seq_len: int, seed: int = 0, short_seq_prob: flo
 
 def ours(size: str, compiled: bool):
     model = BertForPreTraining(bert_config(size, vocab_size=VOCAB_SIZE))
-    objective = BertPretrainModule(model, lr=1e-4, weight_decay=0.01, betas=(0.9, 0.999), warmup_steps=1,
-                                   max_steps=1)
+    objective = BertPretrainModule(model, OptimizerSettings("pretrain", "adamw", lr=1e-4, weight_decay=0.01,
+                                                            betas=(0.9, 0.999), warmup_steps=1, max_steps=1,
+                                                            lr_decay="linear"))
     step = torch.compile(objective.model_step) if compiled else objective.model_step
     return model, lambda batch: step(batch)["loss"]
 
@@ -235,9 +237,9 @@ def loss_curve(args) -> None:
     curves = {}
     for name, bf16, dropout_seed in (("fp32", False, None), ("bf16", True, None), ("fp32, other dropout", False, 1)):
         torch.manual_seed(0)
-        module = BertPretrainModule(BertForPreTraining(bert_config("bert_mini", vocab_size=vocab)), lr=1e-3,
-                                    weight_decay=0.01, betas=(0.9, 0.999), warmup_steps=args.loss_curve // 10,
-                                    max_steps=args.loss_curve)
+        settings = OptimizerSettings("pretrain", "adamw", lr=1e-3, weight_decay=0.01, betas=(0.9, 0.999),
+                                     warmup_steps=args.loss_curve // 10, max_steps=args.loss_curve, lr_decay="linear")
+        module = BertPretrainModule(BertForPreTraining(bert_config("bert_mini", vocab_size=vocab)), settings)
         if dropout_seed is not None:
             torch.manual_seed(dropout_seed)  # same initial weights and batches, other dropout masks
         optimization = module.configure_optimizers()

@@ -26,7 +26,7 @@ from models.bert import BertForPreTraining, bert_config  # noqa: E402
 from pipeline.bert.data import BertPretrainingCollator, PretrainingInstances  # noqa: E402
 from pipeline.bert.module import bert_pretraining_losses  # noqa: E402
 from pipeline.engine.arrow import read_arrow  # noqa: E402
-from pipeline.optim import LR_DECAYS, adamw_with_schedule  # noqa: E402
+from pipeline.engine.optim import LR_DECAYS, adamw_with_schedule  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from models import IGNORE_INDEX
+from conventions import IGNORE_INDEX
 
 DOCSTART = "-DOCSTART-"
 

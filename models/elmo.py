@@ -25,9 +25,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from conventions.elmo_words import BOS, EOS, UNK_ID, sentence_tokens
 from models import IGNORE_INDEX
 from models.checkpoint import config_from_dict, load_checkpoint, save_checkpoint
-from models.elmo_words import BOS, EOS, UNK_ID, sentence_tokens
 
 # bilm-tf `UnicodeCharsVocabulary`: UTF-8 bytes 0..255, then five marker characters. AllenNLP adds 1 to every id
 # so that 0 can mean "no token here" (batch padding), which the char-CNN must tell apart from real characters.
@@ -107,7 +107,7 @@ def elmo_config(name: str, **overrides) -> ElmoConfig:
 
 
 # -----------------------------------------------------------------------------
-# Input encoding: sentences wrapped in <S> ... </S> (models/elmo_words.py), words as bilm-tf character ids (or as
+# Input encoding: sentences wrapped in <S> ... </S> (conventions/elmo_words.py), words as bilm-tf character ids (or as
 # vocabulary ids)
 
 
@@ -139,7 +139,7 @@ def tokens_char_ids(tokens: Sequence[str], max_characters_per_token: int = MAX_C
 def sentence_batch_inputs(sentences: Sequence[str | Sequence[str]], word_index: dict[str, int] | None,
                           max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN) -> tuple[np.ndarray, np.ndarray]:
     """A padded batch of sentences, each wrapped in <S> ... </S>: (inputs, mask (B, T) bool). A sentence is raw text
-    (split by models.elmo_words.split_words) or a list of words taken as they are (CoNLL tokens, whose tags are per
+    (split by conventions.elmo_words.split_words) or a list of words taken as they are (CoNLL tokens, whose tags are per
     word). Inputs are (B, T, max_chars) char ids, or (B, T) word ids when a word_index is given (word-input biLMs)."""
     tokenized = [sentence_tokens(s) if isinstance(s, str) else [BOS, *s, EOS] for s in sentences]
     T = max((len(t) for t in tokenized), default=2)
@@ -397,7 +397,7 @@ class SharedSoftmax(nn.Module):
         log_expected = lambda ids: log_uniform_log_prob(ids, V) + math.log(K)  # noqa: E731
         # One gather for targets and candidates, with a sparse gradient: only these N + K rows of the (V, P) matrix
         # get one, as TF's IndexedSlices give bilm-tf. A dense gradient would be a fresh 1.6 GB at the paper's 793k
-        # words each step, which took longer than the logits. Optimise with pipeline.optim.LazyAdamW.
+        # words each step, which took longer than the logits. Optimise with pipeline.engine.optim.LazyAdamW.
         N, ids = len(targets), torch.cat([targets, samples])
         rows = F.embedding(ids, self.weight, sparse=self.sparse)  # (N + K, P)
         biases = self.bias[ids] - log_expected(ids)  # (N + K,)

@@ -20,8 +20,8 @@ from omegaconf import MISSING
 
 from data_prep.builtin import BUILTIN_CORPORA
 from data_prep.chinese import CHINESE_VARIANTS, CHINESE_WORDS
+from pipeline.engine.optim import LR_DECAYS, PRETRAIN_OPTIMIZERS
 from pipeline.evaluation.senteval import PAIR_FEATURES
-from pipeline.optim import LR_DECAYS, PRETRAIN_OPTIMIZERS
 
 # Field metadata of a block a run may leave null, naming the block that stands in for it then (gpt.model: `model`)
 NULL_MEANS = "null_means"

@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_dir
 import pipeline.config  # noqa: F401  registers the config schema: tiny_config also composes in fresh interpreters
 from pipeline import CONF_DIR
 from pipeline.engine.dag import execute_stage, plan
+from pipeline.engine.module import OptimizerSettings
 from pipeline.stages import STAGES
 
 SUBJECTS = ["the old man", "a young woman", "the captain", "my brother", "the king", "her mother", "the sailor",
@@ -141,6 +142,13 @@ def tiny_config(tmp_path: Path, extra: list[str] | None = None, experiment: str 
                  *TINY_OVERRIDES, *(extra or [])]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=overrides)
+
+
+def optimizer_settings(lr: float, warmup_steps: int, max_steps: int, **others) -> OptimizerSettings:
+    """A pretraining module's optimizer settings for a test that builds the module itself: AdamW without weight decay
+    and a linear decay unless `others` say otherwise."""
+    return OptimizerSettings(**{"block": "pretrain", "optimizer": "adamw", "weight_decay": 0.0, "betas": (0.9, 0.999),
+                                "lr_decay": "linear", **others}, lr=lr, warmup_steps=warmup_steps, max_steps=max_steps)
 
 
 class TinyRun:

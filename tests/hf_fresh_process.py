@@ -9,7 +9,7 @@ import json
 import sys
 
 REPO, CASES, OUT = sys.argv[1:4]
-PROJECT = ("models", "pipeline", "data_prep", "tests", "hydra_plugins", "benchmarks")
+PROJECT = ("models", "pipeline", "data_prep", "conventions", "tests", "hydra_plugins", "benchmarks")
 
 
 class RefuseTheProject(importlib.abc.MetaPathFinder):

@@ -417,7 +417,7 @@ def test_every_position_scheme_lets_masked_lm_learn_from_the_neighbours(position
     a task only neighbours solve; each scheme must get well below it in a few hundred steps."""
     from pipeline.bert.data import BertPretrainingCollator
     from pipeline.bert.module import bert_pretraining_losses
-    from pipeline.optim import adamw_with_schedule
+    from pipeline.engine.optim import adamw_with_schedule
     from tests.helpers import successor_corpus
 
     vocab, rng = 45, np.random.default_rng(0)

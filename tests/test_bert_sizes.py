@@ -12,6 +12,7 @@ from pipeline import CONF_DIR
 from pipeline.bert.module import BertPretrainModule
 from pipeline.bert.pretrain import phase_of
 from pipeline.downstream.finetune import finetune_upstream
+from pipeline.engine.module import OptimizerSettings
 
 
 def _compose(*overrides: str):
@@ -66,8 +67,9 @@ def test_bert_base_has_110m_parameters_and_trains_a_step():
     encoder_parameters = sum(p.numel() for p in model.bert.parameters())
     assert abs(encoder_parameters - 110e6) / 110e6 < 0.02, encoder_parameters
     p = cfg.pretrain
-    module = BertPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
-                                warmup_steps=p.warmup_steps, max_steps=p.max_steps, optimizer=p.optimizer)
+    module = BertPretrainModule(model, OptimizerSettings("pretrain", str(p.optimizer), p.lr, p.weight_decay,
+                                                         tuple(p.betas), p.warmup_steps, p.max_steps,
+                                                         str(p.lr_decay)))
     B, T = p.batch_size, 16
     g = torch.Generator().manual_seed(0)
     batch = {"input_ids": torch.randint(5, 30522, (B, T), generator=g),

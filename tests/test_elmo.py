@@ -17,6 +17,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
+from conventions.elmo_words import BOS, EOS, UNK, UNK_ID
 from data_prep.elmo_examples import (
     TokenStreams,
     books_from_rows,
@@ -42,11 +43,10 @@ from models.elmo import (
     sentence_batch_inputs,
     word_char_ids,
 )
-from models.elmo_words import BOS, EOS, UNK, UNK_ID
 from pipeline import CONF_DIR
 from pipeline.elmo.downstream import ElmoTaskModule, make_elmo_task_collate
 from pipeline.elmo.module import ElmoPretrainModule, LMWindowBatches, build_elmo_datasets
-from tests.helpers import ENDINGS, OBJECTS, SUBJECTS, VERBS
+from tests.helpers import ENDINGS, OBJECTS, SUBJECTS, VERBS, optimizer_settings
 
 # elmo_small's architecture at a size that trains in seconds.
 TINY = dict(filters=[[1, 8], [2, 8], [3, 16]], projection_dim=16, lstm_dim=32, dropout=0.0)
@@ -370,7 +370,7 @@ def test_pretraining_lowers_heldout_perplexity(tmp_path, one_thread, softmax):
     L.seed_everything(0, verbose=False)
     model = BiLanguageModel(elmo_config("elmo_small", vocab_size=len(vocab), softmax=softmax,
                                         num_samples=len(vocab) // 2, **TINY))
-    module = ElmoPretrainModule(model, lr=1e-2, warmup_steps=5, max_steps=80)
+    module = ElmoPretrainModule(model, optimizer_settings(1e-2, 5, 80))
     trainer = L.Trainer(max_steps=80, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=1.0,
                         num_sanity_val_steps=0, val_check_interval=80, check_val_every_n_epoch=None)
@@ -413,7 +413,7 @@ def test_window_batches_resume_at_a_batch_and_ranks_read_disjoint_books(tmp_path
 
 
 def test_deepspeed_gets_a_dense_gradient_with_the_sparse_one_s_values():
-    from pipeline.engine.pretraining import sparse_gradient_parameters, use_dense_gradients
+    from pipeline.engine.optim import sparse_gradient_parameters, use_dense_gradients
 
     bilm = tiny_bilm(vocab_size=400, softmax="sampled", num_samples=64).train()
     assert sparse_gradient_parameters(bilm) == ["softmax.weight"]
@@ -426,7 +426,7 @@ def test_deepspeed_gets_a_dense_gradient_with_the_sparse_one_s_values():
         bilm.zero_grad(set_to_none=True)
         bilm(inputs[0], inputs[1], targets[0], targets[1]).loss.backward()
         grads.append(bilm.softmax.weight.grad)
-        use_dense_gradients(bilm)
+        use_dense_gradients(bilm, "the test's")
     assert grads[0].is_sparse and not grads[1].is_sparse
     torch.testing.assert_close(grads[0].to_dense(), grads[1])
     assert sparse_gradient_parameters(bilm) == []
@@ -438,7 +438,7 @@ DDP_CLIP = 0.05  # below the gradient's norm: clipping acts, and must see the av
 def _elmo_step_module() -> ElmoPretrainModule:
     torch.manual_seed(0)
     model = BiLanguageModel(elmo_config("elmo_small", vocab_size=400, softmax="sampled", num_samples=64, **TINY))
-    return ElmoPretrainModule(model, lr=0.1, warmup_steps=1, max_steps=1)
+    return ElmoPretrainModule(model, optimizer_settings(0.1, 1, 1))
 
 
 def _one_step(module: ElmoPretrainModule, batch: dict, **trainer_args) -> None:

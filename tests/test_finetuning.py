@@ -135,9 +135,9 @@ def test_seeds_with_an_undefined_correlation_are_counted_not_averaged():
 def test_elmo_is_fine_tuned_feature_based_on_every_task_family(ctx, tmp_path):
     """finetune.models=[elmo]: the elmo_pretrain stage's frozen biLM with a fresh scalar mix and head per seed, on
     classification, regression and tagging, each scored by its task's metric."""
+    from conventions.elmo_words import SPECIAL_WORDS
     from data_prep.elmo_examples import write_word_vocab
     from models import elmo
-    from models.elmo_words import SPECIAL_WORDS
     from pipeline.downstream.finetune import finetune_upstream
 
     vocab = [*SPECIAL_WORDS, *sorted(set(WORDS))]

@@ -1,5 +1,6 @@
-"""The layers stay apart: models/ imports neither data_prep/ nor pipeline/; the constants they share are defined
-once."""
+"""The layers stay apart: models/ imports neither data_prep/ nor pipeline/, data_prep/ knows no model (it imports
+neither models/ nor pipeline/), and what both need is in conventions/, which imports none of them; the constants they
+share are defined once."""
 from __future__ import annotations
 
 import ast
@@ -30,24 +31,37 @@ def _imported_modules(path: Path) -> list[str]:
     return modules
 
 
+def _imports_of(folder: str, forbidden: tuple[str, ...]) -> list[str]:
+    files = sorted((ROOT / folder).rglob("*.py"))
+    assert len(files) >= 2
+    return [f"{path.relative_to(ROOT)} imports {module}" for path in files for module in _imported_modules(path)
+            if module.split(".")[0] in forbidden]
+
+
 def test_models_import_neither_data_prep_nor_pipeline():
-    files = sorted((ROOT / "models").rglob("*.py"))
-    assert len(files) >= 4
-    leaks = [f"{path.name} imports {module}" for path in files for module in _imported_modules(path)
-             if module.split(".")[0] in ("data_prep", "pipeline")]
-    assert leaks == []
+    assert _imports_of("models", ("data_prep", "pipeline")) == []
+
+
+def test_data_functions_know_no_model():
+    """data_prep/conll.py took IGNORE_INDEX from models/ once, and data_prep/elmo_examples.py ELMo's word split."""
+    assert _imports_of("data_prep", ("models", "pipeline")) == []
+
+
+def test_conventions_import_none_of_the_layers_nor_torch():
+    assert _imports_of("conventions", ("models", "data_prep", "pipeline")) == []
+    assert _modules_loaded_by("import conventions, conventions.elmo_words") == []
 
 
 def test_the_ignore_index_is_written_once():
-    """-100 appears only where models/ defines IGNORE_INDEX, which is F.cross_entropy's default ignore_index."""
+    """-100 appears only where conventions/ defines IGNORE_INDEX, which is F.cross_entropy's default ignore_index."""
     assert IGNORE_INDEX == inspect.signature(F.cross_entropy).parameters["ignore_index"].default
     literals = []
-    for folder in ("models", "data_prep", "pipeline", "benchmarks", "tests"):
+    for folder in ("conventions", "models", "data_prep", "pipeline", "benchmarks", "tests"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             tokens = list(tokenize.generate_tokens(io.StringIO(path.read_text()).readline))
             literals += [str(path.relative_to(ROOT)) for a, b in zip(tokens, tokens[1:])
                          if a.string == "-" and b.type == tokenize.NUMBER and b.string == "100"]
-    assert literals == ["models/__init__.py"]
+    assert literals == ["conventions/__init__.py"]
 
 
 # The stages before pretraining (prepare, and every family's stages but its pretraining ones), and the per-shard

@@ -16,11 +16,12 @@ import data_prep.prepare as prepare_module
 from data_prep.dedup import NearDuplicateIndex, NearDuplicateOptions
 from data_prep.prepare import prepare_corpus
 from data_prep.shards import open_shards, sampled_texts, shard_paths
-from data_prep.skip_thought_examples import write_triples
+from data_prep.skip_thought_examples import TRIPLE_SCHEMA, write_triples
 from pipeline.bert.data import PretrainingInstances
 from pipeline.elmo.module import build_elmo_datasets
 from pipeline.engine.arrow import read_arrow
-from pipeline.skip_thought.module import SkipThoughtTriples, triple_loaders
+from pipeline.engine.loaders import ArrowRows, pretraining_loaders
+from pipeline.skip_thought.module import collate_triples
 from tests.helpers import TinyRun, tiny_config, write_books
 
 NUM_BOOKS, PARAGRAPHS = 6, 12
@@ -104,16 +105,15 @@ def test_the_pretraining_instance_index_is_the_memory_mapped_examples(tmp_path, 
         run.run_stage(stage)
     dataset = PretrainingInstances([read_arrow(f) for f in sorted(run.stage_dir("examples").glob("*.arrow"))])
     assert len(dataset) > 100
-    for part in dataset.parts:
-        assert not any(array.flags.owndata for array in part)
+    assert not any(array.flags.owndata for array in dataset.arrays())
 
 
 @pytest.mark.parametrize("scale", [1, 4])
 def test_skip_thought_holds_out_at_most_val_max_triples(tmp_path, scale):
     n = 400 * scale
     write_triples([([i], [i + 1], [i + 2]) for i in range(n)], tmp_path / "t.arrow")
-    train, val = triple_loaders(SkipThoughtTriples([read_arrow(tmp_path / "t.arrow")]), batch_size=4,
-                                val_fraction=0.1, val_max_triples=50, seed=0)
+    triples = ArrowRows([read_arrow(tmp_path / "t.arrow")], TRIPLE_SCHEMA.names)
+    train, val = pretraining_loaders(triples, collate_triples, batch_size=4, val_fraction=0.1, val_max=50, seed=0)
     assert len(val.dataset) == (40 if scale == 1 else 50)
     assert train.sampler.sampler.num_samples == n - len(val.dataset)
 

@@ -10,7 +10,8 @@ from torch.utils.data import DataLoader
 
 from models.bert import BertForPreTraining, bert_config
 from pipeline.bert.module import BertPretrainModule
-from pipeline.optim import Lamb, adamw_with_schedule, lamb_with_schedule
+from pipeline.engine.optim import Lamb, adamw_with_schedule, lamb_with_schedule
+from tests.helpers import optimizer_settings
 
 
 def test_lamb_first_step_by_hand():
@@ -118,8 +119,7 @@ def _module(optimizer: str = "adamw") -> BertPretrainModule:
     torch.manual_seed(0)
     model = BertForPreTraining(bert_config("bert_tiny", vocab_size=64, hidden_dropout_prob=0.0,
                                            attention_probs_dropout_prob=0.0, max_position_embeddings=16))
-    return BertPretrainModule(model, lr=1e-3, weight_decay=0.01, betas=(0.9, 0.999), warmup_steps=1, max_steps=10,
-                              optimizer=optimizer)
+    return BertPretrainModule(model, optimizer_settings(1e-3, 1, 10, weight_decay=0.01, optimizer=optimizer))
 
 
 def test_pretrain_module_picks_the_optimizer():
@@ -200,7 +200,7 @@ def test_pretraining_clips_gradients_in_every_precision(precision):
 def test_lazy_adamw_on_sparse_rows_equals_adamw_and_leaves_other_rows_alone():
     """Rows 1 and 3 get a gradient at every step: they follow AdamW exactly (dense moments of a row that never
     gets a gradient stay 0, so AdamW would still move it by weight decay alone: rows 0 and 2 must not move)."""
-    from pipeline.optim import LazyAdamW
+    from pipeline.engine.optim import LazyAdamW
 
     torch.manual_seed(0)
     start = torch.randn(4, 3)
@@ -220,7 +220,7 @@ def test_lazy_adamw_on_sparse_rows_equals_adamw_and_leaves_other_rows_alone():
 
 
 def test_clipping_with_sparse_gradients_equals_clip_grad_norm_on_dense_ones():
-    from pipeline.optim import clip_grad_norm_with_sparse
+    from pipeline.engine.optim import clip_grad_norm_with_sparse
 
     torch.manual_seed(0)
     table, bias = torch.nn.Parameter(torch.randn(5, 2)), torch.nn.Parameter(torch.randn(2))
@@ -237,7 +237,7 @@ def test_clipping_with_sparse_gradients_equals_clip_grad_norm_on_dense_ones():
 
 def test_a_slower_submodule_trains_at_its_factor_of_the_rate_through_the_schedule():
     from models.bert import BertForSequenceClassification
-    from pipeline.optim import adamw_with_schedule
+    from pipeline.engine.optim import adamw_with_schedule
 
     model = BertForSequenceClassification(bert_config("bert_tiny", vocab_size=64, max_position_embeddings=16), 2)
     out = adamw_with_schedule(model, 1e-3, 0.01, (0.9, 0.999), warmup_steps=1, total_steps=10,
@@ -262,7 +262,7 @@ def test_a_slower_submodule_trains_at_its_factor_of_the_rate_through_the_schedul
 def test_adamw_is_fused_where_torch_has_the_kernel_and_falls_back_where_it_has_not():
     """torch takes fused=True for any parameters and refuses those its fused kernels are not built for only at the
     first step; the pipeline asks for the fused kernel only where it runs, and the fallback computes the same step."""
-    from pipeline.optim import LazyAdamW, fused_if_supported
+    from pipeline.engine.optim import LazyAdamW, fused_if_supported
 
     model = torch.nn.Linear(4, 3)
     assert adamw_with_schedule(model, 1e-3, 0.01, (0.9, 0.999), 1, 10)["optimizer"].defaults["fused"] is True
@@ -333,7 +333,7 @@ def test_bf16_autocast_runs_every_matmul_of_a_training_step_in_bf16():
 def test_lazy_adamw_runs_its_step_hooks_once_beside_a_plain_adamw():
     """torch wraps a class's step in its hook runner when the first instance is made; once a plain AdamW existed,
     LazyAdamW's call of AdamW's step ran every step hook twice (found when gpu_check's tests made one first)."""
-    from pipeline.optim import LazyAdamW
+    from pipeline.engine.optim import LazyAdamW
 
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
     param = torch.nn.Parameter(torch.zeros(3))
@@ -344,3 +344,42 @@ def test_lazy_adamw_runs_its_step_hooks_once_beside_a_plain_adamw():
     optimizer.step()
     assert calls == ["pre", "post"]
     assert param.detach().tolist() == pytest.approx([-0.1] * 3)  # the step itself ran, once
+
+
+def _stage_module(run, stage: str, **settings):
+    """The pretraining module `stage` builds itself, from the run's config with `settings` set in `pretrain`."""
+    from pipeline.engine.dag import StageContext
+    from pipeline.stages import STAGES
+
+    cfg = run.cfg.copy()
+    for key, value in settings.items():
+        cfg.pretrain[key] = value
+    task = STAGES[stage].fn.keywords["task"]
+    return task.build_module(StageContext(cfg, stage, run.stage_dir(stage),
+                                          {u: run.stage_dir(u) for u in run.plan.stages[stage].upstream}))
+
+
+def test_bert_pretrains_with_the_optimizer_groups_and_schedule_it_always_had(family_data):
+    """What `make run`'s BERT numbers rest on, pinned: fused LazyAdamW at pretrain.lr and pretrain.betas with torch's
+    eps, weight decay on every trained matrix and embedding and on nothing else, in parameter order, and a linear warmup
+    then a linear decay to 0 at pretrain.max_steps."""
+    from pipeline.engine.optim import LazyAdamW
+
+    run = family_data("bert")
+    p = run.cfg.pretrain
+    module = _stage_module(run, "pretrain")
+    out = module.configure_optimizers()
+    optimizer = out["optimizer"]
+    assert type(optimizer) is LazyAdamW
+    assert optimizer.defaults == {"lr": p.lr, "betas": tuple(p.betas), "eps": 1e-8, "weight_decay": 0.01,
+                                  "amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
+                                  "differentiable": False, "fused": True, "decoupled_weight_decay": True}
+    trained = [t for t in module.model.parameters() if t.requires_grad]
+    assert [([id(t) for t in g["params"]], g["weight_decay"], g["initial_lr"]) for g in optimizer.param_groups] == [
+        ([id(t) for t in trained if t.ndim >= 2], p.weight_decay, p.lr),
+        ([id(t) for t in trained if t.ndim < 2], 0.0, p.lr)]
+    assert out["lr_scheduler"]["interval"] == "step"
+    factor = out["lr_scheduler"]["scheduler"].lr_lambdas[0]
+    warmup, total = p.warmup_steps, p.max_steps
+    assert [factor(s) for s in range(total + 1)] == pytest.approx(
+        [(s + 1) / warmup if s < warmup else (total - s) / (total - warmup) for s in range(total + 1)])

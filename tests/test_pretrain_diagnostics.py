@@ -15,7 +15,7 @@ from pipeline.bert.data import BertPretrainingCollator, PretrainingInstances
 from pipeline.bert.diagnostics import PLATEAU_MARGIN_NATS, plateau_message, unigram_cross_entropy
 from pipeline.bert.module import bert_pretraining_losses
 from pipeline.engine.arrow import read_arrow
-from pipeline.optim import adamw_with_schedule
+from pipeline.engine.optim import adamw_with_schedule
 from tests.helpers import successor_corpus
 
 CLS, SEP, MASK = 2, 3, 4

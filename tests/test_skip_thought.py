@@ -16,6 +16,7 @@ from data_prep.skip_thought_examples import (
     EOS_ID,
     PAD_ID,
     SPECIAL_WORDS,
+    TRIPLE_SCHEMA,
     UNK_ID,
     WordVocab,
     build_word_vocab,
@@ -46,13 +47,9 @@ from models.skip_thought import (
 )
 from pipeline import CONF_DIR
 from pipeline.engine.arrow import read_arrow
-from pipeline.skip_thought.module import (
-    SkipThoughtPretrainModule,
-    SkipThoughtTriples,
-    collate_triples,
-    pad_sentences,
-    triple_loaders,
-)
+from pipeline.engine.loaders import ArrowRows, pretraining_loaders
+from pipeline.skip_thought.module import SkipThoughtPretrainModule, collate_triples, pad_sentences
+from tests.helpers import optimizer_settings
 
 
 def tiny_config(**overrides):
@@ -247,7 +244,7 @@ def test_triples_cut_long_sentences_and_skip_empty_ones():
 def test_triples_arrow_round_trip_and_collation(tmp_path):
     triples = [([5], [6, 7], [8, 9, 10]), ([11, 12], [13], [14])]
     write_triples(triples, tmp_path / "triples.arrow")
-    dataset = SkipThoughtTriples([read_arrow(tmp_path / "triples.arrow")])
+    dataset = ArrowRows([read_arrow(tmp_path / "triples.arrow")], TRIPLE_SCHEMA.names)
     assert len(dataset) == 2 and dataset[1]["previous"].tolist() == [11, 12]
     batch = collate_triples([dataset[0], dataset[1]])
     assert batch["ids"].tolist() == [[6, 7, EOS_ID], [13, EOS_ID, PAD_ID]]
@@ -264,11 +261,11 @@ def test_training_steps_lower_the_loss_and_report_held_out_loss(tmp_path):
     rng = np.random.default_rng(0)
     currents = [rng.integers(3, 40, size=rng.integers(2, 5)) for _ in range(20)]
     write_triples([((c + 1).tolist(), c.tolist(), c[::-1].tolist()) for c in currents], tmp_path / "t.arrow")
-    train_loader, val_loader = triple_loaders(SkipThoughtTriples([read_arrow(tmp_path / "t.arrow")]), batch_size=16,
-                                              val_fraction=0.2, val_max_triples=100, seed=0)
+    train_loader, val_loader = pretraining_loaders(ArrowRows([read_arrow(tmp_path / "t.arrow")], TRIPLE_SCHEMA.names),
+                                                   collate_triples, batch_size=16, val_fraction=0.2, val_max=100,
+                                                   seed=0)
     L.seed_everything(0)
-    module = SkipThoughtPretrainModule(SkipThoughts(tiny_config()), lr=5e-2, weight_decay=0.0, betas=(0.9, 0.999),
-                                       warmup_steps=1, max_steps=30)
+    module = SkipThoughtPretrainModule(SkipThoughts(tiny_config()), optimizer_settings(5e-2, 1, 30))
     batch = next(iter(train_loader))
     with torch.no_grad():
         initial = module.model_step(batch)["loss"].item()
@@ -284,11 +281,11 @@ def test_training_steps_lower_the_loss_and_report_held_out_loss(tmp_path):
 
 def test_ranks_train_on_disjoint_triples_in_a_resumable_order(tmp_path):
     write_triples([([i], [i + 100], [i + 200]) for i in range(1, 41)], tmp_path / "t.arrow")
-    dataset = SkipThoughtTriples([read_arrow(tmp_path / "t.arrow")])
+    dataset = ArrowRows([read_arrow(tmp_path / "t.arrow")], TRIPLE_SCHEMA.names)
 
     def current_ids(rank: int, world_size: int, resume_after: int | None = None) -> list[int]:
-        train, _ = triple_loaders(dataset, batch_size=4, val_fraction=0.2, val_max_triples=100, seed=0, rank=rank,
-                                  world_size=world_size)
+        train, _ = pretraining_loaders(dataset, collate_triples, batch_size=4, val_fraction=0.2, val_max=100, seed=0,
+                                       rank=rank, world_size=world_size)
         if resume_after is not None:
             train.sampler.load_state_dict(train.sampler.state_dict(batches_consumed=resume_after))
         return [i for batch in train for i in batch["ids"][:, 0].tolist()]

@@ -1,5 +1,5 @@
 """ELMo's biLM (models/elmo.py) as a HuggingFace directory: modeling_textrep_elmo.py beside the token layer's and the
-LSTMs' weights, and a tokenizer that splits words as the biLM was trained (models/elmo_words.py).
+LSTMs' weights, and a tokenizer that splits words as the biLM was trained (conventions/elmo_words.py).
 
 A character-CNN biLM reads every word of any text, so its tokenizer spells each word out in UTF-8 bytes, a first-byte
 piece then "##" pieces (a WordPiece model over the 512 pieces of the byte-level alphabet): no word is unknown, and the
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
+from conventions.elmo_words import BOS, EOS, UNK
 from models.elmo import BiLanguageModel
-from models.elmo_words import BOS, EOS, UNK
 from models.hf import write_custom_model
 
 if TYPE_CHECKING:  # never run (it needs transformers): the file is copied, and so part of the code version of
@@ -43,7 +43,7 @@ def byte_alphabet() -> list[str]:
 
 
 def byte_tokenizer() -> Tokenizer:
-    """Words split as models/elmo_words.split_words splits them, each spelled out in UTF-8 bytes."""
+    """Words split as conventions/elmo_words.split_words splits them, each spelled out in UTF-8 bytes."""
     alphabet = byte_alphabet()
     vocab = {PAD: PAD_ID, BOS: BOS_ID, EOS: EOS_ID, UNK: UNK_ID,
              **{char: FIRST_BYTE_ID + b for b, char in enumerate(alphabet)},

@@ -11,7 +11,7 @@ from torch.utils.data import Dataset
 
 from data_prep.bert_examples import MASK_FRACTION, RANDOM_FRACTION
 from models import IGNORE_INDEX
-from pipeline.engine.arrow import list_column
+from pipeline.engine.loaders import ArrowRows
 
 
 class BertPretrainingCollator:
@@ -138,43 +138,22 @@ class BertPretrainingCollator:
         }
 
 
-class PretrainingInstances(Dataset):
-    """Sentence-pair instances (input_ids, token_type_ids, next_sentence_label) from Arrow files.
-
-    Rows are sliced out of the memory-mapped files on demand, so RAM does not grow with the corpus."""
+class PretrainingInstances(ArrowRows):
+    """Sentence-pair instances (input_ids, token_type_ids, next_sentence_label) from Arrow files, sliced out of the
+    memory-mapped files on demand."""
 
     def __init__(self, tables: list[pa.Table]):
-        self.parts = []
-        for table in tables:
-            if table.num_rows == 0:
-                continue
-            offsets, ids = list_column(table, "input_ids")
-            _, types = list_column(table, "token_type_ids")
-            nsp = table.column("next_sentence_label").to_numpy()
-            self.parts.append((offsets, ids, types, nsp))
-        self.cumulative = np.cumsum([len(p[3]) for p in self.parts])
-
-    def __len__(self) -> int:
-        return int(self.cumulative[-1]) if len(self.cumulative) else 0
-
-    def __getitem__(self, index: int) -> dict:
-        part = int(np.searchsorted(self.cumulative, index, side="right"))
-        row = index - (int(self.cumulative[part - 1]) if part else 0)
-        offsets, ids, types, nsp = self.parts[part]
-        start, end = offsets[row], offsets[row + 1]
-        # A copy of one row (~0.5 KB): tensors must not alias the read-only memory map.
-        return {"input_ids": ids[start:end].astype(np.int64), "token_type_ids": types[start:end].astype(np.int64),
-                "next_sentence_label": int(nsp[row])}
+        super().__init__(tables, ("input_ids", "token_type_ids"), ("next_sentence_label",))
 
     def token_total(self) -> int:
         """The tokens of all instances."""
-        return sum(len(ids) for _, ids, _, _ in self.parts)
+        return sum(len(ids) for ids in self.values("input_ids"))
 
     def token_counts(self, vocab_size: int, excluded: np.ndarray = np.empty(0, dtype=np.int64)) -> np.ndarray:
         """How often each token id occurs in the instances, leaving out those at indices `excluded` (a held-out
         set): one bincount per file over its memory-mapped ids, so memory is the vocabulary, not the corpus."""
         counts = np.zeros(vocab_size, dtype=np.int64)
-        for _, ids, _, _ in self.parts:
+        for ids in self.values("input_ids"):
             counts += np.bincount(ids, minlength=vocab_size)[:vocab_size]
         if len(excluded):
             held_out = np.concatenate([self[int(index)]["input_ids"] for index in excluded])

@@ -3,14 +3,12 @@
 `models.electra.ElectraForPreTraining` (Clark et al. 2020)."""
 from __future__ import annotations
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from models import IGNORE_INDEX
-from pipeline.engine.training import log_step_outputs
-from pipeline.optim import PRETRAIN_OPTIMIZERS
+from pipeline.engine.module import OptimizerSettings, PretrainModule
 
 
 def bert_pretraining_losses(model: nn.Module, batch: dict, next_sentence_prediction: bool = True) -> dict:
@@ -51,44 +49,18 @@ def electra_pretraining_losses(model: nn.Module, batch: dict, discriminator_weig
 PRETRAINING_OBJECTIVES = ("mlm", "electra")
 
 
-class BertPretrainModule(L.LightningModule):
+class BertPretrainModule(PretrainModule):
     """Masked LM + next sentence prediction (Devlin et al. 2019, §3.1) on a `BertForPreTraining`, or with
     objective="electra" replaced-token detection on an `ElectraForPreTraining`."""
 
-    def __init__(self, model: nn.Module, lr: float, weight_decay: float, betas, warmup_steps: int,
-                 max_steps: int, optimizer: str = "adamw", lr_decay: str = "linear",
-                 next_sentence_prediction: bool = True, objective: str = "mlm", discriminator_weight: float = 50.0):
-        super().__init__()
-        if optimizer not in PRETRAIN_OPTIMIZERS:
-            raise ValueError(f"pretrain.optimizer={optimizer!r} is not known; use one of {sorted(PRETRAIN_OPTIMIZERS)}")
-        self.model = model
-        self.save_hyperparameters(ignore=["model"])
+    def __init__(self, model: nn.Module, optimizer: OptimizerSettings, next_sentence_prediction: bool = True,
+                 objective: str = "mlm", discriminator_weight: float = 50.0):
+        super().__init__(model, optimizer, next_sentence_prediction=next_sentence_prediction, objective=objective,
+                         discriminator_weight=discriminator_weight)
 
     def model_step(self, batch: dict) -> dict[str, torch.Tensor]:
         if self.hparams.objective == "electra":
-            return electra_pretraining_losses(self.model, batch, self.hparams.discriminator_weight)
-        return bert_pretraining_losses(self.model, batch, self.hparams.next_sentence_prediction)
-
-    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
-        """The losses, for the DeepSpeed loop (pipeline/engine/pretraining.py), which trains through forward."""
-        return self.model_step(batch)
-
-    def _log(self, split: str, out: dict, batch_size: int) -> None:
-        log_step_outputs(self, split, {**out, "mlm_perplexity": torch.exp(out["mlm_loss"].detach().clamp(max=50))},
-                         batch_size)
-
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        out = self.model_step(batch)
-        if not torch.isfinite(out["loss"]):
-            raise FloatingPointError(f"pretraining loss is {out['loss'].item()} at step {self.global_step}; "
-                                     "lower pretrain.lr or raise pretrain.warmup_steps")
-        self._log("train", out, batch["input_ids"].shape[0])
-        return out["loss"]
-
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._log("val", self.model_step(batch), batch["input_ids"].shape[0])
-
-    def configure_optimizers(self):
-        hp = self.hparams
-        return PRETRAIN_OPTIMIZERS[hp.optimizer](self.model, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps,
-                                                 hp.max_steps, decay=hp.lr_decay)
+            out = electra_pretraining_losses(self.model, batch, self.hparams.discriminator_weight)
+        else:
+            out = bert_pretraining_losses(self.model, batch, self.hparams.next_sentence_prediction)
+        return {**out, "mlm_perplexity": torch.exp(out["mlm_loss"].detach().clamp(max=50))}

@@ -39,6 +39,8 @@ from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import BertPretrainModule
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext, files_fingerprint
+from pipeline.engine.loaders import held_out_split, seeded_train_loader
+from pipeline.engine.module import OptimizerSettings
 from pipeline.engine.pretraining import (
     PretrainingData,
     TrainingRun,
@@ -46,7 +48,6 @@ from pipeline.engine.pretraining import (
     instantiate_model,
     merged_settings,
 )
-from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler, held_out_count
 
 # The MLM and NSP heads, beside encoder/: what a later phase needs, besides the encoder, to continue pretraining.
 HEADS_FILE = "pretraining_heads.safetensors"
@@ -246,11 +247,9 @@ class BertPretraining:
         # sentiment word2vec placed in them is lost (docs/pretraining_recipes.md)
         model.bert.embeddings.word_embeddings.weight.requires_grad_(not p.freeze_embeddings)
         # plain Python values: a checkpoint's hyperparameters must load with torch.load(weights_only=True)
-        return BertPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
-                                  warmup_steps=p.warmup_steps, max_steps=p.max_steps, optimizer=p.optimizer,
-                                  lr_decay=p.lr_decay, next_sentence_prediction=p.next_sentence_prediction,
-                                  objective=p.objective,
-                                  discriminator_weight=p.electra.discriminator_weight)
+        return BertPretrainModule(model, OptimizerSettings.of(self, ctx.cfg),
+                                  next_sentence_prediction=bool(p.next_sentence_prediction), objective=str(p.objective),
+                                  discriminator_weight=float(p.electra.discriminator_weight))
 
     def data(self, ctx: StageContext, module: BertPretrainModule, rank: int, world_size: int) -> BertData:
         cfg, phase = ctx.cfg, self.phase
@@ -258,11 +257,8 @@ class BertPretraining:
         tok = load_tokenizer(ctx.stage_dir("tokenizer"))
         vocab_size = tok.get_vocab_size()
         dataset = PretrainingInstances([read_arrow(f) for f in sorted(ctx.stage_dir(phase.examples).glob("*.arrow"))])
-        order = np.random.default_rng(cfg.seed).permutation(len(dataset))
-        n_val = held_out_count(len(dataset), p.val_fraction, p.val_max_instances)
-        # numpy indices, not lists: a list of 10^7 Python ints would take ~0.4 GB in the driver and in every loader
-        # worker
-        train_set, val_set = Subset(dataset, order[n_val:]), Subset(dataset, order[:n_val])
+        train_rows, held_out = held_out_split(len(dataset), p.val_fraction, p.val_max_instances, cfg.seed)
+        train_set, val_set = Subset(dataset, train_rows), Subset(dataset, held_out)
         special_ids = [tok.token_to_id(t) for t in SPECIAL_TOKENS]
         collator = BertPretrainingCollator(pad_id=tok.token_to_id("[PAD]"), mask_id=tok.token_to_id("[MASK]"),
                                            vocab_size=vocab_size, special_ids=special_ids,
@@ -271,15 +267,12 @@ class BertPretraining:
                                            generator=torch.Generator().manual_seed(cfg.seed + 1),
                                            continuation=continuation_mask_from_vocab(tok) if p.whole_word_masking
                                            else None)
-        batch_sampler = SeededBatchSampler(ResumableRandomSampler(len(train_set), cfg.seed, world_size, rank),
-                                           p.batch_size)
-        # A generator of its own: creating a loader iterator would otherwise draw from the global RNG (dropout's).
-        train_loader = DataLoader(MaskedBatches(train_set, collator), sampler=batch_sampler, batch_size=None,
-                                  num_workers=p.num_workers, generator=torch.Generator().manual_seed(cfg.seed))
+        train_loader = seeded_train_loader(MaskedBatches(train_set, collator), len(train_set), p.batch_size, cfg.seed,
+                                           p.num_workers, rank, world_size)
         # Held-out batches are masked once, so every evaluation scores the same predictions.
         val_rows = [val_set[i] for i in range(len(val_set))]
         val_batches = [collator(val_rows[i:i + p.batch_size]) for i in range(0, len(val_rows), p.batch_size)]
-        counts = dataset.token_counts(vocab_size, excluded=order[:n_val])
+        counts = dataset.token_counts(vocab_size, excluded=held_out)
         counts[special_ids] = 0  # never a masked-LM target
         targets = torch.cat([b["mlm_labels"][b["mlm_labels"] != IGNORE_INDEX] for b in val_batches]).numpy()
         # a uniform guess over the model's (padded) output vocabulary, and over NSP's two labels where trained, or
@@ -289,7 +282,7 @@ class BertPretraining:
         uniform = np.log(module.model.config.vocab_size) + binary_weight * np.log(2)
         phase_summary = {"max_seq_length": phase.max_seq_length(cfg),
                          "initialised_from": str(ctx.stage_dir(phase.init_from)) if phase.init_from else None}
-        return BertData(train_loader, batch_sampler, DataLoader(val_batches, batch_size=None), p.batch_size,
+        return BertData(train_loader, train_loader.sampler, DataLoader(val_batches, batch_size=None), p.batch_size,
                         float(uniform), val_batches, len(train_set), unigram_cross_entropy(counts, targets),
                         phase_summary, dataset.token_total() / max(len(dataset), 1))
 

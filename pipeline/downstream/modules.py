@@ -17,8 +17,9 @@ from torch import nn
 from data_prep.conll import word_level_tags
 from data_prep.squad import SquadExample, best_answers
 from models import IGNORE_INDEX
+from pipeline.engine.module import check_finite_loss
+from pipeline.engine.optim import adamw_with_schedule
 from pipeline.evaluation.metrics import score_task
-from pipeline.optim import adamw_with_schedule
 
 
 def _pad(sequences: Sequence[np.ndarray], value: int) -> torch.Tensor:
@@ -67,9 +68,7 @@ class FinetuneModule(L.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss = self.model_step(batch)[0]
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"fine-tuning loss is {loss.item()} at step {self.global_step}; "
-                                     "lower finetune.lr")
+        check_finite_loss(loss, self.global_step, "lower finetune.lr")
         rows = next(iter(batch.values()))  # every entry of a batch is batch-first
         self.log("train/loss", loss.detach(), prog_bar=True, batch_size=rows.shape[0])
         return loss

@@ -100,7 +100,7 @@ def load_elmo_task_data(task: DictConfig, data_dir: Path, bilm_and_vocab: tuple,
 def make_elmo_task_collate(embedder: ElmoEmbedder):
     """collate_fn for rows {"text_a", optional "text_b", "label"}: a label per sentence (int class, or float score)
     or per word (list of ints, padded with IGNORE_INDEX); text as raw text (words as
-    `models.elmo_words.split_words` splits them) or as a list of words."""
+    `conventions.elmo_words.split_words` splits them) or as a list of words."""
 
     def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
         inputs, mask = embedder.batch_inputs([r["text_a"] for r in rows])

@@ -1,4 +1,4 @@
-"""ELMo in Lightning: biLM pretraining with carried LSTM state and held-out perplexity, and feature-based tasks.
+"""ELMo in Lightning: biLM pretraining with carried LSTM state and held-out perplexity.
 
 Batches are truncated-BPTT windows, not sentence batches: every row reads one book front to back, window after
 window, starting each window from the LSTM state the previous one ended in (bilm-tf), and from a zero state at each
@@ -17,7 +17,6 @@ import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
 from torch import nn
@@ -26,7 +25,7 @@ from torch.utils.data import IterableDataset
 from data_prep.elmo_examples import TokenStreams, WindowSlot, plan_windows, split_books
 from models import IGNORE_INDEX
 from models.elmo import MAX_CHARACTERS_PER_TOKEN, BiLMOutput, BiLMState, detach_state, tokens_char_ids, word_ids
-from pipeline.optim import adamw_with_schedule, clip_grad_norm_with_sparse
+from pipeline.engine.module import OptimizerSettings, PretrainModule
 
 
 class LMWindowBatches(IterableDataset):
@@ -126,22 +125,19 @@ class WindowPosition:
         self.module.carry_state("train", state["lstm_state"])
 
 
-class ElmoPretrainModule(L.LightningModule):
+class ElmoPretrainModule(PretrainModule):
     """Sum of forward and backward next-token cross-entropies (Peters et al. §3.1) on a `BiLanguageModel`, the LSTM
     state carried between windows (and between held-out windows, separately). Held-out perplexity is
     exp(total NLL / tokens) per direction over the whole held-out set; `val/perplexity` is their average, the number
     the paper reports."""
 
-    def __init__(self, model: nn.Module, lr: float, warmup_steps: int, max_steps: int, betas=(0.9, 0.999),
-                 weight_decay: float = 0.0, lr_decay: str = "linear"):
-        super().__init__()
-        self.model = model
-        self.save_hyperparameters(ignore=["model"])
+    def __init__(self, model: nn.Module, optimizer: OptimizerSettings):
+        super().__init__(model, optimizer)
         self._state = {"train": None, "val": None}
         self._val_totals = torch.zeros(4, dtype=torch.float64)  # forward NLL, backward NLL, forward n, backward n
         self.heldout_perplexities: dict[str, float] = {}
 
-    def model_step(self, batch: dict, split: str) -> BiLMOutput:
+    def _step(self, batch: dict, split: str) -> BiLMOutput:
         out = self.model(batch["forward_inputs"], batch["backward_inputs"], batch["forward_targets"],
                          batch["backward_targets"], state=self._state[split], reset=batch["reset"])
         self._state[split] = detach_state(out.state)
@@ -153,24 +149,16 @@ class ElmoPretrainModule(L.LightningModule):
     def carry_state(self, split: str, state: BiLMState | None) -> None:
         self._state[split] = state
 
-    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
-        """A training window's loss, the state carried on: for the DeepSpeed loop, which trains through forward."""
-        return {"loss": self.model_step(batch, "train").loss}
-
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        out = self.model_step(batch, "train")
-        if not torch.isfinite(out.loss):
-            raise FloatingPointError(f"biLM loss is {out.loss.item()} at step {self.global_step}; "
-                                     "lower pretrain.lr or raise pretrain.warmup_steps")
-        self.log("train/loss", out.loss.detach(), prog_bar=True, on_step=True, batch_size=batch["reset"].shape[0])
-        return out.loss
+    def model_step(self, batch: dict) -> dict[str, torch.Tensor]:
+        """A training window's loss, the state carried on."""
+        return {"loss": self._step(batch, "train").loss}
 
     def on_validation_epoch_start(self) -> None:
         self._state["val"] = None
         self._val_totals.zero_()
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        out = self.model_step(batch, "val")
+        out = self._step(batch, "val")
         self._val_totals += torch.stack([out.forward_nll_sum, out.backward_nll_sum, out.forward_tokens,
                                          out.backward_tokens]).detach().double().cpu()
 
@@ -183,23 +171,3 @@ class ElmoPretrainModule(L.LightningModule):
         self.log_dict({f"val/{'perplexity' if k == 'average' else k + '_perplexity'}": v
                        for k, v in self.heldout_perplexities.items()}, prog_bar=True)
         self.log("val/loss", (fwd_nll / fwd_n + bwd_nll / bwd_n), prog_bar=False)
-
-    def configure_optimizers(self):
-        hp = self.hparams
-        return adamw_with_schedule(self.model, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps, hp.max_steps,
-                                   decay=hp.lr_decay)
-
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        # The sampled softmax's gradient is sparse, which Lightning's clipping (torch's clip_grad_norm_) refuses.
-        if gradient_clip_val:
-            if gradient_clip_algorithm not in (None, "norm"):
-                raise ValueError("ELMo clips by norm (bilm-tf); got "
-                                 f"gradient_clip_algorithm={gradient_clip_algorithm!r}")
-            clip_grad_norm_with_sparse(self.model.parameters(), gradient_clip_val)
-
-
-# -----------------------------------------------------------------------------
-# Feature-based downstream tasks
-
-
-

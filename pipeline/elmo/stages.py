@@ -16,6 +16,7 @@ from models.hf.elmo import to_hf
 from pipeline.elmo.data_stages import elmo_streams, elmo_vocab
 from pipeline.elmo.module import ElmoPretrainModule, WindowPosition, build_elmo_datasets
 from pipeline.engine.dag import Stage, StageContext
+from pipeline.engine.module import OptimizerSettings
 from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretraining_stage
 
 
@@ -30,10 +31,9 @@ class ElmoPretraining:
         return cfg.pretrain
 
     def build_module(self, ctx: StageContext) -> ElmoPretrainModule:
-        cfg, p = ctx.cfg, ctx.cfg.pretrain
-        model = instantiate_model(cfg, vocab_size=len(read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt")))
-        return ElmoPretrainModule(model, lr=p.lr, warmup_steps=p.warmup_steps, max_steps=p.max_steps,
-                                  weight_decay=p.weight_decay, lr_decay=p.lr_decay)
+        model = instantiate_model(ctx.cfg,
+                                  vocab_size=len(read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt")))
+        return ElmoPretrainModule(model, OptimizerSettings.of(self, ctx.cfg))
 
     def data(self, ctx: StageContext, module: ElmoPretrainModule, rank: int, world_size: int) -> PretrainingData:
         e = ctx.cfg.elmo

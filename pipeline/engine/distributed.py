@@ -24,6 +24,7 @@ import torch
 from omegaconf import MISSING, DictConfig, OmegaConf
 from torch import nn
 
+from pipeline.engine.module import check_finite_loss
 from pipeline.engine.training import TrainerConfig, resolve_precision
 
 ZERO_STAGES = (1, 2, 3)
@@ -274,8 +275,9 @@ def set_sampler_epoch(loader, epoch: int) -> None:
 def train_deepspeed(module: nn.Module, optimizer: torch.optim.Optimizer, scheduler, ds_config: dict,
                     loader: Iterable[dict], max_steps: int, checkpoint_dir: Path, checkpoint_every_steps: int,
                     keep_checkpoints: int, rank_state: Callable[[int], dict], load_rank_state: Callable[[dict], None],
-                    on_step: Callable[[int, float], None] = lambda step, loss: None):
-    """Train `module` (whose forward returns {"loss": ...}) with a DeepSpeed engine; returns the engine.
+                    advice: str, on_step: Callable[[int, float], None] = lambda step, loss: None):
+    """Train `module` (whose forward returns {"loss": ...}) with a DeepSpeed engine; returns the engine. A loss that
+    is not finite stops it, saying `advice` (pipeline/engine/module.py's check, as in the Lightning loop).
 
     A pass over `loader` is an epoch (its sampler's `set_epoch` is called before each, as Lightning does); an endless
     loader is one long epoch. Besides DeepSpeed's own state every checkpoint holds, per rank, `rank_state(n)` (`n`:
@@ -299,10 +301,8 @@ def train_deepspeed(module: nn.Module, optimizer: torch.optim.Optimizer, schedul
         set_sampler_epoch(loader, epoch)
         for batch in loader:
             loss = engine(batch)["loss"]
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"pretraining loss is {loss.item()} at step {engine.global_steps}; "
-                                         "lower pretrain.lr or raise pretrain.warmup_steps (the last good "
-                                         f"checkpoint is kept in {checkpoint_dir})")
+            check_finite_loss(loss, engine.global_steps,
+                              f"{advice} (the last good checkpoint is kept in {checkpoint_dir})")
             engine.backward(loss)
             step_before = engine.global_steps
             engine.step()  # an optimizer step only at the last micro-batch of gradient accumulation

@@ -24,7 +24,8 @@ from data_prep.shards import write_json_atomically
 
 UNREADABLE = "unreadable"
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CODE_PACKAGES = ("pipeline", "data_prep", "models")  # the repository's code; anything else is a dependency
+# the repository's code; anything else is a dependency
+CODE_PACKAGES = ("pipeline", "data_prep", "models", "conventions")
 # A digest is kept only for a file unchanged this long: a later edit in the same tick of the file system's clock would
 # keep the whole stat identity (git's "racy clean" problem), so a fresh file is hashed again next time.
 SETTLE_NS = 2_000_000_000

@@ -57,6 +57,8 @@ from pipeline.engine.distributed import (
 )
 from pipeline.engine.divergence import DivergenceMonitor, reduce_mean
 from pipeline.engine.fingerprints import content_digests
+from pipeline.engine.module import PretrainModule, pretraining_advice
+from pipeline.engine.optim import sparse_gradient_parameters, use_dense_gradients
 from pipeline.engine.settings import check_target_arguments
 from pipeline.engine.tracking import log_curves
 from pipeline.engine.training import (
@@ -79,6 +81,10 @@ WORKER_SUMMARY = "train_summary.json"  # how rank 0 of the Ray Train workers han
 # over, the run's seed and the checkpoint it starts from
 HARNESS_CONFIG_KEYS = ("model", "trainer", "callbacks", "distributed", "seed", "ckpt_path")
 STARTS_FROM_CKPT_PATH = "pretrain"  # the settings block of the training that ckpt_path starts
+# DeepSpeed's ZeRO stages leave sparse gradients out of their reduction buckets (split_half_float_double in
+# deepspeed/runtime/zero/stage_1_and_2.py; its `sparse_gradients` option is for training without ZeRO), so each rank
+# would step with its own
+DEEPSPEED_DENSE = "DeepSpeed's ZeRO cannot reduce sparse ones"
 
 
 class DataPosition(Protocol):
@@ -121,19 +127,20 @@ class TrainingRun:
 
 
 class PretrainingTask(Protocol):
-    """What a family supplies. Its LightningModule logs `train/loss` and `val/loss` (and any other `val/*`), and its
-    `forward(batch)` returns {"loss": ...} (the DeepSpeed loop trains the module through it)."""
+    """What a family supplies: its module (a PretrainModule, pipeline/engine/module.py: the family's loss, the engine's
+    optimizer, checks and logging, whichever loop trains it), its data, and what it writes and sums up."""
     def settings_key(self, cfg: DictConfig) -> str: ...  # the config block of the settings below, named in messages
 
     def settings(self, cfg: DictConfig) -> DictConfig: ...  # max_steps, grad_clip, val_every_steps, ...
 
-    def build_module(self, ctx: StageContext) -> L.LightningModule: ...  # seeded: the same weights on every rank
+    # seeded: the same weights on every rank; built with OptimizerSettings.of(task, cfg)
+    def build_module(self, ctx: StageContext) -> PretrainModule: ...
 
-    def data(self, ctx: StageContext, module: L.LightningModule, rank: int, world_size: int) -> PretrainingData: ...
+    def data(self, ctx: StageContext, module: PretrainModule, rank: int, world_size: int) -> PretrainingData: ...
 
-    def write(self, ctx: StageContext, module: L.LightningModule) -> None: ...  # what later stages read, in out_dir
+    def write(self, ctx: StageContext, module: PretrainModule) -> None: ...  # what later stages read, in out_dir
 
-    def summary(self, module: L.LightningModule, data: PretrainingData, run: TrainingRun) -> dict: ...
+    def summary(self, module: PretrainModule, data: PretrainingData, run: TrainingRun) -> dict: ...
 
 
 def pretraining_stage(name: str, task: PretrainingTask,
@@ -406,24 +413,6 @@ class SparseGradientSync(L.Callback):
                 grad.div_(dist.get_world_size())
 
 
-def sparse_gradient_parameters(module: nn.Module) -> list[str]:
-    """Names of the parameters with a sparse gradient: the `weight` of each submodule flagged `sparse`, as
-    nn.Embedding's flag means (and ELMo's SharedSoftmax's)."""
-    return [f"{prefix}.weight" if prefix else "weight" for prefix, sub in module.named_modules()
-            if getattr(sub, "sparse", False)]
-
-
-def use_dense_gradients(module: nn.Module) -> None:
-    """DeepSpeed's ZeRO stages leave sparse gradients out of their reduction buckets (split_half_float_double in
-    deepspeed/runtime/zero/stage_1_and_2.py; its `sparse_gradients` option is for training without ZeRO), so each
-    rank would step with its own: such parameters get dense gradients instead (same values, more memory)."""
-    if names := sparse_gradient_parameters(module):
-        print(f"DeepSpeed: dense gradients for {', '.join(names)} (ZeRO cannot reduce sparse ones)", flush=True)
-    for sub in module.modules():
-        if getattr(sub, "sparse", False):
-            sub.sparse = False
-
-
 def pin_batches(loader: Iterable[dict]) -> None:
     """Training on a GPU: the loader hands its batches over in page-locked memory, from which Lightning's copy to the
     device (non_blocking) runs asynchronously, overlapping the step before. Set here because the families build their
@@ -450,7 +439,7 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
         pin_batches(data.train_loader)
     uses_deepspeed = settings.strategy == "deepspeed"  # which writes directories and clips by itself
     if uses_deepspeed:
-        use_dense_gradients(module)
+        use_dense_gradients(module, DEEPSPEED_DENSE)
     history, monitor = LossHistory(), DivergenceMonitor(task.settings_key(ctx.cfg), data.uniform_loss)
     # AtomicCheckpointIO keeps the newest KEEP_CHECKPOINTS files; DeepSpeed writes directories through its own
     # engine, so there Lightning prunes them, keeping the highest steps
@@ -564,7 +553,7 @@ def _deepspeed_cpu_worker(config: dict) -> None:
     settings = DistributedSettings.from_config(ctx.cfg, p)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     module = task.build_module(ctx)
-    use_dense_gradients(module)
+    use_dense_gradients(module, DEEPSPEED_DENSE)
     if ctx.cfg.trainer.compile:  # no Trainer here to run CompileNetwork
         compile_network(module)
     data = task.data(ctx, module, rank, world_size)
@@ -573,7 +562,7 @@ def _deepspeed_cpu_worker(config: dict) -> None:
     checkpoint_dir = out / CHECKPOINT_DIR
 
     def on_step(step: int, loss: float) -> None:
-        history.rows.append({"step": step, "split": "train", "name": "train/loss", "value": loss})
+        history.record_train(step, loss)
         monitor.observe_train(step, reduce_mean(loss))
         if step % RELEASE_EVERY_N_BATCHES == 0:  # as every Lightning Trainer does (ReleaseFreedMemory)
             release_freed_memory()
@@ -591,7 +580,8 @@ def _deepspeed_cpu_worker(config: dict) -> None:
     started = time.perf_counter()
     train_deepspeed(module, optimization["optimizer"], optimization["lr_scheduler"]["scheduler"],
                     deepspeed_config(settings, data.batch_size, p.grad_clip), data.train_loader, p.max_steps,
-                    checkpoint_dir, p.checkpoint_every_steps, KEEP_CHECKPOINTS, rank_state, load_rank_state, on_step)
+                    checkpoint_dir, p.checkpoint_every_steps, KEEP_CHECKPOINTS, rank_state, load_rank_state,
+                    pretraining_advice(task.settings_key(ctx.cfg)), on_step)
     seconds = time.perf_counter() - started
     if rank != 0:
         return

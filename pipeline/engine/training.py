@@ -209,16 +209,6 @@ def check_trainer_arguments(cfg: DictConfig) -> None:
     check_target_arguments(trainer_arguments(cfg), "trainer")
 
 
-def log_step_outputs(module: L.LightningModule, split: str, out: dict, batch_size: int) -> None:
-    """Every value of a model_step's output as `<split>/<name>`: per step in training, per epoch otherwise; the
-    loss also on the progress bar."""
-    on_step = split == "train"
-    module.log_dict({f"{split}/{k}": v.detach() for k, v in out.items() if k != "loss"}, on_step=on_step,
-                    on_epoch=not on_step, batch_size=batch_size)
-    module.log(f"{split}/loss", out["loss"].detach(), prog_bar=True, on_step=on_step, on_epoch=not on_step,
-               batch_size=batch_size)
-
-
 def resolve_precision(precision: str) -> str:
     """`auto`: bf16 autocast where the CPU computes bf16 natively (AMX or AVX512-BF16), else fp32."""
     if precision != "auto":
@@ -282,8 +272,11 @@ class LossHistory(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self.rows.append({"step": trainer.global_step, "split": "train", "name": "train/loss",
-                          "value": float(loss)})
+        self.record_train(trainer.global_step, float(loss))
+
+    def record_train(self, step: int, loss: float) -> None:
+        """A training loss, as both loops record it (the DeepSpeed CPU loop calls this itself)."""
+        self.rows.append({"step": step, "split": "train", "name": "train/loss", "value": loss})
 
     def on_validation_end(self, trainer, pl_module) -> None:
         # not on_validation_epoch_end: Lightning calls the callbacks' before the module's, so what a module logs in

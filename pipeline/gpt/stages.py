@@ -13,6 +13,8 @@ from data_prep.gpt_blocks import TOKENIZER_FILE, end_of_text_id, load_gpt_tokeni
 from models.gpt import save_pretrained, to_hf
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
+from pipeline.engine.loaders import ArrowRows, pretraining_loaders
+from pipeline.engine.module import OptimizerSettings
 from pipeline.engine.pretraining import (
     PretrainingData,
     TrainingRun,
@@ -24,7 +26,7 @@ from pipeline.engine.pretraining import (
 )
 from pipeline.engine.settings import PRETRAINING_NUMBERS, check_numbers
 from pipeline.gpt.data_stages import gpt_blocks, gpt_tokenizer
-from pipeline.gpt.module import Blocks, GPTPretrainModule, block_loaders
+from pipeline.gpt.module import BLOCK_COLUMN, GPTPretrainModule, collate_blocks
 
 
 class GPTPretraining:
@@ -41,19 +43,22 @@ class GPTPretraining:
         return merged_settings(cfg, ("pretrain", "gpt.pretrain"))
 
     def build_module(self, ctx: StageContext) -> GPTPretrainModule:
-        cfg, p = ctx.cfg, self.settings(ctx.cfg)
+        cfg = ctx.cfg
         tok = load_gpt_tokenizer(ctx.stage_dir("gpt_tokenizer"))
         # the context is the training length: positions past it would keep their random init
         model = instantiate_model(cfg, model_key(cfg, "gpt"), vocab_size=tok.get_vocab_size(),
                                   eos_token_id=end_of_text_id(tok), n_positions=cfg.gpt.block_size)
-        return GPTPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
-                                 warmup_steps=p.warmup_steps, max_steps=p.max_steps, lr_decay=p.lr_decay)
+        return GPTPretrainModule(model, OptimizerSettings.of(self, cfg))
 
     def data(self, ctx: StageContext, module: GPTPretrainModule, rank: int, world_size: int) -> PretrainingData:
         p = self.settings(ctx.cfg)
-        blocks = Blocks([read_arrow(f) for f in sorted(ctx.stage_dir("gpt_blocks").glob("blocks-*.arrow"))])
-        train, val = block_loaders(blocks, p.batch_size, p.val_fraction, p.val_max_instances, ctx.cfg.seed,
-                                   p.num_workers, rank, world_size)
+        blocks = ArrowRows([read_arrow(f) for f in sorted(ctx.stage_dir("gpt_blocks").glob("blocks-*.arrow"))],
+                           [BLOCK_COLUMN])
+        if len(blocks) < 2:
+            raise ValueError(f"only {len(blocks)} GPT blocks: the corpus is shorter than two blocks; use a larger "
+                             "corpus or lower gpt.block_size")
+        train, val = pretraining_loaders(blocks, collate_blocks, p.batch_size, p.val_fraction, p.val_max_instances,
+                                         ctx.cfg.seed, p.num_workers, rank, world_size)
         return PretrainingData(train, train.sampler, val, p.batch_size,
                                uniform_loss=math.log(module.model.config.vocab_size))
 

@@ -11,14 +11,16 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from data_prep.skip_thought_examples import WordVocab, save_hf_tokenizer
+from data_prep.skip_thought_examples import TRIPLE_SCHEMA, WordVocab, save_hf_tokenizer
 from models.hf.skip_thought import to_hf
 from models.skip_thought import save_pretrained
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
+from pipeline.engine.loaders import ArrowRows, pretraining_loaders
+from pipeline.engine.module import OptimizerSettings
 from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretraining_stage
 from pipeline.skip_thought.data_stages import skip_thought_examples, skip_thought_vocab
-from pipeline.skip_thought.module import SkipThoughtPretrainModule, SkipThoughtTriples, triple_loaders
+from pipeline.skip_thought.module import SkipThoughtPretrainModule, collate_triples
 
 # Kiros et al. §3: uni-skip and bi-skip are separate models, each with its own decoders, trained alike; the stage,
 # not model.config, says which encoder it trains, so one run can train both for combine-skip.
@@ -44,25 +46,27 @@ class SkipThoughtPretraining:
         return cfg.pretrain
 
     def build_module(self, ctx: StageContext) -> SkipThoughtPretrainModule:
-        cfg, p = ctx.cfg, ctx.cfg.pretrain
         vocab = WordVocab.load(ctx.stage_dir("skip_thought_vocab") / "vocab.txt")
-        model = instantiate_model(cfg, vocab_size=len(vocab), encoder=self.encoder)
-        return SkipThoughtPretrainModule(model, lr=p.lr, weight_decay=p.weight_decay, betas=tuple(p.betas),
-                                         warmup_steps=p.warmup_steps, max_steps=p.max_steps,
-                                         lr_decay=p.lr_decay)
+        model = instantiate_model(ctx.cfg, vocab_size=len(vocab), encoder=self.encoder)
+        return SkipThoughtPretrainModule(model, OptimizerSettings.of(self, ctx.cfg))
 
     def data(self, ctx: StageContext, module: SkipThoughtPretrainModule, rank: int,
              world_size: int) -> SkipThoughtData:
-        p = ctx.cfg.pretrain
+        p = self.settings(ctx.cfg)
         tables = [read_arrow(f) for f in sorted(ctx.stage_dir("skip_thought_examples").glob("triples-*.arrow"))]
-        triples = SkipThoughtTriples(tables)
-        train_loader, val_loader = triple_loaders(triples, p.batch_size, p.val_fraction, p.val_max_instances,
-                                                  ctx.cfg.seed, p.num_workers, rank, world_size)
+        triples = ArrowRows(tables, TRIPLE_SCHEMA.names)
+        if len(triples) < 2:
+            raise ValueError(f"only {len(triples)} Skip-Thought triples; a book needs at least 3 sentences to give "
+                             "one. Use a larger corpus or lower data.min_tokens")
+        train_loader, val_loader = pretraining_loaders(triples, collate_triples, p.batch_size, p.val_fraction,
+                                                       p.val_max_instances, ctx.cfg.seed, p.num_workers, rank,
+                                                       world_size)
+        words = sum(len(values) for name in TRIPLE_SCHEMA.names for values in triples.values(name))
         return SkipThoughtData(train_loader, train_loader.sampler, val_loader, p.batch_size,
                                # the previous and the next sentence's decoder
                                uniform_loss=2 * math.log(module.model.config.vocab_size),
                                # each of its three sentences ends in <eos>
-                               tokens_per_triple=triples.word_total() / max(len(triples), 1) + 3)
+                               tokens_per_triple=words / max(len(triples), 1) + 3)
 
     def write(self, ctx: StageContext, module: SkipThoughtPretrainModule) -> None:
         vocab_file = ctx.stage_dir("skip_thought_vocab") / "vocab.txt"

@@ -212,7 +212,25 @@ def lamb_with_schedule(module: nn.Module, lr: float, weight_decay: float, betas,
     return _with_schedule(optimizer, warmup_steps, total_steps, decay)
 
 
+# pretrain.optimizer: the function that builds it, with its parameter groups and schedule
 PRETRAIN_OPTIMIZERS = {"adamw": adamw_with_schedule, "lamb": lamb_with_schedule}
+# Those that take sparse gradients (LazyAdamW); with another, a model's sparse gradients are made dense
+# (use_dense_gradients): LAMB's trust ratio is a norm over the whole tensor, every row of it
+TAKE_SPARSE_GRADIENTS = ("adamw",)
 
 
+def sparse_gradient_parameters(module: nn.Module) -> list[str]:
+    """Names of the parameters with a sparse gradient: the `weight` of each submodule flagged `sparse`, as
+    nn.Embedding's flag means (and ELMo's SharedSoftmax's)."""
+    return [f"{prefix}.weight" if prefix else "weight" for prefix, sub in module.named_modules()
+            if getattr(sub, "sparse", False)]
 
+
+def use_dense_gradients(module: nn.Module, why: str) -> None:
+    """Every parameter of `module` gets a dense gradient (same values, more memory), for a trainer or optimizer that
+    cannot take sparse ones (`why`, said on the console where it changes anything)."""
+    if names := sparse_gradient_parameters(module):
+        print(f"dense gradients for {', '.join(names)}: {why}", flush=True)
+    for sub in module.modules():
+        if getattr(sub, "sparse", False):
+            sub.sparse = False
