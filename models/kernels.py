@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from models import gemv
 from models.bert import BertEncoder, BertSelfAttention, additive_attention_mask
-from models.gpt import MLP, CausalSelfAttention, GPTLMHeadModel
+from models.gpt import MLP, CausalSelfAttention, GPTLMHeadModel, KVCache
 
 
 def use_fast_kernels(model: nn.Module) -> nn.Module:
@@ -268,7 +268,7 @@ class DecodingGPTLMHeadModel(GPTLMHeadModel):
     """GPTLMHeadModel whose decoding step multiplies by the LM head through models/gemv.py: at gpt_small the head is
     154 MB of the 494 MB a decoding step reads."""
 
-    def next_token_logits(self, idx: torch.Tensor, cache) -> torch.Tensor:
+    def next_token_logits(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
         return gemv.linear(self.transformer(idx, cache)[:, -1], self.transformer.wte.weight)  # (B, C) x (V, C)^T
 
 
