@@ -24,7 +24,8 @@ parameters, per sequence 12 L T^2 H for attention. HF computes the MLM head at a
 not counted, so skipping it shows up as speed, not as a higher fraction of peak. With --short-seq-prob some sequences
 are shorter than T and padded, as in real pretraining batches: then B*T counts the real tokens only (attention is
 still counted over T^2), tokens/s are real tokens per second, and ours skipping the padding outside attention
-(models.bert.RealTokens) is speed too.
+(models.kernels.RealTokens) is speed too. "ours, kernels off" is the same model with config.fast_kernels=False: what
+models/kernels.py buys.
 """
 from __future__ import annotations
 
@@ -106,8 +107,8 @@ def make_batch(batch_size: int, seq_len: int, seed: int = 0, short_seq_prob: flo
             "next_sentence_label": torch.randint(0, 2, (batch_size,), generator=g)}
 
 
-def ours(size: str, compiled: bool):
-    model = BertForPreTraining(bert_config(size, vocab_size=VOCAB_SIZE))
+def ours(size: str, compiled: bool, fast_kernels: bool = True):
+    model = BertForPreTraining(bert_config(size, vocab_size=VOCAB_SIZE, fast_kernels=fast_kernels))
     objective = BertPretrainModule(model, OptimizerSettings("pretrain", "adamw", lr=1e-4, weight_decay=0.01,
                                                             betas=(0.9, 0.999), warmup_steps=1, max_steps=1,
                                                             lr_decay="linear"))
@@ -162,6 +163,7 @@ def benchmark(args) -> None:
     batch = make_batch(B, T, short_seq_prob=args.short_seq_prob)
     real_tokens, masked = int(batch["attention_mask"].sum()), int((batch["mlm_labels"] != IGNORE_INDEX).sum())
     variants = [("ours", lambda s: ours(s, compiled=False)),
+                ("ours, kernels off", lambda s: ours(s, compiled=False, fast_kernels=False)),
                 ("HF eager", lambda s: huggingface(s, "eager")), ("HF sdpa", lambda s: huggingface(s, "sdpa"))]
     if args.compile:
         variants.insert(1, ("ours + torch.compile", lambda s: ours(s, compiled=True)))
@@ -193,6 +195,10 @@ def benchmark(args) -> None:
         print(f"{r['size']:10s} {r['dtype']:5s} {r['name']:22s} {r['seconds']:8.3f} {r['tokens']:9.0f} "
               f"{r['flops'] / 1e9:8.1f} {r['flops'] / peaks[r['dtype']]:8.1%} {r['tokens'] / hf_best:9.2f}x "
               f"{r['first']:10.1f}")
+    for size in args.sizes:
+        for dtype, _ in dtypes:
+            t = {r["name"]: r["tokens"] for r in rows if r["size"] == size and r["dtype"] == dtype}
+            print(f"{size} {dtype}: models/kernels.py on / off = {t['ours'] / t['ours, kernels off']:.2f}x")
     if len(dtypes) == 2:
         for size in args.sizes:
             for name, _ in variants:
@@ -272,10 +278,10 @@ def sentence_batches(args) -> None:
     """Fine-tuning steps of make run's classifier (bert_tiny, relative positions, pre-LN, mean pooling, dropout 0.1) on
     batches of 32 sentences whose lengths change from batch to batch, as Rotten Tomatoes' do (8-64 tokens): fp32, bf16
     autocast with every batch's exact shapes (the baseline: oneDNN builds its bf16 kernels per shape), and bf16 with
-    the model's rounded shapes (models.bert.PACKED_ROW_MULTIPLE and PADDED_LENGTH_MULTIPLE). `--device cuda`: the same
-    rows on a GPU, whose autocast the model leaves at the exact shapes (models.bert.ROUNDED_SHAPE_DEVICES): the
+    the model's rounded shapes (models.kernels.PACKED_ROW_MULTIPLE and PADDED_LENGTH_MULTIPLE). `--device cuda`: the
+    same rows on a GPU, whose autocast the model leaves at the exact shapes (models.kernels.ROUNDED_SHAPE_DEVICES): the
     rounded row rounds them there for this comparison."""
-    import models.bert as bert
+    from models import kernels
     from models.bert import BertForSequenceClassification
 
     device = torch.device(args.device)
@@ -291,12 +297,13 @@ def sentence_batches(args) -> None:
         mask = (torch.arange(longest)[None, :] < lengths[:, None]).long()
         batches.append(tuple(t.to(device) for t in (torch.randint(5, 8000, (32, longest), generator=g) * mask, mask,
                                                     torch.randint(0, 2, (32,), generator=g))))
-    rounded, rounding_devices = (bert.PACKED_ROW_MULTIPLE, bert.PADDED_LENGTH_MULTIPLE), bert.ROUNDED_SHAPE_DEVICES
-    bert.ROUNDED_SHAPE_DEVICES = (device.type,)
+    rounded = kernels.PACKED_ROW_MULTIPLE, kernels.PADDED_LENGTH_MULTIPLE
+    rounding_devices = kernels.ROUNDED_SHAPE_DEVICES
+    kernels.ROUNDED_SHAPE_DEVICES = (device.type,)
     rows = {}
     for name, bf16, multiples in (("fp32", False, rounded), ("bf16, exact shapes", True, (1, 1)),
                                   ("bf16, rounded shapes", True, rounded)):
-        bert.PACKED_ROW_MULTIPLE, bert.PADDED_LENGTH_MULTIPLE = multiples
+        kernels.PACKED_ROW_MULTIPLE, kernels.PADDED_LENGTH_MULTIPLE = multiples
         torch.manual_seed(0)
         config = bert_config("bert_tiny", vocab_size=8000, position_embedding_type="relative", pre_layer_norm=True)
         model = BertForSequenceClassification(config, num_labels=2, pooling="mean").to(device).train()
@@ -316,8 +323,8 @@ def sentence_batches(args) -> None:
         rows[name] = times
         print(f"  {name}: {times[0] * 1e3:.1f} ms/step in the first pass, {times[1] * 1e3:.1f} in the second",
               flush=True)
-    bert.PACKED_ROW_MULTIPLE, bert.PADDED_LENGTH_MULTIPLE = rounded
-    bert.ROUNDED_SHAPE_DEVICES = rounding_devices
+    kernels.PACKED_ROW_MULTIPLE, kernels.PADDED_LENGTH_MULTIPLE = rounded
+    kernels.ROUNDED_SHAPE_DEVICES = rounding_devices
     print(f"\nbert_tiny classifier, {args.sentence_batches} batches of 32 sentences of 8-64 tokens, "
           f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else f'{torch.get_num_threads()} threads'}; "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

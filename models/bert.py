@@ -8,6 +8,10 @@ Module and parameter names follow HuggingFace's `transformers.BertModel` exactly
 (`encoder.layer.0.attention.self.query`, `LayerNorm`, ...), so converting weights is a matter of renaming almost
 nothing. Beyond the original model we support two other position schemes (fixed sinusoids, Shaw et al. relative
 positions) and pre-LayerNorm blocks.
+
+This file is the model as the papers write it. The speed work (a cheaper CPU dropout mask, one matmul for q/k/v, layers
+that skip the padding, a hand-written gradient of the tied word embeddings) lives in models/kernels.py, which swaps its
+modules in at the end of every model's constructor where `config.fast_kernels` (the default).
 """
 
 import json
@@ -49,6 +53,9 @@ class BertConfig:
     # False: post-LN, LayerNorm after each residual add (original BERT). True: pre-LN, LayerNorm on each sublayer's
     # input (Annotated Transformer; Xiong et al. 2020 show it trains stably without learning-rate warm-up).
     pre_layer_norm: bool = False
+    # models/kernels.py's faster modules in place of this file's (the same function and gradients to float
+    # rounding; dropout draws its masks differently). False: the model exactly as written here.
+    fast_kernels: bool = True
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads != 0:
@@ -82,33 +89,6 @@ def bert_config(name: str, **overrides) -> BertConfig:
     if name not in BERT_SIZES:
         raise KeyError(f"unknown BERT size {name!r}; known: {sorted(BERT_SIZES)}")
     return BertConfig(**{**BERT_SIZES[name], **overrides})
-
-
-# -----------------------------------------------------------------------------
-# Dropout
-
-
-def cpu_keep_mask(shape: torch.Size, p: float) -> torch.Tensor:
-    """Bool mask, True with probability 1 - p (p rounded to a multiple of 1/65536: 0.1 -> 0.100006): every 64-bit draw
-    of torch's global generator gives four 16-bit uniforms, one per element."""
-    n = math.prod(shape)
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # all 64 bits random
-    threshold = round(p * 65536) - 32768  # P(int16 < threshold) = p
-    return (bits.view(torch.int16)[:n] >= threshold).view(shape)
-
-
-class BertDropout(nn.Dropout):
-    """nn.Dropout (inverted: kept values scaled by 1 / (1 - p)) whose CPU mask costs a quarter of a random draw per
-    element. PyTorch's CPU dropout draws a float per element with bernoulli_: 0.24 s of a 3.7 s bert_base training
-    step on 2 cores, against ~0.09 s here (mask and where, forward and backward). The global generator draws the
-    bits, so torch.manual_seed and a restored RNG state reproduce the masks. Elsewhere (GPUs), F.dropout."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0.0:  # the identity, without F.dropout's call (GPT decodes 37 per token)
-            return x
-        if not 0.0 < self.p < 1.0 or x.device.type != "cpu":
-            return super().forward(x)
-        return torch.where(cpu_keep_mask(x.shape, self.p), x * (1.0 / (1.0 - self.p)), 0.0)
 
 
 # -----------------------------------------------------------------------------
@@ -148,7 +128,7 @@ class BertEmbeddings(nn.Module):
                                  persistent=False)
         # "relative" adds no absolute position here: each attention layer sees relative distances instead.
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = BertDropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         T = input_ids.size(1)
@@ -158,7 +138,6 @@ class BertEmbeddings(nn.Module):
         elif self.position_embedding_type == "sinusoidal":
             x = x + self.position_table[:T]
         return self.dropout(self.LayerNorm(x))
-
 
 # -----------------------------------------------------------------------------
 # Attention
@@ -177,7 +156,7 @@ def relative_attention_scores(q: torch.Tensor, w_k: torch.Tensor, index: torch.T
 
     Shaw et al. 2018, Sec. 3.3: a^K_ij is one of only 2k+1 vectors, shared across heads and batch, so each query is
     scored against those once (one (B nh T, hs) x (hs, 2k+1) matmul) and the (T, T) scores gathered from them, instead
-    of T small matmuls against a materialised (T, T, hs) table (0.1 s of a 0.3 s bert_tiny step on 2 cores).
+    of T small matmuls against a materialised (T, T, hs) table (a third of a bert_tiny step on a CPU).
     """
     per_distance = q @ w_k.t()  # (B, nh, T, 2k+1)
     return per_distance.gather(-1, index.expand(*q.shape[:2], -1, -1))  # (B, nh, T, T)
@@ -191,45 +170,11 @@ def relative_attention_values(probs: torch.Tensor, w_v: torch.Tensor, index: tor
     return per_distance @ w_v  # (B, nh, T, hs)
 
 
-# Under CPU autocast, packed rows come in multiples of this (RealTokens): at most B*T/64 row counts, whose kernels
-# oneDNN keeps, for at most 63 rows of padding per batch (~3 % of a fine-tuning batch of 32 sentences). oneDNN builds
-# its bf16 kernels per shape, so exact shapes made bf16 fine-tuning 2.2x slower on an AMX Xeon; CUDA has no such cost
-# (`bench_train.py --sentence-batches 200 --device cuda` on an H100: rounded 0.77-1.00x the exact-shape step), so
-# CUDA keeps the exact shapes.
-ROUNDED_SHAPE_DEVICES = ("cpu",)
-PACKED_ROW_MULTIPLE = 64
-PADDED_LENGTH_MULTIPLE = 8  # and batches are padded to a multiple of 8 positions (HF's pad_to_multiple_of)
-
-
-class RealTokens:
-    """Where the real tokens of a padded (B, T) batch are. Every layer except attention works token by token, so it can
-    run on the N real tokens alone, packed as (N, H) ("unpadding", as in NVIDIA's DeepLearningExamples BERT and
-    MosaicBERT); attention alone needs the (B, T) layout back, with zeros at the padding, which its mask hides anyway.
-    Padding then costs no matmul work outside attention: it is a quarter of the positions in this project's phase-2
-    examples at 512, and most positions of fine-tuning batches of short sentences."""
-
-    def __init__(self, attention_mask: torch.Tensor, row_multiple: int = 1):  # (B, T), 1 = token, 0 = padding
-        self.batch_size, self.seq_len = attention_mask.shape
-        flat = attention_mask.flatten()
-        self.index = flat.nonzero().squeeze(1)  # (N,) positions of the real tokens in the flattened batch
-        self.num_real = self.index.numel()
-        # row_multiple: the packed rows are rounded up to a multiple of it with padding positions, whose results are
-        # dropped. Under bf16 autocast on the CPU, oneDNN builds a kernel for every new row count, and batches of
-        # sentences bring a new count almost every step: a bert_tiny fine-tuning step took 45.7 ms with the counts
-        # free and 24.7 ms with one count (fp32: 28-30 ms either way; AMX Xeon, 2026-11-26).
-        rows = min(-(-self.num_real // row_multiple) * row_multiple, flat.numel())
-        if rows > self.num_real:  # (rows,): the real tokens first, then padding positions
-            padding = (flat == 0).nonzero().squeeze(1)[: rows - self.num_real]
-            self.index = torch.cat([self.index, padding])
-
-    def pack(self, x: torch.Tensor) -> torch.Tensor:
-        return x.flatten(0, 1).index_select(0, self.index)  # (B, T, D) -> (rows, D)
-
-    def unpack(self, x: torch.Tensor) -> torch.Tensor:
-        # the rows of padding positions are dropped: zeros there, as if never computed
-        n = self.num_real
-        padded = x.new_zeros(self.batch_size * self.seq_len, x.size(-1)).index_copy(0, self.index[:n], x[:n])
-        return padded.view(self.batch_size, self.seq_len, -1)  # (rows, D) -> (B, T, D), zeros at the padding
+def additive_attention_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, T), 1 = token, 0 = padding -> (B, 1, 1, T) added to the attention scores: 0 for tokens, the most negative
+    float for padding keys, broadcast over heads and queries. finfo.min rather than -inf keeps fully padded rows finite
+    instead of NaN."""
+    return (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
 
 
 class BertSelfAttention(nn.Module):
@@ -243,7 +188,7 @@ class BertSelfAttention(nn.Module):
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = BertDropout(config.attention_probs_dropout_prob)
+        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
         self.relative = config.position_embedding_type == "relative"
         if self.relative:
             # Shaw et al. 2018: one learned vector per clipped distance -k..k for keys and one for values, of head
@@ -252,48 +197,39 @@ class BertSelfAttention(nn.Module):
             self.relative_key = nn.Embedding(2 * config.max_relative_position + 1, self.attention_head_size)
             self.relative_value = nn.Embedding(2 * config.max_relative_position + 1, self.attention_head_size)
 
-    def forward(self, hidden_states, attention_mask=None, output_attentions=False, tokens: RealTokens | None = None):
-        """hidden_states (B, T, H), or the packed real tokens (N, H) of `tokens`; attention_mask additive, broadcastable
-        to (B, nh, T, T), or None. Returns the context in the layout of hidden_states and the attention probabilities
-        (B, nh, T, T), or None when not computed."""
-        H = hidden_states.size(-1)
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
+        """hidden_states (B, T, H); attention_mask additive, broadcastable to (B, nh, T, T), or None. Returns the
+        context (B, T, H) and the attention probabilities (B, nh, T, T), or None when not computed."""
+        B, T, H = hidden_states.shape
         nh, hs = self.num_attention_heads, self.attention_head_size
-        # One matmul for the three projections: the input is read (and under autocast cast) once, and its gradient
-        # comes out of one matmul instead of being summed from three.
-        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
-        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
-        qkv = F.linear(hidden_states, weight, bias)
-        if tokens is not None:
-            qkv = tokens.unpack(qkv)  # (B, T, 3H)
-        B, T = qkv.shape[:2]
-        qkv = qkv.view(B, T, 3, nh, hs)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, nh, T, hs) each
+        q, k, v = (proj(hidden_states).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+                   for proj in (self.query, self.key, self.value))
+        context, probs = self.attend(q, k, v, attention_mask, with_probs=output_attentions)
+        return context.transpose(1, 2).reshape(B, T, H), probs
 
+    def attend(self, q, k, v, attention_mask, with_probs: bool):
+        """softmax(q k^T / sqrt(hs) + mask) v over q, k, v (B, nh, T, hs), with dropout on the probabilities: returns
+        the context (B, nh, T, hs) and the probabilities (B, nh, T, T), or None when with_probs is false and SDPA's
+        fused kernel (flash / memory-efficient) computed the context without them."""
+        T, hs = q.size(2), self.attention_head_size
         dropout_p = self.dropout.p if self.training else 0.0
-        # On the CPU, SDPA's fused kernel takes no dropout and its fallback draws the mask with bernoulli_: there the
-        # explicit path below with BertDropout's cheaper mask is faster (0.1 s of a bert_base training step).
-        cpu_dropout = dropout_p > 0.0 and hidden_states.device.type == "cpu"
-        if not (self.relative or output_attentions or cpu_dropout):
-            # Fused kernel (flash / memory-efficient) whenever nobody needs the probabilities themselves.
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=dropout_p)
-            probs = None
-        else:
-            # Explicit softmax: relative positions need alpha for the value term, heat-maps need alpha itself.
-            scores = (q @ k.transpose(-2, -1)) * hs**-0.5  # (B, nh, T, T)
-            if self.relative:
-                index = relative_position_index(T, self.max_relative_position, hidden_states.device)  # (T, T)
-                # e_ij = (q_i . k_j + q_i . a^K_ij) / sqrt(hs)   (Shaw et al. eq. 4)
-                scores = scores + relative_attention_scores(q, self.relative_key.weight, index) * hs**-0.5
-            if attention_mask is not None:
-                scores = scores + attention_mask
-            probs = scores.softmax(dim=-1)
-            dropped = self.dropout(probs)
-            context = dropped @ v  # (B, nh, T, hs)
-            if self.relative:
-                # z_i = sum_j alpha_ij (v_j + a^V_ij)   (Shaw et al. eq. 3)
-                context = context + relative_attention_values(dropped, self.relative_value.weight, index)
-        context = context.transpose(1, 2).reshape(B, T, H)
-        return (context if tokens is None else tokens.pack(context)), probs
+        if not (self.relative or with_probs):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=dropout_p), None
+        # Explicit softmax: relative positions need alpha for the value term, heat-maps need alpha itself.
+        scores = (q @ k.transpose(-2, -1)) * hs**-0.5  # (B, nh, T, T)
+        if self.relative:
+            index = relative_position_index(T, self.max_relative_position, q.device)  # (T, T)
+            # e_ij = (q_i . k_j + q_i . a^K_ij) / sqrt(hs)   (Shaw et al. eq. 4)
+            scores = scores + relative_attention_scores(q, self.relative_key.weight, index) * hs**-0.5
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        probs = scores.softmax(dim=-1)
+        dropped = self.dropout(probs)
+        context = dropped @ v  # (B, nh, T, hs)
+        if self.relative:
+            # z_i = sum_j alpha_ij (v_j + a^V_ij)   (Shaw et al. eq. 3)
+            context = context + relative_attention_values(dropped, self.relative_value.weight, index)
+        return context, probs
 
 
 class BertSelfOutput(nn.Module):
@@ -304,7 +240,7 @@ class BertSelfOutput(nn.Module):
         self.pre_layer_norm = config.pre_layer_norm
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = BertDropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states, input_tensor):
         hidden_states = self.dropout(self.dense(hidden_states))
@@ -320,11 +256,11 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, hidden_states, attention_mask=None, output_attentions=False, tokens: RealTokens | None = None):
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
         # Pre-LN normalises what goes into attention and leaves the residual stream un-normalised. The LayerNorm keeps
         # its post-LN name (attention.output.LayerNorm) so both variants share one parameter layout.
         x = self.output.LayerNorm(hidden_states) if self.pre_layer_norm else hidden_states
-        context, probs = self.self(x, attention_mask, output_attentions, tokens)
+        context, probs = self.self(x, attention_mask, output_attentions)
         return self.output(context, hidden_states), probs
 
 
@@ -346,7 +282,7 @@ class BertOutput(nn.Module):
         self.pre_layer_norm = config.pre_layer_norm
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = BertDropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states, input_tensor):
         hidden_states = self.dropout(self.dense(hidden_states))
@@ -365,8 +301,8 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, hidden_states, attention_mask=None, output_attentions=False, tokens: RealTokens | None = None):
-        attention_output, probs = self.attention(hidden_states, attention_mask, output_attentions, tokens)
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
+        attention_output, probs = self.attention(hidden_states, attention_mask, output_attentions)
         x = self.output.LayerNorm(attention_output) if self.pre_layer_norm else attention_output
         return self.output(self.intermediate(x), attention_output), probs
 
@@ -379,39 +315,21 @@ class BertEncoder(nn.Module):
         self.LayerNorm = (nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_layer_norm
                           else nn.Identity())
 
-    def forward(self, hidden_states, attention_mask=None, output_attentions=False, tokens: RealTokens | None = None):
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
+        """hidden_states (B, T, H), the embedded tokens; attention_mask (B, T), 1 = token, 0 = padding. Returns the
+        final states (B, T, H), zero at the padding, and each layer's attention probabilities (or None)."""
+        if attention_mask is None:
+            return self.run_layers(hidden_states, None, output_attentions)
+        additive = additive_attention_mask(attention_mask, hidden_states.dtype)
+        hidden_states, all_probs = self.run_layers(hidden_states, additive, output_attentions)
+        return hidden_states.masked_fill(attention_mask[:, :, None] == 0, 0.0), all_probs
+
+    def run_layers(self, hidden_states, attention_mask, output_attentions):
         all_probs = []
         for layer in self.layer:
-            hidden_states, probs = layer(hidden_states, attention_mask, output_attentions, tokens)
+            hidden_states, probs = layer(hidden_states, attention_mask, output_attentions)
             all_probs.append(probs)
         return self.LayerNorm(hidden_states), all_probs
-
-
-def run_encoder(encoder: BertEncoder, hidden_states, attention_mask=None, output_attentions=False):
-    """The encoder's layers over embedded tokens hidden_states (B, T, H) with attention_mask (B, T), 1 = token, 0 = pad:
-    returns (sequence_output (B, T, H), zero at the padding, and the per-layer attention probabilities)."""
-    tokens, length = None, hidden_states.size(1)
-    if attention_mask is not None:
-        device = hidden_states.device.type
-        rounded = device in ROUNDED_SHAPE_DEVICES and torch.is_autocast_enabled(device)  # see PACKED_ROW_MULTIPLE
-        if rounded and length % PADDED_LENGTH_MULTIPLE:
-            # attention's products are (B*nh, T, T): a few lengths, a few oneDNN kernels (as PACKED_ROW_MULTIPLE)
-            extra = -length % PADDED_LENGTH_MULTIPLE
-            hidden_states, attention_mask = F.pad(hidden_states, (0, 0, 0, extra)), F.pad(attention_mask, (0, extra))
-        if not bool(attention_mask.all()):
-            tokens = RealTokens(attention_mask, row_multiple=PACKED_ROW_MULTIPLE if rounded else 1)
-            hidden_states = tokens.pack(hidden_states)  # (rows, H): the layers skip the padding (RealTokens)
-        # (B, T) -> additive (B, 1, 1, T): 0 for tokens, the most negative float for padding keys, broadcast over
-        # heads and queries. finfo.min rather than -inf keeps fully padded rows finite instead of NaN.
-        dtype = hidden_states.dtype
-        attention_mask = (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
-    sequence_output, all_probs = encoder(hidden_states, attention_mask, output_attentions, tokens)
-    if tokens is not None:
-        sequence_output = tokens.unpack(sequence_output)  # zeros at the padding
-    if sequence_output.size(1) != length:  # padded to PADDED_LENGTH_MULTIPLE above
-        sequence_output = sequence_output[:, :length]
-        all_probs = [None if probs is None else probs[..., :length, :length] for probs in all_probs]
-    return sequence_output, all_probs
 
 
 class BertPooler(nn.Module):
@@ -438,6 +356,13 @@ class BertPreTrainedModel(nn.Module):
 
     def init_weights(self):
         self.apply(self._init_weights)
+
+    def post_init(self):
+        """The last step of every model's constructor: models/kernels.py's faster modules where config.fast_kernels."""
+        if self.config.fast_kernels:
+            from models.kernels import use_fast_kernels  # imported here: kernels.py subclasses this file's modules
+
+            use_fast_kernels(self)
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -466,18 +391,18 @@ class BertModel(BertPreTrainedModel):
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config)
         self.init_weights()
+        self.post_init()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, output_attentions=False):
         """input_ids (B, T); token_type_ids (B, T), default all segment 0; attention_mask (B, T), 1 = token, 0 = pad.
 
         Returns (sequence_output (B, T, H), pooled_output (B, H)), plus a list of per-layer attention probabilities
-        (B, nh, T, T) as a third element when output_attentions=True. sequence_output is zero at padded positions:
-        they skip the layers (RealTokens).
+        (B, nh, T, T) as a third element when output_attentions=True. sequence_output is zero at padded positions.
         """
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         hidden_states = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
-        sequence_output, all_probs = run_encoder(self.encoder, hidden_states, attention_mask, output_attentions)
+        sequence_output, all_probs = self.encoder(hidden_states, attention_mask, output_attentions)
         pooled_output = self.pooler(sequence_output)
         if output_attentions:
             return sequence_output, pooled_output, all_probs
@@ -486,83 +411,6 @@ class BertModel(BertPreTrainedModel):
 
 # -----------------------------------------------------------------------------
 # Pretraining heads
-
-
-class TiedWordGradient:
-    """Hands the MLM decoder's dense (V, H) gradient of the tied word-embedding matrix from the decoder's backward to
-    the word lookup's backward, which adds the rows it looked up in place and returns the sum as the matrix's only
-    gradient. Left to autograd, a matrix used twice gets its two gradients summed out of place: a fresh (V, H) tensor
-    read through the transposed layout of the decoder's gradient, 0.13-0.16 s of a 3.5 s bert_base CPU step. The
-    lookup's backward always runs after the decoder's, since every state the decoder reads depends on the lookup."""
-
-    def __init__(self):
-        self.from_decoder: torch.Tensor | None = None
-
-
-class _LookupWithTiedGradient(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, input_ids, weight, tied: TiedWordGradient):
-        ctx.save_for_backward(input_ids)
-        ctx.tied, ctx.weight_shape, ctx.weight_dtype = tied, weight.shape, weight.dtype
-        tied.from_decoder = None  # a new forward: nothing left over from a backward that never reached the lookup
-        return F.embedding(input_ids, weight)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (input_ids,) = ctx.saved_tensors
-        grad_weight, ctx.tied.from_decoder = ctx.tied.from_decoder, None
-        if grad_weight is None:
-            grad_weight = grad.new_zeros(ctx.weight_shape, dtype=ctx.weight_dtype)
-        grad_weight.index_add_(0, input_ids.flatten(), grad.reshape(-1, grad.size(-1)).to(grad_weight.dtype))
-        return None, grad_weight, None
-
-
-class _DecoderWithTiedGradient(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, weight, tied: TiedWordGradient):
-        # autocast's casts made explicitly, so that backward computes in the same dtype
-        device = hidden.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
-        hidden, cast_weight = hidden.to(dtype), weight.to(dtype)
-        ctx.save_for_backward(hidden, cast_weight)
-        ctx.tied, ctx.weight_dtype = tied, weight.dtype
-        return F.linear(hidden, cast_weight)  # (..., V)
-
-    @staticmethod
-    def backward(ctx, grad):
-        hidden, weight = ctx.saved_tensors
-        grad = grad.to(weight.dtype)
-        flat_grad, flat_hidden = grad.reshape(-1, grad.size(-1)), hidden.reshape(-1, hidden.size(-1))
-        ctx.tied.from_decoder = (flat_grad.t() @ flat_hidden).to(ctx.weight_dtype)  # (V, H), contiguous
-        return grad @ weight, None, None
-
-
-class TiedWordEmbedding(nn.Embedding):
-    """The word lookup of a model whose decoder shares its matrix (see TiedWordGradient); a plain nn.Embedding
-    whenever no gradient is taken."""
-
-    def __init__(self, weight: nn.Parameter, tied: TiedWordGradient):
-        super().__init__(*weight.shape, device="meta")
-        self.weight, self.tied = weight, tied
-
-    def forward(self, input_ids):
-        if not (torch.is_grad_enabled() and self.weight.requires_grad):
-            return super().forward(input_ids)
-        return _LookupWithTiedGradient.apply(input_ids, self.weight, self.tied)
-
-
-class TiedDecoder(nn.Linear):
-    """Scores over the vocabulary with the word-embedding matrix as weights (no bias); its gradient of that matrix
-    goes to the lookup (TiedWordGradient)."""
-
-    def __init__(self, weight: nn.Parameter, tied: TiedWordGradient):
-        super().__init__(weight.shape[1], weight.shape[0], bias=False, device="meta")
-        self.weight, self.tied = weight, tied
-
-    def forward(self, hidden_states):
-        if not (torch.is_grad_enabled() and self.weight.requires_grad):
-            return super().forward(hidden_states)
-        return _DecoderWithTiedGradient.apply(hidden_states, self.weight, self.tied)
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -578,11 +426,12 @@ class BertPredictionHeadTransform(nn.Module):
 class BertLMPredictionHead(nn.Module):
     """Masked-LM head: transform, then scores over the vocabulary with the input embedding matrix as output weights."""
 
-    def __init__(self, config: BertConfig, word_embeddings: TiedWordEmbedding):
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
         super().__init__()
         self.transform = BertPredictionHeadTransform(config)
         # Tied weights (Press & Wolf 2017, as in BERT): the decoder's weight IS the word embedding Parameter.
-        self.decoder = TiedDecoder(word_embeddings.weight, word_embeddings.tied)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device="meta")
+        self.decoder.weight = word_embeddings.weight
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))  # output-only bias, not tied
 
     def forward(self, hidden_states):
@@ -592,7 +441,7 @@ class BertLMPredictionHead(nn.Module):
 class BertPreTrainingHeads(nn.Module):
     """Masked-LM head on the token states and next-sentence-prediction head on the pooled [CLS] state."""
 
-    def __init__(self, config: BertConfig, word_embeddings: TiedWordEmbedding):
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
         super().__init__()
         self.predictions = BertLMPredictionHead(config, word_embeddings)
         self.seq_relationship = nn.Linear(config.hidden_size, 2)
@@ -627,12 +476,11 @@ class BertForPreTraining(BertPretrainingModel):
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.bert = BertModel(config)
-        embeddings = self.bert.embeddings
-        embeddings.word_embeddings = TiedWordEmbedding(embeddings.word_embeddings.weight, TiedWordGradient())
-        self.cls = BertPreTrainingHeads(config, embeddings.word_embeddings)
+        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings)
         # Only the heads: .bert initialised itself. (The tied decoder redraws the word embeddings from the same
         # N(0, std).)
         self.cls.apply(self._init_weights)
+        self.post_init()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None):
         """Returns (mlm_logits, nsp_logits (B, 2)). mlm_logits is (B, T, V), or (B, P, V) for mlm_positions (B, P).
@@ -676,9 +524,10 @@ class BertForSequenceClassification(BertTaskModel):
             raise ValueError(f"pooling must be one of {SEQUENCE_POOLINGS}, got {pooling!r}")
         super().__init__(config)
         self.num_labels, self.pooling = num_labels, pooling
-        self.dropout = BertDropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.classifier.apply(self._init_weights)  # only the head: .bert is initialised (or about to be loaded)
+        self.post_init()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None):
         sequence_output, pooled_output = self.bert(input_ids, token_type_ids, attention_mask)
@@ -695,9 +544,10 @@ class BertForTokenClassification(BertTaskModel):
     def __init__(self, config: BertConfig, num_labels: int):
         super().__init__(config)
         self.num_labels = num_labels
-        self.dropout = BertDropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.classifier.apply(self._init_weights)
+        self.post_init()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None):
         sequence_output, _ = self.bert(input_ids, token_type_ids, attention_mask)
@@ -711,6 +561,7 @@ class BertForQuestionAnswering(BertTaskModel):
         super().__init__(config)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.qa_outputs.apply(self._init_weights)
+        self.post_init()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None):
         sequence_output, _ = self.bert(input_ids, token_type_ids, attention_mask)

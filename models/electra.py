@@ -21,9 +21,6 @@ from models.bert import (
     BertLMPredictionHead,
     BertModel,
     BertPretrainingModel,
-    TiedWordEmbedding,
-    TiedWordGradient,
-    run_encoder,
 )
 
 
@@ -66,13 +63,12 @@ class ElectraForPreTraining(BertPretrainingModel):
         # No next-sentence task trains the pooler: frozen, so that distributed data parallel waits for no gradient
         # of it; fine-tuning builds its own trainable copy.
         self.bert.pooler.requires_grad_(False)
-        embeddings = self.bert.embeddings
-        embeddings.word_embeddings = TiedWordEmbedding(embeddings.word_embeddings.weight, TiedWordGradient())
         self.generator = BertEncoder(replace(config, num_hidden_layers=generator_layers))
-        self.generator_predictions = BertLMPredictionHead(config, embeddings.word_embeddings)
+        self.generator_predictions = BertLMPredictionHead(config, self.bert.embeddings.word_embeddings)
         self.discriminator_predictions = ElectraDiscriminatorPredictions(config)
         for module in (self.generator, self.generator_predictions, self.discriminator_predictions):
             module.apply(self._init_weights)
+        self.post_init()
 
     def forward(self, input_ids, token_type_ids, attention_mask, mlm_positions, mlm_labels):
         """input_ids (B, T) with the masked-LM corruption applied; mlm_positions/mlm_labels (B, P): the corrupted
@@ -87,7 +83,7 @@ class ElectraForPreTraining(BertPretrainingModel):
         original = input_ids.clone()
         original[rows, columns] = mlm_labels[rows, slots]
 
-        hidden = run_encoder(self.generator, self.bert.embeddings(input_ids, token_type_ids), attention_mask)[0]
+        hidden = self.generator(self.bert.embeddings(input_ids, token_type_ids), attention_mask)[0]
         index = mlm_positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1))
         mlm_logits = self.generator_predictions(hidden.gather(1, index))  # (B, P, V)
 

@@ -1,10 +1,9 @@
 """F.linear for the few rows of a decoding step, by a kernel of our own (models/gemv.cpp) where it is faster.
 
 A decoding step multiplies one row per sequence by every weight of the model: 2 flops per weight read, so its speed
-is the speed at which the weights stream from memory. The library's one-row products stream 12-18 GB/s on this
-project's CPUs (MKL through F.linear, addmv or addmm by a transposed copy; 2 threads, AMD EPYC with AVX2), as MKL
-runs a one-row product on one thread. models/gemv.cpp splits the weight's rows between the intra-op threads and reads
-each once: 24-26 GB/s at gpt_small's shapes, the rate of a plain sum over the same matrix (docs/gpt.md has the table).
+is the speed at which the weights stream from memory. MKL runs a one-row product on one thread, well below the
+machine's rate; models/gemv.cpp splits the weight's rows between the intra-op threads and reads each once, at the rate
+of a plain sum over the same matrix (docs/gpt.md has the table). models/kernels.py's DecodingLinear uses it.
 
 The kernel is compiled on first use (~40 s, once per machine: torch.utils.cpp_extension keeps it under
 TORCH_EXTENSIONS_DIR) for x86 CPUs with AVX2 and FMA, as DeepSpeed builds its CPU ops. Where it cannot run (another
@@ -23,9 +22,8 @@ import torch
 import torch.nn.functional as F
 
 # Rows a decoding step multiplies: one per sequence (greedy or sampling at batch 1, a handful of beams or samples).
-# MKL's small-row products are slow on this project's CPUs: 768 -> 3072 on 2 threads (AVX2 instance) takes 396 us for
-# 1 row here against 761 us, 850 against 2,484 for 8 rows, 1,512 against 2,820 for 16; the two meet near 128 rows.
-# Larger inputs (prompts, training) stay with the library.
+# Up to here the kernel is well ahead of MKL; the two meet near 128 rows (docs/kernels.md). Larger inputs (prompts,
+# training) stay with the library.
 MAX_ROWS = 16
 
 _SOURCE = Path(__file__).with_name("gemv.cpp")

@@ -8,6 +8,9 @@ in models/generation.py.
 The layout is GPT-2's as in nanoGPT and HuggingFace's `GPT2LMHeadModel` (`transformer.h.0.attn.c_attn`, `ln_1`,
 `mlp.c_fc`, ...): pre-LN blocks, a final LayerNorm, the LM head tied to the token embeddings. HF stores its projections
 as `Conv1D` with the weight transposed relative to nn.Linear, so converting weights is renaming plus four transposes.
+
+The speed work (a cheaper CPU dropout mask, a kernel of our own for the few-row products of a decoding step) lives in
+models/kernels.py, swapped in at the end of the constructor where `config.fast_kernels` (the default).
 """
 
 import json
@@ -22,8 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from models import IGNORE_INDEX, gemv
-from models.bert import BertDropout
+from models import IGNORE_INDEX
 from models.checkpoint import load_checkpoint, read_config, save_checkpoint
 
 
@@ -46,6 +48,9 @@ class GPTConfig:
     # Label smoothing (Szegedy et al. 2016) of the loss in training mode; Vaswani et al. 2017 used 0.1 (the Annotated
     # Transformer's LabelSmoothing, seed 000). GPT-2 uses none, hence off. The eval-mode loss is never smoothed.
     label_smoothing: float = 0.0
+    # models/kernels.py's faster modules in place of this file's (the same function to float rounding; dropout draws its
+    # masks differently). False: the model exactly as written here.
+    fast_kernels: bool = True
 
     def __post_init__(self):
         if self.n_embd % self.n_head != 0:
@@ -142,14 +147,6 @@ def causal_mask(past: int, T: int, pad: torch.Tensor | None, device=None) -> tor
 # Blocks
 
 
-class DecodingLinear(nn.Linear):
-    """nn.Linear whose products of a few rows outside autograd (a decoding step) go through models/gemv.py, which
-    streams the weight from memory 1.35-1.9x as fast as F.linear on this project's CPUs (docs/gpt.md)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gemv.linear(x, self.weight, self.bias)
-
-
 class CausalSelfAttention(nn.Module):
     """Multi-head masked self-attention (Vaswani et al. 2017): each position attends to itself and the positions before
     it, through F.scaled_dot_product_attention (a fused kernel wherever one applies)."""
@@ -157,10 +154,10 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
         self.n_head, self.layer = config.n_head, layer
-        self.c_attn = DecodingLinear(config.n_embd, 3 * config.n_embd)  # q, k, v in one matmul, GPT-2's layout
-        self.c_proj = DecodingLinear(config.n_embd, config.n_embd)
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v in one matmul, GPT-2's layout
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
         self.attn_pdrop = config.attn_pdrop
-        self.resid_dropout = BertDropout(config.resid_pdrop)
+        self.resid_dropout = nn.Dropout(config.resid_pdrop)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
         B, T, C = x.shape
@@ -177,9 +174,9 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = DecodingLinear(config.n_embd, 4 * config.n_embd)
-        self.c_proj = DecodingLinear(4 * config.n_embd, config.n_embd)
-        self.dropout = BertDropout(config.resid_pdrop)
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.dropout = nn.Dropout(config.resid_pdrop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # GPT-2's GELU is the tanh approximation (HF's "gelu_new"); the exact erf GELU would be off by up to ~1e-3
@@ -215,7 +212,7 @@ class GPTModel(nn.Module):
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.n_positions, config.n_embd)
-        self.drop = BertDropout(config.embd_pdrop)
+        self.drop = nn.Dropout(config.embd_pdrop)
         self.h = nn.ModuleList([Block(config, layer) for layer in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
 
@@ -257,6 +254,10 @@ class GPTLMHeadModel(nn.Module):
         self.config = config
         self.transformer = GPTModel(config)
         self.init_weights()
+        if config.fast_kernels:
+            from models.kernels import use_fast_kernels  # imported here: kernels.py subclasses this file's modules
+
+            use_fast_kernels(self)
 
     @torch.no_grad()
     def init_weights(self):
@@ -291,9 +292,8 @@ class GPTLMHeadModel(nn.Module):
 
     def next_token_logits(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Scores (B, V) of the token after the last of idx (B, T), which are appended to `cache`: what a decoding step
-        needs. The LM head runs on that position alone (over a T-token prompt forward() would multiply T x V), by
-        models/gemv.py: at gpt_small the head is 154 MB of the 494 MB a decoding step reads."""
-        return gemv.linear(self.transformer(idx, cache)[:, -1], self.transformer.wte.weight)  # (B, C) x (V, C)^T
+        needs. The LM head runs on that position alone (over a T-token prompt forward() would multiply T x V)."""
+        return F.linear(self.transformer(idx, cache)[:, -1], self.transformer.wte.weight)  # (B, C) x (V, C)^T
 
     def new_cache(self, batch_size: int, max_len: int, pad: torch.Tensor | None = None) -> KVCache:
         """An empty KV cache on this model's device and in its dtype."""
@@ -459,13 +459,11 @@ class GPTForSequenceClassification(GPTWithTaskHead):
 
     N_SPECIAL = 3  # start, delimiter, extract: ids vocab_size - 3, -2, -1
 
-
     @property
     def special_ids(self) -> tuple[int, int, int]:
         """(start, delimiter, extract) token ids."""
         v = self.config.vocab_size
         return v - 3, v - 2, v - 1
-
 
     def forward(self, idx: torch.Tensor, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         B, K, T = idx.shape
@@ -502,11 +500,9 @@ class GPTForTokenClassification(GPTWithTaskHead):
 
     N_SPECIAL = 1  # the end token: id vocab_size - 1
 
-
     @property
     def end_id(self) -> int:
         return self.config.vocab_size - 1
-
 
     def forward(self, input_ids: torch.Tensor, *unused: torch.Tensor) -> torch.Tensor:
         return self.head(self.encoder(input_ids))

@@ -9,14 +9,12 @@ from models.bert import (
     BERT_SIZES,
     POSITION_EMBEDDING_TYPES,
     BertConfig,
-    BertDropout,
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
     BertSelfAttention,
-    RealTokens,
     bert_config,
     load_pretrained,
     save_pretrained,
@@ -134,96 +132,6 @@ def test_padding_does_not_change_real_positions(position_embedding_type):
     torch.testing.assert_close(pooled_p, pooled, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("pre_layer_norm", [False, True])
-@pytest.mark.parametrize("position_embedding_type", POSITION_EMBEDDING_TYPES)
-def test_layers_run_on_the_real_tokens_alone_with_the_padded_results(position_embedding_type, pre_layer_norm):
-    """RealTokens: with padding in the batch, every layer but attention sees only the N real tokens; outputs at the real
-    positions and all gradients equal the computation over the whole padded (B, T) batch."""
-    torch.manual_seed(0)
-    config = small_config(position_embedding_type=position_embedding_type, pre_layer_norm=pre_layer_norm,
-                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    model = BertModel(config).train()
-    input_ids, token_type_ids, attention_mask = batch()
-    attention_mask[2, 3:] = 0
-    real = attention_mask.bool()
-    rows_seen = []
-    model.encoder.layer[0].intermediate.dense.register_forward_hook(lambda m, inputs, out: rows_seen.append(inputs[0]))
-    weights = torch.randn(*input_ids.shape, config.hidden_size)
-
-    seq, pooled = model(input_ids, token_type_ids, attention_mask)
-    ((seq * weights)[real].sum() + pooled.sum()).backward()
-    unpadded = {name: p.grad.clone() for name, p in model.named_parameters()}
-    model.zero_grad()
-
-    # The same weights over the padded layout: the encoder called without RealTokens.
-    hidden = model.embeddings(input_ids, token_type_ids)
-    additive = (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
-    seq_padded, _ = model.encoder(hidden, additive)
-    pooled_padded = model.pooler(seq_padded)
-    ((seq_padded * weights)[real].sum() + pooled_padded.sum()).backward()
-
-    assert rows_seen[0].shape == (int(real.sum()), config.hidden_size)  # packed: no row for a padded position
-    assert rows_seen[1].shape == (*input_ids.shape, config.hidden_size)
-    assert torch.all(seq[~real] == 0)
-    torch.testing.assert_close(seq[real], seq_padded[real], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(pooled, pooled_padded, atol=1e-5, rtol=1e-5)
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(unpadded[name], p.grad, atol=1e-5, rtol=1e-4, msg=name)
-
-
-@pytest.mark.parametrize("position_embedding_type", ["learned", "relative"])
-def test_under_autocast_the_layers_see_few_shapes_and_the_outputs_are_unchanged(monkeypatch, position_embedding_type):
-    """Under bf16 autocast oneDNN builds a kernel per shape: packed rows come in multiples of PACKED_ROW_MULTIPLE and
-    batches are padded to a multiple of PADDED_LENGTH_MULTIPLE positions, the extra rows' results dropped. Outputs,
-    attention probabilities and gradients are those of the exact shapes."""
-    import models.bert as bert
-
-    torch.manual_seed(0)
-    model = BertModel(small_config(position_embedding_type=position_embedding_type, hidden_dropout_prob=0.0,
-                                   attention_probs_dropout_prob=0.0))
-    input_ids, token_type_ids, attention_mask = batch(B=3, T=11)
-    attention_mask[2, 5:] = 0
-    real = attention_mask.bool()
-    shapes = []
-    model.encoder.layer[0].intermediate.dense.register_forward_hook(lambda m, i, o: shapes.append(i[0].shape))
-    model.encoder.layer[0].attention.self.register_forward_hook(lambda m, i, o: shapes.append(o[1].shape))
-
-    def run():
-        model.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            seq, pooled, probs = model(input_ids, token_type_ids, attention_mask, output_attentions=True)
-        (seq.float()[real].sum() + pooled.float().sum()).backward()
-        return seq.float(), [p.float() for p in probs], {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    seq, probs, grads = run()
-    assert shapes == [(3, 4, 16, 16), (48, 32)]  # 23 real tokens -> 64 rows, capped at the 3 x 16 positions
-    assert seq.shape == (3, 11, 32) and torch.all(seq[~real] == 0) and probs[0].shape == (3, 4, 11, 11)
-    row_sums = probs[0].sum(-1).transpose(0, 1)[:, real]  # (nh, real queries): the dropped keys took no weight
-    torch.testing.assert_close(row_sums, torch.ones_like(row_sums), atol=1e-2, rtol=0)
-    monkeypatch.setattr(bert, "PACKED_ROW_MULTIPLE", 1)
-    monkeypatch.setattr(bert, "PADDED_LENGTH_MULTIPLE", 1)
-    shapes.clear()
-    exact_seq, exact_probs, exact_grads = run()
-    assert shapes == [(3, 4, 11, 11), (23, 32)]
-    torch.testing.assert_close(seq, exact_seq, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(probs[0], exact_probs[0], atol=1e-2, rtol=1e-2)
-    for name, grad in grads.items():
-        torch.testing.assert_close(grad, exact_grads[name], atol=2e-2, rtol=5e-2, msg=name)
-
-
-def test_packed_rows_round_up_with_padding_positions_that_unpack_drops():
-    mask = torch.zeros(4, 40, dtype=torch.long)
-    mask[:, :9] = 1  # 36 real tokens of 160 positions
-    tokens = RealTokens(mask, row_multiple=64)
-    assert tokens.index.shape == (64,) and torch.equal(tokens.index[:36], mask.flatten().nonzero().squeeze(1))
-    assert bool((mask.flatten()[tokens.index[36:]] == 0).all())
-    x = torch.randn(4, 40, 3)
-    packed = tokens.pack(x)
-    torch.testing.assert_close(tokens.unpack(packed)[mask.bool()], x[mask.bool()])
-    assert torch.all(tokens.unpack(packed)[~mask.bool()] == 0)
-    assert RealTokens(mask[:, :10], row_multiple=64).index.shape == (40,)  # never more rows than positions
-
-
 def naive_relative_attention(attn: BertSelfAttention, x: torch.Tensor, mask: torch.Tensor):
     """Shaw et al. 2018 eqs. 2-5 written one (i, j) pair at a time. mask (B, T): 1 = token, 0 = pad."""
     B, T, H = x.shape
@@ -325,61 +233,6 @@ def test_task_models_name_their_pretrained_encoder():
     for model in (BertForSequenceClassification(config, 3), BertForTokenClassification(config, 5),
                   BertForQuestionAnswering(config)):
         assert model.encoder is model.bert and isinstance(model.encoder, BertModel)
-
-
-@pytest.mark.parametrize("bf16", [False, True])
-def test_tied_word_embedding_gradient_is_exact(bf16):
-    """The lookup's rows are added into the decoder's gradient of the shared matrix (TiedWordGradient): the same values
-    as autograd's own sum over a plain nn.Embedding and nn.Linear sharing the Parameter, a dense .grad (what AdamW,
-    DDP and DeepSpeed expect) reaching the Parameter once per backward, also when two micro-batches accumulate."""
-    torch.manual_seed(0)
-    model = BertForPreTraining(small_config()).eval()  # eval: no dropout, so both passes see the same function
-    reference = BertForPreTraining(small_config()).eval()
-    reference.load_state_dict(model.state_dict())
-    weight = reference.bert.embeddings.word_embeddings.weight
-    reference.bert.embeddings.word_embeddings = torch.nn.Embedding(*weight.shape, _weight=weight)
-    reference.cls.predictions.decoder = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
-    reference.bert.embeddings.word_embeddings.weight = reference.cls.predictions.decoder.weight = weight
-    arrivals = []
-    model.bert.embeddings.word_embeddings.weight.register_post_accumulate_grad_hook(lambda p: arrivals.append(1))
-    positions = torch.tensor([[1, 4, 5, 9], [0, 2, 3, 5], [10, 8, 6, 7]])
-    for m in (model, reference):
-        for seed in (0, 1):  # gradient accumulation over two micro-batches
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                mlm, nsp = m(*batch(seed=seed), mlm_positions=positions)
-            (mlm.float().square().mean() + nsp.float().square().mean()).backward()
-    grad, expected = model.bert.embeddings.word_embeddings.weight.grad, weight.grad
-    assert grad.layout == torch.strided and grad.dtype == torch.float32 and arrivals == [1, 1]
-    torch.testing.assert_close(grad, expected, **({"atol": 2e-3, "rtol": 2e-2} if bf16 else {}))
-    for m in (model, reference):  # every other parameter's gradient is unchanged by the hand-over
-        m.bert.embeddings.word_embeddings.weight.grad = None
-    torch.testing.assert_close([p.grad for p in model.parameters() if p.grad is not None],
-                               [p.grad for p in reference.parameters() if p.grad is not None],
-                               **({"atol": 2e-3, "rtol": 2e-2} if bf16 else {}))
-    # Rows the batch never looks up still get the decoder's gradient; looked-up rows also get the lookup's.
-    looked_up = torch.unique(torch.cat([batch(seed=s)[0].flatten() for s in (0, 1)]))
-    assert looked_up.numel() < V and grad.abs().sum(1).gt(0).all()
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_dropout_keeps_one_minus_p_scaled_and_reproducible(dtype):
-    dropout = BertDropout(0.1)
-    x = torch.rand(1000, 1000, dtype=dtype) + 1.0
-    torch.manual_seed(3)
-    out = dropout(x)
-    kept = out != 0
-    assert out.dtype == dtype and abs(kept.float().mean().item() - 0.9) < 5 * math.sqrt(0.9 * 0.1 / x.numel())
-    torch.testing.assert_close(out[kept], (x / 0.9)[kept])
-    # mask patterns are not repeating across the four 16-bit fields of each random draw
-    assert not torch.equal(kept.view(-1, 4)[:, 0], kept.view(-1, 4)[:, 1])
-    torch.manual_seed(3)
-    assert torch.equal(dropout(x), out)  # the global generator draws the mask: seeding reproduces it
-    x.requires_grad_(True)
-    torch.manual_seed(3)
-    dropout(x).sum().backward()
-    torch.testing.assert_close(x.grad, torch.where(kept, 1 / 0.9, 0.0).to(dtype))
-    assert torch.equal(dropout.eval()(x), x)
-    assert torch.equal(BertDropout(0.0).train()(x), x) and not BertDropout(1.0).train()(x).any()
 
 
 def test_mlm_positions_gather_equals_slicing_full_logits():

@@ -2,6 +2,8 @@
 naming the key; the command line tells the user what exists when a name is wrong."""
 from __future__ import annotations
 
+import dataclasses
+import enum
 import os
 import pickle
 import re
@@ -13,9 +15,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
-from omegaconf import OmegaConf
+from omegaconf import MISSING, OmegaConf
 
 from pipeline import CONF_DIR
+from pipeline.config import Config
 from pipeline.downstream.finetune import task_names
 from pipeline.downstream.tasks import load_task
 from pipeline.runner import validate
@@ -74,6 +77,51 @@ def test_experiment_composes_to_what_its_file_states(name, tmp_path):
     if cfg.finetune.data_dir:  # e.g. GLUE
         cfg.finetune.data_dir = str(_write_task_files(tmp_path / "tasks", task_names(cfg)))
     validate(cfg)
+
+
+def _declared_defaults(schema: type, prefix: str = ""):
+    """(dotted key, default) of every field of `schema` and its nested blocks that declares a default (not MISSING):
+    the family blocks' dataclasses, pipeline/bert/config.py's PHASE_2_DEFAULTS, GPT's own pretrain block."""
+    for f in dataclasses.fields(schema):
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            continue
+        if dataclasses.is_dataclass(value):
+            yield from _declared_defaults(type(value), f"{prefix}{f.name}.")
+        elif not (isinstance(value, str) and value == MISSING):
+            yield f"{prefix}{f.name}", _plain(value)
+
+
+def _plain(value):
+    """Enum members as their names, as OmegaConf's to_container(enum_to_str=True) gives them."""
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def _schema_yaml_disagreements(overrides: list[str]) -> list[str]:
+    composed = OmegaConf.to_container(_compose(overrides), resolve=False, enum_to_str=True)
+    found = []
+    for key, default in _declared_defaults(Config):
+        value = composed
+        for part in key.split("."):
+            value = value[part]
+        if value != default:
+            found.append(f"{key}: schema {default!r}, YAML {value!r}")
+    return found
+
+
+def test_no_schema_default_disagrees_with_a_yaml_default():
+    """A key has one default: where a schema declares one and a YAML file of the default config (conf/config.yaml and
+    the groups it picks) also sets the key, the two are the same value. Experiments may change any of them."""
+    assert sum(1 for _ in _declared_defaults(Config)) > 50  # the family blocks, phase 2's and GPT's pretrain blocks
+    assert _schema_yaml_disagreements([]) == []
+    # a YAML default that differs from its schema's is what this finds
+    assert _schema_yaml_disagreements(["tokenizer.vocab_size=30000", "pretrain_phase2.max_steps=7"]) == [
+        "tokenizer.vocab_size: schema 8000, YAML 30000", "pretrain_phase2.max_steps: schema 100, YAML 7"]
 
 
 def _write_task_files(root: Path, names: list[str]) -> Path:

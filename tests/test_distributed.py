@@ -86,7 +86,7 @@ def test_the_deepspeed_json_takes_the_precision_auto_resolves_to(monkeypatch, re
 
 @pytest.mark.parametrize("num_workers", [1, 2])  # Lightning's DeepSpeedStrategy; Ray Train's subclass of it
 def test_lightning_takes_the_deepspeed_json_with_the_trainers_gradient_accumulation(num_workers):
-    """The first GPU run (2026-11-26): Lightning refuses a DeepSpeed JSON that sets gradient_accumulation_steps, which
+    """Found on a GPU: Lightning refuses a DeepSpeed JSON that sets gradient_accumulation_steps, which
     it writes itself from the Trainer's accumulate_grad_batches, so every Lightning DeepSpeed run failed at setup.
     Lightning's own formatting of the JSON runs here on the CPU, where its strategy cannot train."""
     from types import SimpleNamespace
@@ -205,7 +205,7 @@ def test_deepspeed_zero2_on_cpu_consolidates_and_fine_tunes(tmp_root, ray_sessio
 @pytest.mark.slow  # Ray Train start-up plus DeepSpeed import in 2 workers: ~45 s when the data stages are cached
 def test_deepspeed_zero3_on_cpu_trains_the_tied_word_matrix(tmp_root, ray_session):
     """ZeRO-3 partitions every parameter and gathers it around each module's forward and backward: the word matrix
-    that the lookup and the MLM decoder share (models.bert.TiedWordGradient) must still train."""
+    that the lookup and the MLM decoder share (models.kernels.TiedWordGradient) must still train."""
     run = tiny_run(tmp_root, ["trainer=deepspeed_stage_3", "trainer.accelerator=cpu"])
     summary = run.run_stage("pretrain")
     losses = train_losses(run.stage_dir("pretrain"))

@@ -93,6 +93,26 @@ def test_every_task_family_is_scored_with_its_metric_over_seeds_and_reruns_skip(
     assert capsys.readouterr().out.count("skipping") == 6
 
 
+def test_fine_tuning_runs_print_their_results_without_lightnings_banners(ctx, monkeypatch, capfd, caplog):
+    """Each (task, model, seed) builds its own Trainer: the console shows the pipeline's lines for it, not Lightning's
+    device banner, its advertisements or its seed line, once per run."""
+    import logging
+
+    from pipeline.engine import training
+
+    for name in training.LIGHTNING_BANNER_LOGGERS:  # as a fresh process has them, whatever ran before in this one
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.NOTSET)
+    training.quiet_lightning_banners.cache_clear()
+    caplog.set_level(logging.INFO)
+    ctx.cfg.finetune.task = "sst2"
+    finetuning.finetune(ctx)
+    out, err = capfd.readouterr()
+    console = out + err + caplog.text
+    assert "finetune sst2/pretrained/all/seed1: accuracy" in out and "finetune sst2/pretrained/all/seed2" in out
+    for banner in ("GPU available", "TPU available", "Tip", "Seed set to", "`Trainer.fit` stopped", "LeafSpec"):
+        assert banner not in console, banner
+
+
 def test_an_external_hf_bert_is_fine_tuned_with_its_own_tokenizer_in_the_same_table(ctx, tmp_path):
     external = tmp_path / "hf_bert"
     to_hf(BertModel(bert_config("bert_tiny", vocab_size=128, max_position_embeddings=64, num_hidden_layers=1)),

@@ -10,11 +10,10 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from models import IGNORE_INDEX, gemv
+from models import IGNORE_INDEX
 from models.generation import beam_search, filter_logits, greedy, length_penalty, sample
 from models.gpt import (
     GPT_SIZES,
-    DecodingLinear,
     GPTConfig,
     GPTLMHeadModel,
     KVCache,
@@ -497,29 +496,3 @@ def test_bad_requests_are_one_line_errors(call, argument):
     assert "\n" not in str(error.value)
 
 
-def test_decoding_steps_multiply_their_rows_by_models_gemv_and_a_prompt_by_f_linear(monkeypatch):
-    """Every product of a one-token step (4 per block and the LM head) goes through models/gemv.py's kernel; a
-    prompt of more than gemv.MAX_ROWS tokens and training go through F.linear."""
-    calls = []
-
-    class CountingKernel:
-        @staticmethod
-        def linear_rows(x, weight, bias):
-            calls.append(tuple(x.shape))
-            return F.linear(x, weight, bias if bias.numel() else None)
-
-    monkeypatch.setattr(gemv, "_kernel", CountingKernel)
-    model = tiny_model()
-    prompt = tokens(1, gemv.MAX_ROWS + 1)
-    with torch.no_grad():
-        cache = model.new_cache(1, prompt.size(1) + 1)
-        model.next_token_logits(prompt, cache)
-        assert calls == [(1, 32)]  # the prompt's last position through the LM head; its blocks were matmuls
-        step = model.next_token_logits(tokens(1, 1), cache)
-    assert len(calls) == 1 + 4 * model.config.n_layer + 1
-    full = model(torch.cat([prompt, tokens(1, 1)], dim=1)).logits[:, -1]
-    torch.testing.assert_close(step, full, atol=1e-5, rtol=0)
-    calls.clear()
-    layer = DecodingLinear(8, 24)
-    layer(torch.randn(1, 8)).sum().backward()  # autograd on: nn.Linear, gradients reach the weight
-    assert calls == [] and layer.weight.grad is not None

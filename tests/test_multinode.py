@@ -95,7 +95,7 @@ def test_data_stages_spread_over_two_nodes_give_the_one_node_outputs(tmp_path, m
     # Ray's workers belong to one job (driver), and a run's first worker on a node takes 1-2 s to start, while the
     # head, which runs the stage tasks, has this job's workers already. The test corpus's 47 shard tasks take 0.7 s
     # in all: one warm worker on the head ran all of them before the second node's had started, in 3 runs of 4. With
-    # a worker of the job waiting on each node, both nodes got shard tasks in 14 runs of 14 (2026-11-25). On a real
+    # a worker of the job waiting on each node, both nodes got shard tasks in 14 runs of 14. On a real
     # corpus a shard task takes seconds and a worker's start is soon repaid.
     import ray
 

@@ -278,7 +278,7 @@ def test_a_held_out_loss_worse_than_a_uniform_guess_fails_the_rerun_too(tiny, tm
 def test_a_last_step_between_validations_is_validated_inside_fit(tiny, tmp_path, monkeypatch):
     """max_steps 20 with validation every 15: step 20 is validated by the training loop itself (ValidateAtLastStep),
     not by a second trainer.validate, whose new strategy set-up left the embeddings on the CPU under DeepSpeed ZeRO-3
-    on a GPU (the first GPU run, 2026-11-26)."""
+    on a GPU."""
     import lightning as L
 
     def refuse(*args, **kwargs):

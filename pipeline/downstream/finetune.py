@@ -143,7 +143,8 @@ def model_sources(ctx: StageContext) -> dict[str, tuple[TaskModels, int | None]]
 def finetune_once(ctx: StageContext, task: DictConfig, data: TaskData, models: TaskModels, kind: str,
                   seed: int, train_indices: np.ndarray) -> dict[str, float]:
     f = ctx.cfg.finetune
-    L.seed_everything(seed, workers=True)  # the same head initialisation and data order for every model kind
+    # the same head initialisation and data order for every model kind; quietly, as every run sets one
+    L.seed_everything(seed, workers=True, verbose=False)
     model = models.build(data)
     train = Subset(data.train, train_indices.tolist())
     if f.group_by_length and data.train_lengths is not None:

@@ -9,8 +9,10 @@ import ctypes
 import ctypes.util
 import functools
 import inspect
+import logging
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -153,12 +155,29 @@ class MemoryLog(L.Callback):
         pl_module.log("sys/rss_mb", rss_mb, on_step=True, on_epoch=False)
 
 
+# Lightning's INFO lines that every Trainer logs anew ("GPU available: False, used: False", "TPU available: ...",
+# "💡 Tip: ... litlogger", "`Trainer.fit` stopped: `max_epochs=1` reached", "LOCAL_RANK: 0 - CUDA_VISIBLE_DEVICES"),
+# and seed_everything's "Seed set to 1": a fine-tune stage builds a Trainer per task, model and seed, and these would
+# bury the pipeline's own lines. Lightning's warnings go through warnings.warn and still show.
+LIGHTNING_BANNER_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda",
+                            "lightning.fabric.utilities.seed")
+
+
+@functools.cache  # process-wide, as keep_freed_memory_for_reuse
+def quiet_lightning_banners() -> None:
+    for name in LIGHTNING_BANNER_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # between Lightning's and torch's versions, once per training process; nothing a user of the pipeline can change
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+
+
 def make_trainer(ctx: StageContext, callbacks: list, prefix: str = "", one_process: bool = False,
                  **kwargs) -> L.Trainer:
     """The `trainer` block's Trainer with `callbacks` (and the pipeline's progress lines), the stage's logger and
     `kwargs` (the stage's own arguments: PIPELINE_ARGUMENTS, and the strategy the pretraining harness picks).
     `one_process`: without MULTI_PROCESS_ARGUMENTS, on one device."""
     keep_freed_memory_for_reuse()
+    quiet_lightning_banners()
     if one_process:
         kwargs = {"devices": 1, "strategy": "auto", **kwargs}
     # _partial_: the config's arguments are instantiated (a `profiler: {_target_: ...}` too), the objects below are
