@@ -170,7 +170,7 @@ def _build_model(cfg: DictConfig, settings: DictConfig, vocab_size: int) -> nn.M
     if not settings.init_from:
         return instantiate_model(cfg, vocab_size=padded)
     start = Path(settings.init_from).expanduser()
-    L.seed_everything(cfg.seed, workers=True)  # the heads the checkpoint lacks: the same on every rank
+    L.seed_everything(cfg.seed, workers=True, verbose=False)  # the heads the checkpoint lacks: the same on every rank
     model, loaded = continue_from_hf(start, vocab_size=padded)
     print(f"pretrain: starting from {start} (its {', '.join(loaded)}; the rest freshly initialised)", flush=True)
     return model

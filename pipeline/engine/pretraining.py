@@ -196,7 +196,7 @@ def instantiate_model(cfg: DictConfig, key: str = "model", **config_values) -> n
     set in its `config`, from the run's seed: every rank starts from the same weights."""
     model_cfg = OmegaConf.to_container(OmegaConf.select(cfg, key), resolve=True)
     model_cfg["config"].update(config_values)
-    L.seed_everything(cfg.seed, workers=True)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
     return hydra.utils.instantiate(model_cfg, _convert_="all")
 
 
@@ -380,7 +380,7 @@ class ValidateAtLastStep(L.Callback):
     """Validation at the last step inside `fit`, also when max_steps is no multiple of the validation interval: a
     stopping Trainer validates before it stops (Lightning's early-stopping path). The `trainer.validate` after `fit`
     that this replaced set the strategy up again, and under DeepSpeed ZeRO-3 on a GPU that second set-up left the word
-    embeddings on the CPU (the first GPU run, 2026-11-26); a rerun with no step left validates by
+    embeddings on the CPU (docs/gpu.md); a rerun with no step left validates by
     _validate_last_step."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -500,7 +500,7 @@ def _validate_last_step(task: PretrainingTask, ctx: StageContext, module: L.Ligh
                         history: LossHistory, monitor: DivergenceMonitor) -> None:
     """Validates the trained weights, gathered into a fresh module, on this rank alone, as the DeepSpeed CPU loop does.
     Not `trainer.validate`: its second strategy set-up of the module that `fit` had set up left the word embeddings on
-    the CPU under DeepSpeed ZeRO-3 on a GPU (tests/test_distributed.py, on an H100, 2026-11-26)."""
+    the CPU under DeepSpeed ZeRO-3 on a GPU (tests/test_distributed.py; docs/gpu.md)."""
     with whole_parameters(module, settings):  # every rank enters: under ZeRO-3 gathering is a collective
         final = task.build_module(ctx)
         final.load_state_dict(module.state_dict())
