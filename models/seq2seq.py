@@ -417,7 +417,13 @@ class EncoderDecoder(nn.Module):
         after the decoder start token (shift_right); targets (B, T) the target token at each decoder position
         (IGNORE_INDEX = not scored, e.g. padding). The loss is label-smoothed in training mode only, so that in eval
         mode exp(loss) is the perplexity."""
-        states = self.decode(decoder_input_ids, self.encode(input_ids, attention_mask))
+        # Both sides in one lookup: the shared matrix's gradient then gathers their rows into one dense (V, d)
+        # tensor, not two that autograd allocates, fills and sums
+        embedded = self.shared(torch.cat([input_ids.flatten(), decoder_input_ids.flatten()]))
+        source, target = embedded.split([input_ids.numel(), decoder_input_ids.numel()])
+        mask = padding_mask(attention_mask)
+        memory = self.decoder.memory(self.encoder(source.view(*input_ids.shape, -1), mask), mask)
+        states = self.decoder(target.view(*decoder_input_ids.shape, -1), memory)
         logits = self.generator(states, self.shared.weight)  # (B, T, V)
         loss = None
         if targets is not None:
