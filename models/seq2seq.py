@@ -359,7 +359,8 @@ class Decoder(Stack):
 class Generator(nn.Module):
     """Seed 000's Generator: the decoder's states -> scores over the vocabulary, a linear layer whose weight is the
     shared embedding matrix (tied, Press & Wolf 2017) and whose bias is its own (HF BART's final_logits_bias). It
-    returns logits: the loss and the decoding take their log-softmax (fused into F.cross_entropy's, a step's)."""
+    returns logits, not seed 000's log-probabilities: the loss (LabelSmoothing) and the decoding take the
+    log-softmax themselves."""
 
     def __init__(self, config: Seq2SeqConfig):
         super().__init__()
