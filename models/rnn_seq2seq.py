@@ -24,7 +24,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.bert import BertDropout
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.seq2seq import LabelSmoothing, Seq2SeqOutput, decoder_start, pad_sources
 
@@ -50,6 +49,7 @@ class RNNSeq2SeqConfig:
     decoder_start_token_id: int = 1
     eos_token_id: int | None = 2
     label_smoothing: float = 0.0  # LabelSmoothing's eps in training mode (none in the RNN papers)
+    fast_kernels: bool = True  # models/kernels.py's CPU dropout masks in place of nn.Dropout's (models.seq2seq's)
 
     def __post_init__(self):
         if self.cell not in CELLS:
@@ -158,7 +158,7 @@ class Decoder(nn.Module):
                                       dropout=config.dropout if config.num_layers > 1 else 0.0)
         self.attention = Attention(config)
         self.combine = nn.Linear(2 * H, E, bias=False)  # W_c, to the embedding width: the output layer is tied
-        self.dropout = BertDropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
 
     def attend(self, h: torch.Tensor, memory: Memory) -> torch.Tensor:
         """RNN outputs h (B, T, H) -> attentional states h~ (B, T, E)."""
@@ -197,7 +197,7 @@ class RNNEncoderDecoder(nn.Module):
         super().__init__()
         self.config = config
         self.shared = nn.Embedding(config.vocab_size, config.embedding_dim)
-        self.embedding_dropout = BertDropout(config.dropout)
+        self.embedding_dropout = nn.Dropout(config.dropout)
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size))
@@ -205,6 +205,10 @@ class RNNEncoderDecoder(nn.Module):
         with torch.no_grad():
             for p in self.parameters():
                 p.uniform_(-config.init_range, config.init_range)
+        if config.fast_kernels:
+            from models.kernels import use_fast_kernels
+
+            use_fast_kernels(self)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embedding_dropout(self.shared(ids))

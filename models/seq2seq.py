@@ -13,6 +13,10 @@ Module and parameter names are those of HF's BartForConditionalGeneration (`enco
 The defaults are seed 000's model: pre-LN blocks with a final LayerNorm per stack, fixed sinusoidal positions, token
 embeddings scaled by sqrt(d_model), ReLU. BART (Lewis et al. 2020) is the same architecture with post-LN blocks, a
 LayerNorm on the embeddings, learned positions offset by 2 and GELU: `bart_config` gives those options.
+
+The speed work (one matmul for several projections of one input, CPU dropout masks, a kernel of our own for the few-row
+products of a decoding step) lives in models/kernels.py, swapped in at the end of the constructor where
+`config.fast_kernels` (the default).
 """
 
 import math
@@ -25,10 +29,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models import IGNORE_INDEX, gemv
-from models.bert import BertDropout, sinusoidal_position_table
+from models import IGNORE_INDEX
+from models.bert import sinusoidal_position_table
 from models.checkpoint import load_checkpoint, save_checkpoint
-from models.gpt import DecodingLinear, KVCache
+from models.gpt import KVCache
 
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}  # gelu: the exact (erf) GELU, HF's "gelu" as BART uses
@@ -67,6 +71,9 @@ class Seq2SeqConfig:
     # Label smoothing (Szegedy et al. 2016) of the training loss: seed 000's LabelSmoothing with Vaswani et al.'s 0.1.
     # The eval-mode loss is never smoothed
     label_smoothing: float = 0.1
+    # models/kernels.py's faster modules in place of this file's (the same function to float rounding; dropout draws its
+    # masks differently). False: the model exactly as written here.
+    fast_kernels: bool = True
 
     def __post_init__(self):
         if self.d_model % self.n_head != 0:
@@ -161,17 +168,6 @@ class LearnedPositions(nn.Embedding):
 # Attention
 
 
-def _linears(x: torch.Tensor, *layers: nn.Linear) -> list[torch.Tensor]:
-    """x through several Linears that read it: one matmul against their stacked weights (x read once, and in training
-    its gradient out of one matmul, as BertSelfAttention does), except for the few rows of a decoding step, where each
-    weight streams through models/gemv.py on its own (stacking would copy every weight once more per token)."""
-    if not torch.is_grad_enabled() and x.numel() // x.size(-1) <= gemv.MAX_ROWS:
-        return [layer(x) for layer in layers]
-    weight = torch.cat([layer.weight for layer in layers])
-    bias = torch.cat([layer.bias for layer in layers])
-    return list(F.linear(x, weight, bias).chunk(len(layers), dim=-1))
-
-
 class Attention(nn.Module):
     """Multi-head scaled dot-product attention (seed 000's MultiHeadedAttention; BartAttention's names), through
     F.scaled_dot_product_attention. Self-attention reads queries, keys and values from its input; the decoder's
@@ -181,8 +177,12 @@ class Attention(nn.Module):
         super().__init__()
         d = config.d_model
         self.n_head, self.layer, self.attention_dropout = config.n_head, layer, config.attention_dropout
-        self.q_proj, self.k_proj = DecodingLinear(d, d), DecodingLinear(d, d)
-        self.v_proj, self.out_proj = DecodingLinear(d, d), DecodingLinear(d, d)
+        self.q_proj, self.k_proj = nn.Linear(d, d), nn.Linear(d, d)
+        self.v_proj, self.out_proj = nn.Linear(d, d), nn.Linear(d, d)
+
+    def project(self, x: torch.Tensor, *linears: nn.Linear) -> list[torch.Tensor]:
+        """x through each of `linears` (q, k and v of self-attention; k and v of the memory)."""
+        return [linear(x) for linear in linears]
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -197,14 +197,14 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None = None) -> torch.Tensor:
         """Self-attention over x (B, T, d) with the boolean mask (True = may attend) broadcastable to (B, nh, T, S).
         With `cache`, x are the T positions after those the cache holds, whose keys and values are appended to it."""
-        q, k, v = (self._heads(t) for t in _linears(x, self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (self._heads(t) for t in self.project(x, self.q_proj, self.k_proj, self.v_proj))
         if cache is not None:
             k, v = cache.append(self.layer, k, v)  # (B, nh, S, hs), S = past + T
         return self._attend(q, k, v, mask)
 
     def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values (B, nh, S, hs) of the encoder's output `memory` (B, S, d)."""
-        k, v = _linears(memory, self.k_proj, self.v_proj)
+        k, v = self.project(memory, self.k_proj, self.v_proj)
         return self._heads(k), self._heads(v)
 
     def cross(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -232,10 +232,10 @@ class Layer(nn.Module):
         super().__init__()
         self.pre_layer_norm = config.pre_layer_norm
         self.activation = ACTIVATIONS[config.activation]
-        self.dropout = BertDropout(config.dropout)
-        self.activation_dropout = BertDropout(config.activation_dropout)
-        self.fc1 = DecodingLinear(config.d_model, config.d_ff)
-        self.fc2 = DecodingLinear(config.d_ff, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.activation_dropout = nn.Dropout(config.activation_dropout)
+        self.fc1 = nn.Linear(config.d_model, config.d_ff)
+        self.fc2 = nn.Linear(config.d_ff, config.d_model)
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def sublayer(self, x: torch.Tensor, norm: nn.LayerNorm, fn) -> torch.Tensor:
@@ -295,7 +295,7 @@ class Stack(nn.Module):
                                 else SinusoidalPositions(config))
         self.layernorm_embedding = (nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
                                     if config.layernorm_embedding else nn.Identity())
-        self.dropout = BertDropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(layers)
         self.layer_norm = (nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.pre_layer_norm
                            else nn.Identity())
@@ -367,7 +367,7 @@ class Generator(nn.Module):
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return gemv.linear(x, weight, self.bias)  # (..., V); a decoding step's rows through models/gemv.py
+        return F.linear(x, weight, self.bias)  # (..., V)
 
 
 class Seq2SeqOutput(NamedTuple):
@@ -388,6 +388,10 @@ class EncoderDecoder(nn.Module):
         self.generator = Generator(config)
         self.criterion = LabelSmoothing(config.label_smoothing)
         self.init_weights()
+        if config.fast_kernels:
+            from models.kernels import use_fast_kernels  # imported here: kernels.py subclasses this file's modules
+
+            use_fast_kernels(self)
 
     @torch.no_grad()
     def init_weights(self):
@@ -418,13 +422,7 @@ class EncoderDecoder(nn.Module):
         after the decoder start token (shift_right); targets (B, T) the target token at each decoder position
         (IGNORE_INDEX = not scored, e.g. padding). The loss is label-smoothed in training mode only, so that in eval
         mode exp(loss) is the perplexity."""
-        # Both sides in one lookup: the shared matrix's gradient then gathers their rows into one dense (V, d)
-        # tensor, not two that autograd allocates, fills and sums
-        embedded = self.shared(torch.cat([input_ids.flatten(), decoder_input_ids.flatten()]))
-        source, target = embedded.split([input_ids.numel(), decoder_input_ids.numel()])
-        mask = padding_mask(attention_mask)
-        memory = self.decoder.memory(self.encoder(source.view(*input_ids.shape, -1), mask), mask)
-        states = self.decoder(target.view(*decoder_input_ids.shape, -1), memory)
+        states = self.decode(decoder_input_ids, self.encode(input_ids, attention_mask))
         logits = self.generator(states, self.shared.weight)  # (B, T, V)
         loss = None
         if targets is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.optim import noam_rate, noam_schedule
+from pipeline.engine.optim import noam_rate, noam_schedule
 
 
 def test_noam_rate_by_hand():

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import math
 import unittest.mock
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from models import IGNORE_INDEX
+from models import IGNORE_INDEX, gemv, kernels
 from models.generation import beam_search, greedy, sample
 from models.rnn_seq2seq import (
     ATTENTIONS,
@@ -26,6 +27,7 @@ from models.seq2seq import (
     SEQ2SEQ_SIZES,
     Attention,
     EncoderDecoder,
+    Generator,
     LabelSmoothing,
     Seq2SeqConfig,
     greedy_decode,
@@ -36,6 +38,7 @@ from models.seq2seq import (
     shift_right,
     subsequent_mask,
 )
+from tests.test_kernels import assert_same, on_and_off
 from tests.test_seq2seq_copy import copy_batch
 
 V = 13  # the copy task's vocabulary: padding 0, start 1, end 2, symbols 3..12
@@ -43,18 +46,19 @@ SOURCES = [[5, 6, 7, 8, 9], [10, 11, 12], [3], [4, 4, 5, 5, 6, 6, 7, 7, 8, 8]]
 TRANSFORMER_VARIANTS = {"seed 000": {}, "post-LN": dict(pre_layer_norm=False), "BART": BART_OPTIONS}
 
 
+TRANSFORMER = Seq2SeqConfig(vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, n_head=4, d_ff=64,
+                            max_positions=24, dropout=0.0, label_smoothing=0.0)
+RNN = RNNSeq2SeqConfig(vocab_size=V, embedding_dim=16, hidden_size=32, num_layers=2, dropout=0.0)
+
+
 def transformer(**overrides) -> EncoderDecoder:
     torch.manual_seed(0)
-    config = Seq2SeqConfig(**{**dict(vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, n_head=4, d_ff=64,
-                                     max_positions=24, dropout=0.0, label_smoothing=0.0), **overrides})
-    return EncoderDecoder(config)
+    return EncoderDecoder(replace(TRANSFORMER, **overrides))
 
 
 def rnn(**overrides) -> RNNEncoderDecoder:
     torch.manual_seed(0)
-    config = RNNSeq2SeqConfig(**{**dict(vocab_size=V, embedding_dim=16, hidden_size=32, num_layers=2, dropout=0.0),
-                                 **overrides})
-    return RNNEncoderDecoder(config)
+    return RNNEncoderDecoder(replace(RNN, **overrides))
 
 
 def half_trained(model, steps: int = 60):
@@ -409,6 +413,59 @@ def test_a_longer_sequence_than_the_positions_is_an_error():
     model = transformer()
     with pytest.raises(ValueError, match="longer than the model's max_positions=24"):
         model(torch.ones(1, 25, dtype=torch.long), torch.ones(1, 3, dtype=torch.long))
+
+
+# -----------------------------------------------------------------------------
+# models/kernels.py
+
+
+@pytest.mark.parametrize("variant", list(TRANSFORMER_VARIANTS))
+def test_the_transformer_is_the_same_with_the_kernels_on_and_off(variant):
+    """Stacked projections in training, a decoding step's products through models/gemv.py: the outputs, every
+    gradient and the decoded tokens of the model as models/seq2seq.py writes it."""
+    fast, plain = on_and_off(EncoderDecoder, replace(TRANSFORMER, **TRANSFORMER_VARIANTS[variant]))
+    assert type(fast.generator) is kernels.DecodingGenerator and type(plain.generator) is Generator
+    assert type(fast.decoder.layers[0].encoder_attn) is kernels.FusedSeq2SeqAttention
+    assert not any(type(m) in kernels.FAST_TWINS for m in fast.modules())
+    assert not any(type(m) in kernels.FAST_TWINS.values() for m in plain.modules())
+    assert fast.state_dict().keys() == plain.state_dict().keys()
+    ids, mask = pad_sources(SOURCES, 0)
+    _, decoder_inputs, targets = copy_batch(torch.Generator().manual_seed(0), len(SOURCES))
+    assert_same(fast.train(), plain.train(), lambda m: m(ids, decoder_inputs, mask, targets=targets))
+    assert greedy(fast, SOURCES, 10) == greedy(plain, SOURCES, 10)
+    assert [h.tokens for h in beam_search(fast, SOURCES[0], 10)] == [h.tokens for h in beam_search(plain, SOURCES[0],
+                                                                                                   10)]
+
+
+def test_the_rnn_takes_the_cpu_dropout_and_nothing_else():
+    fast, plain = rnn(dropout=0.2), rnn(dropout=0.2, fast_kernels=False)
+    assert {type(m) for m in fast.modules() if isinstance(m, torch.nn.Dropout)} == {kernels.CPUDropout}
+    assert {type(m) for m in plain.modules() if isinstance(m, torch.nn.Dropout)} == {torch.nn.Dropout}
+    assert fast.state_dict().keys() == plain.state_dict().keys()
+    plain.load_state_dict(fast.state_dict())
+    assert greedy(fast, SOURCES, 8) == greedy(plain, SOURCES, 8)
+
+
+def test_a_decoding_step_multiplies_its_rows_by_models_gemv(monkeypatch):
+    """Every product of a one-token step goes through models/gemv.py's kernel: per decoder layer q, k, v and the
+    output of self-attention, q and the output of attention over the memory, the two of the feed-forward; then the
+    Generator. The source's encoding and the memory's keys and values (more than gemv.MAX_ROWS rows) do not."""
+    calls = []
+
+    class CountingKernel:
+        @staticmethod
+        def linear_rows(x, weight, bias):
+            calls.append(tuple(x.shape))
+            return F.linear(x, weight, bias if bias.numel() else None)
+
+    monkeypatch.setattr(gemv, "_kernel", CountingKernel)
+    model = transformer().eval()
+    source = list(range(3, 13)) * 2  # 20 tokens: more rows than gemv.MAX_ROWS
+    with torch.no_grad():
+        decoding, first = model.start_decoding([source], 2, 1)
+        assert calls == []
+        decoding.step(first)
+    assert len(calls) == 8 * model.config.decoder_layers + 1 and set(calls) == {(1, 32), (1, 64)}
 
 
 # -----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import torch
 from models.generation import greedy
 from models.rnn_seq2seq import RNNEncoderDecoder, rnn_seq2seq_config
 from models.seq2seq import EncoderDecoder, greedy_decode, seq2seq_config, shift_right
-from pipeline.optim import noam_schedule
+from pipeline.engine.optim import noam_schedule
 
 PAD, START, EOS = 0, 1, 2
 V = 13  # padding, start, end and 10 symbols (seed 000: 10 symbols and the start symbol)
