@@ -188,9 +188,9 @@ class Attention(nn.Module):
         B, T, C = x.shape
         return x.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
 
-    def _attend(self, q, k, v, mask, is_causal=False) -> torch.Tensor:
+    def _attend(self, q, k, v, mask) -> torch.Tensor:
         dropout_p = self.attention_dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         B, nh, T, hs = y.shape
         return self.out_proj(y.transpose(1, 2).reshape(B, T, nh * hs))  # (B, T, d)
 
