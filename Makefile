@@ -11,7 +11,7 @@ EXPERIMENT ?= bert_tiny
 ARGS ?=
 
 .PHONY: help install run test test-slow clean bench-elmo bench-skip-thought bench-data bench-stages bench-train \
-        bench-gpt bench-memory bench-gpu
+        bench-gpt bench-seq2seq bench-memory bench-gpu
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
@@ -57,6 +57,9 @@ bench-train: $(STAMP)  ## BERT train step, ours vs HF BertForPreTraining, fp32/b
 
 bench-gpt: $(STAMP)  ## GPT train step and KV-cache generation, ours vs HF GPT2LMHeadModel (ARGS=--quick)
 	$(PY) benchmarks/bench_gpt.py $(ARGS)
+
+bench-seq2seq: $(STAMP)  ## Transformer encoder-decoder train step and beam-4 generation, ours vs HF BART (ARGS=--quick)
+	$(PY) benchmarks/bench_seq2seq.py $(ARGS)
 
 bench-memory: $(STAMP)  ## pretraining RSS growth per step, every family, batch 32 and 128 (ARGS="--steps 600")
 	$(PY) benchmarks/bench_memory.py $(ARGS)

@@ -1,25 +1,42 @@
 """
-Decoding from a GPTLMHeadModel with its KV cache: greedy, sampling (temperature, top-k, top-p) and beam search.
+Decoding with a KV cache: greedy, sampling (temperature, top-k, top-p) and beam search, for the decoder-only GPT
+(models/gpt.py: continuing a prompt) and the encoder-decoders (models/seq2seq.py, models/rnn_seq2seq.py: writing a
+target for a source) alike.
 
-Prompts and continuations are lists of token ids; a continuation ends with the model's eos_token_id when the model
-produced it, and is at most max_new_tokens long. The model runs in eval mode (no dropout) and without gradients, and is
-left in the mode it was in.
+Inputs (a GPT's prompts, an encoder-decoder's sources) and continuations are lists of token ids; a continuation ends
+with the model's eos_token_id when the model produced it, and is at most max_new_tokens long. The model runs in eval
+mode (no dropout) and without gradients, and is left in the mode it was in.
+
+The loops below see a model only through a Decoding: the rows being decoded, each step feeding them their next tokens
+and reading the scores of the token after. An encoder-decoder makes its own (`start_decoding`); GPT's is built here.
 """
 
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from models.gpt import GPTLMHeadModel
 
 
+class Decoding(Protocol):
+    """A batch of rows being decoded, whatever the model."""
+
+    eos_token_id: int | None  # the token that ends a row; None: rows run to max_new_tokens
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, T): each row's next tokens, appended to its state (its KV cache). Returns the scores (B, V) of
+        the token after them."""
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Row i becomes the old row rows[i] (beam search keeping, and duplicating, the surviving beams' pasts)."""
+
+
 def check_request(model: GPTLMHeadModel, prompt_lengths: Sequence[int], max_new_tokens: int) -> None:
-    """One-line ValueErrors, naming the argument, for what no decoding can serve."""
+    """One-line ValueErrors, naming the argument, for what no decoding of a GPT can serve."""
     n_positions = model.config.n_positions
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if not prompt_lengths:
         raise ValueError("prompts is empty: give at least one prompt")
     if min(prompt_lengths) == 0:
@@ -33,8 +50,48 @@ def check_request(model: GPTLMHeadModel, prompt_lengths: Sequence[int], max_new_
                          f"context n_positions={n_positions}; ask for at most {n_positions - longest}")
 
 
+class GPTDecoding:
+    """A GPT's prompts being continued, with its KV cache."""
+
+    def __init__(self, model: GPTLMHeadModel, cache):
+        self.model, self.cache, self.eos_token_id = model, cache, model.config.eos_token_id
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.next_token_logits(tokens, self.cache)
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        self.cache.reorder(rows)
+
+
+def _start_gpt(model: GPTLMHeadModel, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+               num_rows: int) -> tuple[GPTDecoding, torch.Tensor]:
+    """GPT's Decoding of `prompts` with room for num_rows rows, and the first tokens to feed it: the prompts,
+    left-padded when unequal, so that every row's newest token sits in the last column (KVCache.pad)."""
+    if prompts and isinstance(prompts[0], int):
+        raise ValueError("prompts is a list of prompts, each a list of token ids: wrap a single prompt as [prompt]")
+    check_request(model, [len(p) for p in prompts], max_new_tokens)
+    device = model.transformer.wte.weight.device
+    T = max(len(p) for p in prompts)
+    pad = torch.tensor([T - len(p) for p in prompts], device=device)
+    idx = torch.tensor([[0] * (T - len(p)) + list(p) for p in prompts], device=device)  # (B, T)
+    cache = model.new_cache(max(num_rows, len(prompts)), T + max_new_tokens, pad if bool(pad.any()) else None)
+    return GPTDecoding(model, cache), idx
+
+
+def start_decoding(model, inputs: Sequence[Sequence[int]], max_new_tokens: int,
+                   num_rows: int) -> tuple[Decoding, torch.Tensor]:
+    """The Decoding of `inputs` (a GPT's prompts, an encoder-decoder's sources) with room for num_rows rows and
+    max_new_tokens new tokens, and the tokens (B, T) its first step takes; one-line ValueErrors for what no decoding
+    can serve. Run under torch.no_grad: an encoder-decoder encodes the sources here."""
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if isinstance(model, GPTLMHeadModel):
+        return _start_gpt(model, inputs, max_new_tokens, num_rows)
+    return model.start_decoding(inputs, max_new_tokens, num_rows)
+
+
 @contextlib.contextmanager
-def _inference(model: GPTLMHeadModel):
+def _inference(model: torch.nn.Module):
     was_training = model.training
     model.eval()
     try:
@@ -48,21 +105,14 @@ def _inference(model: GPTLMHeadModel):
 # Greedy and sampling: one token per prompt and step, a batch of prompts at once
 
 
-def _decode(model: GPTLMHeadModel, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+def _decode(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
             choose: Callable[[torch.Tensor], torch.Tensor]) -> list[list[int]]:
-    """The continuation of every prompt, each next token chosen by `choose` from the logits (B, V) -> (B,)."""
-    if prompts and isinstance(prompts[0], int):
-        raise ValueError("prompts is a list of prompts, each a list of token ids: wrap a single prompt as [prompt]")
-    check_request(model, [len(p) for p in prompts], max_new_tokens)
-    device, eos = model.transformer.wte.weight.device, model.config.eos_token_id
-    # Unequal prompts are left-padded, so every row's newest token sits in the last column (KVCache.pad)
-    T = max(len(p) for p in prompts)
-    pad = torch.tensor([T - len(p) for p in prompts], device=device)
-    idx = torch.tensor([[0] * (T - len(p)) + list(p) for p in prompts], device=device)  # (B, T)
+    """The continuation of every input, each next token chosen by `choose` from the logits (B, V) -> (B,)."""
     with _inference(model):
-        cache = model.new_cache(len(prompts), T + max_new_tokens, pad if bool(pad.any()) else None)
-        logits = model.next_token_logits(idx, cache)  # (B, V)
-        chosen, finished = [], torch.zeros(len(prompts), dtype=torch.bool, device=device)
+        decoding, first = start_decoding(model, prompts, max_new_tokens, len(prompts))
+        eos = decoding.eos_token_id
+        logits = decoding.step(first)  # (B, V)
+        chosen, finished = [], torch.zeros(len(prompts), dtype=torch.bool, device=first.device)
         for step in range(max_new_tokens):
             next_ids = choose(logits.float())  # (B,)
             chosen.append(next_ids)
@@ -71,13 +121,13 @@ def _decode(model: GPTLMHeadModel, prompts: Sequence[Sequence[int]], max_new_tok
                 if bool(finished.all()):
                     break
             if step + 1 < max_new_tokens:
-                logits = model.next_token_logits(next_ids[:, None], cache)
+                logits = decoding.step(next_ids[:, None])
     out = torch.stack(chosen, 1).tolist() if chosen else [[] for _ in prompts]  # (B, steps)
     return [row[: row.index(eos) + 1] if eos in row else row for row in out]
 
 
-def greedy(model: GPTLMHeadModel, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
-    """The most likely next token at every step, for each prompt."""
+def greedy(model, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+    """The most likely next token at every step, for each prompt (a GPT's) or source (an encoder-decoder's)."""
     return _decode(model, prompts, max_new_tokens, lambda logits: logits.argmax(-1))
 
 
@@ -96,7 +146,7 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
     return logits
 
 
-def sample(model: GPTLMHeadModel, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
+def sample(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
            top_k: int | None = None, top_p: float | None = None,
            generator: torch.Generator | None = None) -> list[list[int]]:
     """Ancestral sampling from softmax(logits / temperature), restricted to the top-k tokens and/or the top-p nucleus.
@@ -136,9 +186,10 @@ class Hypothesis:
     finished: bool  # ended with eos_token_id; else cut at max_new_tokens
 
 
-def beam_search(model: GPTLMHeadModel, prompt: Sequence[int], max_new_tokens: int, num_beams: int = 4,
-                alpha: float = 0.6) -> list[Hypothesis]:
-    """The num_beams best continuations of one prompt found by beam search, best first.
+def beam_search(model, prompt: Sequence[int], max_new_tokens: int, num_beams: int = 4, alpha: float = 0.6,
+                early_stopping: bool = False) -> list[Hypothesis]:
+    """The num_beams best continuations of one prompt (a GPT's) or source (an encoder-decoder's) found by beam search,
+    best first: the n-best list.
 
     At each step every live beam is extended by every token, and the best 2 * num_beams extensions by log P are read
     in order (as in HF's and fairseq's beam search): one ending with eos_token_id becomes a finished hypothesis if it
@@ -146,18 +197,18 @@ def beam_search(model: GPTLMHeadModel, prompt: Sequence[int], max_new_tokens: in
     kept); the others become the next live beams until there are num_beams of them. Search stops once num_beams
     hypotheses have finished and no live beam can still beat the worst of them (its log P can only fall, and its
     length penalty can grow at most to that of the next or of the longest allowed length, whichever is larger), or
-    after max_new_tokens, when the live beams join the finished ones as unfinished hypotheses. With num_beams=1 and
-    alpha=0 (or no eos_token_id) this is greedy decoding.
+    after max_new_tokens, when the live beams join the finished ones as unfinished hypotheses. early_stopping=True
+    stops as soon as num_beams hypotheses have finished (HF's early_stopping=True, fairseq's default), cheaper and
+    possibly worse. With num_beams=1 and alpha=0 (or no eos_token_id) this is greedy decoding.
     """
     if num_beams < 1:
         raise ValueError(f"num_beams must be >= 1, got {num_beams}")
-    check_request(model, [len(prompt)], max_new_tokens)
-    device, eos = model.transformer.wte.weight.device, model.config.eos_token_id
     finished: list[Hypothesis] = []
-    beams, beam_log_probs = [[]], torch.zeros(1, device=device)  # the live beams' tokens and log P, best first
     with _inference(model):
-        cache = model.new_cache(num_beams, len(prompt) + max_new_tokens)
-        logits = model.next_token_logits(torch.tensor([list(prompt)], device=device), cache)  # (1, V)
+        decoding, first = start_decoding(model, [prompt], max_new_tokens, num_beams)
+        device, eos = first.device, decoding.eos_token_id
+        beams, beam_log_probs = [[]], torch.zeros(1, device=device)  # the live beams' tokens and log P, best first
+        logits = decoding.step(first)  # (1, V)
         for step in range(1, max_new_tokens + 1):
             candidates = beam_log_probs[:, None] + logits.float().log_softmax(-1)  # (n, V)
             top, flat = candidates.flatten().topk(min(2 * num_beams, candidates.numel()))
@@ -177,11 +228,11 @@ def beam_search(model: GPTLMHeadModel, prompt: Sequence[int], max_new_tokens: in
                 break
             if len(finished) == num_beams:
                 most_lenient = max(length_penalty(step + 1, alpha), length_penalty(max_new_tokens, alpha))
-                if kept[0][2] / most_lenient <= finished[-1].score:
+                if early_stopping or kept[0][2] / most_lenient <= finished[-1].score:
                     beams = []
                     break
-            cache.reorder(torch.tensor([row for row, *_ in kept], device=device))
-            logits = model.next_token_logits(torch.tensor([[token] for _, token, _ in kept], device=device), cache)
+            decoding.reorder(torch.tensor([row for row, *_ in kept], device=device))
+            logits = decoding.step(torch.tensor([[token] for _, token, _ in kept], device=device))
     unfinished = [Hypothesis(tokens, log_prob, log_prob / length_penalty(len(tokens), alpha), False)
                   for tokens, log_prob in zip(beams, beam_log_probs.tolist())]
     return sorted(finished + unfinished, key=lambda h: h.score, reverse=True)[:num_beams]

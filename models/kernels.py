@@ -1,12 +1,14 @@
-"""The speed work of models/bert.py and models/gpt.py, apart from the architecture: faster modules that compute what
-those files' modules compute, swapped in by one switch, `config.fast_kernels` (on by default; each model's constructor
-ends with use_fast_kernels(self) where it is set).
+"""The speed work of models/bert.py, models/gpt.py and models/seq2seq.py, apart from the architecture: faster modules
+that compute what those files' modules compute, swapped in by one switch, `config.fast_kernels` (on by default; each
+model's constructor ends with use_fast_kernels(self) where it is set).
 
     CPUDropout                 nn.Dropout with a mask drawn 16 bits per element instead of a float
     FusedBertSelfAttention     one matmul for q, k and v; on the CPU, dropout on the explicit softmax path
     PackedBertEncoder          the layers run on the real tokens alone (RealTokens), in few shapes under CPU autocast
     TiedWordEmbedding/Decoder  the tied word-embedding matrix's gradient summed in place (TiedWordGradient)
     DecodingLinear, DecodingGPTLMHeadModel   a decoding step's few-row products by models/gemv.py's kernel
+    FusedSeq2SeqAttention, DecodingGenerator the encoder-decoder's: one matmul for the projections of one input,
+                                             and its decoding steps' products by models/gemv.py's kernel
 
 A fast module is a subclass of the plain one with the same parameters, buffers and state-dict keys: the swap changes
 the class of a built module and nothing else, so checkpoints, HF conversion and optimizers never see it. Outputs and
@@ -24,6 +26,8 @@ import torch.nn.functional as F
 from models import gemv
 from models.bert import BertEncoder, BertSelfAttention, additive_attention_mask
 from models.gpt import MLP, CausalSelfAttention, GPTLMHeadModel, KVCache
+from models.seq2seq import Attention as Seq2SeqAttention
+from models.seq2seq import Generator, Layer
 
 
 def use_fast_kernels(model: nn.Module) -> nn.Module:
@@ -33,7 +37,7 @@ def use_fast_kernels(model: nn.Module) -> nn.Module:
         fast = FAST_TWINS.get(type(module))
         if fast is not None:
             module.__class__ = fast
-        if isinstance(module, (CausalSelfAttention, MLP)):
+        if isinstance(module, (CausalSelfAttention, MLP, Seq2SeqAttention, Layer)):
             for linear in module.children():
                 if type(linear) is nn.Linear:
                     linear.__class__ = DecodingLinear
@@ -272,9 +276,36 @@ class DecodingGPTLMHeadModel(GPTLMHeadModel):
         return gemv.linear(self.transformer(idx, cache)[:, -1], self.transformer.wte.weight)  # (B, C) x (V, C)^T
 
 
+# -----------------------------------------------------------------------------
+# The encoder-decoder
+
+
+class FusedSeq2SeqAttention(Seq2SeqAttention):
+    """models.seq2seq's Attention whose projections of one input (q, k and v; the memory's k and v) are one matmul
+    against their stacked weights: the input is read once, and in training its gradient comes out of one matmul
+    (FusedBertSelfAttention's). Not for the few rows of a decoding step, whose products stream each weight through
+    models/gemv.py (DecodingLinear): stacking would copy every weight once more per token."""
+
+    def project(self, x: torch.Tensor, *linears: nn.Linear) -> list[torch.Tensor]:
+        if not torch.is_grad_enabled() and x.numel() // x.size(-1) <= gemv.MAX_ROWS:
+            return super().project(x, *linears)
+        weight = torch.cat([linear.weight for linear in linears])
+        bias = torch.cat([linear.bias for linear in linears])
+        return list(F.linear(x, weight, bias).chunk(len(linears), dim=-1))
+
+
+class DecodingGenerator(Generator):
+    """models.seq2seq's Generator whose decoding step multiplies by the tied embedding matrix through models/gemv.py."""
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return gemv.linear(x, weight, self.bias)
+
+
 FAST_TWINS: dict[type, type] = {
     nn.Dropout: CPUDropout,
     BertSelfAttention: FusedBertSelfAttention,
     BertEncoder: PackedBertEncoder,
     GPTLMHeadModel: DecodingGPTLMHeadModel,
+    Seq2SeqAttention: FusedSeq2SeqAttention,
+    Generator: DecodingGenerator,
 }

@@ -26,6 +26,18 @@ def test_bench_gpt_smoke_prints_the_train_and_generation_ratios():
     assert "(the same tokens from both)" in out  # the same weights in both, as models.gpt.to_hf writes them
 
 
+def test_bench_seq2seq_smoke_prints_the_train_and_generation_ratios():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_seq2seq.py"), "--smoke"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert re.search(r"^ratio train fp32: ours / HF sdpa = \d+\.\d\dx tokens/s, ours at \d+\.\d% of the fp32 matmul "
+                     r"peak$", out, re.M), out
+    assert re.search(r"^ratio generate fp32: ours / HF generate = \d+\.\d\dx tokens/s$", out, re.M), out
+    assert "(the same tokens from both)" in out  # the same weights and the same search: models.hf.seq2seq.to_hf's
+
+
 def test_bench_gpt_refuses_to_time_fp32_generations_that_differ(monkeypatch):
     """The same weights decoded greedily in fp32 give the same tokens; where they do not, one side has a bug and the
     timings would compare different work."""
@@ -36,3 +48,21 @@ def test_bench_gpt_refuses_to_time_fp32_generations_that_differ(monkeypatch):
     monkeypatch.setattr(bench_gpt, "greedy", lambda model, prompts, n: [[*real_greedy(model, prompts, n)[0][:-1], -1]])
     with pytest.raises(SystemExit, match=r"ours and HF generate differ from new token 7 on \(-1 vs \d+\)"):
         bench_gpt.generation_benchmark(bench_gpt.parse_args(["--smoke"]), "fp32")
+
+
+def test_bench_seq2seq_refuses_to_time_beam_searches_that_differ(monkeypatch):
+    """The same weights searched with the same beams give the same tokens; where they do not, one side has a bug and
+    the timings would compare different work."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import bench_seq2seq
+
+    real_beam_search = bench_seq2seq.beam_search
+
+    def last_token_changed(*args, **kwargs):
+        hypotheses = real_beam_search(*args, **kwargs)
+        hypotheses[0].tokens[-1] = -1
+        return hypotheses
+
+    monkeypatch.setattr(bench_seq2seq, "beam_search", last_token_changed)
+    with pytest.raises(SystemExit, match=r"ours and HF generate differ from new token 5 on"):
+        bench_seq2seq.generation_benchmark(bench_seq2seq.parse_args(["--smoke"]))

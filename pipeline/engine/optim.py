@@ -1,6 +1,7 @@
 """The optimisers and schedules every family trains with: AdamW without decay on biases and LayerNorm and a linear
-warmup, then a linear (BERT §A.2) or cosine (Loshchilov & Hutter 2017, without restarts) decay; LazyAdamW for sparse
-gradients (ELMo's sampled softmax), LAMB for large batches."""
+warmup, then a linear (BERT §A.2) or cosine (Loshchilov & Hutter 2017, without restarts) decay; the Transformer's
+inverse-square-root schedule (noam_rate); LazyAdamW for sparse gradients (ELMo's sampled softmax), LAMB for large
+batches."""
 from __future__ import annotations
 
 import math
@@ -49,6 +50,21 @@ def _with_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, total_st
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def noam_rate(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
+    """The learning rate of Vaswani et al. 2017 (eq. 3; seed 000's rate()): factor * d_model^-0.5 * min(step^-0.5,
+    step * warmup^-1.5), a linear rise over `warmup` steps to factor / sqrt(d_model * warmup), then a decay as
+    1 / sqrt(step). Step 0 counts as step 1, as in seed 000 (LambdaLR asks for step 0 before the first update)."""
+    step = max(step, 1)
+    return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+def noam_schedule(optimizer: torch.optim.Optimizer, d_model: int, warmup: int,
+                  factor: float = 1.0) -> torch.optim.lr_scheduler.LambdaLR:
+    """LambdaLR stepping `optimizer` along noam_rate, once per optimizer step: its lr is the optimizer's own lr times
+    the rate, so give the optimizer lr=1 for the rate itself (seed 000: Adam(lr=1, betas=(0.9, 0.98), eps=1e-9))."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: noam_rate(step, d_model, warmup, factor))
 
 
 def _adam_direction(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, grad: torch.Tensor, betas, eps: float,
