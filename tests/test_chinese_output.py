@@ -78,6 +78,18 @@ def test_the_attention_heat_map_of_chinese_tokens_names_its_font_or_says_why_the
 
 
 @pytest.mark.slow
+def test_a_last_resort_font_that_maps_every_code_point_to_a_box_is_never_chosen():
+    from matplotlib import font_manager
+
+    from pipeline.report import fonts
+
+    last_resort = [e.fname for e in font_manager.fontManager.ttflist if "LastResort" in e.fname]
+    if not last_resort:
+        pytest.skip("this matplotlib ships no last-resort font")
+    assert not fonts.has_glyphs(last_resort[0], "中文")
+    assert "LastResort" not in str(fonts.installed_font("他说：“我们明天去北京看看天安门吧。”"))
+
+
 def test_the_registry_font_draws_chinese(tmp_path):
     path = fonts.cjk_font_file(tmp_path)
     assert fonts.has_glyphs(str(path), "他说：“我们明天去北京看看天安门吧。”")

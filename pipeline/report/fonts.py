@@ -46,14 +46,22 @@ def cjk_font_file(cache_dir: str | Path) -> Path:
     return final / Path(CJK_FONT_MEMBER).name
 
 
+# U+0378 is unassigned in Unicode: only a last-resort font (matplotlib ships LastResortHE) maps it, as it maps every
+# code point, to a box that names the character's block; such a font "has" every glyph and shows none
+UNASSIGNED_CODE_POINT = 0x0378
+
+
 @functools.cache
 def has_glyphs(path: str, text: str) -> bool:
-    """Whether the font file has a glyph for every non-space character of `text` (FreeType, through matplotlib)."""
+    """Whether the font file draws every non-space character of `text` (FreeType, through matplotlib): it maps each to
+    a glyph and is no last-resort font."""
     from matplotlib.ft2font import FT2Font
 
     try:
         font = FT2Font(path)
     except (OSError, RuntimeError):
+        return False
+    if font.get_char_index(UNASSIGNED_CODE_POINT):
         return False
     return all(font.get_char_index(ord(char)) for char in text if not char.isspace())
 
