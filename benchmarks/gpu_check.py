@@ -495,8 +495,8 @@ def harness_inputs(ctx: PhaseContext, cfg) -> dict[str, Path]:
     stages call (train_wordpiece, create_training_instances, write_instances)."""
     import random
 
-    from data_prep.bert_examples import create_training_instances, write_instances
-    from data_prep.tokenizer import load_tokenizer, train_wordpiece
+    from data_prep.corpus.tokenizer import load_tokenizer, train_wordpiece
+    from data_prep.examples.bert_examples import create_training_instances, write_instances
 
     tokenizer_dir, examples_dir = ctx.work_dir / "tokenizer", ctx.work_dir / "examples"
     if (examples_dir / "done").exists():

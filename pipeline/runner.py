@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
-from data_prep.prepare import manifest_summary
+from data_prep.corpus.prepare import manifest_summary
 from pipeline.config import check_declared_keys
 from pipeline.downstream.finetune import (
     FINETUNE,

@@ -14,7 +14,7 @@ import yaml
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from data_prep.skip_thought_examples import EOS_ID
+from data_prep.examples.skip_thought_examples import EOS_ID
 from models.bert import BertForPreTraining, load_pretrained
 from models.elmo import BiLanguageModel, ElmoEmbedder
 from models.skip_thought import SkipThoughts

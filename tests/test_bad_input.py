@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import ray
 
-import data_prep.prepare as prepare_module
-from data_prep import elmo_examples, skip_thought_examples
-from data_prep.dedup import NearDuplicateOptions
-from data_prep.prepare import MAX_BOOK_BYTES, manifest_summary, plan_pieces, prepare_corpus
-from data_prep.shards import open_shards
+import data_prep.corpus.prepare as prepare_module
+from data_prep.corpus.dedup import NearDuplicateOptions
+from data_prep.corpus.prepare import MAX_BOOK_BYTES, manifest_summary, plan_pieces, prepare_corpus
+from data_prep.corpus.shards import open_shards
+from data_prep.examples import elmo_examples, skip_thought_examples
 from pipeline import runner
 from pipeline.evaluation.senteval import stratified_folds
 from tests.helpers import tiny_config
@@ -186,7 +186,7 @@ def test_a_50_mb_single_line_costs_memory_proportional_to_its_size(tmp_path):
     write_long_line(tmp_path / "one_line.txt")
     script = textwrap.dedent(f"""
         import resource
-        from data_prep.ingest import IngestOptions, process_book
+        from data_prep.corpus.ingest import IngestOptions, process_book
         raw = open({str(tmp_path / "one_line.txt")!r}, "rb").read()
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         result = process_book("one_line.txt", raw, IngestOptions())

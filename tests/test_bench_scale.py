@@ -84,7 +84,7 @@ def test_the_shared_tokenizer_reads_the_first_books_only(monkeypatch, tmp_path):
     (tmp_path / "b.txt").write_text("beta\n" * 50)
     seen = []
     monkeypatch.setattr(bench_data, "TOKENIZER_SAMPLE_BYTES", 100)
-    monkeypatch.setattr("data_prep.tokenizer.train_wordpiece", lambda lines, out, vocab_size: seen.extend(lines))
+    monkeypatch.setattr("data_prep.corpus.tokenizer.train_wordpiece", lambda lines, out, vocab_size: seen.extend(lines))
     bench_data.train_tokenizer(tmp_path, tmp_path / "tok")
     assert seen and set(seen) == {"alpha"}
 

@@ -5,7 +5,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from data_prep.bert_examples import (
+from data_prep.corpus.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID, encode_batch_ids, train_wordpiece
+from data_prep.examples.bert_examples import (
     INSTANCE_SCHEMA,
     TrainingInstance,
     continuation_mask_from_vocab,
@@ -17,7 +18,6 @@ from data_prep.bert_examples import (
     truncate_seq_pair,
     write_instances,
 )
-from data_prep.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID, encode_batch_ids, train_wordpiece
 from models import IGNORE_INDEX
 from pipeline.bert.data import BertPretrainingCollator
 

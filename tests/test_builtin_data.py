@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from data_prep import builtin
-from data_prep.builtin import (
+from data_prep.corpus import builtin
+from data_prep.corpus.builtin import (
     _movie_bucket,
     books_corpus,
     imdb_corpus,

@@ -5,23 +5,23 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from data_prep.chinese import (
+from data_prep.corpus.chinese import (
     convert_variant,
     count_tokens,
     join_wrapped_lines,
     segment_chinese,
     split_chinese_sentences,
 )
-from data_prep.decontaminate import EvaluationOverlap, normalised_words
-from data_prep.dedup import MinHasher, NearDuplicateOptions, draw_minhasher, minhash_signature, shingle_hashes
-from data_prep.elmo_examples import books_from_rows, count_words, elmo_words
-from data_prep.ingest import IngestOptions, process_book, reflow_paragraphs
-from data_prep.sentences import split_sentences
-from data_prep.senteval_data import tokenize as senteval_tokenize
-from data_prep.skip_thought_examples import build_word_vocab
-from data_prep.skip_thought_examples import count_words as skip_thought_count_words
-from data_prep.skip_thought_examples import tokenize as skip_thought_tokenize
-from data_prep.tokenizer import UNK_ID, train_wordpiece, unknown_rate_summary, unknown_tokens
+from data_prep.corpus.decontaminate import EvaluationOverlap, normalised_words
+from data_prep.corpus.dedup import MinHasher, NearDuplicateOptions, draw_minhasher, minhash_signature, shingle_hashes
+from data_prep.corpus.ingest import IngestOptions, process_book, reflow_paragraphs
+from data_prep.corpus.sentences import split_sentences
+from data_prep.corpus.tokenizer import UNK_ID, train_wordpiece, unknown_rate_summary, unknown_tokens
+from data_prep.examples.elmo_examples import books_from_rows, count_words, elmo_words
+from data_prep.examples.skip_thought_examples import build_word_vocab
+from data_prep.examples.skip_thought_examples import count_words as skip_thought_count_words
+from data_prep.examples.skip_thought_examples import tokenize as skip_thought_tokenize
+from data_prep.tasks.senteval_data import tokenize as senteval_tokenize
 
 MIXED = ("他说：“我们走吧。”然后离开了……你好！真的吗?是的；不。 Mr. Smith arrived at 5 p.m. today. "
          "He said hello. 我很好。")

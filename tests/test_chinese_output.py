@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from data_prep.gpt_blocks import TOKENIZER_FILE, train_byte_level_bpe
-from data_prep.tokenizer import train_wordpiece
+from data_prep.corpus.tokenizer import train_wordpiece
+from data_prep.examples.gpt_blocks import TOKENIZER_FILE, train_byte_level_bpe
 from models.gpt import GPTLMHeadModel, gpt_config, save_pretrained
 from pipeline.engine.dag import MARKER
 from pipeline.generate import main as generate_main
@@ -41,7 +41,7 @@ def chinese_gpt(tmp_path_factory):
 
 
 def test_gpt_continues_a_chinese_prompt_in_whole_characters(chinese_gpt):
-    from data_prep.gpt_blocks import load_gpt_tokenizer
+    from data_prep.examples.gpt_blocks import load_gpt_tokenizer
     from models.gpt import load_pretrained
 
     model, tokenizer = load_pretrained(chinese_gpt / "model").eval(), load_gpt_tokenizer(chinese_gpt / "model")

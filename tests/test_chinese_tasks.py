@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import ray
 
-from data_prep.builtin import (
+from data_prep.corpus.builtin import (
     bmes_tags,
     peoples_daily_paragraphs,
     peoples_daily_tagging_splits,
     zh_poetry_documents,
     zh_sentiment_rows,
 )
-from data_prep.conll import TaggedSentence
-from data_prep.prepare import prepare_corpus
-from data_prep.shards import open_shards
+from data_prep.corpus.prepare import prepare_corpus
+from data_prep.corpus.shards import open_shards
+from data_prep.tasks.conll import TaggedSentence
 from models import IGNORE_INDEX
 from pipeline.corpus import decontamination, evaluation_texts
 from pipeline.downstream.task_data import majority_tag_scores

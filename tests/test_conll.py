@@ -2,7 +2,8 @@ import random
 
 import pytest
 
-from data_prep.conll import (
+from data_prep.corpus.tokenizer import CLS_ID, SEP_ID, train_wordpiece
+from data_prep.tasks.conll import (
     TaggedSentence,
     encode_tagged_sentences,
     iob1_to_iob2,
@@ -10,7 +11,6 @@ from data_prep.conll import (
     read_conll,
     word_level_tags,
 )
-from data_prep.tokenizer import CLS_ID, SEP_ID, train_wordpiece
 from models import IGNORE_INDEX
 
 CONLL_TEXT = """-DOCSTART- -X- -X- O

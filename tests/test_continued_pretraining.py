@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from data_prep.tokenizer import load_tokenizer
+from data_prep.corpus.tokenizer import load_tokenizer
 from models.bert import continue_from_hf
 from pipeline.bert.pretrain import _build_model
 from pipeline.runner import validate
@@ -79,7 +79,7 @@ def test_a_checkpoint_tokenizer_saved_truncating_and_padding_encodes_whole_texts
     in one call, failed ("11880 words came back as 613")."""
     from tokenizers.implementations import BertWordPieceTokenizer
 
-    from data_prep.tokenizer import checkpoint_tokenizer
+    from data_prep.corpus.tokenizer import checkpoint_tokenizer
 
     _, vocab = write_checkpoint(tmp_path / "checkpoint", heads=False)
     saved = BertWordPieceTokenizer(str(tmp_path / "checkpoint" / "vocab.txt"), lowercase=True)

@@ -14,7 +14,7 @@ import psutil
 import pyarrow as pa
 import pytest
 
-from data_prep.shards import file_sha256
+from data_prep.corpus.shards import file_sha256
 from pipeline.engine.dag import MARKER
 from tests.helpers import ENDINGS, OBJECTS, SUBJECTS, VERBS
 from tests.pipeline_cli import run_pipeline_cli, stage_executions, start_pipeline_cli, wait_for_file

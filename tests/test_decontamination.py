@@ -5,9 +5,9 @@ import json
 import pytest
 import ray
 
-from data_prep.decontaminate import EvaluationOverlap, normalised_words
-from data_prep.prepare import prepare_corpus
-from data_prep.shards import MANIFEST_NAME, open_shards
+from data_prep.corpus.decontaminate import EvaluationOverlap, normalised_words
+from data_prep.corpus.prepare import prepare_corpus
+from data_prep.corpus.shards import MANIFEST_NAME, open_shards
 from pipeline.corpus import _prepare_fingerprint, decontamination, evaluation_texts
 from pipeline.engine.dag import stage_hashes
 from pipeline.stages import STAGES

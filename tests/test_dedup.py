@@ -3,7 +3,7 @@ import random
 import numpy as np
 import pytest
 
-from data_prep.dedup import (
+from data_prep.corpus.dedup import (
     NearDuplicateIndex,
     NearDuplicateOptions,
     _hash_byte_runs,
@@ -13,7 +13,7 @@ from data_prep.dedup import (
     minhash_signature,
     shingle_hashes,
 )
-from data_prep.prepare import prepare_corpus
+from data_prep.corpus.prepare import prepare_corpus
 
 WORDS = ("ship sea harbour captain storm wind sail anchor rope deck wave night morning island shore gull "
          "lantern tide rock compass map gold crew mast cabin letter brother king river forest song city").split()

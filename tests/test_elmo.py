@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from conventions.elmo_words import BOS, EOS, UNK, UNK_ID
-from data_prep.elmo_examples import (
+from data_prep.examples.elmo_examples import (
     TokenStreams,
     books_from_rows,
     build_word_vocab,
@@ -106,7 +106,7 @@ def write_streams(tmp_path: Path, n_books: int = 6, sentences: int = 40, seed: i
 def test_vocabulary_counted_per_shard_equals_the_one_counted_over_the_whole_corpus(tmp_path):
     import pyarrow as pa
 
-    from data_prep.elmo_examples import count_words, vocab_from_counts
+    from data_prep.examples.elmo_examples import count_words, vocab_from_counts
     from pipeline.engine.dag import count_shard_texts
 
     shards = [["b a b, c", "b a d"], ["d d e", "a"], ["e, b"]]

@@ -14,7 +14,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from data_prep.tokenizer import train_wordpiece
+from data_prep.corpus.tokenizer import train_wordpiece
 from models.bert import BertModel, bert_config, save_pretrained
 from models.checkpoint import random_twin
 from models.hf.bert import to_hf
@@ -136,7 +136,7 @@ def test_elmo_is_fine_tuned_feature_based_on_every_task_family(ctx, tmp_path):
     """finetune.models=[elmo]: the elmo_pretrain stage's frozen biLM with a fresh scalar mix and head per seed, on
     classification, regression and tagging, each scored by its task's metric."""
     from conventions.elmo_words import SPECIAL_WORDS
-    from data_prep.elmo_examples import write_word_vocab
+    from data_prep.examples.elmo_examples import write_word_vocab
     from models import elmo
     from pipeline.downstream.finetune import finetune_upstream
 

@@ -68,7 +68,7 @@ def test_a_book_unreadable_then_fixed_changes_the_prepare_hash(tmp_path, monkeyp
 @pytest.mark.skipif(importlib.util.find_spec("blingfire") is None, reason="blingfire is not installed")
 @pytest.mark.parametrize("input_format", ["raw", "sentence_per_line"])
 def test_the_prepare_hash_names_the_sentence_splitter_that_raw_text_needs(tmp_path, monkeypatch, input_format):
-    from data_prep import sentences
+    from data_prep.corpus import sentences
 
     cfg = tiny_config(tmp_path, [f"data.input_format={input_format}"])
 
@@ -77,7 +77,8 @@ def test_the_prepare_hash_names_the_sentence_splitter_that_raw_text_needs(tmp_pa
         return stage_hashes(cfg, STAGES, ["tokenizer"])
 
     on_x86_64, on_aarch64 = hashes(""), hashes("blingfire ships x86-64 binaries only")
-    # the two split differently (data_prep/sentences.py): the shards, and all that is made of them, are not shared
+    # the two split differently (data_prep/corpus/sentences.py): the shards, and all that is made of them, are not
+    # shared
     assert (on_x86_64["prepare"] != on_aarch64["prepare"]) == (input_format == "raw")
     assert (on_x86_64["tokenizer"] != on_aarch64["tokenizer"]) == (input_format == "raw")
 
@@ -192,6 +193,7 @@ def test_a_change_in_a_module_imported_two_levels_down_changes_the_code_version(
 def test_the_prepare_stage_runs_the_corpus_code_and_not_the_models():
     repo = fingerprints.REPO_ROOT
     files = {p.relative_to(repo).as_posix() for p in fingerprints.code_files(repo / "pipeline" / "corpus.py")}
-    assert {"pipeline/corpus.py", "data_prep/prepare.py", "data_prep/ingest.py", "pipeline/engine/dag.py"} <= files
+    assert {"pipeline/corpus.py", "data_prep/corpus/prepare.py", "data_prep/corpus/ingest.py",
+            "pipeline/engine/dag.py"} <= files
     # models/__init__.py holds only the ignore index data_prep writes into CoNLL labels (read by decontamination)
     assert not any(f.startswith(("models/", "pipeline/bert/")) for f in files - {"models/__init__.py"})

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from data_prep.gpt_blocks import book_texts, end_of_text_id, load_gpt_tokenizer, pack_blocks
-from data_prep.shards import shard_paths
+from data_prep.corpus.shards import shard_paths
+from data_prep.examples.gpt_blocks import book_texts, end_of_text_id, load_gpt_tokenizer, pack_blocks
 from models.generation import greedy
 from models.gpt import load_pretrained
 from pipeline.engine.arrow import read_arrow

@@ -23,12 +23,13 @@ from omegaconf import OmegaConf
 
 transformers = pytest.importorskip("transformers")  # test-only: loading is the user's side, never the pipeline's
 
-from data_prep.gpt_blocks import (  # noqa: E402
+from data_prep.corpus.tokenizer import load_tokenizer  # noqa: E402
+from data_prep.examples.gpt_blocks import (  # noqa: E402
     end_of_text_id,
     train_byte_level_bpe,
     write_hf_tokenizer_config,
 )
-from data_prep.skip_thought_examples import (  # noqa: E402
+from data_prep.examples.skip_thought_examples import (  # noqa: E402
     _TOKEN,
     _TOKEN_FOR_TOKENIZERS,
     EOS_ID,
@@ -37,7 +38,6 @@ from data_prep.skip_thought_examples import (  # noqa: E402
     count_words,
     save_hf_tokenizer,
 )
-from data_prep.tokenizer import load_tokenizer  # noqa: E402
 from models.bert import BertConfig, BertForPreTraining, from_hf, load_pretrained  # noqa: E402
 from models.elmo import BiLanguageModel, ElmoConfig, sentence_batch_inputs  # noqa: E402
 from models.generation import greedy  # noqa: E402

@@ -15,10 +15,10 @@ import yaml
 
 transformers = pytest.importorskip("transformers")
 
-from data_prep.elmo_examples import read_word_vocab  # noqa: E402
-from data_prep.gpt_blocks import load_gpt_tokenizer  # noqa: E402
-from data_prep.skip_thought_examples import EOS_ID, WordVocab  # noqa: E402
-from data_prep.tokenizer import load_tokenizer  # noqa: E402
+from data_prep.corpus.tokenizer import load_tokenizer  # noqa: E402
+from data_prep.examples.elmo_examples import read_word_vocab  # noqa: E402
+from data_prep.examples.gpt_blocks import load_gpt_tokenizer  # noqa: E402
+from data_prep.examples.skip_thought_examples import EOS_ID, WordVocab  # noqa: E402
 from models.elmo import load_pretrained as load_bilm  # noqa: E402
 from models.elmo import sentence_batch_inputs  # noqa: E402
 from models.generation import greedy  # noqa: E402

@@ -1,6 +1,6 @@
 import pytest
 
-from data_prep.ingest import (
+from data_prep.corpus.ingest import (
     BookResult,
     IngestOptions,
     book_fingerprint,
@@ -10,7 +10,7 @@ from data_prep.ingest import (
     split_paragraphs,
     strip_gutenberg_boilerplate,
 )
-from data_prep.sentences import split_sentences
+from data_prep.corpus.sentences import split_sentences
 
 GUTENBERG_BOOK = """\
 The Project Gutenberg EBook of A Tiny Tale, by Jane Doe

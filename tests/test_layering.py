@@ -43,8 +43,16 @@ def test_models_import_neither_data_prep_nor_pipeline():
 
 
 def test_data_functions_know_no_model():
-    """data_prep/conll.py took IGNORE_INDEX from models/ once, and data_prep/elmo_examples.py ELMo's word split."""
+    """data_prep/tasks/conll.py took IGNORE_INDEX from models/ once, and data_prep/examples/elmo_examples.py ELMo's
+    word split."""
     assert _imports_of("data_prep", ("models", "pipeline")) == []
+
+
+def test_data_prep_shows_its_three_jobs():
+    """data_prep/ was 19 flat files: corpus preparation, each family's example builders and the task readers, told
+    apart by name only. A module lands in one of the three folders."""
+    assert sorted(p.name for p in (ROOT / "data_prep").iterdir() if p.suffix == ".py" or
+                  (p.is_dir() and p.name != "__pycache__")) == ["__init__.py", "corpus", "examples", "tasks"]
 
 
 def test_conventions_import_none_of_the_layers_nor_torch():

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from data_prep.conll import TaggedSentence, encode_tagged_sentences
-from data_prep.squad import SquadExample, squad_features
-from data_prep.tokenizer import train_wordpiece
+from data_prep.corpus.tokenizer import train_wordpiece
+from data_prep.tasks.conll import TaggedSentence, encode_tagged_sentences
+from data_prep.tasks.squad import SquadExample, squad_features
 from models.bert import BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from pipeline.downstream.modules import (
     ClassificationModule,

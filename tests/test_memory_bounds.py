@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import data_prep.prepare as prepare_module
-from data_prep.dedup import NearDuplicateIndex, NearDuplicateOptions
-from data_prep.prepare import prepare_corpus
-from data_prep.shards import open_shards, sampled_texts, shard_paths
-from data_prep.skip_thought_examples import TRIPLE_SCHEMA, write_triples
+import data_prep.corpus.prepare as prepare_module
+from data_prep.corpus.dedup import NearDuplicateIndex, NearDuplicateOptions
+from data_prep.corpus.prepare import prepare_corpus
+from data_prep.corpus.shards import open_shards, sampled_texts, shard_paths
+from data_prep.examples.skip_thought_examples import TRIPLE_SCHEMA, write_triples
 from pipeline.bert.data import PretrainingInstances
 from pipeline.elmo.module import build_elmo_datasets
 from pipeline.engine.arrow import read_arrow
@@ -120,7 +120,7 @@ def test_skip_thought_holds_out_at_most_val_max_triples(tmp_path, scale):
 
 @pytest.mark.parametrize("scale", [1, 4])
 def test_elmo_holds_out_at_most_holdout_max_books(tmp_path, scale):
-    from data_prep.elmo_examples import write_token_streams
+    from data_prep.examples.elmo_examples import write_token_streams
 
     books = [(f"book-{i}", ["the", "ship", "sailed"] * 5) for i in range(20 * scale)]
     write_token_streams(books, tmp_path / "streams.arrow")

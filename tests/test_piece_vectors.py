@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from data_prep.tokenizer import load_tokenizer
+from data_prep.corpus.tokenizer import load_tokenizer
 from models.bert import load_pretrained
 from pipeline.bert.data_stages import PIECE_VECTORS_FILE
 from pipeline.bert.pretrain import start_word_embeddings

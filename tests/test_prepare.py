@@ -8,12 +8,12 @@ import pyarrow as pa
 import pytest
 import ray
 
-import data_prep.prepare
-import data_prep.shards
-from data_prep.ingest import IngestOptions, process_book
-from data_prep.prepare import prepare_corpus
-from data_prep.sentences import default_splitter
-from data_prep.shards import MANIFEST_NAME, ShardPlan, ShardPlanner, file_sha256, iter_books, open_shards
+import data_prep.corpus.prepare
+import data_prep.corpus.shards
+from data_prep.corpus.ingest import IngestOptions, process_book
+from data_prep.corpus.prepare import prepare_corpus
+from data_prep.corpus.sentences import default_splitter
+from data_prep.corpus.shards import MANIFEST_NAME, ShardPlan, ShardPlanner, file_sha256, iter_books, open_shards
 
 WORDS = "the a ship sailed over quiet grey water while old men watched from harbour walls and sang".split()
 SHARD_BYTES = 4096
@@ -184,8 +184,8 @@ def test_the_driver_writes_no_shard_and_never_fetches_a_books_rows(corpus, prepa
 
     monkeypatch.setattr(ray, "get", recording_get)
     # the driver's modules only: a Ray worker imports its own
-    monkeypatch.setattr(data_prep.shards, "write_shard", no_writing_here)
-    monkeypatch.setattr(data_prep.prepare, "write_shard", no_writing_here)
+    monkeypatch.setattr(data_prep.corpus.shards, "write_shard", no_writing_here)
+    monkeypatch.setattr(data_prep.corpus.prepare, "write_shard", no_writing_here)
     manifest = prepare_corpus(corpus, tmp_path, shard_bytes=SHARD_BYTES, num_workers=2)
     assert manifest["shards"] == prepared[1]["shards"]
     assert fetched and not any(_holds_rows(values) for values in fetched)
@@ -202,7 +202,7 @@ def test_progress_lines_while_preparing(corpus, tmp_path, capsys):
 
 
 def test_off_x86_64_the_driver_announces_nupunkt_once_and_every_worker_splits_with_it(tmp_path, monkeypatch, capsys):
-    from data_prep import sentences
+    from data_prep.corpus import sentences
     from tests.test_sentences import BOOK, SPLIT
 
     # Only the driver is patched: the workers split as the options it sends them say.
@@ -220,7 +220,7 @@ def test_off_x86_64_the_driver_announces_nupunkt_once_and_every_worker_splits_wi
 
 
 def test_open_shards_refuses_an_unfinished_run(tmp_path):
-    with pytest.raises(FileNotFoundError, match="run data_prep.prepare.prepare_corpus again"):
+    with pytest.raises(FileNotFoundError, match="run data_prep.corpus.prepare.prepare_corpus again"):
         open_shards(tmp_path)
 
 
@@ -238,8 +238,8 @@ TRICKY_TEXTS = ["  Caf\u00e9 na\u00efve \u4e2d\u6587 x\x0by a\x85b \u2028 z  ", 
 def test_tokenized_shards_equal_encoding_each_sentence(prepared, tmp_path):
     import pyarrow as pa
 
-    from data_prep.tokenize_shards import encode_by_word, tokenize_shard
-    from data_prep.tokenizer import TOKENIZER_FILE, encode_batch_ids, train_wordpiece
+    from data_prep.corpus.tokenize_shards import encode_by_word, tokenize_shard
+    from data_prep.corpus.tokenizer import TOKENIZER_FILE, encode_batch_ids, train_wordpiece
 
     out_dir, manifest = prepared
     texts = open_shards(out_dir).column("text").to_pylist()
@@ -260,7 +260,7 @@ def test_near_duplicate_index_holds_no_view_into_task_results(corpus, tmp_path, 
     """Ray deserialises a numpy array as a view into the task's result in the object store: an index that
     kept such views would pin every group's sentences there until the run ends, so that memory grew with
     the corpus (measured: 1.30x peak RSS at 4x the corpus before, 1.03x after)."""
-    from data_prep.dedup import NearDuplicateIndex
+    from data_prep.corpus.dedup import NearDuplicateIndex
 
     owns_memory = []
     add = NearDuplicateIndex.add
@@ -279,9 +279,9 @@ def test_a_workers_word_cache_serves_each_tokenizer_its_own_ids(tmp_path, monkey
     them, and a full cache must still encode new words."""
     import pyarrow as pa
 
-    from data_prep import tokenize_shards
-    from data_prep.tokenize_shards import encode_by_word
-    from data_prep.tokenizer import encode_batch_ids, train_wordpiece
+    from data_prep.corpus import tokenize_shards
+    from data_prep.corpus.tokenize_shards import encode_by_word
+    from data_prep.corpus.tokenizer import encode_batch_ids, train_wordpiece
 
     texts = [" ".join(WORDS[i:] + WORDS[:i]) + "." for i in range(len(WORDS))] + TRICKY_TEXTS
     small = train_wordpiece(texts, tmp_path / "small", vocab_size=110, min_frequency=1)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from data_prep.bert_examples import TrainingInstance, write_instances
+from data_prep.examples.bert_examples import TrainingInstance, write_instances
 from models import IGNORE_INDEX
 from models.bert import BertForPreTraining, bert_config
 from pipeline.bert.data import BertPretrainingCollator, PretrainingInstances

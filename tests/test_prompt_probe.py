@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
-from data_prep.tokenizer import CLS_ID, MASK_ID, SEP_ID, train_wordpiece
+from data_prep.corpus.tokenizer import CLS_ID, MASK_ID, SEP_ID, train_wordpiece
 from models.bert import BertForPreTraining, bert_config, save_pretrained
 from pipeline import CONF_DIR
 from pipeline.bert.pretrain import HEADS_FILE

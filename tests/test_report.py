@@ -13,7 +13,7 @@ import torch
 from matplotlib.container import BarContainer
 from omegaconf import OmegaConf
 
-from data_prep.tokenizer import train_wordpiece
+from data_prep.corpus.tokenizer import train_wordpiece
 from models.bert import BertModel, bert_config, save_pretrained
 from pipeline.bert.attention import AttentionRequest, attention_matrix
 from pipeline.bert.attention import report_section as attention_section
@@ -238,7 +238,7 @@ def _attention_by_hand(encoder_dir: Path, input_ids: torch.Tensor, layer: int, h
 
 @pytest.mark.parametrize("layer,head", [(0, 0), (1, 1), (-1, 0)])
 def test_attention_matrix_is_the_models_attention_for_that_layer_and_head(bert_dirs, layer, head):
-    from data_prep.tokenizer import load_tokenizer
+    from data_prep.corpus.tokenizer import load_tokenizer
 
     pretrain_dir, tokenizer_dir = bert_dirs
     heat = attention_matrix(pretrain_dir / "encoder", tokenizer_dir, AttentionRequest(SENTENCE, layer, head))

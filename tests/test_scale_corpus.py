@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.dedup import shingle_hashes
-from data_prep.ingest import header_field, reflow_paragraphs, strip_gutenberg_boilerplate
+from data_prep.corpus.dedup import shingle_hashes
+from data_prep.corpus.ingest import header_field, reflow_paragraphs, strip_gutenberg_boilerplate
 from tests.helpers import write_books
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))

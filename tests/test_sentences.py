@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from data_prep import sentences
-from data_prep.ingest import IngestOptions, process_book
+from data_prep.corpus import sentences
+from data_prep.corpus.ingest import IngestOptions, process_book
 
 
 @pytest.fixture(autouse=True)

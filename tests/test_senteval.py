@@ -9,7 +9,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from data_prep.senteval_data import (
+from data_prep.corpus.tokenizer import train_wordpiece
+from data_prep.corpus.word_vectors import WordVectors
+from data_prep.tasks.senteval_data import (
     read_cr,
     read_labelled_tsv,
     read_mpqa,
@@ -20,8 +22,6 @@ from data_prep.senteval_data import (
     read_trec,
     tokenize,
 )
-from data_prep.tokenizer import train_wordpiece
-from data_prep.word_vectors import WordVectors
 from models.bert import BertConfig, BertModel, save_pretrained
 from pipeline import CONF_DIR
 from pipeline.bert.encoder import BertEncoder

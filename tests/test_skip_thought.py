@@ -11,8 +11,16 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from data_prep.shards import SHARD_SCHEMA
-from data_prep.skip_thought_examples import (
+from data_prep.corpus.shards import SHARD_SCHEMA
+from data_prep.corpus.word_vectors import (
+    ExpandedVocabulary,
+    WordVectors,
+    fit_vocabulary_expansion,
+    glove_data_dir,
+    load_glove,
+    shared_words,
+)
+from data_prep.examples.skip_thought_examples import (
     EOS_ID,
     PAD_ID,
     SPECIAL_WORDS,
@@ -24,14 +32,6 @@ from data_prep.skip_thought_examples import (
     make_triples,
     triples_from_shard,
     write_triples,
-)
-from data_prep.word_vectors import (
-    ExpandedVocabulary,
-    WordVectors,
-    fit_vocabulary_expansion,
-    glove_data_dir,
-    load_glove,
-    shared_words,
 )
 from models.skip_thought import (
     BiSkipEncoder,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from data_prep.skip_thought_examples import tokenize
+from data_prep.examples.skip_thought_examples import tokenize
 from models.skip_thought import load_pretrained
 from pipeline.downstream.finetune import MODEL_KINDS, finetune, finetune_upstream
 from pipeline.downstream.tasks import load_task, read_split

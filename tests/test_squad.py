@@ -4,8 +4,8 @@ import random
 import numpy as np
 import pytest
 
-from data_prep.squad import CLS_INDEX, best_answers, read_squad, squad_features
-from data_prep.tokenizer import train_wordpiece
+from data_prep.corpus.tokenizer import train_wordpiece
+from data_prep.tasks.squad import CLS_INDEX, best_answers, read_squad, squad_features
 from pipeline.evaluation.metrics import squad_scores
 
 WORDS = ["the", "river", "flows", "through", "old", "city", "of", "paris", "in", "france", "where", "does", "what",

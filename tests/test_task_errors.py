@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.tokenizer import train_wordpiece
+from data_prep.corpus.tokenizer import train_wordpiece
 from pipeline.bert.downstream import load_task_data
 from pipeline.downstream.tasks import load_task
 

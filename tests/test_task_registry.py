@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from data_prep.conll import iob1_to_iob2
-from data_prep.squad import read_squad
+from data_prep.tasks.conll import iob1_to_iob2
+from data_prep.tasks.squad import read_squad
 from pipeline.downstream.task_data import conll_sentences
 from pipeline.downstream.tasks import available_tasks, load_task, read_split
 from pipeline.evaluation.metrics import METRICS

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 from tokenizers import normalizers, pre_tokenizers
 
-from data_prep.tokenizer import (
+from data_prep.corpus.tokenizer import (
     CLS_ID,
     MASK_ID,
     PAD_ID,
@@ -136,7 +136,7 @@ def test_a_vocabulary_too_small_for_the_corpus_alphabet_is_refused(tmp_path):
     smallest = int(re.search(r"at least (\d+)", str(err.value)).group(1))
     with pytest.raises(ValueError, match="tokenizer.vocab_size=3 leaves no room for word pieces"):
         train_wordpiece(sentences, tmp_path / "tiny", vocab_size=3)
-    from data_prep.tokenizer import unknown_tokens
+    from data_prep.corpus.tokenizer import unknown_tokens
 
     tokenizer = train_wordpiece(sentences, tmp_path / "smallest", vocab_size=smallest)
     assert tokenizer.get_vocab_size() == smallest
@@ -144,7 +144,7 @@ def test_a_vocabulary_too_small_for_the_corpus_alphabet_is_refused(tmp_path):
 
 
 def test_unknown_rates_are_counted_and_warned_about_above_one_percent(tmp_path, capsys):
-    from data_prep.tokenizer import unknown_rate_summary, unknown_tokens, unknown_words
+    from data_prep.corpus.tokenizer import unknown_rate_summary, unknown_tokens, unknown_words
 
     sentences = _corpus()
     # a letter outside the alphabet (limit_alphabet keeps the most frequent characters) makes its words [UNK]

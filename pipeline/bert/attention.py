@@ -36,7 +36,7 @@ def attention_matrix(encoder_dir: Path, tokenizer_dir: Path, request: AttentionR
     (no dropout)."""
     import torch
 
-    from data_prep.tokenizer import load_tokenizer
+    from data_prep.corpus.tokenizer import load_tokenizer
     from models.bert import load_pretrained
 
     model = load_pretrained(encoder_dir).eval()

@@ -9,7 +9,7 @@ from typing import Optional
 
 from omegaconf import MISSING
 
-from data_prep.bert_examples import PACKINGS
+from data_prep.examples.bert_examples import PACKINGS
 from pipeline.bert.encoder import BERT_POOLINGS
 from pipeline.bert.module import PRETRAINING_OBJECTIVES
 from pipeline.schema import PretrainConfig, override_block

@@ -13,10 +13,9 @@ import numpy as np
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from data_prep.bert_examples import create_training_instances, write_instances
-from data_prep.shards import sampled_texts, shard_paths
-from data_prep.tokenize_shards import encode_by_word, use_one_tokenizer_thread
-from data_prep.tokenizer import (
+from data_prep.corpus.shards import sampled_texts, shard_paths
+from data_prep.corpus.tokenize_shards import encode_by_word, use_one_tokenizer_thread
+from data_prep.corpus.tokenizer import (
     UNKNOWN_RATE_SENTENCES,
     WORDPIECE_UNKNOWN_RATE_WARNING,
     checkpoint_tokenizer,
@@ -26,6 +25,7 @@ from data_prep.tokenizer import (
     unknown_rate_summary,
     unknown_tokens,
 )
+from data_prep.examples.bert_examples import create_training_instances, write_instances
 from pipeline.corpus import require_books
 from pipeline.downstream.word2vec import train_word2vec
 from pipeline.engine.arrow import read_arrow

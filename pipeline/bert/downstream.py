@@ -13,9 +13,9 @@ from pathlib import Path
 from omegaconf import DictConfig
 from torch import nn
 
-from data_prep.conll import encode_tagged_sentences
-from data_prep.squad import read_squad, squad_features
-from data_prep.tokenizer import checkpoint_tokenizer, load_tokenizer
+from data_prep.corpus.tokenizer import checkpoint_tokenizer, load_tokenizer
+from data_prep.tasks.conll import encode_tagged_sentences
+from data_prep.tasks.squad import read_squad, squad_features
 from models.bert import (
     BertForQuestionAnswering,
     BertForSequenceClassification,

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from data_prep.tokenizer import CLS_TOKEN, PAD_TOKEN, SEP_TOKEN, encode_batch_ids
+from data_prep.corpus.tokenizer import CLS_TOKEN, PAD_TOKEN, SEP_TOKEN, encode_batch_ids
 from pipeline.bert.pretrain import encoder_stage
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec
@@ -38,7 +38,7 @@ class BertEncoder:
                          **kwargs) -> "BertEncoder":
         """From a pretrain stage's encoder/ (or a HuggingFace BERT directory) and a tokenizer stage's directory; with
         `random_init_seed`, its architecture freshly initialised instead of its weights."""
-        from data_prep.tokenizer import load_tokenizer
+        from data_prep.corpus.tokenizer import load_tokenizer
         from models.bert import load_pretrained
         from models.checkpoint import random_twin
 

@@ -1,7 +1,7 @@
 """BERT (Devlin et al. 2019): its data and two-phase pretraining stages, frozen encoders for `evaluate`, end-to-end
 fine-tuning, and the attention heat-map in the report."""
-from data_prep.bert_examples import NUM_SPECIAL_TOKENS_IN_PAIR
-from data_prep.tokenizer import SPECIAL_TOKENS
+from data_prep.corpus.tokenizer import SPECIAL_TOKENS
+from data_prep.examples.bert_examples import NUM_SPECIAL_TOKENS_IN_PAIR
 from pipeline.bert import attention
 from pipeline.bert.config import CONFIG
 from pipeline.bert.downstream import FINETUNE_KINDS

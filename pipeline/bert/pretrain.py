@@ -22,8 +22,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
-from data_prep.bert_examples import continuation_mask_from_vocab
-from data_prep.tokenizer import SPECIAL_TOKENS, load_tokenizer, save_hf_tokenizer
+from data_prep.corpus.tokenizer import SPECIAL_TOKENS, load_tokenizer, save_hf_tokenizer
+from data_prep.examples.bert_examples import continuation_mask_from_vocab
 from models import IGNORE_INDEX
 from models.bert import (
     BertConfig,

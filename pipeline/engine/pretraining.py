@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.utils.data import DataLoader
 
-from data_prep.shards import write_json_atomically
+from data_prep.corpus.shards import write_json_atomically
 from pipeline.engine.dag import MARKER, Stage, StageContext
 from pipeline.engine.distributed import (
     DistributedSettings,

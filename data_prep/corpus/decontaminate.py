@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from data_prep.chinese import CJK_IDEOGRAPHS, split_chinese_sentences
+from data_prep.corpus.chinese import CJK_IDEOGRAPHS, split_chinese_sentences
 
 DEFAULT_NGRAM = 13  # Brown et al. 2020, appendix C
 # words: each CJK ideograph alone (Chinese has no spaces: as one `\w+` run, a Chinese sentence was one word and the

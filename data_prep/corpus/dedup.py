@@ -106,7 +106,7 @@ def _word_byte_mask(data: np.ndarray) -> np.ndarray:
 # Code points of 3-byte UTF-8 characters that break words like ASCII punctuation: CJK Symbols and Punctuation (。、「」
 # 《》 and the ideographic space), and the punctuation of the full-width forms (！（），：；？［］｛｝｡｢｣､)
 _CJK_PUNCTUATION = ((0x3000, 0x303F), (0xFF00, 0xFF0F), (0xFF1A, 0xFF20), (0xFF3B, 0xFF40), (0xFF5B, 0xFF65))
-# and the ideographs (BMP blocks of data_prep/chinese.py's CJK_IDEOGRAPHS), each a word of its own
+# and the ideographs (BMP blocks of data_prep/corpus/chinese.py's CJK_IDEOGRAPHS), each a word of its own
 _CJK_IDEOGRAPH_BLOCKS = ((0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF))
 
 

@@ -1,6 +1,6 @@
 """Turns the bytes of one book into cleaned, sentence-split rows.
 
-Pure functions, no Ray and no file I/O: `data_prep.prepare` reads the files and maps `process_book`
+Pure functions, no Ray and no file I/O: `data_prep.corpus.prepare` reads the files and maps `process_book`
 over groups of them. Like google-research/bert's `create_pretraining_data.py`, the output keeps the
 book -> paragraph -> sentence structure, because the pair/triple builders downstream (BERT's
 next-sentence pairs, Skip-Thought's (previous, current, next) triples) take neighbouring sentences of
@@ -22,10 +22,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from data_prep.chinese import CHINESE_VARIANTS, convert_variant, count_tokens, has_cjk, join_wrapped_lines
-from data_prep.decontaminate import EvaluationOverlap
-from data_prep.sentences import SPLITTERS, SentenceSplitError, default_splitter, split_sentences
-from data_prep.shards import book_rows
+from data_prep.corpus.chinese import CHINESE_VARIANTS, convert_variant, count_tokens, has_cjk, join_wrapped_lines
+from data_prep.corpus.decontaminate import EvaluationOverlap
+from data_prep.corpus.sentences import SPLITTERS, SentenceSplitError, default_splitter, split_sentences
+from data_prep.corpus.shards import book_rows
 
 INPUT_FORMATS = ("raw", "sentence_per_line")
 
@@ -36,10 +36,10 @@ class IngestOptions:
 
     input_format: "raw" (hard-wrapped prose, split into sentences by `sentence_splitter`) or
         "sentence_per_line" (already split: one sentence per line, a blank line ends a paragraph).
-    sentence_splitter: one of data_prep.sentences.SPLITTERS; by default blingfire, or nupunkt where blingfire's
+    sentence_splitter: one of data_prep.corpus.sentences.SPLITTERS; by default blingfire, or nupunkt where blingfire's
         x86-64 library cannot load. Chosen where the options are made, so worker processes split as it says.
     min_tokens / max_tokens: inclusive bounds on tokens per sentence: whitespace tokens, and each CJK character one
-        token as BERT-Chinese counts them (data_prep/chinese.py). Shorter ones are mostly headings and ornaments
+        token as BERT-Chinese counts them (data_prep/corpus/chinese.py). Shorter ones are mostly headings and ornaments
         ("CHAPTER I.", "* * *"); longer ones are run-on tables or lists that BERT's create_pretraining_data would
         truncate anyway (max_seq_length 128/512).
     nfkc: apply Unicode NFKC (folds ligatures, full-width forms, "…" -> "...") before splitting.
@@ -71,7 +71,7 @@ class IngestOptions:
 @dataclasses.dataclass(frozen=True)
 class BookResult:
     """What `process_book` made of one file. `rows` holds the kept book's sentences as shard rows
-    (`data_prep.shards.book_rows`): paragraph_index and sentence_index dense and 0-based within the book (a
+    (`data_prep.corpus.shards.book_rows`): paragraph_index and sentence_index dense and 0-based within the book (a
     paragraph whose sentences were all filtered out gets no index). Arrow rather than a Python object per
     sentence, so a Ray task hands them to the driver as buffers. `fingerprint` is the exact-duplicate key
     (see `book_fingerprint`), empty when rejected."""
@@ -89,7 +89,8 @@ class BookResult:
     utf8_replacements: int = 0  # invalid sequences replaced by U+FFFD (see decode_book): UTF-8's, or UTF-16/32's
     nuls_removed: int = 0  # stray NUL characters deleted (see binary_content_reason)
     fingerprint: str = ""
-    # sentences removed for overlapping the run's evaluation text, by source (data_prep/decontaminate.py); a sentence
+    # sentences removed for overlapping the run's evaluation text, by source (data_prep/corpus/decontaminate.py); a
+    # sentence
     # that overlaps two sources counts in both
     removed_as_evaluation_text: dict[str, int] = dataclasses.field(default_factory=dict)
     num_removed_as_evaluation_text: int = 0
@@ -295,7 +296,8 @@ def split_paragraphs(body: str) -> list[list[str]]:
 def reflow_paragraphs(body: str) -> list[str]:
     """Blank lines separate paragraphs; each hard-wrapped paragraph becomes one whitespace-collapsed line. Equal to
     joining `split_paragraphs`' lines with spaces, in one split per paragraph instead of one per line, except where a
-    line ends and the next begins with Chinese characters: those join without a space (data_prep/chinese.py), as a
+    line ends and the next begins with Chinese characters: those join without a space (data_prep/corpus/chinese.py), as
+    a
     space would sit inside a Chinese word."""
     blocks = _BLANK_LINES.split(body)
     if has_cjk(body):  # one scan of the body: books without Chinese keep the one-split-per-paragraph path
@@ -312,7 +314,7 @@ def clean_text(text: str, nfkc: bool) -> str:
 def book_fingerprint(paragraphs: Sequence[str]) -> str:
     """Exact-duplicate key: sha256 of the cleaned, whitespace-collapsed paragraphs, so copies that differ
     only in encoding, line endings, wrapping or Gutenberg boilerplate collide. Near duplicates are
-    `data_prep.dedup`'s job."""
+    `data_prep.corpus.dedup`'s job."""
     digest = hashlib.sha256()
     for paragraph in paragraphs:
         digest.update(paragraph.encode("utf-8"))

@@ -110,7 +110,8 @@ class ExpandedVocabulary:
         return out
 
     def embed_sentences(self, sentences: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tokenized sentences (data_prep.skip_thought_examples.tokenize) -> right-padded vectors (B, T, E) with the
+        """Tokenized sentences (data_prep.examples.skip_thought_examples.tokenize) -> right-padded vectors (B, T, E)
+        with the
         <eos> row appended, and lengths (B,) counting it: the arguments of SkipThoughts.encode_embedded."""
         import torch  # here, not at the top: the word2vec and piece_vectors data stages' workers load no torch
 

@@ -16,7 +16,7 @@ import platform
 import re
 from collections.abc import Callable, Sequence
 
-from data_prep.chinese import CLOSERS, has_cjk, split_chinese_sentences
+from data_prep.corpus.chinese import CLOSERS, has_cjk, split_chinese_sentences
 
 SPLITTERS = ("blingfire", "nupunkt")
 _X86_64 = ("x86_64", "amd64")  # platform.machine() on Linux and macOS; on Windows
@@ -109,7 +109,8 @@ def split_sentences(paragraphs: Sequence[str], splitter: str | None = None) -> l
     """One list of sentences per whitespace-collapsed paragraph, split by `splitter` (one of SPLITTERS; None: this
     machine's `default_splitter`), with title/initial fragments glued back onto the sentence they begin.
 
-    A paragraph with Chinese characters is first cut at its Chinese sentence ends (data_prep/chinese.py): both English
+    A paragraph with Chinese characters is first cut at its Chinese sentence ends (data_prep/corpus/chinese.py): both
+    English
     splitters know 。 at best (blingfire ends the sentence before its closing ” and starts the next with it) and
     neither knows ！？；…; the pieces then go through `splitter`, which splits the English sentences among them."""
     split = _SPLIT[splitter or default_splitter()]

@@ -23,15 +23,16 @@ import numpy as np
 import pyarrow as pa
 
 from conventions.elmo_words import BOS, EOS, SPECIAL_WORDS, split_words
-from data_prep.chinese import segment_chinese
-from data_prep.shards import atomic_arrow_file
+from data_prep.corpus.chinese import segment_chinese
+from data_prep.corpus.shards import atomic_arrow_file
 
 STREAM_SCHEMA = pa.schema([("book_id", pa.string()), ("tokens", pa.list_(pa.string()))])
 
 
 def elmo_words(text: str, chinese_words: str = "jieba") -> list[str]:
     """The biLM's words of a text: conventions.elmo_words.split_words (whitespace and punctuation), Chinese first
-    segmented into words by `chinese_words` (data_prep/chinese.py: jieba, or characters), as a run of Chinese is no
+    segmented into words by `chinese_words` (data_prep/corpus/chinese.py: jieba, or characters), as a run of Chinese is
+    no
     word."""
     return split_words(segment_chinese(text, chinese_words))
 

@@ -289,7 +289,8 @@ UNKNOWN_RATE_WARNING = 0.01
 # alphabet: above 0.5 % a Chinese corpus is losing characters that words need (issue 41)
 WORDPIECE_UNKNOWN_RATE_WARNING = 0.005
 # The rate of a subword vocabulary is measured on at most this many sentences, evenly spaced through the corpus
-# (data_prep.shards.sampled_texts): a second pass over the whole training sample would cost as much as its counting.
+# (data_prep.corpus.shards.sampled_texts): a second pass over the whole training sample would cost as much as its
+# counting.
 UNKNOWN_RATE_SENTENCES = 100_000
 
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 from tokenizers import Tokenizer
 from tokenizers.implementations import ByteLevelBPETokenizer
 
-from data_prep.shards import atomic_arrow_file
+from data_prep.corpus.shards import atomic_arrow_file
 
 END_OF_TEXT = "<|endoftext|>"
 # Byte-level BPE starts from the 256 byte pieces, whatever vocab_size asks for: fewer gave 257 entries, silently
@@ -61,7 +61,7 @@ def end_of_text_id(tokenizer: Tokenizer) -> int:
 
 
 def book_texts(book_ids: list, sentences: list[str]) -> Iterator[str]:
-    """Each book of a sentence shard (rows in book order, as data_prep.prepare writes them) as one text."""
+    """Each book of a sentence shard (rows in book order, as data_prep.corpus.prepare writes them) as one text."""
     current, book = None, []
     for book_id, sentence in zip(book_ids, sentences):
         if book_id != current and book:
@@ -75,7 +75,8 @@ def book_texts(book_ids: list, sentences: list[str]) -> Iterator[str]:
 
 def pack_blocks(books: Iterable[list[int]], eot: int, block_size: int, last_book_ends: bool = True) -> np.ndarray:
     """(n, block_size + 1) int32 blocks of the stream `book, eot, book, eot, ...` (the module docstring's layout).
-    last_book_ends=False: the last book goes on in the next shard (a book larger than a shard, data_prep.shards), so
+    last_book_ends=False: the last book goes on in the next shard (a book larger than a shard,
+    data_prep.corpus.shards), so
     no end-of-text follows it here."""
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")

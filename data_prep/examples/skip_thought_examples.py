@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from data_prep.chinese import segment_chinese
-from data_prep.shards import atomic_arrow_file
+from data_prep.corpus.chinese import segment_chinese
+from data_prep.corpus.shards import atomic_arrow_file
 
 PAD, UNK, EOS = "<pad>", "<unk>", "<eos>"
 SPECIAL_WORDS = (PAD, UNK, EOS)  # ids 0, 1, 2 in every vocabulary
@@ -41,7 +41,8 @@ TRIPLE_SCHEMA = pa.schema([
 
 
 def tokenize(text: str, chinese_words: str = "jieba") -> list[str]:
-    """Lower-cased words and punctuation marks; Chinese words as `chinese_words` segments them (data_prep/chinese.py:
+    """Lower-cased words and punctuation marks; Chinese words as `chinese_words` segments them
+    (data_prep/corpus/chinese.py:
     jieba, or characters)."""
     return _TOKEN.findall(segment_chinese(text, chinese_words).lower())
 
@@ -104,7 +105,7 @@ def make_triples(book_sentences: Sequence) -> list[tuple]:
 
 def triples_from_shard(table: pa.Table, vocab: WordVocab,
                        max_words: int) -> list[tuple[list[int], list[int], list[int]]]:
-    """Triples of word ids from a sentence shard (rows grouped by book, as data_prep.shards writes them).
+    """Triples of word ids from a sentence shard (rows grouped by book, as data_prep.corpus.shards writes them).
 
     Sentences are cut to `max_words` words. Kiros et al.'s code drops every triple with a sentence of 30 words or
     more; cutting keeps those triples (long sentences are common in 19th-century books) and bounds T all the same.

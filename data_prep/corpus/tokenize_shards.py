@@ -30,8 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
 
-from data_prep.shards import atomic_arrow_file
-from data_prep.tokenizer import SEP_TOKEN, encode_batch_ids
+from data_prep.corpus.shards import atomic_arrow_file
+from data_prep.corpus.tokenizer import SEP_TOKEN, encode_batch_ids
 
 TOKEN_SCHEMA = pa.schema([
     ("book_id", pa.string()),
@@ -73,7 +73,8 @@ def encode_words(tokenizer: Tokenizer, words: list[str]) -> tuple[np.ndarray, np
     each word alone."""
     separator = tokenizer.token_to_id(SEP_TOKEN)
     if separator is None:
-        raise ValueError(f"the tokenizer has no {SEP_TOKEN} token; train it with data_prep.tokenizer.train_wordpiece")
+        raise ValueError(f"the tokenizer has no {SEP_TOKEN} token; train it with "
+                         "data_prep.corpus.tokenizer.train_wordpiece")
     special = re.compile(_special_token_pattern(tokenizer), re.IGNORECASE)
     alone = [i for i, word in enumerate(words) if special.search(word)]
     together = np.ones(len(words), dtype=bool)

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer
 
-from data_prep.shards import atomic_arrow_file
+from data_prep.corpus.shards import atomic_arrow_file
 
 # [CLS] A [SEP] B [SEP]
 NUM_SPECIAL_TOKENS_IN_PAIR = 3
