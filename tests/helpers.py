@@ -110,7 +110,7 @@ class TinyFamily:
 
 
 TINY_FAMILIES = {
-    "bert": TinyFamily("bert_tiny", "pretrain", ("prepare", "tokenizer", "examples")),
+    "bert": TinyFamily("bert_tiny", "bert_pretrain", ("prepare", "bert_tokenizer", "bert_examples")),
     # the sampled softmax: its gradient is sparse
     "elmo": TinyFamily("elmo_small", "elmo_pretrain", ("prepare", "elmo_vocab", "elmo_streams"), (
         "elmo.vocab_size=200", "elmo.min_count=1", "elmo.batch_size=4", "elmo.window=8",

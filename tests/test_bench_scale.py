@@ -96,13 +96,13 @@ def test_stage_lines_are_read_through_rays_prefix():
     assert parse("(stage:prepare pid=4242) stage prepare: running (e91f4ee41ee66703) → /c/stages/prepare/e9") == (
         "prepare", "running")
     assert parse("(stage:elmo_vocab pid=7, ip=10.0.0.2) stage elmo_vocab: done in 12.5 s") == ("elmo_vocab", "done")
-    assert parse("stage tokenizer: cached (d8376f90313bac67)") == ("tokenizer", "cached")
+    assert parse("stage bert_tokenizer: cached (d8376f90313bac67)") == ("bert_tokenizer", "cached")
     assert parse("(stage:prepare pid=4242) prepare: 108 books, 3 shards") is None
 
 
 def test_each_sample_goes_to_every_stage_running_when_it_was_taken():
     events = [(1.0, "prepare", "running"), (5.0, "prepare", "done"),
-              (5.5, "tokenizer", "running"), (9.0, "tokenizer", "done"),
+              (5.5, "bert_tokenizer", "running"), (9.0, "bert_tokenizer", "done"),
               (6.0, "elmo_vocab", "running"), (8.0, "elmo_vocab", "done")]
     intervals = bench_stages.stage_intervals(events, {}, end=10.0)
     samples = [Sample(t, rss=int(t * 100), shmem=10, store=1000 if t == 7.0 else 0, processes=int(t))
@@ -112,14 +112,14 @@ def test_each_sample_goes_to_every_stage_running_when_it_was_taken():
     assert peaks["prepare"]["alongside"] == []
     assert peaks["elmo_vocab"]["peak_rss"] == 700 and peaks["elmo_vocab"]["peak_store"] == 1000
     assert peaks["elmo_vocab"]["peak_total"] == 700 - 10 + 1000  # the store counted once, not through the RSS
-    assert peaks["tokenizer"]["peak_rss"] == 850 and peaks["tokenizer"]["alongside"] == ["elmo_vocab"]
-    assert peaks["tokenizer"]["peak_processes"] == 8
+    assert peaks["bert_tokenizer"]["peak_rss"] == 850 and peaks["bert_tokenizer"]["alongside"] == ["elmo_vocab"]
+    assert peaks["bert_tokenizer"]["peak_processes"] == 8
 
 
 def test_a_stage_line_ray_dropped_is_placed_by_the_stage_duration():
-    events = [(2.0, "prepare", "running"), (10.0, "tokenizer", "done"), (11.0, "examples", "running")]
-    intervals = bench_stages.stage_intervals(events, {"prepare": 3.0, "tokenizer": 4.0}, end=20.0)
-    assert intervals == {"prepare": (2.0, 5.0), "tokenizer": (6.0, 10.0), "examples": (11.0, 20.0)}
+    events = [(2.0, "prepare", "running"), (10.0, "bert_tokenizer", "done"), (11.0, "bert_examples", "running")]
+    intervals = bench_stages.stage_intervals(events, {"prepare": 3.0, "bert_tokenizer": 4.0}, end=20.0)
+    assert intervals == {"prepare": (2.0, 5.0), "bert_tokenizer": (6.0, 10.0), "bert_examples": (11.0, 20.0)}
 
 
 def test_a_serial_report_takes_each_stage_from_the_run_where_it_ran():
@@ -129,16 +129,18 @@ def test_a_serial_report_takes_each_stage_from_the_run_where_it_ran():
                    stages={name: {"state": state, "duration_s": d} for name, (state, d) in stages.items()})
 
     runs = [run(0.0, 10.0, {"prepare": ("ran", 5.0)}, [Sample(3.0, 2 * 10**9, 0, 0, 9, (("driver", 10**9),))]),
-            run(10.0, 30.0, {"prepare": ("cached", 5.0), "tokenizer": ("ran", 10.0)}, [Sample(15.0, 10**9, 0, 5, 7)])]
-    result = bench_stages.report(runs, ["prepare", "tokenizer", "examples"], corpus_bytes=100 * 10**6, workers=2)
-    prepare, tokenizer, examples = (result["stages"][s] for s in ("prepare", "tokenizer", "examples"))
+            run(10.0, 30.0, {"prepare": ("cached", 5.0), "bert_tokenizer": ("ran", 10.0)},
+                [Sample(15.0, 10**9, 0, 5, 7)])]
+    result = bench_stages.report(runs, ["prepare", "bert_tokenizer", "bert_examples"], corpus_bytes=100 * 10**6,
+                                 workers=2)
+    prepare, tokenizer, examples = (result["stages"][s] for s in ("prepare", "bert_tokenizer", "bert_examples"))
     assert prepare["state"] == "ran" and prepare["seconds"] == 5.0 and prepare["mb_per_s_per_worker"] == 10.0
     assert prepare["peak_rss"] == 2 * 10**9 and tokenizer["peak_rss"] == 10**9 and tokenizer["peak_store"] == 5
     assert examples["state"] == "not run"
     assert result["run"]["seconds"] == 30.0 and result["run"]["peak_rss"] == 2 * 10**9
     assert result["run"]["peak_processes"] == 9 and result["run"]["rss_by_role_at_peak"] == {"driver": 10**9}
     table = bench_stages.format_table(result)
-    assert "examples" in table and "not run" in table and "whole run" in table
+    assert "bert_examples" in table and "not run" in table and "whole run" in table
 
 
 def test_the_data_stages_are_the_pipelines_and_prepare_comes_first(tmp_path):
@@ -146,7 +148,7 @@ def test_the_data_stages_are_the_pipelines_and_prepare_comes_first(tmp_path):
 
     assert all(stage in STAGES for stages in bench_stages.DATA_STAGES.values() for stage in stages)
     args = bench_stages.parse_args(["--corpus", str(tmp_path), "--families", "elmo", "bert", "--", "seed=1"])
-    assert args.stages == ["prepare", "elmo_vocab", "elmo_streams", "tokenizer", "examples"]
+    assert args.stages == ["prepare", "elmo_vocab", "elmo_streams", "bert_tokenizer", "bert_examples"]
     assert args.overrides == ["seed=1"]
 
 

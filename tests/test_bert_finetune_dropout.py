@@ -40,7 +40,7 @@ def _build(tmp_path: Path, stage_root: Path, kind: str, overrides: list[str]):
     return models.build(data)
 
 
-@pytest.mark.parametrize("kind", ["pretrained", "random_init"])
+@pytest.mark.parametrize("kind", ["bert", "bert_random"])
 def test_finetune_dropout_replaces_the_encoders_rate_for_both_rows(tmp_path, pretrained_dir, kind):
     model = _build(tmp_path, pretrained_dir, kind, ["finetune.dropout=0.1"])
     assert model.encoder.config.hidden_dropout_prob == 0.1
@@ -55,14 +55,14 @@ def test_finetune_dropout_replaces_the_encoders_rate_for_both_rows(tmp_path, pre
 
 
 def test_finetune_dropout_keeps_the_pretrained_weights(tmp_path, pretrained_dir):
-    model = _build(tmp_path, pretrained_dir, "pretrained", ["finetune.dropout=0.1"])
+    model = _build(tmp_path, pretrained_dir, "bert", ["finetune.dropout=0.1"])
     saved = bert_downstream.load_pretrained(pretrained_dir / "encoder").state_dict()
     for name, tensor in model.encoder.state_dict().items():
         assert torch.equal(tensor, saved[name]), name
 
 
 def test_null_finetune_dropout_keeps_the_encoders_own_rate(tmp_path, pretrained_dir):
-    model = _build(tmp_path, pretrained_dir, "pretrained", ["finetune.dropout=null"])
+    model = _build(tmp_path, pretrained_dir, "bert", ["finetune.dropout=null"])
     assert model.encoder.config.hidden_dropout_prob == 0.0
     model.train()
     ids = torch.randint(1, 50, (4, 9), generator=torch.Generator().manual_seed(1))

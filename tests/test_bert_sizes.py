@@ -50,14 +50,14 @@ def test_bert_base_recipe_is_the_papers():
 
 def test_bert_base_runs_phase_2_at_512_from_phase_1_and_fine_tunes_its_encoder():
     cfg = _compose("+experiment=bert_base")
-    phase1, phase2 = phase_of("pretrain").settings(cfg), phase_of("pretrain_phase2").settings(cfg)
-    assert (phase1.max_predictions_per_seq, phase_of("pretrain").max_seq_length(cfg)) == (20, 128)
-    assert (phase2.max_predictions_per_seq, phase_of("pretrain_phase2").max_seq_length(cfg)) == (80, 512)
+    phase1, phase2 = phase_of("bert_pretrain").settings(cfg), phase_of("bert_pretrain_phase2").settings(cfg)
+    assert (phase1.max_predictions_per_seq, phase_of("bert_pretrain").max_seq_length(cfg)) == (20, 128)
+    assert (phase2.max_predictions_per_seq, phase_of("bert_pretrain_phase2").max_seq_length(cfg)) == (80, 512)
     assert (phase2.max_steps, phase2.batch_size, phase2.lr) == (100_000, 256, 1e-4)  # the last 10 % of 1M steps
     assert (phase2.weight_decay, list(phase2.betas)) == (0.01, [0.9, 0.999])  # phase 1's, not repeated
     assert cfg.model.config.max_position_embeddings >= 512
-    assert "pretrain_phase2" in cfg.pipeline.stages
-    assert finetune_upstream(cfg) == ("tokenizer", "pretrain_phase2", "word2vec")
+    assert "bert_pretrain_phase2" in cfg.pipeline.stages
+    assert finetune_upstream(cfg) == ("bert_tokenizer", "bert_pretrain_phase2", "word2vec")
 
 
 def test_bert_base_has_110m_parameters_and_trains_a_step():

@@ -29,16 +29,17 @@ def test_one_run_has_both_families_stages_and_fine_tune_kinds(tmp_path):
     cfg = _compose(tmp_path, "bert_vs_gpt")
     stages = resolve_upstream(STAGES, cfg)
     in_run = select_stages(stages, list(cfg.pipeline.stages), None)
-    assert {"tokenizer", "examples", "pretrain", "gpt_tokenizer", "gpt_blocks", "gpt_pretrain"} <= set(in_run)
+    assert {"bert_tokenizer", "bert_examples", "bert_pretrain", "gpt_tokenizer", "gpt_blocks",
+            "gpt_pretrain"} <= set(in_run)
     assert in_run[-2:] == ["finetune", "report"]
-    assert list(cfg.finetune.models) == ["pretrained", "random_init", "gpt", "gpt_random"]
-    assert {"pretrain", "gpt_pretrain"} <= set(stages["finetune"].upstream)
-    assert {"pretrain", "gpt_pretrain", "finetune"} <= set(stages["report"].upstream)
+    assert list(cfg.finetune.models) == ["bert", "bert_random", "gpt", "gpt_random"]
+    assert {"bert_pretrain", "gpt_pretrain"} <= set(stages["finetune"].upstream)
+    assert {"bert_pretrain", "gpt_pretrain", "finetune"} <= set(stages["report"].upstream)
 
 
 def test_bert_and_gpt_each_read_their_own_model_and_pretraining_settings(tmp_path):
     cfg = _compose(tmp_path, "bert_vs_gpt")
-    bert, gpt = BertPretraining(phase_of("pretrain")).settings(cfg), GPTPretraining().settings(cfg)
+    bert, gpt = BertPretraining(phase_of("bert_pretrain")).settings(cfg), GPTPretraining().settings(cfg)
     assert (bert.max_steps, gpt.max_steps) == (cfg.pretrain.max_steps, cfg.gpt.pretrain.max_steps)
     assert bert.max_steps != gpt.max_steps and bert.betas != gpt.betas
     assert gpt.batch_size == bert.batch_size == cfg.pretrain.batch_size  # a key gpt.pretrain leaves out is pretrain's
@@ -56,10 +57,10 @@ def test_a_gpt_only_run_reads_the_shared_model_and_pretrain_blocks(tmp_path):
 
 
 def test_a_gpt_setting_reruns_gpt_pretraining_and_not_berts(tmp_path):
-    names = ["pretrain", "gpt_pretrain", "finetune"]
+    names = ["bert_pretrain", "gpt_pretrain", "finetune"]
     before = stage_hashes(_compose(tmp_path, "bert_vs_gpt"), STAGES, names)
     after = stage_hashes(_compose(tmp_path, "bert_vs_gpt", ("gpt.pretrain.max_steps=7",)), STAGES, names)
-    assert before["pretrain"] == after["pretrain"]
+    assert before["bert_pretrain"] == after["bert_pretrain"]
     assert before["gpt_pretrain"] != after["gpt_pretrain"] and before["finetune"] != after["finetune"]
 
 
@@ -73,12 +74,13 @@ def test_bert_vs_gpt_shrunk_runs_both_families_into_one_report(tmp_path, ray_ses
                                  "gpt.pretrain.max_steps=8", "gpt.pretrain.warmup_steps=2"], experiment="bert_vs_gpt")
     validate(cfg)
     results = run_dag(cfg, STAGES, tmp_path / "run")
-    assert {"pretrain", "gpt_pretrain", "finetune", "report"} <= set(results)
-    assert (results["pretrain"]["steps"], results["gpt_pretrain"]["steps"]) == (12, 8)
+    assert {"bert_pretrain", "gpt_pretrain", "finetune", "report"} <= set(results)
+    assert (results["bert_pretrain"]["steps"], results["gpt_pretrain"]["steps"]) == (12, 8)
     assert load_pretrained(tmp_path / "run" / "gpt_pretrain" / "model").config.n_embd == 32  # gpt.model, not `model`
     report = (tmp_path / "run" / "report" / "results.md").read_text()
     with open(tmp_path / "run" / "report" / "results.csv") as f:
-        assert {"pretrained", "random_init", "gpt", "gpt_random"} <= {r["model"] for r in csv.DictReader(f)}
-    for line in ("- sst2 accuracy: pretrained - random_init = ", "- sst2 accuracy: gpt - gpt_random = ",
-                 "## Pretraining budget", "| bert | pretrain | 12 | ", "| gpt | gpt_pretrain | 8 | ", "## GPT samples"):
+        assert {"bert", "bert_random", "gpt", "gpt_random"} <= {r["model"] for r in csv.DictReader(f)}
+    for line in ("- sst2 accuracy: bert - bert_random = ", "- sst2 accuracy: gpt - gpt_random = ",
+                 "## Pretraining budget", "| bert | bert_pretrain | 12 | ", "| gpt | gpt_pretrain | 8 | ",
+                 "## GPT samples"):
         assert line in report, line

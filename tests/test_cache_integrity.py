@@ -111,7 +111,7 @@ def test_finetunes_key_covers_the_task_files_and_a_flipped_label_is_named(tmp_pa
 @pytest.fixture
 def prepared(tmp_path, ray_session):
     """A finished `prepare` of the tiny corpus, planned up to the tokenizer that reads it."""
-    run = TinyRun(tiny_config(tmp_path, ["pipeline.until=tokenizer"]))
+    run = TinyRun(tiny_config(tmp_path, ["pipeline.until=bert_tokenizer"]))
     run.run_stage("prepare")
     return run
 
@@ -139,11 +139,11 @@ def test_a_damaged_finished_output_is_named_before_a_later_stage_reads_it(prepar
     """Defect 2: a deleted examples file trained on 188 of 401 instances with exit 0, and a shard whose bytes changed
     put a changed word into the tokenizer, though the manifest held the shard's sha256."""
     damage(prepared)
-    with pytest.raises(StageFailed, match=rf"stage tokenizer failed: StageFailed: the finished output of stage prepare "
-                                          rf"in \S+ is not what the stage wrote: {says}.*Rerun with "
+    with pytest.raises(StageFailed, match=rf"stage bert_tokenizer failed: StageFailed: the finished output of stage "
+                                          rf"prepare in \S+ is not what the stage wrote: {says}.*Rerun with "
                                           rf"pipeline.force=\[prepare\] to rebuild it"):
-        prepared.run_stage("tokenizer")
-    assert not (prepared.stage_dir("tokenizer") / MARKER).exists()
+        prepared.run_stage("bert_tokenizer")
+    assert not (prepared.stage_dir("bert_tokenizer") / MARKER).exists()
 
 
 def test_a_copied_cache_is_intact_and_hashed_once(prepared, tmp_path, monkeypatch):
@@ -151,8 +151,9 @@ def test_a_copied_cache_is_intact_and_hashed_once(prepared, tmp_path, monkeypatc
     equal and memoised beside the output, so the next check is stat calls only."""
     monkeypatch.setattr(fingerprints, "SETTLE_NS", 0)  # the copies are memoised at once, not two seconds on
     shutil.copytree(tmp_path / "cache", tmp_path / "copied_cache")
-    run = TinyRun(tiny_config(tmp_path, ["pipeline.until=tokenizer", f"paths.cache_dir={tmp_path / 'copied_cache'}"]))
-    assert run.run_stage("tokenizer")["state"] == "ran"
+    run = TinyRun(tiny_config(tmp_path, ["pipeline.until=bert_tokenizer",
+                                         f"paths.cache_dir={tmp_path / 'copied_cache'}"]))
+    assert run.run_stage("bert_tokenizer")["state"] == "ran"
     memo = run.stage_dir("prepare").parent / f"{run.stage_dir('prepare').name}.digests.json"
     assert len(json.loads(memo.read_text())) == len(list(run.stage_dir("prepare").iterdir())) - 1  # all but the marker
 

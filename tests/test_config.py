@@ -99,9 +99,9 @@ def _write_task_files(root: Path, names: list[str]) -> Path:
     ("pretrain.optimizer=adam", "expected one of [adamw, lamb]\n    full_key: pretrain.optimizer"),
     ("pretrain.lr_decay=step", "expected one of [linear, cosine]\n    full_key: pretrain.lr_decay"),
     ("pretrain_phase2.optimizer=adam", "full_key: pretrain_phase2.optimizer"),  # BERT's block (Family.config)
-    ("finetune.models=[pretrained,bert_large]", "Invalid value 'bert_large'"),   # the families' model kinds
+    ("finetune.models=[bert,bert_large]", "Invalid value 'bert_large'"),   # the families' model kinds
     ("evaluate.encoders=[bert_cls,no_such_encoder]", "full_key: evaluate.encoders[1]"),
-    ("pipeline.stages=[prepare,pretrian]", "Invalid value 'pretrian', expected one of [prepare, tokenizer"),
+    ("pipeline.stages=[prepare,pretrian]", "Invalid value 'pretrian', expected one of [prepare, bert_tokenizer"),
     ("trainer.precision=16", "full_key: trainer.precision"),
     ("trainer.strategy=fsdp", "expected one of [auto, ddp, deepspeed]"),
     ("data.input_format=xml", "full_key: data.input_format"),
@@ -179,6 +179,43 @@ def test_unknown_experiment_lists_the_available_ones():
     result = _cli("+experiment=no_such_experiment")
     assert result.returncode != 0
     assert "no_such_experiment" in result.stderr and "bert_tiny" in result.stderr
+
+
+@pytest.mark.parametrize("override, message", [
+    ("pipeline.stages=[prepare,pretrain]", "stage 'pretrain' is now 'bert_pretrain'; write "
+                                           "pipeline.stages=[prepare,bert_pretrain]"),
+    ("pipeline.stages=[tokenizer,examples]", "stage 'tokenizer' is now 'bert_tokenizer'; stage 'examples' is now "
+                                             "'bert_examples'"),
+    ("pipeline.until=pretrain_phase2", "stage 'pretrain_phase2' is now 'bert_pretrain_phase2'"),
+    ("+pipeline.force=[piece_vectors]", "stage 'piece_vectors' is now 'bert_piece_vectors'"),
+    ("finetune.models=[pretrained,random_init,elmo]", "finetune.models kind 'pretrained' is now 'bert'; "
+                                                      "finetune.models kind 'random_init' is now 'bert_random'; "
+                                                      "write finetune.models=[bert,bert_random,elmo]"),
+    ("finetune.models=[external]", "kind 'external' is now 'bert_external'"),
+])
+def test_an_old_bert_name_fails_naming_the_new_one(override, message):
+    """BERT's stages and fine-tune kinds carry the family's name, as every other family's do (issue 38)."""
+    from pipeline.config import check_renamed_names
+
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        check_renamed_names(["+experiment=bert_tiny", override])
+    check_renamed_names(["pipeline.stages=[prepare,bert_pretrain]", "finetune.models=[bert,elmo]", "pretrain.lr=1"])
+
+
+def test_the_old_names_are_gone_and_the_new_ones_are_the_graphs():
+    from pipeline.config import RENAMED_KINDS, RENAMED_STAGES
+    from pipeline.downstream.finetune import MODEL_KINDS
+    from pipeline.stages import STAGES
+
+    assert not set(RENAMED_STAGES) & set(STAGES) and set(RENAMED_STAGES.values()) <= set(STAGES)
+    assert not set(RENAMED_KINDS) & set(MODEL_KINDS) and set(RENAMED_KINDS.values()) <= set(MODEL_KINDS)
+    assert {name for name in STAGES if name.startswith("bert_")} == set(RENAMED_STAGES.values())
+
+
+def test_the_command_line_names_the_new_stage_before_any_work():
+    result = _cli("pipeline.stages=[pretrain]")
+    assert result.returncode != 0
+    assert "stage 'pretrain' is now 'bert_pretrain'; write pipeline.stages=[bert_pretrain]" in result.stderr
 
 
 def test_help_lists_the_config_groups_and_nothing_else():

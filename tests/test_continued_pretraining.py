@@ -33,11 +33,11 @@ def write_checkpoint(directory, heads: bool):
 def test_continued_pretraining_reads_with_the_checkpoints_tokenizer_and_starts_from_its_weights(tmp_path):
     hf_model, vocab = write_checkpoint(tmp_path / "checkpoint", heads=True)
     cfg = tiny_config(tmp_path, [f"pretrain.init_from={tmp_path / 'checkpoint'}", "pretrain.max_steps=2",
-                                 "pretrain.val_every_steps=2", "pipeline.stages=[pretrain]"])
+                                 "pretrain.val_every_steps=2", "pipeline.stages=[bert_pretrain]"])
     run = TinyRun(cfg)
-    for stage in ("prepare", "tokenizer", "examples"):
+    for stage in ("prepare", "bert_tokenizer", "bert_examples"):
         run.run_stage(stage)
-    tokenizer = load_tokenizer(run.stage_dir("tokenizer"))
+    tokenizer = load_tokenizer(run.stage_dir("bert_tokenizer"))
     assert tokenizer.get_vocab() == {piece: i for i, piece in enumerate(vocab)}
     assert tokenizer.encode("the captain found a letter").ids[0] == 101  # [CLS] where the checkpoint has it
 
@@ -51,7 +51,7 @@ def test_continued_pretraining_reads_with_the_checkpoints_tokenizer_and_starts_f
                        hf_model.cls.predictions.transform.dense.weight)
     assert torch.equal(model.cls.seq_relationship.weight, hf_model.cls.seq_relationship.weight)
 
-    summary = run.run_stage("pretrain")
+    summary = run.run_stage("bert_pretrain")
     assert summary["steps"] == 2 and summary["num_parameters"] == sum(p.numel() for p in model.parameters())
 
 

@@ -103,24 +103,24 @@ def test_sigkill_during_finetune_then_rerun_keeps_the_finished_models(tmp_path):
     assert not (finished_dir.parent / MARKER).exists()
 
     result = run_pipeline_cli(tmp_path, overrides)
-    for stage in ("prepare", "tokenizer", "examples", "pretrain"):
+    for stage in ("prepare", "bert_tokenizer", "bert_examples", "bert_pretrain"):
         assert stage_executions(tmp_path / "cache", stage) == 1, stage  # finished stages are not run again
     for name, content in finished_before.items():
         assert f"found {name}, skipping" in result.stdout + result.stderr
         assert (finished_dir / name).read_bytes() == content
     assert len(list(finished_dir.glob("*.json"))) == 12
     rows = json.loads((tmp_path / "run" / "finetune" / "results.json").read_text())
-    assert {(row["model"], row["seeds"]) for row in rows} >= {("pretrained", 3), ("random_init", 3)}
+    assert {(row["model"], row["seeds"]) for row in rows} >= {("bert", 3), ("bert_random", 3)}
 
 
 @pytest.mark.slow
 def test_two_concurrent_runs_share_one_preparation(tmp_path):
-    runs = [start_pipeline_cli(tmp_path, ["pipeline.until=examples", f"hydra.run.dir={tmp_path / name}"])
+    runs = [start_pipeline_cli(tmp_path, ["pipeline.until=bert_examples", f"hydra.run.dir={tmp_path / name}"])
             for name in ("run1", "run2")]
     for proc in runs:
         output, _ = proc.communicate(timeout=900)
         assert proc.returncode == 0, output[-4000:]
-    for stage in ("prepare", "tokenizer", "examples"):
+    for stage in ("prepare", "bert_tokenizer", "bert_examples"):
         assert stage_executions(tmp_path / "cache", stage) == 1, stage  # the other run waited on the lock, then reused
     first, second = tmp_path / "run1" / "prepare", tmp_path / "run2" / "prepare"
     assert first.resolve() == second.resolve()

@@ -90,9 +90,9 @@ def test_changing_a_pretraining_key_changes_pretraining_and_downstream_hashes_on
     base = tiny_config(tmp_path)
     changed = tiny_config(tmp_path, [override])
     names = plan(base, STAGES).order  # the stages of this experiment's run
-    assert names == ["prepare", "tokenizer", "examples", "pretrain", "word2vec", "finetune", "report"]
+    assert names == ["prepare", "bert_tokenizer", "bert_examples", "bert_pretrain", "word2vec", "finetune", "report"]
     a, b = stage_hashes(base, STAGES, names), stage_hashes(changed, STAGES, names)
-    assert [n for n in names if a[n] != b[n]] == ["pretrain", "finetune", "report"]
+    assert [n for n in names if a[n] != b[n]] == ["bert_pretrain", "finetune", "report"]
     logger_only = tiny_config(tmp_path, ["logger=wandb"])
     assert stage_hashes(logger_only, STAGES, names) == a  # tracking does not change what a stage computes
 

@@ -40,7 +40,7 @@ def tmp_root(tmp_path_factory) -> Path:
 
 def tiny_run(root: Path, trainer: list[str]) -> TinyRun:
     run = TinyRun(tiny_config(root, [*TWO_WORKER_OVERRIDES, *trainer]))
-    for name in ("prepare", "tokenizer", "examples"):  # cached after the first run: they ignore trainer.*
+    for name in ("prepare", "bert_tokenizer", "bert_examples"):  # cached after the first run: they ignore trainer.*
         run.run_stage(name)
     return run
 
@@ -132,10 +132,10 @@ def test_lightning_deepspeed_on_a_gpu_writes_whole_weights_and_prunes_its_checkp
     run = TinyRun(tiny_config(tmp_path, ["++pretrain.checkpoint_every_steps=5", "pretrain.max_steps=20",
                                          f"trainer=deepspeed_stage_{zero_stage}", "trainer.accelerator=gpu",
                                          "distributed.num_workers=1", "trainer.precision=auto"]))
-    for name in ("prepare", "tokenizer", "examples"):
+    for name in ("prepare", "bert_tokenizer", "bert_examples"):
         run.run_stage(name)
-    summary = run.run_stage("pretrain")
-    out = run.stage_dir("pretrain")
+    summary = run.run_stage("bert_pretrain")
+    out = run.stage_dir("bert_pretrain")
     encoder = load_pretrained(out / "encoder")
     word = encoder.embeddings.word_embeddings.weight
     assert word.shape[0] % 64 == 0 and word.abs().sum() > 0  # not ZeRO-3's empty shard
@@ -144,7 +144,7 @@ def test_lightning_deepspeed_on_a_gpu_writes_whole_weights_and_prunes_its_checkp
     # Killed after its last checkpoint, before the marker: the rerun resumes at max_steps and trains nothing. Its
     # validation once ran in a second strategy set-up (trainer.validate), which left ZeRO-3's embeddings on the CPU.
     (out / MARKER).unlink()
-    rerun = run.run_stage("pretrain")
+    rerun = run.run_stage("bert_pretrain")
     assert rerun["resumed_from_step"] == 20 and rerun["steps"] == 20
     assert rerun["final_val_loss"] == pytest.approx(summary["final_val_loss"], rel=1e-2)
     torch.testing.assert_close(load_pretrained(out / "encoder").embeddings.word_embeddings.weight, word, rtol=0,
@@ -167,8 +167,8 @@ def test_every_stage_that_depends_on_the_data_parallel_settings_honours_them(tmp
 @pytest.mark.slow  # Ray Train start-up of 2 workers: 1-3 min on a loaded 2-core machine
 def test_ddp_in_two_ray_train_workers(tmp_root, ray_session):
     run = tiny_run(tmp_root, ["trainer=ddp_cpu"])
-    summary = run.run_stage("pretrain")
-    out = run.stage_dir("pretrain")
+    summary = run.run_stage("bert_pretrain")
+    out = run.stage_dir("bert_pretrain")
     assert summary["workers"] == 2 and summary["steps"] == 20
     losses = train_losses(out)
     assert len(losses) == 20 and all(math.isfinite(x) for x in losses)
@@ -180,8 +180,8 @@ def test_ddp_in_two_ray_train_workers(tmp_root, ray_session):
 @pytest.mark.slow  # Ray Train start-up plus DeepSpeed import in 2 workers: 2-4 min on 2 cores
 def test_deepspeed_zero2_on_cpu_consolidates_and_fine_tunes(tmp_root, ray_session):
     run = tiny_run(tmp_root, ["trainer=deepspeed_stage_2", "trainer.accelerator=cpu"])
-    summary = run.run_stage("pretrain")
-    out = run.stage_dir("pretrain")
+    summary = run.run_stage("bert_pretrain")
+    out = run.stage_dir("bert_pretrain")
     assert summary["workers"] == 2 and summary["zero_stage"] == 2 and math.isfinite(summary["final_val_loss"])
     assert all(math.isfinite(x) for x in train_losses(out))
     checkpoints = out / "checkpoints"
@@ -198,7 +198,7 @@ def test_deepspeed_zero2_on_cpu_consolidates_and_fine_tunes(tmp_root, ray_sessio
         torch.testing.assert_close(fresh.bert.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
 
     results = run.run_stage("finetune")["results"]
-    assert {r["model"] for r in results} >= {"pretrained", "random_init"}
+    assert {r["model"] for r in results} >= {"bert", "bert_random"}
     assert (run.stage_dir("finetune") / MARKER).exists()
 
 
@@ -207,11 +207,11 @@ def test_deepspeed_zero3_on_cpu_trains_the_tied_word_matrix(tmp_root, ray_sessio
     """ZeRO-3 partitions every parameter and gathers it around each module's forward and backward: the word matrix
     that the lookup and the MLM decoder share (models.bert.TiedWordGradient) must still train."""
     run = tiny_run(tmp_root, ["trainer=deepspeed_stage_3", "trainer.accelerator=cpu"])
-    summary = run.run_stage("pretrain")
-    losses = train_losses(run.stage_dir("pretrain"))
+    summary = run.run_stage("bert_pretrain")
+    losses = train_losses(run.stage_dir("bert_pretrain"))
     assert summary["zero_stage"] == 3 and len(losses) == 20 and all(math.isfinite(x) for x in losses)
     assert sum(losses[-5:]) < sum(losses[:5])
-    fp32 = consolidated_state_dict(run.stage_dir("pretrain") / "checkpoints", "step-20")
+    fp32 = consolidated_state_dict(run.stage_dir("bert_pretrain") / "checkpoints", "step-20")
     torch.testing.assert_close(fp32["model.cls.predictions.decoder.weight"],
                                fp32["model.bert.embeddings.word_embeddings.weight"], rtol=0, atol=0)
 
@@ -224,20 +224,20 @@ def test_phase2_in_two_workers_starts_from_phase1(tmp_root, ray_session, trainer
     with lr 0 its final weights are exactly phase 1's."""
     run = tiny_run(tmp_root, [
         *trainer,
-        "pipeline.stages=[prepare,tokenizer,examples,pretrain,examples_phase2,pretrain_phase2]",
+        "pipeline.stages=[prepare,bert_tokenizer,bert_examples,bert_pretrain,bert_examples_phase2,bert_pretrain_phase2]",
         "model.config.max_position_embeddings=64", "pretrain_phase2.max_seq_length=64", "pretrain_phase2.max_steps=4",
         "pretrain_phase2.batch_size=4", "pretrain_phase2.lr=0", "pretrain_phase2.max_predictions_per_seq=10",
         "++pretrain_phase2.checkpoint_every_steps=4"])
-    run.run_stage("pretrain")
-    run.run_stage("examples_phase2")
-    summary = run.run_stage("pretrain_phase2")
+    run.run_stage("bert_pretrain")
+    run.run_stage("bert_examples_phase2")
+    summary = run.run_stage("bert_pretrain_phase2")
     assert summary["workers"] == 2 and summary["max_seq_length"] == 64
     assert summary.get("zero_stage") == (2 if "deepspeed" in trainer[0] else None)
-    assert summary["initialised_from"] == str(run.stage_dir("pretrain"))
-    losses = train_losses(run.stage_dir("pretrain_phase2"))
+    assert summary["initialised_from"] == str(run.stage_dir("bert_pretrain"))
+    losses = train_losses(run.stage_dir("bert_pretrain_phase2"))
     assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
-    phase1 = load_pretrained(run.stage_dir("pretrain") / "encoder").state_dict()
-    phase2 = load_pretrained(run.stage_dir("pretrain_phase2") / "encoder").state_dict()
+    phase1 = load_pretrained(run.stage_dir("bert_pretrain") / "encoder").state_dict()
+    phase2 = load_pretrained(run.stage_dir("bert_pretrain_phase2") / "encoder").state_dict()
     assert set(phase1) == set(phase2)
     for name, tensor in phase1.items():
         torch.testing.assert_close(phase2[name], tensor, rtol=0, atol=0, msg=name)

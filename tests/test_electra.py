@@ -110,11 +110,11 @@ def test_an_impossible_objective_is_refused_before_any_stage_runs(tmp_path):
 def test_electra_pretraining_learns_and_its_encoder_fine_tunes(tmp_path, ray_session):
     run = TinyRun(tiny_config(tmp_path, ["pretrain.objective=electra", "pretrain.next_sentence_prediction=false",
                                          "finetune.seeds=[1]"]))
-    for stage in ("prepare", "tokenizer", "examples"):
+    for stage in ("prepare", "bert_tokenizer", "bert_examples"):
         run.run_stage(stage)
-    summary = run.run_stage("pretrain")
+    summary = run.run_stage("bert_pretrain")
     assert summary["objective"] == "electra" and summary["final_val_nsp_acc"] is None
-    with open(run.stage_dir("pretrain") / "loss_curve.csv") as f:
+    with open(run.stage_dir("bert_pretrain") / "loss_curve.csv") as f:
         rows = list(csv.DictReader(f))
     final = {r["name"]: float(r["value"]) for r in rows if r["split"] == "val"}  # the last validation's
     train = [float(r["value"]) for r in rows if r["name"] == "train/loss"]
@@ -122,7 +122,7 @@ def test_electra_pretraining_learns_and_its_encoder_fine_tunes(tmp_path, ray_ses
     # the discriminator beats the base rate of always answering "original": it reads which tokens were replaced
     assert final["val/rtd_acc"] > 1 - final["val/replaced_fraction"] + 0.005
     rows = {r["model"]: r for r in run.run_stage("finetune")["results"]}
-    assert 0.0 <= rows["pretrained"]["score"] <= 1.0
+    assert 0.0 <= rows["bert"]["score"] <= 1.0
 
 
 def test_replacements_are_drawn_in_proportion_to_the_generator_probabilities():

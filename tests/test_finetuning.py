@@ -41,7 +41,7 @@ def _write_conll(root: Path) -> None:
 
 @pytest.fixture
 def ctx(tmp_path) -> StageContext:
-    tok_dir, pretrain_dir = tmp_path / "tokenizer", tmp_path / "pretrain"
+    tok_dir, pretrain_dir = tmp_path / "bert_tokenizer", tmp_path / "bert_pretrain"
     rng = random.Random(0)
     train_wordpiece([" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(300)], tok_dir, vocab_size=120,
                     min_frequency=1)
@@ -55,24 +55,24 @@ def ctx(tmp_path) -> StageContext:
         cfg = compose(config_name="config", overrides=[
             "+experiment=bert_tiny", f"paths.run_dir={tmp_path}", f"paths.cache_dir={tmp_path / 'cache'}",
             "logger=csv", "trainer.precision=32-true", "finetune.task=[sst2,stsb,conll2003]",
-            f"finetune.data_dir={glue}", "finetune.models=[pretrained]", "finetune.seeds=[1,2]",
+            f"finetune.data_dir={glue}", "finetune.models=[bert]", "finetune.seeds=[1,2]",
             "finetune.random_twins=false",  # each test fine-tunes the kinds it names, and no others
             "finetune.baselines=[majority_class,bow_logreg]",  # no word2vec stage in these contexts
             "finetune.train_sizes=[null]", "finetune.min_steps=0",
             "finetune.epochs=1", "finetune.batch_size=8", "finetune.max_seq_length=16"])
     out = tmp_path / "finetune"
     out.mkdir()
-    return StageContext(plain_config(cfg), "finetune", out, {"tokenizer": tok_dir, "pretrain": pretrain_dir})
+    return StageContext(plain_config(cfg), "finetune", out, {"bert_tokenizer": tok_dir, "bert_pretrain": pretrain_dir})
 
 
 def test_every_task_family_is_scored_with_its_metric_over_seeds_and_reruns_skip(ctx, monkeypatch, capsys):
     results = finetuning.finetune(ctx)["results"]
     by_key = {(r["model"], r["task"], r["metric"]): r for r in results}
-    assert {k for k in by_key if k[0] == "pretrained"} == {
-        ("pretrained", "sst2", "accuracy"), ("pretrained", "stsb", "pearson"), ("pretrained", "stsb", "spearman"),
-        ("pretrained", "conll2003", "precision"), ("pretrained", "conll2003", "recall"),
-        ("pretrained", "conll2003", "f1")}
-    assert all(r["seeds"] == 2 for k, r in by_key.items() if k[0] == "pretrained")
+    assert {k for k in by_key if k[0] == "bert"} == {
+        ("bert", "sst2", "accuracy"), ("bert", "stsb", "pearson"), ("bert", "stsb", "spearman"),
+        ("bert", "conll2003", "precision"), ("bert", "conll2003", "recall"),
+        ("bert", "conll2003", "f1")}
+    assert all(r["seeds"] == 2 for k, r in by_key.items() if k[0] == "bert")
     # classification: the most frequent label; tagging: each word's most frequent tag (a regression has none)
     assert {k for k in by_key if k[0] == "majority_class"} == {
         ("majority_class", "sst2", "accuracy"), ("majority_class", "conll2003", "precision"),
@@ -80,7 +80,7 @@ def test_every_task_family_is_scored_with_its_metric_over_seeds_and_reruns_skip(
     assert not any(k[0] == "bow_logreg" and k[1] != "sst2" for k in by_key)  # TSV classification only
     bow = by_key[("bow_logreg", "sst2", "accuracy")]  # beats majority: test_baselines.py
     assert bow["train_examples"] == 32 and bow["seeds"] == 2  # on the models' subsets, every seed
-    assert by_key[("pretrained", "sst2", "accuracy")]["dev_examples"] == 16
+    assert by_key[("bert", "sst2", "accuracy")]["dev_examples"] == 16
     # 3 tasks × 1 model × 2 seeds, and bow_logreg's 2 seeds
     assert len(list((ctx.out_dir / "finished").glob("*-seed*.json"))) == 8
 
@@ -97,20 +97,20 @@ def test_an_external_hf_bert_is_fine_tuned_with_its_own_tokenizer_in_the_same_ta
     external = tmp_path / "hf_bert"
     to_hf(BertModel(bert_config("bert_tiny", vocab_size=128, max_position_embeddings=64, num_hidden_layers=1)),
           external)
-    ctx.cfg.finetune.models = ["pretrained", "external"]
+    ctx.cfg.finetune.models = ["bert", "bert_external"]
     ctx.cfg.finetune.task = "sst2"
     ctx.cfg.finetune.seeds = [1]
     ctx.cfg.finetune.external_encoder = str(external)
     with pytest.raises(FileNotFoundError, match="tokenizer"):  # weights alone are not enough
         finetuning.model_sources(ctx)
-    shutil.copy(ctx.inputs["tokenizer"] / "vocab.txt", external / "vocab.txt")
+    shutil.copy(ctx.inputs["bert_tokenizer"] / "vocab.txt", external / "vocab.txt")
     rows = {(r["model"], r["metric"]) for r in finetuning.finetune(ctx)["results"]}
-    assert {("pretrained", "accuracy"), ("external", "accuracy"), ("majority_class", "accuracy"),
+    assert {("bert", "accuracy"), ("bert_external", "accuracy"), ("majority_class", "accuracy"),
             ("bow_logreg", "accuracy")} == rows
 
 
 def test_external_without_a_path_is_rejected(ctx):
-    ctx.cfg.finetune.models = ["external"]
+    ctx.cfg.finetune.models = ["bert_external"]
     with pytest.raises(ValueError, match="finetune.external_encoder"):
         finetuning.model_sources(ctx)
 
@@ -126,7 +126,7 @@ def test_training_stages_log_to_csv_or_tensorboard_without_wandb(ctx, logger, fi
 
 
 def test_seeds_with_an_undefined_correlation_are_counted_not_averaged():
-    rows = [{"model": "random_init", "task": "stsb", "metric": "pearson", "score": s, "train_examples": 4,
+    rows = [{"model": "bert_random", "task": "stsb", "metric": "pearson", "score": s, "train_examples": 4,
              "dev_examples": 2, "seconds": 1.0} for s in (0.5, float("nan"), 0.7)]
     (row,) = finetuning._aggregate(rows)
     assert row["score"] == 0.6 and row["seeds"] == 2 and row["undefined_seeds"] == 1
@@ -146,8 +146,8 @@ def test_elmo_is_fine_tuned_feature_based_on_every_task_family(ctx, tmp_path):
     tiny = dict(filters=[[1, 8], [2, 8]], projection_dim=16, lstm_dim=32)
     elmo.save_pretrained(elmo.BiLanguageModel(elmo.elmo_config("elmo_small", vocab_size=len(vocab), **tiny)),
                          tmp_path / "elmo" / "bilm")
-    ctx.cfg.finetune.models = ["elmo", "pretrained"]
-    assert set(finetune_upstream(ctx.cfg)) == {"tokenizer", "pretrain", "elmo_vocab", "elmo_pretrain"}
+    ctx.cfg.finetune.models = ["elmo", "bert"]
+    assert set(finetune_upstream(ctx.cfg)) == {"bert_tokenizer", "bert_pretrain", "elmo_vocab", "elmo_pretrain"}
     ctx.cfg.finetune.models = ["elmo"]
     assert finetune_upstream(ctx.cfg) == ("elmo_vocab", "elmo_pretrain")
     ctx.cfg.finetune.seeds = [1]
@@ -190,14 +190,14 @@ def test_train_sizes_draw_stratified_subsets_deterministic_per_seed():
 
 def test_each_pretrained_kind_is_fine_tuned_beside_its_random_twin(ctx):
     ctx.cfg.finetune.random_twins = True  # the default (conf/config.yaml)
-    ctx.cfg.finetune.models = ["gpt", "pretrained", "external", "elmo_random"]
-    assert list(finetuning.finetune_kinds(ctx.cfg)) == ["gpt", "gpt_random", "pretrained", "random_init", "external",
+    ctx.cfg.finetune.models = ["gpt", "bert", "bert_external", "elmo_random"]
+    assert list(finetuning.finetune_kinds(ctx.cfg)) == ["gpt", "gpt_random", "bert", "bert_random", "bert_external",
                                                         "elmo_random"]
-    ctx.cfg.finetune.models = ["random_init", "pretrained"]  # listed already: once, where the user put it
-    assert list(finetuning.finetune_kinds(ctx.cfg)) == ["random_init", "pretrained"]
+    ctx.cfg.finetune.models = ["bert_random", "bert"]  # listed already: once, where the user put it
+    assert list(finetuning.finetune_kinds(ctx.cfg)) == ["bert_random", "bert"]
     ctx.cfg.finetune.random_twins = False
-    ctx.cfg.finetune.models = ["gpt", "pretrained"]
-    assert list(finetuning.finetune_kinds(ctx.cfg)) == ["gpt", "pretrained"]
+    ctx.cfg.finetune.models = ["gpt", "bert"]
+    assert list(finetuning.finetune_kinds(ctx.cfg)) == ["gpt", "bert"]
 
 
 def test_small_train_sizes_get_at_least_min_steps():
@@ -210,16 +210,16 @@ def test_train_sizes_give_a_label_efficiency_curve_in_the_report(ctx, tmp_path):
     from pipeline.report.report import write_report
 
     ctx.cfg.finetune.task = "sst2"
-    ctx.cfg.finetune.models = ["pretrained", "random_init"]
+    ctx.cfg.finetune.models = ["bert", "bert_random"]
     ctx.cfg.finetune.train_sizes = [8, 16, None]
     results = finetuning.finetune(ctx)["results"]
     # the stage's summary is the headline table: all the data
     assert {(r["model"], r["train_size"], r["train_examples"]) for r in results} == {
-        ("pretrained", None, 32), ("random_init", None, 32), ("majority_class", None, 32), ("bow_logreg", None, 32)}
+        ("bert", None, 32), ("bert_random", None, 32), ("majority_class", None, 32), ("bow_logreg", None, 32)}
     stored = json.loads((ctx.out_dir / "results.json").read_text())
     curve = finetuning.label_efficiency(stored)
     assert sorted({(r["model"], r["train_examples"], r["seeds"]) for r in curve}) == [
-        (kind, n, 2) for kind in ("bow_logreg", "pretrained", "random_init") for n in (8, 16, 32)]
+        (kind, n, 2) for kind in ("bert", "bert_random", "bow_logreg") for n in (8, 16, 32)]
     # the same examples for both model kinds and the baseline at one size and seed: the subsets differ by seed and
     # size only
     assert len(list((ctx.out_dir / "finished").glob("sst2-*-8-seed*.json"))) == 6
@@ -229,7 +229,7 @@ def test_train_sizes_give_a_label_efficiency_curve_in_the_report(ctx, tmp_path):
     assert paths["label_efficiency_plot"].stat().st_size > 1000
     md = paths["results_md"].read_text()
     assert "## Label efficiency" in md and "| model | 8 | 16 | 32 |" in md
-    assert md.count("| pretrained | sst2 | accuracy |") == 1  # the headline table shows all-data rows only
+    assert md.count("| bert | sst2 | accuracy |") == 1  # the headline table shows all-data rows only
     assert md.count("| bow_logreg | sst2 | accuracy |") == 1
 
 
@@ -244,11 +244,11 @@ def test_sizes_at_or_above_the_train_split_run_once_as_all_and_the_csv_says_whic
     ctx.cfg.finetune.seeds = [1]
     ctx.cfg.finetune.train_sizes = [16, 32, 100, None]
     finetuning.finetune(ctx)
-    assert sorted(p.name for p in (ctx.out_dir / "finished").glob("sst2-pretrained-*.json")) == [
-        "sst2-pretrained-16-seed1.json", "sst2-pretrained-all-seed1.json"]
+    assert sorted(p.name for p in (ctx.out_dir / "finished").glob("sst2-bert-*.json")) == [
+        "sst2-bert-16-seed1.json", "sst2-bert-all-seed1.json"]
     assert "finetune.train_sizes 32, 100 are at least the 32 training examples of task sst2" in capsys.readouterr().out
     stored = json.loads((ctx.out_dir / "results.json").read_text())
-    assert sorted((r["train_size"] or 0, r["train_examples"]) for r in stored if r["model"] == "pretrained") == [
+    assert sorted((r["train_size"] or 0, r["train_examples"]) for r in stored if r["model"] == "bert") == [
         (0, 32), (16, 16)]
     out = tmp_path / "report"
     out.mkdir()
@@ -256,7 +256,7 @@ def test_sizes_at_or_above_the_train_split_run_once_as_all_and_the_csv_says_whic
         rows = list(csv.DictReader(f))
     # the subset baselines at the model kinds' sizes: 32 and 100 are "all" for them too, not copies of it
     assert {(r["model"], r["train_size"]) for r in rows} == {
-        ("pretrained", "16"), ("pretrained", "all"), ("majority_class", "all"), ("bow_logreg", "16"),
+        ("bert", "16"), ("bert", "all"), ("majority_class", "all"), ("bow_logreg", "16"),
         ("bow_logreg", "all")}
 
 
@@ -391,7 +391,7 @@ def test_layer_depths_and_rates_run_from_the_embeddings_to_the_top_for_bert_and_
 
 def test_frozen_embeddings_stay_and_a_linear_probe_trains_the_head_before_the_encoder(ctx, monkeypatch):
     ctx.cfg.finetune.task = "sst2"
-    ctx.cfg.finetune.models = ["pretrained", "random_init"]
+    ctx.cfg.finetune.models = ["bert", "bert_random"]
     ctx.cfg.finetune.seeds = [1]
     ctx.cfg.finetune.freeze_embeddings = True
     ctx.cfg.finetune.linear_probe_epochs = 2
@@ -409,14 +409,14 @@ def test_frozen_embeddings_stay_and_a_linear_probe_trains_the_head_before_the_en
 
     monkeypatch.setattr(lightning.Trainer, "fit", recording_fit)
     task, sources = load_task("sst2"), finetuning.model_sources(ctx)
-    models = sources["pretrained"][0]
+    models = sources["bert"][0]
     data = models.encode(task, Path(ctx.cfg.finetune.data_dir) / "SST-2", ctx.cfg.finetune, 0, None)
-    finetuning.finetune_once(ctx, task, data, models, "pretrained", 1, np.arange(len(data.train)))
+    finetuning.finetune_once(ctx, task, data, models, "bert", 1, np.arange(len(data.train)))
     (probe_moved, probe_head), (tune_moved, tune_head) = fits
     assert probe_moved == set() and probe_head  # the probe trained the head alone
     assert tune_head and tune_moved and "embeddings.word_embeddings.weight" not in tune_moved  # then the encoder
     fits.clear()  # the random twin has nothing to keep: its embeddings train
-    twin = sources["random_init"][0]
+    twin = sources["bert_random"][0]
     twin_data = twin.encode(task, Path(ctx.cfg.finetune.data_dir) / "SST-2", ctx.cfg.finetune, 0, None)
-    finetuning.finetune_once(ctx, task, twin_data, twin, "random_init", 1, np.arange(len(twin_data.train)))
+    finetuning.finetune_once(ctx, task, twin_data, twin, "bert_random", 1, np.arange(len(twin_data.train)))
     assert "embeddings.word_embeddings.weight" in fits[-1][0]

@@ -74,13 +74,13 @@ def test_the_prepare_hash_names_the_sentence_splitter_that_raw_text_needs(tmp_pa
 
     def hashes(blingfire_unavailable: str) -> dict[str, str]:
         monkeypatch.setattr(sentences, "blingfire_unavailable", lambda: blingfire_unavailable)
-        return stage_hashes(cfg, STAGES, ["tokenizer"])
+        return stage_hashes(cfg, STAGES, ["bert_tokenizer"])
 
     on_x86_64, on_aarch64 = hashes(""), hashes("blingfire ships x86-64 binaries only")
     # the two split differently (data_prep/corpus/sentences.py): the shards, and all that is made of them, are not
     # shared
     assert (on_x86_64["prepare"] != on_aarch64["prepare"]) == (input_format == "raw")
-    assert (on_x86_64["tokenizer"] != on_aarch64["tokenizer"]) == (input_format == "raw")
+    assert (on_x86_64["bert_tokenizer"] != on_aarch64["bert_tokenizer"]) == (input_format == "raw")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode bits")

@@ -168,7 +168,7 @@ def test_generate_refuses_bad_input_with_one_line_and_status_2(pretrained, tmp_p
 
 
 def test_generate_names_the_missing_gpt_stage(tmp_path, capsys):
-    (tmp_path / "pretrain").mkdir()  # a BERT run
+    (tmp_path / "bert_pretrain").mkdir()  # a BERT run
     assert generate_main([str(tmp_path), "--prompt", "The old man"]) == 2
     assert "has no gpt_pretrain stage output" in capsys.readouterr().err
 

@@ -72,7 +72,7 @@ from tests.hf_checks import (  # noqa: E402
 BERT_SMALL = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                   max_position_embeddings=24, max_relative_position=4)
 GPT_CONTEXT = 16
-RUN_OVERRIDES = [*STEPS, "pipeline.until=pretrain"]
+RUN_OVERRIDES = [*STEPS, "pipeline.until=bert_pretrain"]
 
 
 def randomise_(model: torch.nn.Module) -> torch.nn.Module:
@@ -102,7 +102,7 @@ def exported(tmp_path_factory, family_data):
     root = tmp_path_factory.mktemp("hf_export")
     models, cases = {}, []
     # BERT pretrained a few steps by its stage (bert_tiny: relative positions, pre-LN), in a run directory, exported
-    bert_out = pretrained(family_data("bert"), "pretrain")
+    bert_out = pretrained(family_data("bert"), "bert_pretrain")
     overrides = ["+experiment=bert_tiny", *RUN_OVERRIDES]
     write_run_directory(with_overrides(family_data("bert").cfg, RUN_OVERRIDES), root / "run", overrides)
     assert export_main([str(root / "run"), "--to", str(root / "exported")]) == 0
@@ -158,7 +158,7 @@ def test_bert_from_its_stage_loads_from_the_export_with_its_tokenizer_and_output
     out = exported["loaded"]["bert"]
     # bert_tiny (relative positions, pre-LN): our modelling code beside the weights
     assert out["classes"] == {"AutoModel": "TextrepBertModel", "AutoModelForMaskedLM": "TextrepBertForMaskedLM"}
-    tokenizer = load_tokenizer(family_data("bert").stage_dir("tokenizer"))
+    tokenizer = load_tokenizer(family_data("bert").stage_dir("bert_tokenizer"))
     assert out["tokenizer"]["ids"] == [encoding.ids for encoding in tokenizer.encode_batch(TEXTS)]
     assert out["tokenizer"]["model_max_length"] == family_data("bert").cfg.examples.max_seq_length
     assert out["tokenizer"]["special"] == BERT_SPECIAL_TOKENS
@@ -248,7 +248,7 @@ def test_the_directories_run_without_the_repository(exported):
 
 
 @pytest.mark.parametrize("stage, code", [
-    ("pretrain", "modeling_textrep_bert"), ("pretrain_phase2", "modeling_textrep_bert"),
+    ("bert_pretrain", "modeling_textrep_bert"), ("bert_pretrain_phase2", "modeling_textrep_bert"),
     ("elmo_pretrain", "modeling_textrep_elmo"), ("skip_thought_pretrain", "modeling_textrep_skip_thought"),
     ("skip_thought_bi_pretrain", "modeling_textrep_skip_thought")])
 def test_the_modelling_code_a_stage_copies_is_part_of_its_cache_key(stage, code):
@@ -292,7 +292,7 @@ def test_export_copies_the_final_model_with_a_card_of_the_run(exported):
     run_dir, directory = root / "run", root / "exported" / "bert"
     assert sorted(p.name for p in (root / "exported").iterdir()) == ["bert"]
     assert sorted(p.name for p in directory.iterdir()) == sorted(
-        [*(p.name for p in (run_dir / "pretrain" / "hf").iterdir()), "README.md"])
+        [*(p.name for p in (run_dir / "bert_pretrain" / "hf").iterdir()), "README.md"])
     metadata, body = card(directory / "README.md")
     assert metadata["pipeline_tag"] == "fill-mask" and metadata["library_name"] == "transformers"
     assert "custom_code" in metadata["tags"] and metadata["license"] == "other"
@@ -301,7 +301,7 @@ def test_export_copies_the_final_model_with_a_card_of_the_run(exported):
         assert f"\n## {heading}\n" in body
     assert "relative positions (Shaw et al. 2018), distances clipped at 16, pre-LayerNorm blocks" in body
     assert f'AutoModelForMaskedLM.from_pretrained("{directory}", trust_remote_code=True)' in body
-    summary = json.loads((run_dir / "pretrain" / "stage.json").read_text())
+    summary = json.loads((run_dir / "bert_pretrain" / "stage.json").read_text())
     assert f"- {summary['steps']} steps, {summary['tokens_seen']:,} tokens seen" in body
     assert f"{summary['final_val_mlm_loss']:.3f} against the unigram baseline {summary['unigram_mlm_loss']:.3f}" in body
     manifest = json.loads((run_dir / "prepare" / "manifest.json").read_text())
@@ -310,7 +310,7 @@ def test_export_copies_the_final_model_with_a_card_of_the_run(exported):
     assert f"{manifest['totals']['files_kept']:,} of its {manifest['totals']['files_read']:,} documents" in body
     assert "The run fine-tuned and probed nothing with this model." in body  # it stopped after pretrain
     assert "python -m pipeline +experiment=bert_tiny pretrain.max_steps=6 pretrain.val_every_steps=3 " \
-           "pipeline.until=pretrain\n" in body
+           "pipeline.until=bert_pretrain\n" in body
     assert "does not know its license" in body  # the tests' own books
 
 
@@ -349,12 +349,12 @@ def test_the_card_gives_a_baseline_fitted_on_all_labels_beside_every_size(export
         return {"model": model, "task": "sst2", "metric": "accuracy", "score": score, "std": 0.01,
                 "seeds": len(per_seed), "per_seed": per_seed, "train_size": size, "train_examples": examples}
 
-    rows = [row("pretrained", 300, 300, 0.6, [0.61, 0.59]), row("random_init", 300, 300, 0.55, [0.56, 0.6]),
+    rows = [row("bert", 300, 300, 0.6, [0.61, 0.59]), row("bert_random", 300, 300, 0.55, [0.56, 0.6]),
             row("majority_class", None, 11424, 0.52, [0.52]), row("bow_logreg", 300, 300, 0.58, [0.58, 0.58])]
     body = run_with_results(exported["root"], "fine_tuned", "finetune",
-                            {"finetune.models": ["pretrained", "random_init"]}, rows)
+                            {"finetune.models": ["bert", "bert_random"]}, rows)
     assert [line for line in body.splitlines() if line.startswith("| sst2 |")] == [
-        "| sst2 | accuracy | 300 | pretrained 0.6000 ± 0.0100 | 0.5500 ± 0.0100 | +0.0500 | 1 of 2 | "
+        "| sst2 | accuracy | 300 | bert 0.6000 ± 0.0100 | 0.5500 ± 0.0100 | +0.0500 | 1 of 2 | "
         "majority_class 0.5200 (on all 11,424), bow_logreg 0.5800 |"]
 
 
@@ -370,7 +370,7 @@ def test_export_refuses_to_overwrite_and_what_is_no_run(exported, tmp_path, caps
 def test_the_pretraining_summary_counts_the_tokens_seen(exported, family_data):
     """What the card reports: BERT's instances seen times their mean length, [CLS] and [SEP] included."""
     summary = json.loads((exported["models"]["bert"][1] / "stage.json").read_text())
-    lengths = [len(ids) for f in sorted(family_data("bert").stage_dir("examples").glob("*.arrow"))
+    lengths = [len(ids) for f in sorted(family_data("bert").stage_dir("bert_examples").glob("*.arrow"))
                for ids in read_arrow(f).column("input_ids").to_pylist()]
     assert summary["tokens_seen"] == round(6 * family_data("bert").cfg.pretrain.batch_size * float(np.mean(lengths)))
     # a uniform guess over the (padded) vocabulary, and over next sentence prediction's two answers where trained

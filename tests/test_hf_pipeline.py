@@ -44,7 +44,8 @@ from tests.hf_checks import (  # noqa: E402
 pytestmark = pytest.mark.slow
 
 LEARNED_POST_LN = ["model.config.position_embedding_type=learned", "model.config.pre_layer_norm=false"]
-FINETUNED = [*STEPS, *LEARNED_POST_LN, "pipeline.stages=[pretrain,finetune]", "finetune.baselines=[majority_class]"]
+FINETUNED = [*STEPS, *LEARNED_POST_LN, "pipeline.stages=[bert_pretrain,finetune]",
+             "finetune.baselines=[majority_class]"]
 
 
 @pytest.fixture(scope="module")
@@ -81,12 +82,12 @@ def test_every_final_model_of_the_runs_is_exported_in_its_own_folder(exported):
 def test_bert_with_transformers_layout_loads_as_bert_for_masked_lm(exported, family_data):
     out, run = exported["loaded"]["bert"], exported["root"] / "bert"
     assert out["classes"] == {"AutoModel": "BertModel", "AutoModelForMaskedLM": "BertForMaskedLM"}
-    tokenizer = load_tokenizer(run / "tokenizer")
+    tokenizer = load_tokenizer(run / "bert_tokenizer")
     assert out["tokenizer"]["ids"] == [encoding.ids for encoding in tokenizer.encode_batch(TEXTS)]
     assert out["tokenizer"]["special"] == BERT_SPECIAL_TOKENS
     assert out["tokenizer"]["model_max_length"] == family_data("bert").cfg.examples.max_seq_length
-    assert_bert_outputs("bert (learned positions, post-LN; pretrain stage, exported)", stage_bert(run / "pretrain"),
-                        out)
+    assert_bert_outputs("bert (learned positions, post-LN; bert_pretrain stage, exported)",
+                        stage_bert(run / "bert_pretrain"), out)
 
 
 def test_gpt_from_its_stage_loads_with_its_tokenizer_logits_and_generation(exported, family_data):
@@ -136,9 +137,9 @@ def test_the_card_of_a_fine_tuned_run_gives_its_results_beside_the_random_twin(e
     assert metadata["pipeline_tag"] == "fill-mask" and "custom_code" not in metadata["tags"]
     assert 'AutoModelForMaskedLM.from_pretrained("' in body and "trust_remote_code" not in body
     rows = {(r["model"], r["train_examples"]): r for r in json.loads((run / "finetune" / "results.json").read_text())}
-    mine, twin = rows["pretrained", 160], rows["random_init", 160]
+    mine, twin = rows["bert", 160], rows["bert_random", 160]
     ahead = sum(a > b for a, b in zip(mine["per_seed"], twin["per_seed"]))
-    assert (f"| sst2 | accuracy | 160 | pretrained {mine['score']:.4f} | {twin['score']:.4f} | "
+    assert (f"| sst2 | accuracy | 160 | bert {mine['score']:.4f} | {twin['score']:.4f} | "
             f"{mine['score'] - twin['score']:+.4f} | {ahead} of 1 | majority_class "
             f"{rows['majority_class', 160]['score']:.4f} |") in body
     assert re.search(r"python -m pipeline \+experiment=bert_tiny .*'pipeline.stages=\[pretrain,finetune\]'", body)

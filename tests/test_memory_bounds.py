@@ -91,19 +91,19 @@ def test_a_sample_of_sentences_is_capped_evenly_spread_and_the_same_each_time(tm
 @pytest.mark.parametrize("scale", [1, 4])
 def test_the_tokenizer_trains_on_at_most_max_sentences(tmp_path, ray_session, scale):
     write_books(tmp_path / "books", scale * NUM_BOOKS, PARAGRAPHS)
-    run = TinyRun(tiny_config(tmp_path, ["tokenizer.max_sentences=200", "pipeline.until=tokenizer"]))
+    run = TinyRun(tiny_config(tmp_path, ["tokenizer.max_sentences=200", "pipeline.until=bert_tokenizer"]))
     sentences = run.run_stage("prepare")["sentences"]
     assert sentences > 250 and (scale == 1 or sentences > 1000)
-    assert run.run_stage("tokenizer")["sentences"] == 200
+    assert run.run_stage("bert_tokenizer")["sentences"] == 200
 
 
 def test_the_pretraining_instance_index_is_the_memory_mapped_examples(tmp_path, ray_session):
     """Only the instances' offsets are per instance; both they and the token ids stay in the memory-mapped files."""
     write_books(tmp_path / "books", 4 * NUM_BOOKS, PARAGRAPHS)
-    run = TinyRun(tiny_config(tmp_path, ["pipeline.until=examples"]))
-    for stage in ("prepare", "tokenizer", "examples"):
+    run = TinyRun(tiny_config(tmp_path, ["pipeline.until=bert_examples"]))
+    for stage in ("prepare", "bert_tokenizer", "bert_examples"):
         run.run_stage(stage)
-    dataset = PretrainingInstances([read_arrow(f) for f in sorted(run.stage_dir("examples").glob("*.arrow"))])
+    dataset = PretrainingInstances([read_arrow(f) for f in sorted(run.stage_dir("bert_examples").glob("*.arrow"))])
     assert len(dataset) > 100
     assert not any(array.flags.owndata for array in dataset.arrays())
 

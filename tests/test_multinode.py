@@ -16,7 +16,7 @@ from pipeline.engine.dag import StageContext
 from pipeline.runner import run_pipeline
 from tests.helpers import file_bytes, start_session_ray, tiny_config, write_books
 
-DATA_STAGES = ("prepare", "tokenizer", "examples")
+DATA_STAGES = ("prepare", "bert_tokenizer", "bert_examples")
 # Ray's smallest object store: the data stages of the test corpus pass a few MB through it
 NODE = {"num_cpus": 1, "object_store_memory": 75 << 20}
 # Written and timed by the engine on every run; everything else in a stage's directory is its output
@@ -59,7 +59,7 @@ def make_cluster(monkeypatch):
 def _run_data_stages(tmp_path: Path, cluster, name: str) -> dict[str, Path]:
     """The data stages' outputs of a run on `cluster`, in a cache directory of its own."""
     cache, run = tmp_path / name / "cache", tmp_path / name / "run"
-    cfg = tiny_config(tmp_path, [f"ray.address={cluster.address}", "pipeline.until=examples",
+    cfg = tiny_config(tmp_path, [f"ray.address={cluster.address}", "pipeline.until=bert_examples",
                                  f"paths.cache_dir={cache}", f"paths.run_dir={run}"])
     run_pipeline(cfg)
     outputs = {stage: (run / stage).resolve() for stage in DATA_STAGES}
@@ -103,15 +103,15 @@ def test_data_stages_spread_over_two_nodes_give_the_one_node_outputs(tmp_path, m
     _start_a_worker_on_each([head, second])
     two_nodes = _run_data_stages(tmp_path, cluster, "two_nodes")
 
-    shards = _stage_json(one_node["examples"])["shard_nodes"]
+    shards = _stage_json(one_node["bert_examples"])["shard_nodes"]
     assert len(shards) >= 8 and set(shards) == {head}
-    shard_nodes = _stage_json(two_nodes["examples"])["shard_nodes"]
+    shard_nodes = _stage_json(two_nodes["bert_examples"])["shard_nodes"]
     assert set(shard_nodes) == {head, second}, shard_nodes
     for stage in DATA_STAGES:
         assert _stage_json(two_nodes[stage])["node"] in {head, second}
     # each node's tasks wrote their shards' instances into the one cache directory
     for i in range(len(shard_nodes)):
-        assert (two_nodes["examples"] / f"examples-{i:05d}.arrow").is_file()
+        assert (two_nodes["bert_examples"] / f"examples-{i:05d}.arrow").is_file()
 
     for stage in DATA_STAGES:
         assert one_node[stage].name == two_nodes[stage].name  # the same work: the same content hash
@@ -130,7 +130,7 @@ def _node_of(index: int, shard: str) -> str:
 
 def _stage_on_the_head(tmp_path: Path) -> list[str]:
     """What a stage task on the head node gets from mapping two shards: the node of each."""
-    ctx = StageContext(OmegaConf.create({}), "examples", tmp_path)
+    ctx = StageContext(OmegaConf.create({}), "bert_examples", tmp_path)
     ctx.map_shards(_node_of, ["a", "b"])
     return [ctx.shard_nodes[i] for i in range(2)]
 

@@ -367,7 +367,7 @@ def test_bert_pretrains_with_the_optimizer_groups_and_schedule_it_always_had(fam
 
     run = family_data("bert")
     p = run.cfg.pretrain
-    module = _stage_module(run, "pretrain")
+    module = _stage_module(run, "bert_pretrain")
     out = module.configure_optimizers()
     optimizer = out["optimizer"]
     assert type(optimizer) is LazyAdamW

@@ -17,14 +17,14 @@ WORD2VEC = ["pretrain.init_embeddings=word2vec", "word2vec.epochs=50"]
 def run(tmp_path_factory, ray_session) -> TinyRun:
     root = tmp_path_factory.mktemp("piece_vectors")
     tiny = TinyRun(tiny_config(root, [*WORD2VEC, "pretrain.freeze_embeddings=true"]))
-    for stage in ("prepare", "tokenizer", "examples", "piece_vectors"):
+    for stage in ("prepare", "bert_tokenizer", "bert_examples", "bert_piece_vectors"):
         tiny.run_stage(stage)
     return tiny
 
 
 def test_every_piece_the_corpus_shows_gets_a_vector_of_the_models_width_in_id_order(run):
-    vectors = np.load(run.stage_dir("piece_vectors") / PIECE_VECTORS_FILE)
-    tok = load_tokenizer(run.stage_dir("tokenizer"))
+    vectors = np.load(run.stage_dir("bert_piece_vectors") / PIECE_VECTORS_FILE)
+    tok = load_tokenizer(run.stage_dir("bert_tokenizer"))
     assert vectors.shape == (tok.get_vocab_size(), 128)  # bert_tiny's hidden size
     known = ~np.isnan(vectors).any(axis=1)
     assert not known[tok.token_to_id("[MASK]")] and not known[tok.token_to_id("[PAD]")]  # never in the text
@@ -38,11 +38,11 @@ def test_every_piece_the_corpus_shows_gets_a_vector_of_the_models_width_in_id_or
 
 
 def test_frozen_word2vec_embeddings_are_the_encoders_after_pretraining(run):
-    summary = run.run_stage("pretrain")
+    summary = run.run_stage("bert_pretrain")
     assert summary["steps"] == 30
-    vectors = np.load(run.stage_dir("piece_vectors") / PIECE_VECTORS_FILE)
+    vectors = np.load(run.stage_dir("bert_piece_vectors") / PIECE_VECTORS_FILE)
     known = ~np.isnan(vectors).any(axis=1)
-    words = load_pretrained(run.stage_dir("pretrain") / "encoder").embeddings.word_embeddings.weight.detach()
+    words = load_pretrained(run.stage_dir("bert_pretrain") / "encoder").embeddings.word_embeddings.weight.detach()
     expected = vectors[known] / vectors[known].std() / 128 ** 0.5  # rows of unit length on average
     assert np.linalg.norm(expected, axis=1).mean() == pytest.approx(1.0, abs=0.05)
     difference = (words[:len(known)][torch.from_numpy(known)] - torch.from_numpy(expected)).abs()
@@ -51,10 +51,10 @@ def test_frozen_word2vec_embeddings_are_the_encoders_after_pretraining(run):
 
 def test_unfrozen_word2vec_embeddings_start_there_and_move(tmp_path, ray_session):
     tiny = TinyRun(tiny_config(tmp_path, [*WORD2VEC, "pretrain.freeze_embeddings=false"]))
-    for stage in ("prepare", "tokenizer", "examples", "piece_vectors", "pretrain"):
+    for stage in ("prepare", "bert_tokenizer", "bert_examples", "bert_piece_vectors", "bert_pretrain"):
         tiny.run_stage(stage)
-    vectors = np.load(tiny.stage_dir("piece_vectors") / PIECE_VECTORS_FILE)
-    model = load_pretrained(tiny.stage_dir("pretrain") / "encoder")
+    vectors = np.load(tiny.stage_dir("bert_piece_vectors") / PIECE_VECTORS_FILE)
+    model = load_pretrained(tiny.stage_dir("bert_pretrain") / "encoder")
     start = model.embeddings.word_embeddings.weight.detach().clone()
     start_word_embeddings(model.embeddings.word_embeddings, vectors)
     known = torch.from_numpy(~np.isnan(vectors).any(axis=1))

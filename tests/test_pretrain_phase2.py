@@ -20,7 +20,7 @@ from pipeline.stages import STAGES
 from tests.helpers import TinyRun, tiny_config
 
 PHASE2 = [
-    "pipeline.stages=[prepare,tokenizer,examples,pretrain,examples_phase2,pretrain_phase2,finetune,report]",
+    "pipeline.stages=[prepare,bert_tokenizer,bert_examples,bert_pretrain,bert_examples_phase2,bert_pretrain_phase2,finetune,report]",
     # phase 1 trains at 32 (TINY_OVERRIDES) with the table phase 2 needs, as bert_base does at 128 with 512
     "model.config.max_position_embeddings=256", "pretrain.max_steps=10",
     # phase 2 exists to train the positions of a learned table that phase 1 never reached (bert_tiny's default,
@@ -30,11 +30,12 @@ PHASE2 = [
     "model.config.pre_layer_norm=false",
     "pretrain_phase2.max_seq_length=256", "pretrain_phase2.max_steps=10", "pretrain_phase2.batch_size=4",
     "pretrain_phase2.warmup_steps=2", "pretrain_phase2.max_predictions_per_seq=40",
-    "++pretrain_phase2.checkpoint_every_steps=5", "finetune.models=[pretrained]", "finetune.random_twins=false",
+    "++pretrain_phase2.checkpoint_every_steps=5", "finetune.models=[bert]", "finetune.random_twins=false",
     "finetune.baselines=[majority_class]",
     "report.attention_sentence='the king saw the ship'",
 ]
-BEFORE_DOWNSTREAM = ("prepare", "tokenizer", "examples", "pretrain", "examples_phase2", "pretrain_phase2")
+BEFORE_DOWNSTREAM = ("prepare", "bert_tokenizer", "bert_examples", "bert_pretrain", "bert_examples_phase2",
+                     "bert_pretrain_phase2")
 
 
 @pytest.fixture(scope="module")
@@ -60,16 +61,16 @@ def _train_losses(stage_dir: Path) -> dict[int, float]:
 
 
 def test_phase2_examples_are_built_at_the_phase2_length(run):
-    phase1, phase2 = _lengths(run.stage_dir("examples")), _lengths(run.stage_dir("examples_phase2"))
+    phase1, phase2 = _lengths(run.stage_dir("bert_examples")), _lengths(run.stage_dir("bert_examples_phase2"))
     assert max(phase1) <= 32
     assert 128 < max(phase2) <= 256  # sequences phase 1 never saw, up to phase 2's length
 
 
 def test_phase2_starts_from_phase1s_final_weights(run):
-    phase1 = run.stage_dir("pretrain")
-    ctx = StageContext(run.cfg, "pretrain_phase2", run.stage_dir("pretrain_phase2"),
-                       {u: run.stage_dir(u) for u in run.plan.stages["pretrain_phase2"].upstream})
-    initial = PRETRAINING["pretrain_phase2"].build_module(ctx).model.state_dict()
+    phase1 = run.stage_dir("bert_pretrain")
+    ctx = StageContext(run.cfg, "bert_pretrain_phase2", run.stage_dir("bert_pretrain_phase2"),
+                       {u: run.stage_dir(u) for u in run.plan.stages["bert_pretrain_phase2"].upstream})
+    initial = PRETRAINING["bert_pretrain_phase2"].build_module(ctx).model.state_dict()
     expected = {**{f"bert.{k}": v for k, v in load_pretrained(phase1 / "encoder").state_dict().items()},
                 **load_file(str(phase1 / HEADS_FILE))}
     assert set(expected) == set(initial) - {BertForPreTraining.TIED_DECODER}  # tied to the word embeddings
@@ -81,13 +82,13 @@ def test_phase2_starts_from_phase1s_final_weights(run):
 
 
 def test_phase2_trains_its_own_steps_and_writes_encoder_and_heads(run):
-    summary = (run.stage_dir("pretrain_phase2") / MARKER).read_text()
-    out = run.stage_dir("pretrain_phase2")
+    summary = (run.stage_dir("bert_pretrain_phase2") / MARKER).read_text()
+    out = run.stage_dir("bert_pretrain_phase2")
     assert '"steps": 10' in summary and '"max_seq_length": 256' in summary
-    assert f'"initialised_from": "{run.stage_dir("pretrain")}"' in summary
+    assert f'"initialised_from": "{run.stage_dir("bert_pretrain")}"' in summary
     assert sorted(_train_losses(out)) == list(range(1, 11))
     assert (out / HEADS_FILE).is_file()
-    before = load_pretrained(run.stage_dir("pretrain") / "encoder").state_dict()
+    before = load_pretrained(run.stage_dir("bert_pretrain") / "encoder").state_dict()
     after = load_pretrained(out / "encoder").state_dict()
     assert not torch.equal(before["embeddings.position_embeddings.weight"],
                            after["embeddings.position_embeddings.weight"])
@@ -99,10 +100,10 @@ def test_changing_only_a_phase2_setting_reruns_phase2_and_not_phase1(run):
         return [name for name in the_plan.order if not the_plan.cached[name]]
 
     assert pending([]) == ["finetune", "report"]  # the fixture ran the rest
-    assert pending(["pretrain_phase2.lr=5e-4"]) == ["pretrain_phase2", "finetune", "report"]
-    assert pending(["pretrain_phase2.max_seq_length=200"]) == ["examples_phase2", "pretrain_phase2", "finetune",
-                                                               "report"]
-    assert pending(["pretrain.lr=5e-4"]) == ["pretrain", "pretrain_phase2", "finetune", "report"]
+    assert pending(["pretrain_phase2.lr=5e-4"]) == ["bert_pretrain_phase2", "finetune", "report"]
+    assert pending(["pretrain_phase2.max_seq_length=200"]) == ["bert_examples_phase2", "bert_pretrain_phase2",
+                                                               "finetune", "report"]
+    assert pending(["pretrain.lr=5e-4"]) == ["bert_pretrain", "bert_pretrain_phase2", "finetune", "report"]
 
 
 def test_finetune_and_report_read_the_phase2_encoder(run, monkeypatch):
@@ -114,22 +115,22 @@ def test_finetune_and_report_read_the_phase2_encoder(run, monkeypatch):
 
     monkeypatch.setattr("pipeline.bert.downstream.load_pretrained", recording_load_pretrained)
     monkeypatch.setattr("models.bert.load_pretrained", recording_load_pretrained)  # the report's attention heat-map
-    assert run.plan.stages["finetune"].upstream == ("tokenizer", "pretrain_phase2")
+    assert run.plan.stages["finetune"].upstream == ("bert_tokenizer", "bert_pretrain_phase2")
     run.run_stage("finetune")
     run.run_stage("report")
-    assert read and set(read) == {run.stage_dir("pretrain_phase2") / "encoder"}
+    assert read and set(read) == {run.stage_dir("bert_pretrain_phase2") / "encoder"}
     md = (run.stage_dir("report") / "results.md").read_text()
-    assert "## Pretraining (pretrain)" in md and "## Pretraining (pretrain_phase2)" in md
+    assert "## Pretraining (bert_pretrain)" in md and "## Pretraining (bert_pretrain_phase2)" in md
 
 
 def test_phase2_resumes_exactly_from_its_checkpoint(run, tmp_path):
-    finished = run.stage_dir("pretrain_phase2")
-    out = tmp_path / "pretrain_phase2"
+    finished = run.stage_dir("bert_pretrain_phase2")
+    out = tmp_path / "bert_pretrain_phase2"
     (out / "checkpoints").mkdir(parents=True)
     shutil.copy(finished / "checkpoints" / "step-000005.ckpt", out / "checkpoints")  # as if killed after step 5
-    inputs = {u: (run.plan.dirs[u], run.plan.hashes[u]) for u in run.plan.stages["pretrain_phase2"].upstream}
-    summary = execute_stage(run.plan.stages, run.cfg, "pretrain_phase2", run.plan.hashes["pretrain_phase2"], out,
-                            inputs, None)
+    inputs = {u: (run.plan.dirs[u], run.plan.hashes[u]) for u in run.plan.stages["bert_pretrain_phase2"].upstream}
+    summary = execute_stage(run.plan.stages, run.cfg, "bert_pretrain_phase2", run.plan.hashes["bert_pretrain_phase2"],
+                            out, inputs, None)
     assert summary["resumed_from_step"] == 5 and summary["steps"] == 10
     resumed, uninterrupted = _train_losses(out), _train_losses(finished)
     assert sorted(resumed) == list(range(1, 11))
@@ -150,10 +151,10 @@ def test_phase2_longer_than_the_position_table_fails_with_what_to_set(run):
     with pytest.raises(ValueError, match=message(200)):  # at start-up, before any stage builds examples
         validate(config(200))
     with pytest.raises(StageFailed, match=message(256)):  # the stage itself refuses too (e.g. run without the CLI)
-        TinyRun(config(256)).run_stage("pretrain_phase2")
+        TinyRun(config(256)).run_stage("bert_pretrain_phase2")
 
 
-@pytest.mark.parametrize("stage, length", [("pretrain", 32), ("pretrain_phase2", 256)])
+@pytest.mark.parametrize("stage, length", [("bert_pretrain", 32), ("bert_pretrain_phase2", 256)])
 def test_each_phase_writes_what_transformers_loads_with_the_length_it_trained_at(run, stage, length):
     transformers = pytest.importorskip("transformers")  # test-only dependency
     out = run.stage_dir(stage)

@@ -95,7 +95,7 @@ def test_one_run_on_a_tiny_pretrain_stage(probe, tokenizer, tmp_path, capsys):
     model = BertForPreTraining(bert_config("bert_tiny", vocab_size=tokenizer.get_vocab_size(), hidden_size=32,
                                            num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
                                            max_position_embeddings=64)).eval()
-    stage = tmp_path / "pretrain"
+    stage = tmp_path / "bert_pretrain"
     save_pretrained(model.bert, stage / "encoder")
     save_file(model.heads_state_dict(), str(stage / HEADS_FILE))
     tokenizer.save(str(tmp_path / "tokenizer.json"))

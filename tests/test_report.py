@@ -26,18 +26,18 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SENTENCE = "The captain saw the ship"
 
 FINETUNE_ROWS = [
-    {"model": "pretrained", "task": "cola", "metric": "matthews_corrcoef", "score": 0.12, "std": 0.03, "seeds": 3},
-    {"model": "random_init", "task": "cola", "metric": "matthews_corrcoef", "score": -0.02, "std": 0.01, "seeds": 3},
+    {"model": "bert", "task": "cola", "metric": "matthews_corrcoef", "score": 0.12, "std": 0.03, "seeds": 3},
+    {"model": "bert_random", "task": "cola", "metric": "matthews_corrcoef", "score": -0.02, "std": 0.01, "seeds": 3},
     {"model": "majority_class", "task": "cola", "metric": "matthews_corrcoef", "score": 0.0, "std": 0.0, "seeds": 1},
-    {"model": "pretrained", "task": "mrpc", "metric": "accuracy", "score": 0.70, "std": 0.02, "seeds": 3},
-    {"model": "pretrained", "task": "mrpc", "metric": "f1", "score": 0.81, "std": 0.01, "seeds": 3},
-    {"model": "random_init", "task": "mrpc", "metric": "accuracy", "score": 0.66, "std": 0.04, "seeds": 3},
-    {"model": "random_init", "task": "mrpc", "metric": "f1", "score": 0.79, "std": 0.02, "seeds": 3},
+    {"model": "bert", "task": "mrpc", "metric": "accuracy", "score": 0.70, "std": 0.02, "seeds": 3},
+    {"model": "bert", "task": "mrpc", "metric": "f1", "score": 0.81, "std": 0.01, "seeds": 3},
+    {"model": "bert_random", "task": "mrpc", "metric": "accuracy", "score": 0.66, "std": 0.04, "seeds": 3},
+    {"model": "bert_random", "task": "mrpc", "metric": "f1", "score": 0.79, "std": 0.02, "seeds": 3},
     {"model": "majority_class", "task": "mrpc", "metric": "accuracy", "score": 0.68, "std": 0.0, "seeds": 1},
     {"model": "majority_class", "task": "mrpc", "metric": "f1", "score": 0.81, "std": 0.0, "seeds": 1},
     # regression: no majority-class row
-    {"model": "pretrained", "task": "stsb", "metric": "pearson", "score": 0.30, "std": 0.05, "seeds": 3},
-    {"model": "random_init", "task": "stsb", "metric": "pearson", "score": 0.10, "std": 0.02, "seeds": 3},
+    {"model": "bert", "task": "stsb", "metric": "pearson", "score": 0.30, "std": 0.05, "seeds": 3},
+    {"model": "bert_random", "task": "stsb", "metric": "pearson", "score": 0.10, "std": 0.02, "seeds": 3},
 ]
 EVALUATE_ROWS = [
     {"model": "bert_cls", "task": "MR", "metric": "accuracy", "score": 0.61, "std": 0.0, "seeds": 1},
@@ -70,19 +70,19 @@ def bert_dirs(tmp_path_factory) -> tuple[Path, Path]:
     perplexity) and a tiny WordPiece tokenizer stage."""
     root = tmp_path_factory.mktemp("bert")
     sentences = [f"{s} {v} {o}" for s in SUBJECTS for v in VERBS for o in OBJECTS]
-    tok = train_wordpiece(sentences, root / "tokenizer", vocab_size=200, min_frequency=1)
+    tok = train_wordpiece(sentences, root / "bert_tokenizer", vocab_size=200, min_frequency=1)
     torch.manual_seed(0)
     config = bert_config("bert_tiny", vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
                          max_position_embeddings=32)
-    save_pretrained(BertModel(config), root / "pretrain" / "encoder")
-    _write_loss_curve(root / "pretrain", "val/mlm_perplexity")
-    return root / "pretrain", root / "tokenizer"
+    save_pretrained(BertModel(config), root / "bert_pretrain" / "encoder")
+    _write_loss_curve(root / "bert_pretrain", "val/mlm_perplexity")
+    return root / "bert_pretrain", root / "bert_tokenizer"
 
 
 @pytest.fixture
 def stage_dirs(tmp_path, bert_dirs) -> dict[str, Path]:
-    dirs = {"finetune": tmp_path / "finetune", "evaluate": tmp_path / "evaluate", "pretrain": bert_dirs[0],
-            "tokenizer": bert_dirs[1], "elmo_pretrain": tmp_path / "elmo_pretrain",
+    dirs = {"finetune": tmp_path / "finetune", "evaluate": tmp_path / "evaluate", "bert_pretrain": bert_dirs[0],
+            "bert_tokenizer": bert_dirs[1], "elmo_pretrain": tmp_path / "elmo_pretrain",
             "skip_thought_pretrain": tmp_path / "skip_thought_pretrain"}
     for stage, rows in (("finetune", FINETUNE_ROWS), ("evaluate", EVALUATE_ROWS)):
         dirs[stage].mkdir()
@@ -102,7 +102,7 @@ def write_report(stage_dirs: dict, out: Path, title: str, attention: AttentionRe
     """The report stage's write_report: every family's pretraining stages, BERT's attention section on request."""
     sections = ()
     if attention is not None:
-        cfg = OmegaConf.create({"pipeline": {"stages": ["pretrain"]}, "paths": {"cache_dir": str(out / "cache")},
+        cfg = OmegaConf.create({"pipeline": {"stages": ["bert_pretrain"]}, "paths": {"cache_dir": str(out / "cache")},
                                 "report": {"attention_sentence": attention.sentence,
                                            "attention_layer": attention.layer, "attention_head": attention.head}})
         sections = (partial(attention_section, cfg),)
@@ -124,7 +124,7 @@ def test_report_writes_tables_json_and_readable_plots(stage_dirs, tmp_path):
     out.mkdir()
     paths = write_report(stage_dirs, out, "unit", attention=AttentionRequest(SENTENCE, layer=-1, head=1))
     assert set(paths) == {"results_md", "results_csv", "results_json", "task_scores_plot", "attention_plot",
-                          "pretrain_loss_plot", "elmo_pretrain_loss_plot", "skip_thought_pretrain_loss_plot"}
+                          "bert_pretrain_loss_plot", "elmo_pretrain_loss_plot", "skip_thought_pretrain_loss_plot"}
     for name, path in paths.items():
         if name.endswith("_plot"):
             _assert_png(path)
@@ -134,12 +134,12 @@ def test_report_writes_tables_json_and_readable_plots(stage_dirs, tmp_path):
         assert [(r["stage"], r["model"], r["task"], r["metric"]) for r in csv.DictReader(f)] == \
             [(r["stage"], r["model"], r["task"], r["metric"]) for r in expected]
     md = paths["results_md"].read_text()
-    assert "| pretrained | cola | matthews_corrcoef | 0.1200 ± 0.0300 | 3 |" in md
+    assert "| bert | cola | matthews_corrcoef | 0.1200 ± 0.0300 | 3 |" in md
     assert "| encoder | MR accuracy |" in md
     assert "- pair features of SICKEntailment, MRPC: [abs_diff, product] (senteval.pair_features)" in md
     assert "- held-out perplexity: 60.0 @ 50, 30.0 @ 100" in md  # BERT's val/mlm_perplexity and ELMo's val/perplexity
     assert md.count("held-out perplexity") == 2  # Skip-Thought logs none
-    for name in ("task_scores.png", "attention.png", "pretrain_loss.png"):
+    for name in ("task_scores.png", "attention.png", "bert_pretrain_loss.png"):
         assert f"]({name})" in md
 
 
@@ -149,13 +149,13 @@ def test_report_logs_the_table_and_every_plot_to_the_wandb_run(stage_dirs, tmp_p
     out = tmp_path / "report"
     out.mkdir()
     run = RecordingRun()
-    paths = write_report({k: stage_dirs[k] for k in ("finetune", "pretrain")}, out, "unit", wandb_run=run)
-    assert set(run.logged) == {"report/results", "report/task_scores_plot", "report/pretrain_loss_plot"}
+    paths = write_report({k: stage_dirs[k] for k in ("finetune", "bert_pretrain")}, out, "unit", wandb_run=run)
+    assert set(run.logged) == {"report/results", "report/task_scores_plot", "report/bert_pretrain_loss_plot"}
     table = run.logged["report/results"]
     assert isinstance(table, wandb.Table)
     assert table.columns == ["stage", "model", "task", "metric", "score", "std", "seeds", "train_size",
                              "train_examples"]
-    assert table.data[0] == ["finetune", "pretrained", "cola", "matthews_corrcoef", 0.12, 0.03, 3, None, None]
+    assert table.data[0] == ["finetune", "bert", "cola", "matthews_corrcoef", 0.12, 0.03, 3, None, None]
     assert len(table.data) == len(FINETUNE_ROWS)
     assert all(isinstance(run.logged[f"report/{n}"], wandb.Image) for n in paths if n.endswith("_plot"))
 
@@ -167,12 +167,12 @@ def test_bar_chart_has_one_group_per_task_and_one_bar_per_model(tmp_path):
     assert [t.get_text() for t in ax.get_xticklabels()] == ["cola\nmatthews_corrcoef", "mrpc\naccuracy",
                                                             "stsb\npearson"]
     bars = {c.get_label(): c for c in ax.containers if isinstance(c, BarContainer)}
-    assert list(bars) == ["pretrained", "random_init", "majority_class"]
+    assert list(bars) == ["bert", "bert_random", "majority_class"]
     heights = {model: [bar.get_height() for bar in container] for model, container in bars.items()}
-    assert heights["pretrained"] == pytest.approx([0.12, 0.70, 0.30])
+    assert heights["bert"] == pytest.approx([0.12, 0.70, 0.30])
     assert heights["majority_class"][:2] == pytest.approx([0.0, 0.68]) and np.isnan(heights["majority_class"][2])
     # error bars: std over seeds, drawn from score - std to score + std; none for the single-seed majority class
-    (error_lines,) = bars["random_init"].errorbar.lines[2]
+    (error_lines,) = bars["bert_random"].errorbar.lines[2]
     spans = [segment[1, 1] - segment[0, 1] for segment in error_lines.get_segments()]
     assert spans == pytest.approx([0.02, 0.08, 0.04])
     (majority_lines,) = bars["majority_class"].errorbar.lines[2]
@@ -195,17 +195,17 @@ def test_pretraining_plot_draws_the_unigram_baseline_and_the_held_out_accuracies
 def test_report_states_the_plateau_in_plain_words(stage_dirs, tmp_path):
     from pipeline.bert.diagnostics import plateau_message
 
-    info = json.loads((stage_dirs["pretrain"] / "stage.json").read_text())
+    info = json.loads((stage_dirs["bert_pretrain"] / "stage.json").read_text())
     for name, mlm_loss in (("stuck", 6.70), ("learned", 5.20)):
         stage = tmp_path / name
         stage.mkdir()
-        (stage / "loss_curve.csv").write_text((stage_dirs["pretrain"] / "loss_curve.csv").read_text())
+        (stage / "loss_curve.csv").write_text((stage_dirs["bert_pretrain"] / "loss_curve.csv").read_text())
         (stage / "stage.json").write_text(json.dumps({
             **info, "final_val_mlm_loss": mlm_loss, "unigram_mlm_loss": 6.81, "final_val_mlm_acc": 0.2,
             "final_val_nsp_acc": 0.6, "nsp_majority_rate": 0.55, "plateau_warning": plateau_message(mlm_loss, 6.81)}))
         out = tmp_path / f"report_{name}"
         out.mkdir()
-        md = write_report({"pretrain": stage}, out, "unit")["results_md"].read_text()
+        md = write_report({"bert_pretrain": stage}, out, "unit")["results_md"].read_text()
         assert f"held-out masked-LM loss {mlm_loss:.3f} against the unigram baseline 6.810" in md
         assert ("has not left the unigram plateau" in md) == (name == "stuck")
 
@@ -277,9 +277,9 @@ def test_attention_heat_map_draws_the_matrix_with_token_labels(tmp_path):
 
 
 def test_finetune_table_shows_every_seed_and_how_often_pretraining_was_ahead(tmp_path):
-    rows = [{"model": "pretrained", "task": "rt", "metric": "accuracy", "score": 0.75, "std": 0.01, "seeds": 3,
+    rows = [{"model": "bert", "task": "rt", "metric": "accuracy", "score": 0.75, "std": 0.01, "seeds": 3,
              "per_seed": [0.75, 0.76, 0.74], "train_size": None, "train_examples": 100},
-            {"model": "random_init", "task": "rt", "metric": "accuracy", "score": 0.72, "std": 0.07, "seeds": 3,
+            {"model": "bert_random", "task": "rt", "metric": "accuracy", "score": 0.72, "std": 0.07, "seeds": 3,
              "per_seed": [0.64, 0.75, 0.77], "train_size": None, "train_examples": 100}]
     (tmp_path / "finetune").mkdir()
     (tmp_path / "finetune" / "results.json").write_text(json.dumps(rows))
@@ -287,7 +287,7 @@ def test_finetune_table_shows_every_seed_and_how_often_pretraining_was_ahead(tmp
     out.mkdir()
     md = write_report({"finetune": tmp_path / "finetune"}, out, "unit")["results_md"].read_text()
     assert "| 0.6400 / 0.7500 / 0.7700 |" in md
-    assert "pretrained - random_init = +0.0300 (mean over seeds); pretrained ahead on 2 of 3 seeds" in md
+    assert "bert - bert_random = +0.0300 (mean over seeds); bert ahead on 2 of 3 seeds" in md
 
 
 def _row(model: str, per_seed: list[float]) -> dict:
@@ -306,28 +306,29 @@ def _pretraining_stage(path, steps: int, seconds: float, resumed_from_step: int 
 def test_a_run_of_two_families_reports_both_beside_their_twins_and_their_pretraining_budget(tmp_path):
     """experiment=bert_vs_gpt: one fine-tuning table, what each family's pretraining gained over its random twin,
     and the training time of each family's pretraining side by side."""
-    rows = [_row("pretrained", [0.70, 0.72]), _row("random_init", [0.66, 0.73]), _row("gpt", [0.68, 0.69]),
+    rows = [_row("bert", [0.70, 0.72]), _row("bert_random", [0.66, 0.73]), _row("gpt", [0.68, 0.69]),
             _row("gpt_random", [0.65, 0.66])]
     (tmp_path / "finetune").mkdir()
     (tmp_path / "finetune" / "results.json").write_text(json.dumps(rows))
-    dirs = {"finetune": tmp_path / "finetune", "pretrain": _pretraining_stage(tmp_path / "pretrain", 1000, 160.0),
+    dirs = {"finetune": tmp_path / "finetune",
+            "bert_pretrain": _pretraining_stage(tmp_path / "bert_pretrain", 1000, 160.0),
             "gpt_pretrain": _pretraining_stage(tmp_path / "gpt_pretrain", 320, 170.0)}
     (tmp_path / "report").mkdir()
     md = write_report(dirs, tmp_path / "report", "unit")
     lines = md["results_md"].read_text().splitlines()
     table = [line for line in lines if line.startswith("| ") and "| rt | accuracy |" in line]
-    assert [line.split(" | ")[0] for line in table] == ["| pretrained", "| random_init", "| gpt", "| gpt_random"]
-    assert "- rt accuracy: pretrained - random_init = +0.0150 (mean over seeds); pretrained ahead on 1 of 2 seeds" \
+    assert [line.split(" | ")[0] for line in table] == ["| bert", "| bert_random", "| gpt", "| gpt_random"]
+    assert "- rt accuracy: bert - bert_random = +0.0150 (mean over seeds); bert ahead on 1 of 2 seeds" \
         in lines
     assert "- rt accuracy: gpt - gpt_random = +0.0300 (mean over seeds); gpt ahead on 2 of 2 seeds" in lines
-    assert "| bert | pretrain | 1000 | 160 | 0.160 | 1,000 |" in lines
+    assert "| bert | bert_pretrain | 1000 | 160 | 0.160 | 1,000 |" in lines
     assert "| gpt | gpt_pretrain | 320 | 170 | 0.531 | 1,000 |" in lines
     assert "- gpt's pretraining took 1.06x the time of bert's (bert 160 s, gpt 170 s)" in lines
 
 
 def test_the_budget_sums_a_familys_phases_and_estimates_a_resumed_stage_at_its_seconds_per_step(tmp_path):
-    dirs = {"pretrain": _pretraining_stage(tmp_path / "pretrain", 100, 20.0),
-            "pretrain_phase2": _pretraining_stage(tmp_path / "pretrain_phase2", 50, 30.0),
+    dirs = {"bert_pretrain": _pretraining_stage(tmp_path / "bert_pretrain", 100, 20.0),
+            "bert_pretrain_phase2": _pretraining_stage(tmp_path / "bert_pretrain_phase2", 50, 30.0),
             "gpt_pretrain": _pretraining_stage(tmp_path / "gpt_pretrain", 200, 30.0, resumed_from_step=100)}
     (tmp_path / "report").mkdir()
     lines = write_report(dirs, tmp_path / "report", "unit")["results_md"].read_text().splitlines()
@@ -337,12 +338,12 @@ def test_the_budget_sums_a_familys_phases_and_estimates_a_resumed_stage_at_its_s
 
 def test_the_phases_of_one_family_get_no_budget_table(tmp_path):
     """BERT's phase 1 and 2 (experiment=bert_base) are one pretraining, not two budgets to hold equal."""
-    dirs = {"pretrain": _pretraining_stage(tmp_path / "pretrain", 100, 20.0),
-            "pretrain_phase2": _pretraining_stage(tmp_path / "pretrain_phase2", 50, 30.0)}
+    dirs = {"bert_pretrain": _pretraining_stage(tmp_path / "bert_pretrain", 100, 20.0),
+            "bert_pretrain_phase2": _pretraining_stage(tmp_path / "bert_pretrain_phase2", 50, 30.0)}
     (tmp_path / "report").mkdir()
     md = write_report(dirs, tmp_path / "report", "unit")["results_md"].read_text()
     assert "## Pretraining budget" not in md
-    assert "## Pretraining (pretrain)" in md and "## Pretraining (pretrain_phase2)" in md
+    assert "## Pretraining (bert_pretrain)" in md and "## Pretraining (bert_pretrain_phase2)" in md
 
 
 def test_probe_table_says_where_a_pretrained_encoder_is_not_ahead_of_its_random_twin():
@@ -372,9 +373,9 @@ def test_the_label_efficiency_section_says_what_pretraining_bought_against_the_t
         return {"model": model, "task": "rt", "metric": "accuracy", "train_examples": examples, "score": score,
                 "per_seed": per_seed}
 
-    lines = pretraining_gains([row("pretrained", 300, 0.70, [0.69, 0.72, 0.69]),
-                               row("random_init", 300, 0.60, [0.62, 0.58, 0.60]),
+    lines = pretraining_gains([row("bert", 300, 0.70, [0.69, 0.72, 0.69]),
+                               row("bert_random", 300, 0.60, [0.62, 0.58, 0.60]),
                                row("w2v_mean", 300, 0.71, [0.71, 0.71, 0.71]),
-                               row("pretrained", 1000, 0.74, [0.74, 0.74, 0.74])])  # no twin at 1000: no line
-    assert lines[2:] == ["- rt accuracy, 300 examples: pretrained - random_init = +0.1000 (ahead on 3 of 3 seeds); "
-                         "pretrained - w2v_mean = -0.0100"]
+                               row("bert", 1000, 0.74, [0.74, 0.74, 0.74])])  # no twin at 1000: no line
+    assert lines[2:] == ["- rt accuracy, 300 examples: bert - bert_random = +0.1000 (ahead on 3 of 3 seeds); "
+                         "bert - w2v_mean = -0.0100"]

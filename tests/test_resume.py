@@ -202,10 +202,10 @@ def test_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(tiny,
         return out
 
     monkeypatch.setattr(BertPretrainModule, "model_step", diverging_step)
-    out = tmp_path / "pretrain"
-    inputs = {u: (tiny.plan.dirs[u], tiny.plan.hashes[u]) for u in tiny.plan.stages["pretrain"].upstream}
+    out = tmp_path / "bert_pretrain"
+    inputs = {u: (tiny.plan.dirs[u], tiny.plan.hashes[u]) for u in tiny.plan.stages["bert_pretrain"].upstream}
     with pytest.raises(StageFailed, match=r"loss is nan at step 12; lower pretrain.lr"):
-        execute_stage(STAGES, tiny.cfg, "pretrain", tiny.plan.hashes["pretrain"], out, inputs, None)
+        execute_stage(STAGES, tiny.cfg, "bert_pretrain", tiny.plan.hashes["bert_pretrain"], out, inputs, None)
     assert not (out / MARKER).exists()
     assert [p.name for p in (out / "checkpoints").glob("*.ckpt")] == ["step-000010.ckpt"]
     checkpoint = torch.load(out / "checkpoints" / "step-000010.ckpt", weights_only=False)
@@ -266,11 +266,11 @@ def test_a_held_out_loss_worse_than_a_uniform_guess_fails_the_rerun_too(tiny, tm
     monkeypatch.setattr(BertPretrainModule, "model_step", blown_up_when_held_out)
     run = TinyRun(family_config(Path(tiny.cfg.paths.cache_dir).parent, "bert",
                                 [*RESUME_OVERRIDES, "pretrain.max_steps=20", "pretrain.val_every_steps=20"]))
-    out = tmp_path / "pretrain"
+    out = tmp_path / "bert_pretrain"
     for _ in range(2):
         with pytest.raises(StageFailed, match=r"held-out loss at step 20 is .*more than 1.5 times the .* of a uniform "
                                               r"guess .* lower pretrain.lr"):
-            run_stage_into(run, "pretrain", out)
+            run_stage_into(run, "bert_pretrain", out)
         assert not (out / MARKER).exists()
         assert [p.name for p in (out / "checkpoints").glob("*.ckpt")] == ["step-000010.ckpt"]
 
@@ -287,8 +287,8 @@ def test_a_last_step_between_validations_is_validated_inside_fit(tiny, tmp_path,
     monkeypatch.setattr(L.Trainer, "validate", refuse)
     run = TinyRun(family_config(Path(tiny.cfg.paths.cache_dir).parent, "bert",
                                 ["pretrain.max_steps=20", "pretrain.val_every_steps=15"]))
-    summary = run_stage_into(run, "pretrain", tmp_path / "pretrain")
-    with open(tmp_path / "pretrain" / "loss_curve.csv") as f:
+    summary = run_stage_into(run, "bert_pretrain", tmp_path / "bert_pretrain")
+    with open(tmp_path / "bert_pretrain" / "loss_curve.csv") as f:
         held_out = {int(r["step"]): float(r["value"]) for r in csv.DictReader(f) if r["name"] == "val/loss"}
     assert sorted(held_out) == [15, 20] and summary["steps"] == 20
     assert summary["final_val_loss"] == pytest.approx(held_out[20], abs=1e-4)
@@ -300,10 +300,10 @@ def test_a_rerun_resumed_at_its_last_step_validates_it_and_says_where_it_resumed
     and reports that it resumed at step 20 (it once said 0, Lightning never starting training)."""
     run = TinyRun(family_config(Path(tiny.cfg.paths.cache_dir).parent, "bert",
                                 [*RESUME_OVERRIDES, "pretrain.max_steps=20", "pretrain.val_every_steps=15"]))
-    out = tmp_path / "pretrain"
-    first = run_stage_into(run, "pretrain", out)
+    out = tmp_path / "bert_pretrain"
+    first = run_stage_into(run, "bert_pretrain", out)
     (out / MARKER).unlink()
-    rerun = run_stage_into(run, "pretrain", out)
+    rerun = run_stage_into(run, "bert_pretrain", out)
     assert (first["resumed_from_step"], rerun["resumed_from_step"], rerun["steps"]) == (None, 20, 20)
     assert rerun["final_val_loss"] == pytest.approx(first["final_val_loss"], abs=1e-4)
     with open(out / "loss_curve.csv") as f:

@@ -23,7 +23,7 @@ def _describe(index: int, shard: str, suffix: str, delay_s: float) -> dict:
 def test_map_shards_runs_one_one_cpu_task_per_shard_and_keeps_shard_order(ray_session, tmp_path):
     import ray
 
-    ctx = StageContext(OmegaConf.create({}), "examples", tmp_path)
+    ctx = StageContext(OmegaConf.create({}), "bert_examples", tmp_path)
     results = ctx.map_shards(_describe, ["a", "b", "c"], ".arrow", delay_s=0.3)
     assert [r["out"] for r in results] == ["0:a.arrow", "1:b.arrow", "2:c.arrow"]
     assert len({r["task"] for r in results}) == 3 and None not in {r["task"] for r in results}

@@ -16,7 +16,7 @@ def ctx(tmp_path_factory, ray_session) -> TinyRun:
     tmp = tmp_path_factory.mktemp("stages")
     write_mr(tmp / "senteval" / "MR")
     return TinyRun(tiny_config(tmp, [
-        "pipeline.stages=[prepare,tokenizer,examples,pretrain,finetune,evaluate,report]",
+        "pipeline.stages=[prepare,bert_tokenizer,bert_examples,bert_pretrain,finetune,evaluate,report]",
         "evaluate.encoders=[bert_cls,bert_mean]", f"senteval.data_root={tmp / 'senteval'}",
         "senteval.tasks.MR.path=MR", "~senteval.tasks.SICKEntailment", "~senteval.tasks.SICKRelatedness",
         "~senteval.tasks.MRPC", "senteval.classifier.cv_folds=3",
@@ -37,8 +37,8 @@ def test_prepare_writes_shards_and_manifest(ctx):
 
 
 def test_tokenizer_trains_wordpiece_in_hf_format(ctx):
-    summary = ctx.run_stage("tokenizer")
-    out = ctx.stage_dir("tokenizer")
+    summary = ctx.run_stage("bert_tokenizer")
+    out = ctx.stage_dir("bert_tokenizer")
     assert (out / "tokenizer.json").is_file() and (out / "vocab.txt").is_file()
     vocab = (out / "vocab.txt").read_text().split("\n")
     assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -48,8 +48,8 @@ def test_tokenizer_trains_wordpiece_in_hf_format(ctx):
 def test_examples_builds_sentence_pairs(ctx):
     from pipeline.engine.arrow import read_arrow
 
-    summary = ctx.run_stage("examples")
-    files = sorted(ctx.stage_dir("examples").glob("examples-*.arrow"))
+    summary = ctx.run_stage("bert_examples")
+    files = sorted(ctx.stage_dir("bert_examples").glob("examples-*.arrow"))
     assert len(files) == len(list(ctx.stage_dir("prepare").glob("shard-*.arrow")))
     table = read_arrow(files[0])
     assert summary["instances"] > 20
@@ -60,8 +60,8 @@ def test_examples_builds_sentence_pairs(ctx):
 
 
 def test_pretrain_lowers_the_loss_and_saves_the_encoder(ctx):
-    summary = ctx.run_stage("pretrain")
-    out = ctx.stage_dir("pretrain")
+    summary = ctx.run_stage("bert_pretrain")
+    out = ctx.stage_dir("bert_pretrain")
     assert summary["steps"] == 30
     assert (out / "encoder" / "config.json").is_file() and (out / "encoder" / "model.safetensors").is_file()
     # bert_tiny's relative positions and pre-LN blocks are not transformers' BERT: hf/ gets our modelling code, and
@@ -71,7 +71,7 @@ def test_pretrain_lowers_the_loss_and_saves_the_encoder(ctx):
     assert summary["hf"] == "hf/" and (out / "hf" / "modeling_textrep_bert.py").is_file()
     assert json.loads((out / "hf" / "config.json").read_text())["auto_map"]["AutoModelForMaskedLM"] == \
         "modeling_textrep_bert.TextrepBertForMaskedLM"
-    assert (f"stage pretrain: hf/ is TextrepBertForMaskedLM, our modelling code beside the weights (load it with "
+    assert (f"stage bert_pretrain: hf/ is TextrepBertForMaskedLM, our modelling code beside the weights (load it with "
             f"trust_remote_code=True): {reason}") in (out / "stage.log").read_text()
     with open(out / "loss_curve.csv") as f:
         train = [float(r["value"]) for r in csv.DictReader(f) if r["name"] == "train/loss"]
@@ -80,15 +80,15 @@ def test_pretrain_lowers_the_loss_and_saves_the_encoder(ctx):
 
 
 def test_held_out_instances_are_a_fraction_of_the_examples_up_to_a_cap(ctx):
-    ctx.run_stage("examples")
+    ctx.run_stage("bert_examples")
 
     def held_out_and_train(**settings) -> tuple[int, int]:
         cfg = ctx.cfg.copy()
         for key, value in settings.items():
             cfg.pretrain[key] = value
-        stage = StageContext(cfg, "pretrain", ctx.stage_dir("pretrain"),
-                             {u: ctx.stage_dir(u) for u in ctx.plan.stages["pretrain"].upstream})
-        task = PRETRAINING["pretrain"]
+        stage = StageContext(cfg, "bert_pretrain", ctx.stage_dir("bert_pretrain"),
+                             {u: ctx.stage_dir(u) for u in ctx.plan.stages["bert_pretrain"].upstream})
+        task = PRETRAINING["bert_pretrain"]
         data = task.data(stage, task.build_module(stage), rank=0, world_size=1)
         return sum(len(batch["input_ids"]) for batch in data.val_batches), data.train_instances
 
@@ -109,7 +109,7 @@ def test_word2vec_learns_vectors_of_the_prepared_corpus(ctx):
 def test_finetune_compares_pretrained_and_random_init(ctx):
     summary = ctx.run_stage("finetune")
     rows = {r["model"]: r for r in summary["results"]}
-    assert set(rows) == {"pretrained", "random_init", "majority_class", "bow_logreg", "w2v_mean"}
+    assert set(rows) == {"bert", "bert_random", "majority_class", "bow_logreg", "w2v_mean"}
     for row in rows.values():
         assert row["task"] == "sst2" and row["metric"] == "accuracy" and 0.0 <= row["score"] <= 1.0
         assert row["dev_examples"] == 40
@@ -127,16 +127,16 @@ def test_report_writes_results_table_and_loss_summary(ctx):
     out = ctx.stage_dir("report")
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [r["model"] for r in rows] == ["pretrained", "random_init", "majority_class", "bow_logreg", "w2v_mean",
+    assert [r["model"] for r in rows] == ["bert", "bert_random", "majority_class", "bow_logreg", "w2v_mean",
                                          "bert_cls", "bert_mean"]
     assert set(rows[0]) == {"stage", "model", "task", "metric", "score", "std", "seeds", "train_size",
                             "train_examples"}
     md = (out / "results.md").read_text()
     assert "against the unigram baseline" in md  # the pretrain stage measured it (pipeline/bert/diagnostics.py)
-    assert "| pretrained | sst2 | accuracy |" in md and "## Pretraining (pretrain)" in md and "train loss" in md
+    assert "| bert | sst2 | accuracy |" in md and "## Pretraining (bert_pretrain)" in md and "train loss" in md
     assert "| encoder | MR accuracy |" in md
-    assert (out / "pretrain_loss.png").stat().st_size > 1000
-    assert json.loads((out / "results.json").read_text())[0]["model"] == "pretrained"
+    assert (out / "bert_pretrain_loss.png").stat().st_size > 1000
+    assert json.loads((out / "results.json").read_text())[0]["model"] == "bert"
     assert (out / "task_scores.png").stat().st_size > 1000 and (out / "attention.png").stat().st_size > 1000
     assert "![attention heat-map](attention.png)" in md
     # no encoder snapshots in this run: no scaling curve (tests/test_pretrain_scaling.py)
@@ -166,11 +166,11 @@ def test_a_corpus_of_copies_says_they_were_dropped_as_duplicates(tmp_path, ray_s
     (tmp_path / "books").mkdir()
     for name in ("a.txt", "b.txt", "c.txt"):
         (tmp_path / "books" / name).write_text((tmp_path / "one" / "book_00.txt").read_text())
-    run = TinyRun(tiny_config(tmp_path, ["pipeline.until=examples"]))
-    for name in ("prepare", "tokenizer"):
+    run = TinyRun(tiny_config(tmp_path, ["pipeline.until=bert_examples"]))
+    for name in ("prepare", "bert_tokenizer"):
         run.run_stage(name)
     with pytest.raises(StageFailed, match=r"BERT's sentence pairs take a random next sentence from another book, so "
                                           r"the corpus needs at least 2 distinct books; prepare kept 1 of the 3 files, "
                                           r"dropping 2 as exact duplicates.*: b.txt, a copy of a.txt; c.txt, a copy of "
                                           r"a.txt \(every file's fate: \S+manifest.json\)"):
-        run.run_stage("examples")
+        run.run_stage("bert_examples")

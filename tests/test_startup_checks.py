@@ -72,7 +72,7 @@ def test_a_bad_number_with_force_keeps_the_finished_output(tmp_path):
     assert (finished / MARKER).is_file()
 
 
-@pytest.mark.parametrize("stages", ["[prepare,tokenizer,examples,pretrain]", "[finetune]"])
+@pytest.mark.parametrize("stages", ["[prepare,bert_tokenizer,bert_examples,bert_pretrain]", "[finetune]"])
 def test_a_sequence_longer_than_the_position_table_fails_at_start_up(tmp_path, stages):
     """Also when pretraining is in the run only as what `finetune` needs: the check used to read pipeline.stages."""
     cfg = tiny_config(tmp_path, ["model.config.position_embedding_type=learned",
@@ -104,7 +104,7 @@ def test_a_bad_task_file_fails_before_any_stage_naming_file_and_line(tmp_path, r
 
 def test_task_files_are_not_read_by_a_run_without_finetune(tmp_path):
     _break_task_file(tmp_path, 5, "a dull film\tnegative")
-    validate(tiny_config(tmp_path, ["pipeline.until=pretrain"]))
+    validate(tiny_config(tmp_path, ["pipeline.until=bert_pretrain"]))
 
 
 def test_a_snapshot_past_gpts_own_steps_fails_before_any_stage(tmp_path):
@@ -117,12 +117,13 @@ def test_a_snapshot_past_gpts_own_steps_fails_before_any_stage(tmp_path):
 
 
 def test_an_until_outside_the_runs_stages_is_warned_about(tmp_path, capsys):
-    """Issue 39, defect 8: `+experiment=gpt_tiny pipeline.until=pretrain` (BERT's stage) ran, without a word, only
+    """Issue 39, defect 8: `+experiment=gpt_tiny pipeline.until=bert_pretrain` (BERT's stage) ran, without a word, only
     what the two share."""
-    validate(tiny_config(tmp_path, ["pipeline.until=pretrain"], experiment="gpt_tiny"))
+    validate(tiny_config(tmp_path, ["pipeline.until=bert_pretrain"], experiment="gpt_tiny"))
     out = capsys.readouterr().out
-    assert "WARNING: pipeline.until=pretrain is not one of this run's stages (prepare, gpt_tokenizer" in out
-    assert "the run stops at what it shares with pretrain: prepare. did you mean pipeline.until=gpt_pretrain?" in out
+    assert "WARNING: pipeline.until=bert_pretrain is not one of this run's stages (prepare, gpt_tokenizer" in out
+    assert ("the run stops at what it shares with bert_pretrain: prepare. did you mean pipeline.until=gpt_pretrain?"
+            in out)
     validate(tiny_config(tmp_path, ["pipeline.until=gpt_pretrain"], experiment="gpt_tiny"))
     assert "WARNING" not in capsys.readouterr().out
 

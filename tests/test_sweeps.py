@@ -34,21 +34,38 @@ from tests.pipeline_cli import (
 
 @pytest.mark.slow
 def test_a_grid_sweep_over_pretraining_prepares_the_data_once(tmp_path):
-    result = run_pipeline_cli(tmp_path, ["pipeline.until=pretrain", "pretrain.lr=1e-3,2e-3"], multirun=True)
+    result = run_pipeline_cli(tmp_path, ["pipeline.until=bert_pretrain", "pretrain.lr=1e-3,2e-3"], multirun=True)
     assert "Launching 2 jobs locally" in result.stdout + result.stderr
-    for stage in ("prepare", "tokenizer", "examples"):
+    for stage in ("prepare", "bert_tokenizer", "bert_examples"):
         assert stage_executions(tmp_path / "cache", stage) == 1, stage
-    assert stage_executions(tmp_path / "cache", "pretrain") == 2
+    assert stage_executions(tmp_path / "cache", "bert_pretrain") == 2
     members = [{s.name: s for s in status.read_status(tmp_path / "multirun" / str(job))} for job in (0, 1)]
     assert [m["prepare"].state for m in members] == ["complete", "cached"]
-    assert [m["pretrain"].state for m in members] == ["complete", "complete"]
-    assert members[0]["pretrain"].hash != members[1]["pretrain"].hash
-    assert members[0]["examples"].output == members[1]["examples"].output
+    assert [m["bert_pretrain"].state for m in members] == ["complete", "complete"]
+    assert members[0]["bert_pretrain"].hash != members[1]["bert_pretrain"].hash
+    assert members[0]["bert_examples"].output == members[1]["bert_examples"].output
 
 
 def sweep_config(*overrides: str):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=["+experiment=bert_tiny", *overrides], return_hydra_config=True)
+
+
+def test_the_sweep_objective_is_the_pretrained_kinds_main_metric_whatever_the_family(tmp_path):
+    """The objective averages the kinds with a random twin (bert, gpt, ...), each task on its first metric; the twins,
+    baselines and encoder snapshots are not what a sweep maximises."""
+    from pipeline.runner import finetune_objective
+
+    def row(model, task, metric, score):
+        return {"model": model, "task": task, "metric": metric, "score": score, "train_size": None}
+
+    (tmp_path / "finetune").mkdir()
+    (tmp_path / "finetune" / "results.json").write_text(json.dumps([
+        row("bert", "rt", "accuracy", 0.7), row("bert", "rt", "f1", 0.1), row("gpt", "stsb", "pearson", 0.5),
+        row("bert_random", "rt", "accuracy", 0.0), row("bow_logreg", "rt", "accuracy", 0.0),
+        row("bert@10", "rt", "accuracy", 0.0), row("bert_external", "rt", "accuracy", 0.0)]))
+    assert finetune_objective(tmp_path) == pytest.approx(0.6)
+    assert finetune_objective(tmp_path / "no_run") is None
 
 
 def test_the_finetune_sweep_is_the_bert_papers_grid_searched_by_optuna():
@@ -151,13 +168,13 @@ def test_a_sweep_config_without_multirun_is_refused_not_ignored(tmp_path):
 @pytest.mark.slow
 def test_an_optuna_sweep_maximises_the_finetune_score_and_pretrains_once(tmp_path):
     run_pipeline_cli(tmp_path, ["+sweep=finetune_lr_epochs", "hydra.sweeper.n_trials=2",
-                                "finetune.models=[pretrained]", "finetune.random_twins=false"], multirun=True)
-    for stage in ("prepare", "tokenizer", "examples", "pretrain"):
+                                "finetune.models=[bert]", "finetune.random_twins=false"], multirun=True)
+    for stage in ("prepare", "bert_tokenizer", "bert_examples", "bert_pretrain"):
         assert stage_executions(tmp_path / "cache", stage) == 1, stage
     assert stage_executions(tmp_path / "cache", "finetune") == 2
     scores = {job: row["score"] for job in (0, 1)
               for row in json.loads((tmp_path / "multirun" / str(job) / "finetune" / "results.json").read_text())
-              if row["model"] == "pretrained"}
+              if row["model"] == "bert"}
     results = OmegaConf.load(tmp_path / "multirun" / "optimization_results.yaml")
     assert results.best_value == max(scores.values())
     settings = []
@@ -172,7 +189,7 @@ def test_on_a_cluster_trials_run_side_by_side_and_still_pretrain_once(tmp_path):
     with ray_cluster(tmp_path) as (port, _):
         # a 2-CPU cluster, 1 CPU per trial's stages: both trials at once
         result = run_pipeline_cli(tmp_path, ["+sweep=finetune_lr_epochs", "hydra.sweeper.n_trials=2",
-                                             "finetune.models=[pretrained]", "finetune.random_twins=false",
+                                             "finetune.models=[bert]", "finetune.random_twins=false",
                                              f"ray.address=127.0.0.1:{port}",
                                              "ray.num_cpus=1"], multirun=True, RAY_ADDRESS="")
     driver_log = result.stdout + result.stderr
@@ -180,7 +197,7 @@ def test_on_a_cluster_trials_run_side_by_side_and_still_pretrain_once(tmp_path):
     started = [(tmp_path / "multirun" / str(job) / ".hydra" / "config.yaml").stat().st_mtime for job in (0, 1)]
     ended = [(tmp_path / "multirun" / str(job) / "pipeline.json").stat().st_mtime for job in (0, 1)]
     assert started[1] < ended[0] and started[0] < ended[1], (started, ended)  # side by side
-    for stage in ("prepare", "tokenizer", "examples", "pretrain"):
+    for stage in ("prepare", "bert_tokenizer", "bert_examples", "bert_pretrain"):
         assert stage_executions(tmp_path / "cache", stage) == 1, stage
     assert stage_executions(tmp_path / "cache", "finetune") == 2
     results = OmegaConf.load(tmp_path / "multirun" / "optimization_results.yaml")

@@ -29,10 +29,10 @@ class FakeApi:
 def test_recorded_edges_are_replayed_through_the_public_api(tmp_path):
     (tmp_path / LINEAGE_FILE).write_text(
         json.dumps({"run_id": "r1", "stage": "prepare", "uses": []}) + "\n"
-        + json.dumps({"run_id": "r2", "stage": "examples", "uses": ["prepare:aa", "tokenizer:bb"]}) + "\n"
+        + json.dumps({"run_id": "r2", "stage": "bert_examples", "uses": ["prepare:aa", "bert_tokenizer:bb"]}) + "\n"
         # written before stage outputs were versions of one artifact per stage
-        + json.dumps({"run_id": "r3", "stage": "examples", "uses": ["prepare-aa"]}) + "\n")
+        + json.dumps({"run_id": "r3", "stage": "bert_examples", "uses": ["prepare-aa"]}) + "\n")
     api = FakeApi()
     assert replay_lineage(lineage_edges(tmp_path), api, "me", "textrep") == 3
-    assert api.log == [("me/textrep/r2", "me/textrep/prepare:aa"), ("me/textrep/r2", "me/textrep/tokenizer:bb"),
+    assert api.log == [("me/textrep/r2", "me/textrep/prepare:aa"), ("me/textrep/r2", "me/textrep/bert_tokenizer:bb"),
                        ("me/textrep/r3", "me/textrep/prepare-aa:latest")]

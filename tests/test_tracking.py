@@ -81,11 +81,11 @@ def test_stage_outputs_are_versions_of_one_artifact_per_stage_aliased_by_hash_an
     cfg = OmegaConf.create({"experiment_name": "unit", "model": {"config": {"name": "bert_tiny"}},
                             "logger": {"_target_": "lightning.pytorch.loggers.WandbLogger", "project": "p",
                                        "mode": "offline"}})
-    run = start_stage_run(cfg, "pretrain", "abc123", tmp_path, {"examples": (tmp_path, "def456")})
-    finish_stage_run(run, "pretrain", "abc123", tmp_path, ok=True, summary={"steps": 3})
-    assert run.init_kwargs["tags"] == ["unit", "pretrain", "bert_tiny"]
-    assert run.artifacts == [("pretrain", "pretrain", ["abc123"])]
-    assert '"uses": ["examples:def456"]' in (tmp_path / LINEAGE_FILE).read_text()
+    run = start_stage_run(cfg, "bert_pretrain", "abc123", tmp_path, {"bert_examples": (tmp_path, "def456")})
+    finish_stage_run(run, "bert_pretrain", "abc123", tmp_path, ok=True, summary={"steps": 3})
+    assert run.init_kwargs["tags"] == ["unit", "bert_pretrain", "bert_tiny"]
+    assert run.artifacts == [("bert_pretrain", "bert_pretrain", ["abc123"])]
+    assert '"uses": ["bert_examples:def456"]' in (tmp_path / LINEAGE_FILE).read_text()
 
 
 def test_a_distributed_runs_curves_reach_the_stage_run_step_by_step(tmp_path):
@@ -114,8 +114,8 @@ def test_pretraining_in_ray_train_workers_logs_rank_0s_curves_to_the_stage_run(t
         (out_dir / pretraining.WORKER_SUMMARY).write_text(json.dumps({"steps": 1}))
 
     monkeypatch.setattr(pretraining, "run_on_ray_workers", fake_workers)
-    ctx = StageContext(tiny_config(tmp_path, ["trainer=ddp_cpu"]), "pretrain", tmp_path, {})
+    ctx = StageContext(tiny_config(tmp_path, ["trainer=ddp_cpu"]), "bert_pretrain", tmp_path, {})
     ctx.out_dir.mkdir(exist_ok=True)
     ctx.wandb_run = RecordingRun()
-    assert pretraining.pretrain(ctx, PRETRAINING["pretrain"]) == {"steps": 1}
+    assert pretraining.pretrain(ctx, PRETRAINING["bert_pretrain"]) == {"steps": 1}
     assert ctx.wandb_run.logged == [(1, {"train/loss": 7.0})]

@@ -21,7 +21,7 @@ from tests.test_resume import run_stage_into, train_losses
 
 def built_trainer(tmp_path: Path, overrides: list[str], **kwargs):
     cfg = tiny_config(tmp_path, overrides)
-    return cfg, make_trainer(StageContext(cfg, "pretrain", tmp_path / "out"), [], **kwargs)
+    return cfg, make_trainer(StageContext(cfg, "bert_pretrain", tmp_path / "out"), [], **kwargs)
 
 
 def test_a_trainer_argument_on_the_command_line_reaches_the_trainer(tmp_path):
@@ -58,8 +58,8 @@ def bert_data(family_data) -> Path:
 
 def test_callbacks_of_the_callbacks_group_run_in_pretraining(bert_data, tmp_path):
     run = TinyRun(tiny_config(bert_data, [*RESUME_OVERRIDES, "callbacks=[lr_monitor,best_checkpoint]"]))
-    out = tmp_path / "pretrain"
-    run_stage_into(run, "pretrain", out)
+    out = tmp_path / "bert_pretrain"
+    run_stage_into(run, "bert_pretrain", out)
     (metrics,) = out.glob("csv_logs/*/metrics.csv")
     with open(metrics) as f:
         assert any(v for row in csv.DictReader(f) for k, v in row.items() if k.startswith("lr-"))  # LearningRateMonitor
@@ -69,9 +69,9 @@ def test_callbacks_of_the_callbacks_group_run_in_pretraining(bert_data, tmp_path
 def test_fast_dev_run_pretrains_one_step_in_a_cache_entry_of_its_own(bert_data, tmp_path):
     base = TinyRun(tiny_config(bert_data, RESUME_OVERRIDES))
     run = TinyRun(tiny_config(bert_data, [*RESUME_OVERRIDES, "+debug=fdr"]))
-    assert run.plan.hashes["pretrain"] != base.plan.hashes["pretrain"]
-    out = tmp_path / "pretrain"
-    assert run_stage_into(run, "pretrain", out)["steps"] == 1
+    assert run.plan.hashes["bert_pretrain"] != base.plan.hashes["bert_pretrain"]
+    out = tmp_path / "bert_pretrain"
+    assert run_stage_into(run, "bert_pretrain", out)["steps"] == 1
     assert (out / MARKER).is_file() and (out / "encoder").is_dir()
 
 
@@ -80,20 +80,20 @@ def test_ckpt_path_starts_pretraining_from_the_given_checkpoint(bert_data, tmp_p
     schedule, data position and RNG all come from the file."""
     first = TinyRun(tiny_config(bert_data, [*RESUME_OVERRIDES, "pretrain.max_steps=20"]))
     first_out = tmp_path / "first"
-    run_stage_into(first, "pretrain", first_out)
+    run_stage_into(first, "bert_pretrain", first_out)
     given = tmp_path / "given.ckpt"
     given.write_bytes((first_out / "checkpoints" / "step-000010.ckpt").read_bytes())
 
     started = TinyRun(tiny_config(bert_data, [*RESUME_OVERRIDES, "pretrain.max_steps=20", f"ckpt_path={given}"]))
-    assert started.plan.hashes["pretrain"] != first.plan.hashes["pretrain"]
+    assert started.plan.hashes["bert_pretrain"] != first.plan.hashes["bert_pretrain"]
     out = tmp_path / "started"
-    summary = run_stage_into(started, "pretrain", out)
+    summary = run_stage_into(started, "bert_pretrain", out)
     assert summary["resumed_from_step"] == 10 and summary["steps"] == 20
     assert train_losses(out) == train_losses(first_out)
 
-    hash_before = started.plan.hashes["pretrain"]
+    hash_before = started.plan.hashes["bert_pretrain"]
     given.write_bytes((first_out / "checkpoints" / "step-000020.ckpt").read_bytes())  # other weights, same path
-    assert TinyRun(started.cfg).plan.hashes["pretrain"] != hash_before
+    assert TinyRun(started.cfg).plan.hashes["bert_pretrain"] != hash_before
 
 
 def test_ckpt_path_with_two_models_pretrained_from_scratch_fails_before_any_work(tmp_path):
@@ -162,7 +162,7 @@ def test_trainer_compile_compiles_the_network_in_place_on_the_cpu(tmp_path):
         torch.manual_seed(0)
         module = _Regression()
         keys = list(module.state_dict())
-        trainer = make_trainer(StageContext(cfg, "pretrain", tmp_path / f"out{compiled}"), [], max_steps=4)
+        trainer = make_trainer(StageContext(cfg, "bert_pretrain", tmp_path / f"out{compiled}"), [], max_steps=4)
         trainer.fit(module, data)
         assert (module.model._compiled_call_impl is not None) == compiled
         assert not isinstance(module, torch._dynamo.eval_frame.OptimizedModule)

@@ -1,5 +1,5 @@
-"""BERT's datasets: pretraining instances over the examples stage's Arrow files, masked batch by batch with a seed of
-their own (resumable), and downstream sentence (pair) tasks encoded with the model's tokenizer."""
+"""BERT's datasets: pretraining instances over the bert_examples stage's Arrow files, masked batch by batch with a
+seed of their own (resumable), and downstream sentence (pair) tasks encoded with the model's tokenizer."""
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
