@@ -25,7 +25,7 @@ ENDINGS = ["at night", "in the morning", "without a word", "before the storm", "
 
 def start_session_ray() -> None:
     """The local Ray that the tests of one pytest session share (the ray_session fixture; restarted by a test that had
-    to leave it, tests/test_multinode.py)."""
+    to leave it, tests/engine/test_multinode.py)."""
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -1,6 +1,6 @@
-"""What tests/test_hf_export.py and tests/test_hf_pipeline.py share: loading exported HuggingFace directories in one
-fresh process that cannot import this repository (tests/hf_fresh_process.py), and comparing what it gives with our own
-models: outputs within TOL in fp32, the tokenizers' ids equal to the pipeline's."""
+"""What tests/run/test_hf_export.py and tests/run/test_hf_pipeline.py share: loading exported HuggingFace
+directories in one fresh process that cannot import this repository (tests/hf_fresh_process.py), and comparing what it
+gives with our own models: outputs within TOL in fp32, the tokenizers' ids equal to the pipeline's."""
 from __future__ import annotations
 
 import json

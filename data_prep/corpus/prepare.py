@@ -70,10 +70,10 @@ _IN_FLIGHT_PER_WORKER = 2
 # Shards written per task, in bytes: Ray's cost per task (scheduling, fetching its arguments) is the same for a shard of
 # 1 MB, data.shard_bytes' default, as for one of 64 MB.
 _WRITE_TASK_BYTES = 16 << 20
-# A book is decoded, cleaned and split in memory, at ~26x its size at peak (tests/test_bad_input.py: 1.3 GB for
-# 50 MB), so a 500 MB file without a line break, or BookCorpus as it is often shipped (two files of 2 GB, a sentence
-# per line), would take 13 or 52 GB in one worker. A file bigger than this is read in parts of about this size, each a
-# book of its own; 16 MB is far above a novel (0.6 MB on average in gutenberg-raw).
+# A book is decoded, cleaned and split in memory, at ~26x its size at peak (tests/data_prep/test_bad_input.py:
+# 1.3 GB for 50 MB), so a 500 MB file without a line break, or BookCorpus as it is often shipped (two files of 2 GB,
+# a sentence per line), would take 13 or 52 GB in one worker. A file bigger than this is read in parts of about this
+# size, each a book of its own; 16 MB is far above a novel (0.6 MB on average in gutenberg-raw).
 MAX_BOOK_BYTES = 16 << 20
 # A part ends at the first paragraph break within this many bytes of its nominal end, else at the first line break,
 # sentence end or space there, and at worst between two characters: cuts depend only on the file's bytes.

@@ -30,7 +30,7 @@ PAD_ID, UNK_ID, EOS_ID = range(len(SPECIAL_WORDS))
 _TOKEN = re.compile(r"\w+(?:'\w+)*|[^\w\s]")
 # _TOKEN for tokenizers' regex engine (Oniguruma), whose \w and \s are not Python's: Python's \w is [\p{L}\p{N}_]
 # and its \s is Unicode's White_Space with \x1c-\x1f (str.isspace), for every character Python's Unicode database
-# knows (tests/test_hf_export.py; characters of later Unicode versions, unassigned to Python, may differ)
+# knows (tests/run/test_hf_export.py; characters of later Unicode versions, unassigned to Python, may differ)
 _TOKEN_FOR_TOKENIZERS = r"[\p{L}\p{N}_]+(?:'[\p{L}\p{N}_]+)*|[^\p{L}\p{N}_\s\x1c-\x1f]"
 
 TRIPLE_SCHEMA = pa.schema([

@@ -193,7 +193,7 @@ def test_a_50_mb_single_line_costs_memory_proportional_to_its_size(tmp_path):
         print(result.status, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
     """)
     out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True,
-                         cwd=Path(__file__).parent.parent).stdout.split()
+                         cwd=Path(__file__).parents[2]).stdout.split()
     status, growth = out[0], int(out[1])
     assert status == "kept"
     # Measured: ~1.3 GB, the same as for the same text with a line break after every sentence (the copies

@@ -74,7 +74,7 @@ def test_releasing_freed_memory_keeps_training_with_changing_shapes_flat():
 
 def test_every_trainer_releases_freed_memory_every_50_batches_and_after_validation(tmp_path, monkeypatch):
     from pipeline.engine import training
-    from tests.test_trainer_config import built_trainer
+    from tests.engine.test_trainer_config import built_trainer
 
     calls = []
     monkeypatch.setattr(training, "release_freed_memory", lambda: calls.append(1))

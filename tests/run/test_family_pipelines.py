@@ -56,7 +56,8 @@ def test_skip_thought_small_pretrains_and_is_probed_with_vocabulary_expansion(tm
                                                          ("skip_thought_random", "MR"), ("glove_bow", "MR")}
 
 
-@pytest.mark.slow  # 22 s on the loaded 2-core machine; tests/test_gpt_pipeline.py covers each stage in the fast suite
+# 22 s on the loaded 2-core machine; tests/gpt/test_gpt_pipeline.py covers each stage in the fast suite
+@pytest.mark.slow
 def test_gpt_tiny_pretrains_is_fine_tuned_probed_and_reported_with_samples(tmp_path, ray_session):
     write_sentiment_task(tmp_path / "glue" / "SST-2", n_train=32, n_dev=16)
     results, rows = _run(tmp_path, "gpt_tiny", [

@@ -3,7 +3,7 @@
 from a run directory, every BERT position scheme and norm placement, and GPT, ELMo (character and word inputs) and
 Skip-Thought (uni- and bi-skip) as their stages write them, all loaded through transformers' Auto classes in ONE fresh
 process that cannot import this repository, and compared with our own models (tests/hf_checks.py). The other families
-through their stages, and a card with fine-tuning results: tests/test_hf_pipeline.py (slow)."""
+through their stages, and a card with fine-tuning results: tests/run/test_hf_pipeline.py (slow)."""
 from __future__ import annotations
 
 import ast

@@ -11,7 +11,7 @@ from data_prep.corpus.dedup import shingle_hashes
 from data_prep.corpus.ingest import header_field, reflow_paragraphs, strip_gutenberg_boilerplate
 from tests.helpers import write_books
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from make_scale_corpus import RECORD, build_tree, parse_size, write_corpus  # noqa: E402
 
 NEAR_DUPLICATE_THRESHOLD = 0.8  # conf/config.yaml data.near_duplicate_threshold

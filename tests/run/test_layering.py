@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from models import IGNORE_INDEX
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _imported_modules(path: Path) -> list[str]:

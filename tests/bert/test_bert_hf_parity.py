@@ -94,7 +94,7 @@ def test_ours_to_hf(tmp_path):
                                        dict(position_embedding_type="relative"), dict(pre_layer_norm=True)])
 def test_what_hf_cannot_express_is_written_with_our_modelling_code_and_reads_back(tmp_path, overrides):
     """transformers' BertModel cannot compute these: the directory gets models/hf/'s modelling code, loaded with
-    trust_remote_code=True (tests/test_hf_export.py), and from_hf reads it back as it was."""
+    trust_remote_code=True (tests/run/test_hf_export.py), and from_hf reads it back as it was."""
     torch.manual_seed(0)
     ours = BertModel(BertConfig(**SMALL, **overrides))
     randomise_(ours)

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_data  # noqa: E402
 import bench_stages  # noqa: E402
 from bench_stages import Run, Sample  # noqa: E402

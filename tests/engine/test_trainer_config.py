@@ -15,8 +15,8 @@ from pipeline import CONF_DIR
 from pipeline.engine.dag import MARKER, StageContext
 from pipeline.engine.training import make_trainer
 from pipeline.runner import validate
+from tests.engine.test_resume import run_stage_into, train_losses
 from tests.helpers import RESUME_OVERRIDES, TINY_FAMILIES, TinyRun, tiny_config
-from tests.test_resume import run_stage_into, train_losses
 
 
 def built_trainer(tmp_path: Path, overrides: list[str], **kwargs):

@@ -203,7 +203,7 @@ def test_progress_lines_while_preparing(corpus, tmp_path, capsys):
 
 def test_off_x86_64_the_driver_announces_nupunkt_once_and_every_worker_splits_with_it(tmp_path, monkeypatch, capsys):
     from data_prep.corpus import sentences
-    from tests.test_sentences import BOOK, SPLIT
+    from tests.data_prep.test_sentences import BOOK, SPLIT
 
     # Only the driver is patched: the workers split as the options it sends them say.
     monkeypatch.setattr(sentences, "blingfire_unavailable", lambda: "blingfire ships x86-64 binaries only")

@@ -295,7 +295,7 @@ def test_bf16_autocast_runs_every_matmul_of_a_training_step_in_bf16():
 
     from models.gpt import GPTLMHeadModel, gpt_config
     from pipeline.bert.module import bert_pretraining_losses
-    from tests.test_gpu_check import bench_train
+    from tests.benchmarks.test_gpu_check import bench_train
 
     matmuls = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
                torch.ops.aten.baddbmm.default}

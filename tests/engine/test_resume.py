@@ -24,7 +24,7 @@ from pipeline.engine.training import LossHistory
 from pipeline.stages import STAGES
 from tests.helpers import RESUME_OVERRIDES, TINY_FAMILIES, TinyRun, family_config, file_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT_STEPS = [5, 20, 30]  # before the kill, between the resume and the end, the end
 SECONDS_PER_STEP = 0.2  # slows the run to be killed, so the kill lands between checkpoints 10 and 30
 
@@ -122,7 +122,7 @@ def run_pretrain(root: str, family: str, out_dir: str, seconds_per_step: float) 
 
 def start_pretrain(run: TinyRun, family: str, out_dir: Path, seconds_per_step: float = 0.0) -> subprocess.Popen:
     root = Path(run.cfg.paths.cache_dir).parent
-    code = (f"from tests.test_resume import run_pretrain; "
+    code = (f"from tests.engine.test_resume import run_pretrain; "
             f"run_pretrain({str(root)!r}, {family!r}, {str(out_dir)!r}, {seconds_per_step})")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # both runs on one thread: identical float reductions
     return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,

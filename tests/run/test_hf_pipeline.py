@@ -2,7 +2,8 @@
 stages, a BERT with transformers' own layout (learned positions, post-LN) by its stage, and a BERT run that fine-tuned,
 each exported from its run directory by `python -m pipeline.export` and loaded in ONE fresh process that cannot import
 this repository (tests/hf_checks.py), compared with the stage's own model and tokenizer; the cards of a run with
-fine-tuning results and of a run with two final models. Slow: ~1-2 min on 2 cores (tests/test_hf_export.py covers the
+fine-tuning results and of a run with two final models. Slow: ~1-2 min on 2 cores (tests/run/test_hf_export.py covers
+the
 conversions, BERT's stage and the export in the fast suite)."""
 from __future__ import annotations
 

@@ -65,7 +65,7 @@ def test_pretrain_lowers_the_loss_and_saves_the_encoder(ctx):
     assert summary["steps"] == 30
     assert (out / "encoder" / "config.json").is_file() and (out / "encoder" / "model.safetensors").is_file()
     # bert_tiny's relative positions and pre-LN blocks are not transformers' BERT: hf/ gets our modelling code, and
-    # the stage says why (tests/test_hf_export.py loads it)
+    # the stage says why (tests/run/test_hf_export.py loads it)
     reason = "HuggingFace's BertModel only expresses learned absolute positions with post-LN blocks; got " \
              "position_embedding_type='relative', pre_layer_norm=True"
     assert summary["hf"] == "hf/" and (out / "hf" / "modeling_textrep_bert.py").is_file()
@@ -139,7 +139,7 @@ def test_report_writes_results_table_and_loss_summary(ctx):
     assert json.loads((out / "results.json").read_text())[0]["model"] == "bert"
     assert (out / "task_scores.png").stat().st_size > 1000 and (out / "attention.png").stat().st_size > 1000
     assert "![attention heat-map](attention.png)" in md
-    # no encoder snapshots in this run: no scaling curve (tests/test_pretrain_scaling.py)
+    # no encoder snapshots in this run: no scaling curve (tests/bert/test_pretrain_scaling.py)
     assert not (out / "pretrain_scaling.png").exists() and "by pretraining steps" not in md
 
 

@@ -7,7 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 STAGE_RUN_THEN_WORKER_ENDS = textwrap.dedent("""
     import sys
@@ -27,7 +27,7 @@ STAGE_RUN_THEN_WORKER_ENDS = textwrap.dedent("""
     for child in children:  # Ray ends a worker's child processes with it
         child.kill()
     psutil.wait_procs(children, timeout=30)
-    # a data stage's worker runs this too, and must not load torch for it (tests/test_layering.py)
+    # a data stage's worker runs this too, and must not load torch for it (tests/run/test_layering.py)
     assert not {"torch", "lightning"} & set(sys.modules), sorted({"torch", "lightning"} & set(sys.modules))
 """)
 

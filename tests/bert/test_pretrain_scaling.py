@@ -1,6 +1,6 @@
 """More pretraining, better downstream: encoder snapshots written during pretraining (pretrain.encoder_snapshots), each
 fine-tuned next to the final encoder, and the report's plot of downstream score against pretraining steps. Exact
-resume of the snapshots after a kill: tests/test_resume.py."""
+resume of the snapshots after a kill: tests/engine/test_resume.py."""
 from __future__ import annotations
 
 import json
