@@ -155,7 +155,7 @@ def test_the_harness_phase_runs_the_pipelines_pretrain_stage_without_ray_or_wand
     assert "skipped" not in out, out.get("skipped")
     bare, stage = out["rows"]
     assert bare["impl"] == "bare step of the stage's module"
-    assert stage["impl"] == "pipeline pretrain stage, trainer=cpu" and stage["timed_steps"] == 5
+    assert stage["impl"] == "pipeline bert_pretrain stage, trainer=cpu" and stage["timed_steps"] == 5
     assert stage["overhead_vs_bare"] == pytest.approx(stage["step_s"] / bare["step_s"] - 1)
     assert "stage summary: 8 steps" in stage["note"]
 
