@@ -30,7 +30,7 @@ def write_checkpoint(directory, heads: bool):
     return model, vocab
 
 
-def test_continued_pretraining_reads_with_the_checkpoints_tokenizer_and_starts_from_its_weights(tmp_path):
+def test_continued_pretraining_reads_with_the_checkpoints_tokenizer_and_starts_from_its_weights(tmp_path, ray_session):
     hf_model, vocab = write_checkpoint(tmp_path / "checkpoint", heads=True)
     cfg = tiny_config(tmp_path, [f"pretrain.init_from={tmp_path / 'checkpoint'}", "pretrain.max_steps=2",
                                  "pretrain.val_every_steps=2", "pipeline.stages=[bert_pretrain]"])
