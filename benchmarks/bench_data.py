@@ -66,9 +66,9 @@ def corpus_bytes(corpus: Path) -> int:
 def run_ours(corpus: str, workdir: str, tokenizer_file: str, workers: int, tokenize: bool) -> dict:
     import ray
 
-    from data_prep.prepare import prepare_corpus
-    from data_prep.shards import shard_paths
-    from data_prep.tokenize_shards import tokenize_shard, use_one_tokenizer_thread
+    from data_prep.corpus.prepare import prepare_corpus
+    from data_prep.corpus.shards import shard_paths
+    from data_prep.corpus.tokenize_shards import tokenize_shard, use_one_tokenizer_thread
 
     def tokenize_in_worker(*args) -> int:
         use_one_tokenizer_thread()
@@ -114,8 +114,8 @@ def run_hf(corpus: str, workdir: str, tokenizer_file: str) -> dict:
 
 
 def run_splitter(corpus: str) -> dict:
-    from data_prep.ingest import decode_book, split_paragraphs, strip_gutenberg_boilerplate
-    from data_prep.sentences import split_sentences
+    from data_prep.corpus.ingest import decode_book, split_paragraphs, strip_gutenberg_boilerplate
+    from data_prep.corpus.sentences import split_sentences
 
     books = []
     for path in sorted(Path(corpus).glob("**/*.txt")):
@@ -196,7 +196,7 @@ def make_scaled_corpus(corpus: Path, out: Path, copies: int) -> None:
 def train_tokenizer(corpus: Path, out: Path) -> str:
     """A WordPiece vocabulary (8000 pieces, the bert_tiny setting) from every 5th line of the corpus's first
     TOKENIZER_SAMPLE_BYTES."""
-    from data_prep.tokenizer import TOKENIZER_FILE, train_wordpiece
+    from data_prep.corpus.tokenizer import TOKENIZER_FILE, train_wordpiece
 
     lines, read = [], 0
     for path in sorted(corpus.glob("**/*.txt")):

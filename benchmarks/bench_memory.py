@@ -39,7 +39,7 @@ class FamilyRun:
 
 
 FAMILIES = {
-    "bert": FamilyRun("bert_tiny", "pretrain", "pretrain.batch_size"),
+    "bert": FamilyRun("bert_tiny", "bert_pretrain", "pretrain.batch_size"),
     "gpt": FamilyRun("gpt_tiny", "gpt_pretrain", "pretrain.batch_size"),
     "elmo": FamilyRun("elmo_small", "elmo_pretrain", "elmo.batch_size"),
     "skip_thought": FamilyRun("skip_thought_small", "skip_thought_pretrain", "pretrain.batch_size"),
@@ -60,7 +60,7 @@ def retained_growth_per_step(rows: list[tuple[int, float]], warmup: int,
 
 
 def run_family(family: str, batch_size: int, steps: int, precision: str, cache_dir: Path, runs_dir: Path) -> Path:
-    """Runs the family's pipeline up to its pretrain stage; returns the stage's memory.csv."""
+    """Runs the family's pipeline up to its pretraining stage; returns the stage's memory.csv."""
     run = FAMILIES[family]
     run_dir = runs_dir / f"{family}-b{batch_size}-{precision}"
     cmd = [sys.executable, "-m", "pipeline", f"+experiment={run.experiment}", f"pipeline.until={run.stage}",

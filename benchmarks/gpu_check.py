@@ -11,12 +11,12 @@ crashing part costs only its own row; what was skipped, and why, is printed and 
   bert              BERT-base pretraining step (MLM + NSP, phase-1 shape: seq 128, the largest batch up to 256 that
                     fits): ours against transformers' BertForPreTraining with SDPA attention, same batch, bf16
   gpt               GPT-small (124M, GPT-2's shape) step at seq 1024: ours against GPT2LMHeadModel with SDPA
-  harness           the pipeline's own `pretrain` stage (BERT-base, trainer=gpu) for a fixed number of steps: its
+  harness           the pipeline's own `bert_pretrain` stage (BERT-base, trainer=gpu) for a fixed number of steps: its
                     steady-state step time against the bare step of the same module and batch (harness overhead)
   decode            GPT-small greedy and beam-4 decoding, ours (models.generation) against HF `generate`
   bert_compile      ours with torch.compile (what trainer.compile=true does)
   gpt_compile       the same for GPT
-  harness_deepspeed the pretrain stage under trainer=deepspeed_stage_2
+  harness_deepspeed the bert_pretrain stage under trainer=deepspeed_stage_2
   elmo              ELMo biLM step at bilm-tf's shape (batch 128 x 20 tokens, 4096-cell LSTMs, sampled softmax)
   skip_thought      Skip-Thought step at the paper's shape (2400-d uni-skip, 20k vocabulary, batch 128 x 30)
 
@@ -474,7 +474,7 @@ def phase_skip_thought(ctx: PhaseContext) -> list[dict]:
     return [row(ctx, f"Skip-Thought ({size})", "ours", B, T, timing, 3 * sum(forward_flops(cfg, T, B).values()))]
 
 
-# The harness phases: the pipeline's `pretrain` stage, run as the engine runs it, on data made here without Ray
+# The harness phases: the pipeline's `bert_pretrain` stage, run as the engine runs it, on data made here without Ray
 # (the GPU machine has none; the data stages' own functions make it)
 
 CORPUS_WORDS = 40_000  # distinct words of the synthetic corpus: enough for a 30,522-piece WordPiece vocabulary
@@ -495,12 +495,12 @@ def harness_inputs(ctx: PhaseContext, cfg) -> dict[str, Path]:
     stages call (train_wordpiece, create_training_instances, write_instances)."""
     import random
 
-    from data_prep.bert_examples import create_training_instances, write_instances
-    from data_prep.tokenizer import load_tokenizer, train_wordpiece
+    from data_prep.corpus.tokenizer import load_tokenizer, train_wordpiece
+    from data_prep.examples.bert_examples import create_training_instances, write_instances
 
-    tokenizer_dir, examples_dir = ctx.work_dir / "tokenizer", ctx.work_dir / "examples"
+    tokenizer_dir, examples_dir = ctx.work_dir / "bert_tokenizer", ctx.work_dir / "bert_examples"
     if (examples_dir / "done").exists():
-        return {"tokenizer": tokenizer_dir, "examples": examples_dir}
+        return {"bert_tokenizer": tokenizer_dir, "bert_examples": examples_dir}
     rng = random.Random(0)
     n_books, per_book = (8, 60) if ctx.quick else (40, 600)
     books = synthetic_books(rng, n_books, per_book)
@@ -515,7 +515,7 @@ def harness_inputs(ctx: PhaseContext, cfg) -> dict[str, Path]:
     (examples_dir / "done").touch()
     print(f"  harness data: {len(instances)} instances, vocabulary {load_tokenizer(tokenizer_dir).get_vocab_size()}"
           f", in {time.perf_counter() - started:.0f} s", flush=True)
-    return {"tokenizer": tokenizer_dir, "examples": examples_dir}
+    return {"bert_tokenizer": tokenizer_dir, "bert_examples": examples_dir}
 
 
 def harness_config(ctx: PhaseContext, trainer: list[str], run_dir: Path, clock_path: Path):
@@ -565,7 +565,7 @@ class StepClock(L.Callback):
 
 
 def run_harness(ctx: PhaseContext, trainer: list[str], label: str) -> list[dict]:
-    """The pretrain stage's function under `trainer` (the harness: Trainer, callbacks, checkpoints, validation,
+    """The bert_pretrain stage's function under `trainer` (the harness: Trainer, callbacks, checkpoints, validation,
     outputs), called as the engine calls it, and its steady-state step time."""
     from pipeline.engine.dag import StageContext, plain_config
     from pipeline.stages import STAGES
@@ -576,14 +576,14 @@ def run_harness(ctx: PhaseContext, trainer: list[str], label: str) -> list[dict]
     inputs = harness_inputs(ctx, cfg)
     s = ctx.sizes
     seq = cfg.examples.max_seq_length
-    out_dir = run_dir / "pretrain"
+    out_dir = run_dir / "bert_pretrain"
     out_dir.mkdir()
-    summary = STAGES["pretrain"].fn(StageContext(plain_config(cfg), "pretrain", out_dir, inputs))
+    summary = STAGES["bert_pretrain"].fn(StageContext(plain_config(cfg), "bert_pretrain", out_dir, inputs))
     measured = json.loads(clock.read_text())
     step_s = measured["seconds"] / measured["steps"]
     timing = {"step_s": step_s, "timed_steps": measured["steps"], "first_step_s": None}
     rows = [row(ctx, "BERT-base" if s.harness_experiment == "bert_base" else s.harness_experiment,
-                f"pipeline pretrain stage, {label}", s.harness_batch, seq, timing, None,
+                f"pipeline bert_pretrain stage, {label}", s.harness_batch, seq, timing, None,
                 note=f"stage summary: {summary['steps']} steps, precision {summary['precision']}, "
                      f"{summary['seconds']} s with start-up and validation")]
     return rows
@@ -599,8 +599,8 @@ def bare_step(ctx: PhaseContext, cfg_trainer: list[str]) -> dict:
     run_dir = Path(tempfile.mkdtemp(dir=ctx.work_dir, prefix="bare"))
     cfg = harness_config(ctx, cfg_trainer, run_dir, run_dir / "unused.json")
     inputs = harness_inputs(ctx, cfg)
-    stage_ctx = StageContext(plain_config(cfg), "pretrain", run_dir, inputs)
-    task = PRETRAINING["pretrain"]
+    stage_ctx = StageContext(plain_config(cfg), "bert_pretrain", run_dir, inputs)
+    task = PRETRAINING["bert_pretrain"]
     module = task.build_module(stage_ctx).to(ctx.device).train()
     data = task.data(stage_ctx, module, 0, 1)
     batch = {k: v.to(ctx.device) for k, v in next(iter(data.train_loader)).items()}

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data_prep.ingest import strip_gutenberg_boilerplate  # noqa: E402
+from data_prep.corpus.ingest import strip_gutenberg_boilerplate  # noqa: E402
 
 # A real book of this collection is ~0.6 MB (66 MB / 108); synthetic books are about that size.
 DEFAULT_BOOK_BYTES = 600_000

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data_prep.tokenizer import MASK_ID, PAD_ID, SPECIAL_TOKENS, load_tokenizer  # noqa: E402
+from data_prep.corpus.tokenizer import MASK_ID, PAD_ID, SPECIAL_TOKENS, load_tokenizer  # noqa: E402
 from models.bert import BertForPreTraining, bert_config  # noqa: E402
 from pipeline.bert.data import BertPretrainingCollator, PretrainingInstances  # noqa: E402
 from pipeline.bert.module import bert_pretraining_losses  # noqa: E402

@@ -37,7 +37,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data_prep.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID, encode_batch_ids, load_tokenizer  # noqa: E402
+from data_prep.corpus.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID, encode_batch_ids, load_tokenizer  # noqa: E402
 from models.bert import BertForPreTraining, load_pretrained  # noqa: E402
 from models.checkpoint import random_twin  # noqa: E402
 from pipeline.bert.pretrain import HEADS_FILE  # noqa: E402

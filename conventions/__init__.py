@@ -1,5 +1,5 @@
 """What the data functions write and the models read, defined once where both may import it: data_prep/ knows no model
-and models/ no data function (tests/test_layering.py), and this package imports neither, nor torch.
+and models/ no data function (tests/run/test_layering.py), and this package imports neither, nor torch.
 
 IGNORE_INDEX, here; ELMo's word split and special words (elmo_words.py)."""
 

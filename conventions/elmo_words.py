@@ -1,5 +1,6 @@
 """ELMo's words, without torch: the split of text into words and the sentence markers every vocabulary starts with.
-models/elmo.py encodes text with them and data_prep/elmo_examples.py counts and streams words with them; its Ray
+models/elmo.py encodes text with them and data_prep/examples/elmo_examples.py counts and streams words with them; its
+Ray
 workers import them alone, so that counting a shard's words never loads torch."""
 from tokenizers import pre_tokenizers
 

@@ -250,7 +250,7 @@ class SkipThoughts(nn.Module):
     def encode_embedded(self, embedded: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Sentence vectors from word vectors: embedded (B, T, E), lengths (B,) -> (B, D).
 
-        For vocabulary expansion (data_prep.word_vectors), where words the encoder never saw get vectors mapped
+        For vocabulary expansion (data_prep.corpus.word_vectors), where words the encoder never saw get vectors mapped
         from a larger word-vector space instead of a row of `self.embedding`."""
         return self.encoder(embedded.transpose(0, 1), lengths)
 

@@ -8,7 +8,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from pipeline import CONF_DIR
-from pipeline.config import check_overrides_into_null_blocks, check_whole_map_overrides
+from pipeline.config import check_overrides_into_null_blocks, check_renamed_names, check_whole_map_overrides
 from pipeline.runner import finetune_objective, run_pipeline  # registers the config schema (pipeline/config.py)
 
 
@@ -29,6 +29,7 @@ def _compose(overrides: list[str]) -> DictConfig:
 
 if __name__ == "__main__":
     overrides = [a for a in sys.argv[1:] if "=" in a and not a.startswith("-")]
+    check_renamed_names(overrides)
     check_overrides_into_null_blocks(overrides, _compose)
     check_whole_map_overrides(overrides, _compose)
     main()

@@ -183,6 +183,32 @@ def map_keys(schema: type | None = None, prefix: str = "") -> list[str]:
     return found
 
 
+# Names an earlier version used, -> what they are now: BERT's stages and fine-tune kinds carry the family's name, as
+# every other family's do (issue 38). An old name fails before composition with the new one (`check_renamed_names`).
+RENAMED_STAGES = {"tokenizer": "bert_tokenizer", "examples": "bert_examples", "examples_phase2": "bert_examples_phase2",
+                  "pretrain": "bert_pretrain", "pretrain_phase2": "bert_pretrain_phase2",
+                  "piece_vectors": "bert_piece_vectors"}
+RENAMED_KINDS = {"pretrained": "bert", "random_init": "bert_random", "external": "bert_external"}
+RENAMED = {"pipeline.stages": ("stage", RENAMED_STAGES), "pipeline.until": ("stage", RENAMED_STAGES),
+           "pipeline.force": ("stage", RENAMED_STAGES), "finetune.models": ("finetune.models kind", RENAMED_KINDS)}
+
+
+def check_renamed_names(overrides: list[str]) -> None:
+    """Refuse an old stage or fine-tune kind name on the command line, naming the new one: Hydra's own message
+    ("Invalid value 'pretrain', expected one of [...]") lists every name without saying which one was meant."""
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key not in RENAMED:
+            continue
+        what, renamed = RENAMED[key]
+        names = [v.strip().strip("'\"") for v in value.strip().strip("[]").split(",")]
+        old = [name for name in names if name in renamed]
+        if old:
+            now = "[" * ("[" in value) + ",".join(renamed.get(n, n) for n in names) + "]" * ("[" in value)
+            raise SystemExit(f"error: {override}: " + "; ".join(f"{what} {n!r} is now {renamed[n]!r}" for n in old)
+                             + f"; write {key}={now} (BERT's names carry the family's, as every family's do)")
+
+
 def check_whole_map_overrides(overrides: list[str], compose: Callable[[list[str]], DictConfig]) -> None:
     """Refuse `senteval.tasks={SUBJ: {...}}`, naming the overrides that do what it means: Hydra merges a whole map
     given on the command line into the names already there instead of replacing them, and refuses a new name in it

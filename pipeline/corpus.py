@@ -1,5 +1,6 @@
 """The stage every family starts from: the corpus (the configured directory of books, or a built-in one) cleaned,
-deduplicated, decontaminated against the run's evaluation text and split into sentence shards (data_prep/prepare.py).
+deduplicated, decontaminated against the run's evaluation text and split into sentence shards
+(data_prep/corpus/prepare.py).
 """
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from data_prep.builtin import BUILTIN_CORPORA
-from data_prep.decontaminate import EvaluationOverlap
-from data_prep.dedup import NearDuplicateOptions
-from data_prep.prepare import prepare_corpus
-from data_prep.sentences import default_splitter, splitter_identity
-from data_prep.shards import MANIFEST_NAME
+from data_prep.corpus.builtin import BUILTIN_CORPORA
+from data_prep.corpus.decontaminate import EvaluationOverlap
+from data_prep.corpus.dedup import NearDuplicateOptions
+from data_prep.corpus.prepare import prepare_corpus
+from data_prep.corpus.sentences import default_splitter, splitter_identity
+from data_prep.corpus.shards import MANIFEST_NAME
 from pipeline.downstream.task_data import evaluation_texts as task_evaluation_texts
 from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fingerprint, task_names
 from pipeline.engine.dag import Stage, StageContext, files_fingerprint
@@ -143,7 +144,8 @@ def _evaluation_fingerprint(cfg: DictConfig) -> str:
 
 def _prepare_fingerprint(cfg: DictConfig) -> str:
     """The corpus, the evaluation text it is decontaminated against, and for raw text the sentence splitter this
-    machine runs: blingfire and its aarch64 stand-in split some sentences differently (data_prep/sentences.py), so an
+    machine runs: blingfire and its aarch64 stand-in split some sentences differently (data_prep/corpus/sentences.py),
+    so an
     x86-64 run's shards are not an aarch64 run's."""
     key = f"{_corpus_fingerprint(cfg)} decontaminated against {_evaluation_fingerprint(cfg)}"
     if cfg.data.input_format != "raw":

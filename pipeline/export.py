@@ -27,7 +27,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from safetensors import safe_open
 
-from data_prep.shards import MANIFEST_NAME
+from data_prep.corpus.shards import MANIFEST_NAME
 from models.hf import bert, elmo, gpt, skip_thought
 from pipeline.downstream.finetune import BASELINES, MODEL_KINDS, is_snapshot
 from pipeline.engine.dag import resolve_upstream

@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
-from data_prep.prepare import manifest_summary
+from data_prep.corpus.prepare import manifest_summary
 from pipeline.config import check_declared_keys
 from pipeline.downstream.finetune import (
     FINETUNE,
+    MODEL_KINDS,
     check_task_files,
     finetune_seeds,
     headline_results,
@@ -96,8 +97,8 @@ def absolute_paths(cfg: DictConfig) -> None:
 
 
 def warn_of_an_until_outside_the_run(cfg: DictConfig, stages: dict, in_run: list[str]) -> None:
-    """pipeline.until names a stage this run's stages do not include (another family's: `pretrain` is BERT's, and
-    `+experiment=gpt_tiny pipeline.until=pretrain` ran without a word what the two share, the corpus): say so."""
+    """pipeline.until names a stage this run's stages do not include (another family's: `bert_pretrain` is BERT's, and
+    `+experiment=gpt_tiny pipeline.until=bert_pretrain` ran without a word what the two share, the corpus): say so."""
     until = cfg.pipeline.until
     run_stages = select_stages(stages, list(cfg.pipeline.stages), None)
     if not until or until in run_stages:
@@ -130,12 +131,14 @@ def init_ray(cfg: DictConfig) -> None:
 
 
 def finetune_objective(run_dir: Path) -> float | None:
-    """The pretrained encoder's fine-tuning dev score, averaged over the tasks (each on its main metric, the first
-    one the task reports): what a sweep over finetune.* maximises (conf/sweep/). None when the run has no finetune."""
+    """The pretrained encoders' fine-tuning dev score (the kinds with a random-init twin: `bert`, `gpt`, ...),
+    averaged over the tasks (each on its main metric, the first one the task reports): what a sweep over finetune.*
+    maximises (conf/sweep/). None when the run has no finetune."""
     results = run_dir / "finetune" / "results.json"
     if not results.is_file():
         return None
-    rows = [r for r in headline_results(json.loads(results.read_text())) if r["model"] == "pretrained"]
+    rows = [r for r in headline_results(json.loads(results.read_text()))
+            if r["model"] in MODEL_KINDS and MODEL_KINDS[r["model"]].random_twin]
     main_metric = {}
     for row in rows:
         main_metric.setdefault(row["task"], row["metric"])

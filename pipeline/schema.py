@@ -18,8 +18,8 @@ from typing import Any, Optional, get_type_hints
 
 from omegaconf import MISSING
 
-from data_prep.builtin import BUILTIN_CORPORA
-from data_prep.chinese import CHINESE_VARIANTS, CHINESE_WORDS
+from data_prep.corpus.builtin import BUILTIN_CORPORA
+from data_prep.corpus.chinese import CHINESE_VARIANTS, CHINESE_WORDS
 from pipeline.engine.optim import LR_DECAYS, PRETRAIN_OPTIMIZERS
 from pipeline.evaluation.senteval import PAIR_FEATURES
 

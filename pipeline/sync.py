@@ -2,7 +2,7 @@
 
 Offline runs (the default) log their outputs as artifacts but W&B refuses `use_artifact` offline, so the engine
 writes the edges to `<run_dir>/wandb_lineage.jsonl`; once the runs exist on the server, they are declared through
-the public API and W&B shows the lineage graph prepare → tokenizer → … → report."""
+the public API and W&B shows the lineage graph prepare → bert_tokenizer → … → report."""
 from __future__ import annotations
 
 import argparse

@@ -25,7 +25,7 @@ ENDINGS = ["at night", "in the morning", "without a word", "before the storm", "
 
 def start_session_ray() -> None:
     """The local Ray that the tests of one pytest session share (the ray_session fixture; restarted by a test that had
-    to leave it, tests/test_multinode.py)."""
+    to leave it, tests/engine/test_multinode.py)."""
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -110,7 +110,7 @@ class TinyFamily:
 
 
 TINY_FAMILIES = {
-    "bert": TinyFamily("bert_tiny", "pretrain", ("prepare", "tokenizer", "examples")),
+    "bert": TinyFamily("bert_tiny", "bert_pretrain", ("prepare", "bert_tokenizer", "bert_examples")),
     # the sampled softmax: its gradient is sparse
     "elmo": TinyFamily("elmo_small", "elmo_pretrain", ("prepare", "elmo_vocab", "elmo_streams"), (
         "elmo.vocab_size=200", "elmo.min_count=1", "elmo.batch_size=4", "elmo.window=8",

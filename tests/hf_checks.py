@@ -1,6 +1,6 @@
-"""What tests/test_hf_export.py and tests/test_hf_pipeline.py share: loading exported HuggingFace directories in one
-fresh process that cannot import this repository (tests/hf_fresh_process.py), and comparing what it gives with our own
-models: outputs within TOL in fp32, the tokenizers' ids equal to the pipeline's."""
+"""What tests/run/test_hf_export.py and tests/run/test_hf_pipeline.py share: loading exported HuggingFace
+directories in one fresh process that cannot import this repository (tests/hf_fresh_process.py), and comparing what it
+gives with our own models: outputs within TOL in fp32, the tokenizers' ids equal to the pipeline's."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ import yaml
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from data_prep.skip_thought_examples import EOS_ID
+from data_prep.examples.skip_thought_examples import EOS_ID
 from models.bert import BertForPreTraining, load_pretrained
 from models.elmo import BiLanguageModel, ElmoEmbedder
 from models.skip_thought import SkipThoughts

@@ -1,5 +1,5 @@
 """Loads exported HuggingFace directories as a user of them does, on a machine without this project: run by
-tests/test_hf_export.py as `python -I tests/hf_fresh_process.py REPO CASES OUT` from an empty directory, so that
+tests/run/test_hf_export.py as `python -I tests/hf_fresh_process.py REPO CASES OUT` from an empty directory, so that
 neither the working directory nor PYTHONPATH puts the repository on sys.path, and with any import of the project's
 packages refused (the editable install would find them otherwise). Each case (a JSON list in CASES) names a directory,
 the Auto classes to load it with, and texts for its tokenizer or token ids to feed; what the models and tokenizers give

@@ -1,6 +1,6 @@
 """Skip-Thought's encoder (models/skip_thought.py) as a HuggingFace directory: modeling_textrep_skip_thought.py beside
 the word embeddings and the encoder's GRU weights. The decoders that trained it are left out: the directory computes
-Skip-Thought vectors. Its tokenizer is data_prep's (data_prep/skip_thought_examples.py save_hf_tokenizer)."""
+Skip-Thought vectors. Its tokenizer is data_prep's (data_prep/examples/skip_thought_examples.py save_hf_tokenizer)."""
 from __future__ import annotations
 
 from pathlib import Path

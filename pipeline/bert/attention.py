@@ -36,7 +36,7 @@ def attention_matrix(encoder_dir: Path, tokenizer_dir: Path, request: AttentionR
     (no dropout)."""
     import torch
 
-    from data_prep.tokenizer import load_tokenizer
+    from data_prep.corpus.tokenizer import load_tokenizer
     from models.bert import load_pretrained
 
     model = load_pretrained(encoder_dir).eval()
@@ -73,14 +73,14 @@ def report_upstream(cfg: DictConfig) -> tuple[str, ...]:
     """The heat-map runs the pretrained BERT on a sentence: it reads that BERT's encoder and tokenizer."""
     if _attention_request(cfg) is None or encoder_stage(cfg) not in cfg.pipeline.stages:
         return ()
-    return "tokenizer", encoder_stage(cfg)
+    return "bert_tokenizer", encoder_stage(cfg)
 
 
 def report_section(cfg: DictConfig, stage_dirs: dict[str, Path], out: Path, figures: dict[str, Path]) -> list[str]:
     request = _attention_request(cfg)
     if request is None or not report_upstream(cfg):
         return []
-    heat = attention_matrix(stage_dirs[encoder_stage(cfg)] / "encoder", stage_dirs["tokenizer"], request)
+    heat = attention_matrix(stage_dirs[encoder_stage(cfg)] / "encoder", stage_dirs["bert_tokenizer"], request)
     where = f"layer {heat.layer} of {heat.num_layers} (0-based), head {heat.head}"
     figures["attention_plot"] = out / "attention.png"
     font = font_for("".join(heat.tokens), cfg.paths.cache_dir)

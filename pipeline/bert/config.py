@@ -9,7 +9,7 @@ from typing import Optional
 
 from omegaconf import MISSING
 
-from data_prep.bert_examples import PACKINGS
+from data_prep.examples.bert_examples import PACKINGS
 from pipeline.bert.encoder import BERT_POOLINGS
 from pipeline.bert.module import PRETRAINING_OBJECTIVES
 from pipeline.schema import PretrainConfig, override_block
@@ -18,7 +18,7 @@ Objective = StrEnum("Objective", {name: name for name in PRETRAINING_OBJECTIVES}
 Pooling = StrEnum("Pooling", {name: name for name in BERT_POOLINGS}, module=__name__)
 Packing = StrEnum("Packing", {name: name for name in PACKINGS}, module=__name__)
 # pretrain.init_embeddings: where the word embeddings start, random (the model's initialiser) or word2vec (the
-# piece_vectors stage)
+# bert_piece_vectors stage)
 InitEmbeddings = StrEnum("InitEmbeddings", {name: name for name in ("random", "word2vec")}, module=__name__)
 
 
@@ -70,11 +70,12 @@ class BertPretrainConfig:
     freeze_embeddings: bool = MISSING
 
 
-# The `pretrain_phase2` block. BERT's phase 2 (Devlin et al. 2019, §A.2), run when pipeline.stages has pretrain_phase2
-# (bert_base does): stage examples_phase2 builds instances at max_seq_length, then pretrain_phase2 continues pretrain's
-# final weights (encoder and MLM/NSP heads) with a fresh optimizer and schedule, so the positions past phase 1's length
-# get trained; finetune, evaluate and report then use its encoder. Every `pretrain` key is also a key here, null where
-# phase 2 keeps pretrain's value (pipeline/bert/pretrain.py Phase.settings): pretrain_phase2.accumulate_grad_batches=4.
+# The `pretrain_phase2` block. BERT's phase 2 (Devlin et al. 2019, §A.2), run when pipeline.stages has
+# bert_pretrain_phase2 (bert_base does): stage bert_examples_phase2 builds instances at max_seq_length, then
+# bert_pretrain_phase2 continues bert_pretrain's final weights (encoder and MLM/NSP heads) with a fresh optimizer and
+# schedule, so the positions past phase 1's length get trained; finetune, evaluate and report then use its encoder.
+# Every `pretrain` key is also a key here, null where phase 2 keeps pretrain's value (pipeline/bert/pretrain.py
+# Phase.settings): pretrain_phase2.accumulate_grad_batches=4.
 PHASE_2_DEFAULTS = {
     "max_steps": 100,  # google-research/bert: the last 10 % of the steps
     "batch_size": 8,  # pretrain's tokens per batch (32 x 128) at length 512

@@ -1,5 +1,5 @@
-"""BERT's datasets: pretraining instances over the examples stage's Arrow files, masked batch by batch with a seed of
-their own (resumable), and downstream sentence (pair) tasks encoded with the model's tokenizer."""
+"""BERT's datasets: pretraining instances over the bert_examples stage's Arrow files, masked batch by batch with a
+seed of their own (resumable), and downstream sentence (pair) tasks encoded with the model's tokenizer."""
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
@@ -9,7 +9,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 
-from data_prep.bert_examples import MASK_FRACTION, RANDOM_FRACTION
+from data_prep.examples.bert_examples import MASK_FRACTION, RANDOM_FRACTION
 from models import IGNORE_INDEX
 from pipeline.engine.loaders import ArrowRows
 
@@ -29,7 +29,7 @@ class BertPretrainingCollator:
     model gather the P hidden states and run the vocabulary projection only there (as run_pretraining.py's
     gather_indexes does), instead of over all T.
 
-    ``continuation`` (a bool per vocabulary id, True for a "##" piece; data_prep.bert_examples'
+    ``continuation`` (a bool per vocabulary id, True for a "##" piece; data_prep.examples.bert_examples'
     continuation_mask_from_vocab) turns on whole-word masking (Devlin et al.'s 2019 update of the released models;
     seed 003): the pieces of a word are chosen together, words in random order until the next would overshoot the
     count, so a masked piece cannot be read off the rest of its word ("un ##believ [MASK]").

@@ -13,10 +13,9 @@ import numpy as np
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from data_prep.bert_examples import create_training_instances, write_instances
-from data_prep.shards import sampled_texts, shard_paths
-from data_prep.tokenize_shards import encode_by_word, use_one_tokenizer_thread
-from data_prep.tokenizer import (
+from data_prep.corpus.shards import sampled_texts, shard_paths
+from data_prep.corpus.tokenize_shards import encode_by_word, use_one_tokenizer_thread
+from data_prep.corpus.tokenizer import (
     UNKNOWN_RATE_SENTENCES,
     WORDPIECE_UNKNOWN_RATE_WARNING,
     checkpoint_tokenizer,
@@ -26,6 +25,7 @@ from data_prep.tokenizer import (
     unknown_rate_summary,
     unknown_tokens,
 )
+from data_prep.examples.bert_examples import create_training_instances, write_instances
 from pipeline.corpus import require_books
 from pipeline.downstream.word2vec import train_word2vec
 from pipeline.engine.arrow import read_arrow
@@ -45,7 +45,7 @@ def tokenizer(ctx: StageContext) -> dict:
     else:
         # Streamed from the memory map: the trainer never holds the corpus as Python strings.
         num_sentences, sentences = sampled_texts(ctx.stage_dir("prepare"), tok_cfg.max_sentences)
-        tok = train_wordpiece(sentences, ctx.stage_dir("tokenizer"), vocab_size=tok_cfg.vocab_size,
+        tok = train_wordpiece(sentences, ctx.stage_dir("bert_tokenizer"), vocab_size=tok_cfg.vocab_size,
                               min_frequency=tok_cfg.min_frequency, lowercase=tok_cfg.lowercase,
                               limit_alphabet=tok_cfg.limit_alphabet)
         summary = {"sentences": num_sentences,
@@ -62,7 +62,7 @@ def piece_vectors(ctx: StageContext) -> dict:
     pretrain.init_embeddings=word2vec starts the word embeddings from. Skip-gram's ~10^4 FLOPs per token place the
     pieces by their contexts in a fraction of the time masked LM needs per token (docs/pretraining_recipes.md)."""
     started = time.perf_counter()
-    tok = load_tokenizer(ctx.stage_dir("tokenizer"))
+    tok = load_tokenizer(ctx.stage_dir("bert_tokenizer"))
     hidden_size = instantiate(ctx.cfg.model.config, vocab_size=tok.get_vocab_size()).hidden_size
     with tempfile.TemporaryDirectory(dir=ctx.out_dir) as scratch:
         corpus = Path(scratch) / "pieces.txt"
@@ -116,8 +116,8 @@ def build_shard_examples(index: int, shard_and_neighbour: tuple[Path, Path], tok
 
 
 def examples(ctx: StageContext, length_key: str) -> dict:
-    """Sentence-pair instances at the sequence length configured under `length_key` (`examples` at phase 1's,
-    `examples_phase2` at phase 2's), built from the same shards and tokenizer with the `examples` settings."""
+    """Sentence-pair instances at the sequence length configured under `length_key` (`bert_examples` at phase 1's,
+    `bert_examples_phase2` at phase 2's), built from the same shards and tokenizer with the `examples` settings."""
     require_books(ctx.stage_dir("prepare"), 2, "BERT's sentence pairs take a random next sentence from another book")
     shards = shard_paths(ctx.stage_dir("prepare"))
     ex = ctx.cfg.examples
@@ -125,6 +125,6 @@ def examples(ctx: StageContext, length_key: str) -> dict:
     # Each task gets its neighbour's path, not the list of all shards: that list in every task's arguments made the
     # arguments grow as shards squared (3,449 shards at 2 GB of books: 345 KB per task, 515 MB in Ray's object store).
     neighbours = list(zip(shards, [*shards[1:], *shards[:1]]))
-    counts = ctx.map_shards(build_shard_examples, neighbours, ctx.stage_dir("tokenizer"), ctx.out_dir,
+    counts = ctx.map_shards(build_shard_examples, neighbours, ctx.stage_dir("bert_tokenizer"), ctx.out_dir,
                             max_seq_length, ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed, ex.packing)
     return {"instances": int(sum(counts)), "files": len(counts), "max_seq_length": max_seq_length}

@@ -1,9 +1,8 @@
 """BERT fine-tuned end to end on the downstream tasks (Devlin et al. 2019, §4; seed 003): each task encoded with the
-model's tokenizer, a task head on the encoder. Three kinds of `finetune.models`: `pretrained` (this run's encoder, of
-its last pretraining phase), `random_init` (the same architecture untrained: what pretraining must beat; fine-tuned
-with `pretrained` unless finetune.random_twins=false) and `external` (`finetune.external_encoder`, an HF BERT
-directory). `pretrained` is also fine-tuned from each encoder snapshot of that phase (pretrain.encoder_snapshots), as
-`pretrained@<step>`."""
+model's tokenizer, a task head on the encoder. Three kinds of `finetune.models`: `bert` (this run's encoder, of its
+last pretraining phase), `bert_random` (the same architecture untrained: what pretraining must beat; fine-tuned with
+`bert` unless finetune.random_twins=false) and `bert_external` (`finetune.external_encoder`, an HF BERT directory).
+`bert` is also fine-tuned from each encoder snapshot of that phase (pretrain.encoder_snapshots), as `bert@<step>`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -13,9 +12,9 @@ from pathlib import Path
 from omegaconf import DictConfig
 from torch import nn
 
-from data_prep.conll import encode_tagged_sentences
-from data_prep.squad import read_squad, squad_features
-from data_prep.tokenizer import checkpoint_tokenizer, load_tokenizer
+from data_prep.corpus.tokenizer import checkpoint_tokenizer, load_tokenizer
+from data_prep.tasks.conll import encode_tagged_sentences
+from data_prep.tasks.squad import read_squad, squad_features
 from models.bert import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
@@ -66,7 +65,7 @@ class BertTaskModels:
 
 def _this_run(pretrained: bool):
     def load(ctx: StageContext) -> BertTaskModels:
-        tokenizer_dir = ctx.stage_dir("tokenizer")
+        tokenizer_dir = ctx.stage_dir("bert_tokenizer")
         return BertTaskModels(ctx.stage_dir(encoder_stage(ctx.cfg)) / "encoder", load_tokenizer(tokenizer_dir),
                               str(tokenizer_dir), pretrained, ctx.cfg.finetune.get("dropout"))
     return load
@@ -75,7 +74,7 @@ def _this_run(pretrained: bool):
 def _external(ctx: StageContext) -> BertTaskModels:
     f = ctx.cfg.finetune
     if not f.external_encoder:
-        raise ValueError("finetune.models has external but finetune.external_encoder is not set; pass the "
+        raise ValueError("finetune.models has bert_external but finetune.external_encoder is not set; pass the "
                          "directory of an HF BERT (config.json, weights and tokenizer files)")
     path = Path(f.external_encoder).expanduser()
     return BertTaskModels(path, external_tokenizer(path), str(path), dropout=f.get("dropout"))
@@ -87,13 +86,13 @@ def _external_files(cfg: DictConfig) -> str:
 
 
 def _this_run_stages(cfg: DictConfig) -> tuple[str, ...]:
-    return "tokenizer", encoder_stage(cfg)
+    return "bert_tokenizer", encoder_stage(cfg)
 
 
-FINETUNE_KINDS = {"pretrained": FinetuneKind(_this_run_stages, _this_run(pretrained=True),
-                                             pretraining_stage=encoder_stage, random_twin="random_init"),
-                  "random_init": FinetuneKind(_this_run_stages, _this_run(pretrained=False)),
-                  "external": FinetuneKind(lambda cfg: (), _external, fingerprint=_external_files)}
+FINETUNE_KINDS = {"bert": FinetuneKind(_this_run_stages, _this_run(pretrained=True), pretraining_stage=encoder_stage,
+                                       random_twin="bert_random"),
+                  "bert_random": FinetuneKind(_this_run_stages, _this_run(pretrained=False)),
+                  "bert_external": FinetuneKind(lambda cfg: (), _external, fingerprint=_external_files)}
 
 
 def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, max_train_examples: int | None,

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from data_prep.tokenizer import CLS_TOKEN, PAD_TOKEN, SEP_TOKEN, encode_batch_ids
+from data_prep.corpus.tokenizer import CLS_TOKEN, PAD_TOKEN, SEP_TOKEN, encode_batch_ids
 from pipeline.bert.pretrain import encoder_stage
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec
@@ -36,9 +36,9 @@ class BertEncoder:
     @classmethod
     def from_directories(cls, encoder_dir, tokenizer_dir, random_init_seed: int | None = None,
                          **kwargs) -> "BertEncoder":
-        """From a pretrain stage's encoder/ (or a HuggingFace BERT directory) and a tokenizer stage's directory; with
-        `random_init_seed`, its architecture freshly initialised instead of its weights."""
-        from data_prep.tokenizer import load_tokenizer
+        """From a bert_pretrain stage's encoder/ (or a HuggingFace BERT directory) and a bert_tokenizer stage's
+        directory; with `random_init_seed`, its architecture freshly initialised instead of its weights."""
+        from data_prep.corpus.tokenizer import load_tokenizer
         from models.bert import load_pretrained
         from models.checkpoint import random_twin
 
@@ -72,13 +72,13 @@ class BertEncoder:
 
 
 def _encoder_stages(cfg: DictConfig) -> tuple[str, ...]:
-    return "tokenizer", encoder_stage(cfg)
+    return "bert_tokenizer", encoder_stage(cfg)
 
 
 def _this_run(pooling: str, random_init: bool = False) -> EncoderSpec:
     def build(ctx: StageContext) -> BertEncoder:
         return BertEncoder.from_directories(ctx.stage_dir(encoder_stage(ctx.cfg)) / "encoder",
-                                            ctx.stage_dir("tokenizer"), pooling=pooling,
+                                            ctx.stage_dir("bert_tokenizer"), pooling=pooling,
                                             random_init_seed=ctx.cfg.seed if random_init else None,
                                             name=f"bert_{pooling}" + ("_random" if random_init else ""))
     return EncoderSpec(_encoder_stages, build, random_twin=None if random_init else f"bert_{pooling}_random")

@@ -1,7 +1,7 @@
 """BERT (Devlin et al. 2019): its data and two-phase pretraining stages, frozen encoders for `evaluate`, end-to-end
 fine-tuning, and the attention heat-map in the report."""
-from data_prep.bert_examples import NUM_SPECIAL_TOKENS_IN_PAIR
-from data_prep.tokenizer import SPECIAL_TOKENS
+from data_prep.corpus.tokenizer import SPECIAL_TOKENS
+from data_prep.examples.bert_examples import NUM_SPECIAL_TOKENS_IN_PAIR
 from pipeline.bert import attention
 from pipeline.bert.config import CONFIG
 from pipeline.bert.downstream import FINETUNE_KINDS
@@ -12,7 +12,7 @@ from pipeline.engine.family import Family
 from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, RATE, Number
 
 # The shortest sentence pair: [CLS] a [SEP] b [SEP], a token on each side (google-research/bert's
-# create_instances_from_document needs two); a shorter examples.max_seq_length failed in the examples stage.
+# create_instances_from_document needs two); a shorter examples.max_seq_length failed in the bert_examples stage.
 MIN_PAIR_LENGTH = NUM_SPECIAL_TOKENS_IN_PAIR + 2
 PAIR_LENGTH = Number(int, MIN_PAIR_LENGTH, why="[CLS] a [SEP] b [SEP] with a token on each side")
 
@@ -20,7 +20,7 @@ FAMILY = Family("bert", stages=BERT_STAGES, pretraining_stages=tuple(p.stage for
                 finetune_kinds=FINETUNE_KINDS, report_upstream=attention.report_upstream,
                 report_section=attention.report_section, validate=validate, config=CONFIG, numbers={
                     "tokenizer.vocab_size": Number(int, len(SPECIAL_TOKENS) + 1, why=(
-                        f"{len(SPECIAL_TOKENS)} special tokens and at least one word piece; the tokenizer stage "
+                        f"{len(SPECIAL_TOKENS)} special tokens and at least one word piece; the bert_tokenizer stage "
                         "refuses a vocabulary too small for the corpus's characters")),
                     "tokenizer.max_sentences": Number(int, 1, nullable=True),
                     "examples.max_seq_length": PAIR_LENGTH,

@@ -1,6 +1,6 @@
 """The BERT pretraining stages: masked LM + next sentence prediction over an examples stage's Arrow files, in
-BERT's two phases (Devlin et al. 2019, §A.2): `pretrain` at length 128 from random initialisation, then, when the run
-has it, `pretrain_phase2` at length 512 from phase 1's final weights. One code path trains both (`Phase`).
+BERT's two phases (Devlin et al. 2019, §A.2): `bert_pretrain` at length 128 from random initialisation, then, when the
+run has it, `bert_pretrain_phase2` at length 512 from phase 1's final weights. One code path trains both (`Phase`).
 
 Both phases train on the pretraining harness (pipeline/engine/pretraining.py: checkpoints, exact resume, DDP and
 DeepSpeed); `BertPretraining` is what BERT supplies to it. Each phase writes its encoder in our format (`encoder/`) and
@@ -22,8 +22,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
-from data_prep.bert_examples import continuation_mask_from_vocab
-from data_prep.tokenizer import SPECIAL_TOKENS, load_tokenizer, save_hf_tokenizer
+from data_prep.corpus.tokenizer import SPECIAL_TOKENS, load_tokenizer, save_hf_tokenizer
+from data_prep.examples.bert_examples import continuation_mask_from_vocab
 from models import IGNORE_INDEX
 from models.bert import (
     BertConfig,
@@ -86,9 +86,9 @@ class Phase:
         return length
 
 
-PHASES = (Phase("pretrain", "examples", "examples.max_seq_length", ("pretrain",)),
-          Phase("pretrain_phase2", "examples_phase2", "pretrain_phase2.max_seq_length",
-                ("pretrain", "pretrain_phase2"), init_from="pretrain"))
+PHASES = (Phase("bert_pretrain", "bert_examples", "examples.max_seq_length", ("pretrain",)),
+          Phase("bert_pretrain_phase2", "bert_examples_phase2", "pretrain_phase2.max_seq_length",
+                ("pretrain", "pretrain_phase2"), init_from="bert_pretrain"))
 
 
 def phase_of(stage: str) -> Phase:
@@ -110,7 +110,7 @@ def check_objective(settings: DictConfig, key: str, packing: str = "sentence_pai
 def validate(cfg: DictConfig, stages: list[str]) -> None:
     """Before any stage runs: every phase in the run (`stages`, those needed upstream included) fits the model's
     position table, has a known objective and snapshots at steps it takes; a checkpoint to continue is one."""
-    if {"tokenizer", PHASES[0].stage} & set(stages):
+    if {"bert_tokenizer", PHASES[0].stage} & set(stages):
         check_init_from(cfg)
     for phase in PHASES:
         if {phase.stage, phase.examples} & set(stages):
@@ -130,11 +130,11 @@ def starts_from_piece_vectors(phase: Phase, cfg: DictConfig) -> bool:
 def pretraining_upstream(phase: Phase, cfg: DictConfig) -> tuple[str, ...]:
     """What a phase reads: the tokenizer, its examples, the phase it continues, and the piece vectors its word
     embeddings start from (starts_from_piece_vectors)."""
-    upstream = ["tokenizer", phase.examples]
+    upstream = ["bert_tokenizer", phase.examples]
     if phase.init_from:
         upstream.append(phase.init_from)
     elif starts_from_piece_vectors(phase, cfg):
-        upstream.append("piece_vectors")
+        upstream.append("bert_piece_vectors")
     return tuple(upstream)
 
 
@@ -235,13 +235,13 @@ class BertPretraining:
 
     def build_module(self, ctx: StageContext) -> BertPretrainModule:
         p = self.settings(ctx.cfg)
-        vocab_size = load_tokenizer(ctx.stage_dir("tokenizer")).get_vocab_size()
+        vocab_size = load_tokenizer(ctx.stage_dir("bert_tokenizer")).get_vocab_size()
         model = _build_model(ctx.cfg, p, vocab_size)
         if self.phase.init_from:  # a resumed run then loads its own checkpoint over these
             _continue_from(model, ctx.stage_dir(self.phase.init_from))
         elif starts_from_piece_vectors(self.phase, ctx.cfg):
             start_word_embeddings(model.bert.embeddings.word_embeddings,
-                                  np.load(ctx.stage_dir("piece_vectors") / PIECE_VECTORS_FILE))
+                                  np.load(ctx.stage_dir("bert_piece_vectors") / PIECE_VECTORS_FILE))
         # Kept as they start (Sentence-level transfer with frozen word2vec input layers, Kim 2014's "static" model):
         # at this compute masked LM pulls them towards what predicts a masked piece (frequency, syntax) and the
         # sentiment word2vec placed in them is lost (docs/pretraining_recipes.md)
@@ -254,7 +254,7 @@ class BertPretraining:
     def data(self, ctx: StageContext, module: BertPretrainModule, rank: int, world_size: int) -> BertData:
         cfg, phase = ctx.cfg, self.phase
         p = self.settings(cfg)
-        tok = load_tokenizer(ctx.stage_dir("tokenizer"))
+        tok = load_tokenizer(ctx.stage_dir("bert_tokenizer"))
         vocab_size = tok.get_vocab_size()
         dataset = PretrainingInstances([read_arrow(f) for f in sorted(ctx.stage_dir(phase.examples).glob("*.arrow"))])
         train_rows, held_out = held_out_split(len(dataset), p.val_fraction, p.val_max_instances, cfg.seed)
@@ -300,7 +300,7 @@ class BertPretraining:
             print(f"stage {ctx.name}: {HF_DIR}/ is {architecture}, our modelling code beside the weights (load it with "
                   f"trust_remote_code=True): {hf_incompatibility(model.config)}", flush=True)
         # the length trained at, not the position table's: phase 1 of bert_base never trains positions past 128
-        save_hf_tokenizer(load_tokenizer(ctx.stage_dir("tokenizer")), ctx.out_dir / HF_DIR,
+        save_hf_tokenizer(load_tokenizer(ctx.stage_dir("bert_tokenizer")), ctx.out_dir / HF_DIR,
                           lowercase=ctx.cfg.tokenizer.lowercase, model_max_length=self.phase.max_seq_length(ctx.cfg))
 
     def summary(self, module: BertPretrainModule, data: BertData, run: TrainingRun) -> dict:

@@ -12,13 +12,14 @@ PHASE_1, PHASE_2 = PHASES
 BERT_STAGES = (
     # with pretrain.init_from, the checkpoint's tokenizer: its files are the stage's input (and, through this stage,
     # the weights pretrain reads from the same directory)
-    Stage("tokenizer", tokenizer, ("prepare",), ("tokenizer", "pretrain.init_from"), fingerprint=init_from_fingerprint),
-    Stage(PHASE_1.examples, partial(examples, length_key=PHASE_1.length_key), ("prepare", "tokenizer"),
+    Stage("bert_tokenizer", tokenizer, ("prepare",), ("tokenizer", "pretrain.init_from"),
+          fingerprint=init_from_fingerprint),
+    Stage(PHASE_1.examples, partial(examples, length_key=PHASE_1.length_key), ("prepare", "bert_tokenizer"),
           ("examples", "seed")),
     # pretrain.init_embeddings=word2vec: skip-gram vectors of the WordPiece pieces, the word embeddings' start
-    Stage("piece_vectors", piece_vectors, ("prepare", "tokenizer"), ("word2vec", "model", "seed")),
+    Stage("bert_piece_vectors", piece_vectors, ("prepare", "bert_tokenizer"), ("word2vec", "model", "seed")),
     # phase 2 (Devlin et al. §A.2; PHASES in pipeline/bert/pretrain.py): its own examples, and phase 1's weights
-    Stage(PHASE_2.examples, partial(examples, length_key=PHASE_2.length_key), ("prepare", "tokenizer"),
+    Stage(PHASE_2.examples, partial(examples, length_key=PHASE_2.length_key), ("prepare", "bert_tokenizer"),
           ("examples", PHASE_2.length_key, "seed")),
     pretraining_stage(PHASE_1.stage, PRETRAINING[PHASE_1.stage], partial(pretraining_upstream, PHASE_1),
                       ("pretrain",)),

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 from omegaconf import DictConfig
 
-from data_prep.chinese import CJK_IDEOGRAPHS
-from data_prep.senteval_data import tokenize
-from data_prep.word_vectors import WordVectors
+from data_prep.corpus.chinese import CJK_IDEOGRAPHS
+from data_prep.corpus.word_vectors import WordVectors
+from data_prep.tasks.senteval_data import tokenize
 from pipeline.downstream.tasks import TaskSplit
 from pipeline.evaluation.metrics import score_task
 

@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
-from data_prep.shards import write_json_atomically
+from data_prep.corpus.shards import write_json_atomically
 from pipeline.downstream.baselines import bow_logreg_scores, w2v_mean_scores
 from pipeline.downstream.task_data import (
     LengthGroupedBatchSampler,

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from data_prep.conll import word_level_tags
-from data_prep.squad import SquadExample, best_answers
+from data_prep.tasks.conll import word_level_tags
+from data_prep.tasks.squad import SquadExample, best_answers
 from models import IGNORE_INDEX
 from pipeline.engine.module import check_finite_loss
 from pipeline.engine.optim import adamw_with_schedule
@@ -30,7 +30,7 @@ def _pad(sequences: Sequence[np.ndarray], value: int) -> torch.Tensor:
 
 
 def collate_token_classification(rows: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """Features of data_prep.conll.encode_tagged_sentences -> a padded batch (padding labels are ignored)."""
+    """Features of data_prep.tasks.conll.encode_tagged_sentences -> a padded batch (padding labels are ignored)."""
     input_ids = _pad([r["input_ids"] for r in rows], pad_id)
     return {"input_ids": input_ids, "token_type_ids": _pad([r["token_type_ids"] for r in rows], 0),
             "attention_mask": (input_ids != pad_id).long(),
@@ -40,7 +40,8 @@ def collate_token_classification(rows: list[dict], pad_id: int = 0) -> dict[str,
 
 
 def collate_question_answering(rows: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """(feature_index, feature) pairs of data_prep.squad.squad_features -> a padded batch; the index lets the module
+    """(feature_index, feature) pairs of data_prep.tasks.squad.squad_features -> a padded batch; the index lets the
+    module
     match logits back to the feature's offsets (use with `list(enumerate(features))` as the dataset)."""
     input_ids = _pad([feature["input_ids"] for _, feature in rows], pad_id)
     return {"input_ids": input_ids, "token_type_ids": _pad([feature["token_type_ids"] for _, feature in rows], 0),

@@ -10,8 +10,8 @@ from typing import Callable
 import numpy as np
 from omegaconf import DictConfig
 
-from data_prep.conll import TaggedSentence, iob1_to_iob2, read_conll
-from data_prep.squad import read_squad
+from data_prep.tasks.conll import TaggedSentence, iob1_to_iob2, read_conll
+from data_prep.tasks.squad import read_squad
 from pipeline.downstream.tasks import TaskSplit, read_split
 from pipeline.evaluation.metrics import score_task
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from data_prep.builtin import BUILTIN_TASK_DATA
+from data_prep.corpus.builtin import BUILTIN_TASK_DATA
 from pipeline import CONF_DIR
 from pipeline.engine.dag import files_fingerprint
 

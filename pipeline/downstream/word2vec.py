@@ -7,7 +7,8 @@ regression): "is my BERT better than word2vec on the same text?" is the honest b
 twin only say whether the model learned anything. On 25,000 IMDb reviews it beat bag-of-words by 5-7 points with 300
 labelled Rotten Tomatoes sentences (docs/pretraining_recipes.md).
 
-The words are data_prep.senteval_data.tokenize's (lower-cased, punctuation split off), as for the bag-of-GloVe probe.
+The words are data_prep.tasks.senteval_data.tokenize's (lower-cased, punctuation split off), as for the bag-of-GloVe
+probe.
 Trained on one thread from a fixed seed and a stable hash of the words (gensim's default, Python's hash(), changes from
 process to process), so the same corpus gives the same vectors.
 """
@@ -22,9 +23,9 @@ from pathlib import Path
 import numpy as np
 from omegaconf import MISSING, DictConfig
 
-from data_prep.senteval_data import tokenize
-from data_prep.shards import shard_batches
-from data_prep.word_vectors import WordVectors
+from data_prep.corpus.shards import shard_batches
+from data_prep.corpus.word_vectors import WordVectors
+from data_prep.tasks.senteval_data import tokenize
 from pipeline.engine.dag import Stage, StageContext
 
 WORDS_FILE, VECTORS_FILE = "words.txt", "vectors.npy"

@@ -6,15 +6,15 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from data_prep.elmo_examples import (
+from data_prep.corpus.shards import shard_paths
+from data_prep.corpus.tokenizer import unknown_rate_summary, unknown_words
+from data_prep.examples.elmo_examples import (
     books_from_rows,
     count_words,
     vocab_from_counts,
     write_token_streams,
     write_word_vocab,
 )
-from data_prep.shards import shard_paths
-from data_prep.tokenizer import unknown_rate_summary, unknown_words
 from pipeline.corpus import require_books
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from data_prep.elmo_examples import elmo_words, read_word_vocab
+from data_prep.examples.elmo_examples import elmo_words, read_word_vocab
 from models import IGNORE_INDEX
 from models.checkpoint import random_twin
 from models.elmo import ElmoEmbedder, ElmoSentenceClassifier, ElmoTokenTagger, load_pretrained
@@ -62,7 +62,8 @@ FINETUNE_KINDS = {"elmo": FinetuneKind(lambda cfg: ("elmo_vocab", "elmo_pretrain
 def load_elmo_task_data(task: DictConfig, data_dir: Path, bilm_and_vocab: tuple, max_train_examples: int | None,
                         seed: int, selection_fraction: float | None = None, chinese_words: str = "jieba") -> TaskData:
     """One task as rows of words for the frozen biLM: a tsv task's texts split as the biLM's vocabulary was
-    (data_prep.elmo_examples.elmo_words, Chinese by `chinese_words`), a conll task's words as they are; the heads are
+    (data_prep.examples.elmo_examples.elmo_words, Chinese by `chinese_words`), a conll task's words as they are; the
+    heads are
     ElmoTaskModule's. The biLM is loaded once and shared by every seed: it is frozen, only the mix and the head are
     built fresh."""
     bilm, vocab = bilm_and_vocab

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from data_prep.elmo_examples import elmo_words, read_word_vocab
+from data_prep.examples.elmo_examples import elmo_words, read_word_vocab
 from models.checkpoint import random_twin
 from models.elmo import ElmoEmbedder, ScalarMix, load_pretrained
 from pipeline.engine.dag import StageContext

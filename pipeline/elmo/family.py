@@ -1,7 +1,7 @@
 """ELMo (Peters et al. 2018): its stages, the frozen biLM for `evaluate`, and feature-based fine-tuning."""
 from dataclasses import dataclass
 
-from data_prep.elmo_examples import SPECIAL_WORDS
+from data_prep.examples.elmo_examples import SPECIAL_WORDS
 from pipeline.elmo.downstream import FINETUNE_KINDS
 from pipeline.elmo.encoder import ENCODERS
 from pipeline.elmo.stages import ELMO_STAGES

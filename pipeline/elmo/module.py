@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.utils.data import IterableDataset
 
-from data_prep.elmo_examples import TokenStreams, WindowSlot, plan_windows, split_books
+from data_prep.examples.elmo_examples import TokenStreams, WindowSlot, plan_windows, split_books
 from models import IGNORE_INDEX
 from models.elmo import MAX_CHARACTERS_PER_TOKEN, BiLMOutput, BiLMState, detach_state, tokens_char_ids, word_ids
 from pipeline.engine.module import OptimizerSettings, PretrainModule

@@ -10,7 +10,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
-from data_prep.elmo_examples import read_word_vocab
+from data_prep.examples.elmo_examples import read_word_vocab
 from models.elmo import save_pretrained
 from models.hf.elmo import to_hf
 from pipeline.elmo.data_stages import elmo_streams, elmo_vocab

@@ -33,8 +33,8 @@ from typing import Callable, Iterator, Sequence, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from data_prep.prepare import list_corpus_files
-from data_prep.shards import shard_paths, write_json_atomically
+from data_prep.corpus.prepare import list_corpus_files
+from data_prep.corpus.shards import shard_paths, write_json_atomically
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.fingerprints import code_version, content_digests
 from pipeline.engine.integrity import (

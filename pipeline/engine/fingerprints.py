@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from data_prep.shards import write_json_atomically
+from data_prep.corpus.shards import write_json_atomically
 
 UNREADABLE = "unreadable"
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.utils.data import DataLoader
 
-from data_prep.shards import write_json_atomically
+from data_prep.corpus.shards import write_json_atomically
 from pipeline.engine.dag import MARKER, Stage, StageContext
 from pipeline.engine.distributed import (
     DistributedSettings,
@@ -477,7 +477,7 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
     with warnings.catch_warnings():
         # TrainingPosition restores the data position mid-epoch where Lightning cannot see it, so Lightning's warning
         # that resuming mid-epoch "can cause unreliable results" is wrong here: the resumed losses are exactly the
-        # uninterrupted run's (tests/test_resume.py).
+        # uninterrupted run's (tests/engine/test_resume.py).
         warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
         trainer.fit(module, data.train_loader, val_loader, ckpt_path=str(resume_from) if resume_from else None)
     seconds = time.perf_counter() - started
@@ -500,7 +500,7 @@ def _validate_last_step(task: PretrainingTask, ctx: StageContext, module: L.Ligh
                         history: LossHistory, monitor: DivergenceMonitor) -> None:
     """Validates the trained weights, gathered into a fresh module, on this rank alone, as the DeepSpeed CPU loop does.
     Not `trainer.validate`: its second strategy set-up of the module that `fit` had set up left the word embeddings on
-    the CPU under DeepSpeed ZeRO-3 on a GPU (tests/test_distributed.py; docs/gpu.md)."""
+    the CPU under DeepSpeed ZeRO-3 on a GPU (tests/engine/test_distributed.py; docs/gpu.md)."""
     with whole_parameters(module, settings):  # every rank enters: under ZeRO-3 gathering is a collective
         final = task.build_module(ctx)
         final.load_state_dict(module.state_dict())

@@ -9,7 +9,8 @@ The encoder protocol is SentEval's: an encoder is any object with
     batcher(batch: list[list[str]]) -> np.ndarray        (B, D) float embeddings, row i for sentence batch[i]; D is
                                                          the same for every batch; sentences may be empty lists
 
-Sentences arrive lowercased and tokenised (data_prep.senteval_data.tokenize). As in SentEval, each distinct sentence
+Sentences arrive lowercased and tokenised (data_prep.tasks.senteval_data.tokenize). As in SentEval, each distinct
+sentence
 is embedded once and batches are formed from sentences sorted by length, so a batch needs little padding; the encoder
 must therefore return the same vector for a sentence whatever batch it is in (no dropout, no batch statistics).
 
@@ -44,7 +45,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data_prep.senteval_data import (
+from data_prep.corpus.word_vectors import WordVectors
+from data_prep.tasks.senteval_data import (
     LabelledSentences,
     SentencePairs,
     read_cr,
@@ -56,7 +58,6 @@ from data_prep.senteval_data import (
     read_subj,
     read_trec,
 )
-from data_prep.word_vectors import WordVectors
 from pipeline.engine.dag import files_fingerprint
 from pipeline.engine.family import Encoder
 from pipeline.evaluation.metrics import accuracy, binary_f1, pearson, spearman
@@ -79,7 +80,7 @@ class GloveBagOfWords:
         known = sorted({word for sentence in samples for word in sentence if word in self.vectors})
         if not known:
             raise ValueError(f"{self.name}: no word of the task has a vector; the vectors must be keyed by "
-                             "lowercased tokens as data_prep.senteval_data.tokenize produces them")
+                             "lowercased tokens as data_prep.tasks.senteval_data.tokenize produces them")
         self._table = dict(zip(known, self.vectors.rows(known).astype(np.float32)))
         self._dim = self.vectors.vectors.shape[1]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from data_prep.shards import write_json_atomically
-from data_prep.word_vectors import load_glove
+from data_prep.corpus.shards import write_json_atomically
+from data_prep.corpus.word_vectors import load_glove
 from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import EncoderSpec
 from pipeline.evaluation.senteval import GloveBagOfWords, run_senteval, senteval_fingerprint

@@ -1,14 +1,15 @@
 """GPT's data stages: a byte-level BPE trained on the sentence shards, then the books of each shard packed into
-fixed-length blocks (data_prep/gpt_blocks.py), one Ray task per shard. Nothing here imports torch: the Ray workers
+fixed-length blocks (data_prep/examples/gpt_blocks.py), one Ray task per shard. Nothing here imports torch: the Ray
+workers
 these stages run in stay at the size of the data they hold (pipeline/gpt/stages.py lists the stages)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from data_prep.gpt_blocks import load_gpt_tokenizer, shard_blocks, train_byte_level_bpe, write_blocks
-from data_prep.shards import sampled_texts, shard_paths
-from data_prep.tokenize_shards import use_one_tokenizer_thread
-from data_prep.tokenizer import UNKNOWN_RATE_SENTENCES, unknown_rate_summary, unknown_tokens
+from data_prep.corpus.shards import sampled_texts, shard_paths
+from data_prep.corpus.tokenize_shards import use_one_tokenizer_thread
+from data_prep.corpus.tokenizer import UNKNOWN_RATE_SENTENCES, unknown_rate_summary, unknown_tokens
+from data_prep.examples.gpt_blocks import load_gpt_tokenizer, shard_blocks, train_byte_level_bpe, write_blocks
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from data_prep.conll import TaggedSentence
+from data_prep.tasks.conll import TaggedSentence
 from models import IGNORE_INDEX
 from models.checkpoint import read_config
 from models.gpt import GPTForSequenceClassification, GPTForTokenClassification, load_pretrained
@@ -132,7 +132,8 @@ def load_task_data(task: DictConfig, data_dir: Path, tokenizer, n_positions: int
 
 def tagging_features(tokenizer, sentences: list[TaggedSentence], labels: list[str], max_len: int,
                      end_id: int) -> list[dict]:
-    """One feature per sentence, as data_prep.conll.encode_tagged_sentences makes BERT's: the words' byte-level BPE
+    """One feature per sentence, as data_prep.tasks.conll.encode_tagged_sentences makes BERT's: the words' byte-level
+    BPE
     tokens (cut to max_len - 1) and the end token; each word's tag id at the first token after it (the next word's
     first token, the end token for the last word kept), `word_ids` naming the word there, IGNORE_INDEX and -1
     elsewhere. A word cut off has no position, and is scored as untagged."""

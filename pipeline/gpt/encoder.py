@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data_prep.gpt_blocks import load_gpt_tokenizer
+from data_prep.examples.gpt_blocks import load_gpt_tokenizer
 from models.checkpoint import random_twin
 from models.gpt import load_pretrained
 from pipeline.engine.dag import StageContext

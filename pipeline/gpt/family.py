@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 from typing import Optional
 
-from data_prep.gpt_blocks import MIN_VOCAB_SIZE
+from data_prep.examples.gpt_blocks import MIN_VOCAB_SIZE
 from pipeline.engine.family import Family
 from pipeline.engine.settings import POSITIVE_INT, Number
 from pipeline.gpt import samples
@@ -19,7 +19,7 @@ GptPretrainConfig = override_block("GptPretrainConfig", __name__, (PretrainConfi
 
 @dataclass
 class GptConfig:
-    """The `gpt` block (experiment=gpt_*): byte-level BPE and packed blocks (data_prep/gpt_blocks.py)."""
+    """The `gpt` block (experiment=gpt_*): byte-level BPE and packed blocks (data_prep/examples/gpt_blocks.py)."""
     vocab_size: int = 8000  # GPT-2: 50257
     max_sentences: Optional[int] = 1_000_000  # the BPE is trained on at most this many sentences, as tokenizer's
     min_frequency: int = 2

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import torch
 
-from data_prep.gpt_blocks import BLOCK_SCHEMA
+from data_prep.examples.gpt_blocks import BLOCK_SCHEMA
 from models.gpt import GPTLMHeadModel
 from pipeline.engine.module import OptimizerSettings, PretrainModule
 

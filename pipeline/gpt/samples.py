@@ -10,7 +10,7 @@ import torch
 from omegaconf import DictConfig
 from tokenizers import Tokenizer
 
-from data_prep.gpt_blocks import load_gpt_tokenizer
+from data_prep.examples.gpt_blocks import load_gpt_tokenizer
 from models.generation import beam_search, greedy, sample
 from models.gpt import GPTLMHeadModel, load_pretrained
 

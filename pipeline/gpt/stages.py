@@ -1,5 +1,6 @@
 """GPT's stages (Radford et al. 2018; GPT-2): a byte-level BPE trained on the sentence shards, the books of each
-shard packed into fixed-length blocks (data_prep/gpt_blocks.py), then causal-LM pretraining on the shared harness.
+shard packed into fixed-length blocks (data_prep/examples/gpt_blocks.py), then causal-LM pretraining on the shared
+harness.
 The pretrained LM is written in our format (`model/`, read by evaluate, fine-tuning and pipeline.generate) and as a
 HuggingFace GPT-2 directory (`hf/`)."""
 from __future__ import annotations
@@ -9,7 +10,7 @@ import shutil
 
 from omegaconf import DictConfig
 
-from data_prep.gpt_blocks import TOKENIZER_FILE, end_of_text_id, load_gpt_tokenizer, write_hf_tokenizer_config
+from data_prep.examples.gpt_blocks import TOKENIZER_FILE, end_of_text_id, load_gpt_tokenizer, write_hf_tokenizer_config
 from models.gpt import save_pretrained, to_hf
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext

@@ -1,7 +1,8 @@
 """A font for the CJK text of the report's figures (a Chinese sentence's attention heat-map): matplotlib's default,
 DejaVu Sans, has no CJK glyphs and draws each character as an empty box. An installed font that has the text's
 characters is used (Debian's fonts-noto-cjk, WenQuanYi, ...); else Noto Sans SC from a PyPI wheel, downloaded at first
-use (data_prep/builtin.py cjk_font_file); else the figure is drawn as it is and the report says why its characters are
+use (data_prep/corpus/builtin.py cjk_font_file); else the figure is drawn as it is and the report says why its
+characters are
 boxes and what to install."""
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_prep.builtin import _download, _publish, _scratch_dir
-from data_prep.chinese import has_cjk
+from data_prep.corpus.builtin import _download, _publish, _scratch_dir
+from data_prep.corpus.chinese import has_cjk
 
 # Where the machine has no CJK font: Noto Sans SC (Google and Adobe's Source Han Sans, simplified Chinese subset; SIL
-# Open Font License 1.1), as shipped in a PyPI wheel, fetched as the built-in data is (data_prep/builtin.py)
+# Open Font License 1.1), as shipped in a PyPI wheel, fetched as the built-in data is (data_prep/corpus/builtin.py)
 CJK_FONT_PACKAGE = "pylopdf-fonts-zh-cn==0.1.1"
 CJK_FONT_MEMBER = "pylopdf_fonts_zh_cn/NotoSansSC-Regular.otf"
 

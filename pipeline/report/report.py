@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from data_prep.shards import write_json_atomically
+from data_prep.corpus.shards import write_json_atomically
 from pipeline.downstream.finetune import (
     BASELINES,
     MODEL_KINDS,

@@ -6,9 +6,15 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from data_prep.shards import shard_paths
-from data_prep.skip_thought_examples import WordVocab, build_word_vocab, count_words, triples_from_shard, write_triples
-from data_prep.tokenizer import unknown_rate_summary, unknown_words
+from data_prep.corpus.shards import shard_paths
+from data_prep.corpus.tokenizer import unknown_rate_summary, unknown_words
+from data_prep.examples.skip_thought_examples import (
+    WordVocab,
+    build_word_vocab,
+    count_words,
+    triples_from_shard,
+    write_triples,
+)
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 

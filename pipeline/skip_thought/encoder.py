@@ -6,8 +6,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from data_prep.skip_thought_examples import WordVocab, tokenize
-from data_prep.word_vectors import ExpandedVocabulary, WordVectors, fit_vocabulary_expansion, load_glove, shared_words
+from data_prep.corpus.word_vectors import (
+    ExpandedVocabulary,
+    WordVectors,
+    fit_vocabulary_expansion,
+    load_glove,
+    shared_words,
+)
+from data_prep.examples.skip_thought_examples import WordVocab, tokenize
 from models.checkpoint import random_twin
 from models.skip_thought import CombineSkip, SkipThoughts, load_pretrained
 from pipeline.engine.dag import StageContext

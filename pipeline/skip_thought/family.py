@@ -2,7 +2,7 @@
 encoders, combine-skip too, for `evaluate` and, frozen under a linear model, for `finetune`."""
 from dataclasses import dataclass
 
-from data_prep.skip_thought_examples import SPECIAL_WORDS
+from data_prep.examples.skip_thought_examples import SPECIAL_WORDS
 from pipeline.engine.family import Family
 from pipeline.engine.settings import POSITIVE_INT, Number
 from pipeline.skip_thought.downstream import FINETUNE_KINDS

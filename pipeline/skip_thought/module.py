@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data_prep.skip_thought_examples import EOS_ID, PAD_ID
+from data_prep.examples.skip_thought_examples import EOS_ID, PAD_ID
 from pipeline.engine.module import PretrainModule
 
 

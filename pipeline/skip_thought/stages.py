@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from data_prep.skip_thought_examples import TRIPLE_SCHEMA, WordVocab, save_hf_tokenizer
+from data_prep.examples.skip_thought_examples import TRIPLE_SCHEMA, WordVocab, save_hf_tokenizer
 from models.hf.skip_thought import to_hf
 from models.skip_thought import save_pretrained
 from pipeline.engine.arrow import read_arrow

@@ -1,0 +1,442 @@
+"""The fine-tune stage across task families, seeds aggregated as mean ± std, finished runs skipped on rerun."""
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+
+import lightning
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from data_prep.corpus.tokenizer import train_wordpiece
+from models.bert import BertModel, bert_config, save_pretrained
+from models.checkpoint import random_twin
+from models.hf.bert import to_hf
+from pipeline import CONF_DIR
+from pipeline.downstream import finetune as finetuning
+from pipeline.downstream import task_data
+from pipeline.downstream.tasks import load_task
+from pipeline.engine.dag import StageContext, plain_config
+from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, write_sentiment_task, write_stsb
+
+WORDS = SUBJECTS + OBJECTS + POSITIVE + NEGATIVE + ["peter", "paris", "went", "to", "smith", "london"]
+
+
+def _write_conll(root: Path) -> None:
+    """CoNLL-2003 layout (IOB1). Dev is train's one sentence, with Paris left untagged in half the copies: a tagger
+    that learned train predicts 12 entities, 9 of them gold, so precision 3/4, recall 1 and F1 6/7. Train repeats the
+    sentence 48 times, 6 batches of 8, for one epoch to learn it."""
+    root.mkdir(parents=True)
+    sentence = "Peter NNP B-NP I-PER\nwent VBD B-VP O\nto TO B-PP O\nParis NNP B-NP {}\n"
+    (root / "eng.train").write_text("-DOCSTART- -X- -X- O\n\n" + "\n".join([sentence.format("I-LOC")] * 48))
+    (root / "eng.testa").write_text("-DOCSTART- -X- -X- O\n\n"
+                                    + "\n".join([sentence.format("I-LOC"), sentence.format("O")] * 3))
+
+
+@pytest.fixture
+def ctx(tmp_path) -> StageContext:
+    tok_dir, pretrain_dir = tmp_path / "bert_tokenizer", tmp_path / "bert_pretrain"
+    rng = random.Random(0)
+    train_wordpiece([" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(300)], tok_dir, vocab_size=120,
+                    min_frequency=1)
+    save_pretrained(BertModel(bert_config("bert_tiny", vocab_size=128, max_position_embeddings=64)),
+                    pretrain_dir / "encoder")
+    glue = tmp_path / "glue"
+    write_sentiment_task(glue / "SST-2", n_train=32, n_dev=16)
+    write_stsb(glue / "STS-B")
+    _write_conll(glue / "conll2003")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "+experiment=bert_tiny", f"paths.run_dir={tmp_path}", f"paths.cache_dir={tmp_path / 'cache'}",
+            "logger=csv", "trainer.precision=32-true", "finetune.task=[sst2,stsb,conll2003]",
+            f"finetune.data_dir={glue}", "finetune.models=[bert]", "finetune.seeds=[1,2]",
+            "finetune.random_twins=false",  # each test fine-tunes the kinds it names, and no others
+            "finetune.baselines=[majority_class,bow_logreg]",  # no word2vec stage in these contexts
+            "finetune.train_sizes=[null]", "finetune.min_steps=0",
+            "finetune.epochs=1", "finetune.batch_size=8", "finetune.max_seq_length=16"])
+    out = tmp_path / "finetune"
+    out.mkdir()
+    return StageContext(plain_config(cfg), "finetune", out, {"bert_tokenizer": tok_dir, "bert_pretrain": pretrain_dir})
+
+
+def test_every_task_family_is_scored_with_its_metric_over_seeds_and_reruns_skip(ctx, monkeypatch, capsys):
+    results = finetuning.finetune(ctx)["results"]
+    by_key = {(r["model"], r["task"], r["metric"]): r for r in results}
+    assert {k for k in by_key if k[0] == "bert"} == {
+        ("bert", "sst2", "accuracy"), ("bert", "stsb", "pearson"), ("bert", "stsb", "spearman"),
+        ("bert", "conll2003", "precision"), ("bert", "conll2003", "recall"),
+        ("bert", "conll2003", "f1")}
+    assert all(r["seeds"] == 2 for k, r in by_key.items() if k[0] == "bert")
+    # classification: the most frequent label; tagging: each word's most frequent tag (a regression has none)
+    assert {k for k in by_key if k[0] == "majority_class"} == {
+        ("majority_class", "sst2", "accuracy"), ("majority_class", "conll2003", "precision"),
+        ("majority_class", "conll2003", "recall"), ("majority_class", "conll2003", "f1")}
+    assert not any(k[0] == "bow_logreg" and k[1] != "sst2" for k in by_key)  # TSV classification only
+    bow = by_key[("bow_logreg", "sst2", "accuracy")]  # beats majority: test_baselines.py
+    assert bow["train_examples"] == 32 and bow["seeds"] == 2  # on the models' subsets, every seed
+    assert by_key[("bert", "sst2", "accuracy")]["dev_examples"] == 16
+    # 3 tasks × 1 model × 2 seeds, and bow_logreg's 2 seeds
+    assert len(list((ctx.out_dir / "finished").glob("*-seed*.json"))) == 8
+
+    def must_not_train(*args, **kwargs):
+        raise AssertionError("a finished (task, model, seed) was trained again")
+
+    monkeypatch.setattr(finetuning, "finetune_once", must_not_train)
+    again = finetuning.finetune(ctx)["results"]
+    assert again == results
+    assert capsys.readouterr().out.count("skipping") == 6
+
+
+def test_fine_tuning_runs_print_their_results_without_lightnings_banners(ctx, monkeypatch, capfd, caplog):
+    """Each (task, model, seed) builds its own Trainer: the console shows the pipeline's lines for it, not Lightning's
+    device banner, its advertisements or its seed line, once per run."""
+    import logging
+
+    from pipeline.engine import training
+
+    for name in training.LIGHTNING_BANNER_LOGGERS:  # as a fresh process has them, whatever ran before in this one
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.NOTSET)
+    training.quiet_lightning_banners.cache_clear()
+    caplog.set_level(logging.INFO)
+    ctx.cfg.finetune.task = "sst2"
+    finetuning.finetune(ctx)
+    out, err = capfd.readouterr()
+    console = out + err + caplog.text
+    assert "finetune sst2/pretrained/all/seed1: accuracy" in out and "finetune sst2/pretrained/all/seed2" in out
+    for banner in ("GPU available", "TPU available", "Tip", "Seed set to", "`Trainer.fit` stopped", "LeafSpec"):
+        assert banner not in console, banner
+
+
+def test_an_external_hf_bert_is_fine_tuned_with_its_own_tokenizer_in_the_same_table(ctx, tmp_path):
+    external = tmp_path / "hf_bert"
+    to_hf(BertModel(bert_config("bert_tiny", vocab_size=128, max_position_embeddings=64, num_hidden_layers=1)),
+          external)
+    ctx.cfg.finetune.models = ["bert", "bert_external"]
+    ctx.cfg.finetune.task = "sst2"
+    ctx.cfg.finetune.seeds = [1]
+    ctx.cfg.finetune.external_encoder = str(external)
+    with pytest.raises(FileNotFoundError, match="tokenizer"):  # weights alone are not enough
+        finetuning.model_sources(ctx)
+    shutil.copy(ctx.inputs["bert_tokenizer"] / "vocab.txt", external / "vocab.txt")
+    rows = {(r["model"], r["metric"]) for r in finetuning.finetune(ctx)["results"]}
+    assert {("bert", "accuracy"), ("bert_external", "accuracy"), ("majority_class", "accuracy"),
+            ("bow_logreg", "accuracy")} == rows
+
+
+def test_external_without_a_path_is_rejected(ctx):
+    ctx.cfg.finetune.models = ["bert_external"]
+    with pytest.raises(ValueError, match="finetune.external_encoder"):
+        finetuning.model_sources(ctx)
+
+
+@pytest.mark.parametrize("logger, files", [("csv", "csv_logs/**/metrics.csv"),
+                                           ("tensorboard", "tensorboard/**/events.out.tfevents*")])
+def test_training_stages_log_to_csv_or_tensorboard_without_wandb(ctx, logger, files):
+    ctx.cfg.logger = OmegaConf.load(CONF_DIR / "logger" / f"{logger}.yaml")
+    ctx.cfg.finetune.task = "sst2"
+    ctx.cfg.finetune.seeds = [1]
+    finetuning.finetune(ctx)
+    assert list(ctx.out_dir.glob(files))
+
+
+def test_seeds_with_an_undefined_correlation_are_counted_not_averaged():
+    rows = [{"model": "bert_random", "task": "stsb", "metric": "pearson", "score": s, "train_examples": 4,
+             "dev_examples": 2, "seconds": 1.0} for s in (0.5, float("nan"), 0.7)]
+    (row,) = finetuning._aggregate(rows)
+    assert row["score"] == 0.6 and row["seeds"] == 2 and row["undefined_seeds"] == 1
+
+
+def test_elmo_is_fine_tuned_feature_based_on_every_task_family(ctx, tmp_path):
+    """finetune.models=[elmo]: the elmo_pretrain stage's frozen biLM with a fresh scalar mix and head per seed, on
+    classification, regression and tagging, each scored by its task's metric."""
+    from conventions.elmo_words import SPECIAL_WORDS
+    from data_prep.examples.elmo_examples import write_word_vocab
+    from models import elmo
+    from pipeline.downstream.finetune import finetune_upstream
+
+    vocab = [*SPECIAL_WORDS, *sorted(set(WORDS))]
+    (tmp_path / "elmo_vocab").mkdir()
+    write_word_vocab(vocab, tmp_path / "elmo_vocab" / "vocab.txt")
+    tiny = dict(filters=[[1, 8], [2, 8]], projection_dim=16, lstm_dim=32)
+    elmo.save_pretrained(elmo.BiLanguageModel(elmo.elmo_config("elmo_small", vocab_size=len(vocab), **tiny)),
+                         tmp_path / "elmo" / "bilm")
+    ctx.cfg.finetune.models = ["elmo", "bert"]
+    assert set(finetune_upstream(ctx.cfg)) == {"bert_tokenizer", "bert_pretrain", "elmo_vocab", "elmo_pretrain"}
+    ctx.cfg.finetune.models = ["elmo"]
+    assert finetune_upstream(ctx.cfg) == ("elmo_vocab", "elmo_pretrain")
+    ctx.cfg.finetune.seeds = [1]
+    ctx.cfg.finetune.lr = 2e-2  # one epoch (6 steps) learns the tagged sentence from 1e-2 to 3e-2, every seed tried
+    ctx.inputs.update({"elmo_vocab": tmp_path / "elmo_vocab", "elmo_pretrain": tmp_path / "elmo"})
+    by_key = {(r["model"], r["task"], r["metric"]): r for r in finetuning.finetune(ctx)["results"]}
+    assert {k for k in by_key if k[0] == "elmo"} == {
+        ("elmo", "sst2", "accuracy"), ("elmo", "stsb", "pearson"), ("elmo", "stsb", "spearman"),
+        ("elmo", "conll2003", "precision"), ("elmo", "conll2003", "recall"), ("elmo", "conll2003", "f1")}
+    assert by_key[("elmo", "sst2", "accuracy")]["dev_examples"] == 16
+    conll = {metric: by_key[("elmo", "conll2003", metric)]["score"] for metric in ("precision", "recall", "f1")}
+    assert conll == pytest.approx({"precision": 0.75, "recall": 1.0, "f1": 6 / 7}, abs=1e-4)  # _write_conll
+
+    # elmo_random: the same heads on the biLM's randomly initialised twin, encoded apart from the trained biLM's
+    trained, twin = (finetuning.MODEL_KINDS[kind].load(ctx) for kind in ("elmo", "elmo_random"))
+    assert finetuning.MODEL_KINDS["elmo"].random_twin == "elmo_random" and twin.encoding_key != trained.encoding_key
+    expected = random_twin(elmo.load_pretrained(tmp_path / "elmo" / "bilm"), ctx.cfg.seed).state_dict()
+    assert twin.bilm.state_dict().keys() == expected.keys()
+    assert all(torch.equal(twin.bilm.state_dict()[k], expected[k]) for k in expected)
+    assert not torch.equal(twin.bilm.state_dict()["token_encoder.char_embedding.weight"],
+                           trained.bilm.state_dict()["token_encoder.char_embedding.weight"])
+
+
+def test_train_sizes_draw_stratified_subsets_deterministic_per_seed():
+    labels = [0] * 70 + [1] * 30
+    first = finetuning.stratified_subsample(labels, 10, 100, np.random.default_rng([1, 10]))
+    assert first.tolist() == finetuning.stratified_subsample(labels, 10, 100, np.random.default_rng([1, 10])).tolist()
+    other = finetuning.stratified_subsample(labels, 10, 100, np.random.default_rng([2, 10]))
+    assert first.tolist() != other.tolist()
+    for subset in (first, other):
+        assert len(set(subset.tolist())) == 10 and np.bincount(np.array(labels)[subset]).tolist() == [7, 3]
+    # largest remainder: 7 of a 70/30 split is 4.9 + 2.1 -> 5 + 2
+    assert np.bincount(np.array(labels)[finetuning.stratified_subsample(labels, 7, 100,
+                                                                         np.random.default_rng(0))]).tolist() == [5, 2]
+    assert finetuning.stratified_subsample(labels, None, 100, np.random.default_rng(0)).tolist() == list(range(100))
+    assert finetuning.stratified_subsample(labels, 500, 100, np.random.default_rng(0)).tolist() == list(range(100))
+    unlabelled = finetuning.stratified_subsample(None, 10, 100, np.random.default_rng(0))  # regression, tagging
+    assert len(set(unlabelled.tolist())) == 10
+
+
+def test_each_pretrained_kind_is_fine_tuned_beside_its_random_twin(ctx):
+    ctx.cfg.finetune.random_twins = True  # the default (conf/config.yaml)
+    ctx.cfg.finetune.models = ["gpt", "bert", "bert_external", "elmo_random"]
+    assert list(finetuning.finetune_kinds(ctx.cfg)) == ["gpt", "gpt_random", "bert", "bert_random", "bert_external",
+                                                        "elmo_random"]
+    ctx.cfg.finetune.models = ["bert_random", "bert"]  # listed already: once, where the user put it
+    assert list(finetuning.finetune_kinds(ctx.cfg)) == ["bert_random", "bert"]
+    ctx.cfg.finetune.random_twins = False
+    ctx.cfg.finetune.models = ["gpt", "bert"]
+    assert list(finetuning.finetune_kinds(ctx.cfg)) == ["gpt", "bert"]
+
+
+def test_small_train_sizes_get_at_least_min_steps():
+    assert finetuning.finetune_epochs(epochs=3, min_steps=0, steps_per_epoch=4) == 3
+    assert finetuning.finetune_epochs(epochs=3, min_steps=100, steps_per_epoch=4) == 25
+    assert finetuning.finetune_epochs(epochs=3, min_steps=100, steps_per_epoch=300) == 3
+
+
+def test_train_sizes_give_a_label_efficiency_curve_in_the_report(ctx, tmp_path):
+    from pipeline.report.report import write_report
+
+    ctx.cfg.finetune.task = "sst2"
+    ctx.cfg.finetune.models = ["bert", "bert_random"]
+    ctx.cfg.finetune.train_sizes = [8, 16, None]
+    results = finetuning.finetune(ctx)["results"]
+    # the stage's summary is the headline table: all the data
+    assert {(r["model"], r["train_size"], r["train_examples"]) for r in results} == {
+        ("bert", None, 32), ("bert_random", None, 32), ("majority_class", None, 32), ("bow_logreg", None, 32)}
+    stored = json.loads((ctx.out_dir / "results.json").read_text())
+    curve = finetuning.label_efficiency(stored)
+    assert sorted({(r["model"], r["train_examples"], r["seeds"]) for r in curve}) == [
+        (kind, n, 2) for kind in ("bert", "bert_random", "bow_logreg") for n in (8, 16, 32)]
+    # the same examples for both model kinds and the baseline at one size and seed: the subsets differ by seed and
+    # size only
+    assert len(list((ctx.out_dir / "finished").glob("sst2-*-8-seed*.json"))) == 6
+    out = tmp_path / "report"
+    out.mkdir()
+    paths = write_report({"finetune": ctx.out_dir}, out, "unit")
+    assert paths["label_efficiency_plot"].stat().st_size > 1000
+    md = paths["results_md"].read_text()
+    assert "## Label efficiency" in md and "| model | 8 | 16 | 32 |" in md
+    assert md.count("| bert | sst2 | accuracy |") == 1  # the headline table shows all-data rows only
+    assert md.count("| bow_logreg | sst2 | accuracy |") == 1
+
+
+def test_sizes_at_or_above_the_train_split_run_once_as_all_and_the_csv_says_which_size(ctx, tmp_path, capsys):
+    """Issue 39, defect 3: sizes of 32 and 100 on a train split of 32 each gave a copy of the all-data run, whose
+    label-efficiency cells (keyed by train examples) overwrote one another, and results.csv had no train_size."""
+    import csv
+
+    from pipeline.report.report import write_report
+
+    ctx.cfg.finetune.task = "sst2"
+    ctx.cfg.finetune.seeds = [1]
+    ctx.cfg.finetune.train_sizes = [16, 32, 100, None]
+    finetuning.finetune(ctx)
+    assert sorted(p.name for p in (ctx.out_dir / "finished").glob("sst2-bert-*.json")) == [
+        "sst2-bert-16-seed1.json", "sst2-bert-all-seed1.json"]
+    assert "finetune.train_sizes 32, 100 are at least the 32 training examples of task sst2" in capsys.readouterr().out
+    stored = json.loads((ctx.out_dir / "results.json").read_text())
+    assert sorted((r["train_size"] or 0, r["train_examples"]) for r in stored if r["model"] == "bert") == [
+        (0, 32), (16, 16)]
+    out = tmp_path / "report"
+    out.mkdir()
+    with open(write_report({"finetune": ctx.out_dir}, out, "unit")["results_csv"]) as f:
+        rows = list(csv.DictReader(f))
+    # the subset baselines at the model kinds' sizes: 32 and 100 are "all" for them too, not copies of it
+    assert {(r["model"], r["train_size"]) for r in rows} == {
+        ("bert", "16"), ("bert", "all"), ("majority_class", "all"), ("bow_logreg", "16"),
+        ("bow_logreg", "all")}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("finetune.seeds=[1,1]", "finetune.seeds=[1, 1] repeats [1]: a seed gives the same run every time"),
+    ("finetune.seeds=[]", "finetune.seeds=[]: fine-tuning needs at least one seed"),
+    ("finetune.train_sizes=[100,null,100]", "finetune.train_sizes=[100, None, 100] repeats [100]"),
+])
+def test_repeated_or_no_seeds_and_repeated_sizes_fail_at_start_up(override, message, tmp_path):
+    """Issue 39, defect 3: finetune.seeds=[1,1] trained seed 1 once and counted it twice (0.5000 ± 0.0000 | 2, 'ahead
+    on 0 of 2 seeds'); finetune.seeds=[] gave a table of baselines alone, exit 0."""
+    from pipeline.runner import validate
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["+experiment=bert_tiny", f"paths.run_dir={tmp_path}", override])
+    with pytest.raises(ValueError, match=re.escape(message)):
+        validate(cfg)
+
+
+def test_bad_train_sizes_are_refused_before_any_work(ctx):
+    ctx.cfg.finetune.train_sizes = [100, 0]
+    with pytest.raises(ValueError, match="finetune.train_sizes"):
+        finetuning.train_sizes(ctx.cfg)
+
+
+def test_selection_fraction_scores_a_held_out_part_of_train_instead_of_dev(ctx, tmp_path):
+    from pipeline.downstream.task_data import split_off
+    from pipeline.downstream.tasks import TaskSplit
+    from pipeline.report.report import write_report
+
+    ctx.cfg.finetune.task = "sst2"
+    ctx.cfg.finetune.seeds = [1]
+    ctx.cfg.finetune.selection_fraction = 0.25
+    rows = finetuning.finetune(ctx)["results"]
+    assert {(r["train_examples"], r["dev_examples"], r["scored_on"]) for r in rows} == {(24, 8, "train_holdout")}
+    rest, held_out = split_off(TaskSplit(list("abcdefgh"), None, list(range(8))), 0.25, 1)
+    assert len(held_out.labels) == 2 and sorted(rest.labels + held_out.labels) == list(range(8))
+    out = tmp_path / "report"
+    out.mkdir()
+    md = write_report({"finetune": ctx.out_dir}, out, "unit")["results_md"].read_text()
+    assert "not the dev set" in md
+    ctx.cfg.finetune.task = "conll2003"
+    with pytest.raises(ValueError, match="selection_fraction"):
+        finetuning.finetune(ctx)
+
+
+def test_length_grouped_batches_cover_every_example_once_in_random_order_and_pad_little():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, 65, size=1000)
+    batches = task_data.length_grouped_batches(lengths, 32, np.random.default_rng(1),
+                                                                    pool_batches=10)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(1000))
+    assert [len(b) for b in batches].count(32) == len(batches) - 1  # only the last pool's last batch is short
+    again = task_data.length_grouped_batches(lengths, 32, np.random.default_rng(1), pool_batches=10)
+    assert all(np.array_equal(a, b) for a, b in zip(batches, again))  # a function of its rng
+
+    def padded(batches):
+        return sum(lengths[b].max() * len(b) for b in batches)
+
+    shuffled = np.random.default_rng(1).permutation(1000)
+    random_batches = [shuffled[i:i + 32] for i in range(0, 1000, 32)]
+    assert padded(batches) < 0.7 * padded(random_batches)
+    assert padded(batches) < 1.15 * lengths.sum()  # random: 1.6x
+    # the batches come in random order, not from short to long
+    maxima = [lengths[b].max() for b in batches]
+    assert maxima != sorted(maxima) and maxima != sorted(maxima, reverse=True)
+    sampler = task_data.LengthGroupedBatchSampler(lengths, 32, seed=1)
+    first, second = list(sampler), list(sampler)
+    assert len(sampler) == len(first) == 32 and first != second  # a new draw each epoch
+
+
+def test_fine_tuning_batches_sentences_of_similar_length_when_asked(ctx, tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from pipeline.bert import downstream as bert_downstream
+
+    rng = random.Random(0)
+    task_dir = tmp_path / "varied" / "SST-2"
+    task_dir.mkdir(parents=True)
+    rows = ["sentence\tlabel"]
+    for _ in range(64):
+        label = rng.randint(0, 1)
+        words = [rng.choice(WORDS) for _ in range(rng.randint(1, 12))]
+        rows.append(" ".join(words + [rng.choice(POSITIVE if label else NEGATIVE)]) + f"\t{label}")
+    (task_dir / "train.tsv").write_text("\n".join(rows) + "\n")
+    (task_dir / "dev.tsv").write_text("\n".join(rows[:6]) + "\n")  # 5 sentences: one dev batch, told apart by size
+    pad = bert_downstream.pad_classification_batch
+    batches = []
+
+    def recording(batch_rows, *args, **kwargs):
+        if len(batch_rows) == 8:  # a training batch (finetune.batch_size=8): one epoch of 64 sentences is 8 of them
+            batches[-1].append([len(r["input_ids"]) for r in batch_rows])
+        return pad(batch_rows, *args, **kwargs)
+
+    monkeypatch.setattr(bert_downstream, "pad_classification_batch", recording)
+    ctx.cfg.finetune.update(task="sst2", data_dir=str(tmp_path / "varied"), seeds=[1])
+    padding, spread = {}, {}
+    for grouped in (True, False):
+        ctx.cfg.finetune.group_by_length = grouped
+        batches.append([])
+        out = tmp_path / f"finetune-{grouped}"
+        out.mkdir()
+        finetuning.finetune(replace(ctx, out_dir=out))
+        assert len(batches[-1]) == 8 and sum(len(b) for b in batches[-1]) == 64
+        padding[grouped] = sum(max(b) * len(b) - sum(b) for b in batches[-1])
+        spread[grouped] = sum(max(b) - min(b) for b in batches[-1])
+    assert sorted(sum(batches[0], [])) == sorted(sum(batches[1], []))  # the same sentences
+    # one pool of 64 cut in length order: the 8 batches' ranges add up to at most the range of all lengths
+    assert spread[True] <= max(sum(batches[0], [])) - min(sum(batches[0], [])) < spread[False]
+    assert padding[True] < 0.5 * padding[False]
+
+
+def test_layer_depths_and_rates_run_from_the_embeddings_to_the_top_for_bert_and_gpt():
+    from models.gpt import GPTModel, gpt_config
+    from pipeline.downstream.modules import encoder_lr_scales, layer_depths
+
+    bert = BertModel(bert_config("bert_tiny", vocab_size=64, max_position_embeddings=16))  # 2 layers
+    depths = layer_depths(bert)
+    assert depths["embeddings.word_embeddings.weight"] == 0
+    assert depths["encoder.layer.0.attention.self.query.weight"] == 1
+    assert depths["encoder.layer.1.output.dense.bias"] == 2 and depths["pooler.dense.weight"] == 3
+    scales = encoder_lr_scales(bert, 0.5, 0.8)
+    parameters = dict(bert.named_parameters())
+    assert scales[id(parameters["pooler.dense.weight"])] == pytest.approx(0.5)
+    assert scales[id(parameters["encoder.layer.1.output.dense.bias"])] == pytest.approx(0.5 * 0.8)
+    assert scales[id(parameters["embeddings.word_embeddings.weight"])] == pytest.approx(0.5 * 0.8 ** 3)
+    assert encoder_lr_scales(bert, 1.0, 1.0) == {}  # the defaults change nothing
+    gpt = GPTModel(gpt_config("gpt_tiny", vocab_size=64, n_positions=16))
+    gpt_depths = layer_depths(gpt)
+    assert gpt_depths["wte.weight"] == 0 and gpt_depths["h.1.mlp.c_fc.weight"] == 2 and gpt_depths["ln_f.weight"] == 3
+
+
+def test_frozen_embeddings_stay_and_a_linear_probe_trains_the_head_before_the_encoder(ctx, monkeypatch):
+    ctx.cfg.finetune.task = "sst2"
+    ctx.cfg.finetune.models = ["bert", "bert_random"]
+    ctx.cfg.finetune.seeds = [1]
+    ctx.cfg.finetune.freeze_embeddings = True
+    ctx.cfg.finetune.linear_probe_epochs = 2
+    fits = []
+    real_fit = lightning.Trainer.fit
+
+    def recording_fit(trainer, module, *args, **kwargs):
+        encoder = module.model.encoder
+        before = {name: p.detach().clone() for name, p in encoder.named_parameters()}
+        head = {name: p.detach().clone() for name, p in module.model.named_parameters() if not name.startswith("bert.")}
+        real_fit(trainer, module, *args, **kwargs)
+        fits.append(({name for name, p in encoder.named_parameters() if not torch.equal(p, before[name])},
+                     any(not torch.equal(p, head[name]) for name, p in module.model.named_parameters()
+                         if name in head)))
+
+    monkeypatch.setattr(lightning.Trainer, "fit", recording_fit)
+    task, sources = load_task("sst2"), finetuning.model_sources(ctx)
+    models = sources["bert"][0]
+    data = models.encode(task, Path(ctx.cfg.finetune.data_dir) / "SST-2", ctx.cfg.finetune, 0, None)
+    finetuning.finetune_once(ctx, task, data, models, "bert", 1, np.arange(len(data.train)))
+    (probe_moved, probe_head), (tune_moved, tune_head) = fits
+    assert probe_moved == set() and probe_head  # the probe trained the head alone
+    assert tune_head and tune_moved and "embeddings.word_embeddings.weight" not in tune_moved  # then the encoder
+    fits.clear()  # the random twin has nothing to keep: its embeddings train
+    twin = sources["bert_random"][0]
+    twin_data = twin.encode(task, Path(ctx.cfg.finetune.data_dir) / "SST-2", ctx.cfg.finetune, 0, None)
+    finetuning.finetune_once(ctx, task, twin_data, twin, "bert_random", 1, np.arange(len(twin_data.train)))
+    assert "embeddings.word_embeddings.weight" in fits[-1][0]

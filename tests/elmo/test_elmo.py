@@ -1,0 +1,495 @@
+"""ELMo: data functions, biLM, scalar mix, downstream heads, and a short pretraining run whose held-out perplexity
+falls. Corpora are written by the tests themselves."""
+from __future__ import annotations
+
+import os
+import random
+import socket
+from collections import Counter
+from pathlib import Path
+
+import hydra
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from torch.utils.data import DataLoader
+
+from conventions.elmo_words import BOS, EOS, UNK, UNK_ID
+from data_prep.examples.elmo_examples import (
+    TokenStreams,
+    books_from_rows,
+    build_word_vocab,
+    plan_windows,
+    read_word_vocab,
+    split_books,
+    write_token_streams,
+    write_word_vocab,
+)
+from models import IGNORE_INDEX
+from models.elmo import (
+    MAX_CHARACTERS_PER_TOKEN,
+    BiLanguageModel,
+    ElmoEmbedder,
+    ElmoSentenceClassifier,
+    ElmoTokenTagger,
+    ProjectedLSTM,
+    ScalarMix,
+    elmo_config,
+    load_pretrained,
+    save_pretrained,
+    sentence_batch_inputs,
+    word_char_ids,
+)
+from pipeline import CONF_DIR
+from pipeline.elmo.downstream import ElmoTaskModule, make_elmo_task_collate
+from pipeline.elmo.module import ElmoPretrainModule, LMWindowBatches, build_elmo_datasets
+from tests.helpers import ENDINGS, OBJECTS, SUBJECTS, VERBS, optimizer_settings
+
+# elmo_small's architecture at a size that trains in seconds.
+TINY = dict(filters=[[1, 8], [2, 8], [3, 16]], projection_dim=16, lstm_dim=32, dropout=0.0)
+
+
+def tiny_bilm(vocab_size: int = 50, **overrides) -> BiLanguageModel:
+    torch.manual_seed(0)
+    return BiLanguageModel(elmo_config("elmo_small", vocab_size=vocab_size, **{**TINY, **overrides})).eval()
+
+
+@pytest.mark.parametrize("use_state", [True, False])
+def test_projected_lstm_equals_nn_lstm_with_its_weights(use_state):
+    """Outputs, final state and every gradient (input, initial state, five weights) equal nn.LSTM(proj_size)'s."""
+    torch.manual_seed(0)
+    reference = torch.nn.LSTM(6, 10, proj_size=4, batch_first=True).double()
+    ours = ProjectedLSTM(6, 10, 4).double()
+    ours.load_state_dict(reference.state_dict())
+    x = torch.randn(3, 5, 6, dtype=torch.double, requires_grad=True)
+    state = (torch.randn(1, 3, 4, dtype=torch.double, requires_grad=True),
+             torch.randn(1, 3, 10, dtype=torch.double, requires_grad=True))
+    weights = torch.randn(3, 5, 4, dtype=torch.double)
+    results = []
+    for lstm in (reference, ours):
+        out, (h, c) = lstm(x, state)
+        loss = (out * weights).sum() + ((h * 1.3).sum() + (c * 0.7).sum() if use_state else 0)
+        results.append((out, h, c, torch.autograd.grad(loss, [x, *state, *lstm.parameters()])))
+    torch.testing.assert_close(results[0], results[1])
+
+
+def test_projected_lstm_runs_under_bf16_autocast():
+    lstm = ProjectedLSTM(8, 16, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, (h, c) = lstm(torch.randn(2, 3, 8))
+    out.float().sum().backward()
+    assert out.dtype == torch.bfloat16 and lstm.weight_hh_l0.grad.dtype == torch.float32
+    assert lstm.weight_hh_l0.grad.abs().sum() > 0
+
+
+def write_streams(tmp_path: Path, n_books: int = 6, sentences: int = 40, seed: int = 0) -> tuple[Path, list[str]]:
+    """Sentence rows ordered by book, as the shards hold them, turned into one stream file and a vocabulary."""
+    rng = random.Random(seed)
+    book_ids, texts = [], []
+    for b in range(n_books):
+        for _ in range(sentences):
+            book_ids.append(f"book-{b}")
+            texts.append(f"{rng.choice(SUBJECTS).capitalize()} {rng.choice(VERBS)} {rng.choice(OBJECTS)} "
+                         f"{rng.choice(ENDINGS)}.")
+    path = tmp_path / "streams-00000.arrow"
+    assert write_token_streams(books_from_rows(book_ids, texts), path) == n_books
+    return path, build_word_vocab(texts, max_size=200, min_count=1)
+
+
+# -----------------------------------------------------------------------------
+# Data functions
+
+
+def test_vocabulary_counted_per_shard_equals_the_one_counted_over_the_whole_corpus(tmp_path):
+    import pyarrow as pa
+
+    from data_prep.examples.elmo_examples import count_words, vocab_from_counts
+    from pipeline.engine.dag import count_shard_texts
+
+    shards = [["b a b, c", "b a d"], ["d d e", "a"], ["e, b"]]
+    counts = Counter()
+    for i, texts in enumerate(shards):
+        path = tmp_path / f"shard-{i:05d}.arrow"
+        with pa.ipc.new_file(str(path), pa.schema([("text", pa.string())])) as writer:
+            writer.write_table(pa.table({"text": texts}))
+        counts.update(count_shard_texts(i, path, count_words))  # each shard task's count
+    everything = [t for texts in shards for t in texts]
+    for max_size, min_count in ((6, 1), (20, 1), (20, 2)):
+        assert vocab_from_counts(counts, max_size, min_count) == build_word_vocab(everything, max_size, min_count)
+    assert vocab_from_counts(counts, 20, 1)[3:6] == ["b", "a", "d"]  # b: 4, a: 3, d: 3 (a before d on the tie)
+
+
+def test_word_vocab_is_specials_then_words_by_frequency(tmp_path):
+    vocab = build_word_vocab(["b a b, c", "b a d"], max_size=6, min_count=1)
+    assert vocab == [BOS, EOS, UNK, "b", "a", ","]  # b: 3, a: 2, then ties alphabetically, cut at max_size
+    assert build_word_vocab(["b a b, c", "b a d"], max_size=10, min_count=2) == [BOS, EOS, UNK, "b", "a"]
+    write_word_vocab(vocab, tmp_path / "vocab.txt")
+    assert read_word_vocab(tmp_path / "vocab.txt") == vocab
+    (tmp_path / "bad.txt").write_text("a\nb\n")
+    with pytest.raises(ValueError, match="build_word_vocab"):
+        read_word_vocab(tmp_path / "bad.txt")
+
+
+def test_char_ids_cut_long_words_and_mark_sentence_boundaries():
+    long_word = "x" * 80
+    ids = word_char_ids(long_word)
+    assert len(ids) == MAX_CHARACTERS_PER_TOKEN
+    assert ids[0] == 259 and ids[-1] == 260  # begin-of-word, 48 bytes, end-of-word (bilm-tf ids + 1)
+    assert word_char_ids(long_word) == word_char_ids("x" * 48)
+    assert word_char_ids("é")[:4] == (259, 0xC3 + 1, 0xA9 + 1, 260)  # UTF-8 bytes
+    assert word_char_ids(BOS)[:3] == (259, 257, 260) and word_char_ids(EOS)[:3] == (259, 258, 260)
+
+
+def test_stream_files_round_trip_with_sentence_boundaries(tmp_path):
+    path = tmp_path / "s.arrow"
+    write_token_streams(books_from_rows(["a", "a", "b"], ["Hi there.", "Go", "End"]), path)
+    streams = TokenStreams([path])
+    assert streams.book_ids == ["a", "b"]
+    assert streams.tokens(0) == [BOS, "Hi", "there", ".", EOS, BOS, "Go", EOS]
+    assert streams.lengths.tolist() == [8, 3]
+
+
+def test_window_plan_covers_every_pair_once_and_resets_exactly_at_new_books():
+    lengths = [5, 3, 9, 1]  # a one-token book has no (input, next token) pair and is skipped
+    steps = list(plan_windows(lengths, batch_size=2, window=3))
+    covered = {b: [] for b in range(len(lengths))}
+    for slots in steps:
+        for slot in slots:
+            if slot is not None:
+                assert slot.reset == (slot.start == 0)
+                covered[slot.book].extend(range(slot.start, slot.start + slot.length))
+    assert covered == {0: [0, 1, 2, 3], 1: [0, 1], 2: list(range(8)), 3: []}
+    # row 1 finishes book 1 first and takes book 2; row 0 idles once book 0 is done and no book is left
+    rows = [[(s.book, s.start, s.reset) if s else None for s in step] for step in steps]
+    assert rows == [[(0, 0, True), (1, 0, True)], [(0, 3, False), (2, 0, True)], [None, (2, 3, False)],
+                    [None, (2, 6, False)]]
+
+
+def test_window_batches_carry_rows_within_a_book_and_reverse_it_for_the_backward_lm(tmp_path):
+    path = tmp_path / "s.arrow"
+    write_token_streams(books_from_rows(["a", "a", "b"], ["w1 w2 w3", "w4 w5", "v1"]), path)
+    vocab = [BOS, EOS, UNK, "w1", "w2", "w3", "w4", "w5", "v1"]
+    batches = list(LMWindowBatches(TokenStreams([path]), [0, 1], vocab, batch_size=1, window=4, char_inputs=False))
+    # book a = <S> w1 w2 w3 </S> <S> w4 w5 </S> (9 tokens, 8 pairs, 2 windows), then book b (3 tokens, 1 window)
+    assert [b["reset"].tolist() for b in batches] == [[True], [False], [True]]
+    assert batches[0]["forward_inputs"].tolist() == [[0, 3, 4, 5]]
+    assert batches[0]["forward_targets"].tolist() == [[3, 4, 5, 1]]
+    assert batches[0]["backward_inputs"].tolist() == [[1, 7, 6, 0]]  # </S> w5 w4 <S>: book a read from its end
+    assert batches[0]["backward_targets"].tolist() == [[7, 6, 0, 1]]
+    assert batches[2]["forward_targets"].tolist() == [[8, 1, IGNORE_INDEX, IGNORE_INDEX]]
+
+
+def test_split_books_holds_out_whole_books():
+    train, heldout = split_books(10, 0.2, 5, np.random.default_rng(0))
+    assert len(heldout) == 2 and sorted(train + heldout) == list(range(10))
+    with pytest.raises(ValueError, match="at least 2 books"):
+        split_books(1, 0.5, 5, np.random.default_rng(0))
+
+
+# -----------------------------------------------------------------------------
+# Model
+
+
+def test_scalar_mix_weights_normalise_and_gradients_reach_s_and_gamma():
+    torch.manual_seed(0)
+    for do_layer_norm in (False, True):
+        mix = ScalarMix(3, do_layer_norm=do_layer_norm)
+        with torch.no_grad():
+            mix.scalar_parameters.copy_(torch.tensor([0.5, -1.0, 2.0]))
+            mix.gamma.fill_(1.5)
+        assert torch.allclose(mix.weights().sum(), torch.tensor(1.0))
+        layers, mask = torch.randn(2, 3, 4, 6), torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
+        out = mix(layers, mask)
+        if not do_layer_norm:
+            expected = 1.5 * sum(w * layers[:, j] for j, w in enumerate(torch.softmax(mix.scalar_parameters, 0)))
+            assert torch.allclose(out, expected, atol=1e-6)
+        (out * torch.randn_like(out)).sum().backward()
+        assert mix.scalar_parameters.grad.abs().min() > 0 and mix.gamma.grad.abs() > 0
+
+
+def test_each_direction_sees_only_its_own_past():
+    """Perturbing word j moves forward states at positions >= j and backward states at positions <= j only."""
+    bilm = tiny_bilm()
+    embedder = ElmoEmbedder(bilm)
+    sentences = ["the old man saw a ship at night", "a short one"]
+    changed = ["the old man saw THE ship at night", "a short one"]
+    (reps, mask), (reps2, _) = embedder.embed(sentences), embedder.embed(changed)
+    P, j = bilm.config.projection_dim, 4
+    contextual = (reps - reps2)[0, 1:].abs()  # (L, T, 2P): the biLSTM layers of sentence 0
+    forward_diff, backward_diff = contextual[..., :P].amax(-1), contextual[..., P:].amax(-1)  # (L, T) each
+    assert contextual.shape[1] == int(mask[0].sum()) == 8
+    assert forward_diff[:, :j].max() == 0 and forward_diff[:, j:].min() > 0
+    assert backward_diff[:, j + 1:].max() == 0 and backward_diff[:, :j + 1].min() > 0
+    assert torch.equal(reps[1], reps2[1])  # rows do not mix
+
+
+def test_backward_lm_ignores_padding_after_short_sentences():
+    embedder = ElmoEmbedder(tiny_bilm())
+    alone, _ = embedder.embed(["a short one"])
+    padded, mask = embedder.embed(["a short one", "a much longer sentence than the first one"])
+    assert torch.allclose(alone[0], padded[0, :, : alone.shape[2]], atol=1e-6)
+    assert padded[0, :, alone.shape[2]:].abs().max() == 0
+
+
+def test_char_cnn_handles_overlong_words_and_empty_sentences():
+    bilm = tiny_bilm()
+    embedder = ElmoEmbedder(bilm)
+    reps, mask = embedder.embed(["", "a " + "supercalifragilistic" * 5, ""])
+    assert reps.shape == (3, 3, 2, 2 * bilm.config.projection_dim) and mask.sum(1).tolist() == [0, 2, 0]
+    assert torch.isfinite(reps).all() and reps[0].abs().max() == 0
+    empty, empty_mask = embedder.embed([""])
+    assert empty.shape == (1, 3, 0, 32) and empty_mask.shape == (1, 0)
+    assert bilm.token_encoder(torch.zeros(2, 0, MAX_CHARACTERS_PER_TOKEN, dtype=torch.long)).shape == (2, 0, 16)
+
+
+def test_reset_rows_start_from_a_zero_state_and_other_rows_carry_theirs():
+    bilm = tiny_bilm()
+    gen = torch.Generator().manual_seed(0)
+    windows = [(torch.randint(1, 262, (2, 4, MAX_CHARACTERS_PER_TOKEN), generator=gen),
+                torch.randint(1, 262, (2, 4, MAX_CHARACTERS_PER_TOKEN), generator=gen),
+                torch.randint(0, 50, (2, 4), generator=gen), torch.randint(0, 50, (2, 4), generator=gen))
+               for _ in range(2)]
+    first = bilm(*windows[0])
+    carried = bilm(*windows[1], state=first.state, reset=torch.tensor([True, False]))
+    fresh = bilm(*windows[1])
+    (carried_f, _), (carried_b, _) = carried.state[0][-1], carried.state[1][-1]
+    (fresh_f, _), (fresh_b, _) = fresh.state[0][-1], fresh.state[1][-1]
+    assert torch.allclose(carried_f[:, 0], fresh_f[:, 0]) and torch.allclose(carried_b[:, 0], fresh_b[:, 0])
+    assert not torch.allclose(carried_f[:, 1], fresh_f[:, 1])
+
+
+@pytest.mark.parametrize("softmax", ["full", "adaptive", "sampled"])
+def test_softmax_options_give_finite_losses_and_exact_eval_nll(softmax):
+    bilm = tiny_bilm(vocab_size=400, softmax=softmax, num_samples=64, adaptive_cutoffs=[20, 100])
+    gen = torch.Generator().manual_seed(1)
+    inputs = torch.randint(1, 262, (2, 3, 5, MAX_CHARACTERS_PER_TOKEN), generator=gen)
+    targets = torch.randint(0, 400, (2, 3, 5), generator=gen)
+    targets[1, 0, 2:] = IGNORE_INDEX
+    bilm.train()
+    loss = bilm(inputs[0], inputs[1], targets[0], targets[1]).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    bilm.eval()
+    out = bilm(inputs[0], inputs[1], targets[0], targets[1])
+    assert out.forward_tokens == 15 and out.backward_tokens == 12
+    if softmax != "adaptive":  # eval scores the full softmax, sampled or not
+        top = bilm.backward_lstm(bilm.token_encoder(inputs[1]), None)[0][-1].flatten(0, 1)
+        keep = targets[1].flatten() != IGNORE_INDEX
+        logits = top[keep] @ bilm.softmax.weight.T + bilm.softmax.bias
+        expected = torch.nn.functional.cross_entropy(logits, targets[1].flatten()[keep], reduction="sum")
+        assert torch.allclose(out.backward_nll_sum, expected, rtol=1e-5)
+
+
+def test_word_input_bilm_and_checkpoint_round_trip(tmp_path):
+    vocab = [BOS, EOS, UNK, "a", "short", "one"]
+    bilm = tiny_bilm(vocab_size=len(vocab), token_encoder="word")
+    with pytest.raises(ValueError, match="vocabulary"):
+        ElmoEmbedder(bilm)
+    inputs, mask = sentence_batch_inputs(["a short odd one"], {w: i for i, w in enumerate(vocab)})
+    assert inputs.tolist() == [[0, 3, 4, UNK_ID, 5, 1]] and mask.all()
+    save_pretrained(bilm, tmp_path / "bilm")
+    loaded = load_pretrained(tmp_path / "bilm").eval()
+    a, _ = ElmoEmbedder(bilm, vocab).embed(["a short one"])
+    b, _ = ElmoEmbedder(loaded, vocab).embed(["a short one"])
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("pair", [False, True])
+def test_downstream_models_train_only_the_mix_and_the_head(pair):
+    bilm = tiny_bilm()
+    frozen = {k: v.clone() for k, v in bilm.state_dict().items()}
+    model = ElmoSentenceClassifier(bilm, num_labels=2, hidden_size=8, pair=pair)
+    collate = make_elmo_task_collate(model.features.embedder)
+    rows = [{"text_a": "a good film", "label": 1}, {"text_a": "", "label": 0}]
+    if pair:
+        for r in rows:
+            r["text_b"] = "another sentence"
+    assert model.encoder is bilm  # the pretrained encoder, by the name every family's task model gives it
+    module = ElmoTaskModule(model, lr=1e-2, weight_decay=0.0, warmup_steps=0, total_steps=10)
+    module.encoder_lr_factor = 0.1  # a frozen encoder stays frozen whatever its learning rate
+    optimizer = module.configure_optimizers()["optimizer"]
+    model.train()
+    loss, predictions = module.model_step(collate(rows))
+    loss.backward()
+    assert model.features.mix.scalar_parameters.grad.abs().sum() > 0 and model.features.mix.gamma.grad != 0
+    assert all(p.grad is None for p in bilm.parameters()) and predictions.shape == (2,)
+    optimizer.step()
+    assert all(torch.equal(v, frozen[k]) for k, v in bilm.state_dict().items())
+    assert not model.features.embedder.training  # no dropout inside the frozen biLM
+
+
+def test_token_tagger_scores_only_labelled_words():
+    model = ElmoTokenTagger(tiny_bilm(), num_tags=3, hidden_size=8)
+    collate = make_elmo_task_collate(model.features.embedder)
+    batch = collate([{"text_a": "a b c", "label": [0, 1, 2]}, {"text_a": "d", "label": [1]}])
+    assert batch["labels"].tolist() == [[0, 1, 2], [1, IGNORE_INDEX, IGNORE_INDEX]]
+    module = ElmoTaskModule(model, 1e-3, 0.0, 0, 10, metric="entity_f1", labels=["O", "B-PER", "I-PER"])
+    loss, predictions = module.model_step(batch)
+    assert torch.isfinite(loss) and predictions.shape == (2, 3)
+    module.on_validation_epoch_start()
+    module.validation_step(batch, 0)
+    assert [len(tags) for tags in module._references] == [3, 1]  # padding words are not scored
+    assert module._references[1] == ["B-PER"]
+
+
+# -----------------------------------------------------------------------------
+# Configs and training
+
+
+def test_model_configs_instantiate_elmo_sizes():
+    with initialize_config_dir(config_dir=str(CONF_DIR / "model"), version_base="1.3"):
+        small = compose(config_name="elmo_small")
+        original = compose(config_name="elmo_original")
+    small.config.vocab_size = 100
+    model = hydra.utils.instantiate(OmegaConf.to_container(small, resolve=True), _convert_="all")
+    assert isinstance(model, BiLanguageModel) and model.config.lstm_dim == 512
+    original.config.vocab_size = 793471
+    config = hydra.utils.instantiate(OmegaConf.to_container(original.config, resolve=True), _convert_="all")
+    assert (config.lstm_dim, config.projection_dim, config.num_filters, config.softmax) == (4096, 512, 2048, "sampled")
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny matmuls gain nothing from intra-op threads; on a busy shared CPU their spin-waits cost ~20x."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("softmax", ["full", "sampled"])
+def test_pretraining_lowers_heldout_perplexity(tmp_path, one_thread, softmax):
+    """Sampled: its sparse gradient goes through LazyAdamW and the sparse-aware clipping."""
+    path, vocab = write_streams(tmp_path)
+    train, val = build_elmo_datasets([path], vocab, window=10, batch_size=4, holdout_books_fraction=0.2,
+                                     holdout_max_books=10, seed=0)
+    assert len(val.books) == 1 and set(train.books).isdisjoint(val.books)
+    L.seed_everything(0, verbose=False)
+    model = BiLanguageModel(elmo_config("elmo_small", vocab_size=len(vocab), softmax=softmax,
+                                        num_samples=len(vocab) // 2, **TINY))
+    module = ElmoPretrainModule(model, optimizer_settings(1e-2, 5, 80))
+    trainer = L.Trainer(max_steps=80, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=1.0,
+                        num_sanity_val_steps=0, val_check_interval=80, check_val_every_n_epoch=None)
+    val_loader = DataLoader(val, batch_size=None)
+    trainer.validate(module, val_loader, verbose=False)
+    before = dict(module.heldout_perplexities)
+    trainer.fit(module, DataLoader(train, batch_size=None), val_loader)
+    after = module.heldout_perplexities
+    assert before["average"] > 0.6 * len(vocab)  # untrained: near uniform over the vocabulary
+    assert after["forward"] < 0.3 * before["forward"] and after["backward"] < 0.3 * before["backward"]
+    assert after["average"] == pytest.approx((after["forward"] + after["backward"]) / 2)
+
+
+# -----------------------------------------------------------------------------
+# Pretraining on the harness: resumable windows, ranks, distributed gradients
+
+
+def test_window_batches_resume_at_a_batch_and_ranks_read_disjoint_books(tmp_path):
+    path, vocab = write_streams(tmp_path, n_books=7)
+    streams = TokenStreams([path])
+
+    def batches(rank=0, world_size=1, start=0, n=30):
+        data = LMWindowBatches(streams, range(7), vocab, batch_size=2, window=6, repeat=True, seed=3, rank=rank,
+                               world_size=world_size)
+        data.start = start
+        return [b for _, b in zip(range(n), data)]
+
+    every = batches()
+    for resumed, expected in zip(batches(start=17, n=13), every[17:]):  # crosses into the second epoch
+        assert all(torch.equal(resumed[k], expected[k]) for k in expected)
+    ranks = [LMWindowBatches(streams, range(7), vocab, 2, 6, repeat=True, seed=3, rank=r, world_size=2)
+             for r in (0, 1)]
+    epoch_order = list(range(7))
+    np.random.default_rng([3, 0]).shuffle(epoch_order)
+    assert [epoch_order[r::2] for r in (0, 1)] == [epoch_order[0::2], epoch_order[1::2]]
+    first_windows = [next(iter(r))["forward_targets"] for r in ranks]
+    assert not torch.equal(first_windows[0], first_windows[1])
+    with pytest.raises(ValueError, match="cannot be shared by 8 workers"):
+        LMWindowBatches(streams, range(7), vocab, 2, 6, repeat=True, world_size=8)
+
+
+def test_deepspeed_gets_a_dense_gradient_with_the_sparse_one_s_values():
+    from pipeline.engine.optim import sparse_gradient_parameters, use_dense_gradients
+
+    bilm = tiny_bilm(vocab_size=400, softmax="sampled", num_samples=64).train()
+    assert sparse_gradient_parameters(bilm) == ["softmax.weight"]
+    gen = torch.Generator().manual_seed(1)
+    inputs = torch.randint(1, 262, (2, 3, 5, MAX_CHARACTERS_PER_TOKEN), generator=gen)
+    targets = torch.randint(0, 400, (2, 3, 5), generator=gen)
+    grads = []
+    for _ in range(2):
+        torch.manual_seed(0)  # the same sampled candidates
+        bilm.zero_grad(set_to_none=True)
+        bilm(inputs[0], inputs[1], targets[0], targets[1]).loss.backward()
+        grads.append(bilm.softmax.weight.grad)
+        use_dense_gradients(bilm, "the test's")
+    assert grads[0].is_sparse and not grads[1].is_sparse
+    torch.testing.assert_close(grads[0].to_dense(), grads[1])
+    assert sparse_gradient_parameters(bilm) == []
+
+
+DDP_CLIP = 0.05  # below the gradient's norm: clipping acts, and must see the averaged gradient
+
+
+def _elmo_step_module() -> ElmoPretrainModule:
+    torch.manual_seed(0)
+    model = BiLanguageModel(elmo_config("elmo_small", vocab_size=400, softmax="sampled", num_samples=64, **TINY))
+    return ElmoPretrainModule(model, optimizer_settings(0.1, 1, 1))
+
+
+def _one_step(module: ElmoPretrainModule, batch: dict, **trainer_args) -> None:
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, gradient_clip_val=DDP_CLIP, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, **trainer_args)
+    torch.manual_seed(1)  # the sampled softmax's candidates: the same in every process
+    trainer.fit(module, DataLoader([batch], batch_size=None, generator=torch.Generator()))
+
+
+def _ddp_step(rank: int, port: int, batch: dict, out: str) -> None:
+    """One DDP step on rank `rank`'s half of `batch`, in a process of its own (torch.multiprocessing.spawn)."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from pipeline.engine.pretraining import SparseGradientSync
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0",
+                      LOCAL_RANK=str(rank), RANK=str(rank))  # launched here, not by Lightning
+    torch.set_num_threads(1)
+    module = _elmo_step_module()
+    half = {k: v[2 * rank: 2 * rank + 2] for k, v in batch.items()}
+    _one_step(module, half, devices=2, strategy=DDPStrategy(process_group_backend="gloo"),
+              callbacks=[SparseGradientSync(module)])
+    if rank == 0:
+        torch.save(_gradients(module), out)
+
+
+def _gradients(module: ElmoPretrainModule) -> dict[str, torch.Tensor]:
+    """The gradients the optimizer stepped with (averaged and clipped; Lightning leaves them after the last step),
+    sparse ones as they came."""
+    return {name: p.grad for name, p in module.named_parameters()}
+
+
+@pytest.mark.slow  # two processes importing Lightning: ~20-30 s on 2 cores
+def test_ddp_step_with_the_sampled_softmax_equals_one_process_on_the_whole_batch(tmp_path):
+    """The sampled softmax's gradient is sparse, which DDP cannot reduce: SparseGradientSync averages it over gloo
+    before clipping and LazyAdamW's step. Two ranks on two halves must step with the gradients one process has on
+    both (no padding, so the mean loss of the whole batch is the mean of the halves' means)."""
+    gen = torch.Generator().manual_seed(2)
+    batch = {"forward_inputs": torch.randint(1, 262, (4, 5, MAX_CHARACTERS_PER_TOKEN), generator=gen),
+             "backward_inputs": torch.randint(1, 262, (4, 5, MAX_CHARACTERS_PER_TOKEN), generator=gen),
+             "forward_targets": torch.randint(0, 400, (4, 5), generator=gen),
+             "backward_targets": torch.randint(0, 400, (4, 5), generator=gen),
+             "reset": torch.ones(4, dtype=torch.bool)}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_ddp_step, args=(port, batch, str(tmp_path / "ddp.pt")), nprocs=2)
+    single = _elmo_step_module()
+    _one_step(single, batch, devices=1)
+    expected, ddp = _gradients(single), torch.load(tmp_path / "ddp.pt")
+    assert ddp["model.softmax.weight"].is_sparse and expected["model.softmax.weight"].is_sparse
+    for name, grad in expected.items():
+        torch.testing.assert_close(ddp[name].to_dense(), grad.to_dense(), rtol=1e-4, atol=1e-7, msg=name)
