@@ -121,7 +121,8 @@ class BertEmbeddings(nn.Module):
             # A fixed function of the position, so not a parameter and not saved: rebuilt from the config on load.
             # Scaled to the word embeddings' spread (sin/cos entries have std 1/sqrt(2), the embeddings
             # initializer_range): added unscaled, the table is ~35x the words at BERT's init, the embedding
-            # LayerNorm keeps little but the position, and MLM stays at the unigram loss (tests/bert/test_bert_model.py).
+            # LayerNorm keeps little but the position, and MLM stays at the unigram loss
+            # (tests/bert/test_bert_model.py).
             # Vaswani et al. scale the words up by sqrt(d) instead, for embeddings initialised at std d^-1/2.
             table = sinusoidal_position_table(config.max_position_embeddings, config.hidden_size)
             self.register_buffer("position_table", table * (config.initializer_range * math.sqrt(2)),

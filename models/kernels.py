@@ -12,8 +12,8 @@ model's constructor ends with use_fast_kernels(self) where it is set).
 
 A fast module is a subclass of the plain one with the same parameters, buffers and state-dict keys: the swap changes
 the class of a built module and nothing else, so checkpoints, HF conversion and optimizers never see it. Outputs and
-gradients equal the plain model's to float rounding (tests/models/test_kernels.py); dropout masks differ (another draw, and p
-rounded to a multiple of 1/65536). What each one buys, measured: docs/kernels.md.
+gradients equal the plain model's to float rounding (tests/models/test_kernels.py); dropout masks differ (another
+draw, and p rounded to a multiple of 1/65536). What each one buys, measured: docs/kernels.md.
 """
 from __future__ import annotations
 
