@@ -108,7 +108,7 @@ def test_fine_tuning_runs_print_their_results_without_lightnings_banners(ctx, mo
     finetuning.finetune(ctx)
     out, err = capfd.readouterr()
     console = out + err + caplog.text
-    assert "finetune sst2/pretrained/all/seed1: accuracy" in out and "finetune sst2/pretrained/all/seed2" in out
+    assert "finetune sst2/bert/all/seed1: accuracy" in out and "finetune sst2/bert/all/seed2" in out
     for banner in ("GPU available", "TPU available", "Tip", "Seed set to", "`Trainer.fit` stopped", "LeafSpec"):
         assert banner not in console, banner
 
