@@ -1,17 +1,21 @@
 """The seq2seq family's stages: its tokenizer (GPT-2's byte-level BPE with padding, start, end, mask and sentinel
 tokens), the source/target pairs of each shard (BART's noising, or T5's span corruption with
 seq2seq.objective=span_corruption), then denoising pretraining of the encoder-decoder (models/seq2seq.py) on the
-shared harness. The model is written in our format (`model/`, with its tokenizer.json), read by evaluate, fine-tuning
-and the report."""
+shared harness. The model is written in our format (`model/`, with its tokenizer.json), read by evaluate, fine-tuning,
+the report and pipeline.generate, and, where its config is BART's (models.seq2seq.bart_config: post-LN, learned
+positions), as a HuggingFace BartForConditionalGeneration directory (`hf/`, models/hf/seq2seq.py), as BERT's and GPT's
+stages write theirs."""
 from __future__ import annotations
 
+import json
 import math
 import shutil
 
 from omegaconf import DictConfig
 
 from data_prep.gpt_blocks import TOKENIZER_FILE
-from data_prep.seq2seq_examples import load_seq2seq_tokenizer, special_ids
+from data_prep.seq2seq_examples import BOS, EOS, MASK, PAD, load_seq2seq_tokenizer, special_ids
+from models.hf.seq2seq import hf_incompatibility, to_hf
 from models.seq2seq import save_pretrained
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
@@ -20,6 +24,8 @@ from pipeline.engine.module import OptimizerSettings
 from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretraining_stage
 from pipeline.seq2seq.data_stages import seq2seq_examples, seq2seq_tokenizer
 from pipeline.seq2seq.module import SOURCE_COLUMN, TARGET_COLUMN, PairCollator, Seq2SeqPretrainModule
+
+HF_DIR = "hf"
 
 
 class Seq2SeqPretraining:
@@ -54,12 +60,22 @@ class Seq2SeqPretraining:
         return PretrainingData(train, train.sampler, val, p.batch_size, uniform_loss=math.log(config.vocab_size))
 
     def write(self, ctx: StageContext, module: Seq2SeqPretrainModule) -> None:
-        out = ctx.out_dir / "model"
-        save_pretrained(module.model, out)
-        shutil.copy(ctx.stage_dir("seq2seq_tokenizer") / TOKENIZER_FILE, out / TOKENIZER_FILE)
+        tokenizer = ctx.stage_dir("seq2seq_tokenizer") / TOKENIZER_FILE
+        save_pretrained(module.model, ctx.out_dir / "model")
+        shutil.copy(tokenizer, ctx.out_dir / "model" / TOKENIZER_FILE)
+        if not hf_incompatibility(module.model.config):
+            hf = ctx.out_dir / HF_DIR
+            to_hf(module.model, hf)
+            shutil.copy(tokenizer, hf / TOKENIZER_FILE)
+            # what lets transformers' AutoTokenizer load tokenizer.json with the model's special tokens
+            (hf / "tokenizer_config.json").write_text(json.dumps({
+                "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": module.model.config.max_positions,
+                "bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "mask_token": MASK}, indent=2) + "\n")
 
     def summary(self, module: Seq2SeqPretrainModule, data: PretrainingData, run: TrainingRun) -> dict:
-        return {"pairs_seen": run.rows_seen(data.batch_size)}
+        # why no hf/ was written, where none was
+        return {"pairs_seen": run.rows_seen(data.batch_size),
+                "hf": hf_incompatibility(module.model.config) or HF_DIR}
 
 
 SEQ2SEQ_STAGES = (
