@@ -1,6 +1,8 @@
-"""`python -m pipeline.generate RUN_DIR --prompt "..."`: continuations of a prompt by the GPT a run pretrained.
+"""`python -m pipeline.generate RUN_DIR --prompt "..."`: continuations of a prompt by the GPT a run pretrained;
+`--input "..."`: the output of the encoder-decoder a run pretrained (seq2seq family) for that source text.
 
-The model is the run's `gpt_pretrain` stage output, found through the RUN_DIR/gpt_pretrain link the engine writes.
+The model is the run's `gpt_pretrain` (or `seq2seq_pretrain`) stage output, found through the RUN_DIR/<stage> link the
+engine writes.
 Greedy by default; `--strategy sample` (--temperature, --top-k, --top-p, --seed) or `--strategy beam --beams 4`
 (each of the beams' best continuations, best first; GNMT's length penalty, models/generation.py). Exit status 2, with a
 one-line error, for input that cannot be generated from.
@@ -11,14 +13,40 @@ import argparse
 import sys
 from pathlib import Path
 
+from data_prep.examples.seq2seq_examples import load_seq2seq_tokenizer
+from models.seq2seq import load_pretrained as load_seq2seq
 from pipeline.engine.dag import MARKER, is_complete
-from pipeline.gpt.samples import STAGE, STRATEGIES, Request, continuations, load_model
+from pipeline.gpt.samples import (
+    STAGE,
+    STRATEGIES,
+    Request,
+    complete_characters,
+    continuations,
+    generate_tokens,
+    load_model,
+)
+
+SEQ2SEQ_STAGE = "seq2seq_pretrain"
+
+
+def seq2seq_outputs(model_dir: Path, text: str, request: Request) -> list[str]:
+    """The pretrained encoder-decoder's outputs for the source `text` (ended by the end token, as its sources are)."""
+    if not text.strip():
+        raise ValueError("the input is empty: give some text to generate from")
+    model, tokenizer = load_seq2seq(model_dir).eval(), load_seq2seq_tokenizer(model_dir)
+    eos = model.config.eos_token_id
+    ids = [*tokenizer.encode(text).ids[: model.config.max_positions - 1], eos]
+    return [complete_characters(tokenizer.decode([t for t in tokens if t != eos]))
+            for tokens in generate_tokens(model, ids, request)]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.generate", description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path, help="a run directory (outputs/...) whose pipeline ran gpt_pretrain")
-    parser.add_argument("--prompt", required=True)
+    parser.add_argument("run_dir", type=Path, help="a run directory (outputs/...) whose pipeline ran gpt_pretrain "
+                                                     "(--prompt) or seq2seq_pretrain (--input)")
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--prompt", help="text for a GPT to continue")
+    given.add_argument("--input", help="a source text for an encoder-decoder (seq2seq) to write its output from")
     parser.add_argument("--strategy", choices=STRATEGIES, default="greedy")
     parser.add_argument("--beams", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=50)
@@ -27,25 +55,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    model_dir = args.run_dir / STAGE / "model"
+    stage = STAGE if args.prompt is not None else SEQ2SEQ_STAGE
+    model_dir = args.run_dir / stage / "model"
     try:
         if not args.run_dir.is_dir():
             raise ValueError(f"{args.run_dir} is not a directory; pass the run directory a pipeline run printed "
                              "(run directory: outputs/<experiment>/<date>_<time>)")
         if not model_dir.is_dir():
-            raise ValueError(f"{args.run_dir} has no {STAGE} stage output ({model_dir} is missing); pass the run "
-                             "directory of a GPT experiment (python -m pipeline +experiment=gpt_tiny)")
-        if not is_complete(args.run_dir / STAGE):
-            raise ValueError(f"{args.run_dir}'s {STAGE} stage has not finished (no {MARKER}); run the pipeline again "
+            experiment = "gpt_tiny" if stage == STAGE else "seq2seq_tiny"
+            raise ValueError(f"{args.run_dir} has no {stage} stage output ({model_dir} is missing); pass the run "
+                             f"directory of such an experiment (python -m pipeline +experiment={experiment})"
+                             + (", or --input for a seq2seq run" if stage == STAGE else ", or --prompt for a GPT run"))
+        if not is_complete(args.run_dir / stage):
+            raise ValueError(f"{args.run_dir}'s {stage} stage has not finished (no {MARKER}); run the pipeline again "
                              "to finish it (a killed pretraining resumes from its last checkpoint)")
-        model, tokenizer = load_model(model_dir)
-        texts = continuations(model, tokenizer, args.prompt, Request(
-            args.strategy, args.max_new_tokens, args.beams, args.temperature, args.top_k, args.top_p, args.seed))
+        request = Request(args.strategy, args.max_new_tokens, args.beams, args.temperature, args.top_k, args.top_p,
+                          args.seed)
+        if stage == STAGE:
+            model, tokenizer = load_model(model_dir)
+            texts = continuations(model, tokenizer, args.prompt, request)
+        else:
+            texts = seq2seq_outputs(model_dir, args.input, request)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for i, text in enumerate(texts):
-        print(f"{f'[{i + 1}] ' if len(texts) > 1 else ''}{args.prompt}{text}")
+        print(f"{f'[{i + 1}] ' if len(texts) > 1 else ''}{args.prompt or ''}{text}")
     return 0
 
 

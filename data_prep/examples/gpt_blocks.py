@@ -12,7 +12,7 @@ token of the stream after the first is a target exactly once. Only the tail too 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,10 +29,13 @@ TOKENIZER_FILE = "tokenizer.json"
 BLOCK_SCHEMA = pa.schema([("ids", pa.list_(pa.int32()))])
 
 
-def train_byte_level_bpe(texts: Iterable[str], out_dir: Path, vocab_size: int, min_frequency: int) -> Tokenizer:
-    """Train GPT-2's tokenizer on `texts` and write it to out_dir as tokenizer.json."""
+def train_byte_level_bpe(texts: Iterable[str], out_dir: Path, vocab_size: int, min_frequency: int,
+                         special_tokens: Sequence[str] = (END_OF_TEXT,)) -> Tokenizer:
+    """Train GPT-2's tokenizer on `texts` and write it to out_dir as tokenizer.json. The special tokens take the first
+    ids, in order (GPT's <|endoftext|>; the seq2seq family's padding, start, end, mask and sentinels)."""
     bpe = ByteLevelBPETokenizer(add_prefix_space=False)  # GPT-2's: a leading space is part of the next word's token
-    bpe.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[END_OF_TEXT])
+    bpe.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=min_frequency,
+                            special_tokens=list(special_tokens))
     out_dir.mkdir(parents=True, exist_ok=True)
     bpe.save(str(out_dir / TOKENIZER_FILE))
     return Tokenizer.from_file(str(out_dir / TOKENIZER_FILE))

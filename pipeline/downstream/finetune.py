@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from data_prep.corpus.shards import write_json_atomically
-from pipeline.downstream.baselines import bow_logreg_scores, w2v_mean_scores
+from pipeline.downstream.baselines import bow_logreg_scores, lead_n_scores, w2v_mean_scores
 from pipeline.downstream.task_data import (
     LengthGroupedBatchSampler,
     TaskData,
@@ -276,6 +276,8 @@ def finetune(ctx: StageContext) -> dict:
                                    scored_on, 0.0)
         if task.format == "tsv" and task.labels is not None:
             rows += _subset_baseline_rows(ctx, task, data_dir, scored_on, task_sizes)
+        if task.format == "seq2seq" and "lead_n" in f.baselines:
+            rows += _lead_n_rows(task, data_dir, f, ctx.cfg.seed, scored_on)
     results = _aggregate(rows)
     write_json_atomically(ctx.out_dir / "results.json", results)
     return {"results": headline_results(results)}
@@ -288,8 +290,8 @@ SUBSET_BASELINES = {
     "w2v_mean": lambda ctx: partial(w2v_mean_scores, vectors=load_word2vec(ctx.stage_dir(WORD2VEC.name)),
                                     chinese_words=str(ctx.cfg.data.chinese_words)),
 }
-# finetune.baselines: majority_class is scored once, from all of train
-BASELINES = ("majority_class", *SUBSET_BASELINES)
+# finetune.baselines: majority_class is scored once, from all of train, as is lead_n (generation tasks)
+BASELINES = ("majority_class", *SUBSET_BASELINES, "lead_n")
 
 
 def _baseline_rows(model: str, task: DictConfig, scores: dict[str, float], train_examples: int, dev_examples: int,
@@ -297,6 +299,17 @@ def _baseline_rows(model: str, task: DictConfig, scores: dict[str, float], train
     return [{"model": model, "task": task.name, "metric": metric, "score": value, "seed": None, "train_size": None,
              "train_examples": train_examples, "dev_examples": dev_examples, "scored_on": scored_on,
              "seconds": seconds} for metric, value in scores.items()]
+
+
+def _lead_n_rows(task: DictConfig, data_dir, f: DictConfig, seed: int, scored_on: str) -> list[dict]:
+    """The lead-N baseline of a generation task (baselines.lead_n_scores), N chosen on the whole train split."""
+    train, dev, _ = tsv_splits(task, data_dir, f.max_train_examples, seed, f.get("selection_fraction"))
+    started = time.perf_counter()
+    n, scores = lead_n_scores(task, train, dev)
+    print(f"finetune {task.name}/lead_n: the first {n} words (chosen on train); "
+          + ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), flush=True)
+    return _baseline_rows("lead_n", task, scores, len(train.labels), len(dev.labels), scored_on,
+                          round(time.perf_counter() - started, 1))
 
 
 def _subset(split: TaskSplit, indices: np.ndarray) -> TaskSplit:

@@ -155,16 +155,17 @@ def majority_tag_scores(task: DictConfig, train: list[TaggedSentence], dev: list
 
 SPLIT_READERS: dict[str, Callable[[DictConfig, Path, str], object]] = {
     "tsv": lambda task, data_dir, name: read_split(task, data_dir / name),
+    "seq2seq": lambda task, data_dir, name: read_split(task, data_dir / name),
     "conll": conll_sentences,
     "squad": lambda task, data_dir, name: read_squad(data_dir / name),
 }
 
 
 def _texts(split) -> list[str]:
-    """The text of a split as a reader gives it: sentences (and their pairs), tagged sentences' words, SQuAD's
-    contexts and questions."""
-    if isinstance(split, TaskSplit):
-        return split.texts_a + (split.texts_b or [])
+    """The text of a split as a reader gives it: sentences (and their pairs, and generation targets), tagged
+    sentences' words, SQuAD's contexts and questions."""
+    if isinstance(split, TaskSplit):  # a generation task's targets are text too (BBC headlines)
+        return split.texts_a + (split.texts_b or []) + [t for t in split.labels if isinstance(t, str)]
     if split and isinstance(split[0], TaggedSentence):
         return [" ".join(sentence.tokens) for sentence in split]
     return list(dict.fromkeys(text for example in split for text in (example.context, example.question)))

@@ -72,10 +72,12 @@ def task_data_fingerprint(task: DictConfig, data_dir: str | None, cache_dir: str
 class TaskSplit:
     texts_a: list[str]
     texts_b: list[str] | None
-    labels: list[int] | list[float]
+    labels: list[int] | list[float] | list[str]  # a seq2seq task's: the target texts
 
 
-def _label(task: DictConfig, label_index: dict[str, int] | None, raw: str, where: str) -> int | float:
+def _label(task: DictConfig, label_index: dict[str, int] | None, raw: str, where: str) -> int | float | str:
+    if task.format == "seq2seq":  # a generation task: the label column is the target text
+        return raw
     if label_index is None:
         try:
             return float(raw)
@@ -90,8 +92,8 @@ def _label(task: DictConfig, label_index: dict[str, int] | None, raw: str, where
 
 def read_split(task: DictConfig, path: Path) -> TaskSplit:
     """Read one TSV split. Labels are mapped to 0..n-1 in the order of the task's label list, or read as floats
-    when the task has `labels: null` (regression, STS-B). With `header: false` (CoLA) the files have no header
-    row and text_a/text_b/label are 0-based column indices."""
+    when the task has `labels: null` (regression, STS-B), or kept as text (`format: seq2seq`: the target). With
+    `header: false` (CoLA) the files have no header row and text_a/text_b/label are 0-based column indices."""
     if not path.is_file():
         where = f"finetune.data_dir (or its {task.data_subdir} subdirectory)" if task.get("data_subdir") \
             else "finetune.data_dir"

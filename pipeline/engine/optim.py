@@ -29,20 +29,25 @@ def _decay_groups(module: nn.Module, weight_decay: float, lr: float | None = Non
     return groups
 
 
-# pretrain.lr_decay: the shape of the decay from the peak lr to 0 after the warmup. Linear warmup then linear decay is
-# also the "one-cycle" of Izsak et al. 2021 (BERT in 24 h).
-LR_DECAYS = ("linear", "cosine")
+# pretrain.lr_decay: the shape of the decay from the peak lr after the warmup. Linear warmup then linear decay is
+# also the "one-cycle" of Izsak et al. 2021 (BERT in 24 h); both reach 0 at max_steps. noam: the Transformer's
+# inverse square root (noam_rate, Vaswani et al. 2017 eq. 3), which never reaches 0.
+LR_DECAYS = ("linear", "cosine", "noam")
 
 
 def _with_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int,
                    decay: str = "linear") -> dict:
     """Lightning's optimizer dict: linear warmup to the peak lr over `warmup_steps`, then `decay` (LR_DECAYS) to 0 at
-    `total_steps`, stepped once per optimizer step (not per batch, so gradient accumulation keeps the schedule)."""
+    `total_steps`, stepped once per optimizer step (not per batch, so gradient accumulation keeps the schedule).
+    noam: noam_rate's shape scaled so that its peak, at the end of the warmup, is the optimizer's lr: pretrain.lr
+    is then seed 000's factor / sqrt(d_model * warmup), the same setting for every family whatever its width."""
     if decay not in LR_DECAYS:
         raise ValueError(f"lr decay {decay!r} is not known; use one of {list(LR_DECAYS)}")
     warmup_steps = max(1, warmup_steps)
 
     def factor(step: int) -> float:
+        if decay == "noam":  # LambdaLR's step 0 is the first update's, seed 000's step 1
+            return noam_rate(step + 1, 1, warmup_steps) / noam_rate(warmup_steps, 1, warmup_steps)
         if step < warmup_steps:
             return (step + 1) / warmup_steps
         remaining = max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))  # 1 -> 0

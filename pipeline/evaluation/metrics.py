@@ -197,6 +197,20 @@ def squad_scores(predictions: Sequence[str], references: Sequence[Sequence[str]]
 
 # Task metric name (a task YAML's `metric`) -> function of (predictions, references) giving named numbers. GLUE
 # reports MRPC as accuracy and F1 and STS-B as Pearson and Spearman (Wang et al. 2019, Table 1).
+def generation_scores(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
+    """A generation task's scores from the libraries the field reports with, not hand-written: ROUGE-1, -2 and -L F1
+    (Lin 2004; Google's `rouge-score`, Porter-stemmed as in its summarisation use), the mean over examples, and
+    corpus BLEU (Papineni et al. 2002; `sacrebleu`'s default 13a tokenisation, Post 2018), as fractions."""
+    import sacrebleu
+    from rouge_score import rouge_scorer
+
+    _check_lengths(predictions, references)
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+    rouge = [scorer.score(reference, prediction) for prediction, reference in zip(predictions, references)]
+    return {**{name: float(np.mean([r[name].fmeasure for r in rouge])) for name in ("rouge1", "rouge2", "rougeL")},
+            "bleu": sacrebleu.corpus_bleu(list(predictions), [list(references)]).score / 100}
+
+
 METRICS: dict[str, Callable[[Sequence, Sequence], dict[str, float]]] = {
     "accuracy": lambda p, r: {"accuracy": accuracy(p, r)},
     "accuracy_f1": lambda p, r: {"accuracy": accuracy(p, r), "f1": binary_f1(p, r)},
@@ -206,6 +220,7 @@ METRICS: dict[str, Callable[[Sequence, Sequence], dict[str, float]]] = {
     "token_accuracy": token_accuracy,
     "word_f1": word_f1,
     "squad": squad_scores,
+    "rouge_bleu": generation_scores,
 }
 
 

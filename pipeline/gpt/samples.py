@@ -34,26 +34,31 @@ def load_model(model_dir: Path) -> tuple[GPTLMHeadModel, Tokenizer]:
     return load_pretrained(model_dir).eval(), load_gpt_tokenizer(model_dir)
 
 
+def generate_tokens(model, ids: list[int], request: Request) -> list[list[int]]:
+    """`request`'s decoding of one input by models/generation.py, a GPT's prompt or an encoder-decoder's source (what
+    pipeline.generate serves for both families): the `beams` best for beam search, best first, else one. ValueError,
+    one line, for what cannot be generated."""
+    if request.strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {request.strategy!r}; use one of {', '.join(STRATEGIES)}")
+    if request.beams < 1:
+        raise ValueError(f"--beams must be >= 1, got {request.beams}")
+    if request.strategy == "beam":
+        return [h.tokens for h in beam_search(model, ids, request.max_new_tokens, num_beams=request.beams)]
+    if request.strategy == "sample":
+        generator = torch.Generator().manual_seed(request.seed)
+        return sample(model, [ids], request.max_new_tokens, request.temperature, request.top_k, request.top_p,
+                      generator=generator)
+    return greedy(model, [ids], request.max_new_tokens)
+
+
 def continuations(model: GPTLMHeadModel, tokenizer: Tokenizer, prompt: str, request: Request) -> list[str]:
     """The continuation of `prompt` (the `beams` best for beam search, best first) as text, without the
     end-of-text token that ends a finished one. ValueError, one line, for what cannot be generated."""
     if not prompt.strip():
         raise ValueError("the prompt is empty: give some text to continue")
-    if request.strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {request.strategy!r}; use one of {', '.join(STRATEGIES)}")
-    if request.beams < 1:
-        raise ValueError(f"--beams must be >= 1, got {request.beams}")
-    ids = tokenizer.encode(prompt).ids
-    if request.strategy == "beam":
-        outputs = [h.tokens for h in beam_search(model, ids, request.max_new_tokens, num_beams=request.beams)]
-    elif request.strategy == "sample":
-        generator = torch.Generator().manual_seed(request.seed)
-        outputs = sample(model, [ids], request.max_new_tokens, request.temperature, request.top_k, request.top_p,
-                         generator=generator)
-    else:
-        outputs = greedy(model, [ids], request.max_new_tokens)
     eos = model.config.eos_token_id
-    return [complete_characters(tokenizer.decode([t for t in tokens if t != eos])) for tokens in outputs]
+    return [complete_characters(tokenizer.decode([t for t in tokens if t != eos]))
+            for tokens in generate_tokens(model, tokenizer.encode(prompt).ids, request)]
 
 
 def complete_characters(text: str) -> str:

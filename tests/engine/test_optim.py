@@ -97,7 +97,7 @@ def test_cosine_decay_falls_from_the_peak_to_zero_along_half_a_cosine():
         adamw_with_schedule(model, 1.0, 0.0, (0.9, 0.999), 2, 10, decay="step")
 
 
-@pytest.mark.parametrize("family", ["bert", "elmo", "skip_thought", "gpt"])
+@pytest.mark.parametrize("family", ["bert", "elmo", "skip_thought", "gpt", "seq2seq"])
 def test_every_family_pretrains_with_the_configured_lr_decay(family_data, family):
     """pretrain.lr_decay reaches the optimizer of each family's pretraining stage, as built by the stage itself."""
     from pipeline.engine.dag import StageContext

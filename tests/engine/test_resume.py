@@ -150,7 +150,8 @@ def train_losses(out_dir: Path) -> dict[int, float]:
 # Three processes each, 30-70 s on a loaded 2-core machine: ELMo's and Skip-Thought's in the slow suite.
 @pytest.mark.parametrize("family", ["bert", pytest.param("elmo", marks=pytest.mark.slow),
                                     pytest.param("skip_thought", marks=pytest.mark.slow),
-                                    pytest.param("gpt", marks=pytest.mark.slow)])
+                                    pytest.param("gpt", marks=pytest.mark.slow),
+                                    pytest.param("seq2seq", marks=pytest.mark.slow)])
 def test_killed_pretraining_resumes_exactly_where_an_uninterrupted_run_would_be(family_data, family, tmp_path):
     tiny = family_data(family)
     reference_dir = tmp_path / "reference"
@@ -236,7 +237,7 @@ def run_stage_into(run: TinyRun, stage: str, out: Path) -> dict:
     return execute_stage(STAGES, run.cfg, stage, run.plan.hashes[stage], out, inputs, None)
 
 
-@pytest.mark.parametrize("family", ["bert", "elmo", "skip_thought", "gpt"])
+@pytest.mark.parametrize("family", ["bert", "elmo", "skip_thought", "gpt", "seq2seq"])
 def test_diverged_pretraining_fails_naming_the_setting_and_is_never_complete(family_data, family, tmp_path):
     """Issue 21: lr 1e3 sent BERT's loss from 9.7 to 689,714 in 20 steps, finite (clipped), and the stage completed."""
     tiny = family_data(family)

@@ -145,7 +145,7 @@ def _write_task_files(root: Path, names: list[str]) -> Path:
     ("pretrain.lr=abc", "could not be converted to Float\n    full_key: pretrain.lr"),
     ("pretrain.max_steps=2.5", "could not be converted to Integer\n    full_key: pretrain.max_steps"),
     ("pretrain.optimizer=adam", "expected one of [adamw, lamb]\n    full_key: pretrain.optimizer"),
-    ("pretrain.lr_decay=step", "expected one of [linear, cosine]\n    full_key: pretrain.lr_decay"),
+    ("pretrain.lr_decay=step", "expected one of [linear, cosine, noam]\n    full_key: pretrain.lr_decay"),
     ("pretrain_phase2.optimizer=adam", "full_key: pretrain_phase2.optimizer"),  # BERT's block (Family.config)
     ("finetune.models=[bert,bert_large]", "Invalid value 'bert_large'"),   # the families' model kinds
     ("evaluate.encoders=[bert_cls,no_such_encoder]", "full_key: evaluate.encoders[1]"),

@@ -1,6 +1,6 @@
 """models/seq2seq.py and models/rnn_seq2seq.py: the Transformer and RNN encoder-decoders, their label-smoothed loss,
 and their decoding through models/generation.py (KV cache, memory computed once, greedy, beam search). The copy task:
-tests/test_seq2seq_copy.py; BART parity: tests/test_seq2seq_hf_parity.py."""
+tests/seq2seq/test_seq2seq_copy.py; BART parity: tests/seq2seq/test_seq2seq_hf_parity.py."""
 from __future__ import annotations
 
 import math

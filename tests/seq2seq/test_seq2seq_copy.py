@@ -3,7 +3,8 @@ Transformer encoder-decoder and the tiny RNN encoder-decoder with attention, to 
 sequences decoded greedily, within a test-sized budget. The Transformer trains as seed 000's does (Adam with betas
 (0.9, 0.98), eps 1e-9 under the Noam schedule), and is decoded with seed 000's greedy_decode.
 
-The number of steps each took (the first evaluation at >= 99 %) is printed: `pytest -s tests/test_seq2seq_copy.py`."""
+The number of steps each took (the first evaluation at >= 99 %) is printed:
+`pytest -s tests/seq2seq/test_seq2seq_copy.py`."""
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,6 @@
 """Numerical parity of models/seq2seq.py with HuggingFace transformers' BartForConditionalGeneration, both ways, on
 random weights: logits to 1e-5, and beam search with 4 beams (models/generation.py) against HF's `generate`. The
-largest differences are printed: `pytest -s tests/test_seq2seq_hf_parity.py`."""
+largest differences are printed: `pytest -s tests/seq2seq/test_seq2seq_hf_parity.py`."""
 import dataclasses
 
 import pytest

@@ -1,0 +1,163 @@
+"""The encoder-decoder fine-tuned end to end on a generation task (`format: seq2seq`: a TSV of source and target
+texts, e.g. tasks/bbc_headlines.yaml): the label-smoothed loss of the target given the source, as in pretraining
+(BART, Lewis et al. 2020, Sec. 3.4: the pretrained model fine-tuned whole, source into the encoder, target out of the
+decoder), and dev decoded by beam search (models/generation.py) and scored by the task's metric (ROUGE and BLEU,
+pipeline/evaluation/metrics.py). `finetune.models=[seq2seq]`: this run's pretrained model, and with it
+(finetune.random_twins) `seq2seq_random`, its architecture untrained. The generated texts of the last seed fine-tuned
+are kept in the finetune stage's `generated/<task>-<kind>.tsv`, beside the references, for the report."""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from tokenizers import Tokenizer
+from torch import nn
+
+from data_prep.examples.seq2seq_examples import load_seq2seq_tokenizer
+from models.generation import beam_search
+from models.seq2seq import EncoderDecoder, load_pretrained
+from pipeline.downstream.modules import FinetuneModule
+from pipeline.downstream.task_data import TaskData, tsv_splits
+from pipeline.engine.dag import StageContext
+from pipeline.engine.family import FinetuneKind
+from pipeline.evaluation.metrics import score_task
+from pipeline.seq2seq.module import PairCollator
+
+GENERATED_DIR = "generated"
+SAMPLE_COLUMNS = ("source", "reference", "generated")
+
+
+def encode_texts(tokenizer: Tokenizer, texts: list[str], max_len: int, eos: int) -> list[np.ndarray]:
+    """Each text's tokens cut to max_len - 1, then the end token (as pretraining's sources and targets end)."""
+    return [np.asarray([*e.ids[: max_len - 1], eos], dtype=np.int64) for e in tokenizer.encode_batch(texts)]
+
+
+class IndexedPairCollator(PairCollator):
+    """A batch of pairs (PairCollator) with each row's position in its split: dev's generations go back to their
+    references by it."""
+
+    def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        return {**super().__call__(rows), "index": torch.tensor([row["index"] for row in rows])}
+
+
+def complete_text(tokenizer: Tokenizer, tokens: list[int], eos: int) -> str:
+    """Generated tokens as one line of text, without the end token and the replacement characters of a byte-level
+    BPE cut inside a character."""
+    return " ".join(tokenizer.decode([t for t in tokens if t != eos]).split()).rstrip("\ufffd")
+
+
+class GenerationModule(FinetuneModule):
+    """The target's loss given the source (label-smoothed in training, the model's LabelSmoothing); dev scored once,
+    after the last epoch, on the beam-searched best hypothesis of every source."""
+
+    def __init__(self, model: EncoderDecoder, metric: str, tokenizer: Tokenizer, dev_sources: list[list[int]],
+                 references: list[str], samples_path: Path, max_new_tokens: int, num_beams: int,
+                 length_penalty: float, lr: float, weight_decay: float, warmup_steps: int, total_steps: int):
+        super().__init__(model)
+        self.save_hyperparameters("metric", "max_new_tokens", "num_beams", "length_penalty", "lr", "weight_decay",
+                                  "warmup_steps", "total_steps")
+        self.tokenizer, self.dev_sources, self.references = tokenizer, dev_sources, references
+        self.samples_path = samples_path
+        self._generated: dict[int, str] = {}
+
+    def model_step(self, batch: dict) -> tuple[torch.Tensor, None]:
+        out = self.model(batch["input_ids"], batch["decoder_input_ids"], batch["attention_mask"], batch["targets"])
+        return out.loss, None
+
+    def on_validation_epoch_start(self) -> None:
+        self._generated = {}
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        hp, eos = self.hparams, self.model.config.eos_token_id
+        for index in batch["index"].tolist():
+            best = beam_search(self.model, self.dev_sources[index], hp.max_new_tokens, num_beams=hp.num_beams,
+                               alpha=hp.length_penalty)[0]
+            self._generated[index] = complete_text(self.tokenizer, best.tokens, eos)
+
+    def on_validation_epoch_end(self) -> None:
+        predictions = [self._generated[i] for i in range(len(self.references))]
+        self._log_scores(score_task(self.hparams.metric, predictions, self.references))
+        self.samples_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.samples_path, "w", encoding="utf-8", newline="") as f:
+            writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_MINIMAL)
+            writer.writerow(SAMPLE_COLUMNS)
+            for source, reference, generated in zip(self.dev_sources, self.references, predictions):
+                writer.writerow([complete_text(self.tokenizer, source, self.model.config.eos_token_id), reference,
+                                 generated])
+
+
+def load_task_data(task: DictConfig, data_dir: Path, tokenizer: Tokenizer, config, max_seq_length: int,
+                   max_train_examples: int | None, seed: int, samples_path: Path,
+                   selection_fraction: float | None = None) -> TaskData:
+    """A seq2seq task's pairs encoded with the pretraining tokenizer, sources cut to the model's positions (and
+    finetune.max_seq_length), targets to the task's max_target_tokens; make_model takes the pretrained config."""
+    if task.format != "seq2seq":
+        raise ValueError(f"task {task.name}: {task.format} tasks are not supported for seq2seq (it fine-tunes on "
+                         "generation tasks, format: seq2seq); drop seq2seq and seq2seq_random from finetune.models "
+                         "for it")
+    train, dev, _ = tsv_splits(task, data_dir, max_train_examples, seed, selection_fraction)
+    max_source, max_target = min(max_seq_length, config.max_positions), min(task.max_target_tokens,
+                                                                            config.max_positions)
+    eos = config.eos_token_id
+
+    def rows(split) -> list[dict]:
+        sources, targets = (encode_texts(tokenizer, split.texts_a, max_source, eos),
+                            encode_texts(tokenizer, split.labels, max_target, eos))
+        return [{"source": s, "target": t, "index": i} for i, (s, t) in enumerate(zip(sources, targets))]
+
+    train_rows, dev_rows = rows(train), rows(dev)
+    module = partial(GenerationModule, metric=task.metric, tokenizer=tokenizer,
+                     dev_sources=[row["source"].tolist() for row in dev_rows], references=list(dev.labels),
+                     samples_path=samples_path, max_new_tokens=max_target, num_beams=int(task.num_beams),
+                     length_penalty=float(task.length_penalty))
+    return TaskData(train_rows, dev_rows, IndexedPairCollator(config.pad_token_id, config.decoder_start_token_id),
+                    EncoderDecoder, module, None,
+                    train_lengths=[len(r["source"]) + len(r["target"]) for r in train_rows])
+
+
+@dataclass
+class Seq2SeqTaskModels:
+    """A seq2seq_pretrain model directory and its tokenizer; `pretrained`: start from its weights, else from a fresh
+    initialisation of its architecture (what pretraining must beat)."""
+    model_dir: Path
+    tokenizer: Tokenizer
+    kind: str
+    samples_dir: Path
+    pretrained: bool = True
+
+    @property
+    def encoding_key(self) -> str:
+        # one encoding per kind, not one per tokenizer: the encoded task names the file its generations go to
+        return f"{self.model_dir}:{self.kind}"
+
+    def encode(self, task: DictConfig, data_dir: Path, finetune: DictConfig, seed: int,
+               selection_fraction: float | None) -> TaskData:
+        return load_task_data(task, data_dir, self.tokenizer, load_pretrained(self.model_dir).config,
+                              finetune.max_seq_length, finetune.max_train_examples, seed,
+                              self.samples_dir / f"{task.name}-{self.kind}.tsv", selection_fraction)
+
+    def build(self, data: TaskData) -> nn.Module:
+        pretrained = load_pretrained(self.model_dir)
+        model = data.make_model(pretrained.config)  # seeded by the fine-tuning run: the twin's initialisation
+        if self.pretrained:
+            model.load_state_dict(pretrained.state_dict())
+        return model
+
+
+def _load(kind: str, pretrained: bool):
+    def load(ctx: StageContext) -> Seq2SeqTaskModels:
+        model_dir = ctx.stage_dir("seq2seq_pretrain") / "model"
+        return Seq2SeqTaskModels(model_dir, load_seq2seq_tokenizer(model_dir), kind, ctx.out_dir / GENERATED_DIR,
+                                 pretrained)
+    return load
+
+
+FINETUNE_KINDS = {
+    "seq2seq": FinetuneKind(lambda cfg: ("seq2seq_pretrain",), _load("seq2seq", pretrained=True),
+                            random_twin="seq2seq_random"),
+    "seq2seq_random": FinetuneKind(lambda cfg: ("seq2seq_pretrain",), _load("seq2seq_random", pretrained=False))}

@@ -1,0 +1,88 @@
+"""The seq2seq family's stages: its tokenizer (GPT-2's byte-level BPE with padding, start, end, mask and sentinel
+tokens), the source/target pairs of each shard (BART's noising, or T5's span corruption with
+seq2seq.objective=span_corruption), then denoising pretraining of the encoder-decoder (models/seq2seq.py) on the
+shared harness. The model is written in our format (`model/`, with its tokenizer.json), read by evaluate, fine-tuning,
+the report and pipeline.generate, and, where its config is BART's (models.seq2seq.bart_config: post-LN, learned
+positions), as a HuggingFace BartForConditionalGeneration directory (`hf/`, models/hf/seq2seq.py), as BERT's and GPT's
+stages write theirs."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+from omegaconf import DictConfig
+
+from data_prep.examples.gpt_blocks import TOKENIZER_FILE
+from data_prep.examples.seq2seq_examples import BOS, EOS, MASK, PAD, load_seq2seq_tokenizer, special_ids
+from models.hf.seq2seq import hf_incompatibility, to_hf
+from models.seq2seq import save_pretrained
+from pipeline.engine.arrow import read_arrow
+from pipeline.engine.dag import Stage, StageContext
+from pipeline.engine.loaders import ArrowRows, pretraining_loaders
+from pipeline.engine.module import OptimizerSettings
+from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretraining_stage
+from pipeline.seq2seq.data_stages import seq2seq_examples, seq2seq_tokenizer
+from pipeline.seq2seq.module import SOURCE_COLUMN, TARGET_COLUMN, PairCollator, Seq2SeqPretrainModule
+
+HF_DIR = "hf"
+
+
+class Seq2SeqPretraining:
+    """Denoising pretraining as the harness (pipeline/engine/pretraining.py) runs it, on seeded resumable batches of
+    source/target pairs, each rank its own, with the `pretrain` settings."""
+
+    def settings_key(self, cfg: DictConfig) -> str:
+        return "pretrain"
+
+    def settings(self, cfg: DictConfig) -> DictConfig:
+        return cfg.pretrain
+
+    def build_module(self, ctx: StageContext) -> Seq2SeqPretrainModule:
+        tok = load_seq2seq_tokenizer(ctx.stage_dir("seq2seq_tokenizer"))
+        ids = special_ids(tok)
+        # positions for a block and its end token; a source may run one past (data_prep/examples/seq2seq_examples.py)
+        model = instantiate_model(ctx.cfg, vocab_size=tok.get_vocab_size(), pad_token_id=ids.pad,
+                                  decoder_start_token_id=ids.bos, eos_token_id=ids.eos,
+                                  max_positions=ctx.cfg.seq2seq.block_size + 1)
+        return Seq2SeqPretrainModule(model, OptimizerSettings.of(self, ctx.cfg))
+
+    def data(self, ctx: StageContext, module: Seq2SeqPretrainModule, rank: int, world_size: int) -> PretrainingData:
+        p, config = ctx.cfg.pretrain, module.model.config
+        pairs = ArrowRows([read_arrow(f) for f in sorted(ctx.stage_dir("seq2seq_examples").glob("examples-*.arrow"))],
+                          [SOURCE_COLUMN, TARGET_COLUMN])
+        if len(pairs) < 2:
+            raise ValueError(f"only {len(pairs)} seq2seq pairs: the corpus is too small; use a larger corpus or lower "
+                             "seq2seq.block_size")
+        train, val = pretraining_loaders(pairs, PairCollator(config.pad_token_id, config.decoder_start_token_id),
+                                         p.batch_size, p.val_fraction, p.val_max_instances, ctx.cfg.seed,
+                                         p.num_workers, rank, world_size)
+        return PretrainingData(train, train.sampler, val, p.batch_size, uniform_loss=math.log(config.vocab_size))
+
+    def write(self, ctx: StageContext, module: Seq2SeqPretrainModule) -> None:
+        tokenizer = ctx.stage_dir("seq2seq_tokenizer") / TOKENIZER_FILE
+        save_pretrained(module.model, ctx.out_dir / "model")
+        shutil.copy(tokenizer, ctx.out_dir / "model" / TOKENIZER_FILE)
+        if not hf_incompatibility(module.model.config):
+            hf = ctx.out_dir / HF_DIR
+            to_hf(module.model, hf)
+            shutil.copy(tokenizer, hf / TOKENIZER_FILE)
+            # what lets transformers' AutoTokenizer load tokenizer.json with the model's special tokens
+            (hf / "tokenizer_config.json").write_text(json.dumps({
+                "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": module.model.config.max_positions,
+                "bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "mask_token": MASK}, indent=2) + "\n")
+
+    def summary(self, module: Seq2SeqPretrainModule, data: PretrainingData, run: TrainingRun) -> dict:
+        # why no hf/ was written, where none was
+        return {"pairs_seen": run.rows_seen(data.batch_size),
+                "hf": hf_incompatibility(module.model.config) or HF_DIR}
+
+
+SEQ2SEQ_STAGES = (
+    Stage("seq2seq_tokenizer", seq2seq_tokenizer, ("prepare",),
+          ("seq2seq.vocab_size", "seq2seq.min_frequency", "seq2seq.max_sentences", "seq2seq.num_sentinels")),
+    Stage("seq2seq_examples", seq2seq_examples, ("prepare", "seq2seq_tokenizer"),
+          ("seq2seq.block_size", "seq2seq.objective")),
+    pretraining_stage("seq2seq_pretrain", Seq2SeqPretraining(), ("seq2seq_tokenizer", "seq2seq_examples"),
+                      ("seq2seq", "pretrain")),
+)

@@ -1,0 +1,122 @@
+"""The seq2seq family's generation task: the built-in bbc_headlines split, its dev and test articles kept out of the
+pretraining text, and the pipeline fine-tuning the pretrained encoder-decoder beside its random twin and the lead-N
+baseline, decoded by beam search and scored by ROUGE and BLEU, with generations in the report."""
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from data_prep.corpus.builtin import bbc_headline_rows
+from data_prep.corpus.decontaminate import EvaluationOverlap
+from data_prep.corpus.prepare import prepare_corpus
+from data_prep.corpus.shards import open_shards
+from pipeline.corpus import evaluation_texts
+from pipeline.downstream.baselines import lead_n_scores
+from pipeline.downstream.tasks import TaskSplit, load_task
+from pipeline.engine.dag import run_dag
+from pipeline.evaluation.metrics import generation_scores
+from pipeline.runner import validate
+from pipeline.stages import STAGES
+from tests.helpers import ENDINGS, OBJECTS, SUBJECTS, VERBS, family_config
+
+
+def test_bbc_articles_become_body_to_headline_pairs_split_80_10_10_by_a_fixed_seed():
+    articles = {f"bbcnews/data/business/{i:03d}.txt": f"Headline {i}\n\nBody of {i} first.\n\nAnd more {i}.\n"
+                for i in range(100)}
+    articles["bbcnews/data/tech/001.txt"] = articles["bbcnews/data/business/007.txt"]  # the release repeats a few
+    articles["bbcnews/data/tech/002.txt"] = "\n\n"
+    splits = bbc_headline_rows(articles)
+    assert {name: len(rows) for name, rows in splits.items()} == {"train": 80, "dev": 10, "test": 10}
+    pairs = [pair for rows in splits.values() for pair in rows]
+    assert sorted(pairs) == sorted((f"Body of {i} first. And more {i}.", f"Headline {i}") for i in range(100))
+    assert bbc_headline_rows(dict(reversed(articles.items()))) == splits  # the split depends on the data alone
+
+
+def test_generation_scores_are_rouge_and_bleu_fractions():
+    assert generation_scores(["the cat sat"], ["the cat sat"]) == pytest.approx(
+        {"rouge1": 1.0, "rouge2": 1.0, "rougeL": 1.0, "bleu": 0.0}, abs=1e-9)  # BLEU-4 of 3 words: no 4-gram
+    scores = generation_scores(["the cats were sitting on a mat today"], ["the cat sat on the mat today"])
+    assert scores["rouge1"] == pytest.approx(2 * (5 / 8) * (5 / 7) / (5 / 8 + 5 / 7))  # stemmed: cats = cat, sat !=
+    assert 0 < scores["bleu"] < 1
+
+
+def test_lead_n_chooses_n_on_train():
+    task = load_task("bbc_headlines")
+    train = TaskSplit([f"w{i} x{i} y{i} and then much more" for i in range(20)], None,
+                      [f"w{i} x{i} y{i}" for i in range(20)])
+    dev = TaskSplit(["a b c d e"], None, ["a b"])
+    n, scores = lead_n_scores(task, train, dev)
+    assert n == 3 and scores["rougeL"] == pytest.approx(0.8)  # "a b c" against "a b"
+
+
+def write_headline_task(root: Path, seed: int = 0) -> Path:
+    """bbc_headlines' layout: source (an "article" of sentences) and target (its first sentence's subject and
+    verb, as a headline)."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True)
+    for name, n in (("train.tsv", 96), ("dev.tsv", 12), ("test.tsv", 12)):
+        rows = ["source\ttarget"]
+        for _ in range(n):
+            subject, verb = rng.choice(SUBJECTS), rng.choice(VERBS)
+            article = " ".join(f"{s} {v} {rng.choice(OBJECTS)} {rng.choice(ENDINGS)}." for s, v in
+                               [(subject.capitalize(), verb), *((rng.choice(SUBJECTS).capitalize(),
+                                                                 rng.choice(VERBS)) for _ in range(3))])
+            rows.append(f"{article}\t{subject.capitalize()} {verb}")
+        (root / name).write_text("\n".join(rows) + "\n")
+    return root
+
+
+def test_the_tasks_dev_and_test_articles_and_headlines_are_removed_from_pretraining(tmp_path, ray_session):
+    task_dir = write_headline_task(tmp_path / "bbc")
+    cfg = family_config(tmp_path, "seq2seq", ["finetune.task=bbc_headlines", f"finetune.data_dir={task_dir}",
+                                              "pipeline.stages=[seq2seq_pretrain,finetune]"])
+    texts = evaluation_texts(cfg)
+    assert list(texts) == ["bbc_headlines dev", "bbc_headlines test"]
+    split = {name: [line.split("\t") for line in (task_dir / f"{name}.tsv").read_text().splitlines()[1:]]
+             for name in ("train", "dev", "test")}
+    assert set(texts["bbc_headlines test"]) == {text for row in split["test"] for text in row}
+    corpus = tmp_path / "bbc_corpus"  # the articles as books_builtin holds them: the headline, then the body
+    corpus.mkdir()
+    long_train = ("the committee said on monday that the new rules would come into force across the country "
+                  "next spring")
+    for name, rows in split.items():
+        for i, (source, target) in enumerate(rows[:3]):
+            extra = f" And {long_train}." if name == "train" else ""
+            (corpus / f"{name}-{i}.txt").write_text(f"{target}\n\n{source}{extra}\n")
+    manifest = prepare_corpus(corpus, tmp_path / "out", num_workers=1, min_tokens=2, near_duplicates=None,
+                              decontamination=EvaluationOverlap.build(texts, 13))
+    removed = manifest["decontamination"]["sentences_removed_by_source"]
+    assert removed["bbc_headlines dev"] > 0 and removed["bbc_headlines test"] > 0
+    kept = open_shards(tmp_path / "out").column("book_id").to_pylist()
+    assert not any(book.startswith(("dev-", "test-")) for book in kept)  # every sentence of theirs removed
+    assert {f"train-{i}.txt" for i in range(3)} <= set(kept)
+
+
+def test_seq2seq_tiny_is_fine_tuned_on_headlines_beside_its_twin_and_lead_n_and_reported(tmp_path, ray_session):
+    task_dir = write_headline_task(tmp_path / "bbc")
+    cfg = family_config(tmp_path, "seq2seq", [
+        f"finetune.data_dir={task_dir}", "finetune.task=bbc_headlines", "finetune.seeds=[1,2]",
+        "finetune.max_seq_length=32", "finetune.epochs=2", "finetune.lr=3e-3", "finetune.batch_size=16",
+        "pipeline.stages=[seq2seq_pretrain,finetune,report]", "pretrain.max_steps=20"])
+    validate(cfg)
+    results = run_dag(cfg, STAGES, tmp_path / "run")
+    assert [s for s in results if s != "word2vec"] == ["prepare", "seq2seq_tokenizer", "seq2seq_examples",
+                                                       "seq2seq_pretrain", "finetune", "report"]
+    finetune_dir = tmp_path / "run" / "finetune"
+    rows = json.loads((finetune_dir / "results.json").read_text())
+    scores = {(r["model"], r["metric"]): r for r in rows}
+    assert set(scores) == {(model, metric) for model in ("seq2seq", "seq2seq_random", "lead_n")
+                           for metric in ("rouge1", "rouge2", "rougeL", "bleu")}
+    assert scores[("lead_n", "rougeL")]["score"] > 0.9  # the headline is the first three or four words
+    assert scores[("seq2seq", "rougeL")]["seeds"] == 2 and scores[("seq2seq", "rougeL")]["dev_examples"] == 12
+    assert all(0 <= r["score"] <= 1 for r in rows)
+    with open(finetune_dir / "generated" / "bbc_headlines-seq2seq.tsv", encoding="utf-8", newline="") as f:
+        generated = list(csv.DictReader(f, delimiter="\t"))
+    dev = [line.split("\t") for line in (task_dir / "dev.tsv").read_text().splitlines()[1:]]
+    assert [g["reference"] for g in generated] == [target for _, target in dev]
+    report = (tmp_path / "run" / "report" / "results.md").read_text()
+    assert "## Generated: bbc_headlines" in report and dev[0][1] in report and "lead_n" in report

@@ -1,0 +1,96 @@
+"""The seq2seq family through the pipeline's DAG on a tiny corpus: tokenizer, pairs, denoising pretraining (whose
+held-out loss must fall), its encoder probed beside its random twin, and the report; shrunk to seconds."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from data_prep.examples.seq2seq_examples import load_seq2seq_tokenizer, special_ids
+from models.generation import greedy
+from models.seq2seq import load_pretrained
+from pipeline.engine.arrow import read_arrow
+from pipeline.engine.dag import run_dag
+from pipeline.generate import main as generate
+from pipeline.runner import validate
+from pipeline.stages import STAGES
+from tests.helpers import SENTEVAL_MR_ONLY, TINY_FAMILIES, TinyRun, family_config, write_mr
+
+
+def val_losses(stage_dir: Path) -> dict[int, float]:
+    with open(stage_dir / "loss_curve.csv") as f:
+        return {int(r["step"]): float(r["value"]) for r in csv.DictReader(f) if r["name"] == "val/loss"}
+
+
+def test_seq2seq_tiny_pretrains_its_held_out_loss_falls_and_its_encoder_is_probed(tmp_path, ray_session, capsys):
+    write_mr(tmp_path / "senteval" / "MR")
+    cfg = family_config(tmp_path, "seq2seq", [
+        f"senteval.data_root={tmp_path / 'senteval'}", *SENTEVAL_MR_ONLY,
+        "pipeline.stages=[seq2seq_pretrain,evaluate,report]", "pretrain.max_steps=60",
+        "pretrain.val_every_steps=20", "pretrain.warmup_steps=10", "pretrain.lr=3e-3"])
+    validate(cfg)
+    results = run_dag(cfg, STAGES, tmp_path / "run")
+    assert [s for s in results if s != "word2vec"] == ["prepare", "seq2seq_tokenizer", "seq2seq_examples",
+                                                       "seq2seq_pretrain", "evaluate", "report"]
+    assert results["seq2seq_examples"]["objective"] == "bart" and results["seq2seq_examples"]["examples"] > 100
+    pretrain = results["seq2seq_pretrain"]
+    losses = val_losses(tmp_path / "run" / "seq2seq_pretrain")
+    assert sorted(losses) == [20, 40, 60]
+    assert losses[60] < losses[20] - 0.3 and pretrain["final_val_loss"] < pretrain["uniform_val_loss"] - 1.5
+    with open(tmp_path / "run" / "report" / "results.csv") as f:
+        probed = {(r["model"], r["task"]) for r in csv.DictReader(f) if r["stage"] == "evaluate"}
+    assert {("seq2seq_mean", "MR"), ("seq2seq_mean_random", "MR")} <= probed
+    model_dir = tmp_path / "run" / "seq2seq_pretrain" / "model"
+    model, tokenizer = load_pretrained(model_dir), load_seq2seq_tokenizer(model_dir)
+    ids = special_ids(tokenizer)
+    assert (model.config.pad_token_id, model.config.decoder_start_token_id, model.config.eos_token_id) == ids[:3]
+    source = [*tokenizer.encode("The old man saw the ship").ids, ids.eos]
+    assert len(greedy(model, [source], 8)[0]) <= 8
+    assert "seq2seq_pretrain" in (tmp_path / "run" / "report" / "results.md").read_text()
+    # python -m pipeline.generate RUN_DIR --input: the run's encoder-decoder writes from a source
+    assert generate([str(tmp_path / "run"), "--input", "The old man saw the ship", "--strategy", "beam", "--beams",
+                     "2", "--max-new-tokens", "6"]) == 0
+    assert [line[:4] for line in capsys.readouterr().out.splitlines() if line.startswith("[")] == ["[1] ", "[2] "]
+    assert generate([str(tmp_path / "run"), "--prompt", "The old man"]) == 2
+    assert "--input for a seq2seq run" in capsys.readouterr().err
+
+
+def test_span_corruption_is_the_objective_seq2seq_objective_names(tmp_path, ray_session):
+    run = TinyRun(family_config(tmp_path, "seq2seq", ["seq2seq.objective=span_corruption"]))
+    for name in TINY_FAMILIES["seq2seq"].data_stages:
+        summary = run.run_stage(name)
+    assert summary["objective"] == "span_corruption"
+    sentinels = special_ids(load_seq2seq_tokenizer(run.stage_dir("seq2seq_tokenizer"))).sentinels
+    assert len(sentinels) == 8
+    table = read_arrow(sorted(run.stage_dir("seq2seq_examples").glob("examples-*.arrow"))[0])
+    for target in table.column("target").to_pylist():
+        assert target[0] == sentinels[0]
+    assert json.loads((run.stage_dir("seq2seq_examples") / "stage.json").read_text())["examples"] > 100
+
+
+def test_a_bart_shaped_model_is_written_as_huggingface_bart_and_seed_000s_is_not(tmp_path, ray_session):
+    """hf/ where the config is BART's (models.seq2seq.bart_config): transformers loads it, its logits are ours to
+    1e-5 and its tokenizer gives the pipeline's ids; seed 000's pre-LN, sinusoidal model gets none, and says why."""
+    transformers = pytest.importorskip("transformers")
+    run = TinyRun(family_config(tmp_path, "seq2seq", ["model.config._target_=models.seq2seq.bart_config",
+                                                      "pretrain.max_steps=4", "pretrain.val_every_steps=2"]))
+    for name in (*TINY_FAMILIES["seq2seq"].data_stages, "seq2seq_pretrain"):
+        summary = run.run_stage(name)
+    assert summary["hf"] == "hf"
+    out = run.stage_dir("seq2seq_pretrain")
+    ours, tokenizer = load_pretrained(out / "model").eval(), load_seq2seq_tokenizer(out / "model")
+    hf = transformers.BartForConditionalGeneration.from_pretrained(out / "hf", attn_implementation="eager").eval()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out / "hf")
+    text = "The old man saw the ship."
+    assert hf_tokenizer(text, add_special_tokens=False)["input_ids"] == tokenizer.encode(text).ids
+    ids = torch.tensor([[*tokenizer.encode(text).ids, ours.config.eos_token_id]])
+    decoder_ids = torch.tensor([[ours.config.decoder_start_token_id, *tokenizer.encode("The old").ids]])
+    with torch.no_grad():
+        theirs = hf(input_ids=ids, decoder_input_ids=decoder_ids).logits
+        torch.testing.assert_close(ours(ids, decoder_ids).logits, theirs, atol=1e-5, rtol=1e-5)
+    seed_000 = TinyRun(family_config(tmp_path, "seq2seq", ["pretrain.max_steps=4", "pretrain.val_every_steps=2"]))
+    summary = seed_000.run_stage("seq2seq_pretrain")
+    assert "post-LN" in summary["hf"] and not (seed_000.stage_dir("seq2seq_pretrain") / "hf").exists()
