@@ -61,7 +61,7 @@ def _write_squad(task, path) -> list[str]:
 def test_task_yaml_names_a_known_format_and_metric(name):
     task = load_task(name)
     assert task.name == name
-    assert task.format in {"tsv", "conll", "squad"}
+    assert task.format in {"tsv", "conll", "squad", "seq2seq"}
     assert task.metric in METRICS
     assert task.train_file and task.dev_file and task.train_file != task.dev_file
 
@@ -79,6 +79,14 @@ def test_task_reads_a_fixture_in_its_layout(name, tmp_path):
             assert split.texts_b is None
         else:
             assert split.texts_b == [f"second sentence {i}" for i in range(len(expected))]
+    elif task.format == "seq2seq":
+        sources = [f"the article {i} , in words" for i in range(4)]
+        targets = [f"headline {i}" for i in range(4)]
+        path.write_text("\n".join(["index\textra\t" + "\t".join((task.label, task.text_a))]
+                                  + [f"{i}\tx\t{t}\t{src}" for i, (src, t) in enumerate(zip(sources, targets))]) + "\n")
+        split = read_split(task, path)
+        assert split.texts_a == sources and split.labels == targets  # the target is read as text, not as a label id
+        assert split.texts_b is None
     elif task.format == "conll":
         expected = _write_conll(task, path)
         sentences = conll_sentences(task, tmp_path, task.dev_file)
@@ -89,6 +97,7 @@ def test_task_reads_a_fixture_in_its_layout(name, tmp_path):
         assert {t for s in sentences for t in s.tags} <= set(task.labels)
         assert task.metric in {"entity_f1", "token_accuracy", "word_f1"}
     else:
+        assert task.format == "squad", task.format
         expected = _write_squad(task, path)
         assert [e.answers[0] for e in read_squad(path)] == expected
 
