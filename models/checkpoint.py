@@ -51,3 +51,22 @@ def load_checkpoint(path, model_class, config_class, checkpoint_format: str) -> 
     model = model_class(config_from_dict(config_class, config))
     model.load_state_dict(load_file(str(Path(path) / "model.safetensors")))
     return model
+
+
+def read_hf_weights(path) -> dict[str, torch.Tensor]:
+    """The state dict of a HuggingFace model directory: model.safetensors, or the older pytorch_model.bin."""
+    path = Path(path)
+    if (path / "model.safetensors").exists():
+        return load_file(str(path / "model.safetensors"))
+    if (path / "pytorch_model.bin").exists():
+        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {path} (sharded checkpoints are not "
+                            "supported)")
+
+
+def load_every_weight(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """load_state_dict that names both what the checkpoint lacks and what it has beyond the model: a converted
+    checkpoint must fill the model exactly."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match the config: missing {missing}, unexpected {unexpected}")

@@ -23,10 +23,10 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from models import IGNORE_INDEX
-from models.checkpoint import load_checkpoint, read_config, save_checkpoint
+from models.checkpoint import load_checkpoint, load_every_weight, read_config, read_hf_weights, save_checkpoint
 
 
 @dataclass
@@ -383,17 +383,9 @@ def from_hf(path_or_state_dict, config: GPTConfig | None = None) -> GPTLMHeadMod
         path = Path(path_or_state_dict)
         if config is None:
             config = config_from_hf(read_config(path))
-        if (path / "model.safetensors").exists():
-            state = load_file(str(path / "model.safetensors"))
-        elif (path / "pytorch_model.bin").exists():
-            state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        else:
-            raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {path} (sharded checkpoints are "
-                                    "not supported)")
+        state = read_hf_weights(path)
     model = GPTLMHeadModel(config)
-    missing, unexpected = model.load_state_dict(_state_from_hf(state), strict=False)
-    if missing or unexpected:
-        raise ValueError(f"checkpoint does not match the config: missing {missing}, unexpected {unexpected}")
+    load_every_weight(model, _state_from_hf(state))
     return model
 
 

@@ -13,9 +13,8 @@ import warnings
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
-from models.checkpoint import read_config
+from models.checkpoint import load_every_weight, read_config, read_hf_weights
 from models.hf import write_config, write_weights
 from models.seq2seq import EncoderDecoder, Seq2SeqConfig
 
@@ -115,15 +114,7 @@ def from_hf(path_or_state_dict, config: Seq2SeqConfig | None = None) -> EncoderD
             warnings.warn("the config forces tokens in HF's generate (forced_bos_token_id / forced_eos_token_id); "
                           "models/generation.py forces none", stacklevel=2)
         config = config or config_from_hf(hf)
-        if (path / "model.safetensors").exists():
-            state = load_file(str(path / "model.safetensors"))
-        elif (path / "pytorch_model.bin").exists():
-            state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        else:
-            raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {path} (sharded checkpoints are "
-                                    "not supported)")
+        state = read_hf_weights(path)
     model = EncoderDecoder(config)
-    missing, unexpected = model.load_state_dict(_state_from_hf(state), strict=False)
-    if missing or unexpected:
-        raise ValueError(f"checkpoint does not match the config: missing {missing}, unexpected {unexpected}")
+    load_every_weight(model, _state_from_hf(state))
     return model
