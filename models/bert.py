@@ -23,9 +23,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
-from models.checkpoint import config_from_dict, load_checkpoint, read_config, save_checkpoint
+from models.checkpoint import config_from_dict, load_checkpoint, read_config, read_hf_weights, save_checkpoint
 
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "relative")
 
@@ -614,15 +613,6 @@ def config_from_hf(hf: dict) -> BertConfig:
     return BertConfig(**values, position_embedding_type="learned")
 
 
-def _read_hf_dir(path: Path) -> dict:
-    if (path / "model.safetensors").exists():
-        return load_file(str(path / "model.safetensors"))
-    if (path / "pytorch_model.bin").exists():
-        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {path} "
-                            "(sharded checkpoints are not supported)")
-
-
 def _normalise_hf_keys(state_dict: dict) -> dict:
     """Strip the `bert.` prefix of task-model checkpoints and rename TF-era LayerNorm gamma/beta to weight/bias."""
     out = {}
@@ -644,7 +634,7 @@ def _hf_state_and_config(path_or_state_dict, config):
     path = Path(path_or_state_dict)
     if config is None:
         config = config_from_hf(json.loads((path / "config.json").read_text()))
-    return _normalise_hf_keys(_read_hf_dir(path)), config
+    return _normalise_hf_keys(read_hf_weights(path)), config
 
 
 def _encoder_state(state: dict) -> dict:
