@@ -314,9 +314,8 @@ def test_cpu_dropout_keeps_one_minus_p_scaled_and_reproducible(dtype):
     assert torch.equal(CPUDropout(0.0).train()(x), x) and not CPUDropout(1.0).train()(x).any()
 
 
-def test_decoding_steps_multiply_their_rows_by_models_gemv_and_a_prompt_by_f_linear(monkeypatch):
-    """Every product of a one-token step (4 per block and the LM head) goes through models/gemv.py's kernel; a
-    prompt of more than gemv.MAX_ROWS tokens and training go through F.linear."""
+def count_gemv_calls(monkeypatch) -> list[tuple[int, ...]]:
+    """models/gemv.py's kernel replaced by F.linear that records the shape of each input it is given."""
     calls = []
 
     class CountingKernel:
@@ -326,6 +325,13 @@ def test_decoding_steps_multiply_their_rows_by_models_gemv_and_a_prompt_by_f_lin
             return F.linear(x, weight, bias if bias.numel() else None)
 
     monkeypatch.setattr(gemv, "_kernel", CountingKernel)
+    return calls
+
+
+def test_decoding_steps_multiply_their_rows_by_models_gemv_and_a_prompt_by_f_linear(monkeypatch):
+    """Every product of a one-token step (4 per block and the LM head) goes through models/gemv.py's kernel; a
+    prompt of more than gemv.MAX_ROWS tokens and training go through F.linear."""
+    calls = count_gemv_calls(monkeypatch)
     torch.manual_seed(0)
     model = GPTLMHeadModel(GPT).eval()
     prompt = torch.randint(0, V, (1, gemv.MAX_ROWS + 1))

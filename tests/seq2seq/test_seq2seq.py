@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import IGNORE_INDEX, gemv, kernels
+from models import IGNORE_INDEX, kernels
 from models.generation import beam_search, greedy, sample
 from models.rnn_seq2seq import (
     ATTENTIONS,
@@ -38,7 +38,7 @@ from models.seq2seq import (
     shift_right,
     subsequent_mask,
 )
-from tests.models.test_kernels import assert_same, on_and_off
+from tests.models.test_kernels import assert_same, count_gemv_calls, on_and_off
 from tests.seq2seq.test_seq2seq_copy import copy_batch
 
 V = 13  # the copy task's vocabulary: padding 0, start 1, end 2, symbols 3..12
@@ -450,15 +450,7 @@ def test_a_decoding_step_multiplies_its_rows_by_models_gemv(monkeypatch):
     """Every product of a one-token step goes through models/gemv.py's kernel: per decoder layer q, k, v and the
     output of self-attention, q and the output of attention over the memory, the two of the feed-forward; then the
     Generator. The source's encoding and the memory's keys and values (more than gemv.MAX_ROWS rows) do not."""
-    calls = []
-
-    class CountingKernel:
-        @staticmethod
-        def linear_rows(x, weight, bias):
-            calls.append(tuple(x.shape))
-            return F.linear(x, weight, bias if bias.numel() else None)
-
-    monkeypatch.setattr(gemv, "_kernel", CountingKernel)
+    calls = count_gemv_calls(monkeypatch)
     model = transformer().eval()
     source = list(range(3, 13)) * 2  # 20 tokens: more rows than gemv.MAX_ROWS
     with torch.no_grad():
