@@ -20,6 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from pipeline.downstream.finetune import BASELINES, MODEL_KINDS
+from pipeline.downstream.tasks import SCORE_SPLITS
 from pipeline.downstream.word2vec import Word2VecConfig
 from pipeline.engine.distributed import DistributedConfig
 from pipeline.engine.settings import did_you_mean
@@ -42,6 +43,7 @@ from pipeline.stages import STAGES
 StageName = StrEnum("StageName", {name: name for name in STAGES}, module=__name__)
 FinetuneModel = StrEnum("FinetuneModel", {name: name for name in MODEL_KINDS}, module=__name__)
 Baseline = StrEnum("Baseline", {name: name for name in BASELINES}, module=__name__)
+ScoreSplit = StrEnum("ScoreSplit", {name: name for name in SCORE_SPLITS}, module=__name__)
 EncoderName = StrEnum("EncoderName", {name: name for name in ENCODERS}, module=__name__)
 
 
@@ -78,6 +80,7 @@ class FinetuneConfig:
     weight_decay: float = MISSING
     max_train_examples: Optional[int] = MISSING
     selection_fraction: Optional[float] = MISSING
+    score_split: ScoreSplit = MISSING
 
 
 @dataclass

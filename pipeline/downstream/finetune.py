@@ -32,7 +32,14 @@ from pipeline.downstream.task_data import (
     stratified_subsample,
     tsv_splits,
 )
-from pipeline.downstream.tasks import TaskSplit, load_task, resolve_task_dir, task_data_fingerprint, task_names
+from pipeline.downstream.tasks import (
+    TaskSplit,
+    load_task,
+    resolve_task_dir,
+    scored_task,
+    task_data_fingerprint,
+    task_names,
+)
 from pipeline.downstream.word2vec import WORD2VEC, load_word2vec
 from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import FinetuneKind, TaskModels
@@ -107,9 +114,20 @@ def sizes_for_task(sizes: list[int | None], train_count: int, task: str) -> list
 
 
 
+def scored_tasks(cfg: DictConfig) -> list[DictConfig]:
+    """finetune.task's tasks as fine-tuning reads them: scored on finetune.score_split's split (scored_task)."""
+    f = cfg.finetune
+    if f.selection_fraction and f.score_split != "dev":
+        raise ValueError(f"finetune.selection_fraction scores a held-out part of the train split and "
+                         f"finetune.score_split={f.score_split} the {f.score_split} split: set one of them")
+    return [scored_task(load_task(name), str(f.score_split)) for name in task_names(cfg)]
+
+
 def check_task_files(cfg: DictConfig) -> None:
-    """The user's task files (finetune.data_dir) read as this stage will read them, so that a wrong label or a
-    malformed row is reported before the first stage runs instead of after pretraining. Built-in data is ours."""
+    """The tasks' split to score, and the user's task files (finetune.data_dir) read as this stage will read them, so
+    that a missing test split, a wrong label or a malformed row is reported before the first stage runs instead of
+    after pretraining. Built-in data is ours."""
+    scored_tasks(cfg)
     if not cfg.finetune.data_dir:
         return
     for name in task_names(cfg):
@@ -231,12 +249,11 @@ def finetune(ctx: StageContext) -> dict:
     sources = model_sources(ctx)
     sizes, seeds = train_sizes(ctx.cfg), finetune_seeds(ctx.cfg)
     selection = f.get("selection_fraction")
-    scored_on = "train_holdout" if selection else "dev"
+    scored_on = "train_holdout" if selection else str(f.score_split)
     finished = ctx.out_dir / "finished"
     finished.mkdir(exist_ok=True)
     rows = []
-    for name in task_names(ctx.cfg):
-        task = load_task(name)
+    for task in scored_tasks(ctx.cfg):
         if selection and task.format != "tsv":
             raise ValueError(f"finetune.selection_fraction holds out part of a TSV task's train split; task "
                              f"{task.name} is {task.format}: leave it null for this task")

@@ -22,7 +22,8 @@ from pipeline.engine.optim import adamw_with_schedule
 from pipeline.evaluation.metrics import score_task
 
 
-def _pad(sequences: Sequence[np.ndarray], value: int) -> torch.Tensor:
+def pad_right(sequences: Sequence[np.ndarray], value: int) -> torch.Tensor:
+    """Right-padded (B, T) int64 ids."""
     padded = torch.full((len(sequences), max(len(s) for s in sequences)), value, dtype=torch.long)
     for i, sequence in enumerate(sequences):
         padded[i, : len(sequence)] = torch.as_tensor(sequence)
@@ -31,11 +32,11 @@ def _pad(sequences: Sequence[np.ndarray], value: int) -> torch.Tensor:
 
 def collate_token_classification(rows: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
     """Features of data_prep.tasks.conll.encode_tagged_sentences -> a padded batch (padding labels are ignored)."""
-    input_ids = _pad([r["input_ids"] for r in rows], pad_id)
-    return {"input_ids": input_ids, "token_type_ids": _pad([r["token_type_ids"] for r in rows], 0),
+    input_ids = pad_right([r["input_ids"] for r in rows], pad_id)
+    return {"input_ids": input_ids, "token_type_ids": pad_right([r["token_type_ids"] for r in rows], 0),
             "attention_mask": (input_ids != pad_id).long(),
-            "labels": _pad([r["labels"] for r in rows], IGNORE_INDEX),
-            "word_ids": _pad([r["word_ids"] for r in rows], -1),
+            "labels": pad_right([r["labels"] for r in rows], IGNORE_INDEX),
+            "word_ids": pad_right([r["word_ids"] for r in rows], -1),
             "example_index": torch.tensor([r["example_index"] for r in rows])}
 
 
@@ -43,8 +44,8 @@ def collate_question_answering(rows: list[dict], pad_id: int = 0) -> dict[str, t
     """(feature_index, feature) pairs of data_prep.tasks.squad.squad_features -> a padded batch; the index lets the
     module
     match logits back to the feature's offsets (use with `list(enumerate(features))` as the dataset)."""
-    input_ids = _pad([feature["input_ids"] for _, feature in rows], pad_id)
-    return {"input_ids": input_ids, "token_type_ids": _pad([feature["token_type_ids"] for _, feature in rows], 0),
+    input_ids = pad_right([feature["input_ids"] for _, feature in rows], pad_id)
+    return {"input_ids": input_ids, "token_type_ids": pad_right([feature["token_type_ids"] for _, feature in rows], 0),
             "attention_mask": (input_ids != pad_id).long(),
             "start_positions": torch.tensor([feature["start_position"] for _, feature in rows]),
             "end_positions": torch.tensor([feature["end_position"] for _, feature in rows]),

@@ -40,6 +40,23 @@ def load_task(name: str) -> DictConfig:
     return task
 
 
+SCORE_SPLITS = ("dev", "test")
+
+
+def scored_task(task: DictConfig, split: str) -> DictConfig:
+    """The task as fine-tuning reads it when `split` (finetune.score_split) is scored: as it is for dev; for test, its
+    test file in place of its dev file, so that every reader scores the test split where it scored dev. Report test
+    only for settings chosen without it (on dev or on finetune.selection_fraction's held-out train)."""
+    if split not in SCORE_SPLITS:
+        raise ValueError(f"finetune.score_split={split!r}: use one of {list(SCORE_SPLITS)}")
+    if split == "dev":
+        return task
+    if not task.get("test_file"):
+        raise ValueError(f"task {task.name} has no test split (no test_file in {TASK_DIR / task.name}.yaml): score it "
+                         "on dev (finetune.score_split=dev)")
+    return OmegaConf.merge(task, {"dev_file": task.test_file})
+
+
 def resolve_task_dir(task: DictConfig, data_dir: str | None, cache_dir: str) -> Path:
     """The directory holding the task's files: the user's data_dir (or its `data_subdir`, so that one root such
     as GLUE's serves several tasks), else the task's built-in data."""

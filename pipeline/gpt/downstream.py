@@ -1,7 +1,8 @@
 """GPT fine-tuned end to end on the downstream tasks as in GPT-1 (Radford et al. 2018, Sec. 3.2-3.3; seed 004): each
 example becomes one token sequence (two for a similarity pair) framed by start, delimiter and extract tokens, a linear
 head reads the extract token's final state, and the loss is the task's plus 0.5 x the LM loss on the same tokens.
-Tagging tasks (CoNLL) read each word's tag one token after the word (models.gpt.GPTForTokenClassification).
+Tagging tasks (CoNLL) read each word's tag one token after the word (models.gpt.GPTForTokenClassification);
+generation tasks (bbc_headlines) fine-tune the LM to continue "source TL;DR:" with the target, as GPT-2 summarised.
 `finetune.models=[gpt]`: this run's pretrained GPT, and with it (finetune.random_twins) `gpt_random`, its
 architecture untrained."""
 from __future__ import annotations
@@ -16,15 +17,18 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
+from data_prep.examples.gpt_blocks import END_OF_TEXT
 from data_prep.tasks.conll import TaggedSentence
 from models import IGNORE_INDEX
 from models.checkpoint import read_config
-from models.gpt import GPTForSequenceClassification, GPTForTokenClassification, load_pretrained
+from models.gpt import GPTForSequenceClassification, GPTForTokenClassification, GPTLMHeadModel, load_pretrained
+from pipeline.downstream.generation import GENERATED_DIR, GenerationModule
 from pipeline.downstream.modules import (
     ClassificationModule,
     RegressionModule,
     TokenClassificationModule,
     collate_token_classification,
+    pad_right,
 )
 from pipeline.downstream.task_data import TaskData, conll_sentences, majority_tag_scores, subsample, tsv_splits
 from pipeline.engine.dag import StageContext
@@ -90,15 +94,20 @@ class GPTRegressionModule(GPTObjective, RegressionModule):
 
 
 def load_task_data(task: DictConfig, data_dir: Path, tokenizer, n_positions: int, max_seq_length: int,
-                   max_train_examples: int | None, seed: int, selection_fraction: float | None = None) -> TaskData:
-    """One TSV task (classification, pair, regression) encoded with GPT-1's input transformations, or a CoNLL tagging
-    task (tagging_task_data); make_model takes the pretrained GPTConfig."""
+                   max_train_examples: int | None, seed: int, selection_fraction: float | None = None,
+                   samples_path: Path | None = None) -> TaskData:
+    """One TSV task (classification, pair, regression) encoded with GPT-1's input transformations, a CoNLL tagging
+    task (tagging_task_data) or a generation task (generation_task_data, its generations written to samples_path);
+    make_model takes the pretrained GPTConfig."""
     if task.format == "conll":
         return tagging_task_data(task, data_dir, tokenizer, min(max_seq_length, n_positions), max_train_examples, seed)
+    if task.format == "seq2seq":
+        return generation_task_data(task, data_dir, tokenizer, n_positions, max_seq_length, max_train_examples, seed,
+                                    samples_path, selection_fraction)
     if task.format != "tsv":
         raise ValueError(f"task {task.name}: {task.format} tasks are not supported for gpt (its heads here take tsv "
-                         "classification, pair and regression tasks and conll tagging); drop gpt and gpt_random from "
-                         "finetune.models for it")
+                         "classification, pair and regression tasks, conll tagging and seq2seq generation); drop gpt "
+                         "and gpt_random from finetune.models for it")
     train, dev, majority_scores = tsv_splits(task, data_dir, max_train_examples, seed, selection_fraction)
     vocab_size = tokenizer.get_vocab_size()
     special = (vocab_size, vocab_size + 1, vocab_size + 2)
@@ -180,37 +189,109 @@ def tagging_task_data(task: DictConfig, data_dir: Path, tokenizer, max_len: int,
                     train_lengths=[len(feature["input_ids"]) for feature in train_features])
 
 
+# GPT-2 (Radford et al. 2019, Sec. 3.6) summarised zero-shot by continuing an article followed by "TL;DR:"; fine-tuned
+# on (article, summary) pairs in that format, the decoder alone is the baseline an encoder-decoder must beat
+# (Khandelwal et al. 2019, "Sample Efficient Text Summarization Using a Single Pre-Trained Transformer")
+SUMMARY_DELIMITER = " TL;DR:"
+
+
+def generation_rows(tokenizer, sources: list[str], targets: list[str], max_source: int, max_target: int,
+                    eos: int) -> list[dict]:
+    """Each pair as one sequence: the source's first max_source tokens, SUMMARY_DELIMITER, then the target's tokens
+    (cut to max_target - 1) and eos. `prompt` is what generation continues (source and delimiter); `input_ids` the
+    sequence without its last token, `targets` the next token at each position, IGNORE_INDEX over the prompt: the loss
+    is the target's given the source, as the encoder-decoder's."""
+    delimiter = tokenizer.encode(SUMMARY_DELIMITER).ids
+    rows = []
+    for index, (source, target) in enumerate(zip(tokenizer.encode_batch(sources),
+                                                 tokenizer.encode_batch([" " + t for t in targets]))):
+        prompt, answer = [*source.ids[:max_source], *delimiter], [*target.ids[: max_target - 1], eos]
+        rows.append({"prompt": prompt, "input_ids": np.asarray([*prompt, *answer[:-1]], dtype=np.int64),
+                     "targets": np.asarray([IGNORE_INDEX] * (len(prompt) - 1) + answer, dtype=np.int64),
+                     "index": index})
+    return rows
+
+
+def collate_generation(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """generation_rows -> input_ids (B, T) right-padded with pad_id (never read: attention is causal and padding is
+    not scored), targets (B, T) padded with IGNORE_INDEX, and each row's index in its split."""
+    return {"input_ids": pad_right([r["input_ids"] for r in rows], pad_id),
+            "targets": pad_right([r["targets"] for r in rows], IGNORE_INDEX),
+            "index": torch.tensor([r["index"] for r in rows])}
+
+
+class GPTGenerationModule(GenerationModule):
+    """The LM's loss on the target's tokens after the prompt."""
+
+    def model_step(self, batch: dict) -> tuple[torch.Tensor, None]:
+        return self.model(batch["input_ids"], batch["targets"]).loss, None
+
+
+def generation_task_data(task: DictConfig, data_dir: Path, tokenizer, n_positions: int, max_seq_length: int,
+                         max_train_examples: int | None, seed: int, samples_path: Path,
+                         selection_fraction: float | None = None) -> TaskData:
+    """A generation task (format: seq2seq) for the GPT LM itself, in GPT-2's "TL;DR:" format (generation_rows): the
+    source is cut to finetune.max_seq_length and so that its prompt and max_target_tokens fit the context; dev is
+    scored on the beam-searched continuation of each prompt (GenerationModule)."""
+    train, dev, _ = tsv_splits(task, data_dir, max_train_examples, seed, selection_fraction)
+    eos = tokenizer.token_to_id(END_OF_TEXT)
+    max_target = int(task.max_target_tokens)
+    max_source = min(max_seq_length, n_positions - len(tokenizer.encode(SUMMARY_DELIMITER).ids) - max_target)
+    if max_source < 1:
+        raise ValueError(f"task {task.name}: its max_target_tokens={max_target} leaves no room for the source in "
+                         f"GPT's context of {n_positions} tokens; lower it in tasks/{task.name}.yaml")
+    train_rows, dev_rows = (generation_rows(tokenizer, split.texts_a, split.labels, max_source, max_target, eos)
+                            for split in (train, dev))
+    module = partial(GPTGenerationModule, metric=task.metric, tokenizer=tokenizer,
+                     dev_inputs=[row["prompt"] for row in dev_rows], dev_sources=list(dev.texts_a),
+                     references=list(dev.labels), samples_path=samples_path, max_new_tokens=max_target,
+                     num_beams=int(task.num_beams), length_penalty=float(task.length_penalty))
+    return TaskData(train_rows, dev_rows, partial(collate_generation, pad_id=eos), GPTLMHeadModel, module, None,
+                    train_lengths=[len(row["input_ids"]) for row in train_rows])
+
+
 @dataclass
 class GPTTaskModels:
     """A gpt_pretrain model directory and its tokenizer; `pretrained`: start from its weights, else from a fresh
     initialisation of its architecture (what pretraining must beat)."""
     model_dir: Path
     tokenizer: object
-    encoding_key: str
+    kind: str
+    samples_dir: Path
     pretrained: bool = True
+
+    @property
+    def encoding_key(self) -> str:
+        # one encoding per kind: a generation task's encoding names the file its generations go to
+        return f"{self.model_dir}:{self.kind}"
 
     def encode(self, task: DictConfig, data_dir: Path, finetune: DictConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
         return load_task_data(task, data_dir, self.tokenizer, read_config(self.model_dir)["n_positions"],
-                              finetune.max_seq_length, finetune.max_train_examples, seed, selection_fraction)
+                              finetune.max_seq_length, finetune.max_train_examples, seed, selection_fraction,
+                              self.samples_dir / f"{task.name}-{self.kind}.tsv")
 
     def build(self, data: TaskData) -> nn.Module:
         lm = load_pretrained(self.model_dir)
-        model = data.make_model(lm.config)
+        model = data.make_model(lm.config)  # seeded by the fine-tuning run: the twin's initialisation
         if self.pretrained:
-            model.load_lm(lm)
+            if isinstance(model, GPTLMHeadModel):  # a generation task fine-tunes the LM itself
+                model.load_state_dict(lm.state_dict())
+            else:
+                model.load_lm(lm)
         return model
 
 
-def _load(pretrained: bool):
+def _load(kind: str, pretrained: bool):
     def load(ctx: StageContext) -> GPTTaskModels:
         from tokenizers import Tokenizer
 
         model_dir = ctx.stage_dir("gpt_pretrain") / "model"
-        return GPTTaskModels(model_dir, Tokenizer.from_file(str(model_dir / "tokenizer.json")), str(model_dir),
-                             pretrained)
+        return GPTTaskModels(model_dir, Tokenizer.from_file(str(model_dir / "tokenizer.json")), kind,
+                             ctx.out_dir / GENERATED_DIR, pretrained)
     return load
 
 
-FINETUNE_KINDS = {"gpt": FinetuneKind(lambda cfg: ("gpt_pretrain",), _load(pretrained=True), random_twin="gpt_random"),
-                  "gpt_random": FinetuneKind(lambda cfg: ("gpt_pretrain",), _load(pretrained=False))}
+FINETUNE_KINDS = {"gpt": FinetuneKind(lambda cfg: ("gpt_pretrain",), _load("gpt", pretrained=True),
+                                      random_twin="gpt_random"),
+                  "gpt_random": FinetuneKind(lambda cfg: ("gpt_pretrain",), _load("gpt_random", pretrained=False))}

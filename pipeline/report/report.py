@@ -19,6 +19,7 @@ from pipeline.downstream.finetune import (
     label_efficiency,
     pretraining_scaling,
 )
+from pipeline.downstream.generation import generated_section
 from pipeline.evaluation.stage import ENCODERS
 from pipeline.report.plots import (
     Curve,
@@ -82,6 +83,8 @@ def _results_section(stage: str, results: list[dict]) -> list[str]:
     heading = RESULT_STAGES[stage]
     if any(r.get("scored_on") == "train_holdout" for r in results):
         heading = "Fine-tuning (held-out part of the train split, finetune.selection_fraction; not the dev set)"
+    elif any(r.get("scored_on") == "test" for r in results):
+        heading = "Fine-tuning (test set, finetune.score_split=test)"
     lines = ["", f"## {heading}", ""]
     if stage == "finetune":
         headline = headline_results(results)
@@ -302,6 +305,8 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str,
                 lines += _label_efficiency_section(curve, out, title, figures)
             if stage == "finetune" and (scaling := pretraining_scaling(results)):
                 lines += _pretrain_scaling_section(scaling, results, out, title, figures)
+            if stage == "finetune":
+                lines += generated_section(stage_dirs[stage])
     if panels:
         figures["task_scores_plot"] = out / "task_scores.png"
         plot_task_scores(panels, figures["task_scores_plot"], title=f"Task scores per model ({title})")

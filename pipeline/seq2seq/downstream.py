@@ -1,13 +1,10 @@
-"""The encoder-decoder fine-tuned end to end on a generation task (`format: seq2seq`: a TSV of source and target
-texts, e.g. tasks/bbc_headlines.yaml): the label-smoothed loss of the target given the source, as in pretraining
-(BART, Lewis et al. 2020, Sec. 3.4: the pretrained model fine-tuned whole, source into the encoder, target out of the
-decoder), and dev decoded by beam search (models/generation.py) and scored by the task's metric (ROUGE and BLEU,
-pipeline/evaluation/metrics.py). `finetune.models=[seq2seq]`: this run's pretrained model, and with it
-(finetune.random_twins) `seq2seq_random`, its architecture untrained. The generated texts of the last seed fine-tuned
-are kept in the finetune stage's `generated/<task>-<kind>.tsv`, beside the references, for the report."""
+"""The encoder-decoder fine-tuned end to end on a generation task (`format: seq2seq`,
+pipeline/downstream/generation.py): the label-smoothed loss of the target given the source, as in pretraining (BART,
+Lewis et al. 2020, Sec. 3.4: the pretrained model fine-tuned whole, source into the encoder, target out of the decoder),
+dev decoded by beam search. `finetune.models=[seq2seq]`: this run's pretrained model, and with it
+(finetune.random_twins) `seq2seq_random`, its architecture untrained."""
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -19,17 +16,12 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from data_prep.examples.seq2seq_examples import load_seq2seq_tokenizer
-from models.generation import beam_search
 from models.seq2seq import EncoderDecoder, load_pretrained
-from pipeline.downstream.modules import FinetuneModule
+from pipeline.downstream.generation import GENERATED_DIR, GenerationModule
 from pipeline.downstream.task_data import TaskData, tsv_splits
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
-from pipeline.evaluation.metrics import score_task
 from pipeline.seq2seq.module import PairCollator
-
-GENERATED_DIR = "generated"
-SAMPLE_COLUMNS = ("source", "reference", "generated")
 
 
 def encode_texts(tokenizer: Tokenizer, texts: list[str], max_len: int, eos: int) -> list[np.ndarray]:
@@ -45,50 +37,13 @@ class IndexedPairCollator(PairCollator):
         return {**super().__call__(rows), "index": torch.tensor([row["index"] for row in rows])}
 
 
-def complete_text(tokenizer: Tokenizer, tokens: list[int], eos: int) -> str:
-    """Generated tokens as one line of text, without the end token and the replacement characters of a byte-level
-    BPE cut inside a character."""
-    return " ".join(tokenizer.decode([t for t in tokens if t != eos]).split()).rstrip("\ufffd")
-
-
-class GenerationModule(FinetuneModule):
-    """The target's loss given the source (label-smoothed in training, the model's LabelSmoothing); dev scored once,
-    after the last epoch, on the beam-searched best hypothesis of every source."""
-
-    def __init__(self, model: EncoderDecoder, metric: str, tokenizer: Tokenizer, dev_sources: list[list[int]],
-                 references: list[str], samples_path: Path, max_new_tokens: int, num_beams: int,
-                 length_penalty: float, lr: float, weight_decay: float, warmup_steps: int, total_steps: int):
-        super().__init__(model)
-        self.save_hyperparameters("metric", "max_new_tokens", "num_beams", "length_penalty", "lr", "weight_decay",
-                                  "warmup_steps", "total_steps")
-        self.tokenizer, self.dev_sources, self.references = tokenizer, dev_sources, references
-        self.samples_path = samples_path
-        self._generated: dict[int, str] = {}
+class Seq2SeqGenerationModule(GenerationModule):
+    """The target's loss given the source, label-smoothed in training (the model's LabelSmoothing), as in
+    pretraining."""
 
     def model_step(self, batch: dict) -> tuple[torch.Tensor, None]:
         out = self.model(batch["input_ids"], batch["decoder_input_ids"], batch["attention_mask"], batch["targets"])
         return out.loss, None
-
-    def on_validation_epoch_start(self) -> None:
-        self._generated = {}
-
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        hp, eos = self.hparams, self.model.config.eos_token_id
-        for index in batch["index"].tolist():
-            best = beam_search(self.model, self.dev_sources[index], hp.max_new_tokens, num_beams=hp.num_beams,
-                               alpha=hp.length_penalty)[0]
-            self._generated[index] = complete_text(self.tokenizer, best.tokens, eos)
-
-    def on_validation_epoch_end(self) -> None:
-        predictions = [self._generated[i] for i in range(len(self.references))]
-        self._log_scores(score_task(self.hparams.metric, predictions, self.references))
-        self.samples_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.samples_path, "w", encoding="utf-8", newline="") as f:
-            writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_MINIMAL)
-            writer.writerow(SAMPLE_COLUMNS)
-            for source, reference, generated in zip(self.dev_sources, self.references, predictions):
-                writer.writerow([complete_text(self.tokenizer, source, self.model.config.eos_token_id), reference,
-                                 generated])
 
 
 def load_task_data(task: DictConfig, data_dir: Path, tokenizer: Tokenizer, config, max_seq_length: int,
@@ -111,8 +66,9 @@ def load_task_data(task: DictConfig, data_dir: Path, tokenizer: Tokenizer, confi
         return [{"source": s, "target": t, "index": i} for i, (s, t) in enumerate(zip(sources, targets))]
 
     train_rows, dev_rows = rows(train), rows(dev)
-    module = partial(GenerationModule, metric=task.metric, tokenizer=tokenizer,
-                     dev_sources=[row["source"].tolist() for row in dev_rows], references=list(dev.labels),
+    module = partial(Seq2SeqGenerationModule, metric=task.metric, tokenizer=tokenizer,
+                     dev_inputs=[row["source"].tolist() for row in dev_rows], dev_sources=list(dev.texts_a),
+                     references=list(dev.labels),
                      samples_path=samples_path, max_new_tokens=max_target, num_beams=int(task.num_beams),
                      length_penalty=float(task.length_penalty))
     return TaskData(train_rows, dev_rows, IndexedPairCollator(config.pad_token_id, config.decoder_start_token_id),

@@ -9,7 +9,9 @@ import pytest
 
 from data_prep.corpus.tokenizer import train_wordpiece
 from pipeline.bert.downstream import load_task_data
-from pipeline.downstream.tasks import load_task
+from pipeline.downstream.tasks import load_task, scored_task
+from pipeline.runner import validate
+from tests.helpers import tiny_config
 
 CONTEXT = "The Seine flows through Paris."
 
@@ -100,3 +102,22 @@ def test_missing_task_file_says_which_directory_and_files_are_expected(tmp_path,
     with pytest.raises(FileNotFoundError, match=r"task sst2: .*dev\.tsv not found; finetune\.data_dir \(or its SST-2 "
                                                 r"subdirectory\) should hold train\.tsv and dev\.tsv"):
         _load("sst2", tmp_path, tok)
+
+
+def test_score_split_test_reads_the_test_file_where_dev_was_read():
+    task = load_task("bbc_headlines")
+    assert scored_task(task, "dev") is task
+    scored = scored_task(task, "test")
+    assert scored.dev_file == task.test_file == "test.tsv" and scored.train_file == task.train_file
+
+
+def test_score_split_test_of_a_task_without_a_test_split_fails_before_any_work(tmp_path):
+    cfg = tiny_config(tmp_path, ["finetune.score_split=test"])  # the tiny runs fine-tune on sst2: train and dev only
+    with pytest.raises(ValueError, match="task sst2 has no test split .*score it on dev"):
+        validate(cfg)
+    cfg = tiny_config(tmp_path, ["finetune.task=bbc_headlines", "finetune.models=[]", "finetune.baselines=[lead_n]",
+                                 "finetune.score_split=test", "finetune.selection_fraction=0.1"])
+    with pytest.raises(ValueError, match="selection_fraction .*score_split=test the test split: set one of them"):
+        validate(cfg)
+    with pytest.raises(Exception, match="score_split"):
+        tiny_config(tmp_path, ["finetune.score_split=train"])  # the schema's enum, at composition

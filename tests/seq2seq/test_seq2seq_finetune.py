@@ -9,15 +9,19 @@ import random
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 
 from data_prep.corpus.builtin import bbc_headline_rows
 from data_prep.corpus.decontaminate import EvaluationOverlap
 from data_prep.corpus.prepare import prepare_corpus
 from data_prep.corpus.shards import open_shards
+from pipeline import CONF_DIR
 from pipeline.corpus import evaluation_texts
 from pipeline.downstream.baselines import lead_n_scores
+from pipeline.downstream.finetune import finetune_upstream
 from pipeline.downstream.tasks import TaskSplit, load_task
 from pipeline.engine.dag import run_dag
+from pipeline.engine.pretraining import merged_settings
 from pipeline.evaluation.metrics import generation_scores
 from pipeline.runner import validate
 from pipeline.stages import STAGES
@@ -120,3 +124,15 @@ def test_seq2seq_tiny_is_fine_tuned_on_headlines_beside_its_twin_and_lead_n_and_
     assert [g["reference"] for g in generated] == [target for _, target in dev]
     report = (tmp_path / "run" / "report" / "results.md").read_text()
     assert "## Generated: bbc_headlines" in report and dev[0][1] in report and "lead_n" in report
+
+
+def test_seq2seq_tiny_fine_tunes_gpt_beside_it_with_gpts_own_recipe():
+    """The experiment's decoder-only baseline: gpt_tiny pretrained on the same prepare output for the same 500 steps
+    with its own schedule (GPT reads pretrain's keys where gpt.pretrain leaves them null: not seed 000's Noam)."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["+experiment=seq2seq_tiny"])
+    assert list(cfg.finetune.models) == ["seq2seq", "gpt"] and cfg.gpt.model.config.name == "gpt_tiny"
+    assert "gpt_pretrain" in finetune_upstream(cfg)
+    gpt = merged_settings(cfg, ("pretrain", "gpt.pretrain"))
+    assert (gpt.lr_decay, gpt.max_steps, list(gpt.betas)) == ("linear", cfg.pretrain.max_steps, [0.9, 0.95])
+    assert cfg.pretrain.lr_decay == "noam"

@@ -1,0 +1,89 @@
+"""Fine-tuning on a generation task (`format: seq2seq`: a TSV of source and target texts, e.g.
+tasks/bbc_headlines.yaml), whatever writes the target: the encoder-decoder (pipeline/seq2seq/downstream.py) or GPT
+reading "source TL;DR:" and continuing it (pipeline/gpt/downstream.py). Dev is decoded by beam search
+(models/generation.py) and scored by the task's metric (ROUGE and BLEU, pipeline/evaluation/metrics.py); the generations
+of the last seed fine-tuned are kept in the finetune stage's `generated/<task>-<kind>.tsv`, beside the references, and
+the report shows a few."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from models.generation import beam_search
+from pipeline.downstream.modules import FinetuneModule
+from pipeline.evaluation.metrics import score_task
+
+GENERATED_DIR = "generated"
+SAMPLE_COLUMNS = ("source", "reference", "generated")
+REPORT_EXAMPLES = 5
+SOURCE_WORDS = 30  # of each source the report shows
+
+
+def complete_text(tokenizer: Tokenizer, tokens: list[int], eos: int) -> str:
+    """Generated tokens as one line of text, without the end token and the replacement characters of a byte-level
+    BPE cut inside a character."""
+    return " ".join(tokenizer.decode([t for t in tokens if t != eos]).split()).rstrip("\ufffd")
+
+
+class GenerationModule(FinetuneModule):
+    """Dev scored once, after the last epoch, on the beam-searched best continuation of every dev input (an
+    encoder-decoder's source, a GPT's prompt); a subclass gives the training loss (model_step). The model's config
+    names the token that ends a generation (eos_token_id)."""
+
+    def __init__(self, model, metric: str, tokenizer: Tokenizer, dev_inputs: list[list[int]],
+                 dev_sources: list[str], references: list[str], samples_path: Path, max_new_tokens: int,
+                 num_beams: int, length_penalty: float, lr: float, weight_decay: float, warmup_steps: int,
+                 total_steps: int):
+        super().__init__(model)
+        self.save_hyperparameters("metric", "max_new_tokens", "num_beams", "length_penalty", "lr", "weight_decay",
+                                  "warmup_steps", "total_steps")
+        self.tokenizer, self.dev_inputs, self.dev_sources = tokenizer, dev_inputs, dev_sources
+        self.references, self.samples_path = references, samples_path
+        self._generated: dict[int, str] = {}
+
+    def on_validation_epoch_start(self) -> None:
+        self._generated = {}
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        hp, eos = self.hparams, self.model.config.eos_token_id
+        for index in batch["index"].tolist():
+            best = beam_search(self.model, self.dev_inputs[index], hp.max_new_tokens, num_beams=hp.num_beams,
+                               alpha=hp.length_penalty)[0]
+            self._generated[index] = complete_text(self.tokenizer, best.tokens, eos)
+
+    def on_validation_epoch_end(self) -> None:
+        predictions = [self._generated[i] for i in range(len(self.references))]
+        self._log_scores(score_task(self.hparams.metric, predictions, self.references))
+        self.samples_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.samples_path, "w", encoding="utf-8", newline="") as f:
+            writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_MINIMAL)
+            writer.writerow(SAMPLE_COLUMNS)
+            writer.writerows(zip(self.dev_sources, self.references, predictions))
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def generated_section(finetune_dir: Path) -> list[str]:
+    """The report's lines for a run's generation tasks: the first dev examples as each fine-tuned model (its last
+    seed) wrote them, beside the reference; none for a run without generation tasks."""
+    by_task: dict[str, dict[str, list[dict]]] = {}
+    for path in sorted((finetune_dir / GENERATED_DIR).glob("*.tsv")):
+        task, kind = path.stem.rsplit("-", 1)
+        with open(path, encoding="utf-8", newline="") as f:
+            by_task.setdefault(task, {})[kind] = list(csv.DictReader(f, delimiter="\t"))
+    lines = []
+    for task, kinds in by_task.items():
+        lines += ["", f"## Generated: {task}", "", f"The first {REPORT_EXAMPLES} examples scored, decoded by beam "
+                  "search by each fine-tuned model (its last seed), beside the reference.", "",
+                  "| source | reference | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 2) + "|"]
+        first = next(iter(kinds.values()))
+        for i, row in enumerate(first[:REPORT_EXAMPLES]):
+            words = row["source"].split()
+            source = " ".join(words[:SOURCE_WORDS]) + (" …" if len(words) > SOURCE_WORDS else "")
+            lines.append(f"| {_cell(source)} | {_cell(row['reference'])} | "
+                         + " | ".join(_cell(rows[i]["generated"]) for rows in kinds.values()) + " |")
+    return lines
