@@ -480,21 +480,32 @@ def load_lm_with_new_tokens(task_lm: GPTLMHeadModel, lm: GPTLMHeadModel) -> None
 
 
 class GPTForTokenClassification(GPTWithTaskHead):
-    """Tagging with a causal LM: a linear head on the final states, the tag of each word read at the first token
-    *after* it (the next word's first token, or an end token after the last word), so that each tag sees one word to
-    its right. A left-to-right state at the word itself cannot tell the end of a word from its middle (B/M/E/S tags
-    depend on the next character) nor use the next word, as a bidirectional tagger does (BERT's Sec. 5.3). The end
-    token is the last of the task model's N_SPECIAL new rows of the token table, as GPT-1's special tokens are (Sec.
-    3.3); load_lm copies a pretrained LM's weights into the rest.
+    """Tagging with a causal LM: the tag of each word read from two final states, at the word's last token and at the
+    token after it (the next word's first token, or an end token after the last word). A left-to-right state at the
+    word alone cannot tell the end of a word from its middle (B/M/E/S tags depend on the next character) nor use the
+    next word, as a bidirectional tagger does (BERT's Sec. 5.3); the state after it alone holds the word only through
+    attention, which a 2-layer model fine-tuned for a hundred steps barely learns (zh_pos token accuracy 0.41, against
+    0.80 with both, on 800 held-out train sentences: docs/chinese.md). The end token is the last of the task model's
+    N_SPECIAL new rows of the token table, as GPT-1's special tokens are (Sec. 3.3); load_lm copies a pretrained LM's
+    weights into the rest.
 
     forward(input_ids (B, T), *_) takes BERT's tagger's arguments (token types and attention mask are not needed:
-    right padding is never attended to by a real token) and returns logits (B, T, num_labels)."""
+    right padding is never attended to by a real token) and returns logits (B, T, num_labels), position t's from the
+    states at t and t + 1 (zeros after the last)."""
 
     N_SPECIAL = 1  # the end token: id vocab_size - 1
+
+    def __init__(self, config: GPTConfig, num_labels: int):
+        super().__init__(config, num_labels)
+        self.head = nn.Linear(2 * config.n_embd, num_labels)
+        nn.init.normal_(self.head.weight, std=config.initializer_range)
+        nn.init.zeros_(self.head.bias)
 
     @property
     def end_id(self) -> int:
         return self.config.vocab_size - 1
 
     def forward(self, input_ids: torch.Tensor, *unused: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(input_ids))
+        h = self.encoder(input_ids)  # (B, T, C)
+        after = torch.cat([h[:, 1:], h.new_zeros(h.size(0), 1, h.size(2))], 1)  # (B, T, C): the state at t + 1
+        return self.head(torch.cat([h, after], -1))  # (B, T, num_labels)

@@ -1,7 +1,8 @@
 """GPT fine-tuned end to end on the downstream tasks as in GPT-1 (Radford et al. 2018, Sec. 3.2-3.3; seed 004): each
 example becomes one token sequence (two for a similarity pair) framed by start, delimiter and extract tokens, a linear
 head reads the extract token's final state, and the loss is the task's plus 0.5 x the LM loss on the same tokens.
-Tagging tasks (CoNLL) read each word's tag one token after the word (models.gpt.GPTForTokenClassification);
+Tagging tasks (CoNLL) read each word's tag at its last token and the token after it
+(models.gpt.GPTForTokenClassification);
 generation tasks (bbc_headlines) fine-tune the LM to continue "source TL;DR:" with the target, as GPT-2 summarised.
 `finetune.models=[gpt]`: this run's pretrained GPT, and with it (finetune.random_twins) `gpt_random`, its
 architecture untrained."""
@@ -142,24 +143,22 @@ def load_task_data(task: DictConfig, data_dir: Path, tokenizer, n_positions: int
 def tagging_features(tokenizer, sentences: list[TaggedSentence], labels: list[str], max_len: int,
                      end_id: int) -> list[dict]:
     """One feature per sentence, as data_prep.tasks.conll.encode_tagged_sentences makes BERT's: the words' byte-level
-    BPE
-    tokens (cut to max_len - 1) and the end token; each word's tag id at the first token after it (the next word's
-    first token, the end token for the last word kept), `word_ids` naming the word there, IGNORE_INDEX and -1
-    elsewhere. A word cut off has no position, and is scored as untagged."""
+    BPE tokens (cut to max_len - 1) and the end token; each word's tag id at its last token
+    (GPTForTokenClassification reads it there and at the token after), `word_ids` naming the word there,
+    IGNORE_INDEX and -1 elsewhere. A word cut off, whole or in part, has no position and is scored as untagged."""
     label_to_id = {label: i for i, label in enumerate(labels)}
     features = []
     for index, (sentence, encoding) in enumerate(zip(sentences, tokenizer.encode_batch(
             [s.tokens for s in sentences], is_pretokenized=True))):
         ids = [*encoding.ids[: max_len - 1], end_id]
-        first: dict[int, int] = {}
-        for position, word in enumerate(encoding.word_ids[: max_len - 1]):
+        last: dict[int, int] = {}
+        for position, word in enumerate(encoding.word_ids):
             if word is not None:
-                first.setdefault(word, position)
-        words = sorted(first)
+                last[word] = position
         word_ids, token_labels = [-1] * len(ids), [IGNORE_INDEX] * len(ids)
-        for k, word in enumerate(words):
-            position = first[words[k + 1]] if k + 1 < len(words) else len(ids) - 1
-            word_ids[position], token_labels[position] = word, label_to_id[sentence.tags[word]]
+        for word, position in last.items():
+            if position < len(ids) - 1:
+                word_ids[position], token_labels[position] = word, label_to_id[sentence.tags[word]]
         features.append({"input_ids": np.asarray(ids, dtype=np.int64),
                          "token_type_ids": np.zeros(len(ids), dtype=np.int64),
                          "labels": np.asarray(token_labels, dtype=np.int64),

@@ -139,7 +139,7 @@ def test_the_pretraining_corpus_loses_the_tasks_dev_and_test_sentences(tmp_path,
         "zh_sentiment dev": 0, "zh_sentiment test": 1, "zh_pos dev": 1, "zh_pos test": 1}
 
 
-def test_gpt_tags_each_word_at_the_first_token_after_it(tmp_path):
+def test_gpt_tags_each_word_at_its_last_token(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from pipeline.gpt.downstream import tagging_features
@@ -150,11 +150,13 @@ def test_gpt_tags_each_word_at_the_first_token_after_it(tmp_path):
     sentence = TaggedSentence(["我们", "爱", "北京"], ["r", "v", "ns"])
     feature = tagging_features(tokenizer, [sentence], ["r", "v", "ns"], max_len=16, end_id=6)[0]
     assert feature["input_ids"].tolist() == [1, 2, 3, 4, 5, 6]
-    # 我们 at 爱 (position 2), 爱 at 北 (3), 北京 at the end token (5)
-    assert feature["word_ids"].tolist() == [-1, -1, 0, 1, -1, 2]
-    assert feature["labels"].tolist() == [IGNORE_INDEX, IGNORE_INDEX, 0, 1, IGNORE_INDEX, 2]
+    # 我们 at 们 (position 1), 爱 at 爱 (2), 北京 at 京 (4); the model reads each there and at the token after
+    assert feature["word_ids"].tolist() == [-1, 0, 1, -1, 2, -1]
+    assert feature["labels"].tolist() == [IGNORE_INDEX, 0, 1, IGNORE_INDEX, 2, IGNORE_INDEX]
     cut = tagging_features(tokenizer, [sentence], ["r", "v", "ns"], max_len=4, end_id=6)[0]
-    assert cut["input_ids"].tolist() == [1, 2, 3, 6] and cut["word_ids"].tolist() == [-1, -1, 0, 1]
+    assert cut["input_ids"].tolist() == [1, 2, 3, 6] and cut["word_ids"].tolist() == [-1, 0, 1, -1]  # 北京 cut
+    cut = tagging_features(tokenizer, [sentence], ["r", "v", "ns"], max_len=5, end_id=6)[0]
+    assert cut["input_ids"].tolist() == [1, 2, 3, 4, 6] and cut["word_ids"].tolist() == [-1, 0, 1, -1, -1]  # half
     assert np.all(feature["token_type_ids"] == 0)
 
 

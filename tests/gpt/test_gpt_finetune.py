@@ -193,3 +193,47 @@ def test_a_tokenizer_that_does_not_match_the_model_is_refused(tmp_path):
     data = load_task_data(OmegaConf.create(STSB), _write_pairs(tmp_path / "stsb"), tokenizer, 32, 32, None, 0)
     with pytest.raises(ValueError, match="pretrain them together"):
         data.make_model(gpt_config("gpt_tiny", vocab_size=tokenizer.get_vocab_size() + 1, n_positions=32))
+
+
+def test_the_tagger_learns_tags_that_need_the_word_and_the_token_after_it():
+    """Each word is two tokens; its tag is its last token's class and whether another word follows (as B/M/E/S needs
+    the next character). Read at its last token and the one after, a random-init tagger learns it in 150 steps."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from data_prep.tasks.conll import TaggedSentence
+    from models.gpt import GPTForTokenClassification
+    from pipeline.downstream.modules import collate_token_classification
+    from pipeline.gpt.downstream import tagging_features
+
+    syllables = [f"s{i}" for i in range(12)]
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, **{s: i + 1 for i, s in enumerate(syllables)}}, "[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("-", "removed")  # "s1-s7": a word of two tokens
+    labels = ["a", "b", "a_end", "b_end"]
+    rng = random.Random(0)
+
+    def sentence():
+        words = [f"{rng.choice(syllables)}-{rng.choice(syllables)}" for _ in range(rng.randint(2, 6))]
+        tags = ["ab"[int(w.split("-")[1][1:]) % 2] + ("_end" if i == len(words) - 1 else "") for i, w in
+                enumerate(words)]
+        return TaggedSentence(words, tags)
+
+    train, dev = ([sentence() for _ in range(n)] for n in (400, 100))
+    end_id = len(syllables) + 1
+    features = tagging_features(tokenizer, train, labels, 32, end_id)
+    torch.manual_seed(0)
+    model = GPTForTokenClassification(gpt_config("gpt_tiny", vocab_size=end_id + 1, n_positions=32, n_embd=32,
+                                                 n_head=2), len(labels))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        batch = collate_token_classification(rng.sample(features, 32))
+        loss = F.cross_entropy(model(batch["input_ids"]).flatten(0, 1), batch["labels"].flatten(),
+                               ignore_index=IGNORE_INDEX)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    batch = collate_token_classification(tagging_features(tokenizer, dev, labels, 32, end_id))
+    with torch.no_grad():
+        predicted = model(batch["input_ids"]).argmax(-1)
+    scored = batch["labels"] != IGNORE_INDEX
+    assert scored.sum() == sum(len(s.tokens) for s in dev)  # every word tagged once
+    assert (predicted[scored] == batch["labels"][scored]).float().mean() >= 0.95
