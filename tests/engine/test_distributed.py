@@ -259,7 +259,7 @@ def evaluated_weights(run: TinyRun, family: str) -> dict[str, torch.Tensor]:
 
 # ELMo with the sampled softmax: its sparse gradient averaged over gloo under DDP, made dense for DeepSpeed
 @pytest.mark.slow  # Ray Train start-up of 2 workers (plus DeepSpeed's import): 1-4 min each on 2 cores
-@pytest.mark.parametrize("family", ["elmo", "skip_thought", "gpt"])
+@pytest.mark.parametrize("family", ["elmo", "skip_thought", "gpt", "seq2seq"])
 @pytest.mark.parametrize("trainer", [["trainer=ddp_cpu"], ["trainer=deepspeed_stage_2", "trainer.accelerator=cpu"]],
                          ids=["ddp", "zero2"])
 def test_families_train_in_two_workers_and_evaluate_their_final_weights(tmp_root, ray_session, family, trainer):
