@@ -2,8 +2,8 @@
 example becomes one token sequence (two for a similarity pair) framed by start, delimiter and extract tokens, a linear
 head reads the extract token's final state, and the loss is the task's plus 0.5 x the LM loss on the same tokens.
 Tagging tasks (CoNLL) read each word's tag at its last token and the token after it
-(models.gpt.GPTForTokenClassification);
-generation tasks (bbc_headlines) fine-tune the LM to continue "source TL;DR:" with the target, as GPT-2 summarised.
+(models.gpt.GPTForTokenClassification); generation tasks (bbc_headlines) fine-tune the LM to continue "source TL;DR:"
+with the target, as GPT-2 summarised.
 `finetune.models=[gpt]`: this run's pretrained GPT, and with it (finetune.random_twins) `gpt_random`, its
 architecture untrained."""
 from __future__ import annotations
