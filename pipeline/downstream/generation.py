@@ -7,6 +7,7 @@ the report shows a few."""
 from __future__ import annotations
 
 import csv
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -61,6 +62,27 @@ class GenerationModule(FinetuneModule):
             writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_MINIMAL)
             writer.writerow(SAMPLE_COLUMNS)
             writer.writerows(zip(self.dev_sources, self.references, predictions))
+
+
+@dataclass
+class WritingTaskModels:
+    """The task models of a family that can write text (a TaskModels, pipeline/engine/family.py): its pretraining
+    stage's model directory and tokenizer, the fine-tune kind, and where a generation task's texts go;
+    `pretrained`: start from the weights, else from a fresh initialisation (what pretraining must beat). A family
+    adds encode and build."""
+    model_dir: Path
+    tokenizer: Tokenizer
+    kind: str
+    samples_dir: Path
+    pretrained: bool = True
+
+    @property
+    def encoding_key(self) -> str:
+        # one encoding per kind, not one per tokenizer: a generation task's encoding names the file its texts go to
+        return f"{self.model_dir}:{self.kind}"
+
+    def samples_path(self, task_name: str) -> Path:
+        return self.samples_dir / f"{task_name}-{self.kind}.tsv"
 
 
 def _cell(text: str) -> str:

@@ -8,7 +8,6 @@ with the target, as GPT-2 summarised.
 architecture untrained."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from data_prep.tasks.conll import TaggedSentence
 from models import IGNORE_INDEX
 from models.checkpoint import read_config
 from models.gpt import GPTForSequenceClassification, GPTForTokenClassification, GPTLMHeadModel, load_pretrained
-from pipeline.downstream.generation import GENERATED_DIR, GenerationModule
+from pipeline.downstream.generation import GENERATED_DIR, GenerationModule, WritingTaskModels
 from pipeline.downstream.modules import (
     ClassificationModule,
     RegressionModule,
@@ -249,26 +248,14 @@ def generation_task_data(task: DictConfig, data_dir: Path, tokenizer, n_position
                     train_lengths=[len(row["input_ids"]) for row in train_rows])
 
 
-@dataclass
-class GPTTaskModels:
-    """A gpt_pretrain model directory and its tokenizer; `pretrained`: start from its weights, else from a fresh
-    initialisation of its architecture (what pretraining must beat)."""
-    model_dir: Path
-    tokenizer: object
-    kind: str
-    samples_dir: Path
-    pretrained: bool = True
-
-    @property
-    def encoding_key(self) -> str:
-        # one encoding per kind: a generation task's encoding names the file its generations go to
-        return f"{self.model_dir}:{self.kind}"
+class GPTTaskModels(WritingTaskModels):
+    """A gpt_pretrain model directory and its tokenizer."""
 
     def encode(self, task: DictConfig, data_dir: Path, finetune: DictConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
         return load_task_data(task, data_dir, self.tokenizer, read_config(self.model_dir)["n_positions"],
                               finetune.max_seq_length, finetune.max_train_examples, seed, selection_fraction,
-                              self.samples_dir / f"{task.name}-{self.kind}.tsv")
+                              self.samples_path(task.name))
 
     def build(self, data: TaskData) -> nn.Module:
         lm = load_pretrained(self.model_dir)

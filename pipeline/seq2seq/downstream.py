@@ -5,7 +5,6 @@ dev decoded by beam search. `finetune.models=[seq2seq]`: this run's pretrained m
 (finetune.random_twins) `seq2seq_random`, its architecture untrained."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from torch import nn
 
 from data_prep.examples.seq2seq_examples import load_seq2seq_tokenizer
 from models.seq2seq import EncoderDecoder, load_pretrained
-from pipeline.downstream.generation import GENERATED_DIR, GenerationModule
+from pipeline.downstream.generation import GENERATED_DIR, GenerationModule, WritingTaskModels
 from pipeline.downstream.task_data import TaskData, tsv_splits
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
@@ -76,26 +75,14 @@ def load_task_data(task: DictConfig, data_dir: Path, tokenizer: Tokenizer, confi
                     train_lengths=[len(r["source"]) + len(r["target"]) for r in train_rows])
 
 
-@dataclass
-class Seq2SeqTaskModels:
-    """A seq2seq_pretrain model directory and its tokenizer; `pretrained`: start from its weights, else from a fresh
-    initialisation of its architecture (what pretraining must beat)."""
-    model_dir: Path
-    tokenizer: Tokenizer
-    kind: str
-    samples_dir: Path
-    pretrained: bool = True
-
-    @property
-    def encoding_key(self) -> str:
-        # one encoding per kind, not one per tokenizer: the encoded task names the file its generations go to
-        return f"{self.model_dir}:{self.kind}"
+class Seq2SeqTaskModels(WritingTaskModels):
+    """A seq2seq_pretrain model directory and its tokenizer."""
 
     def encode(self, task: DictConfig, data_dir: Path, finetune: DictConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
         return load_task_data(task, data_dir, self.tokenizer, load_pretrained(self.model_dir).config,
                               finetune.max_seq_length, finetune.max_train_examples, seed,
-                              self.samples_dir / f"{task.name}-{self.kind}.tsv", selection_fraction)
+                              self.samples_path(task.name), selection_fraction)
 
     def build(self, data: TaskData) -> nn.Module:
         pretrained = load_pretrained(self.model_dir)
