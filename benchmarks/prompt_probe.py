@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pretrain", required=True, help="a pretrain stage's directory (encoder/ and " + HEADS_FILE + ")")
     p.add_argument("--tokenizer", required=True, help="the tokenizer stage's directory it was trained with")
     p.add_argument("--task-dir", required=True, help="the Rotten Tomatoes directory with train.tsv")
-    # finetune passes the run's top-level `seed` (conf/config.yaml: 12345) to split_off, not its per-run seeds
+    # finetune passes the run's top-level `seed` (default 12345) to split_off, not its per-run seeds
     p.add_argument("--seed", type=int, default=12345, help="the selection split's seed (the run's `seed`)")
     p.add_argument("--random-seed", type=int, default=1, help="torch seed of the randomly initialised twin")
     p.add_argument("--batch-size", type=int, default=64)

@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Any, Optional, get_type_hints
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from pipeline.downstream.finetune import BASELINES, MODEL_KINDS
 from pipeline.downstream.tasks import SCORE_SPLITS
@@ -49,43 +49,75 @@ EncoderName = StrEnum("EncoderName", {name: name for name in ENCODERS}, module=_
 
 @dataclass
 class PipelineConfig:
-    stages: list[StageName] = MISSING
-    until: Optional[StageName] = MISSING
-    force: list[StageName] = MISSING
-    dry_run: bool = MISSING
-    verify: bool = MISSING
+    # with the upstream stages they need
+    stages: list[StageName] = field(default_factory=lambda: [StageName(name) for name in (
+        "prepare", "bert_tokenizer", "bert_examples", "bert_pretrain", "finetune", "report")])
+    until: Optional[StageName] = None  # stop after this stage (and what it needs)
+    force: list[StageName] = field(default_factory=list)  # rerun these (and everything downstream) even if cached
+    dry_run: bool = False  # print the DAG with cached/pending state, run nothing
+    verify: bool = False  # hash every file of the cached stages again, not only those whose size or stat changed
 
 
 @dataclass
 class FinetuneConfig:
-    task: Any = MISSING  # a name in tasks/ or a list of names, checked against tasks/ at start-up
-    data_dir: Optional[str] = MISSING
-    models: list[FinetuneModel] = MISSING
-    random_twins: bool = MISSING
-    baselines: list[Baseline] = MISSING
-    seeds: list[int] = MISSING
-    train_sizes: list[Optional[int]] = MISSING
-    min_steps: int = MISSING
-    max_seq_length: int = MISSING
-    batch_size: int = MISSING
-    group_by_length: bool = MISSING
-    eval_batch_size: int = MISSING
-    lr: float = MISSING
-    encoder_lr_factor: float = MISSING
-    layer_lr_decay: float = MISSING
-    freeze_embeddings: bool = MISSING
-    linear_probe_epochs: int = MISSING
-    epochs: int = MISSING
-    warmup_fraction: float = MISSING
-    weight_decay: float = MISSING
-    max_train_examples: Optional[int] = MISSING
-    selection_fraction: Optional[float] = MISSING
-    score_split: ScoreSplit = MISSING
+    # a name in tasks/, or a list of names: [cola, sst2, mrpc, stsb, rte, wnli]; checked against tasks/ at start-up
+    task: Any = "rotten_tomatoes"
+    # null: the task's built-in data; else its directory, or a root holding each task's data_subdir
+    data_dir: Optional[str] = None
+    # and/or bert_external: an HF BERT directory; elmo (elmo_random): this run's frozen biLM (its random twin) + head;
+    # skip_thought, skip_thought_combine, ... (as evaluate.encoders names them): a linear model on frozen vectors
+    models: list[FinetuneModel] = field(default_factory=lambda: [FinetuneModel.bert, FinetuneModel.bert_random])
+    # Each pretrained kind in `models` is also fine-tuned from random initialisation (its twin: bert_random,
+    # elmo_random, gpt_random, ...), listed or not: the gain over the same architecture untrained is what says whether
+    # pretraining paid (Wieting & Kiela 2019), and the report states it. false: only the kinds listed.
+    random_twins: bool = True
+    # Rows fitted beside the models (TSV classification tasks): majority_class, once; bow_logreg (TF-IDF uni+bigrams)
+    # and w2v_mean (word2vec trained on this run's pretraining corpus, the `word2vec` block) with a logistic
+    # regression, on the same labelled subsets as the models, at every train size and seed: a pretrained encoder
+    # should beat w2v_mean, what a minute of word2vec on the same text gives (docs/pretraining_recipes.md)
+    baselines: list[Baseline] = field(default_factory=lambda: [
+        Baseline.majority_class, Baseline.bow_logreg, Baseline.w2v_mean])
+    # one run per seed (head init, data order, subset drawn) -> mean ± std in the results table
+    seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
+    # Labelled training examples per run, drawn per seed and stratified by label from the (capped) train split; null =
+    # all. Several sizes draw the label-efficiency curve (label_efficiency.png), where pretraining's value shows most.
+    train_sizes: list[Optional[int]] = field(default_factory=lambda: [None])
+    min_steps: int = 0  # at least this many optimizer steps per run (epochs raised): small train sizes need them
+    max_seq_length: int = 64
+    batch_size: int = 32
+    # Batches of sentences of similar length (pipeline/downstream/task_data.py): a batch pads to its longest sentence.
+    # Rotten Tomatoes' sentences average 31 tokens, while random batches of 32 pad to 59; grouped, to 33. bert_tiny's
+    # matmuls already skip the padding, its attention does not: its fine-tune stage ran 1.05x as fast, with accuracy
+    # unchanged within the seeds' spread (selection split, docs/pretraining_recipes.md)
+    group_by_length: bool = True
+    eval_batch_size: int = 128
+    # docs/pretraining_recipes.md, chosen on a held-out tenth of the train split: at BERT-base's 1e-4 for 2 epochs a
+    # 2-layer encoder underfits (0.69-0.71 accuracy on Rotten Tomatoes, 0.57 with 1,000 examples)
+    lr: float = 1e-3
+    encoder_lr_factor: float = 1.0  # the encoder trains at this x lr, the fresh task head at lr (Howard & Ruder 2018)
+    layer_lr_decay: float = 1.0  # and each encoder layer at this x the rate of the layer above (ELECTRA's 0.8)
+    freeze_embeddings: bool = False  # keep the encoder's word embeddings as pretraining left them (twins train theirs)
+    # epochs of the task head alone on the frozen encoder before fine-tuning all of it (LP-FT, Kumar et al. 2022);
+    # 0: none
+    linear_probe_epochs: int = 0
+    epochs: int = 3
+    warmup_fraction: float = 0.1
+    weight_decay: float = 0.01
+    max_train_examples: Optional[int] = None  # cap for quick runs; null = all
+    # For choosing fine-tuning settings honestly: score on this fraction of the train split, held out (and not
+    # trained on), instead of the dev split that the results report. null: train on train, score on dev.
+    selection_fraction: Optional[float] = None
+    # The split the results are scored on: dev, or test (tasks with a test_file: bbc_headlines, the zh_* tasks) once
+    # every setting has been fixed without it. Not with selection_fraction, which scores the held-out train instead.
+    score_split: ScoreSplit = ScoreSplit.dev
 
 
 @dataclass
 class EvaluateConfig:
-    encoders: list[EncoderName] = MISSING
+    # frozen encoders compared by the SentEval-style probes (the `senteval` block); *_random: the same architecture,
+    # untrained
+    encoders: list[EncoderName] = field(default_factory=lambda: [EncoderName(name) for name in (
+        "bert_cls", "bert_mean", "bert_cls_random", "bert_mean_random", "glove_bow")])
 
 
 @dataclass
@@ -122,8 +154,12 @@ def block_schemas() -> dict[str, type]:
 
 
 BLOCKS = block_schemas()
+# The top-level settings: experiment_name (each experiment sets its own; outputs/<experiment_name>/), seed, and
+# ckpt_path: a Lightning checkpoint (.ckpt) of a pretraining run that the run's pretraining starts from, continuing
+# its steps, optimizer, schedule and data position (the stage trained with the `pretrain` settings; BERT's phase 2
+# continues phase 1 as before). A stage that has checkpoints of its own, after a kill, resumes from those instead.
 Config = _module_class(make_dataclass("Config", [
-    ("experiment_name", str, MISSING), ("seed", int, MISSING), ("ckpt_path", Optional[str], MISSING),
+    ("experiment_name", str, "default"), ("seed", int, 12345), ("ckpt_path", Optional[str], None),
     ("callbacks", dict[str, Any], field(default_factory=dict)),
     *((name, schema, field(default_factory=schema)) for name, schema in BLOCKS.items())]))
 

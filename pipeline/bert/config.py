@@ -1,13 +1,11 @@
-"""The schemas of BERT's config blocks (pipeline/config.py). The blocks it owns (tokenizer, examples, pretrain_phase2)
-with their defaults; the keys it adds to shared blocks (its masked-LM settings in `pretrain`, the fine-tuning and report
-settings only BERT reads) typed, their values in conf/config.yaml beside the block's others."""
+"""The schemas of BERT's config blocks (pipeline/config.py), with their defaults: the blocks it owns (tokenizer,
+examples, pretrain_phase2) and the keys it adds to shared blocks (its masked-LM settings in `pretrain`, the fine-tuning
+and report settings only BERT reads)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Optional
-
-from omegaconf import MISSING
 
 from data_prep.examples.bert_examples import PACKINGS
 from pipeline.bert.encoder import BERT_POOLINGS
@@ -52,22 +50,34 @@ class ExamplesConfig:
 
 @dataclass
 class ElectraConfig:
-    generator_layers: int = MISSING
-    discriminator_weight: float = MISSING
+    generator_layers: int = 1  # Clark et al.: generators 1/4-1/2 the discriminator's size work best
+    discriminator_weight: float = 50.0  # their lambda: the detection loss is per token and ~50x smaller than the MLM's
 
 
 @dataclass
 class BertPretrainConfig:
     """What BERT adds to `pretrain`."""
-    mlm_probability: float = MISSING
-    max_predictions_per_seq: int = MISSING
-    whole_word_masking: bool = MISSING
-    next_sentence_prediction: bool = MISSING
-    objective: Objective = MISSING
+    mlm_probability: float = 0.15
+    max_predictions_per_seq: int = 20  # google-research/bert: round(0.15 * 128)
+    # mask a word's WordPiece pieces together (google-research/bert's whole-word masking; seed 003), so a masked piece
+    # cannot be read off the rest of its word
+    whole_word_masking: bool = False
+    next_sentence_prediction: bool = True  # false: masked LM alone (RoBERTa; Cramming), NSP head scored, not trained
+    # mlm: BERT's masked LM (+ NSP). electra: replaced-token detection (Clark et al. 2020): a generator of
+    # electra.generator_layers layers fills the masked positions, the model's encoder learns from every token which
+    # were replaced; needs next_sentence_prediction=false
+    objective: Objective = Objective.mlm
     electra: ElectraConfig = field(default_factory=ElectraConfig)
-    init_from: Optional[str] = MISSING
-    init_embeddings: InitEmbeddings = MISSING
-    freeze_embeddings: bool = MISSING
+    # Continued pretraining (Gururangan et al. 2020's domain-adaptive pretraining; HF run_mlm's --model_name_or_path):
+    # a HuggingFace BERT directory (config.json, model.safetensors or pytorch_model.bin, tokenizer files) whose
+    # architecture, weights and tokenizer the bert_pretrain stage starts from, instead of `model` from scratch and a
+    # trained tokenizer; its MLM (and NSP) head is loaded where the checkpoint has one, else freshly initialised.
+    init_from: Optional[str] = None
+    # Where BERT's word embeddings start: random, or word2vec (skip-gram over the corpus's WordPiece pieces, the
+    # bert_piece_vectors stage, with the `word2vec` block's settings; not with init_from, whose embeddings are the
+    # checkpoint's); and whether pretraining keeps them as they start.
+    init_embeddings: InitEmbeddings = InitEmbeddings.random
+    freeze_embeddings: bool = False
 
 
 # The `pretrain_phase2` block. BERT's phase 2 (Devlin et al. 2019, §A.2), run when pipeline.stages has
@@ -92,17 +102,26 @@ PretrainPhase2Config = override_block(
 @dataclass
 class BertFinetuneConfig:
     """What BERT's fine-tuning adds to `finetune`."""
-    pooling: Pooling = MISSING
-    dropout: Optional[float] = MISSING
-    external_encoder: Optional[str] = MISSING
+    # What a sentence (pair) classifier reads: cls = BERT's pooled [CLS] state; mean = the mean of the final token
+    # states (Sentence-BERT's pooling), which masked-LM pretraining trains directly, while [CLS] and the pooler are
+    # trained only by NSP, which stays at its majority rate in make run's budget. With dropout 0.1, mean lifted both
+    # rows with 1,000 labels on the selection split (docs/pretraining_recipes.md)
+    pooling: Pooling = Pooling.mean
+    # The fine-tuned BERT's dropout; null keeps the encoder's. The BERT pretraining recipe has none (Cramming: every
+    # token is seen about once), but a few thousand labelled sentences are seen for epochs: BERT fine-tunes at 0.1
+    # (Devlin et al. 2019). GPT keeps its model's GPT-2 dropout (0.1) and ELMo the paper's 0.5 on its frozen features.
+    dropout: Optional[float] = 0.1
+    # for bert_external: config.json, model.safetensors/pytorch_model.bin and tokenizer files
+    external_encoder: Optional[str] = None
 
 
 @dataclass
 class AttentionReportConfig:
-    """The report's attention heat-map (pipeline/bert/attention.py)."""
-    attention_sentence: Optional[str] = MISSING
-    attention_layer: int = MISSING
-    attention_head: int = MISSING
+    """The report's attention heat-map (pipeline/bert/attention.py); it needs `bert_pretrain` in the run."""
+    # null: no attention heat-map
+    attention_sentence: Optional[str] = "The animal didn't cross the street because it was too tired"
+    attention_layer: int = -1  # 0-based; negative counts from the last layer
+    attention_head: int = 0
 
 
 CONFIG = {"tokenizer": TokenizerConfig, "examples": ExamplesConfig, "pretrain": BertPretrainConfig,

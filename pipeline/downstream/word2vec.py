@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from omegaconf import MISSING, DictConfig
+from omegaconf import DictConfig
 
 from data_prep.corpus.shards import shard_batches
 from data_prep.corpus.word_vectors import WordVectors
@@ -33,13 +33,15 @@ WORDS_FILE, VECTORS_FILE = "words.txt", "vectors.npy"
 
 @dataclass
 class Word2VecConfig:
-    """Schema of the `word2vec` block (values in conf/config.yaml)."""
-    vector_size: int = MISSING
-    window: int = MISSING
-    min_count: int = MISSING
-    skip_gram: bool = MISSING
-    negative: int = MISSING
-    epochs: int = MISSING
+    """The `word2vec` block: the word2vec stage (gensim; Mikolov et al. 2013) of the w2v_mean baseline, trained on
+    prepare's shards, at the settings of the bar in docs/pretraining_recipes.md (skip-gram, 100-d, window 5, 5 epochs);
+    one thread, so the same corpus gives the same vectors."""
+    vector_size: int = 100
+    window: int = 5
+    min_count: int = 5
+    skip_gram: bool = True
+    negative: int = 5
+    epochs: int = 5
 
 
 def _stable_hash(word: str) -> int:

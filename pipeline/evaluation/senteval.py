@@ -149,9 +149,9 @@ def pair_features(u: np.ndarray, v: np.ndarray, names: tuple[str, ...] = DEFAULT
 
 @dataclass
 class ClassifierSettings:
-    """How the logistic regression is trained and selected (conf/senteval `classifier`) and what a sentence-pair
+    """How the logistic regression is trained and selected (`senteval.classifier`) and what a sentence-pair
     task feeds it (`pair_features`)."""
-    l2_grid: tuple[float, ...] = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+    l2_grid: tuple[float, ...] = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)  # SentEval's PyTorch grid (1e-5..1e-2), one stronger
     max_iter: int = 100  # L-BFGS iterations per fit (fit_softmax_regressions: one fit for many problems)
     cv_folds: int = 10  # outer folds of single-sentence tasks (SentEval's MR/CR/SUBJ/MPQA protocol)
     inner_folds: int = 5  # folds that choose the L2 strength where a task has no validation split (SentEval: 5)

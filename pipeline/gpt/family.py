@@ -33,8 +33,8 @@ class GptConfig:
 @dataclass
 class GptReportConfig:
     """What GPT adds to `report`: the prompts its section continues (greedy)."""
-    # openings in the style of the books (a tiny model has seen their words); here, not in conf/config.yaml, as the
-    # block is GPT's: a registry without GPT composes without it
+    # openings in the style of the books (a tiny model has seen their words); in GPT's folder, as the block is its own:
+    # a registry without GPT composes without it
     gpt_prompts: list[str] = field(default_factory=lambda: [
         "The old man", "It was a dark night, and", "She opened the letter and"])
 

@@ -56,7 +56,7 @@ def test_the_selection_split_is_the_one_finetune_scores_on(probe, tmp_path):
         assert len(ours.labels) == 20
     (task_dir / "dev.tsv").unlink()  # it never reads dev.tsv
     assert probe.selection_split(task_dir, 12345).labels == pipeline_split.labels
-    # the default seed is the run's: finetune passes conf/config.yaml's `seed` to the split
+    # the default seed is the run's: finetune passes the run's top-level `seed` (12345) to the split
     assert probe.parse_args(["--pretrain", "p", "--tokenizer", "t", "--task-dir", "d"]).seed == \
         OmegaConf.load(CONF_DIR / "config.yaml").seed
 

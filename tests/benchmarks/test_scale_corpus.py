@@ -14,7 +14,7 @@ from tests.helpers import write_books
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from make_scale_corpus import RECORD, build_tree, parse_size, write_corpus  # noqa: E402
 
-NEAR_DUPLICATE_THRESHOLD = 0.8  # conf/config.yaml data.near_duplicate_threshold
+NEAR_DUPLICATE_THRESHOLD = 0.8  # data.near_duplicate_threshold's default (pipeline/schema.py)
 
 
 @pytest.fixture(scope="module")

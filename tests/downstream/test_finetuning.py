@@ -209,7 +209,7 @@ def test_train_sizes_draw_stratified_subsets_deterministic_per_seed():
 
 
 def test_each_pretrained_kind_is_fine_tuned_beside_its_random_twin(ctx):
-    ctx.cfg.finetune.random_twins = True  # the default (conf/config.yaml)
+    ctx.cfg.finetune.random_twins = True  # the default (pipeline/config.py)
     ctx.cfg.finetune.models = ["gpt", "bert", "bert_external", "elmo_random"]
     assert list(finetuning.finetune_kinds(ctx.cfg)) == ["gpt", "gpt_random", "bert", "bert_random", "bert_external",
                                                         "elmo_random"]

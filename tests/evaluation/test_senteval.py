@@ -23,7 +23,6 @@ from data_prep.tasks.senteval_data import (
     tokenize,
 )
 from models.bert import BertConfig, BertModel, save_pretrained
-from pipeline import CONF_DIR
 from pipeline.bert.encoder import BertEncoder
 from pipeline.evaluation.senteval import (
     TASK_KINDS,
@@ -44,6 +43,7 @@ from pipeline.evaluation.senteval import (
     run_senteval,
     stratified_folds,
 )
+from pipeline.schema import SentevalConfig
 from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, VERBS, write_sentiment_task
 
 SICK_HEADER = ("pair_ID\tsentence_A\tsentence_B\tentailment_label\trelatedness_score\tentailment_AB\tentailment_BA\t"
@@ -127,7 +127,7 @@ def test_pair_features_are_sentevals_by_default_and_infersents_on_request():
     assert pair_features(u, v, ("u", "v", "abs_diff", "product")).tolist() == \
         [[1.0, 2.0, 3.0, -1.0, 2.0, 3.0, 3.0, -2.0]]
     assert pair_features(np.ones((5, 7)), np.zeros((5, 7))).shape == (5, 14)
-    cfg = OmegaConf.load(CONF_DIR / "senteval" / "default.yaml")
+    cfg = OmegaConf.structured(SentevalConfig)
     assert ClassifierSettings.from_config(cfg.classifier, cfg.pair_features).pair_features == ("abs_diff", "product")
     for bad in ([], ["abs_diff", "sum"]):
         with pytest.raises(ValueError, match=r"senteval.pair_features=.*: give a non-empty list of \['u', 'v', "):
@@ -565,7 +565,7 @@ def test_senteval_pair_features_reach_the_pair_classifier(tmp_path):
 
 
 def test_run_senteval_rejects_an_unknown_task_kind(tmp_path):
-    cfg = OmegaConf.load(CONF_DIR / "senteval" / "default.yaml")
+    cfg = OmegaConf.structured(SentevalConfig)
     cfg.tasks = {"STS": {"kind": "sts", "path": "STS"}}
     with pytest.raises(ValueError, match="senteval task STS: unknown kind 'sts'"):
         run_senteval([LengthEncoder()], cfg, seed=0)
@@ -573,7 +573,7 @@ def test_run_senteval_rejects_an_unknown_task_kind(tmp_path):
 
 def test_default_config_names_known_task_kinds_and_reads_the_data_root_from_the_environment(monkeypatch):
     monkeypatch.setenv("TEXTREP_SHARED_DATA", "/data/shared")
-    cfg = OmegaConf.load(CONF_DIR / "senteval" / "default.yaml")
+    cfg = OmegaConf.structured(SentevalConfig)
     assert cfg.data_root == "/data/shared"
     assert {spec.kind for spec in cfg.tasks.values()} <= set(TASK_KINDS)
     assert ClassifierSettings.from_config(cfg.classifier).l2_grid == (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)

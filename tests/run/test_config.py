@@ -59,8 +59,8 @@ def test_experiment_composes_to_what_its_file_states(name, tmp_path):
     defined = dict(_leaves(OmegaConf.to_container(base, resolve=False)))
     misspelled = [key for key, _ in _leaves(stated) if key not in defined]
     assert not misspelled, (f"{name} sets {misspelled}, which the base config does not define, so nothing reads "
-                            "them: fix the spelling, or add the key with its default to conf/config.yaml (or to "
-                            "its family's block)")
+                            "them: fix the spelling, or add the key with its default to its schema "
+                            "(pipeline/schema.py, pipeline/config.py or its family's block)")
     # a file that is not `@package _global_`, or a setting a later default overrides, would differ here
     composed = dict(_leaves(OmegaConf.to_container(cfg, resolve=False)))
     assert {key: composed.get(key, "<missing>") for key, _ in _leaves(stated)} == dict(_leaves(stated))
@@ -117,11 +117,18 @@ def _schema_yaml_disagreements(overrides: list[str]) -> list[str]:
 def test_no_schema_default_disagrees_with_a_yaml_default():
     """A key has one default: where a schema declares one and a YAML file of the default config (conf/config.yaml and
     the groups it picks) also sets the key, the two are the same value. Experiments may change any of them."""
-    assert sum(1 for _ in _declared_defaults(Config)) > 50  # the family blocks, phase 2's and GPT's pretrain blocks
+    assert sum(1 for _ in _declared_defaults(Config)) > 150  # every block's, but for the config groups' options
     assert _schema_yaml_disagreements([]) == []
     # a YAML default that differs from its schema's is what this finds
     assert _schema_yaml_disagreements(["tokenizer.vocab_size=30000", "pretrain_phase2.max_steps=7"]) == [
         "tokenizer.vocab_size: schema 8000, YAML 30000", "pretrain_phase2.max_steps: schema 100, YAML 7"]
+
+
+def test_root_config_only_picks_options():
+    """A setting's default has one home, its schema: conf/config.yaml picks the config groups' options and Hydra's
+    output directories, and sets no setting itself (a value there would shadow the schema's default and its comment)."""
+    root = OmegaConf.load(CONF_DIR / "config.yaml")
+    assert set(root) == {"defaults", "hydra"}, f"conf/config.yaml sets {sorted(set(root) - {'defaults', 'hydra'})}"
 
 
 def _write_task_files(root: Path, names: list[str]) -> Path:
