@@ -19,8 +19,7 @@ from typing import Any, Optional, get_type_hints
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.downstream.finetune import BASELINES, MODEL_KINDS
-from pipeline.downstream.tasks import SCORE_SPLITS
+from pipeline.downstream.finetune import FinetuneConfig
 from pipeline.downstream.word2vec import Word2VecConfig
 from pipeline.engine.distributed import DistributedConfig
 from pipeline.engine.settings import did_you_mean
@@ -41,9 +40,6 @@ from pipeline.schema import (
 from pipeline.stages import STAGES
 
 StageName = StrEnum("StageName", {name: name for name in STAGES}, module=__name__)
-FinetuneModel = StrEnum("FinetuneModel", {name: name for name in MODEL_KINDS}, module=__name__)
-Baseline = StrEnum("Baseline", {name: name for name in BASELINES}, module=__name__)
-ScoreSplit = StrEnum("ScoreSplit", {name: name for name in SCORE_SPLITS}, module=__name__)
 EncoderName = StrEnum("EncoderName", {name: name for name in ENCODERS}, module=__name__)
 
 
@@ -56,60 +52,6 @@ class PipelineConfig:
     force: list[StageName] = field(default_factory=list)  # rerun these (and everything downstream) even if cached
     dry_run: bool = False  # print the DAG with cached/pending state, run nothing
     verify: bool = False  # hash every file of the cached stages again, not only those whose size or stat changed
-
-
-@dataclass
-class FinetuneConfig:
-    # a name in tasks/, or a list of names: [cola, sst2, mrpc, stsb, rte, wnli]; checked against tasks/ at start-up
-    task: Any = "rotten_tomatoes"
-    # null: the task's built-in data; else its directory, or a root holding each task's data_subdir
-    data_dir: Optional[str] = None
-    # and/or bert_external: an HF BERT directory; elmo (elmo_random): this run's frozen biLM (its random twin) + head;
-    # skip_thought, skip_thought_combine, ... (as evaluate.encoders names them): a linear model on frozen vectors
-    models: list[FinetuneModel] = field(default_factory=lambda: [FinetuneModel.bert, FinetuneModel.bert_random])
-    # Each pretrained kind in `models` is also fine-tuned from random initialisation (its twin: bert_random,
-    # elmo_random, gpt_random, ...), listed or not: the gain over the same architecture untrained is what says whether
-    # pretraining paid (Wieting & Kiela 2019), and the report states it. false: only the kinds listed.
-    random_twins: bool = True
-    # Rows fitted beside the models (TSV classification tasks): majority_class, once; bow_logreg (TF-IDF uni+bigrams)
-    # and w2v_mean (word2vec trained on this run's pretraining corpus, the `word2vec` block) with a logistic
-    # regression, on the same labelled subsets as the models, at every train size and seed: a pretrained encoder
-    # should beat w2v_mean, what a minute of word2vec on the same text gives (docs/pretraining_recipes.md)
-    baselines: list[Baseline] = field(default_factory=lambda: [
-        Baseline.majority_class, Baseline.bow_logreg, Baseline.w2v_mean])
-    # one run per seed (head init, data order, subset drawn) -> mean ± std in the results table
-    seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
-    # Labelled training examples per run, drawn per seed and stratified by label from the (capped) train split; null =
-    # all. Several sizes draw the label-efficiency curve (label_efficiency.png), where pretraining's value shows most.
-    train_sizes: list[Optional[int]] = field(default_factory=lambda: [None])
-    min_steps: int = 0  # at least this many optimizer steps per run (epochs raised): small train sizes need them
-    max_seq_length: int = 64
-    batch_size: int = 32
-    # Batches of sentences of similar length (pipeline/downstream/task_data.py): a batch pads to its longest sentence.
-    # Rotten Tomatoes' sentences average 31 tokens, while random batches of 32 pad to 59; grouped, to 33. bert_tiny's
-    # matmuls already skip the padding, its attention does not: its fine-tune stage ran 1.05x as fast, with accuracy
-    # unchanged within the seeds' spread (selection split, docs/pretraining_recipes.md)
-    group_by_length: bool = True
-    eval_batch_size: int = 128
-    # docs/pretraining_recipes.md, chosen on a held-out tenth of the train split: at BERT-base's 1e-4 for 2 epochs a
-    # 2-layer encoder underfits (0.69-0.71 accuracy on Rotten Tomatoes, 0.57 with 1,000 examples)
-    lr: float = 1e-3
-    encoder_lr_factor: float = 1.0  # the encoder trains at this x lr, the fresh task head at lr (Howard & Ruder 2018)
-    layer_lr_decay: float = 1.0  # and each encoder layer at this x the rate of the layer above (ELECTRA's 0.8)
-    freeze_embeddings: bool = False  # keep the encoder's word embeddings as pretraining left them (twins train theirs)
-    # epochs of the task head alone on the frozen encoder before fine-tuning all of it (LP-FT, Kumar et al. 2022);
-    # 0: none
-    linear_probe_epochs: int = 0
-    epochs: int = 3
-    warmup_fraction: float = 0.1
-    weight_decay: float = 0.01
-    max_train_examples: Optional[int] = None  # cap for quick runs; null = all
-    # For choosing fine-tuning settings honestly: score on this fraction of the train split, held out (and not
-    # trained on), instead of the dev split that the results report. null: train on train, score on dev.
-    selection_fraction: Optional[float] = None
-    # The split the results are scored on: dev, or test (tasks with a test_file: bbc_headlines, the zh_* tasks) once
-    # every setting has been fixed without it. Not with selection_fraction, which scores the held-out train instead.
-    score_split: ScoreSplit = ScoreSplit.dev
 
 
 @dataclass

@@ -38,7 +38,7 @@ def prepare_workers(cfg: DictConfig) -> int:
 
 
 def _finetune_tasks(cfg: DictConfig) -> list[str]:
-    return task_names(cfg) if "finetune" in cfg.pipeline.stages else []
+    return task_names(cfg.finetune.task) if "finetune" in cfg.pipeline.stages else []
 
 
 def _senteval_in_run(cfg: DictConfig) -> bool:

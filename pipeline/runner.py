@@ -17,6 +17,7 @@ from pipeline.downstream.finetune import (
     MODEL_KINDS,
     check_task_files,
     finetune_seeds,
+    finetune_settings,
     headline_results,
     task_names,
     train_sizes,
@@ -73,10 +74,11 @@ def validate(cfg: DictConfig) -> None:
     check_start_checkpoint(cfg)
     for key in dict.fromkeys(model_key(cfg, family.name) for family in FAMILIES):  # gpt.model beside BERT's
         check_model_config(cfg, key)
-    for name in task_names(cfg):
+    finetune = finetune_settings(cfg)
+    for name in task_names(finetune.task):
         load_task(name)
-    train_sizes(cfg)
-    finetune_seeds(cfg)
+    train_sizes(finetune)
+    finetune_seeds(finetune)
     validate_distributed(cfg)
     encoder_snapshot_steps(cfg, cfg.pretrain, "pretrain")  # every family's; BERT's phase 2 in its own validate
     stages = resolve_upstream(STAGES, cfg)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 from torch import nn
@@ -35,22 +36,26 @@ from pipeline.downstream.task_data import TaskData, conll_sentences, majority_ta
 from pipeline.engine.dag import StageContext, files_fingerprint
 from pipeline.engine.family import FinetuneKind
 
+if TYPE_CHECKING:  # the stage's typed settings; importing it at run time would import every family
+    from pipeline.downstream.finetune import FinetuneConfig
+
 
 @dataclass
 class BertTaskModels:
     """An encoder directory and its tokenizer; `pretrained`: start from the encoder's weights, else from a fresh
     initialisation of its architecture; `dropout`: the fine-tuned model's dropout rate (finetune.dropout), None to keep
-    the encoder's."""
+    the encoder's; `pooling`: what a sentence classifier reads (finetune.pooling)."""
     encoder_dir: Path
     tokenizer: object
     encoding_key: str
     pretrained: bool = True
     dropout: float | None = None
+    pooling: str = "cls"
 
-    def encode(self, task: DictConfig, data_dir: Path, finetune: DictConfig, seed: int,
+    def encode(self, task: DictConfig, data_dir: Path, finetune: FinetuneConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
         return load_task_data(task, data_dir, self.tokenizer, finetune.max_seq_length, finetune.max_train_examples,
-                              seed, selection_fraction, finetune.get("pooling", "cls"))
+                              seed, selection_fraction, self.pooling)
 
     def build(self, data: TaskData) -> nn.Module:
         encoder = load_pretrained(self.encoder_dir)
@@ -66,8 +71,9 @@ class BertTaskModels:
 def _this_run(pretrained: bool):
     def load(ctx: StageContext) -> BertTaskModels:
         tokenizer_dir = ctx.stage_dir("bert_tokenizer")
+        f = ctx.cfg.finetune
         return BertTaskModels(ctx.stage_dir(encoder_stage(ctx.cfg)) / "encoder", load_tokenizer(tokenizer_dir),
-                              str(tokenizer_dir), pretrained, ctx.cfg.finetune.get("dropout"))
+                              str(tokenizer_dir), pretrained, f.dropout, str(f.pooling))
     return load
 
 
@@ -77,7 +83,7 @@ def _external(ctx: StageContext) -> BertTaskModels:
         raise ValueError("finetune.models has bert_external but finetune.external_encoder is not set; pass the "
                          "directory of an HF BERT (config.json, weights and tokenizer files)")
     path = Path(f.external_encoder).expanduser()
-    return BertTaskModels(path, external_tokenizer(path), str(path), dropout=f.get("dropout"))
+    return BertTaskModels(path, external_tokenizer(path), str(path), dropout=f.dropout, pooling=str(f.pooling))
 
 
 def _external_files(cfg: DictConfig) -> str:

@@ -10,16 +10,19 @@ encoder (the kind's own row: the stage's last step), which the report plots (pre
 One finished (task, model, size, seed) is one small JSON file, so a run killed half-way skips what it had finished."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from functools import partial
+from typing import Any, Optional
 
 import lightning as L
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
@@ -33,6 +36,7 @@ from pipeline.downstream.task_data import (
     tsv_splits,
 )
 from pipeline.downstream.tasks import (
+    SCORE_SPLITS,
     TaskSplit,
     load_task,
     resolve_task_dir,
@@ -54,19 +58,101 @@ MODEL_KINDS: dict[str, FinetuneKind] = {name: kind for family in FAMILIES
 TWINS = {kind.random_twin for kind in MODEL_KINDS.values() if kind.random_twin}
 
 
-def finetune_kinds(cfg: DictConfig) -> dict[str, FinetuneKind]:
-    """The kinds `finetune.models` names (names the config schema allows, pipeline/config.py), each followed by its
-    random-init twin where it has one and finetune.random_twins is on."""
+# The baselines fitted on the model kinds' labelled subsets, at every train size and seed (TSV classification
+# tasks): name -> what gives its scorer, (task, train subset, dev, seed) -> scores.
+SUBSET_BASELINES = {
+    "bow_logreg": lambda ctx: bow_logreg_scores,
+    "w2v_mean": lambda ctx: partial(w2v_mean_scores, vectors=load_word2vec(ctx.stage_dir(WORD2VEC.name)),
+                                    chinese_words=str(ctx.cfg.data.chinese_words)),
+}
+# finetune.baselines: majority_class is scored once, from all of train, as is lead_n (generation tasks)
+BASELINES = ("majority_class", *SUBSET_BASELINES, "lead_n")
+
+
+FinetuneModel = StrEnum("FinetuneModel", {name: name for name in MODEL_KINDS}, module=__name__)
+Baseline = StrEnum("Baseline", {name: name for name in BASELINES}, module=__name__)
+ScoreSplit = StrEnum("ScoreSplit", {name: name for name in SCORE_SPLITS}, module=__name__)
+
+
+@dataclass
+class FinetuneConfig:
+    # a name in tasks/, or a list of names: [cola, sst2, mrpc, stsb, rte, wnli]; checked against tasks/ at start-up
+    task: Any = "rotten_tomatoes"
+    # null: the task's built-in data; else its directory, or a root holding each task's data_subdir
+    data_dir: Optional[str] = None
+    # and/or bert_external: an HF BERT directory; elmo (elmo_random): this run's frozen biLM (its random twin) + head;
+    # skip_thought, skip_thought_combine, ... (as evaluate.encoders names them): a linear model on frozen vectors
+    models: list[FinetuneModel] = field(default_factory=lambda: [FinetuneModel.bert, FinetuneModel.bert_random])
+    # Each pretrained kind in `models` is also fine-tuned from random initialisation (its twin: bert_random,
+    # elmo_random, gpt_random, ...), listed or not: the gain over the same architecture untrained is what says whether
+    # pretraining paid (Wieting & Kiela 2019), and the report states it. false: only the kinds listed.
+    random_twins: bool = True
+    # Rows fitted beside the models (TSV classification tasks): majority_class, once; bow_logreg (TF-IDF uni+bigrams)
+    # and w2v_mean (word2vec trained on this run's pretraining corpus, the `word2vec` block) with a logistic
+    # regression, on the same labelled subsets as the models, at every train size and seed: a pretrained encoder
+    # should beat w2v_mean, what a minute of word2vec on the same text gives (docs/pretraining_recipes.md)
+    baselines: list[Baseline] = field(default_factory=lambda: [
+        Baseline.majority_class, Baseline.bow_logreg, Baseline.w2v_mean])
+    # one run per seed (head init, data order, subset drawn) -> mean ± std in the results table
+    seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
+    # Labelled training examples per run, drawn per seed and stratified by label from the (capped) train split; null =
+    # all. Several sizes draw the label-efficiency curve (label_efficiency.png), where pretraining's value shows most.
+    train_sizes: list[Optional[int]] = field(default_factory=lambda: [None])
+    min_steps: int = 0  # at least this many optimizer steps per run (epochs raised): small train sizes need them
+    max_seq_length: int = 64
+    batch_size: int = 32
+    # Batches of sentences of similar length (pipeline/downstream/task_data.py): a batch pads to its longest sentence.
+    # Rotten Tomatoes' sentences average 31 tokens, while random batches of 32 pad to 59; grouped, to 33. bert_tiny's
+    # matmuls already skip the padding, its attention does not: its fine-tune stage ran 1.05x as fast, with accuracy
+    # unchanged within the seeds' spread (selection split, docs/pretraining_recipes.md)
+    group_by_length: bool = True
+    eval_batch_size: int = 128
+    # docs/pretraining_recipes.md, chosen on a held-out tenth of the train split: at BERT-base's 1e-4 for 2 epochs a
+    # 2-layer encoder underfits (0.69-0.71 accuracy on Rotten Tomatoes, 0.57 with 1,000 examples)
+    lr: float = 1e-3
+    encoder_lr_factor: float = 1.0  # the encoder trains at this x lr, the fresh task head at lr (Howard & Ruder 2018)
+    # and each encoder layer at this x the rate of the layer above (ELECTRA's 0.8); both for pretrained encoders
+    # only: a random twin trains every layer at lr
+    layer_lr_decay: float = 1.0
+    freeze_embeddings: bool = False  # keep the encoder's word embeddings as pretraining left them (twins train theirs)
+    # epochs of the task head alone on the frozen encoder before fine-tuning all of it (LP-FT, Kumar et al. 2022);
+    # 0: none
+    linear_probe_epochs: int = 0
+    epochs: int = 3
+    warmup_fraction: float = 0.1
+    weight_decay: float = 0.01
+    max_train_examples: Optional[int] = None  # cap for quick runs; null = all
+    # For choosing fine-tuning settings honestly: score on this fraction of the train split, held out (and not
+    # trained on), instead of the dev split that the results report. null: train on train, score on dev.
+    selection_fraction: Optional[float] = None
+    # The split the results are scored on: dev, or test (tasks with a test_file: bbc_headlines, the zh_* tasks) once
+    # every setting has been fixed without it. Not with selection_fraction, which scores the held-out train instead.
+    score_split: ScoreSplit = ScoreSplit.dev
+
+
+def finetune_settings(cfg: DictConfig) -> FinetuneConfig:
+    """The `finetune` block as its typed settings, made once where the stage (or a start-up check) begins and passed
+    on from there: types and enums as the schema declares them, attributes instead of string keys. The keys a family
+    adds to the block (BERT's pooling and dropout) are the family's to read when it loads its models."""
+    names = {entry.name for entry in dataclasses.fields(FinetuneConfig)}
+    block = {key: value for key, value in cfg.finetune.items() if key in names}
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(FinetuneConfig), block))
+
+
+def finetune_kinds(f: FinetuneConfig) -> dict[str, FinetuneKind]:
+    """The kinds `finetune.models` names (names the config schema allows), each followed by its random-init twin
+    where it has one and finetune.random_twins is on."""
     names = []
-    for name in cfg.finetune.models:
-        twin = MODEL_KINDS[name].random_twin if cfg.finetune.random_twins else None
+    for name in f.models:
+        twin = MODEL_KINDS[name].random_twin if f.random_twins else None
         names += [name, twin] if twin else [name]
     return {name: MODEL_KINDS[name] for name in dict.fromkeys(names)}
 
 
 def finetune_upstream(cfg: DictConfig) -> tuple[str, ...]:
-    stages = [stage for kind in finetune_kinds(cfg).values() for stage in kind.upstream(cfg)]
-    if "w2v_mean" in cfg.finetune.baselines:
+    f = finetune_settings(cfg)
+    stages = [stage for kind in finetune_kinds(f).values() for stage in kind.upstream(cfg)]
+    if "w2v_mean" in f.baselines:
         stages.append(WORD2VEC.name)
     return tuple(dict.fromkeys(stages))
 
@@ -75,9 +161,9 @@ def _repeated(values: list) -> list:
     return [v for v in dict.fromkeys(values) if values.count(v) > 1]
 
 
-def train_sizes(cfg: DictConfig) -> list[int | None]:
+def train_sizes(f: FinetuneConfig) -> list[int | None]:
     """finetune.train_sizes: labelled examples per fine-tuning run (None: all), in the order given."""
-    sizes = list(cfg.finetune.get("train_sizes") or [None])
+    sizes = list(f.train_sizes or [None])
     bad = [s for s in sizes if s is not None and s < 1]
     if bad:
         raise ValueError(f"finetune.train_sizes={sizes}: each must be a positive number of examples or null (all)")
@@ -87,11 +173,11 @@ def train_sizes(cfg: DictConfig) -> list[int | None]:
     return sizes
 
 
-def finetune_seeds(cfg: DictConfig) -> list[int]:
+def finetune_seeds(f: FinetuneConfig) -> list[int]:
     """finetune.seeds: one run of every model kind per seed, aggregated as mean ± std. A seed gives the same run each
     time, so a repeated seed would be counted twice as if it were another sample (`0.5000 ± 0.0000 | 2`), and no seed
     gives a table of baselines alone."""
-    seeds = list(cfg.finetune.seeds)
+    seeds = list(f.seeds)
     if not seeds:
         raise ValueError("finetune.seeds=[]: fine-tuning needs at least one seed, e.g. finetune.seeds=[1,2,3] "
                          "(or leave finetune out of pipeline.stages)")
@@ -114,25 +200,25 @@ def sizes_for_task(sizes: list[int | None], train_count: int, task: str) -> list
 
 
 
-def scored_tasks(cfg: DictConfig) -> list[DictConfig]:
+def scored_tasks(f: FinetuneConfig) -> list[DictConfig]:
     """finetune.task's tasks as fine-tuning reads them: scored on finetune.score_split's split (scored_task)."""
-    f = cfg.finetune
     if f.selection_fraction and f.score_split != "dev":
         raise ValueError(f"finetune.selection_fraction scores a held-out part of the train split and "
                          f"finetune.score_split={f.score_split} the {f.score_split} split: set one of them")
-    return [scored_task(load_task(name), str(f.score_split)) for name in task_names(cfg)]
+    return [scored_task(load_task(name), str(f.score_split)) for name in task_names(f.task)]
 
 
 def check_task_files(cfg: DictConfig) -> None:
     """The tasks' split to score, and the user's task files (finetune.data_dir) read as this stage will read them, so
     that a missing test split, a wrong label or a malformed row is reported before the first stage runs instead of
     after pretraining. Built-in data is ours."""
-    scored_tasks(cfg)
-    if not cfg.finetune.data_dir:
+    f = finetune_settings(cfg)
+    scored_tasks(f)
+    if not f.data_dir:
         return
-    for name in task_names(cfg):
+    for name in task_names(f.task):
         task = load_task(name)
-        read_task_files(task, resolve_task_dir(task, cfg.finetune.data_dir, cfg.paths.cache_dir))
+        read_task_files(task, resolve_task_dir(task, f.data_dir, cfg.paths.cache_dir))
 
 
 SNAPSHOT_MARK = "@"  # <kind>@<step>: the kind fine-tuned from its pretraining stage's encoder snapshot at that step
@@ -142,11 +228,11 @@ def is_snapshot(row: dict) -> bool:
     return SNAPSHOT_MARK in row["model"]
 
 
-def model_sources(ctx: StageContext) -> dict[str, tuple[TaskModels, int | None]]:
+def model_sources(ctx: StageContext, f: FinetuneConfig) -> dict[str, tuple[TaskModels, int | None]]:
     """Each kind in finetune.models, loaded once for every task and seed, with the pretraining steps of its encoder
     where its pretraining stage wrote encoder snapshots (else None); and each of those snapshots, as <kind>@<step>."""
     sources = {}
-    for name, kind in finetune_kinds(ctx.cfg).items():
+    for name, kind in finetune_kinds(f).items():
         stage = kind.pretraining_stage(ctx.cfg) if kind.pretraining_stage else None
         snapshots = encoder_snapshots(ctx.stage_dir(stage)) if stage else {}
         final = steps_trained(ctx.stage_dir(stage)) if snapshots else None
@@ -158,9 +244,8 @@ def model_sources(ctx: StageContext) -> dict[str, tuple[TaskModels, int | None]]
     return sources
 
 
-def finetune_once(ctx: StageContext, task: DictConfig, data: TaskData, models: TaskModels, kind: str,
-                  seed: int, train_indices: np.ndarray) -> dict[str, float]:
-    f = ctx.cfg.finetune
+def finetune_once(ctx: StageContext, f: FinetuneConfig, task: DictConfig, data: TaskData, models: TaskModels,
+                  kind: str, seed: int, train_indices: np.ndarray) -> dict[str, float]:
     # the same head initialisation and data order for every model kind; quietly, as every run sets one
     L.seed_everything(seed, workers=True, verbose=False)
     model = models.build(data)
@@ -175,8 +260,10 @@ def finetune_once(ctx: StageContext, task: DictConfig, data: TaskData, models: T
     dev_loader = DataLoader(data.dev, batch_size=f.eval_batch_size, collate_fn=data.collate)
     prefix = f"{task.name}/{kind}/n{len(train_indices)}/seed{seed}"
     encoder = getattr(model, "encoder", None)  # None: a head on frozen features, nothing of the encoder trains
-    # a random twin has no embeddings worth keeping: frozen, its random vectors would handicap the comparison
-    frozen = word_embeddings(encoder) if f.freeze_embeddings and encoder is not None and kind not in TWINS else None
+    # What keeps pretrained features (frozen embeddings, slower lower layers) is for a pretrained encoder: a random
+    # twin has nothing to keep, and frozen random vectors or slowed random layers would handicap the comparison.
+    pretrained = kind not in TWINS
+    frozen = word_embeddings(encoder) if f.freeze_embeddings and encoder is not None and pretrained else None
     if f.linear_probe_epochs and encoder is not None:
         # LP-FT (Kumar et al. 2022): the head first, on the frozen encoder, so that fine-tuning starts from a head that
         # fits the pretrained features instead of a random one whose gradients distort them
@@ -191,11 +278,12 @@ def finetune_once(ctx: StageContext, task: DictConfig, data: TaskData, models: T
             parameter.requires_grad_(True)
     if frozen is not None:
         frozen.weight.requires_grad_(False)
-    epochs = finetune_epochs(f.epochs, f.get("min_steps", 0), len(train_loader))
+    epochs = finetune_epochs(f.epochs, f.min_steps, len(train_loader))
     total_steps = len(train_loader) * epochs
     module = data.make_module(model, lr=f.lr, weight_decay=f.weight_decay,
                               warmup_steps=int(f.warmup_fraction * total_steps), total_steps=total_steps)
-    module.encoder_lr_factor, module.layer_lr_decay = float(f.encoder_lr_factor), float(f.layer_lr_decay)
+    if pretrained:
+        module.encoder_lr_factor, module.layer_lr_decay = f.encoder_lr_factor, f.layer_lr_decay
     trainer = make_trainer(ctx, [], prefix=prefix, one_process=True,
                            max_epochs=epochs, num_sanity_val_steps=0, enable_checkpointing=False,
                            # dev is scored once, after the last epoch: no model is chosen by its dev score
@@ -245,15 +333,15 @@ def _aggregate(rows: list[dict]) -> list[dict]:
 
 
 def finetune(ctx: StageContext) -> dict:
-    f = ctx.cfg.finetune
-    sources = model_sources(ctx)
-    sizes, seeds = train_sizes(ctx.cfg), finetune_seeds(ctx.cfg)
-    selection = f.get("selection_fraction")
+    f = finetune_settings(ctx.cfg)
+    sources = model_sources(ctx, f)
+    sizes, seeds = train_sizes(f), finetune_seeds(f)
+    selection = f.selection_fraction
     scored_on = "train_holdout" if selection else str(f.score_split)
     finished = ctx.out_dir / "finished"
     finished.mkdir(exist_ok=True)
     rows = []
-    for task in scored_tasks(ctx.cfg):
+    for task in scored_tasks(f):
         if selection and task.format != "tsv":
             raise ValueError(f"finetune.selection_fraction holds out part of a TSV task's train split; task "
                              f"{task.name} is {task.format}: leave it null for this task")
@@ -278,7 +366,7 @@ def finetune(ctx: StageContext) -> dict:
                         rows += json.loads(done.read_text())
                         continue
                     started = time.perf_counter()
-                    scores = finetune_once(ctx, task, data, models, kind, seed, subset)
+                    scores = finetune_once(ctx, f, task, data, models, kind, seed, subset)
                     result = [{"model": kind, "task": task.name, "metric": metric, "score": value, "seed": seed,
                                "train_size": size, "train_examples": len(subset), "dev_examples": len(data.dev),
                                "scored_on": scored_on, "pretraining_steps": pretraining_steps,
@@ -292,23 +380,12 @@ def finetune(ctx: StageContext) -> dict:
             rows += _baseline_rows("majority_class", task, data.majority_scores, len(data.train), len(data.dev),
                                    scored_on, 0.0)
         if task.format == "tsv" and task.labels is not None:
-            rows += _subset_baseline_rows(ctx, task, data_dir, scored_on, task_sizes)
+            rows += _subset_baseline_rows(ctx, f, task, data_dir, scored_on, task_sizes)
         if task.format == "seq2seq" and "lead_n" in f.baselines:
             rows += _lead_n_rows(task, data_dir, f, ctx.cfg.seed, scored_on)
     results = _aggregate(rows)
     write_json_atomically(ctx.out_dir / "results.json", results)
     return {"results": headline_results(results)}
-
-
-# The baselines fitted on the model kinds' labelled subsets, at every train size and seed (TSV classification
-# tasks): name -> what gives its scorer, (task, train subset, dev, seed) -> scores.
-SUBSET_BASELINES = {
-    "bow_logreg": lambda ctx: bow_logreg_scores,
-    "w2v_mean": lambda ctx: partial(w2v_mean_scores, vectors=load_word2vec(ctx.stage_dir(WORD2VEC.name)),
-                                    chinese_words=str(ctx.cfg.data.chinese_words)),
-}
-# finetune.baselines: majority_class is scored once, from all of train, as is lead_n (generation tasks)
-BASELINES = ("majority_class", *SUBSET_BASELINES, "lead_n")
 
 
 def _baseline_rows(model: str, task: DictConfig, scores: dict[str, float], train_examples: int, dev_examples: int,
@@ -318,9 +395,9 @@ def _baseline_rows(model: str, task: DictConfig, scores: dict[str, float], train
              "seconds": seconds} for metric, value in scores.items()]
 
 
-def _lead_n_rows(task: DictConfig, data_dir, f: DictConfig, seed: int, scored_on: str) -> list[dict]:
+def _lead_n_rows(task: DictConfig, data_dir, f: FinetuneConfig, seed: int, scored_on: str) -> list[dict]:
     """The lead-N baseline of a generation task (baselines.lead_n_scores), N chosen on the whole train split."""
-    train, dev, _ = tsv_splits(task, data_dir, f.max_train_examples, seed, f.get("selection_fraction"))
+    train, dev, _ = tsv_splits(task, data_dir, f.max_train_examples, seed, f.selection_fraction)
     started = time.perf_counter()
     n, scores = lead_n_scores(task, train, dev)
     print(f"finetune {task.name}/lead_n: the first {n} words (chosen on train); "
@@ -334,13 +411,12 @@ def _subset(split: TaskSplit, indices: np.ndarray) -> TaskSplit:
                      [split.texts_b[i] for i in indices], [split.labels[i] for i in indices])
 
 
-def _subset_baseline_rows(ctx: StageContext, task: DictConfig, data_dir, scored_on: str,
+def _subset_baseline_rows(ctx: StageContext, f: FinetuneConfig, task: DictConfig, data_dir, scored_on: str,
                           sizes: list[int | None]) -> list[dict]:
     """finetune.baselines' SUBSET_BASELINES on the labelled subsets the model kinds get, at every size and seed, each
     kept in finished/ like a fine-tuning run (bow_logreg takes minutes on MNLI or QQP). `sizes`: the task's, as
     sizes_for_task gives them (a size of at least the train split is "all", fitted once)."""
-    f = ctx.cfg.finetune
-    train, dev, _ = tsv_splits(task, data_dir, f.max_train_examples, ctx.cfg.seed, f.get("selection_fraction"))
+    train, dev, _ = tsv_splits(task, data_dir, f.max_train_examples, ctx.cfg.seed, f.selection_fraction)
     rows = []
     for name in (b for b in f.baselines if b in SUBSET_BASELINES):
         scorer = None
@@ -401,9 +477,9 @@ def pretraining_scaling(results: list[dict]) -> list[dict]:
 
 def _finetune_fingerprint(cfg: DictConfig) -> str:
     """The task files, and the files a model kind reads from outside the cache (an external encoder's)."""
-    parts = [task_data_fingerprint(load_task(name), cfg.finetune.data_dir, cfg.paths.cache_dir)
-             for name in task_names(cfg)]
-    parts += [kind.fingerprint(cfg) for kind in finetune_kinds(cfg).values()]
+    f = finetune_settings(cfg)
+    parts = [task_data_fingerprint(load_task(name), f.data_dir, cfg.paths.cache_dir) for name in task_names(f.task)]
+    parts += [kind.fingerprint(cfg) for kind in finetune_kinds(f).values()]
     return hashlib.sha256("".join(parts).encode()).hexdigest()
 
 

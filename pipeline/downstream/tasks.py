@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,9 +17,8 @@ from pipeline.engine.dag import files_fingerprint
 TASK_DIR = CONF_DIR.parent / "tasks"
 
 
-def task_names(cfg: DictConfig) -> list[str]:
-    """finetune.task: one name or a list of them."""
-    task = cfg.finetune.task
+def task_names(task: str | Sequence[str]) -> list[str]:
+    """The names finetune.task gives: one name or a list of them."""
     return [task] if isinstance(task, str) else list(task)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +24,9 @@ from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
 from pipeline.evaluation.metrics import score_task
 
+if TYPE_CHECKING:  # the stage's typed settings; importing it at run time would import every family
+    from pipeline.downstream.finetune import FinetuneConfig
+
 
 @dataclass
 class ElmoTaskModels:
@@ -33,7 +36,7 @@ class ElmoTaskModels:
     encoding_key: str
     chinese_words: str = "jieba"  # data.chinese_words: how the vocabulary's words were split
 
-    def encode(self, task: DictConfig, data_dir: Path, finetune: DictConfig, seed: int,
+    def encode(self, task: DictConfig, data_dir: Path, finetune: FinetuneConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
         return load_elmo_task_data(task, data_dir, (self.bilm, self.vocab), finetune.max_train_examples, seed,
                                    selection_fraction, self.chinese_words)

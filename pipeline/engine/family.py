@@ -44,7 +44,8 @@ class TaskModels(Protocol):
     model (encoder + task head) for every (task, train size, seed)."""
     encoding_key: str  # kinds with the same key read the same inputs (tokenizer): the task is encoded once for them
 
-    def encode(self, task: DictConfig, data_dir: Path, finetune: DictConfig, seed: int,
+    # finetune: the stage's typed settings (pipeline.downstream.finetune.FinetuneConfig)
+    def encode(self, task: DictConfig, data_dir: Path, finetune, seed: int,
                selection_fraction: float | None): ...   # -> pipeline.downstream.task_data.TaskData
 
     def build(self, data) -> nn.Module: ...

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -33,6 +34,9 @@ from pipeline.downstream.modules import (
 from pipeline.downstream.task_data import TaskData, conll_sentences, majority_tag_scores, subsample, tsv_splits
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
+
+if TYPE_CHECKING:  # the stage's typed settings; importing it at run time would import every family
+    from pipeline.downstream.finetune import FinetuneConfig
 
 # GPT-1 Sec. 3.3: similarity has no inherent order, so both orders are encoded and their extract states summed: for
 # regression pairs (STS-B) and GPT-1's other similarity tasks, MRPC and QQP.
@@ -251,7 +255,7 @@ def generation_task_data(task: DictConfig, data_dir: Path, tokenizer, n_position
 class GPTTaskModels(WritingTaskModels):
     """A gpt_pretrain model directory and its tokenizer."""
 
-    def encode(self, task: DictConfig, data_dir: Path, finetune: DictConfig, seed: int,
+    def encode(self, task: DictConfig, data_dir: Path, finetune: FinetuneConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
         return load_task_data(task, data_dir, self.tokenizer, read_config(self.model_dir)["n_positions"],
                               finetune.max_seq_length, finetune.max_train_examples, seed, selection_fraction,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,6 +22,9 @@ from pipeline.downstream.task_data import TaskData, tsv_splits
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
 from pipeline.seq2seq.module import PairCollator
+
+if TYPE_CHECKING:  # the stage's typed settings; importing it at run time would import every family
+    from pipeline.downstream.finetune import FinetuneConfig
 
 
 def encode_texts(tokenizer: Tokenizer, texts: list[str], max_len: int, eos: int) -> list[np.ndarray]:
@@ -78,7 +82,7 @@ def load_task_data(task: DictConfig, data_dir: Path, tokenizer: Tokenizer, confi
 class Seq2SeqTaskModels(WritingTaskModels):
     """A seq2seq_pretrain model directory and its tokenizer."""
 
-    def encode(self, task: DictConfig, data_dir: Path, finetune: DictConfig, seed: int,
+    def encode(self, task: DictConfig, data_dir: Path, finetune: FinetuneConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
         return load_task_data(task, data_dir, self.tokenizer, load_pretrained(self.model_dir).config,
                               finetune.max_seq_length, finetune.max_train_examples, seed,

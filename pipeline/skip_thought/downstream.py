@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,6 +24,9 @@ from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec, FinetuneKind
 from pipeline.evaluation.senteval import pair_features
 from pipeline.skip_thought.encoder import ENCODERS, SkipThoughtSentenceEncoder
+
+if TYPE_CHECKING:  # the stage's typed settings; importing it at run time would import every family
+    from pipeline.downstream.finetune import FinetuneConfig
 
 ENCODE_BATCH = 256  # sentences per forward pass of the frozen encoder
 
@@ -39,7 +43,7 @@ class SkipThoughtTaskModels:
         return np.concatenate([self.encoder.batcher([t.split() for t in texts[i:i + ENCODE_BATCH]])
                                for i in range(0, len(texts), ENCODE_BATCH)]).astype(np.float32)
 
-    def encode(self, task: DictConfig, data_dir: Path, finetune: DictConfig, seed: int,
+    def encode(self, task: DictConfig, data_dir: Path, finetune: FinetuneConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
         if task.format != "tsv":
             raise ValueError(f"task {task.name}: Skip-Thought vectors are sentence vectors (Kiros et al. §3), for tsv "

@@ -10,7 +10,7 @@ import matplotlib.colors as mcolors
 import pytest
 
 from pipeline.bert.pretrain import HEADS_FILE
-from pipeline.downstream.finetune import model_sources
+from pipeline.downstream.finetune import finetune_settings, model_sources
 from pipeline.engine.dag import StageContext, StageFailed
 from pipeline.engine.pretraining import encoder_snapshots, snapshot_dir
 from pipeline.report.plots import plot_pretrain_scaling
@@ -52,7 +52,7 @@ def test_every_snapshot_is_fine_tuned_with_its_pretraining_steps_and_reported(ru
     pretrain = run.stage_dir("bert_pretrain")
     ctx = StageContext(run.cfg, "finetune", run.stage_dir("finetune"),
                        {u: run.stage_dir(u) for u in run.plan.stages["finetune"].upstream})
-    sources = model_sources(ctx)
+    sources = model_sources(ctx, finetune_settings(ctx.cfg))
     assert {name: steps for name, (_, steps) in sources.items()} == {"bert": 30, "bert@10": 10,
                                                                     "bert_random": None}
     assert sources["bert@10"][0].encoder_dir == snapshot_dir(pretrain, 10) / "encoder"

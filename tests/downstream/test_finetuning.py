@@ -122,7 +122,7 @@ def test_an_external_hf_bert_is_fine_tuned_with_its_own_tokenizer_in_the_same_ta
     ctx.cfg.finetune.seeds = [1]
     ctx.cfg.finetune.external_encoder = str(external)
     with pytest.raises(FileNotFoundError, match="tokenizer"):  # weights alone are not enough
-        finetuning.model_sources(ctx)
+        finetuning.model_sources(ctx, finetuning.finetune_settings(ctx.cfg))
     shutil.copy(ctx.inputs["bert_tokenizer"] / "vocab.txt", external / "vocab.txt")
     rows = {(r["model"], r["metric"]) for r in finetuning.finetune(ctx)["results"]}
     assert {("bert", "accuracy"), ("bert_external", "accuracy"), ("majority_class", "accuracy"),
@@ -132,7 +132,7 @@ def test_an_external_hf_bert_is_fine_tuned_with_its_own_tokenizer_in_the_same_ta
 def test_external_without_a_path_is_rejected(ctx):
     ctx.cfg.finetune.models = ["bert_external"]
     with pytest.raises(ValueError, match="finetune.external_encoder"):
-        finetuning.model_sources(ctx)
+        finetuning.model_sources(ctx, finetuning.finetune_settings(ctx.cfg))
 
 
 @pytest.mark.parametrize("logger, files", [("csv", "csv_logs/**/metrics.csv"),
@@ -210,14 +210,16 @@ def test_train_sizes_draw_stratified_subsets_deterministic_per_seed():
 
 def test_each_pretrained_kind_is_fine_tuned_beside_its_random_twin(ctx):
     ctx.cfg.finetune.random_twins = True  # the default (pipeline/config.py)
+    def kinds() -> list[str]:
+        return list(finetuning.finetune_kinds(finetuning.finetune_settings(ctx.cfg)))
+
     ctx.cfg.finetune.models = ["gpt", "bert", "bert_external", "elmo_random"]
-    assert list(finetuning.finetune_kinds(ctx.cfg)) == ["gpt", "gpt_random", "bert", "bert_random", "bert_external",
-                                                        "elmo_random"]
+    assert kinds() == ["gpt", "gpt_random", "bert", "bert_random", "bert_external", "elmo_random"]
     ctx.cfg.finetune.models = ["bert_random", "bert"]  # listed already: once, where the user put it
-    assert list(finetuning.finetune_kinds(ctx.cfg)) == ["bert_random", "bert"]
+    assert kinds() == ["bert_random", "bert"]
     ctx.cfg.finetune.random_twins = False
     ctx.cfg.finetune.models = ["gpt", "bert"]
-    assert list(finetuning.finetune_kinds(ctx.cfg)) == ["gpt", "bert"]
+    assert kinds() == ["gpt", "bert"]
 
 
 def test_small_train_sizes_get_at_least_min_steps():
@@ -299,7 +301,7 @@ def test_repeated_or_no_seeds_and_repeated_sizes_fail_at_start_up(override, mess
 def test_bad_train_sizes_are_refused_before_any_work(ctx):
     ctx.cfg.finetune.train_sizes = [100, 0]
     with pytest.raises(ValueError, match="finetune.train_sizes"):
-        finetuning.train_sizes(ctx.cfg)
+        finetuning.train_sizes(finetuning.finetune_settings(ctx.cfg))
 
 
 def test_selection_fraction_scores_a_held_out_part_of_train_instead_of_dev(ctx, tmp_path):
@@ -428,15 +430,42 @@ def test_frozen_embeddings_stay_and_a_linear_probe_trains_the_head_before_the_en
                          if name in head)))
 
     monkeypatch.setattr(lightning.Trainer, "fit", recording_fit)
-    task, sources = load_task("sst2"), finetuning.model_sources(ctx)
+    settings = finetuning.finetune_settings(ctx.cfg)
+    task, sources = load_task("sst2"), finetuning.model_sources(ctx, settings)
     models = sources["bert"][0]
-    data = models.encode(task, Path(ctx.cfg.finetune.data_dir) / "SST-2", ctx.cfg.finetune, 0, None)
-    finetuning.finetune_once(ctx, task, data, models, "bert", 1, np.arange(len(data.train)))
+    data = models.encode(task, Path(settings.data_dir) / "SST-2", settings, 0, None)
+    finetuning.finetune_once(ctx, settings, task, data, models, "bert", 1, np.arange(len(data.train)))
     (probe_moved, probe_head), (tune_moved, tune_head) = fits
     assert probe_moved == set() and probe_head  # the probe trained the head alone
     assert tune_head and tune_moved and "embeddings.word_embeddings.weight" not in tune_moved  # then the encoder
     fits.clear()  # the random twin has nothing to keep: its embeddings train
     twin = sources["bert_random"][0]
-    twin_data = twin.encode(task, Path(ctx.cfg.finetune.data_dir) / "SST-2", ctx.cfg.finetune, 0, None)
-    finetuning.finetune_once(ctx, task, twin_data, twin, "bert_random", 1, np.arange(len(twin_data.train)))
+    twin_data = twin.encode(task, Path(settings.data_dir) / "SST-2", settings, 0, None)
+    finetuning.finetune_once(ctx, settings, task, twin_data, twin, "bert_random", 1, np.arange(len(twin_data.train)))
     assert "embeddings.word_embeddings.weight" in fits[-1][0]
+
+
+def test_discriminative_rates_slow_the_pretrained_encoder_and_leave_its_random_twin_alone(ctx, monkeypatch):
+    """finetune.encoder_lr_factor and layer_lr_decay keep what pretraining learned; a random twin has nothing to keep,
+    and slowed random layers would handicap it: it trains every layer at the head's rate."""
+    ctx.cfg.finetune.task = "sst2"
+    ctx.cfg.finetune.models = ["bert", "bert_random"]
+    ctx.cfg.finetune.encoder_lr_factor, ctx.cfg.finetune.layer_lr_decay = 0.5, 0.5
+    rates = {}
+
+    def recording_fit(trainer, module, *args, **kwargs):
+        optimizer = module.configure_optimizers()["optimizer"]
+        rates[type(module.model).__name__, len(rates)] = sorted({group["lr"] for group in optimizer.param_groups})
+
+    monkeypatch.setattr(lightning.Trainer, "fit", recording_fit)
+    settings = finetuning.finetune_settings(ctx.cfg)
+    task, sources = load_task("sst2"), finetuning.model_sources(ctx, settings)
+    for kind in ("bert", "bert_random"):
+        models = sources[kind][0]
+        data = models.encode(task, Path(settings.data_dir) / "SST-2", settings, 0, None)
+        finetuning.finetune_once(ctx, settings, task, data, models, kind, 1, np.arange(len(data.train)))
+    (pretrained, twin) = rates.values()
+    lr = settings.lr
+    # the head at lr; the pooler/top at 0.5 lr, layer 1 at 0.25, layer 0 at 0.125, the embeddings at 0.0625
+    assert pretrained == pytest.approx(sorted({lr, lr * 0.5, lr * 0.25, lr * 0.125, lr * 0.0625}))
+    assert twin == [lr]

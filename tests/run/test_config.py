@@ -75,7 +75,7 @@ def test_experiment_composes_to_what_its_file_states(name, tmp_path):
     if cfg.data.corpus_dir:
         cfg.data.corpus_dir = str(write_books(tmp_path / "books", n_books=2))
     if cfg.finetune.data_dir:  # e.g. GLUE
-        cfg.finetune.data_dir = str(_write_task_files(tmp_path / "tasks", task_names(cfg)))
+        cfg.finetune.data_dir = str(_write_task_files(tmp_path / "tasks", task_names(cfg.finetune.task)))
     validate(cfg)
 
 

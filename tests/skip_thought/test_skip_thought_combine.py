@@ -13,7 +13,7 @@ import torch
 
 from data_prep.examples.skip_thought_examples import tokenize
 from models.skip_thought import load_pretrained
-from pipeline.downstream.finetune import MODEL_KINDS, finetune, finetune_upstream
+from pipeline.downstream.finetune import MODEL_KINDS, finetune, finetune_settings, finetune_upstream
 from pipeline.downstream.tasks import load_task, read_split
 from pipeline.engine.dag import StageContext
 from pipeline.evaluation.stage import ENCODERS
@@ -143,7 +143,7 @@ def test_finetune_trains_a_linear_model_on_frozen_vectors_of_combine_skip_and_it
 
     models = MODEL_KINDS["skip_thought_combine"].load(ctx)
     task = load_task("stsb")
-    data = models.encode(task, glue / task.data_subdir, cfg.finetune, cfg.seed, None)
+    data = models.encode(task, glue / task.data_subdir, finetune_settings(cfg), cfg.seed, None)
     train = read_split(task, glue / task.data_subdir / task.train_file)
     encoder = ENCODERS["skip_thought_combine"].build(ctx)
     u, v = (encoder.batcher([t.split() for t in texts]) for texts in (train.texts_a, train.texts_b))
@@ -159,4 +159,4 @@ def test_finetune_trains_a_linear_model_on_frozen_vectors_of_combine_skip_and_it
     assert batch["labels"].dtype == torch.float32 and set(dict(head.named_parameters())) == {"classifier.weight",
                                                                                             "classifier.bias"}
     with pytest.raises(ValueError, match="Skip-Thought vectors are sentence vectors.*drop skip_thought_combine"):
-        models.encode(load_task("conll2003"), glue, cfg.finetune, cfg.seed, None)
+        models.encode(load_task("conll2003"), glue, finetune_settings(cfg), cfg.seed, None)
