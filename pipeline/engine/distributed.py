@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -275,9 +276,11 @@ def set_sampler_epoch(loader, epoch: int) -> None:
 def train_deepspeed(module: nn.Module, optimizer: torch.optim.Optimizer, scheduler, ds_config: dict,
                     loader: Iterable[dict], max_steps: int, checkpoint_dir: Path, checkpoint_every_steps: int,
                     keep_checkpoints: int, rank_state: Callable[[int], dict], load_rank_state: Callable[[dict], None],
-                    advice: str, on_step: Callable[[int, float], None] = lambda step, loss: None):
+                    advice: str, on_step: Callable[[int, float, float, float], None] = lambda *step: None):
     """Train `module` (whose forward returns {"loss": ...}) with a DeepSpeed engine; returns the engine. A loss that
-    is not finite stops it, saying `advice` (pipeline/engine/module.py's check, as in the Lightning loop).
+    is not finite stops it, saying `advice` (pipeline/engine/module.py's check, as in the Lightning loop). After each
+    optimizer step, `on_step(step, loss, lr, rows_per_s)`: the mean loss of its micro-batches, the rate it took, and
+    the rows it trained per second of forward, backward and step (what the Lightning loop logs).
 
     A pass over `loader` is an epoch (its sampler's `set_epoch` is called before each, as Lightning does); an endless
     loader is one long epoch. Besides DeepSpeed's own state every checkpoint holds, per rank, `rank_state(n)` (`n`:
@@ -296,10 +299,12 @@ def train_deepspeed(module: nn.Module, optimizer: torch.optim.Optimizer, schedul
         load_rank_state(own["state"])
         torch.set_rng_state(own["rng"])
         print(f"resumed from DeepSpeed checkpoint {checkpoint_dir / tags[-1]}", flush=True)
-    micro_losses = []
+    micro_losses, rows, busy = [], 0, 0.0
     while engine.global_steps < max_steps:
         set_sampler_epoch(loader, epoch)
         for batch in loader:
+            started = time.perf_counter()
+            lr = optimizer.param_groups[0]["lr"]  # before engine.step(), which steps the schedule too
             loss = engine(batch)["loss"]
             check_finite_loss(loss, engine.global_steps,
                               f"{advice} (the last good checkpoint is kept in {checkpoint_dir})")
@@ -307,12 +312,13 @@ def train_deepspeed(module: nn.Module, optimizer: torch.optim.Optimizer, schedul
             step_before = engine.global_steps
             engine.step()  # an optimizer step only at the last micro-batch of gradient accumulation
             consumed += 1
-            micro_losses.append(float(loss))
+            micro_losses.append(float(loss.detach()))
+            rows, busy = rows + len(next(iter(batch.values()))), busy + time.perf_counter() - started
             if engine.global_steps == step_before:
                 continue
             step = engine.global_steps
-            on_step(step, sum(micro_losses) / len(micro_losses))
-            micro_losses = []
+            on_step(step, sum(micro_losses) / len(micro_losses), lr, rows / max(busy, 1e-9))
+            micro_losses, rows, busy = [], 0, 0.0
             if step % checkpoint_every_steps == 0 or step == max_steps:
                 ranks = gather_from_ranks({"state": rank_state(consumed), "rng": torch.get_rng_state()})
                 _save_checkpoint(engine, checkpoint_dir, step, keep_checkpoints,

@@ -62,11 +62,13 @@ from pipeline.engine.optim import sparse_gradient_parameters, use_dense_gradient
 from pipeline.engine.settings import check_target_arguments
 from pipeline.engine.tracking import log_curves
 from pipeline.engine.training import (
+    PROGRESS_EVERY_N_STEPS,
     RELEASE_EVERY_N_BATCHES,
     LossHistory,
     compile_network,
     keep_freed_memory_for_reuse,
     make_trainer,
+    progress_line,
     release_freed_memory,
     resolve_precision,
 )
@@ -561,9 +563,12 @@ def _deepspeed_cpu_worker(config: dict) -> None:
     history, monitor = LossHistory(), DivergenceMonitor(task.settings_key(ctx.cfg), data.uniform_loss)
     checkpoint_dir = out / CHECKPOINT_DIR
 
-    def on_step(step: int, loss: float) -> None:
-        history.record_train(step, loss)
+    def on_step(step: int, loss: float, lr: float, rows_per_s: float) -> None:
+        history.record_train(step, loss, lr, rows_per_s)
         monitor.observe_train(step, reduce_mean(loss))
+        if rank == 0 and (step % PROGRESS_EVERY_N_STEPS == 0 or step == p.max_steps):
+            print(progress_line(ctx.name, step, p.max_steps, loss, step - first_step,
+                                time.perf_counter() - started), flush=True)
         if step % RELEASE_EVERY_N_BATCHES == 0:  # as every Lightning Trainer does (ReleaseFreedMemory)
             release_freed_memory()
 
@@ -577,6 +582,7 @@ def _deepspeed_cpu_worker(config: dict) -> None:
         monitor.load_state_dict(state["monitor"])
 
     resumed_from = checkpoint_tags(checkpoint_dir)
+    first_step = _step_of(resumed_from[-1]) if resumed_from else 0
     started = time.perf_counter()
     train_deepspeed(module, optimization["optimizer"], optimization["lr_scheduler"]["scheduler"],
                     deepspeed_config(settings, data.batch_size, p.grad_clip), data.train_loader, p.max_steps,

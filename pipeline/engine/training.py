@@ -253,10 +253,13 @@ def make_logger(ctx, prefix: str = ""):
     return build(**{k: v for k, v in (("save_dir", str(ctx.out_dir)), ("version", prefix or None)) if k in accepted})
 
 
+PROGRESS_EVERY_N_STEPS = 50
+
+
 class ProgressLog(L.Callback):
     """One line every `every` steps with loss, speed and ETA: readable in logs, where progress bars are not."""
 
-    def __init__(self, label: str, every: int = 50):
+    def __init__(self, label: str, every: int = PROGRESS_EVERY_N_STEPS):
         self.label, self.every = label, every
         self._started = time.perf_counter()
 
@@ -267,13 +270,17 @@ class ProgressLog(L.Callback):
         step = trainer.global_step
         if step % self.every and step != trainer.max_steps:
             return
-        elapsed = time.perf_counter() - self._started
-        rate = (step - self._start_step) / max(elapsed, 1e-9)
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else trainer.estimated_stepping_batches
-        eta = (total - step) / rate if rate > 0 else float("nan")
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        print(f"{self.label}: step {step}/{int(total)} loss {float(loss):.4f} {rate:.2f} steps/s, "
-              f"ETA {eta:.0f} s", flush=True)
+        print(progress_line(self.label, step, int(total), float(loss), step - self._start_step,
+                            time.perf_counter() - self._started), flush=True)
+
+
+def progress_line(label: str, step: int, total: int, loss: float, steps_done: int, elapsed: float) -> str:
+    """The progress line both training loops print (ProgressLog; the DeepSpeed CPU loop's on_step)."""
+    rate = steps_done / max(elapsed, 1e-9)
+    eta = (total - step) / rate if rate > 0 else float("nan")
+    return f"{label}: step {step}/{total} loss {loss:.4f} {rate:.2f} steps/s, ETA {eta:.0f} s"
 
 
 class LossHistory(L.Callback):
@@ -282,6 +289,8 @@ class LossHistory(L.Callback):
 
     def __init__(self):
         self.rows: list[dict] = []
+        self._batch_lr: float | None = None
+        self._batch_started: float | None = None
 
     def state_dict(self) -> dict:
         return {"rows": list(self.rows)}
@@ -289,13 +298,25 @@ class LossHistory(L.Callback):
     def load_state_dict(self, state: dict) -> None:
         self.rows = list(state["rows"])
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        # the rate this step takes: by on_train_batch_end Lightning has stepped the schedule
+        self._batch_lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
+        self._batch_started = time.perf_counter()
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self.record_train(trainer.global_step, float(loss))
+        rows = len(next(iter(batch.values()))) if isinstance(batch, dict) and batch else None
+        started = self._batch_started
+        rate = rows / max(time.perf_counter() - started, 1e-9) if rows and started is not None else None
+        self.record_train(trainer.global_step, float(loss), self._batch_lr, rate)
 
-    def record_train(self, step: int, loss: float) -> None:
-        """A training loss, as both loops record it (the DeepSpeed CPU loop calls this itself)."""
-        self.rows.append({"step": step, "split": "train", "name": "train/loss", "value": loss})
+    def record_train(self, step: int, loss: float, lr: float | None = None, rows_per_s: float | None = None) -> None:
+        """A training step's loss, learning rate and rows per second (forward, backward and optimizer step; not the
+        data loading), as both loops record them (the DeepSpeed CPU loop calls this itself): the curves a Ray Train
+        worker's stage logs into W&B when it finishes (pipeline/engine/tracking.py log_curves)."""
+        for name, value in (("train/loss", loss), ("train/lr", lr), ("train/rows_per_s", rows_per_s)):
+            if value is not None:
+                self.rows.append({"step": step, "split": "train", "name": name, "value": float(value)})
 
     def on_validation_end(self, trainer, pl_module) -> None:
         # not on_validation_epoch_end: Lightning calls the callbacks' before the module's, so what a module logs in

@@ -9,6 +9,7 @@ import types
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
@@ -18,6 +19,7 @@ from torch.utils.data import DataLoader
 from pipeline.engine.dag import MARKER, StageContext, execute_stage
 from pipeline.engine.module import NonFiniteLoss, PretrainModule
 from pipeline.engine.optim import Lamb, LazyAdamW, sparse_gradient_parameters
+from pipeline.engine.training import LossHistory
 from pipeline.stages import STAGES
 from tests.helpers import TINY_FAMILIES, TinyRun, family_config, optimizer_settings
 
@@ -105,6 +107,57 @@ def test_the_deepspeed_loop_stops_on_a_non_finite_loss_with_the_same_check(famil
                         lambda state: None, pretraining_advice(task.settings_key(ctx.cfg)))
 
 
+class _SteppingFakeEngine(_FakeDeepSpeedEngine):
+    """The fake engine, stepping the optimizer and its schedule as DeepSpeed's engine.step() does."""
+
+    def __init__(self, model, optimizer, scheduler):
+        super().__init__(model)
+        self.optimizer, self.scheduler = optimizer, scheduler
+
+    def step(self):
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.scheduler.step()
+        super().step()
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_the_deepspeed_loop_reports_each_steps_loss_learning_rate_and_throughput(family_data, monkeypatch):
+    """What the Lightning loop logs per step, the DeepSpeed CPU loop hands its on_step: the loss, the rate the step
+    took (the schedule's, before it moves on) and the rows trained per second."""
+    from pipeline.engine.distributed import train_deepspeed
+
+    fake = types.ModuleType("deepspeed")
+    fake.initialize = lambda model, optimizer, lr_scheduler, config: (
+        _SteppingFakeEngine(model, optimizer, lr_scheduler), None, None, None)
+    monkeypatch.setitem(sys.modules, "deepspeed", fake)
+    run = family_data("gpt")
+    task, ctx = _task_and_context(run, "gpt")
+    module = task.build_module(ctx)
+    data = task.data(ctx, module, 0, 1)
+    optimization = module.configure_optimizers()
+    optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
+    expected_lrs = [scheduler.base_lrs[0] * scheduler.lr_lambdas[0](t) for t in range(3)]  # LambdaLR's rates
+    reported = []
+
+    def on_step(step, loss, lr, rows_per_s):
+        reported.append((step, loss, lr, rows_per_s))
+        if step == 3:
+            raise _Stop  # before the first checkpoint, which needs a process group
+
+    with pytest.raises(_Stop):
+        train_deepspeed(module, optimizer, scheduler, {}, data.train_loader, 10, ctx.out_dir / "checkpoints", 100, 2,
+                        lambda consumed: {}, lambda state: None, "advice", on_step)
+    assert [step for step, *_ in reported] == [1, 2, 3]
+    assert all(np.isfinite(loss) and loss > 0 for _, loss, _, _ in reported)
+    assert [lr for *_, lr, _ in reported] == pytest.approx(expected_lrs)  # warming up: each step's own rate
+    assert len(set(lr for *_, lr, _ in reported)) == 3
+    assert all(rows_per_s > 0 for *_, rows_per_s in reported)
+
+
 STEPS: list[dict] = []  # what StepProbe saw, per optimizer step
 
 
@@ -159,9 +212,10 @@ def test_the_engine_logs_every_figure_of_the_step_the_learning_rate_and_the_thro
     torch.manual_seed(0)
     batches = [{"x": torch.randn(8, 3), "y": torch.randn(8)} for _ in range(4)]
     module = _Regression(torch.nn.Linear(3, 1), optimizer_settings(0.1, warmup_steps=2, max_steps=4))
+    history = LossHistory()  # the curves a Ray Train worker's stage logs into W&B afterwards
     trainer = L.Trainer(accelerator="cpu", max_steps=4, log_every_n_steps=1, logger=CSVLogger(tmp_path, name="m"),
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        num_sanity_val_steps=0, val_check_interval=4)
+                        num_sanity_val_steps=0, val_check_interval=4, callbacks=[history])
     trainer.fit(module, DataLoader(batches, batch_size=None), DataLoader(batches[:1], batch_size=None))
     with open(next(tmp_path.rglob("metrics.csv"))) as f:
         rows = list(csv.DictReader(f))
@@ -170,3 +224,7 @@ def test_the_engine_logs_every_figure_of_the_step_the_learning_rate_and_the_thro
     assert len(logged["train/loss"]) == len(logged["train/mean_abs_error"]) == 4
     assert len(logged["train/rows_per_s"]) == 4 and min(logged["train/rows_per_s"]) > 0
     assert len(logged["val/loss"]) == len(logged["val/mean_abs_error"]) == 1
+    recorded = {name: [r["value"] for r in history.rows if r["name"] == name] for name in ("train/lr", "train/loss")}
+    assert recorded["train/lr"] == pytest.approx(logged["train/lr"])
+    assert recorded["train/loss"] == pytest.approx(logged["train/loss"])
+    assert len([r for r in history.rows if r["name"] == "train/rows_per_s" and r["value"] > 0]) == 4
