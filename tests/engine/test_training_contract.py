@@ -84,20 +84,26 @@ class _FakeDeepSpeedEngine:
         self.global_steps += 1
 
 
+def _gpt_under_fake_deepspeed(family_data, monkeypatch, engine):
+    """The tiny GPT's pretraining task, context, module, data and optimization, with `deepspeed.initialize` giving
+    `engine(model, optimizer, scheduler)`: the DeepSpeed CPU loop without DeepSpeed."""
+    fake = types.ModuleType("deepspeed")
+    fake.initialize = lambda model, optimizer, lr_scheduler, config: (
+        engine(model, optimizer, lr_scheduler), None, None, None)
+    monkeypatch.setitem(sys.modules, "deepspeed", fake)
+    task, ctx = _task_and_context(family_data("gpt"), "gpt")
+    module = task.build_module(ctx)
+    return task, ctx, module, task.data(ctx, module, 0, 1), module.configure_optimizers()
+
+
 def test_the_deepspeed_loop_stops_on_a_non_finite_loss_with_the_same_check(family_data, tmp_path, monkeypatch):
     """The DeepSpeed CPU loop (no Lightning) trains the same module through its forward, and checks its loss with
     the check the Lightning loop runs: the same error, the last good checkpoint named."""
     from pipeline.engine.distributed import train_deepspeed
     from pipeline.engine.module import pretraining_advice
 
-    fake = types.ModuleType("deepspeed")
-    fake.initialize = lambda model, optimizer, lr_scheduler, config: (_FakeDeepSpeedEngine(model), None, None, None)
-    monkeypatch.setitem(sys.modules, "deepspeed", fake)
-    run = family_data("gpt")
-    task, ctx = _task_and_context(run, "gpt")
-    module = task.build_module(ctx)
-    data = task.data(ctx, module, 0, 1)
-    optimization = module.configure_optimizers()
+    task, ctx, module, data, optimization = _gpt_under_fake_deepspeed(
+        family_data, monkeypatch, lambda model, optimizer, scheduler: _FakeDeepSpeedEngine(model))
     _nan_weights(module)
     with pytest.raises(NonFiniteLoss, match=r"^training loss is nan at step 0; lower pretrain.lr, raise "
                                             r"pretrain.warmup_steps or set pretrain.grad_clip \(the last good "
@@ -130,15 +136,7 @@ def test_the_deepspeed_loop_reports_each_steps_loss_learning_rate_and_throughput
     took (the schedule's, before it moves on) and the rows trained per second."""
     from pipeline.engine.distributed import train_deepspeed
 
-    fake = types.ModuleType("deepspeed")
-    fake.initialize = lambda model, optimizer, lr_scheduler, config: (
-        _SteppingFakeEngine(model, optimizer, lr_scheduler), None, None, None)
-    monkeypatch.setitem(sys.modules, "deepspeed", fake)
-    run = family_data("gpt")
-    task, ctx = _task_and_context(run, "gpt")
-    module = task.build_module(ctx)
-    data = task.data(ctx, module, 0, 1)
-    optimization = module.configure_optimizers()
+    _, ctx, module, data, optimization = _gpt_under_fake_deepspeed(family_data, monkeypatch, _SteppingFakeEngine)
     optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
     expected_lrs = [scheduler.base_lrs[0] * scheduler.lr_lambdas[0](t) for t in range(3)]  # LambdaLR's rates
     reported = []
