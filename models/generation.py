@@ -186,8 +186,17 @@ class Hypothesis:
     finished: bool  # ended with eos_token_id; else cut at max_new_tokens
 
 
+def repeated_ngram_tokens(tokens: Sequence[int], n: int) -> list[int]:
+    """The tokens that, appended to `tokens`, would repeat an n-gram already in them: what n-gram blocking forbids
+    (Paulus et al. 2018's trigram blocking; HF's no_repeat_ngram_size). n <= 0 blocks nothing."""
+    if n <= 0 or len(tokens) < n:
+        return []
+    prefix = tuple(tokens[len(tokens) - n + 1:])
+    return [tokens[i + n - 1] for i in range(len(tokens) - n + 1) if tuple(tokens[i:i + n - 1]) == prefix]
+
+
 def beam_search(model, prompt: Sequence[int], max_new_tokens: int, num_beams: int = 4, alpha: float = 0.6,
-                early_stopping: bool = False) -> list[Hypothesis]:
+                early_stopping: bool = False, no_repeat_ngram_size: int = 0) -> list[Hypothesis]:
     """The num_beams best continuations of one prompt (a GPT's) or source (an encoder-decoder's) found by beam search,
     best first: the n-best list.
 
@@ -199,7 +208,9 @@ def beam_search(model, prompt: Sequence[int], max_new_tokens: int, num_beams: in
     length penalty can grow at most to that of the next or of the longest allowed length, whichever is larger), or
     after max_new_tokens, when the live beams join the finished ones as unfinished hypotheses. early_stopping=True
     stops as soon as num_beams hypotheses have finished (HF's early_stopping=True, fairseq's default), cheaper and
-    possibly worse. With num_beams=1 and alpha=0 (or no eos_token_id) this is greedy decoding.
+    possibly worse. With num_beams=1 and alpha=0 (or no eos_token_id) this is greedy decoding. no_repeat_ngram_size=n
+    > 0: no hypothesis repeats an n-gram of its own continuation (the prompt or source may be copied), the remedy
+    for the loops a small model's beams fall into ("face face face").
     """
     if num_beams < 1:
         raise ValueError(f"num_beams must be >= 1, got {num_beams}")
@@ -210,10 +221,15 @@ def beam_search(model, prompt: Sequence[int], max_new_tokens: int, num_beams: in
         beams, beam_log_probs = [[]], torch.zeros(1, device=device)  # the live beams' tokens and log P, best first
         logits = decoding.step(first)  # (1, V)
         for step in range(1, max_new_tokens + 1):
-            candidates = beam_log_probs[:, None] + logits.float().log_softmax(-1)  # (n, V)
+            log_probs = logits.float().log_softmax(-1)  # (n, V)
+            for row, beam in enumerate(beams):
+                log_probs[row, repeated_ngram_tokens(beam, no_repeat_ngram_size)] = float("-inf")
+            candidates = beam_log_probs[:, None] + log_probs  # (n, V)
             top, flat = candidates.flatten().topk(min(2 * num_beams, candidates.numel()))
             kept = []  # (row, token, log P) of the next live beams
             for rank, (log_prob, i) in enumerate(zip(top.tolist(), flat.tolist())):
+                if log_prob == float("-inf"):  # blocked: so is every extension after it
+                    break
                 row, token = divmod(i, candidates.size(1))
                 if token != eos:
                     if len(kept) < num_beams:

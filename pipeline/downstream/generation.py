@@ -10,6 +10,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
+from omegaconf import DictConfig
 from tokenizers import Tokenizer
 
 from models.generation import beam_search
@@ -28,6 +29,13 @@ def complete_text(tokenizer: Tokenizer, tokens: list[int], eos: int) -> str:
     return " ".join(tokenizer.decode([t for t in tokens if t != eos]).split()).rstrip("\ufffd")
 
 
+def task_decoding(task: DictConfig) -> dict:
+    """How a generation task's outputs are decoded, as its YAML says: the beam width, GNMT's length penalty, and the
+    size of the n-grams no hypothesis may repeat (no_repeat_ngram_size; 0 or absent: none)."""
+    return {"num_beams": int(task.num_beams), "length_penalty": float(task.length_penalty),
+            "no_repeat_ngram_size": int(task.get("no_repeat_ngram_size", 0))}
+
+
 class GenerationModule(FinetuneModule):
     """Dev scored once, after the last epoch, on the beam-searched best continuation of every dev input (an
     encoder-decoder's source, a GPT's prompt); a subclass gives the training loss (model_step). The model's config
@@ -35,11 +43,11 @@ class GenerationModule(FinetuneModule):
 
     def __init__(self, model, metric: str, tokenizer: Tokenizer, dev_inputs: list[list[int]],
                  dev_sources: list[str], references: list[str], samples_path: Path, max_new_tokens: int,
-                 num_beams: int, length_penalty: float, lr: float, weight_decay: float, warmup_steps: int,
-                 total_steps: int):
+                 num_beams: int, length_penalty: float, no_repeat_ngram_size: int, lr: float, weight_decay: float,
+                 warmup_steps: int, total_steps: int):
         super().__init__(model)
-        self.save_hyperparameters("metric", "max_new_tokens", "num_beams", "length_penalty", "lr", "weight_decay",
-                                  "warmup_steps", "total_steps")
+        self.save_hyperparameters("metric", "max_new_tokens", "num_beams", "length_penalty", "no_repeat_ngram_size",
+                                  "lr", "weight_decay", "warmup_steps", "total_steps")
         self.tokenizer, self.dev_inputs, self.dev_sources = tokenizer, dev_inputs, dev_sources
         self.references, self.samples_path = references, samples_path
         self._generated: dict[int, str] = {}
@@ -51,7 +59,7 @@ class GenerationModule(FinetuneModule):
         hp, eos = self.hparams, self.model.config.eos_token_id
         for index in batch["index"].tolist():
             best = beam_search(self.model, self.dev_inputs[index], hp.max_new_tokens, num_beams=hp.num_beams,
-                               alpha=hp.length_penalty)[0]
+                               alpha=hp.length_penalty, no_repeat_ngram_size=hp.no_repeat_ngram_size)[0]
             self._generated[index] = complete_text(self.tokenizer, best.tokens, eos)
 
     def on_validation_epoch_end(self) -> None:

@@ -23,7 +23,7 @@ from data_prep.tasks.conll import TaggedSentence
 from models import IGNORE_INDEX
 from models.checkpoint import read_config
 from models.gpt import GPTForSequenceClassification, GPTForTokenClassification, GPTLMHeadModel, load_pretrained
-from pipeline.downstream.generation import GENERATED_DIR, GenerationModule, WritingTaskModels
+from pipeline.downstream.generation import GENERATED_DIR, GenerationModule, WritingTaskModels, task_decoding
 from pipeline.downstream.modules import (
     ClassificationModule,
     RegressionModule,
@@ -247,7 +247,7 @@ def generation_task_data(task: DictConfig, data_dir: Path, tokenizer, n_position
     module = partial(GPTGenerationModule, metric=task.metric, tokenizer=tokenizer,
                      dev_inputs=[row["prompt"] for row in dev_rows], dev_sources=list(dev.texts_a),
                      references=list(dev.labels), samples_path=samples_path, max_new_tokens=max_target,
-                     num_beams=int(task.num_beams), length_penalty=float(task.length_penalty))
+                     **task_decoding(task))
     return TaskData(train_rows, dev_rows, partial(collate_generation, pad_id=eos), GPTLMHeadModel, module, None,
                     train_lengths=[len(row["input_ids"]) for row in train_rows])
 

@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from models import IGNORE_INDEX
-from models.generation import beam_search, filter_logits, greedy, length_penalty, sample
+from models.generation import beam_search, filter_logits, greedy, length_penalty, repeated_ngram_tokens, sample
 from models.gpt import (
     GPT_SIZES,
     GPTConfig,
@@ -409,13 +409,20 @@ def sequence_log_prob(model, prompt, continuation) -> float:
     return sum(log_probs[len(prompt) - 1 + i, t].item() for i, t in enumerate(continuation))
 
 
-def exhaustive(model, prompt, max_new_tokens, alpha) -> list[tuple[float, tuple]]:
-    """(score, continuation) of every continuation: ended by the end token, or max_new_tokens long; best first."""
+def repeats_an_ngram(seq: tuple, n: int) -> bool:
+    ngrams = [seq[i:i + n] for i in range(len(seq) - n + 1)]
+    return n > 0 and len(set(ngrams)) < len(ngrams)
+
+
+def exhaustive(model, prompt, max_new_tokens, alpha, no_repeat_ngram_size=0) -> list[tuple[float, tuple]]:
+    """(score, continuation) of every continuation: ended by the end token, or max_new_tokens long, and repeating no
+    n-gram of size no_repeat_ngram_size; best first."""
     eos, vocab = model.config.eos_token_id, range(model.config.vocab_size)
     scored = []
     for n in range(1, max_new_tokens + 1):
         for seq in itertools.product(vocab, repeat=n):
-            if eos in seq[:-1] or (n < max_new_tokens and seq[-1] != eos):
+            ends_wrong = eos in seq[:-1] or (n < max_new_tokens and seq[-1] != eos)
+            if ends_wrong or repeats_an_ngram(seq, no_repeat_ngram_size):
                 continue
             scored.append((sequence_log_prob(model, prompt, seq) / length_penalty(n, alpha), seq))
     return sorted(scored, reverse=True)
@@ -433,6 +440,21 @@ def test_wide_beam_search_finds_the_best_sequence(alpha):
         assert hypothesis.finished == (seq[-1] == 0)
         assert hypothesis.log_prob == pytest.approx(sequence_log_prob(model, prompt, seq), abs=1e-4)
     assert any(h.finished for h in found[:3]) and not all(h.finished for h in found[:10])
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_ngram_blocking_finds_the_best_sequence_that_repeats_no_ngram(n):
+    """V=4, 4 steps, 256 beams: with no_repeat_ngram_size=n beam search must return the exhaustive optimum among the
+    continuations that repeat no n-gram (the prompt's n-grams may be repeated), and without it a repeating one wins."""
+    model = tiny_model(vocab_size=4, scale=1.5, seed=1, eos_token_id=0)
+    prompt = [1, 2]
+    assert repeats_an_ngram(tuple(beam_search(model, prompt, 4, num_beams=256, alpha=0.0)[0].tokens), n)
+    reference = exhaustive(model, prompt, 4, 0.0, no_repeat_ngram_size=n)
+    found = beam_search(model, prompt, 4, num_beams=256, alpha=0.0, no_repeat_ngram_size=n)
+    assert [tuple(h.tokens) for h in found[:8]] == [seq for _, seq in reference[:8]]
+    assert not any(repeats_an_ngram(tuple(h.tokens), n) for h in found)
+    assert repeated_ngram_tokens([5, 6, 5, 6, 5], 3) == [6] and repeated_ngram_tokens([5, 6, 7], 2) == []
+    assert repeated_ngram_tokens([5, 5], 1) == [5, 5] and repeated_ngram_tokens([5, 6], 0) == []
 
 
 def test_beam_search_stops_early_only_when_nothing_can_beat_the_finished():

@@ -2,6 +2,7 @@
 random weights: logits to 1e-5, and beam search with 4 beams (models/generation.py) against HF's `generate`. The
 largest differences are printed: `pytest -s tests/seq2seq/test_seq2seq_hf_parity.py`."""
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -99,21 +100,25 @@ def test_beam_search_gives_hf_generates_tokens_and_scores(tmp_path):
     ours = ours_bart()
     to_hf(ours, tmp_path)
     hf = transformers.BartForConditionalGeneration.from_pretrained(tmp_path).eval()
-    ended = 0
-    for source in SOURCES:
+    ended = blocked = 0
+    for source, ngram in itertools.product(SOURCES, (0, 2)):  # and with HF's no_repeat_ngram_size=2
         ids = torch.tensor([source])
         out = hf.generate(ids, attention_mask=torch.ones_like(ids), num_beams=4, num_return_sequences=4,
                           max_new_tokens=12, length_penalty=0.0, do_sample=False, output_scores=True,
-                          return_dict_in_generate=True)
+                          return_dict_in_generate=True, no_repeat_ngram_size=ngram)
         expected = [[t for t in row[1:] if t != 1] for row in out.sequences.tolist()]  # less the start and padding
-        found = beam_search(ours, source, 12, num_beams=4, alpha=0.0)
+        found = beam_search(ours, source, 12, num_beams=4, alpha=0.0, no_repeat_ngram_size=ngram)
         assert [h.tokens for h in found] == expected
         assert [h.score for h in found] == pytest.approx(out.sequences_scores.tolist(), abs=1e-4)
         ended += sum(h.finished for h in found)
+        blocked += ngram and found != beam_search(ours, source, 12, num_beams=4, alpha=0.0)
+        if ngram:
+            continue
         greedy_hf = hf.generate(ids, attention_mask=torch.ones_like(ids), num_beams=1, max_new_tokens=12,
                                 do_sample=False)
         assert greedy(ours, [source], 12)[0] == [t for t in greedy_hf[0, 1:].tolist() if t != 1]
     assert ended  # the end token was produced: HF's and our bookkeeping of finished beams compared too
+    assert blocked  # n-gram blocking changed some search: the blocked n-grams were compared too
 
 
 def test_a_config_that_forces_tokens_in_hf_generate_loads_with_a_warning(tmp_path):
