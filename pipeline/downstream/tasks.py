@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,10 +81,13 @@ def resolve_task_dir(task: DictConfig, data_dir: str | None, cache_dir: str) -> 
 
 
 def task_data_fingerprint(task: DictConfig, data_dir: str | None, cache_dir: str) -> str:
-    """The files of resolve_task_dir, or the built-in data's pinned releases: planning never downloads."""
+    """The task as a stage reads it: its definition (the YAML as loaded: files, columns, labels, metric, decoding),
+    and its files (those of resolve_task_dir, or the built-in data's pinned release: planning never downloads). An
+    edit to the YAML alone (num_beams, a label) changes what fine-tuning computes, so it changes the key too."""
+    definition = hashlib.sha256(json.dumps(OmegaConf.to_container(task), sort_keys=True).encode()).hexdigest()
     if not data_dir and task.builtin:
-        return BUILTIN_TASK_DATA[task.builtin].fingerprint
-    return files_fingerprint(resolve_task_dir(task, data_dir, cache_dir), "*", cache_dir)
+        return definition + BUILTIN_TASK_DATA[task.builtin].fingerprint
+    return definition + files_fingerprint(resolve_task_dir(task, data_dir, cache_dir), "*", cache_dir)
 
 
 @dataclass

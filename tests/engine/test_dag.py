@@ -109,6 +109,27 @@ def test_finetune_depends_on_the_trainer_arguments_it_applies_and_not_on_the_mul
     assert finetune_key(["+trainer.limit_train_batches=5"]) != base
 
 
+def test_an_edit_to_a_task_yaml_alone_changes_the_stages_that_read_the_task(tmp_path, monkeypatch):
+    """A task's YAML says how it is read and scored (columns, labels, metric, a generation task's beams): editing it
+    with its data unchanged reruns fine-tuning (and prepare, whose decontamination reads the task's dev split)."""
+    from pipeline.downstream import tasks
+
+    cfg = tiny_config(tmp_path)
+    names = plan(cfg, STAGES).order
+    before = stage_hashes(cfg, STAGES, names)
+    for source in tasks.TASK_DIR.glob("*.yaml"):
+        (tmp_path / "tasks" / source.name).parent.mkdir(exist_ok=True)
+        (tmp_path / "tasks" / source.name).write_text(source.read_text())
+    monkeypatch.setattr(tasks, "TASK_DIR", tmp_path / "tasks")
+    assert stage_hashes(cfg, STAGES, names) == before  # the same definitions, read from elsewhere
+    edited = tmp_path / "tasks" / f"{tasks.task_names(cfg.finetune.task)[0]}.yaml"
+    text = edited.read_text()
+    assert re.search(r"^metric: (?!f1\n)", text, re.M)
+    edited.write_text(re.sub(r"^metric: .*$", "metric: f1", text, count=1, flags=re.M))
+    after = stage_hashes(cfg, STAGES, names)
+    assert "prepare" in names and {n for n in names if after[n] != before[n]} == set(names)  # all read prepare's
+
+
 def test_books_behind_a_linked_folder_and_in_upper_case_are_in_the_prepare_hash(tmp_path):
     cfg = tiny_config(tmp_path)
     hashes = [stage_hashes(cfg, STAGES, ["prepare"])["prepare"]]
