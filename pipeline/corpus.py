@@ -133,7 +133,7 @@ def _evaluation_fingerprint(cfg: DictConfig) -> str:
     """What decontamination reads: the fine-tune tasks' data and the SentEval tasks' files of the run."""
     if not cfg.data.decontaminate:
         return "not decontaminated"
-    parts = [f"{name}:{task_data_fingerprint(load_task(name), cfg.finetune.data_dir, cfg.paths.cache_dir)}"
+    parts = [f"{name}:{task_data_fingerprint(load_task(name), cfg.finetune.data_dir, cfg.paths.cache_dir, True)}"
              for name in _finetune_tasks(cfg)]
     if _senteval_in_run(cfg):
         from pipeline.evaluation.senteval import senteval_fingerprint

@@ -80,11 +80,18 @@ def resolve_task_dir(task: DictConfig, data_dir: str | None, cache_dir: str) -> 
                      f"with {task.train_file} and {task.dev_file}")
 
 
-def task_data_fingerprint(task: DictConfig, data_dir: str | None, cache_dir: str) -> str:
-    """The task as a stage reads it: its definition (the YAML as loaded: files, columns, labels, metric, decoding),
-    and its files (those of resolve_task_dir, or the built-in data's pinned release: planning never downloads). An
-    edit to the YAML alone (num_beams, a label) changes what fine-tuning computes, so it changes the key too."""
-    definition = hashlib.sha256(json.dumps(OmegaConf.to_container(task), sort_keys=True).encode()).hexdigest()
+# Keys of a task's YAML that say how its outputs are scored or written, not which texts it holds: what reads only
+# the texts (prepare's decontamination) leaves them out of its key, so a new beam width reruns fine-tuning alone
+SCORING_KEYS = ("metric", "num_beams", "length_penalty", "no_repeat_ngram_size", "max_target_tokens")
+
+
+def task_data_fingerprint(task: DictConfig, data_dir: str | None, cache_dir: str, texts_only: bool = False) -> str:
+    """The task as a stage reads it: its definition (the YAML as loaded: files, columns, labels, metric, decoding;
+    texts_only: less SCORING_KEYS) and its files (those of resolve_task_dir, or the built-in data's pinned release:
+    planning never downloads). An edit to the YAML alone (num_beams, a label) changes what fine-tuning computes, so
+    it changes the key too."""
+    fields = {k: v for k, v in OmegaConf.to_container(task).items() if not (texts_only and k in SCORING_KEYS)}
+    definition = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
     if not data_dir and task.builtin:
         return definition + BUILTIN_TASK_DATA[task.builtin].fingerprint
     return definition + files_fingerprint(resolve_task_dir(task, data_dir, cache_dir), "*", cache_dir)

@@ -111,7 +111,8 @@ def test_finetune_depends_on_the_trainer_arguments_it_applies_and_not_on_the_mul
 
 def test_an_edit_to_a_task_yaml_alone_changes_the_stages_that_read_the_task(tmp_path, monkeypatch):
     """A task's YAML says how it is read and scored (columns, labels, metric, a generation task's beams): editing it
-    with its data unchanged reruns fine-tuning (and prepare, whose decontamination reads the task's dev split)."""
+    with its data unchanged reruns fine-tuning, and prepare where it changes the texts (decontamination reads the
+    task's dev split), not where it changes only the scoring."""
     from pipeline.downstream import tasks
 
     cfg = tiny_config(tmp_path)
@@ -125,9 +126,12 @@ def test_an_edit_to_a_task_yaml_alone_changes_the_stages_that_read_the_task(tmp_
     edited = tmp_path / "tasks" / f"{tasks.task_names(cfg.finetune.task)[0]}.yaml"
     text = edited.read_text()
     assert re.search(r"^metric: (?!f1\n)", text, re.M)
-    edited.write_text(re.sub(r"^metric: .*$", "metric: f1", text, count=1, flags=re.M))
-    after = stage_hashes(cfg, STAGES, names)
-    assert "prepare" in names and {n for n in names if after[n] != before[n]} == set(names)  # all read prepare's
+    edited.write_text(re.sub(r"^metric: .*$", "metric: f1", text, count=1, flags=re.M))  # how it is scored
+    scored = stage_hashes(cfg, STAGES, names)
+    assert [n for n in names if scored[n] != before[n]] == ["finetune", "report"]
+    edited.write_text(re.sub(r"^text_a: .*$", "text_a: other", edited.read_text(), count=1, flags=re.M))  # its texts
+    read = stage_hashes(cfg, STAGES, names)
+    assert "prepare" in names and {n for n in names if read[n] != scored[n]} == set(names)  # all read prepare's
 
 
 def test_books_behind_a_linked_folder_and_in_upper_case_are_in_the_prepare_hash(tmp_path):
