@@ -14,6 +14,7 @@ from data_prep.corpus.tokenizer import CLS_ID, MASK_ID, SEP_ID, train_wordpiece
 from models.bert import BertForPreTraining, bert_config, save_pretrained
 from pipeline import CONF_DIR
 from pipeline.bert.pretrain import HEADS_FILE
+from pipeline.config import Config
 from pipeline.downstream.task_data import tsv_splits
 from pipeline.downstream.tasks import load_task
 from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, write_sentiment_task
@@ -58,7 +59,7 @@ def test_the_selection_split_is_the_one_finetune_scores_on(probe, tmp_path):
     assert probe.selection_split(task_dir, 12345).labels == pipeline_split.labels
     # the default seed is the run's: finetune passes the run's top-level `seed` (12345) to the split
     assert probe.parse_args(["--pretrain", "p", "--tokenizer", "t", "--task-dir", "d"]).seed == \
-        OmegaConf.load(CONF_DIR / "config.yaml").seed
+        OmegaConf.structured(Config).seed
 
 
 @pytest.fixture(scope="module")

@@ -184,6 +184,11 @@ def test_deepspeed_zero2_on_cpu_consolidates_and_fine_tunes(tmp_root, ray_sessio
     out = run.stage_dir("bert_pretrain")
     assert summary["workers"] == 2 and summary["zero_stage"] == 2 and math.isfinite(summary["final_val_loss"])
     assert all(math.isfinite(x) for x in train_losses(out))
+    with open(out / "loss_curve.csv") as f:  # what the Lightning loop records too, for W&B and the report
+        recorded = [(r["name"], int(r["step"]), float(r["value"])) for r in csv.DictReader(f)]
+    for name in ("train/lr", "train/rows_per_s"):
+        assert [step for n, step, _ in recorded if n == name] == list(range(1, 21)), name
+        assert all(value > 0 for n, _, value in recorded if n == name), name
     checkpoints = out / "checkpoints"
     assert checkpoint_tags(checkpoints) == ["step-10", "step-20"]
     fp32 = consolidated_state_dict(checkpoints, "step-20")
