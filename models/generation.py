@@ -222,8 +222,9 @@ def beam_search(model, prompt: Sequence[int], max_new_tokens: int, num_beams: in
         logits = decoding.step(first)  # (1, V)
         for step in range(1, max_new_tokens + 1):
             log_probs = logits.float().log_softmax(-1)  # (n, V)
-            for row, beam in enumerate(beams):
-                log_probs[row, repeated_ngram_tokens(beam, no_repeat_ngram_size)] = float("-inf")
+            if no_repeat_ngram_size > 0:  # off: no per-beam work in the decoding loop
+                for row, beam in enumerate(beams):
+                    log_probs[row, repeated_ngram_tokens(beam, no_repeat_ngram_size)] = float("-inf")
             candidates = beam_log_probs[:, None] + log_probs  # (n, V)
             top, flat = candidates.flatten().topk(min(2 * num_beams, candidates.numel()))
             kept = []  # (row, token, log P) of the next live beams

@@ -25,7 +25,7 @@ import torch
 from omegaconf import MISSING, DictConfig, OmegaConf
 from torch import nn
 
-from pipeline.engine.module import check_finite_loss
+from pipeline.engine.module import PretrainModule, check_finite_loss
 from pipeline.engine.training import TrainerConfig, resolve_precision
 
 ZERO_STAGES = (1, 2, 3)
@@ -313,7 +313,7 @@ def train_deepspeed(module: nn.Module, optimizer: torch.optim.Optimizer, schedul
             engine.step()  # an optimizer step only at the last micro-batch of gradient accumulation
             consumed += 1
             micro_losses.append(float(loss.detach()))
-            rows, busy = rows + len(next(iter(batch.values()))), busy + time.perf_counter() - started
+            rows, busy = rows + PretrainModule.rows(batch), busy + time.perf_counter() - started
             if engine.global_steps == step_before:
                 continue
             step = engine.global_steps

@@ -305,9 +305,7 @@ class LossHistory(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        rows = len(next(iter(batch.values()))) if isinstance(batch, dict) and batch else None
-        started = self._batch_started
-        rate = rows / max(time.perf_counter() - started, 1e-9) if rows and started is not None else None
+        rate = pl_module.rows(batch) / max(time.perf_counter() - self._batch_started, 1e-9)  # a PretrainModule's
         self.record_train(trainer.global_step, float(loss), self._batch_lr, rate)
 
     def record_train(self, step: int, loss: float, lr: float | None = None, rows_per_s: float | None = None) -> None:
