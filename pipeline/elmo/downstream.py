@@ -34,12 +34,13 @@ class ElmoTaskModels:
     bilm: nn.Module
     vocab: list[str]
     encoding_key: str
+    dropout: float  # finetune.elmo_dropout
     chinese_words: str = "jieba"  # data.chinese_words: how the vocabulary's words were split
 
     def encode(self, task: DictConfig, data_dir: Path, finetune: FinetuneConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
         return load_elmo_task_data(task, data_dir, (self.bilm, self.vocab), finetune.max_train_examples, seed,
-                                   selection_fraction, self.chinese_words)
+                                   selection_fraction, self.chinese_words, self.dropout)
 
     def build(self, data: TaskData) -> nn.Module:
         return data.make_model(None)
@@ -53,7 +54,8 @@ def _load(random_init: bool):
         if random_init:
             bilm = random_twin(bilm, ctx.cfg.seed)
         return ElmoTaskModels(bilm.eval(), read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"),
-                              f"{bilm_dir}{' random' if random_init else ''}", str(ctx.cfg.data.chinese_words))
+                              f"{bilm_dir}{' random' if random_init else ''}", float(ctx.cfg.finetune.elmo_dropout),
+                              str(ctx.cfg.data.chinese_words))
     return load
 
 
@@ -63,12 +65,13 @@ FINETUNE_KINDS = {"elmo": FinetuneKind(lambda cfg: ("elmo_vocab", "elmo_pretrain
 
 
 def load_elmo_task_data(task: DictConfig, data_dir: Path, bilm_and_vocab: tuple, max_train_examples: int | None,
-                        seed: int, selection_fraction: float | None = None, chinese_words: str = "jieba") -> TaskData:
+                        seed: int, selection_fraction: float | None = None, chinese_words: str = "jieba",
+                        dropout: float = 0.5) -> TaskData:
     """One task as rows of words for the frozen biLM: a tsv task's texts split as the biLM's vocabulary was
     (data_prep.examples.elmo_examples.elmo_words, Chinese by `chinese_words`), a conll task's words as they are; the
     heads are
     ElmoTaskModule's. The biLM is loaded once and shared by every seed: it is frozen, only the mix and the head are
-    built fresh."""
+    built fresh. `dropout`: the heads' (on the mixed vectors and inside the head)."""
     bilm, vocab = bilm_and_vocab
     collate = make_elmo_task_collate(ElmoEmbedder(bilm, vocab))
     if task.format == "tsv":
@@ -82,7 +85,7 @@ def load_elmo_task_data(task: DictConfig, data_dir: Path, bilm_and_vocab: tuple,
 
         return TaskData(rows(train), rows(dev), collate,
                         lambda _: ElmoSentenceClassifier(bilm, 1 if regression else len(task.labels), pair=pair,
-                                                         vocab=vocab),
+                                                         vocab=vocab, dropout=dropout),
                         partial(ElmoTaskModule, metric="pearson_spearman" if regression else task.metric),
                         majority_scores, None if regression else train.labels)
     if task.format == "conll":
@@ -94,7 +97,8 @@ def load_elmo_task_data(task: DictConfig, data_dir: Path, bilm_and_vocab: tuple,
 
         train = subsample(conll_sentences(task, data_dir, task.train_file), max_train_examples, seed)
         dev = conll_sentences(task, data_dir, task.dev_file)
-        return TaskData(rows(train), rows(dev), collate, lambda _: ElmoTokenTagger(bilm, len(labels), vocab=vocab),
+        return TaskData(rows(train), rows(dev), collate, lambda _: ElmoTokenTagger(bilm, len(labels), vocab=vocab,
+                                                                         dropout=dropout),
                         partial(ElmoTaskModule, metric=task.metric, labels=labels),
                         majority_tag_scores(task, train, dev))
     raise ValueError(f"task {task.name}: ELMo's feature-based heads take tsv (classification, pairs, regression) "

@@ -20,9 +20,19 @@ class ElmoConfig:
     holdout_max_books: int = 10  # and at most this many: every validation reads them all (5 % of BookCorpus: 552 books)
 
 
+@dataclass
+class ElmoFinetuneConfig:
+    """What ELMo's feature-based fine-tuning adds to `finetune` (a key of that block, so that changing it reruns
+    fine-tuning only, not the biLM's pretraining)."""
+    # Dropout on the mixed ELMo vectors and in the task head. Peters et al. (2018) use 0.5 with tens of thousands of
+    # labels; with 300 the head then cannot fit its own training sentences (docs/pretraining_recipes.md, ELMo)
+    elmo_dropout: float = 0.5
+
+
 FAMILY = Family("elmo", stages=tuple(ELMO_STAGES), pretraining_stages=("elmo_pretrain",), encoders=ENCODERS,
-                finetune_kinds=FINETUNE_KINDS, config={"elmo": ElmoConfig},
+                finetune_kinds=FINETUNE_KINDS, config={"elmo": ElmoConfig, "finetune": ElmoFinetuneConfig},
                 numbers={"elmo.vocab_size": Number(int, len(SPECIAL_WORDS) + 1, why=(
                              f"its special words {', '.join(SPECIAL_WORDS)} and at least one word")),
                          "elmo.batch_size": POSITIVE_INT, "elmo.window": POSITIVE_INT,
-                         "elmo.holdout_max_books": POSITIVE_INT})
+                         "elmo.holdout_max_books": POSITIVE_INT,
+                         "finetune.elmo_dropout": Number(float, 0, 1, high_open=True, why="a dropout rate")})
