@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -19,81 +20,91 @@ from data_prep.corpus.shards import MANIFEST_NAME
 from pipeline.downstream.task_data import evaluation_texts as task_evaluation_texts
 from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fingerprint, task_names
 from pipeline.engine.dag import Stage, StageContext, files_fingerprint
+from pipeline.engine.settings import typed_settings
+from pipeline.schema import DataConfig, RayConfig
 
 
-def corpus_dir(cfg: DictConfig) -> Path:
+@dataclass(frozen=True)
+class EvaluationSources:
+    """The text the run's scores come from, as its config names it: the fine-tune tasks (for the stages the run asks
+    for, `pipeline.stages`, whatever `pipeline.until`, so a run stopped after prepare prepares what the full run
+    reads) and, when the evaluate stage runs its probes, the `senteval` block."""
+    tasks: tuple[str, ...]
+    task_data_dir: str | None  # finetune.data_dir
+    cache_dir: str
+    senteval: DictConfig | None
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> EvaluationSources:
+        stages = cfg.pipeline.stages
+        return cls(tuple(task_names(cfg.finetune.task)) if "finetune" in stages else (), cfg.finetune.data_dir,
+                   str(cfg.paths.cache_dir), cfg.senteval if "evaluate" in stages and cfg.senteval.tasks else None)
+
+
+def corpus_dir(data: DataConfig, cache_dir: str) -> Path:
     """The configured corpus, or the built-in one `data.corpus` names (downloaded on first use)."""
-    if cfg.data.corpus_dir:
-        return Path(cfg.data.corpus_dir).expanduser()
-    return BUILTIN_CORPORA[cfg.data.corpus].fetch(cfg.paths.cache_dir)
+    if data.corpus_dir:
+        return Path(data.corpus_dir).expanduser()
+    return BUILTIN_CORPORA[data.corpus].fetch(cache_dir)
 
 
-def prepare_workers(cfg: DictConfig) -> int:
+def prepare_workers(ray_settings: RayConfig) -> int:
     """The CPUs the running Ray has (a cluster's, all nodes together), or `ray.num_cpus` for the Ray that prepare
     starts itself: what prepare keeps busy. `ray.num_cpus` alone is what one training stage reserves, a node's worth
     on a cluster."""
     import ray
 
-    return max(1, int(ray.cluster_resources().get("CPU", 1))) if ray.is_initialized() else int(cfg.ray.num_cpus)
+    return max(1, int(ray.cluster_resources().get("CPU", 1))) if ray.is_initialized() else ray_settings.num_cpus
 
 
-def _finetune_tasks(cfg: DictConfig) -> list[str]:
-    return task_names(cfg.finetune.task) if "finetune" in cfg.pipeline.stages else []
-
-
-def _senteval_in_run(cfg: DictConfig) -> bool:
-    return "evaluate" in cfg.pipeline.stages and bool(cfg.senteval.tasks)
-
-
-def _senteval_tasks_present(cfg: DictConfig) -> DictConfig:
+def _senteval_tasks_present(senteval_block: DictConfig) -> DictConfig:
     """The `senteval` block with only the tasks whose data is there. A missing one is the evaluate stage's to report
     when it runs; its data, once added, changes prepare's cache key (_evaluation_fingerprint), and prepare runs
     again against it."""
     from pipeline.evaluation import senteval
 
-    present = {name: spec for name, spec in cfg.senteval.tasks.items()
-               if senteval.task_paths(cfg.senteval)[name].exists()}
-    for name in cfg.senteval.tasks.keys() - present.keys():
-        print(f"prepare: senteval task {name}'s data is not at {senteval.task_paths(cfg.senteval)[name]}: the corpus "
-              "is not decontaminated against it", flush=True)
-    return OmegaConf.merge(OmegaConf.masked_copy(cfg.senteval, [k for k in cfg.senteval if k != "tasks"]),
+    paths = senteval.task_paths(senteval_block)
+    present = {name: spec for name, spec in senteval_block.tasks.items() if paths[name].exists()}
+    for name in senteval_block.tasks.keys() - present.keys():
+        print(f"prepare: senteval task {name}'s data is not at {paths[name]}: the corpus is not decontaminated "
+              "against it", flush=True)
+    return OmegaConf.merge(OmegaConf.masked_copy(senteval_block, [k for k in senteval_block if k != "tasks"]),
                            {"tasks": present})
 
 
-def evaluation_texts(cfg: DictConfig) -> dict[str, list[str]]:
+def evaluation_texts(sources: EvaluationSources) -> dict[str, list[str]]:
     """The text the run's scores come from, by source ("rotten_tomatoes dev", "zh_pos test", "senteval MR"): the dev
     split of every fine-tune task and its test split where it has one, and every text the evaluate stage's probes are
-    scored on, for the stages the run asks for (`pipeline.stages`, whatever `pipeline.until`, so a run stopped after
-    prepare prepares what the full run reads)."""
+    scored on."""
     texts = {}
-    for name in _finetune_tasks(cfg):
+    for name in sources.tasks:
         task = load_task(name)
-        splits = task_evaluation_texts(task, resolve_task_dir(task, cfg.finetune.data_dir, cfg.paths.cache_dir))
+        splits = task_evaluation_texts(task, resolve_task_dir(task, sources.task_data_dir, sources.cache_dir))
         texts.update({f"{name} {split}": split_texts for split, split_texts in splits.items()})
-    if _senteval_in_run(cfg):
+    if sources.senteval is not None:
         from pipeline.evaluation import senteval  # with torch: loaded where SentEval's texts are read, not by workers
 
-        texts.update({f"senteval {name}": sentences
-                      for name, sentences in senteval.evaluation_texts(_senteval_tasks_present(cfg)).items()})
+        present = _senteval_tasks_present(sources.senteval)
+        texts.update({f"senteval {name}": sentences for name, sentences in senteval.evaluation_texts(present).items()})
     return texts
 
 
-def decontamination(cfg: DictConfig) -> EvaluationOverlap | None:
-    if not cfg.data.decontaminate:
+def decontamination(data: DataConfig, sources: EvaluationSources) -> EvaluationOverlap | None:
+    if not data.decontaminate:
         return None
-    return EvaluationOverlap.build(evaluation_texts(cfg), int(cfg.data.decontamination_ngram))
+    return EvaluationOverlap.build(evaluation_texts(sources), data.decontamination_ngram)
 
 
 def prepare(ctx: StageContext) -> dict:
-    data = ctx.cfg.data
-    corpus = corpus_dir(ctx.cfg)
-    manifest = prepare_corpus(corpus, ctx.stage_dir("prepare"), glob=data.glob, input_format=data.input_format,
-                              shard_bytes=int(data.shard_bytes), min_tokens=data.min_tokens,
-                              max_tokens=data.max_tokens, nfkc=data.nfkc,
-                              chinese_variant=str(data.chinese_variant), num_workers=prepare_workers(ctx.cfg),
+    data, cache_dir = typed_settings(ctx.cfg.data, DataConfig), str(ctx.cfg.paths.cache_dir)
+    corpus = corpus_dir(data, cache_dir)
+    manifest = prepare_corpus(corpus, ctx.stage_dir("prepare"), glob=data.glob, input_format=str(data.input_format),
+                              shard_bytes=data.shard_bytes, min_tokens=data.min_tokens, max_tokens=data.max_tokens,
+                              nfkc=data.nfkc, chinese_variant=str(data.chinese_variant),
+                              num_workers=prepare_workers(typed_settings(ctx.cfg.ray, RayConfig)),
                               near_duplicates=None if data.near_duplicate_threshold is None
                               else NearDuplicateOptions(threshold=data.near_duplicate_threshold),
-                              decontamination=decontamination(ctx.cfg))
+                              decontamination=decontamination(data, EvaluationSources.of(ctx.cfg)))
     return {"corpus_dir": str(corpus), **manifest["totals"], "decontamination": manifest["decontamination"]}
 
 
@@ -122,33 +133,32 @@ def _fate(entry: dict) -> str:
     return f"{entry['book_id']}: {entry.get('reason', entry['status'])}"
 
 
-def _corpus_fingerprint(cfg: DictConfig) -> str:
+def _corpus_fingerprint(data: DataConfig, cache_dir: str) -> str:
     """The configured corpus's files, or the built-in corpus's pinned releases: planning never downloads."""
-    if not cfg.data.corpus_dir:
-        return BUILTIN_CORPORA[cfg.data.corpus].fingerprint
-    return files_fingerprint(corpus_dir(cfg), cfg.data.glob, cfg.paths.cache_dir)
+    if not data.corpus_dir:
+        return BUILTIN_CORPORA[data.corpus].fingerprint
+    return files_fingerprint(corpus_dir(data, cache_dir), data.glob, cache_dir)
 
 
-def _evaluation_fingerprint(cfg: DictConfig) -> str:
+def _evaluation_fingerprint(sources: EvaluationSources) -> str:
     """What decontamination reads: the fine-tune tasks' data and the SentEval tasks' files of the run."""
-    if not cfg.data.decontaminate:
-        return "not decontaminated"
-    parts = [f"{name}:{task_data_fingerprint(load_task(name), cfg.finetune.data_dir, cfg.paths.cache_dir, True)}"
-             for name in _finetune_tasks(cfg)]
-    if _senteval_in_run(cfg):
-        from pipeline.evaluation.senteval import senteval_fingerprint
+    parts = [f"{name}:{task_data_fingerprint(load_task(name), sources.task_data_dir, sources.cache_dir, True)}"
+             for name in sources.tasks]
+    if sources.senteval is not None:
+        from pipeline.evaluation.senteval import senteval_files_fingerprint
 
-        parts.append(f"senteval:{senteval_fingerprint(cfg)}")
+        parts.append(f"senteval:{senteval_files_fingerprint(sources.senteval, sources.cache_dir)}")
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
 def _prepare_fingerprint(cfg: DictConfig) -> str:
     """The corpus, the evaluation text it is decontaminated against, and for raw text the sentence splitter this
     machine runs: blingfire and its aarch64 stand-in split some sentences differently (data_prep/corpus/sentences.py),
-    so an
-    x86-64 run's shards are not an aarch64 run's."""
-    key = f"{_corpus_fingerprint(cfg)} decontaminated against {_evaluation_fingerprint(cfg)}"
-    if cfg.data.input_format != "raw":
+    so an x86-64 run's shards are not an aarch64 run's."""
+    data, cache_dir = typed_settings(cfg.data, DataConfig), str(cfg.paths.cache_dir)
+    evaluation = _evaluation_fingerprint(EvaluationSources.of(cfg)) if data.decontaminate else "not decontaminated"
+    key = f"{_corpus_fingerprint(data, cache_dir)} decontaminated against {evaluation}"
+    if data.input_format != "raw":
         return key
     return f"{key} split by {splitter_identity(default_splitter())}"
 

@@ -31,9 +31,11 @@ from data_prep.corpus.shards import MANIFEST_NAME
 from models.hf import bert, elmo, gpt, skip_thought
 from pipeline.downstream.finetune import BASELINES, MODEL_KINDS, is_snapshot
 from pipeline.engine.dag import resolve_upstream
+from pipeline.engine.settings import typed_settings
 from pipeline.evaluation.stage import ENCODERS
 from pipeline.families import FAMILIES
 from pipeline.report.report import learning_lines
+from pipeline.schema import DataConfig
 from pipeline.stages import STAGES
 from pipeline.status import human_bytes, read_status
 
@@ -141,7 +143,8 @@ def model_card(run_dir: Path, cfg: DictConfig, model: FinalModel, hf_dir: Path) 
     summary = _read_json(model.output / "stage.json") or {}
     custom_code = "auto_map" in config
     auto = auto_class(config)
-    builtin = None if cfg.data.corpus_dir else str(cfg.data.corpus)
+    data = typed_settings(cfg.data, DataConfig)
+    builtin = None if data.corpus_dir else str(data.corpus)
     metadata = {**BUILTIN_CORPUS_METADATA.get(builtin, {}), "license": "other", "library_name": "transformers",
                 "pipeline_tag": PIPELINE_TAGS[auto],
                 "tags": ["textrep", model.family, config["model_type"], *(["custom_code"] if custom_code else [])]}
@@ -160,11 +163,11 @@ def model_card(run_dir: Path, cfg: DictConfig, model: FinalModel, hf_dir: Path) 
         lines += [f"transformers has no class for this model: its code is `{code}.py` in this directory (torch and "
                   "transformers only), which `trust_remote_code=True` lets transformers run.", ""]
     lines += _tokenizer_lines(hf_dir)
-    lines += _data_lines(run_dir, cfg)
+    lines += _data_lines(run_dir, data)
     lines += _pretraining_lines(summary)
     lines += _downstream_lines(run_dir, cfg, model.stage)
     lines += _command_lines(run_dir)
-    lines += _license_lines(run_dir, cfg)
+    lines += _license_lines(run_dir, data)
     return "\n".join(lines) + "\n"
 
 
@@ -186,10 +189,10 @@ def _tokenizer_lines(hf_dir: Path) -> list[str]:
                "the model has no longest input; ") + f"special tokens: {special or 'none'}.", ""]
 
 
-def _data_lines(run_dir: Path, cfg: DictConfig) -> list[str]:
+def _data_lines(run_dir: Path, data: DataConfig) -> list[str]:
     manifest = _read_json(run_dir / "prepare" / MANIFEST_NAME)
-    name = f"The built-in corpus `{cfg.data.corpus}`" if not cfg.data.corpus_dir else \
-        f"The books in `{cfg.data.corpus_dir}` (data.corpus_dir)"
+    name = f"The built-in corpus `{data.corpus}`" if not data.corpus_dir else \
+        f"The books in `{data.corpus_dir}` (data.corpus_dir)"
     lines = ["## Training data", ""]
     if manifest is None:
         return lines + [f"{name}; its prepared manifest is not in the run directory.", ""]
@@ -310,7 +313,7 @@ def _command_lines(run_dir: Path) -> list[str]:
             command, "```", ""]
 
 
-def _license_lines(run_dir: Path, cfg: DictConfig) -> list[str]:
+def _license_lines(run_dir: Path, data: DataConfig) -> list[str]:
     lines = ["## License", ""]
     manifest = _read_json(run_dir / "prepare" / MANIFEST_NAME) or {}
     provenance = Path(manifest.get("corpus_dir", "")) / "PROVENANCE.md"
@@ -318,7 +321,7 @@ def _license_lines(run_dir: Path, cfg: DictConfig) -> list[str]:
         quoted = [f"> {line}" if line else ">" for line in provenance.read_text().strip().splitlines()]
         return lines + ["The weights are derived from the training data, whose terms they follow. Its provenance, as "
                         "textrep recorded it when it fetched the data:", "", *quoted, ""]
-    return lines + [f"The training data ({cfg.data.corpus_dir or cfg.data.corpus}) came from outside textrep, which "
+    return lines + [f"The training data ({data.corpus_dir or data.corpus}) came from outside textrep, which "
                     "does not know its license: the weights are derived from it and follow its terms. State them "
                     "here, and in the `license` field above, before you publish the model.", ""]
 

@@ -8,11 +8,11 @@ from enum import StrEnum
 from typing import Optional
 
 from data_prep.examples.bert_examples import PACKINGS
-from pipeline.bert.encoder import BERT_POOLINGS
 from pipeline.bert.module import PRETRAINING_OBJECTIVES
 from pipeline.schema import PretrainConfig, override_block
 
 Objective = StrEnum("Objective", {name: name for name in PRETRAINING_OBJECTIVES}, module=__name__)
+BERT_POOLINGS = ("cls", "mean")  # the sentence vector: pooled [CLS] state, or mean of the final states
 Pooling = StrEnum("Pooling", {name: name for name in BERT_POOLINGS}, module=__name__)
 Packing = StrEnum("Packing", {name: name for name in PACKINGS}, module=__name__)
 # pretrain.init_embeddings: where the word embeddings start, random (the model's initialiser) or word2vec (the
@@ -78,6 +78,12 @@ class BertPretrainConfig:
     # checkpoint's); and whether pretraining keeps them as they start.
     init_embeddings: InitEmbeddings = InitEmbeddings.random
     freeze_embeddings: bool = False
+
+
+@dataclass
+class BertPretrainSettings(BertPretrainConfig, PretrainConfig):
+    """A phase's settings as its stage reads them (pipeline/bert/pretrain.py Phase.settings): the harness's keys and
+    BERT's objective."""
 
 
 # The `pretrain_phase2` block. BERT's phase 2 (Devlin et al. 2019, §A.2), run when pipeline.stages has

@@ -6,11 +6,10 @@ import torch
 from omegaconf import DictConfig
 
 from data_prep.corpus.tokenizer import CLS_TOKEN, PAD_TOKEN, SEP_TOKEN, encode_batch_ids
+from pipeline.bert.config import BERT_POOLINGS
 from pipeline.bert.pretrain import encoder_stage
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec
-
-BERT_POOLINGS = ("cls", "mean")
 
 
 class BertEncoder:

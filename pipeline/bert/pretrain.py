@@ -33,6 +33,7 @@ from models.bert import (
     save_pretrained,
 )
 from models.hf.bert import hf_incompatibility, to_hf
+from pipeline.bert.config import BertPretrainSettings
 from pipeline.bert.data import BertPretrainingCollator, MaskedBatches, PretrainingInstances
 from pipeline.bert.data_stages import PIECE_VECTORS_FILE
 from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
@@ -68,9 +69,9 @@ class Phase:
     config_blocks: tuple[str, ...]   # its settings; a later block's keys override an earlier one's
     init_from: str | None = None     # the stage whose final weights (encoder and heads) it continues
 
-    def settings(self, cfg: DictConfig) -> DictConfig:
+    def settings(self, cfg: DictConfig) -> BertPretrainSettings:
         """This phase's pretraining settings: phase 2's block over `pretrain`, whose keys it leaves null."""
-        return merged_settings(cfg, self.config_blocks)
+        return merged_settings(cfg, self.config_blocks, BertPretrainSettings)
 
     def max_seq_length(self, cfg: DictConfig) -> int:
         """The phase's sequence length, refused before any work if the model has no position for its end."""
@@ -96,7 +97,7 @@ def phase_of(stage: str) -> Phase:
     return next(p for p in PHASES if stage in (p.stage, p.examples))
 
 
-def check_objective(settings: DictConfig, key: str, packing: str = "sentence_pairs") -> None:
+def check_objective(settings: BertPretrainSettings, key: str, packing: str = "sentence_pairs") -> None:
     """ELECTRA, and instances without a second segment, are not asked for a next-sentence task they lack."""
     if settings.objective == "electra" and settings.next_sentence_prediction:
         raise ValueError(f"{key}.objective=electra has no next-sentence task (Clark et al. 2020); set "
@@ -158,7 +159,7 @@ def encoder_stage(cfg: DictConfig) -> str:
     return in_run[-1] if in_run else PHASES[0].stage
 
 
-def _build_model(cfg: DictConfig, settings: DictConfig, vocab_size: int) -> nn.Module:
+def _build_model(cfg: DictConfig, settings: BertPretrainSettings, vocab_size: int) -> nn.Module:
     """The model config's BertForPreTraining, or for objective=electra its encoder as ELECTRA's discriminator; with
     pretrain.init_from, the checkpoint's architecture and weights."""
     if settings.objective == "electra":
@@ -227,7 +228,7 @@ class BertPretraining:
     def settings_key(self, cfg: DictConfig) -> str:
         return self.phase.config_blocks[-1]
 
-    def settings(self, cfg: DictConfig) -> DictConfig:
+    def settings(self, cfg: DictConfig) -> BertPretrainSettings:
         self.phase.max_seq_length(cfg)  # too long for the position table: fail now, not at the first batch
         settings = self.phase.settings(cfg)
         check_objective(settings, self.settings_key(cfg), cfg.examples.packing)

@@ -10,7 +10,6 @@ encoder (the kind's own row: the stage's last step), which the report plots (pre
 One finished (task, model, size, seed) is one small JSON file, so a run killed half-way skips what it had finished."""
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import time
@@ -22,7 +21,7 @@ from typing import Any, Optional
 import lightning as L
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
@@ -48,6 +47,7 @@ from pipeline.downstream.word2vec import WORD2VEC, load_word2vec
 from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import FinetuneKind, TaskModels
 from pipeline.engine.pretraining import encoder_snapshots, steps_trained
+from pipeline.engine.settings import typed_settings
 from pipeline.engine.training import make_trainer, one_process_trainer_keys
 from pipeline.families import FAMILIES
 
@@ -134,9 +134,7 @@ def finetune_settings(cfg: DictConfig) -> FinetuneConfig:
     """The `finetune` block as its typed settings, made once where the stage (or a start-up check) begins and passed
     on from there: types and enums as the schema declares them, attributes instead of string keys. The keys a family
     adds to the block (BERT's pooling and dropout) are the family's to read when it loads its models."""
-    names = {entry.name for entry in dataclasses.fields(FinetuneConfig)}
-    block = {key: value for key, value in cfg.finetune.items() if key in names}
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(FinetuneConfig), block))
+    return typed_settings(cfg.finetune, FinetuneConfig)
 
 
 def finetune_kinds(f: FinetuneConfig) -> dict[str, FinetuneKind]:

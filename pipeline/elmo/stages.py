@@ -18,6 +18,8 @@ from pipeline.elmo.module import ElmoPretrainModule, WindowPosition, build_elmo_
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.module import OptimizerSettings
 from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretraining_stage
+from pipeline.engine.settings import typed_settings
+from pipeline.schema import PretrainConfig
 
 
 class ElmoPretraining:
@@ -27,8 +29,8 @@ class ElmoPretraining:
     def settings_key(self, cfg: DictConfig) -> str:
         return "pretrain"
 
-    def settings(self, cfg: DictConfig) -> DictConfig:
-        return cfg.pretrain
+    def settings(self, cfg: DictConfig) -> PretrainConfig:
+        return typed_settings(cfg.pretrain, PretrainConfig)
 
     def build_module(self, ctx: StageContext) -> ElmoPretrainModule:
         model = instantiate_model(ctx.cfg,

@@ -27,7 +27,7 @@ import warnings
 from dataclasses import dataclass, replace
 from functools import partial, reduce
 from pathlib import Path
-from typing import Callable, Iterable, Protocol, get_type_hints
+from typing import Callable, Iterable, Protocol, TypeVar, get_type_hints
 
 import hydra
 import lightning as L
@@ -59,7 +59,7 @@ from pipeline.engine.divergence import DivergenceMonitor, reduce_mean
 from pipeline.engine.fingerprints import content_digests
 from pipeline.engine.module import PretrainModule, pretraining_advice
 from pipeline.engine.optim import sparse_gradient_parameters, use_dense_gradients
-from pipeline.engine.settings import check_target_arguments
+from pipeline.engine.settings import check_target_arguments, typed_settings
 from pipeline.engine.tracking import log_curves
 from pipeline.engine.training import (
     PROGRESS_EVERY_N_STEPS,
@@ -72,6 +72,7 @@ from pipeline.engine.training import (
     release_freed_memory,
     resolve_precision,
 )
+from pipeline.schema import PretrainConfig
 
 CHECKPOINT_DIR = "checkpoints"
 KEEP_CHECKPOINTS = 2
@@ -133,7 +134,8 @@ class PretrainingTask(Protocol):
     optimizer, checks and logging, whichever loop trains it), its data, and what it writes and sums up."""
     def settings_key(self, cfg: DictConfig) -> str: ...  # the config block of the settings below, named in messages
 
-    def settings(self, cfg: DictConfig) -> DictConfig: ...  # max_steps, grad_clip, val_every_steps, ...
+    # max_steps, grad_clip, val_every_steps, ...: typed, made from the config once where a stage begins
+    def settings(self, cfg: DictConfig) -> PretrainConfig: ...
 
     # seeded: the same weights on every rank; built with OptimizerSettings.of(task, cfg)
     def build_module(self, ctx: StageContext) -> PretrainModule: ...
@@ -176,14 +178,16 @@ def _over(base: dict, top: dict) -> dict:
                        for k, v in top.items() if v is not None}}
 
 
-def merged_settings(cfg: DictConfig, blocks: tuple[str, ...]) -> DictConfig:
-    """The config blocks `blocks` (dotted keys) as one, a later block's keys over an earlier one's where it sets them
-    (not null): pretrain_phase2 over pretrain, gpt.pretrain over pretrain (pipeline/schema.py override_block)."""
+Settings = TypeVar("Settings", bound=PretrainConfig)
+
+
+def merged_settings(cfg: DictConfig, blocks: tuple[str, ...], schema: type[Settings] = PretrainConfig) -> Settings:
+    """The config blocks `blocks` (dotted keys) as one typed settings object of `schema`, a later block's keys over an
+    earlier one's where it sets them (not null): pretrain_phase2 over pretrain, gpt.pretrain over pretrain
+    (pipeline/schema.py override_block)."""
     merged = reduce(_over, [OmegaConf.to_container(OmegaConf.select(cfg, block), resolve=True)
-                                      for block in blocks])
-    settings = OmegaConf.create(merged)
-    OmegaConf.set_struct(settings, True)  # a misspelt key is an error, as in the config it came from
-    return settings
+                            for block in blocks])
+    return typed_settings(OmegaConf.create(merged), schema)
 
 
 def model_key(cfg: DictConfig, family: str) -> str:
@@ -212,10 +216,10 @@ def check_model_config(cfg: DictConfig, key: str = "model") -> None:
     check_target_arguments(config, f"{key}.config", [target, built] if built else None)
 
 
-def encoder_snapshot_steps(cfg: DictConfig, settings: DictConfig, key: str) -> list[int]:
+def encoder_snapshot_steps(cfg: DictConfig, settings: PretrainConfig, key: str) -> list[int]:
     """`<key>.encoder_snapshots` (a list of whole numbers: the schema's), in order: each a step the run takes,
     refused before any work otherwise."""
-    steps = list(settings.get("encoder_snapshots") or [])
+    steps = list(settings.encoder_snapshots)
     bad = [s for s in steps if not 0 < s <= settings.max_steps]
     if bad:
         raise ValueError(f"{key}.encoder_snapshots={steps}: {bad} not a step of the run; each must be a whole number "

@@ -3,9 +3,11 @@ constraint (the engine's in pipeline/runner.py, each family's in its Family reco
 block built by `_target_`."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 from dataclasses import dataclass
+from typing import TypeVar
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -36,6 +38,18 @@ class Number:
         upper = "" if self.high is None else f" and {'<' if self.high_open else '<='} {self.high:g}"
         return (f"{'an integer' if self.kind is int else 'a number'} {'>' if self.low_open else '>='} {self.low:g}"
                 f"{upper}{' or null' if self.nullable else ''}{f' ({self.why})' if self.why else ''}")
+
+
+T = TypeVar("T")
+
+
+def typed_settings(block: DictConfig, schema: type[T]) -> T:
+    """A config block as its typed settings object, made once where a stage (its cache key, a start-up check) begins
+    and passed on from there: types and enums as `schema` declares them, attributes instead of string keys. Keys of
+    the block that `schema` does not declare (those a family adds to a shared block) are for their own schema."""
+    names = {entry.name for entry in dataclasses.fields(schema)}
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema),
+                                               {key: value for key, value in block.items() if key in names}))
 
 
 POSITIVE_INT, COUNT = Number(int, 1), Number(int, 0)

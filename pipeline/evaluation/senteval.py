@@ -466,11 +466,11 @@ def task_paths(cfg: Mapping) -> dict[str, Path]:
     return {name: root / str(spec["path"]) for name, spec in cfg["tasks"].items()}
 
 
-def senteval_fingerprint(cfg: Mapping) -> str:
-    """The files of every SentEval task of the run (the root config)."""
-    return hashlib.sha256("".join(files_fingerprint(path, "*", cfg["paths"]["cache_dir"]) if path.is_dir()
-                                  else files_fingerprint(path.parent, path.name, cfg["paths"]["cache_dir"])
-                                  for path in task_paths(cfg["senteval"]).values()).encode()).hexdigest()
+def senteval_files_fingerprint(senteval_block: Mapping, cache_dir: str) -> str:
+    """The files of every SentEval task of the `senteval` block."""
+    return hashlib.sha256("".join(files_fingerprint(path, "*", cache_dir) if path.is_dir()
+                                  else files_fingerprint(path.parent, path.name, cache_dir)
+                                  for path in task_paths(senteval_block).values()).encode()).hexdigest()
 
 
 def evaluation_texts(cfg: Mapping) -> dict[str, list[str]]:

@@ -9,7 +9,7 @@ from data_prep.corpus.shards import write_json_atomically
 from data_prep.corpus.word_vectors import load_glove
 from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import EncoderSpec
-from pipeline.evaluation.senteval import GloveBagOfWords, run_senteval, senteval_fingerprint
+from pipeline.evaluation.senteval import GloveBagOfWords, run_senteval, senteval_files_fingerprint
 from pipeline.families import FAMILIES
 
 # evaluate.encoders name -> its spec. Each family's `*_random` is its architecture freshly initialised and frozen:
@@ -35,4 +35,5 @@ def evaluate(ctx: StageContext) -> dict:
 
 
 EVALUATE = Stage("evaluate", evaluate, evaluate_upstream, ("evaluate", "senteval", "seed"),
-                 fingerprint=senteval_fingerprint, num_cpus=all_cpus)
+                 fingerprint=lambda cfg: senteval_files_fingerprint(cfg.senteval, str(cfg.paths.cache_dir)),
+                 num_cpus=all_cpus)

@@ -28,6 +28,7 @@ from pipeline.engine.pretraining import (
 from pipeline.engine.settings import PRETRAINING_NUMBERS, check_numbers
 from pipeline.gpt.data_stages import gpt_blocks, gpt_tokenizer
 from pipeline.gpt.module import BLOCK_COLUMN, GPTPretrainModule, collate_blocks
+from pipeline.schema import PretrainConfig
 
 
 class GPTPretraining:
@@ -40,7 +41,7 @@ class GPTPretraining:
         (a GPT-only run, whose gpt.pretrain is all null)."""
         return "gpt.pretrain" if own_pretraining_settings(cfg) else "pretrain"
 
-    def settings(self, cfg: DictConfig) -> DictConfig:
+    def settings(self, cfg: DictConfig) -> PretrainConfig:
         return merged_settings(cfg, ("pretrain", "gpt.pretrain"))
 
     def build_module(self, ctx: StageContext) -> GPTPretrainModule:

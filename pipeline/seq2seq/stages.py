@@ -22,6 +22,8 @@ from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.loaders import ArrowRows, pretraining_loaders
 from pipeline.engine.module import OptimizerSettings
 from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretraining_stage
+from pipeline.engine.settings import typed_settings
+from pipeline.schema import PretrainConfig
 from pipeline.seq2seq.data_stages import seq2seq_examples, seq2seq_tokenizer
 from pipeline.seq2seq.module import SOURCE_COLUMN, TARGET_COLUMN, PairCollator, Seq2SeqPretrainModule
 
@@ -35,8 +37,8 @@ class Seq2SeqPretraining:
     def settings_key(self, cfg: DictConfig) -> str:
         return "pretrain"
 
-    def settings(self, cfg: DictConfig) -> DictConfig:
-        return cfg.pretrain
+    def settings(self, cfg: DictConfig) -> PretrainConfig:
+        return typed_settings(cfg.pretrain, PretrainConfig)
 
     def build_module(self, ctx: StageContext) -> Seq2SeqPretrainModule:
         tok = load_seq2seq_tokenizer(ctx.stage_dir("seq2seq_tokenizer"))

@@ -19,6 +19,8 @@ from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.loaders import ArrowRows, pretraining_loaders
 from pipeline.engine.module import OptimizerSettings
 from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretraining_stage
+from pipeline.engine.settings import typed_settings
+from pipeline.schema import PretrainConfig
 from pipeline.skip_thought.data_stages import skip_thought_examples, skip_thought_vocab
 from pipeline.skip_thought.module import SkipThoughtPretrainModule, collate_triples
 
@@ -42,8 +44,8 @@ class SkipThoughtPretraining:
     def __init__(self, encoder: str):
         self.encoder = encoder
 
-    def settings(self, cfg: DictConfig) -> DictConfig:
-        return cfg.pretrain
+    def settings(self, cfg: DictConfig) -> PretrainConfig:
+        return typed_settings(cfg.pretrain, PretrainConfig)
 
     def build_module(self, ctx: StageContext) -> SkipThoughtPretrainModule:
         vocab = WordVocab.load(ctx.stage_dir("skip_thought_vocab") / "vocab.txt")

@@ -8,7 +8,7 @@ import ray
 from data_prep.corpus.decontaminate import EvaluationOverlap, normalised_words
 from data_prep.corpus.prepare import prepare_corpus
 from data_prep.corpus.shards import MANIFEST_NAME, open_shards
-from pipeline.corpus import _prepare_fingerprint, decontamination, evaluation_texts
+from pipeline.corpus import EvaluationSources, _prepare_fingerprint, decontamination, evaluation_texts
 from pipeline.engine.dag import stage_hashes
 from pipeline.stages import STAGES
 from tests.helpers import SENTEVAL_MR_ONLY, tiny_config, write_mr
@@ -94,24 +94,25 @@ def test_without_decontamination_nothing_is_removed_and_the_manifest_says_so(tmp
 
 def test_the_run_decontaminates_against_its_tasks_dev_split_only(tmp_path):
     cfg = tiny_config(tmp_path)
-    texts = evaluation_texts(cfg)
+    texts = evaluation_texts(EvaluationSources.of(cfg))
     assert list(texts) == ["sst2 dev"]
     dev = (tmp_path / "task" / "dev.tsv").read_text().splitlines()[1:]
     assert texts["sst2 dev"] == [line.split("\t")[0] for line in dev]
-    assert decontamination(cfg).overlapping([dev[0].split("\t")[0].upper() + "!"])[0].all()
+    overlap = decontamination(cfg.data, EvaluationSources.of(cfg))
+    assert overlap.overlapping([dev[0].split("\t")[0].upper() + "!"])[0].all()
 
 
 def test_a_run_with_no_tasks_decontaminates_against_nothing(tmp_path):
     cfg = tiny_config(tmp_path, ["pipeline.stages=[bert_pretrain]"])
-    assert evaluation_texts(cfg) == {}
-    assert len(decontamination(cfg)) == 0
+    assert evaluation_texts(EvaluationSources.of(cfg)) == {}
+    assert len(decontamination(cfg.data, EvaluationSources.of(cfg))) == 0
 
 
 def test_the_evaluate_stages_texts_count_where_the_run_has_it(tmp_path):
     write_mr(tmp_path / "senteval" / "MR")
     cfg = tiny_config(tmp_path, ["pipeline.stages=[bert_pretrain,evaluate]",
                                  f"senteval.data_root={tmp_path / 'senteval'}", *SENTEVAL_MR_ONLY])
-    texts = evaluation_texts(cfg)
+    texts = evaluation_texts(EvaluationSources.of(cfg))
     assert list(texts) == ["senteval MR"] and len(texts["senteval MR"]) == 2 * 10 * 3
 
 

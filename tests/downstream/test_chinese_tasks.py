@@ -20,7 +20,7 @@ from data_prep.corpus.prepare import prepare_corpus
 from data_prep.corpus.shards import open_shards
 from data_prep.tasks.conll import TaggedSentence
 from models import IGNORE_INDEX
-from pipeline.corpus import decontamination, evaluation_texts
+from pipeline.corpus import EvaluationSources, decontamination, evaluation_texts
 from pipeline.downstream.task_data import majority_tag_scores
 from pipeline.downstream.tasks import load_task
 from pipeline.evaluation.metrics import segmentation_words, word_f1
@@ -124,7 +124,7 @@ def ray_running():
 def test_the_pretraining_corpus_loses_the_tasks_dev_and_test_sentences(tmp_path, ray_running):
     write_zh_tasks(tmp_path / "zh")
     cfg = tiny_config(tmp_path, ["finetune.task=[zh_sentiment,zh_pos]", f"finetune.data_dir={tmp_path / 'zh'}"])
-    texts = evaluation_texts(cfg)
+    texts = evaluation_texts(EvaluationSources.of(cfg))
     assert list(texts) == ["zh_sentiment dev", "zh_sentiment test", "zh_pos dev", "zh_pos test"]
     assert texts["zh_pos test"] == ["人民 大会堂 举行 了 隆重 的 新年 茶话会"]
     corpus = tmp_path / "corpus"
@@ -132,7 +132,7 @@ def test_the_pretraining_corpus_loses_the_tasks_dev_and_test_sentences(tmp_path,
     (corpus / "news.txt").write_text("今天天气很好。国务院总理今天会见了外国客人。人民大会堂举行了隆重的新年茶话会！"
                                      "我们爱和平。\n\n客服态度恶劣，再也不来这家店了。这本书很好看。\n")
     manifest = prepare_corpus(corpus, tmp_path / "out", num_workers=1, min_tokens=2, near_duplicates=None,
-                              decontamination=decontamination(cfg))
+                              decontamination=decontamination(cfg.data, EvaluationSources.of(cfg)))
     kept = ["今天天气很好。", "我们爱和平。", "这本书很好看。"]  # train text stays
     assert open_shards(tmp_path / "out").column("text").to_pylist() == kept
     assert manifest["decontamination"]["sentences_removed_by_source"] == {

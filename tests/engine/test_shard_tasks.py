@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from pipeline.corpus import prepare_workers
 from pipeline.engine.dag import StageContext, stage_placement
+from pipeline.schema import RayConfig
 
 
 def _describe(index: int, shard: str, suffix: str, delay_s: float) -> dict:
@@ -54,4 +55,4 @@ def test_shard_results_hands_over_each_result_while_other_shards_still_run(ray_s
 
 def test_prepare_keeps_every_cpu_of_the_running_ray_busy_not_ray_num_cpus(ray_session):
     # ray_session has 2 CPUs; on a cluster ray.num_cpus is one training stage's share
-    assert prepare_workers(OmegaConf.create({"ray": {"num_cpus": 1}})) == 2
+    assert prepare_workers(RayConfig(num_cpus=1)) == 2

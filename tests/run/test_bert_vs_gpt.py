@@ -13,8 +13,10 @@ from pipeline import CONF_DIR
 from pipeline.bert.pretrain import BertPretraining, phase_of
 from pipeline.engine.dag import resolve_upstream, run_dag, select_stages, stage_hashes
 from pipeline.engine.pretraining import instantiate_model, model_key
+from pipeline.engine.settings import typed_settings
 from pipeline.gpt.stages import GPTPretraining
 from pipeline.runner import validate
+from pipeline.schema import PretrainConfig
 from pipeline.stages import STAGES
 from tests.helpers import tiny_config
 
@@ -52,7 +54,7 @@ def test_bert_and_gpt_each_read_their_own_model_and_pretraining_settings(tmp_pat
 def test_a_gpt_only_run_reads_the_shared_model_and_pretrain_blocks(tmp_path):
     cfg = _compose(tmp_path, "gpt_tiny")
     assert model_key(cfg, "gpt") == "model"
-    assert dict(GPTPretraining().settings(cfg)) == dict(cfg.pretrain)
+    assert GPTPretraining().settings(cfg) == typed_settings(cfg.pretrain, PretrainConfig)
     assert GPTPretraining().settings_key(cfg) == "pretrain"  # its gpt.pretrain is all null
 
 

@@ -210,10 +210,11 @@ def test_a_family_block_and_phase2_take_typed_values_and_phase2_keeps_pretrains_
     cfg = _compose(["+experiment=bert_base", f"paths.run_dir={tmp_path}", "pretrain_phase2.accumulate_grad_batches=4",
                     "pretrain_phase2.electra.generator_layers=2"])
     phase2 = PHASES[1].settings(cfg)
-    assert phase2.accumulate_grad_batches == 4 and phase2.max_seq_length == 512
+    assert phase2.accumulate_grad_batches == 4 and PHASES[1].max_seq_length(cfg) == 512
     assert phase2.optimizer == cfg.pretrain.optimizer and phase2.batch_size == cfg.pretrain_phase2.batch_size
     # a nested block key by key: phase 2's generator depth, pretrain's loss weight
-    assert phase2.electra == {"generator_layers": 2, "discriminator_weight": cfg.pretrain.electra.discriminator_weight}
+    assert (phase2.electra.generator_layers, phase2.electra.discriminator_weight) == (
+        2, cfg.pretrain.electra.discriminator_weight)
 
 
 def test_a_composed_config_pickles_as_a_sweep_sends_it_to_its_trials(tmp_path):

@@ -16,7 +16,7 @@ from data_prep.corpus.decontaminate import EvaluationOverlap
 from data_prep.corpus.prepare import prepare_corpus
 from data_prep.corpus.shards import open_shards
 from pipeline import CONF_DIR
-from pipeline.corpus import evaluation_texts
+from pipeline.corpus import EvaluationSources, evaluation_texts
 from pipeline.downstream.baselines import lead_n_scores
 from pipeline.downstream.finetune import finetune_upstream
 from pipeline.downstream.tasks import TaskSplit, load_task
@@ -78,7 +78,7 @@ def test_the_tasks_dev_and_test_articles_and_headlines_are_removed_from_pretrain
     task_dir = write_headline_task(tmp_path / "bbc")
     cfg = family_config(tmp_path, "seq2seq", ["finetune.task=bbc_headlines", f"finetune.data_dir={task_dir}",
                                               "pipeline.stages=[seq2seq_pretrain,finetune]"])
-    texts = evaluation_texts(cfg)
+    texts = evaluation_texts(EvaluationSources.of(cfg))
     assert list(texts) == ["bbc_headlines dev", "bbc_headlines test"]
     split = {name: [line.split("\t") for line in (task_dir / f"{name}.tsv").read_text().splitlines()[1:]]
              for name in ("train", "dev", "test")}
