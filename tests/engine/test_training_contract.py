@@ -20,6 +20,7 @@ from pipeline.engine.dag import MARKER, StageContext, execute_stage
 from pipeline.engine.module import NonFiniteLoss, PretrainModule
 from pipeline.engine.optim import Lamb, LazyAdamW, sparse_gradient_parameters
 from pipeline.engine.training import LossHistory
+from pipeline.schema import LrDecay, PretrainConfig, PretrainOptimizer
 from pipeline.stages import STAGES
 from tests.helpers import TINY_FAMILIES, TinyRun, family_config, optimizer_settings
 
@@ -46,6 +47,18 @@ def test_every_family_pretrains_with_the_optimizer_pretrain_names(family_data, f
     assert type(module.configure_optimizers()["optimizer"]) is built
     if optimizer == "lamb":  # ELMo's sampled softmax: LAMB's trust ratio needs the whole gradient, so it is dense
         assert sparse_gradient_parameters(module.model) == []
+
+
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_every_family_hands_the_engine_typed_settings_with_the_values_the_command_line_set(tmp_path, family):
+    """A family's pretraining settings are made once from its blocks as the schema's typed object (enums, lists of
+    floats): what the command line set, not a DictConfig the harness reads by key."""
+    cfg = family_config(tmp_path, family, ["pretrain.lr_decay=noam", "pretrain.optimizer=lamb", "pretrain.lr=3e-4"])
+    task = STAGES[TINY_FAMILIES[family].pretraining_stage].fn.keywords["task"]
+    settings = task.settings(cfg)
+    assert isinstance(settings, PretrainConfig)
+    assert (settings.lr_decay, settings.optimizer, settings.lr) == (LrDecay.noam, PretrainOptimizer.lamb, 3e-4)
+    assert isinstance(settings.lr_decay, LrDecay) and all(isinstance(beta, float) for beta in settings.betas)
 
 
 def _nan_weights(module: PretrainModule) -> None:
