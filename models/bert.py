@@ -538,6 +538,41 @@ class BertForSequenceClassification(BertTaskModel):
         return self.classifier(self.dropout(pooled_output))  # (B, num_labels)
 
 
+class BertForPromptClassification(BertTaskModel):
+    """Prompt-based classification (PET, Schick & Schütze 2021; LM-BFF, Gao et al. 2021): no new head. Each input
+    holds a template with one [MASK] ("a [MASK] film . <sentence>"), and class c's score is the masked-LM head's logit
+    of its label word there ("bad", "good"): the classifier starts where pretraining left the head, not from a random
+    linear layer. Load the pretraining head's tensors with load_prediction_head; only the label words' rows of the
+    tied decoder are ever multiplied."""
+
+    def __init__(self, config: BertConfig, label_word_ids: list[int], mask_token_id: int):
+        super().__init__(config)
+        self.mask_token_id = mask_token_id
+        self.register_buffer("label_word_ids", torch.tensor(label_word_ids, dtype=torch.long), persistent=False)
+        self.predictions = BertLMPredictionHead(config, self.bert.embeddings.word_embeddings)
+        self.predictions.transform.apply(self._init_weights)
+        self.post_init()
+
+    def load_prediction_head(self, heads: dict[str, torch.Tensor]) -> None:
+        """The masked-LM head of a pretraining checkpoint (BertPretrainingModel.heads_state_dict's tensors)."""
+        prefix = "cls.predictions."
+        self.predictions.load_state_dict({k.removeprefix(prefix): v for k, v in heads.items() if k.startswith(prefix)},
+                                         strict=False)  # the decoder's weight is the (already loaded) word embeddings
+        missing = {name for name, _ in self.predictions.named_parameters() if name != "decoder.weight"} - {
+            k.removeprefix(prefix) for k in heads}
+        if missing:
+            raise KeyError(f"the pretraining heads lack the masked-LM head's {sorted(missing)}")
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None):
+        sequence_output, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        at_mask = input_ids == self.mask_token_id  # (B, T), one [MASK] per row
+        if not bool((at_mask.sum(1) == 1).all()):
+            raise ValueError("every input of a prompt classifier holds its template's [MASK] exactly once")
+        h = self.predictions.transform(sequence_output[at_mask])  # (B, H)
+        words = self.label_word_ids
+        return h @ self.predictions.decoder.weight[words].T + self.predictions.bias[words]  # (B, num_labels)
+
+
 class BertForTokenClassification(BertTaskModel):
     """Per-token classifier (e.g. NER tags)."""
 

@@ -13,7 +13,8 @@ from pipeline.schema import PretrainConfig, override_block
 
 Objective = StrEnum("Objective", {name: name for name in PRETRAINING_OBJECTIVES}, module=__name__)
 BERT_POOLINGS = ("cls", "mean")  # the sentence vector: pooled [CLS] state, or mean of the final states
-Pooling = StrEnum("Pooling", {name: name for name in BERT_POOLINGS}, module=__name__)
+# and for fine-tuning, "prompt": the masked-LM head's scores of the task's label words in its template
+Pooling = StrEnum("Pooling", {name: name for name in (*BERT_POOLINGS, "prompt")}, module=__name__)
 Packing = StrEnum("Packing", {name: name for name in PACKINGS}, module=__name__)
 # pretrain.init_embeddings: where the word embeddings start, random (the model's initialiser) or word2vec (the
 # bert_piece_vectors stage)
@@ -111,7 +112,9 @@ class BertFinetuneConfig:
     # What a sentence (pair) classifier reads: cls = BERT's pooled [CLS] state; mean = the mean of the final token
     # states (Sentence-BERT's pooling), which masked-LM pretraining trains directly, while [CLS] and the pooler are
     # trained only by NSP, which stays at its majority rate in make run's budget. With dropout 0.1, mean lifted both
-    # rows with 1,000 labels on the selection split (docs/pretraining_recipes.md)
+    # rows with 1,000 labels on the selection split (docs/pretraining_recipes.md); prompt = no new head: the masked-LM
+    # head's scores of the task's label words at the [MASK] of its template (PET, LM-BFF; the task YAML's
+    # prompt_template and prompt_label_words), for single-sentence classification
     pooling: Pooling = Pooling.mean
     # The fine-tuned BERT's dropout; null keeps the encoder's. The BERT pretraining recipe has none (Cramming: every
     # token is seen about once), but a few thousand labelled sentences are seen for epochs: BERT fine-tunes at 0.1

@@ -9,6 +9,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 
+from data_prep.corpus.tokenizer import encode_batch_ids
 from data_prep.examples.bert_examples import MASK_FRACTION, RANDOM_FRACTION
 from models import IGNORE_INDEX
 from pipeline.engine.loaders import ArrowRows
@@ -180,6 +181,37 @@ class EncodedTask(Dataset):
     def __getitem__(self, index: int) -> dict:
         ids, types = self.rows[index]
         return {"input_ids": ids, "token_type_ids": types, "label": self.labels[index]}
+
+
+def prompt_ids(tokenizer, template: str, texts: list[str], max_seq_length: int) -> list[list[int]]:
+    """[CLS] template-with-text [SEP] as ids, for prompt-based classification (models.bert.BertForPromptClassification):
+    `template` holds `{text}` and `[MASK]` once each ("a [MASK] film . {text}"). The text is cut to what the template
+    leaves of max_seq_length, so the [MASK] and its context are always there."""
+    if template.count("{text}") != 1 or template.count("[MASK]") != 1:
+        raise ValueError(f"prompt template {template!r} must hold {{text}} and [MASK] once each")
+    mask, cls, sep = (tokenizer.token_to_id(token) for token in ("[MASK]", "[CLS]", "[SEP]"))
+
+    def fragment(text: str) -> list[int]:  # a side of {text}, its [MASK] as the mask id
+        pieces = [encode_batch_ids(tokenizer, [chunk])[0] if chunk.strip() else [] for chunk in text.split("[MASK]")]
+        return [*pieces[0], mask, *pieces[1]] if len(pieces) == 2 else pieces[0]
+
+    # The template's words are encoded apart from the text: BERT's pre-tokenizer splits at spaces and punctuation, so
+    # no piece crosses the boundary and the ids are those of the joined text.
+    before, after = (fragment(side) for side in template.split("{text}"))
+    room = max_seq_length - 2 - len(before) - len(after)
+    if room < 1:
+        raise ValueError(f"prompt template {template!r} leaves no room for the text in max_seq_length="
+                         f"{max_seq_length} pieces; raise finetune.max_seq_length")
+    return [[cls, *before, *ids[:room], *after, sep] for ids in encode_batch_ids(tokenizer, texts)]
+
+
+class EncodedPromptTask(EncodedTask):
+    """A single-sentence split in a prompt template (prompt_ids), for BertForPromptClassification."""
+
+    def __init__(self, tokenizer, template: str, texts: list[str], labels: list[int], max_seq_length: int):
+        self.rows = [(np.asarray(ids, dtype=np.int64), np.zeros(len(ids), dtype=np.int64))
+                     for ids in prompt_ids(tokenizer, template, texts, max_seq_length)]
+        self.labels = labels
 
 
 def pad_classification_batch(rows: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:

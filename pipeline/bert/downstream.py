@@ -11,19 +11,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
+from safetensors.torch import load_file
 from torch import nn
 
-from data_prep.corpus.tokenizer import checkpoint_tokenizer, load_tokenizer
+from data_prep.corpus.tokenizer import checkpoint_tokenizer, encode_batch_ids, load_tokenizer
 from data_prep.tasks.conll import encode_tagged_sentences
 from data_prep.tasks.squad import read_squad, squad_features
 from models.bert import (
+    BertForPromptClassification,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
     load_pretrained,
 )
-from pipeline.bert.data import EncodedTask, pad_classification_batch
-from pipeline.bert.pretrain import encoder_stage
+from pipeline.bert.data import EncodedPromptTask, EncodedTask, pad_classification_batch
+from pipeline.bert.pretrain import HEADS_FILE, encoder_stage
 from pipeline.downstream.modules import (
     ClassificationModule,
     QuestionAnsweringModule,
@@ -65,7 +67,18 @@ class BertTaskModels:
         model = data.make_model(config)
         if self.pretrained:
             model.encoder.load_state_dict(encoder.state_dict())
+            if isinstance(model, BertForPromptClassification):
+                model.load_prediction_head(load_file(str(self._heads_file())))
         return model
+
+    def _heads_file(self) -> Path:
+        """The masked-LM head beside a pretraining stage's encoder (or snapshot's): what a prompt classifier reads."""
+        heads = self.encoder_dir.parent / HEADS_FILE
+        if not heads.is_file():
+            raise FileNotFoundError(f"finetune.pooling=prompt reads the masked-LM head of the encoder's pretraining, "
+                                    f"and {self.encoder_dir} has none beside it ({heads}); fine-tune this encoder "
+                                    "with finetune.pooling=mean or cls")
+        return heads
 
 
 def _this_run(pretrained: bool):
@@ -101,12 +114,40 @@ FINETUNE_KINDS = {"bert": FinetuneKind(_this_run_stages, _this_run(pretrained=Tr
                   "bert_external": FinetuneKind(lambda cfg: (), _external, fingerprint=_external_files)}
 
 
+def prompt_of(task: DictConfig, tok) -> tuple[str, list[int]]:
+    """A task's prompt (its YAML's prompt_template, e.g. "a [MASK] film . {text}", and prompt_label_words, one per
+    label in the order of `labels`) and the label words' ids, each one piece of the tokenizer's vocabulary."""
+    if task.get("text_b"):
+        raise ValueError(f"task {task.name}: finetune.pooling=prompt classifies single sentences, and this task has "
+                         "sentence pairs; use finetune.pooling=mean or cls")
+    words = list(task.get("prompt_label_words") or [])
+    if task.labels is None or not task.get("prompt_template") or len(words) != len(task.labels):
+        raise ValueError(f"task {task.name}: finetune.pooling=prompt needs prompt_template (with {{text}} and [MASK]) "
+                         f"and prompt_label_words, one word per label of {list(task.labels or [])}, in its YAML "
+                         "(tasks/rotten_tomatoes.yaml has both)")
+    ids = encode_batch_ids(tok, words)
+    unk = tok.token_to_id("[UNK]")
+    split = [word for word, word_ids in zip(words, ids) if len(word_ids) != 1 or word_ids[0] == unk]
+    if split:
+        raise ValueError(f"task {task.name}: prompt_label_words {split} are not one piece of the tokenizer's "
+                         "vocabulary, so the [MASK] has no single score for them; choose words that are")
+    return str(task.prompt_template), [word_ids[0] for word_ids in ids]
+
+
 def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, max_train_examples: int | None,
                    seed: int, selection_fraction: float | None = None, pooling: str = "cls") -> TaskData:
     """Read and encode one task, dispatching on its `format` (tsv | conll | squad) and label type; sentence
-    (pair) tasks classify from `pooling` ("cls" or "mean", models.bert.BertForSequenceClassification)."""
+    (pair) tasks classify from `pooling` ("cls" or "mean", models.bert.BertForSequenceClassification; "prompt", the
+    masked-LM head in the task's template, BertForPromptClassification)."""
     if task.format == "tsv":
         train, dev, majority_scores = tsv_splits(task, data_dir, max_train_examples, seed, selection_fraction)
+        if pooling == "prompt":
+            template, word_ids = prompt_of(task, tok)
+            sets = [EncodedPromptTask(tok, template, s.texts_a, s.labels, max_seq_length) for s in (train, dev)]
+            return TaskData(*sets, pad_classification_batch,
+                            lambda c: BertForPromptClassification(c, word_ids, tok.token_to_id("[MASK]")),
+                            partial(ClassificationModule, metric=task.metric), majority_scores, train.labels,
+                            [len(ids) for ids, _ in sets[0].rows])
         sets = [EncodedTask(tok, s.texts_a, s.texts_b, s.labels, max_seq_length) for s in (train, dev)]
         lengths = [len(ids) for ids, _ in sets[0].rows]
         if task.labels is None:  # regression (STS-B): one output, mean squared error

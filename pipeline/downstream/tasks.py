@@ -80,9 +80,10 @@ def resolve_task_dir(task: DictConfig, data_dir: str | None, cache_dir: str) -> 
                      f"with {task.train_file} and {task.dev_file}")
 
 
-# Keys of a task's YAML that say how its outputs are scored or written, not which texts it holds: what reads only
-# the texts (prepare's decontamination) leaves them out of its key, so a new beam width reruns fine-tuning alone
-SCORING_KEYS = ("metric", "num_beams", "length_penalty", "no_repeat_ngram_size", "max_target_tokens")
+# Keys of a task's YAML that say how its outputs are scored, prompted or written, not which texts it holds: what reads
+# only the texts (prepare's decontamination) leaves them out of its key, so a new beam width reruns fine-tuning alone
+SCORING_KEYS = ("metric", "num_beams", "length_penalty", "no_repeat_ngram_size", "max_target_tokens",
+                "prompt_template", "prompt_label_words")
 
 
 def task_data_fingerprint(task: DictConfig, data_dir: str | None, cache_dir: str, texts_only: bool = False) -> str:
