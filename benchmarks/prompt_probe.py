@@ -37,14 +37,15 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data_prep.corpus.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID, encode_batch_ids, load_tokenizer  # noqa: E402
+from data_prep.corpus.tokenizer import MASK_ID, PAD_ID, UNK_ID, encode_batch_ids, load_tokenizer  # noqa: E402
 from models.bert import BertForPreTraining, load_pretrained  # noqa: E402
 from models.checkpoint import random_twin  # noqa: E402
+from pipeline.bert.data import prompt_ids  # noqa: E402
 from pipeline.bert.pretrain import HEADS_FILE  # noqa: E402
 from pipeline.downstream.task_data import split_off  # noqa: E402
 from pipeline.downstream.tasks import TaskSplit, load_task, read_split  # noqa: E402
 
-TEMPLATES = ("{s} it was [MASK] .", "{s} it is [MASK] .", "a [MASK] film . {s}", "{s} a [MASK] film .")
+TEMPLATES = ("{text} it was [MASK] .", "{text} it is [MASK] .", "a [MASK] film . {text}", "{text} a [MASK] film .")
 CANDIDATES = ("good", "bad", "great", "terrible", "best", "worst", "fine", "poor", "love", "hate", "dull", "awful")
 MAX_LENGTH = 64
 SELECTION_FRACTION = 0.1  # the fraction the recipe runs select on (finetune.selection_fraction=0.1)
@@ -82,29 +83,6 @@ def label_words(tokenizer, candidates=CANDIDATES) -> tuple[dict[str, int], list[
         else:
             dropped.append(word)
     return kept, dropped
-
-
-def _fragment_ids(tokenizer, text: str) -> list[int]:
-    """A template's text on one side of {s}, its [MASK] as MASK_ID."""
-    ids = []
-    for k, chunk in enumerate(text.split("[MASK]")):
-        if k:
-            ids.append(MASK_ID)
-        if chunk.strip():
-            ids += encode_batch_ids(tokenizer, [chunk])[0]
-    return ids
-
-
-def template_ids(tokenizer, template: str, sentences: list[str], max_length: int = MAX_LENGTH) -> list[list[int]]:
-    """[CLS] template-with-sentence [SEP] as ids. The sentence is cut to what the template leaves of `max_length`, so
-    the [MASK] and its context are always there."""
-    if template.count("{s}") != 1 or template.count("[MASK]") != 1:
-        raise ValueError(f"template {template!r} must hold {{s}} and [MASK] once each")
-    # The template's words are encoded apart from the sentence: BERT's pre-tokenizer splits at spaces and
-    # punctuation, so no piece crosses the boundary and the ids are those of the joined text.
-    before, after = (_fragment_ids(tokenizer, text) for text in template.split("{s}"))
-    room = max_length - 2 - len(before) - len(after)
-    return [[CLS_ID, *before, *ids[:room], *after, SEP_ID] for ids in encode_batch_ids(tokenizer, sentences)]
 
 
 def load_pretraining_model(pretrain_dir: Path) -> BertForPreTraining:
@@ -165,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
     # torch.manual_seed. The fine-tune stage's random_init has no MLM head (a classifier built under seed_everything);
     # at the same seed its encoder is this twin's but for the word embeddings, which the tied MLM decoder redraws.
     encoders = {"pretrained": pretrained, "random init": random_twin(pretrained, a.random_seed).eval()}
-    sequences = {template: template_ids(tokenizer, template, split.texts_a) for template in TEMPLATES}
+    sequences = {template: prompt_ids(tokenizer, template, split.texts_a, MAX_LENGTH) for template in TEMPLATES}
 
     results = {}
     for name, model in encoders.items():

@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 from data_prep.corpus.tokenizer import CLS_ID, MASK_ID, SEP_ID, train_wordpiece
 from models.bert import BertForPreTraining, bert_config, save_pretrained
 from pipeline import CONF_DIR
+from pipeline.bert.data import prompt_ids
 from pipeline.bert.pretrain import HEADS_FILE
 from pipeline.config import Config
 from pipeline.downstream.task_data import tsv_splits
@@ -71,18 +72,18 @@ def tokenizer(tmp_path_factory):
 def test_templates_keep_their_mask_when_the_sentence_is_cut(probe, tokenizer):
     sentences = ["the captain found the ship good", " ".join(["the old man found the river"] * 20)]
     for template in probe.TEMPLATES:
-        short, long = probe.template_ids(tokenizer, template, sentences, max_length=24)
+        short, long = prompt_ids(tokenizer, template, sentences, max_seq_length=24)
         for ids in (short, long):
             assert ids[0] == CLS_ID and ids[-1] == SEP_ID and ids.count(MASK_ID) == 1
         assert len(long) == 24 and len(short) < 24
         # the template's own pieces are the same in both: only the sentence was cut
         template_pieces = len(short) - 2 - len(tokenizer.encode(sentences[0], add_special_tokens=False).ids)
-        if template.startswith("{s}"):
+        if template.startswith("{text}"):
             assert long[-template_pieces - 1:] == short[-template_pieces - 1:]
         else:
             assert long[:template_pieces + 1] == short[:template_pieces + 1]
     with pytest.raises(ValueError, match="once each"):
-        probe.template_ids(tokenizer, "{s} it was good .", sentences)
+        prompt_ids(tokenizer, "{text} it was good .", sentences, max_seq_length=24)
 
 
 def test_label_words_drop_words_of_several_pieces(probe, tokenizer):
@@ -103,7 +104,7 @@ def test_one_run_on_a_tiny_pretrain_stage(probe, tokenizer, tmp_path, capsys):
     task_dir = write_sentiment_task(tmp_path / "rt", n_train=200)
 
     loaded = probe.load_pretraining_model(stage)
-    sequences = probe.template_ids(tokenizer, probe.TEMPLATES[0], probe.selection_split(task_dir, 1).texts_a)
+    sequences = prompt_ids(tokenizer, probe.TEMPLATES[0], probe.selection_split(task_dir, 1).texts_a, probe.MAX_LENGTH)
     words = [tokenizer.token_to_id(w) for w in ("good", "bad")]
     # the stage's heads as written, and padding in a batch changes no sentence's scores
     one_by_one = probe.mask_log_probs(model, sequences, words, batch_size=1)
