@@ -35,6 +35,7 @@ from pipeline.downstream.modules import (
     collate_token_classification,
 )
 from pipeline.downstream.task_data import TaskData, conll_sentences, majority_tag_scores, subsample, tsv_splits
+from pipeline.downstream.tasks import load_task, task_names
 from pipeline.engine.dag import StageContext, files_fingerprint
 from pipeline.engine.family import FinetuneKind
 
@@ -114,9 +115,9 @@ FINETUNE_KINDS = {"bert": FinetuneKind(_this_run_stages, _this_run(pretrained=Tr
                   "bert_external": FinetuneKind(lambda cfg: (), _external, fingerprint=_external_files)}
 
 
-def prompt_of(task: DictConfig, tok) -> tuple[str, list[int]]:
-    """A task's prompt (its YAML's prompt_template, e.g. "a [MASK] film . {text}", and prompt_label_words, one per
-    label in the order of `labels`) and the label words' ids, each one piece of the tokenizer's vocabulary."""
+def task_prompt(task: DictConfig) -> tuple[str, list[str]]:
+    """A task's prompt from its YAML: prompt_template (with {text} and [MASK], e.g. "a [MASK] film . {text}") and
+    prompt_label_words, one per label in the order of `labels`; refused for a task that cannot have one."""
     if task.get("text_b"):
         raise ValueError(f"task {task.name}: finetune.pooling=prompt classifies single sentences, and this task has "
                          "sentence pairs; use finetune.pooling=mean or cls")
@@ -125,13 +126,27 @@ def prompt_of(task: DictConfig, tok) -> tuple[str, list[int]]:
         raise ValueError(f"task {task.name}: finetune.pooling=prompt needs prompt_template (with {{text}} and [MASK]) "
                          f"and prompt_label_words, one word per label of {list(task.labels or [])}, in its YAML "
                          "(tasks/rotten_tomatoes.yaml has both)")
-    ids = encode_batch_ids(tok, words)
-    unk = tok.token_to_id("[UNK]")
+    return str(task.prompt_template), words
+
+
+def prompt_of(task: DictConfig, tok) -> tuple[str, list[int]]:
+    """A task's prompt template and its label words' ids, each one piece of the tokenizer's vocabulary."""
+    template, words = task_prompt(task)
+    ids, unk = encode_batch_ids(tok, words), tok.token_to_id("[UNK]")
     split = [word for word, word_ids in zip(words, ids) if len(word_ids) != 1 or word_ids[0] == unk]
     if split:
         raise ValueError(f"task {task.name}: prompt_label_words {split} are not one piece of the tokenizer's "
                          "vocabulary, so the [MASK] has no single score for them; choose words that are")
-    return str(task.prompt_template), [word_ids[0] for word_ids in ids]
+    return template, [word_ids[0] for word_ids in ids]
+
+
+def check_prompts(cfg: DictConfig, stages: list[str]) -> None:
+    """Before any stage runs: with finetune.pooling=prompt, every task the BERT rows fine-tune on has a prompt (a
+    task without one failed only in fine-tuning, after pretraining)."""
+    models = [str(m) for m in cfg.finetune.models]
+    if "finetune" in stages and str(cfg.finetune.pooling) == "prompt" and any(m in FINETUNE_KINDS for m in models):
+        for name in task_names(cfg.finetune.task):
+            task_prompt(load_task(name))
 
 
 def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, max_train_examples: int | None,

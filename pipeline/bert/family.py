@@ -1,12 +1,14 @@
 """BERT (Devlin et al. 2019): its data and two-phase pretraining stages, frozen encoders for `evaluate`, end-to-end
 fine-tuning, and the attention heat-map in the report."""
+from omegaconf import DictConfig
+
 from data_prep.corpus.tokenizer import SPECIAL_TOKENS
 from data_prep.examples.bert_examples import NUM_SPECIAL_TOKENS_IN_PAIR
 from pipeline.bert import attention
 from pipeline.bert.config import CONFIG
-from pipeline.bert.downstream import FINETUNE_KINDS
+from pipeline.bert.downstream import FINETUNE_KINDS, check_prompts
 from pipeline.bert.encoder import ENCODERS
-from pipeline.bert.pretrain import PHASES, validate
+from pipeline.bert.pretrain import PHASES, validate_pretraining
 from pipeline.bert.stages import BERT_STAGES
 from pipeline.engine.family import Family
 from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, RATE, Number
@@ -15,6 +17,13 @@ from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, RATE, Number
 # create_instances_from_document needs two); a shorter examples.max_seq_length failed in the bert_examples stage.
 MIN_PAIR_LENGTH = NUM_SPECIAL_TOKENS_IN_PAIR + 2
 PAIR_LENGTH = Number(int, MIN_PAIR_LENGTH, why="[CLS] a [SEP] b [SEP] with a token on each side")
+
+
+def validate(cfg: DictConfig, stages: list[str]) -> None:
+    """Before any stage runs: the pretraining phases of the run, and the prompts its fine-tuning reads."""
+    validate_pretraining(cfg, stages)
+    check_prompts(cfg, stages)
+
 
 FAMILY = Family("bert", stages=BERT_STAGES, pretraining_stages=tuple(p.stage for p in PHASES), encoders=ENCODERS,
                 finetune_kinds=FINETUNE_KINDS, report_upstream=attention.report_upstream,

@@ -108,7 +108,7 @@ def check_objective(settings: BertPretrainSettings, key: str, packing: str = "se
                          "examples.packing=sentence_pairs")
 
 
-def validate(cfg: DictConfig, stages: list[str]) -> None:
+def validate_pretraining(cfg: DictConfig, stages: list[str]) -> None:
     """Before any stage runs: every phase in the run (`stages`, those needed upstream included) fits the model's
     position table, has a known objective and snapshots at steps it takes; a checkpoint to continue is one."""
     if {"bert_tokenizer", PHASES[0].stage} & set(stages):

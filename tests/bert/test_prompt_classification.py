@@ -14,6 +14,8 @@ from models.bert import BertConfig, BertForPreTraining, BertForPromptClassificat
 from pipeline.bert.data import pad_classification_batch, prompt_ids
 from pipeline.bert.pretrain import HEADS_FILE
 from pipeline.downstream.tasks import load_task
+from pipeline.runner import validate
+from tests.helpers import tiny_config
 
 WORDS = "the film was good bad great awful plot actors a it fun dull long short and but not very".split()
 
@@ -102,3 +104,10 @@ def test_the_built_in_sentiment_task_has_a_prompt_whose_words_follow_its_labels(
     task = load_task("rotten_tomatoes")
     assert list(task.labels) == ["0", "1"] and list(task.prompt_label_words) == ["bad", "good"]
     assert task.prompt_template.count("[MASK]") == 1 and "{text}" in task.prompt_template
+
+
+def test_a_run_whose_task_has_no_prompt_is_refused_before_pretraining(tmp_path):
+    validate(tiny_config(tmp_path, ["finetune.pooling=prompt", "finetune.task=rotten_tomatoes"]))
+    with pytest.raises(ValueError, match="sst2: finetune.pooling=prompt needs prompt_template"):
+        validate(tiny_config(tmp_path, ["finetune.pooling=prompt", "finetune.task=sst2"]))
+    validate(tiny_config(tmp_path, ["finetune.pooling=mean", "finetune.task=sst2"]))  # the usual pooling: no prompt
