@@ -19,6 +19,7 @@ from typing import Any, Optional, get_type_hints
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.data_settings import DataConfig, PathsConfig, RayConfig
 from pipeline.downstream.finetune import FinetuneConfig
 from pipeline.downstream.word2vec import Word2VecConfig
 from pipeline.engine.distributed import DistributedConfig
@@ -26,17 +27,7 @@ from pipeline.engine.settings import did_you_mean
 from pipeline.engine.training import TrainerConfig
 from pipeline.evaluation.stage import ENCODERS
 from pipeline.families import FAMILIES
-from pipeline.schema import (
-    NULL_MEANS,
-    OPEN_BLOCKS,
-    DataConfig,
-    ModelConfig,
-    PathsConfig,
-    PretrainConfig,
-    RayConfig,
-    SentevalConfig,
-    TargetConfig,
-)
+from pipeline.schema import NULL_MEANS, OPEN_BLOCKS, ModelConfig, PretrainConfig, SentevalConfig, TargetConfig
 from pipeline.stages import STAGES
 
 StageName = StrEnum("StageName", {name: name for name in STAGES}, module=__name__)

@@ -17,11 +17,11 @@ from data_prep.corpus.dedup import NearDuplicateOptions
 from data_prep.corpus.prepare import prepare_corpus
 from data_prep.corpus.sentences import default_splitter, splitter_identity
 from data_prep.corpus.shards import MANIFEST_NAME
+from pipeline.data_settings import DataConfig, RayConfig
 from pipeline.downstream.task_data import evaluation_texts as task_evaluation_texts
 from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fingerprint, task_names
 from pipeline.engine.dag import Stage, StageContext, files_fingerprint
 from pipeline.engine.settings import typed_settings
-from pipeline.schema import DataConfig, RayConfig
 
 
 @dataclass(frozen=True)

@@ -29,13 +29,13 @@ from safetensors import safe_open
 
 from data_prep.corpus.shards import MANIFEST_NAME
 from models.hf import bert, elmo, gpt, skip_thought
+from pipeline.data_settings import DataConfig
 from pipeline.downstream.finetune import BASELINES, MODEL_KINDS, is_snapshot
 from pipeline.engine.dag import resolve_upstream
 from pipeline.engine.settings import typed_settings
 from pipeline.evaluation.stage import ENCODERS
 from pipeline.families import FAMILIES
 from pipeline.report.report import learning_lines
-from pipeline.schema import DataConfig
 from pipeline.stages import STAGES
 from pipeline.status import human_bytes, read_status
 

