@@ -110,7 +110,7 @@ def test_an_impossible_objective_is_refused_before_any_stage_runs(tmp_path):
 def test_electra_pretraining_learns_and_its_encoder_fine_tunes(tmp_path, ray_session):
     run = TinyRun(tiny_config(tmp_path, ["pretrain.objective=electra", "pretrain.next_sentence_prediction=false",
                                          "finetune.seeds=[1]"]))
-    for stage in ("prepare", "bert_tokenizer", "bert_examples"):
+    for stage in ("prepare", "bert_tokenizer", "bert_examples", "word2vec"):  # word2vec: fine-tuning's w2v_mean row
         run.run_stage(stage)
     summary = run.run_stage("bert_pretrain")
     assert summary["objective"] == "electra" and summary["final_val_nsp_acc"] is None

@@ -143,7 +143,7 @@ def test_the_card_of_a_fine_tuned_run_gives_its_results_beside_the_random_twin(e
     assert (f"| sst2 | accuracy | 160 | bert {mine['score']:.4f} | {twin['score']:.4f} | "
             f"{mine['score'] - twin['score']:+.4f} | {ahead} of 1 | majority_class "
             f"{rows['majority_class', 160]['score']:.4f} |") in body
-    assert re.search(r"python -m pipeline \+experiment=bert_tiny .*'pipeline.stages=\[pretrain,finetune\]'", body)
+    assert re.search(r"python -m pipeline \+experiment=bert_tiny .*'pipeline.stages=\[bert_pretrain,finetune\]'", body)
 
 
 def test_the_cards_of_two_final_models_of_one_family_say_which_each_is(exported):
