@@ -556,12 +556,11 @@ class BertForPromptClassification(BertTaskModel):
     def load_prediction_head(self, heads: dict[str, torch.Tensor]) -> None:
         """The masked-LM head of a pretraining checkpoint (BertPretrainingModel.heads_state_dict's tensors)."""
         prefix = "cls.predictions."
-        self.predictions.load_state_dict({k.removeprefix(prefix): v for k, v in heads.items() if k.startswith(prefix)},
-                                         strict=False)  # the decoder's weight is the (already loaded) word embeddings
-        missing = {name for name, _ in self.predictions.named_parameters() if name != "decoder.weight"} - {
-            k.removeprefix(prefix) for k in heads}
+        loaded = self.predictions.load_state_dict(
+            {k.removeprefix(prefix): v for k, v in heads.items() if k.startswith(prefix)}, strict=False)
+        missing = [name for name in loaded.missing_keys if name != "decoder.weight"]  # the tied, loaded embeddings
         if missing:
-            raise KeyError(f"the pretraining heads lack the masked-LM head's {sorted(missing)}")
+            raise KeyError(f"the pretraining heads lack the masked-LM head's {missing}")
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None):
         sequence_output, _ = self.bert(input_ids, token_type_ids, attention_mask)

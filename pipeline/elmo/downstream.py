@@ -40,7 +40,7 @@ class ElmoTaskModels:
     def encode(self, task: DictConfig, data_dir: Path, finetune: FinetuneConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
         return load_elmo_task_data(task, data_dir, (self.bilm, self.vocab), finetune.max_train_examples, seed,
-                                   selection_fraction, self.chinese_words, self.dropout)
+                                   selection_fraction, self.chinese_words, dropout=self.dropout)
 
     def build(self, data: TaskData) -> nn.Module:
         return data.make_model(None)
@@ -65,8 +65,8 @@ FINETUNE_KINDS = {"elmo": FinetuneKind(lambda cfg: ("elmo_vocab", "elmo_pretrain
 
 
 def load_elmo_task_data(task: DictConfig, data_dir: Path, bilm_and_vocab: tuple, max_train_examples: int | None,
-                        seed: int, selection_fraction: float | None = None, chinese_words: str = "jieba",
-                        dropout: float = 0.5) -> TaskData:
+                        seed: int, selection_fraction: float | None = None, chinese_words: str = "jieba", *,
+                        dropout: float) -> TaskData:
     """One task as rows of words for the frozen biLM: a tsv task's texts split as the biLM's vocabulary was
     (data_prep.examples.elmo_examples.elmo_words, Chinese by `chinese_words`), a conll task's words as they are; the
     heads are

@@ -134,7 +134,7 @@ class PretrainingTask(Protocol):
     optimizer, checks and logging, whichever loop trains it), its data, and what it writes and sums up."""
     def settings_key(self, cfg: DictConfig) -> str: ...  # the config block of the settings below, named in messages
 
-    # max_steps, grad_clip, val_every_steps, ...: typed, made from the config once where a stage begins
+    # max_steps, grad_clip, val_every_steps, ...: the schema's typed object (typed_settings, merged_settings)
     def settings(self, cfg: DictConfig) -> PretrainConfig: ...
 
     # seeded: the same weights on every rank; built with OptimizerSettings.of(task, cfg)

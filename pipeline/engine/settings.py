@@ -44,8 +44,8 @@ T = TypeVar("T")
 
 
 def typed_settings(block: DictConfig, schema: type[T]) -> T:
-    """A config block as its typed settings object, made once where a stage (its cache key, a start-up check) begins
-    and passed on from there: types and enums as `schema` declares them, attributes instead of string keys. Keys of
+    """A config block as its typed settings object, made where a stage (its cache key, a start-up check) begins and
+    passed on from there: types and enums as `schema` declares them, attributes instead of string keys. Keys of
     the block that `schema` does not declare (those a family adds to a shared block) are for their own schema."""
     names = {entry.name for entry in dataclasses.fields(schema)}
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema),
