@@ -11,7 +11,8 @@ import numpy as np
 from omegaconf import DictConfig
 
 from data_prep.corpus.prepare import manifest_summary
-from pipeline.config import check_declared_keys
+from pipeline.config import PipelineConfig, check_declared_keys
+from pipeline.data_settings import DataConfig, PathsConfig, RayConfig
 from pipeline.downstream.finetune import (
     FINETUNE,
     MODEL_KINDS,
@@ -36,6 +37,7 @@ from pipeline.engine.settings import (
     check_numbers,
     check_target_arguments,
     did_you_mean,
+    typed_settings,
 )
 from pipeline.engine.tracking import check_logger, uses_wandb
 from pipeline.engine.training import check_trainer_arguments
@@ -64,8 +66,9 @@ def validate(cfg: DictConfig) -> None:
     ranges, files, and rules across settings."""
     check_declared_keys(cfg)
     check_numbers(cfg, {**NUMBERS, **{key: n for family in FAMILIES for key, n in family.numbers.items()}})
-    if cfg.data.corpus_dir and not Path(cfg.data.corpus_dir).expanduser().is_dir():
-        raise FileNotFoundError(f"data.corpus_dir={cfg.data.corpus_dir} is not a directory; point it at a "
+    data, run = typed_settings(cfg.data, DataConfig), typed_settings(cfg.pipeline, PipelineConfig)
+    if data.corpus_dir and not Path(data.corpus_dir).expanduser().is_dir():
+        raise FileNotFoundError(f"data.corpus_dir={data.corpus_dir} is not a directory; point it at a "
                                 "directory of .txt books, or leave it null for the built-in corpus")
     check_trainer_arguments(cfg)
     check_logger(cfg)
@@ -82,8 +85,8 @@ def validate(cfg: DictConfig) -> None:
     validate_distributed(cfg)
     encoder_snapshot_steps(cfg, cfg.pretrain, "pretrain")  # every family's; BERT's phase 2 in its own validate
     stages = resolve_upstream(STAGES, cfg)
-    in_run = select_stages(stages, list(cfg.pipeline.stages), cfg.pipeline.until)
-    warn_of_an_until_outside_the_run(cfg, stages, in_run)
+    in_run = select_stages(stages, run.stages, run.until)
+    warn_of_an_until_outside_the_run(run, stages, in_run)
     for family in FAMILIES:
         family.validate(cfg, in_run)
     if FINETUNE.name in in_run:
@@ -98,11 +101,11 @@ def absolute_paths(cfg: DictConfig) -> None:
         cfg.paths[key] = str(Path(cfg.paths[key]).expanduser().absolute())
 
 
-def warn_of_an_until_outside_the_run(cfg: DictConfig, stages: dict, in_run: list[str]) -> None:
+def warn_of_an_until_outside_the_run(run: PipelineConfig, stages: dict, in_run: list[str]) -> None:
     """pipeline.until names a stage this run's stages do not include (another family's: `bert_pretrain` is BERT's, and
     `+experiment=gpt_tiny pipeline.until=bert_pretrain` ran without a word what the two share, the corpus): say so."""
-    until = cfg.pipeline.until
-    run_stages = select_stages(stages, list(cfg.pipeline.stages), None)
+    until = run.until
+    run_stages = select_stages(stages, run.stages, None)
     if not until or until in run_stages:
         return
     hint = did_you_mean(str(until), run_stages, "pipeline.until=")
@@ -110,26 +113,27 @@ def warn_of_an_until_outside_the_run(cfg: DictConfig, stages: dict, in_run: list
           f"stops at what it shares with {until}: {', '.join(in_run) or 'nothing'}. {hint}", flush=True)
 
 
-def init_ray(cfg: DictConfig) -> None:
+def init_ray(settings: RayConfig) -> None:
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    address = settings.address
     if ray.is_initialized():  # a Ray this process joined before (a notebook, a sweep's driver) is kept
         connected = ray.get_runtime_context().gcs_address
-        if cfg.ray.address and cfg.ray.address != "auto" and cfg.ray.address != connected:
-            print(f"note: ray.address={cfg.ray.address} is not used: this process is already connected to the Ray "
-                  f"cluster at {connected}, and the run uses it; call ray.shutdown() first to join "
-                  f"{cfg.ray.address}", flush=True)
+        if address and address != "auto" and address != connected:
+            print(f"note: ray.address={address} is not used: this process is already connected to the Ray "
+                  f"cluster at {connected}, and the run uses it; call ray.shutdown() first to join {address}",
+                  flush=True)
         return
-    if cfg.ray.address:  # "auto" or "ray://host:port": join an existing cluster, which owns its resources
-        ray.init(address=cfg.ray.address, log_to_driver=True)
+    if address:  # "auto" or "ray://host:port": join an existing cluster, which owns its resources
+        ray.init(address=address, log_to_driver=True)
     else:
         # Ray's raylet starts workers at nice 15 (its worker_niceness) to keep a node's daemons responsive; here the
         # stages are the job and run in those workers, so any process at the default priority took the cores from
         # them (pretraining fell from 5.4 to ~1 step/s beside one such process on 2 cores). Ray's job manager starts
         # job workers at 0 for the same reason (ray/dashboard/modules/job/job_manager.py).
         os.environ.setdefault("RAY_worker_niceness", "0")
-        ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, log_to_driver=True)
+        ray.init(num_cpus=settings.num_cpus, include_dashboard=False, log_to_driver=True)
 
 
 def finetune_objective(run_dir: Path) -> float | None:
@@ -166,9 +170,10 @@ def run_pipeline(cfg: DictConfig) -> Path:
 
     validate(cfg)
     absolute_paths(cfg)
-    run_dir = Path(cfg.paths.run_dir)
-    Path(cfg.paths.cache_dir).mkdir(parents=True, exist_ok=True)
-    if cfg.pipeline.dry_run:
+    paths = typed_settings(cfg.paths, PathsConfig)
+    run_dir = Path(paths.run_dir)
+    Path(paths.cache_dir).mkdir(parents=True, exist_ok=True)
+    if typed_settings(cfg.pipeline, PipelineConfig).dry_run:
         print(plan(cfg, STAGES).describe())
         return run_dir
     if uses_wandb(cfg):
@@ -177,7 +182,7 @@ def run_pipeline(cfg: DictConfig) -> Path:
     handlers = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)} if owns_ray else {}
     interrupted = False
     try:
-        init_ray(cfg)
+        init_ray(typed_settings(cfg.ray, RayConfig))
         if owns_ray:
             signal.signal(signal.SIGTERM, _interrupt)  # ray.init installs its own, which exits on the spot
         results = run_dag(cfg, STAGES, run_dir)

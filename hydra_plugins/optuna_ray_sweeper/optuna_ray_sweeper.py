@@ -194,6 +194,8 @@ class OptunaRaySweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> None:
         import ray
 
+        from pipeline.data_settings import RayConfig
+        from pipeline.engine.settings import typed_settings
         from pipeline.runner import init_ray
 
         swept = [o.input_line for o in OverridesParser.create().parse_overrides(arguments) if o.is_sweep_override()]
@@ -211,7 +213,7 @@ class OptunaRaySweeper(Sweeper):
         study = self._study()
         singleton_state = Singleton.get_state()
         owns_ray = not ray.is_initialized()  # else Ray was started by whoever called Hydra, and stays up
-        init_ray(self.config)
+        init_ray(typed_settings(self.config.ray, RayConfig))
         concurrency = min(self._concurrency(), self.n_trials)
         log.info(f"Optuna ({self.sampler.value}) over {list(self.space)}: {self.n_trials} trials, "
                  f"{concurrency} at a time, as Ray tasks")

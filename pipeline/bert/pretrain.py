@@ -33,11 +33,12 @@ from models.bert import (
     save_pretrained,
 )
 from models.hf.bert import hf_incompatibility, to_hf
-from pipeline.bert.config import BertPretrainSettings
+from pipeline.bert.config import BertPretrainSettings, ExamplesConfig, TokenizerConfig
 from pipeline.bert.data import BertPretrainingCollator, MaskedBatches, PretrainingInstances
 from pipeline.bert.data_stages import PIECE_VECTORS_FILE
 from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import BertPretrainModule
+from pipeline.data_settings import PathsConfig
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext, files_fingerprint
 from pipeline.engine.loaders import held_out_split, seeded_train_loader
@@ -49,6 +50,7 @@ from pipeline.engine.pretraining import (
     instantiate_model,
     merged_settings,
 )
+from pipeline.engine.settings import typed_settings
 
 # The MLM and NSP heads, beside encoder/: what a later phase needs, besides the encoder, to continue pretraining.
 HEADS_FILE = "pretraining_heads.safetensors"
@@ -111,13 +113,14 @@ def check_objective(settings: BertPretrainSettings, key: str, packing: str = "se
 def validate_pretraining(cfg: DictConfig, stages: list[str]) -> None:
     """Before any stage runs: every phase in the run (`stages`, those needed upstream included) fits the model's
     position table, has a known objective and snapshots at steps it takes; a checkpoint to continue is one."""
+    examples = typed_settings(cfg.examples, ExamplesConfig)
     if {"bert_tokenizer", PHASES[0].stage} & set(stages):
-        check_init_from(cfg)
+        check_init_from(PHASES[0].settings(cfg), examples.max_seq_length)
     for phase in PHASES:
         if {phase.stage, phase.examples} & set(stages):
             phase.max_seq_length(cfg)
             settings, key = phase.settings(cfg), phase.config_blocks[-1]
-            check_objective(settings, key, cfg.examples.packing)
+            check_objective(settings, key, examples.packing)
             encoder_snapshot_steps(cfg, settings, key)
 
 
@@ -179,29 +182,30 @@ def _build_model(cfg: DictConfig, settings: BertPretrainSettings, vocab_size: in
 
 def init_from_fingerprint(cfg: DictConfig) -> str:
     """The files of pretrain.init_from's checkpoint (weights, config, tokenizer), by content."""
-    if not cfg.pretrain.init_from:
+    init_from = PHASES[0].settings(cfg).init_from
+    if not init_from:
         return ""
-    return files_fingerprint(Path(cfg.pretrain.init_from).expanduser(), "*", cfg.paths.cache_dir)
+    return files_fingerprint(Path(init_from).expanduser(), "*", typed_settings(cfg.paths, PathsConfig).cache_dir)
 
 
-def check_init_from(cfg: DictConfig) -> None:
-    """pretrain.init_from names a HuggingFace BERT directory this pipeline can continue."""
-    if not cfg.pretrain.init_from:
+def check_init_from(settings: BertPretrainSettings, max_seq_length: int) -> None:
+    """pretrain.init_from names a HuggingFace BERT directory this pipeline can continue at phase 1's
+    `max_seq_length`."""
+    if not settings.init_from:
         return
-    start = Path(cfg.pretrain.init_from).expanduser()
-    config = start / "config.json"
+    config = Path(settings.init_from).expanduser() / "config.json"
     if not config.is_file():
-        raise FileNotFoundError(f"pretrain.init_from={cfg.pretrain.init_from} has no config.json; point it at a "
+        raise FileNotFoundError(f"pretrain.init_from={settings.init_from} has no config.json; point it at a "
                                 "HuggingFace BERT directory (config.json, model.safetensors, tokenizer files)")
     hf = json.loads(config.read_text())
     if hf.get("model_type") != "bert":
-        raise ValueError(f"pretrain.init_from={cfg.pretrain.init_from} holds a {hf.get('model_type')!r} model; "
+        raise ValueError(f"pretrain.init_from={settings.init_from} holds a {hf.get('model_type')!r} model; "
                          "continued pretraining starts from a BERT (model_type bert)")
     config_from_hf(hf)  # an architecture our BertModel has, or the reason it has not
-    if cfg.pretrain.objective == "electra":
+    if settings.objective == "electra":
         raise ValueError("pretrain.init_from continues a masked-LM checkpoint; set pretrain.objective=mlm")
-    if cfg.examples.max_seq_length > hf["max_position_embeddings"]:
-        raise ValueError(f"examples.max_seq_length={cfg.examples.max_seq_length} is longer than the positions of "
+    if max_seq_length > hf["max_position_embeddings"]:
+        raise ValueError(f"examples.max_seq_length={max_seq_length} is longer than the positions of "
                          f"pretrain.init_from's model ({hf['max_position_embeddings']}); lower it")
 
 
@@ -231,7 +235,7 @@ class BertPretraining:
     def settings(self, cfg: DictConfig) -> BertPretrainSettings:
         self.phase.max_seq_length(cfg)  # too long for the position table: fail now, not at the first batch
         settings = self.phase.settings(cfg)
-        check_objective(settings, self.settings_key(cfg), cfg.examples.packing)
+        check_objective(settings, self.settings_key(cfg), typed_settings(cfg.examples, ExamplesConfig).packing)
         return settings
 
     def build_module(self, ctx: StageContext) -> BertPretrainModule:
@@ -302,7 +306,8 @@ class BertPretraining:
                   f"trust_remote_code=True): {hf_incompatibility(model.config)}", flush=True)
         # the length trained at, not the position table's: phase 1 of bert_base never trains positions past 128
         save_hf_tokenizer(load_tokenizer(ctx.stage_dir("bert_tokenizer")), ctx.out_dir / HF_DIR,
-                          lowercase=ctx.cfg.tokenizer.lowercase, model_max_length=self.phase.max_seq_length(ctx.cfg))
+                          lowercase=typed_settings(ctx.cfg.tokenizer, TokenizerConfig).lowercase,
+                          model_max_length=self.phase.max_seq_length(ctx.cfg))
 
     def summary(self, module: BertPretrainModule, data: BertData, run: TrainingRun) -> dict:
         history = run.history

@@ -65,6 +65,7 @@ from pipeline.engine.training import (
     PROGRESS_EVERY_N_STEPS,
     RELEASE_EVERY_N_BATCHES,
     LossHistory,
+    TrainerConfig,
     compile_network,
     keep_freed_memory_for_reuse,
     make_trainer,
@@ -560,7 +561,7 @@ def _deepspeed_cpu_worker(config: dict) -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     module = task.build_module(ctx)
     use_dense_gradients(module, DEEPSPEED_DENSE)
-    if ctx.cfg.trainer.compile:  # no Trainer here to run CompileNetwork
+    if typed_settings(ctx.cfg.trainer, TrainerConfig).compile:  # no Trainer here to run CompileNetwork
         compile_network(module)
     data = task.data(ctx, module, rank, world_size)
     optimization = module.configure_optimizers()

@@ -26,7 +26,7 @@ from lightning.pytorch.loggers import CSVLogger
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from pipeline.engine.dag import StageContext
-from pipeline.engine.settings import check_target_arguments
+from pipeline.engine.settings import check_target_arguments, typed_settings
 from pipeline.engine.tracking import uses_wandb
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
@@ -183,9 +183,10 @@ def make_trainer(ctx: StageContext, callbacks: list, prefix: str = "", one_proce
     # _partial_: the config's arguments are instantiated (a `profiler: {_target_: ...}` too), the objects below are
     # handed over as they are
     build = hydra.utils.instantiate(trainer_arguments(ctx.cfg), _partial_=True)
-    if ctx.cfg.trainer.compile:
+    trainer = typed_settings(ctx.cfg.trainer, TrainerConfig)
+    if trainer.compile:
         callbacks = [CompileNetwork(), *callbacks]
-    return build(precision=resolve_precision(str(ctx.cfg.trainer.precision)), logger=make_logger(ctx, prefix),
+    return build(precision=resolve_precision(str(trainer.precision)), logger=make_logger(ctx, prefix),
                  callbacks=[ProgressLog(f"{ctx.name} {prefix}".strip()), ReleaseFreedMemory(), *callbacks],
                  enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
                  default_root_dir=str(ctx.out_dir), **kwargs)

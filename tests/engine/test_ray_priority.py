@@ -11,9 +11,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import os, ray
-from omegaconf import OmegaConf
+from pipeline.data_settings import RayConfig
 from pipeline.runner import init_ray
-init_ray(OmegaConf.create({"ray": {"address": None, "num_cpus": 1}}))
+init_ray(RayConfig(address=None, num_cpus=1))
 print(os.nice(0), ray.get(ray.remote(lambda: os.nice(0)).remote()))
 ray.shutdown()
 """
@@ -30,15 +30,15 @@ def test_stage_tasks_run_at_the_driver_priority():
 
 def test_a_run_that_keeps_the_processs_ray_names_the_address_it_does_not_join(ray_session, capsys):
     import ray
-    from omegaconf import OmegaConf
 
+    from pipeline.data_settings import RayConfig
     from pipeline.runner import init_ray
 
     connected = ray.get_runtime_context().gcs_address
-    init_ray(OmegaConf.create({"ray": {"address": "192.0.2.9:6379", "num_cpus": 1}}))
+    init_ray(RayConfig(address="192.0.2.9:6379", num_cpus=1))
     out = capsys.readouterr().out
     assert "ray.address=192.0.2.9:6379 is not used" in out and connected in out and "ray.shutdown()" in out
     assert ray.get_runtime_context().gcs_address == connected  # still the same Ray
     for same_or_none in (None, "auto", connected):
-        init_ray(OmegaConf.create({"ray": {"address": same_or_none, "num_cpus": 1}}))
+        init_ray(RayConfig(address=same_or_none, num_cpus=1))
         assert capsys.readouterr().out == ""
