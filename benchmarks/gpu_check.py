@@ -601,8 +601,9 @@ def bare_step(ctx: PhaseContext, cfg_trainer: list[str]) -> dict:
     inputs = harness_inputs(ctx, cfg)
     stage_ctx = StageContext(plain_config(cfg), "bert_pretrain", run_dir, inputs)
     task = PRETRAINING["bert_pretrain"]
-    module = task.build_module(stage_ctx).to(ctx.device).train()
-    data = task.data(stage_ctx, module, 0, 1)
+    settings = task.settings(stage_ctx.cfg)
+    module = task.build_module(stage_ctx, settings).to(ctx.device).train()
+    data = task.data(stage_ctx, module, settings, 0, 1)
     batch = {k: v.to(ctx.device) for k, v in next(iter(data.train_loader)).items()}
     optimization = module.configure_optimizers()
     optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]

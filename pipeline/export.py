@@ -35,9 +35,9 @@ from pipeline.engine.dag import resolve_upstream
 from pipeline.engine.settings import typed_settings
 from pipeline.evaluation.stage import ENCODERS
 from pipeline.families import FAMILIES
-from pipeline.report.report import learning_lines
+from pipeline.report.report import corpus_lines, learning_lines
 from pipeline.stages import STAGES
-from pipeline.status import human_bytes, read_status
+from pipeline.status import read_status
 
 HF_DIR = "hf"  # what every family's pretraining stage writes its model into
 CARD = "README.md"
@@ -196,21 +196,7 @@ def _data_lines(run_dir: Path, data: DataConfig) -> list[str]:
     lines = ["## Training data", ""]
     if manifest is None:
         return lines + [f"{name}; its prepared manifest is not in the run directory.", ""]
-    t = manifest["totals"]
-    lines += [f"{name}: {t['files_kept']:,} of its {t['files_read']:,} documents kept ({t['files_duplicate']:,} exact "
-              f"and {t['files_near_duplicate']:,} near duplicates dropped, {t['files_rejected']:,} rejected), "
-              f"{t['sentences']:,} sentences, {human_bytes(t['input_bytes'])} of text read.", ""]
-    decontamination = manifest.get("decontamination")
-    if decontamination is None:
-        lines += ["Not decontaminated (data.decontaminate=false): the evaluation text may overlap it.", ""]
-    else:
-        removed = decontamination["sentences_removed_by_source"]
-        by_source = "; ".join(f"{source}: {n:,}" for source, n in removed.items()) if len(removed) > 1 else ""
-        sources = ", ".join(decontamination["sources"]) or "none"
-        lines += [f"Decontaminated against the run's evaluation text ({sources}): "
-                  f"{decontamination['sentences_removed']:,} sentences removed, the same sentence normalised or a "
-                  f"shared {decontamination['ngram']}-gram" + (f" ({by_source})" if by_source else "") + ".", ""]
-    return lines
+    return lines + corpus_lines(manifest, name)
 
 
 def _pretraining_lines(summary: dict) -> list[str]:

@@ -124,10 +124,9 @@ def validate_pretraining(cfg: DictConfig, stages: list[str]) -> None:
             encoder_snapshot_steps(cfg, settings, key)
 
 
-def starts_from_piece_vectors(phase: Phase, cfg: DictConfig) -> bool:
-    """pretrain.init_embeddings=word2vec, in a phase that starts from scratch: phase 2 starts from phase 1's weights,
-    and pretrain.init_from from a checkpoint's, embeddings included."""
-    settings = phase.settings(cfg)
+def starts_from_piece_vectors(phase: Phase, settings: BertPretrainSettings) -> bool:
+    """pretrain.init_embeddings=word2vec (in the phase's `settings`), in a phase that starts from scratch: phase 2
+    starts from phase 1's weights, and pretrain.init_from from a checkpoint's, embeddings included."""
     return not phase.init_from and not settings.init_from and settings.init_embeddings == "word2vec"
 
 
@@ -137,7 +136,7 @@ def pretraining_upstream(phase: Phase, cfg: DictConfig) -> tuple[str, ...]:
     upstream = ["bert_tokenizer", phase.examples]
     if phase.init_from:
         upstream.append(phase.init_from)
-    elif starts_from_piece_vectors(phase, cfg):
+    elif starts_from_piece_vectors(phase, phase.settings(cfg)):
         upstream.append("bert_piece_vectors")
     return tuple(upstream)
 
@@ -238,13 +237,12 @@ class BertPretraining:
         check_objective(settings, self.settings_key(cfg), typed_settings(cfg.examples, ExamplesConfig).packing)
         return settings
 
-    def build_module(self, ctx: StageContext) -> BertPretrainModule:
-        p = self.settings(ctx.cfg)
+    def build_module(self, ctx: StageContext, p: BertPretrainSettings) -> BertPretrainModule:
         vocab_size = load_tokenizer(ctx.stage_dir("bert_tokenizer")).get_vocab_size()
         model = _build_model(ctx.cfg, p, vocab_size)
         if self.phase.init_from:  # a resumed run then loads its own checkpoint over these
             _continue_from(model, ctx.stage_dir(self.phase.init_from))
-        elif starts_from_piece_vectors(self.phase, ctx.cfg):
+        elif starts_from_piece_vectors(self.phase, p):
             start_word_embeddings(model.bert.embeddings.word_embeddings,
                                   np.load(ctx.stage_dir("bert_piece_vectors") / PIECE_VECTORS_FILE))
         # Kept as they start (Sentence-level transfer with frozen word2vec input layers, Kim 2014's "static" model):
@@ -252,13 +250,13 @@ class BertPretraining:
         # sentiment word2vec placed in them is lost (docs/pretraining_recipes.md)
         model.bert.embeddings.word_embeddings.weight.requires_grad_(not p.freeze_embeddings)
         # plain Python values: a checkpoint's hyperparameters must load with torch.load(weights_only=True)
-        return BertPretrainModule(model, OptimizerSettings.of(self, ctx.cfg),
+        return BertPretrainModule(model, OptimizerSettings.of(p, self.settings_key(ctx.cfg)),
                                   next_sentence_prediction=bool(p.next_sentence_prediction), objective=str(p.objective),
                                   discriminator_weight=float(p.electra.discriminator_weight))
 
-    def data(self, ctx: StageContext, module: BertPretrainModule, rank: int, world_size: int) -> BertData:
+    def data(self, ctx: StageContext, module: BertPretrainModule, p: BertPretrainSettings, rank: int,
+             world_size: int) -> BertData:
         cfg, phase = ctx.cfg, self.phase
-        p = self.settings(cfg)
         tok = load_tokenizer(ctx.stage_dir("bert_tokenizer"))
         vocab_size = tok.get_vocab_size()
         dataset = PretrainingInstances([read_arrow(f) for f in sorted(ctx.stage_dir(phase.examples).glob("*.arrow"))])

@@ -32,12 +32,13 @@ class ElmoPretraining:
     def settings(self, cfg: DictConfig) -> PretrainConfig:
         return typed_settings(cfg.pretrain, PretrainConfig)
 
-    def build_module(self, ctx: StageContext) -> ElmoPretrainModule:
+    def build_module(self, ctx: StageContext, settings: PretrainConfig) -> ElmoPretrainModule:
         model = instantiate_model(ctx.cfg,
                                   vocab_size=len(read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt")))
-        return ElmoPretrainModule(model, OptimizerSettings.of(self, ctx.cfg))
+        return ElmoPretrainModule(model, OptimizerSettings.of(settings, self.settings_key(ctx.cfg)))
 
-    def data(self, ctx: StageContext, module: ElmoPretrainModule, rank: int, world_size: int) -> PretrainingData:
+    def data(self, ctx: StageContext, module: ElmoPretrainModule, settings: PretrainConfig, rank: int,
+             world_size: int) -> PretrainingData:
         e = ctx.cfg.elmo
         vocab = read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt")
         train, heldout = build_elmo_datasets(sorted(ctx.stage_dir("elmo_streams").glob("streams-*.arrow")), vocab,

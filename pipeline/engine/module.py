@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import lightning as L
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
 from pipeline.engine.optim import (
@@ -27,6 +27,9 @@ from pipeline.engine.optim import (
     sparse_gradient_parameters,
     use_dense_gradients,
 )
+
+if TYPE_CHECKING:
+    from pipeline.schema import PretrainConfig
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -65,9 +68,8 @@ class OptimizerSettings:
             raise ValueError(f"{self.block}.lr_decay={self.lr_decay!r} is not known; use one of {list(LR_DECAYS)}")
 
     @classmethod
-    def of(cls, task, cfg: DictConfig) -> "OptimizerSettings":
-        """Those of a PretrainingTask (pipeline/engine/pretraining.py) in the run `cfg`: its `settings` block."""
-        block, s = task.settings_key(cfg), task.settings(cfg)
+    def of(cls, s: PretrainConfig, block: str) -> "OptimizerSettings":
+        """Those of a PretrainingTask's settings (pipeline/engine/pretraining.py), whose block `block` names."""
         return cls(block=block, optimizer=str(s.optimizer), lr=float(s.lr), weight_decay=float(s.weight_decay),
                    betas=(float(s.betas[0]), float(s.betas[1])), warmup_steps=int(s.warmup_steps),
                    max_steps=int(s.max_steps), lr_decay=str(s.lr_decay))

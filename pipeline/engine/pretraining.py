@@ -138,10 +138,12 @@ class PretrainingTask(Protocol):
     # max_steps, grad_clip, val_every_steps, ...: the schema's typed object (typed_settings, merged_settings)
     def settings(self, cfg: DictConfig) -> PretrainConfig: ...
 
-    # seeded: the same weights on every rank; built with OptimizerSettings.of(task, cfg)
-    def build_module(self, ctx: StageContext) -> PretrainModule: ...
+    # The hooks below get `settings`, what `settings` above gave once where the stage (or a Ray Train worker) began.
+    # seeded: the same weights on every rank; built with OptimizerSettings.of(settings, settings_key)
+    def build_module(self, ctx: StageContext, settings: PretrainConfig) -> PretrainModule: ...
 
-    def data(self, ctx: StageContext, module: PretrainModule, rank: int, world_size: int) -> PretrainingData: ...
+    def data(self, ctx: StageContext, module: PretrainModule, settings: PretrainConfig, rank: int,
+             world_size: int) -> PretrainingData: ...
 
     def write(self, ctx: StageContext, module: PretrainModule) -> None: ...  # what later stages read, in out_dir
 
@@ -250,10 +252,11 @@ def steps_trained(stage_dir: Path) -> int:
 def pretrain(ctx: StageContext, task: PretrainingTask) -> dict:
     """The stage function of a pretraining stage: `partial(pretrain, task=...)`."""
     validate_distributed(ctx.cfg)
-    encoder_snapshot_steps(ctx.cfg, task.settings(ctx.cfg), task.settings_key(ctx.cfg))
-    settings = DistributedSettings.from_config(ctx.cfg, task.settings(ctx.cfg))
+    p = task.settings(ctx.cfg)
+    encoder_snapshot_steps(ctx.cfg, p, task.settings_key(ctx.cfg))
+    settings = DistributedSettings.from_config(ctx.cfg, p)
     if not settings.uses_ray_train:
-        return _train_with_lightning(ctx, task, settings, rank=0, world_size=1)
+        return _train_with_lightning(ctx, task, p, settings, rank=0, world_size=1)
     worker = _deepspeed_cpu_worker if settings.deepspeed_on_cpu else _lightning_worker
     (ctx.out_dir / WORKER_SUMMARY).unlink(missing_ok=True)
     run_on_ray_workers(worker, {"task": task, "cfg": OmegaConf.to_container(ctx.cfg, resolve=True, enum_to_str=True),
@@ -437,11 +440,12 @@ def _step_of(checkpoint: str) -> int:
     return int(Path(checkpoint).name.removeprefix("step-").split(".")[0])
 
 
-def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: DistributedSettings, rank: int,
+def _train_with_lightning(ctx: StageContext, task: PretrainingTask, p: PretrainConfig, settings: DistributedSettings,
+                          rank: int,
                           world_size: int, plugins: tuple = ()) -> dict:
-    out, p = ctx.out_dir, task.settings(ctx.cfg)
-    module = task.build_module(ctx)
-    data = task.data(ctx, module, rank, world_size)
+    out = ctx.out_dir
+    module = task.build_module(ctx, p)
+    data = task.data(ctx, module, p, rank, world_size)
     if settings.uses_cuda:
         pin_batches(data.train_loader)
     uses_deepspeed = settings.strategy == "deepspeed"  # which writes directories and clips by itself
@@ -491,7 +495,7 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
     if start.step is None and history.last_step("val/loss") != trainer.global_step:
         # resumed at max_steps: fit trained nothing, and the checkpoint was saved before a validation at that step
         # (one that is no multiple of the validation interval, or a checkpoint of an earlier version)
-        _validate_last_step(task, ctx, module, settings, trainer, val_loader, history, monitor)
+        _validate_last_step(task, ctx, p, module, settings, trainer, val_loader, history, monitor)
     resumed_from = (trainer.global_step if start.step is None else start.step) if resume_from else None
     run = TrainingRun(trainer.global_step, trainer.global_step - (resumed_from or 0), seconds, world_size,
                       p.accumulate_grad_batches, history)
@@ -502,14 +506,14 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, settings: Di
     return summary
 
 
-def _validate_last_step(task: PretrainingTask, ctx: StageContext, module: L.LightningModule,
+def _validate_last_step(task: PretrainingTask, ctx: StageContext, p: PretrainConfig, module: L.LightningModule,
                         settings: DistributedSettings, trainer: L.Trainer, val_loader: Iterable[dict],
                         history: LossHistory, monitor: DivergenceMonitor) -> None:
     """Validates the trained weights, gathered into a fresh module, on this rank alone, as the DeepSpeed CPU loop does.
     Not `trainer.validate`: its second strategy set-up of the module that `fit` had set up left the word embeddings on
     the CPU under DeepSpeed ZeRO-3 on a GPU (tests/engine/test_distributed.py; docs/gpu.md)."""
     with whole_parameters(module, settings):  # every rank enters: under ZeRO-3 gathering is a collective
-        final = task.build_module(ctx)
+        final = task.build_module(ctx, p)
         final.load_state_dict(module.state_dict())
     metrics = _validate(final, val_loader, trainer.precision, trainer.strategy.root_device)
     history.record_validation(trainer.global_step, metrics)
@@ -545,9 +549,9 @@ def _lightning_worker(config: dict) -> None:
 
     ctx, task = _worker_context(config), config["task"]
     context = ray.train.get_context()
-    settings = DistributedSettings.from_config(ctx.cfg, task.settings(ctx.cfg))
-    _train_with_lightning(ctx, task, settings, context.get_world_rank(), context.get_world_size(),
-                          plugins=(RayLightningEnvironment(),))
+    p = task.settings(ctx.cfg)  # this worker's process begins here
+    _train_with_lightning(ctx, task, p, DistributedSettings.from_config(ctx.cfg, p), context.get_world_rank(),
+                          context.get_world_size(), plugins=(RayLightningEnvironment(),))
 
 
 def _deepspeed_cpu_worker(config: dict) -> None:
@@ -556,14 +560,14 @@ def _deepspeed_cpu_worker(config: dict) -> None:
     import torch.distributed as dist
 
     ctx, task = _worker_context(config), config["task"]
-    out, p = ctx.out_dir, task.settings(ctx.cfg)
+    out, p = ctx.out_dir, task.settings(ctx.cfg)  # this worker's process begins here
     settings = DistributedSettings.from_config(ctx.cfg, p)
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    module = task.build_module(ctx)
+    module = task.build_module(ctx, p)
     use_dense_gradients(module, DEEPSPEED_DENSE)
     if typed_settings(ctx.cfg.trainer, TrainerConfig).compile:  # no Trainer here to run CompileNetwork
         compile_network(module)
-    data = task.data(ctx, module, rank, world_size)
+    data = task.data(ctx, module, p, rank, world_size)
     optimization = module.configure_optimizers()
     history, monitor = LossHistory(), DivergenceMonitor(task.settings_key(ctx.cfg), data.uniform_loss)
     checkpoint_dir = out / CHECKPOINT_DIR
@@ -598,7 +602,7 @@ def _deepspeed_cpu_worker(config: dict) -> None:
         return
     tag = checkpoint_tags(checkpoint_dir)[-1]
     # the fp32 weights of every partition, in a fresh module: what the encoder is written from, and validated
-    final = task.build_module(ctx)
+    final = task.build_module(ctx, p)
     final.load_state_dict(consolidated_state_dict(checkpoint_dir, tag))
     metrics = _validate(final, data.val_loader, resolve_precision(settings.precision))
     history.record_validation(p.max_steps, metrics)

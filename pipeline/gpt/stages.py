@@ -44,16 +44,16 @@ class GPTPretraining:
     def settings(self, cfg: DictConfig) -> PretrainConfig:
         return merged_settings(cfg, ("pretrain", "gpt.pretrain"))
 
-    def build_module(self, ctx: StageContext) -> GPTPretrainModule:
+    def build_module(self, ctx: StageContext, settings: PretrainConfig) -> GPTPretrainModule:
         cfg = ctx.cfg
         tok = load_gpt_tokenizer(ctx.stage_dir("gpt_tokenizer"))
         # the context is the training length: positions past it would keep their random init
         model = instantiate_model(cfg, model_key(cfg, "gpt"), vocab_size=tok.get_vocab_size(),
                                   eos_token_id=end_of_text_id(tok), n_positions=cfg.gpt.block_size)
-        return GPTPretrainModule(model, OptimizerSettings.of(self, cfg))
+        return GPTPretrainModule(model, OptimizerSettings.of(settings, self.settings_key(cfg)))
 
-    def data(self, ctx: StageContext, module: GPTPretrainModule, rank: int, world_size: int) -> PretrainingData:
-        p = self.settings(ctx.cfg)
+    def data(self, ctx: StageContext, module: GPTPretrainModule, p: PretrainConfig, rank: int,
+             world_size: int) -> PretrainingData:
         blocks = ArrowRows([read_arrow(f) for f in sorted(ctx.stage_dir("gpt_blocks").glob("blocks-*.arrow"))],
                            [BLOCK_COLUMN])
         if len(blocks) < 2:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from data_prep.corpus.shards import write_json_atomically
+from data_prep.corpus.shards import MANIFEST_NAME, write_json_atomically
 from pipeline.downstream.finetune import (
     BASELINES,
     MODEL_KINDS,
@@ -28,6 +28,7 @@ from pipeline.report.plots import (
     plot_pretraining,
     plot_task_scores,
 )
+from pipeline.status import human_bytes
 
 RESULT_COLUMNS = ["model", "task", "metric", "score", "std", "seeds", "train_size", "train_examples"]
 RESULT_STAGES = {"finetune": "Fine-tuning (dev set)", "evaluate": "Frozen sentence embeddings (SentEval-style probes)"}
@@ -277,6 +278,24 @@ def learning_lines(summary: dict) -> list[str]:
     return lines
 
 
+def corpus_lines(manifest: dict, name: str = "The pretraining text") -> list[str]:
+    """What prepare kept of the corpus (its manifest), and what it removed as overlapping the run's evaluation text, or
+    that it did not look (data.decontaminate=false): whether a score can have been read in pretraining."""
+    t = manifest["totals"]
+    lines = [f"{name}: {t['files_kept']:,} of its {t['files_read']:,} documents kept ({t['files_duplicate']:,} exact "
+             f"and {t['files_near_duplicate']:,} near duplicates dropped, {t['files_rejected']:,} rejected), "
+             f"{t['sentences']:,} sentences, {human_bytes(t['input_bytes'])} of text read.", ""]
+    decontamination = manifest.get("decontamination")
+    if decontamination is None:
+        return lines + ["Not decontaminated (data.decontaminate=false): the evaluation text may overlap it.", ""]
+    removed = decontamination["sentences_removed_by_source"]
+    by_source = "; ".join(f"{source}: {n:,}" for source, n in removed.items()) if len(removed) > 1 else ""
+    sources = ", ".join(decontamination["sources"]) or "none"
+    return lines + [f"Decontaminated against the run's evaluation text ({sources}): "
+                    f"{decontamination['sentences_removed']:,} sentences removed, the same sentence normalised or a "
+                    f"shared {decontamination['ngram']}-gram" + (f" ({by_source})" if by_source else "") + ".", ""]
+
+
 def _log_to_wandb(run, rows: list[dict], figures: dict[str, Path]) -> None:
     import wandb
 
@@ -316,6 +335,9 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str,
     if len(ran) > 1:
         lines += pretraining_budget({family: {stage: json.loads((stage_dirs[stage] / "stage.json").read_text())
                                               for stage in stages} for family, stages in ran.items()})
+    if "prepare" in stage_dirs:
+        lines += ["", "## Pretraining text", "", *corpus_lines(json.loads((stage_dirs["prepare"] / MANIFEST_NAME)
+                                                                           .read_text()))]
     for stage in (stage for stages in ran.values() for stage in stages):
         lines += _pretraining_section(stage, stage_dirs[stage], out, figures)
     for section in sections:

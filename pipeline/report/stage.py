@@ -16,9 +16,12 @@ def pretraining_stages() -> dict[str, tuple[str, ...]]:
 
 
 def report_upstream(cfg: DictConfig) -> tuple[str, ...]:
-    stages = tuple(s for s in (*chain(*pretraining_stages().values()), *RESULT_STAGES) if s in cfg.pipeline.stages)
-    extra = [s for family in FAMILIES for s in family.report_upstream(cfg) if s not in stages]
-    return stages + tuple(dict.fromkeys(extra))
+    """The result and pretraining stages the run has, what the families' sections read, and with a pretraining stage
+    the corpus it read (`prepare`'s manifest: what was kept and what was removed as overlapping the evaluation text)."""
+    pretraining = tuple(s for s in chain(*pretraining_stages().values()) if s in cfg.pipeline.stages)
+    stages = pretraining + tuple(s for s in RESULT_STAGES if s in cfg.pipeline.stages)
+    extra = [s for family in FAMILIES for s in family.report_upstream(cfg)]
+    return tuple(dict.fromkeys((*stages, *extra, *(("prepare",) if pretraining else ()))))
 
 
 def report(ctx: StageContext) -> dict:

@@ -40,17 +40,18 @@ class Seq2SeqPretraining:
     def settings(self, cfg: DictConfig) -> PretrainConfig:
         return typed_settings(cfg.pretrain, PretrainConfig)
 
-    def build_module(self, ctx: StageContext) -> Seq2SeqPretrainModule:
+    def build_module(self, ctx: StageContext, settings: PretrainConfig) -> Seq2SeqPretrainModule:
         tok = load_seq2seq_tokenizer(ctx.stage_dir("seq2seq_tokenizer"))
         ids = special_ids(tok)
         # positions for a block and its end token; a source may run one past (data_prep/examples/seq2seq_examples.py)
         model = instantiate_model(ctx.cfg, vocab_size=tok.get_vocab_size(), pad_token_id=ids.pad,
                                   decoder_start_token_id=ids.bos, eos_token_id=ids.eos,
                                   max_positions=ctx.cfg.seq2seq.block_size + 1)
-        return Seq2SeqPretrainModule(model, OptimizerSettings.of(self, ctx.cfg))
+        return Seq2SeqPretrainModule(model, OptimizerSettings.of(settings, self.settings_key(ctx.cfg)))
 
-    def data(self, ctx: StageContext, module: Seq2SeqPretrainModule, rank: int, world_size: int) -> PretrainingData:
-        p, config = ctx.cfg.pretrain, module.model.config
+    def data(self, ctx: StageContext, module: Seq2SeqPretrainModule, p: PretrainConfig, rank: int,
+             world_size: int) -> PretrainingData:
+        config = module.model.config
         pairs = ArrowRows([read_arrow(f) for f in sorted(ctx.stage_dir("seq2seq_examples").glob("examples-*.arrow"))],
                           [SOURCE_COLUMN, TARGET_COLUMN])
         if len(pairs) < 2:

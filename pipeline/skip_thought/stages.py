@@ -47,14 +47,13 @@ class SkipThoughtPretraining:
     def settings(self, cfg: DictConfig) -> PretrainConfig:
         return typed_settings(cfg.pretrain, PretrainConfig)
 
-    def build_module(self, ctx: StageContext) -> SkipThoughtPretrainModule:
+    def build_module(self, ctx: StageContext, settings: PretrainConfig) -> SkipThoughtPretrainModule:
         vocab = WordVocab.load(ctx.stage_dir("skip_thought_vocab") / "vocab.txt")
         model = instantiate_model(ctx.cfg, vocab_size=len(vocab), encoder=self.encoder)
-        return SkipThoughtPretrainModule(model, OptimizerSettings.of(self, ctx.cfg))
+        return SkipThoughtPretrainModule(model, OptimizerSettings.of(settings, self.settings_key(ctx.cfg)))
 
-    def data(self, ctx: StageContext, module: SkipThoughtPretrainModule, rank: int,
+    def data(self, ctx: StageContext, module: SkipThoughtPretrainModule, p: PretrainConfig, rank: int,
              world_size: int) -> SkipThoughtData:
-        p = self.settings(ctx.cfg)
         tables = [read_arrow(f) for f in sorted(ctx.stage_dir("skip_thought_examples").glob("triples-*.arrow"))]
         triples = ArrowRows(tables, TRIPLE_SCHEMA.names)
         if len(triples) < 2:

@@ -70,7 +70,8 @@ def test_phase2_starts_from_phase1s_final_weights(run):
     phase1 = run.stage_dir("bert_pretrain")
     ctx = StageContext(run.cfg, "bert_pretrain_phase2", run.stage_dir("bert_pretrain_phase2"),
                        {u: run.stage_dir(u) for u in run.plan.stages["bert_pretrain_phase2"].upstream})
-    initial = PRETRAINING["bert_pretrain_phase2"].build_module(ctx).model.state_dict()
+    task = PRETRAINING["bert_pretrain_phase2"]
+    initial = task.build_module(ctx, task.settings(run.cfg)).model.state_dict()
     expected = {**{f"bert.{k}": v for k, v in load_pretrained(phase1 / "encoder").state_dict().items()},
                 **load_file(str(phase1 / HEADS_FILE))}
     assert set(expected) == set(initial) - {BertForPreTraining.TIED_DECODER}  # tied to the word embeddings

@@ -57,6 +57,7 @@ def test_pretrain_lr_decay_noam_reaches_a_familys_optimizer(family_data, family)
     cfg.pretrain.lr_decay, cfg.pretrain.warmup_steps, cfg.pretrain.max_steps = "noam", 4, 10
     task = STAGES[name].fn.keywords["task"]
     module = task.build_module(StageContext(cfg, name, run.stage_dir(name),
-                                            {u: run.stage_dir(u) for u in run.plan.stages[name].upstream}))
+                                            {u: run.stage_dir(u) for u in run.plan.stages[name].upstream}),
+                               task.settings(cfg))
     factor = module.configure_optimizers()["lr_scheduler"]["scheduler"].lr_lambdas[0]
     assert factor(3) == pytest.approx(1.0) and factor(15) == pytest.approx(0.5) and factor(10) > 0

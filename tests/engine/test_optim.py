@@ -110,7 +110,8 @@ def test_every_family_pretrains_with_the_configured_lr_decay(family_data, family
     cfg.pretrain.lr_decay, cfg.pretrain.warmup_steps, cfg.pretrain.max_steps = "cosine", 2, 10
     task = STAGES[name].fn.keywords["task"]
     module = task.build_module(StageContext(cfg, name, run.stage_dir(name),
-                                            {u: run.stage_dir(u) for u in run.plan.stages[name].upstream}))
+                                            {u: run.stage_dir(u) for u in run.plan.stages[name].upstream}),
+                               task.settings(cfg))
     factor = module.configure_optimizers()["lr_scheduler"]["scheduler"].lr_lambdas[0]
     assert factor(4) == pytest.approx(0.5 + 0.5 * math.sqrt(0.5))  # linear: 0.75
 
@@ -356,7 +357,8 @@ def _stage_module(run, stage: str, **settings):
         cfg.pretrain[key] = value
     task = STAGES[stage].fn.keywords["task"]
     return task.build_module(StageContext(cfg, stage, run.stage_dir(stage),
-                                          {u: run.stage_dir(u) for u in run.plan.stages[stage].upstream}))
+                                          {u: run.stage_dir(u) for u in run.plan.stages[stage].upstream}),
+                             task.settings(cfg))
 
 
 def test_bert_pretrains_with_the_optimizer_groups_and_schedule_it_always_had(family_data):

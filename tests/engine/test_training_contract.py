@@ -42,7 +42,7 @@ def test_every_family_pretrains_with_the_optimizer_pretrain_names(family_data, f
     cfg = run.cfg.copy()
     cfg.pretrain.optimizer = optimizer
     task, ctx = _task_and_context(run, family, cfg)
-    module = task.build_module(ctx)
+    module = task.build_module(ctx, task.settings(ctx.cfg))
     assert isinstance(module, PretrainModule)
     assert type(module.configure_optimizers()["optimizer"]) is built
     if optimizer == "lamb":  # ELMo's sampled softmax: LAMB's trust ratio needs the whole gradient, so it is dense
@@ -71,8 +71,8 @@ def _nan_weights(module: PretrainModule) -> None:
 def test_a_non_finite_loss_stops_every_family_with_the_same_error(family_data, family):
     run = family_data(family)
     task, ctx = _task_and_context(run, family)
-    module = task.build_module(ctx)
-    data = task.data(ctx, module, 0, 1)
+    module = task.build_module(ctx, task.settings(ctx.cfg))
+    data = task.data(ctx, module, task.settings(ctx.cfg), 0, 1)
     _nan_weights(module)
     trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
@@ -105,8 +105,8 @@ def _gpt_under_fake_deepspeed(family_data, monkeypatch, engine):
         engine(model, optimizer, lr_scheduler), None, None, None)
     monkeypatch.setitem(sys.modules, "deepspeed", fake)
     task, ctx = _task_and_context(family_data("gpt"), "gpt")
-    module = task.build_module(ctx)
-    return task, ctx, module, task.data(ctx, module, 0, 1), module.configure_optimizers()
+    module = task.build_module(ctx, task.settings(ctx.cfg))
+    return task, ctx, module, task.data(ctx, module, task.settings(ctx.cfg), 0, 1), module.configure_optimizers()
 
 
 def test_the_deepspeed_loop_stops_on_a_non_finite_loss_with_the_same_check(family_data, tmp_path, monkeypatch):

@@ -379,3 +379,42 @@ def test_the_label_efficiency_section_says_what_pretraining_bought_against_the_t
                                row("bert", 1000, 0.74, [0.74, 0.74, 0.74])])  # no twin at 1000: no line
     assert lines[2:] == ["- rt accuracy, 300 examples: bert - bert_random = +0.1000 (ahead on 3 of 3 seeds); "
                          "bert - w2v_mean = -0.0100"]
+
+
+def _manifest(decontamination: dict | None) -> dict:
+    totals = {"files_read": 25000, "files_kept": 24864, "files_duplicate": 98, "files_near_duplicate": 14,
+              "files_rejected": 24, "sentences": 294214, "input_bytes": 33_000_000}
+    return {"totals": totals, **({"decontamination": decontamination} if decontamination else {})}
+
+
+@pytest.mark.parametrize("decontamination, expected", [
+    ({"ngram": 13, "sources": ["rotten_tomatoes dev", "MR"], "sentences_removed": 173,
+      "sentences_removed_by_source": {"rotten_tomatoes dev": 38, "MR": 135}},
+     "Decontaminated against the run's evaluation text (rotten_tomatoes dev, MR): 173 sentences removed, the same "
+     "sentence normalised or a shared 13-gram (rotten_tomatoes dev: 38; MR: 135)."),
+    (None, "Not decontaminated (data.decontaminate=false): the evaluation text may overlap it."),
+])
+def test_the_report_counts_what_prepare_removed_as_overlapping_the_evaluation_text(tmp_path, decontamination,
+                                                                                    expected):
+    """Issue 37: the report, not only the manifest and the model card, says per source what decontamination removed,
+    or that the run did not decontaminate."""
+    prepare = tmp_path / "prepare"
+    prepare.mkdir()
+    (prepare / "manifest.json").write_text(json.dumps(_manifest(decontamination)))
+    out = tmp_path / "report"
+    out.mkdir()
+    md = write_report({"prepare": prepare}, out, "unit")["results_md"].read_text()
+    assert "## Pretraining text" in md and "24,864 of its 25,000 documents kept" in md
+    assert expected in md
+
+
+def test_a_run_that_pretrains_reports_the_corpus_it_read_and_one_that_does_not_leaves_it_unread(tmp_path):
+    from pipeline.report.stage import report_upstream
+    from tests.helpers import tiny_config
+
+    pretraining = report_upstream(tiny_config(tmp_path))
+    assert "bert_pretrain" in pretraining and pretraining.count("prepare") == 1
+    # an HF checkpoint fine-tuned without a corpus: nothing of this run was pretrained, no corpus is read for the report
+    finetune_only = tiny_config(tmp_path, ["pipeline.stages=[finetune,report]", "finetune.models=[bert_external]",
+                                           "finetune.external_encoder=/nowhere", "finetune.baselines=[]"])
+    assert "prepare" not in report_upstream(finetune_only)

@@ -53,7 +53,8 @@ def test_a_new_family_is_picked_up_from_the_registry_alone():
     assert "toy_pretrain" in seen["stages"] and "elmo_pretrain" not in seen["stages"]
     assert seen["finetune"] == ["toy_pretrain"]
     assert seen["evaluate"] == ["toy_pretrain"]  # glove_bow reads no stage
-    assert seen["report"] == ["toy_pretrain", "finetune", "evaluate"]
+    # and the corpus the family pretrained on: what prepare kept and removed as overlapping the evaluation text
+    assert seen["report"] == ["toy_pretrain", "finetune", "evaluate", "prepare"]
     # the family's own start-up checks run before any stage, told which stages the run has (with their ancestors)
     assert len(seen["validated"]) == 1 and {"toy_pretrain", "prepare"} <= set(seen["validated"][0])
 

@@ -89,7 +89,8 @@ def test_held_out_instances_are_a_fraction_of_the_examples_up_to_a_cap(ctx):
         stage = StageContext(cfg, "bert_pretrain", ctx.stage_dir("bert_pretrain"),
                              {u: ctx.stage_dir(u) for u in ctx.plan.stages["bert_pretrain"].upstream})
         task = PRETRAINING["bert_pretrain"]
-        data = task.data(stage, task.build_module(stage), rank=0, world_size=1)
+        settings = task.settings(cfg)
+        data = task.data(stage, task.build_module(stage, settings), settings, rank=0, world_size=1)
         return sum(len(batch["input_ids"]) for batch in data.val_batches), data.train_instances
 
     held_out, train = held_out_and_train(val_fraction=0.1, val_max_instances=10**9)
