@@ -27,9 +27,10 @@ from data_prep.corpus.tokenizer import (
 )
 from data_prep.examples.bert_examples import create_training_instances, write_instances
 from pipeline.corpus import require_books
-from pipeline.downstream.word2vec import train_word2vec
+from pipeline.downstream.word2vec import Word2VecConfig, train_word2vec
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
+from pipeline.engine.settings import typed_settings
 
 PIECE_VECTORS_FILE = "vectors.npy"
 
@@ -71,7 +72,8 @@ def piece_vectors(ctx: StageContext) -> dict:
                 for ids in encode_by_word(tok, read_arrow(shard).column("text").combine_chunks()).to_pylist():
                     f.write(" ".join(map(str, ids)) + "\n")
         # every piece the corpus shows: the tokenizer kept only pieces frequent enough to be learned
-        vectors = train_word2vec(corpus, ctx.cfg.word2vec, ctx.cfg.seed, vector_size=hidden_size, min_count=1)
+        vectors = train_word2vec(corpus, typed_settings(ctx.cfg.word2vec, Word2VecConfig), ctx.cfg.seed,
+                                 vector_size=hidden_size, min_count=1)
     table = np.full((tok.get_vocab_size(), hidden_size), np.nan, dtype=np.float32)
     table[[int(w) for w in vectors.words]] = vectors.vectors
     np.save(ctx.out_dir / PIECE_VECTORS_FILE, table)

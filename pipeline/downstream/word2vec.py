@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig
 
 from data_prep.corpus.shards import shard_batches
 from data_prep.corpus.word_vectors import WordVectors
 from data_prep.tasks.senteval_data import tokenize
+from pipeline.data_settings import DataConfig
 from pipeline.engine.dag import Stage, StageContext
+from pipeline.engine.settings import typed_settings
 
 WORDS_FILE, VECTORS_FILE = "words.txt", "vectors.npy"
 
@@ -61,7 +62,7 @@ def write_line_sentences(shard_dir: Path, path: Path, chinese_words: str = "jieb
     return words
 
 
-def train_word2vec(corpus_file: Path, settings: DictConfig, seed: int, vector_size: int | None = None,
+def train_word2vec(corpus_file: Path, settings: Word2VecConfig, seed: int, vector_size: int | None = None,
                    min_count: int | None = None) -> WordVectors:
     """Vectors of the words of `corpus_file` (one sentence per line, words separated by spaces) with the `word2vec`
     block's settings; `vector_size` and `min_count` in place of the block's where given."""
@@ -81,10 +82,11 @@ def load_word2vec(stage_dir: Path) -> WordVectors:
 
 def word2vec(ctx: StageContext) -> dict:
     started = time.perf_counter()
+    chinese_words = str(typed_settings(ctx.cfg.data, DataConfig).chinese_words)
     with tempfile.TemporaryDirectory(dir=ctx.out_dir) as scratch:
         corpus_file = Path(scratch) / "sentences.txt"
-        words = write_line_sentences(ctx.stage_dir("prepare"), corpus_file, str(ctx.cfg.data.chinese_words))
-        vectors = train_word2vec(corpus_file, ctx.cfg.word2vec, ctx.cfg.seed)
+        words = write_line_sentences(ctx.stage_dir("prepare"), corpus_file, chinese_words)
+        vectors = train_word2vec(corpus_file, typed_settings(ctx.cfg.word2vec, Word2VecConfig), ctx.cfg.seed)
     (ctx.out_dir / WORDS_FILE).write_text("\n".join(vectors.words), encoding="utf-8")
     np.save(ctx.out_dir / VECTORS_FILE, vectors.vectors)
     summary = {"corpus_words": words, "vocabulary": len(vectors.words), "vector_size": vectors.vectors.shape[1],

@@ -16,16 +16,21 @@ from data_prep.examples.elmo_examples import (
     write_word_vocab,
 )
 from pipeline.corpus import require_books
+from pipeline.data_settings import DataConfig
+from pipeline.elmo.settings import ElmoConfig
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
+from pipeline.engine.settings import typed_settings
 
 
 def elmo_vocab(ctx: StageContext) -> dict:
     # One counting task per shard: counted in the stage's own process, this was the slowest data stage at 1 GB (335 s,
     # where the per-shard Skip-Thought vocabulary took 74 s) and the one that no number of workers would speed up
     # (docs/scaling.md)
-    counts = ctx.count_over_shards(partial(count_words, chinese_words=str(ctx.cfg.data.chinese_words)))
-    vocab = vocab_from_counts(counts, ctx.cfg.elmo.vocab_size, ctx.cfg.elmo.min_count)
+    settings = typed_settings(ctx.cfg.elmo, ElmoConfig)
+    counts = ctx.count_over_shards(partial(count_words,
+                                           chinese_words=str(typed_settings(ctx.cfg.data, DataConfig).chinese_words)))
+    vocab = vocab_from_counts(counts, settings.vocab_size, settings.min_count)
     write_word_vocab(vocab, ctx.out_dir / "vocab.txt")
     return {"vocab_size": len(vocab),
             **unknown_rate_summary(*unknown_words(counts, vocab), "elmo.vocab_size", unit="words")}
@@ -42,5 +47,6 @@ def elmo_streams(ctx: StageContext) -> dict:
     require_books(ctx.stage_dir("prepare"), 2, "ELMo's held-out perplexity is measured on whole books set aside "
                   "from training")
     shards = shard_paths(ctx.stage_dir("prepare"))
-    books = ctx.map_shards(build_shard_streams, shards, ctx.out_dir, str(ctx.cfg.data.chinese_words))
+    books = ctx.map_shards(build_shard_streams, shards, ctx.out_dir,
+                           str(typed_settings(ctx.cfg.data, DataConfig).chinese_words))
     return {"books": int(sum(books)), "files": len(shards)}

@@ -17,11 +17,14 @@ from data_prep.examples.elmo_examples import elmo_words, read_word_vocab
 from models import IGNORE_INDEX
 from models.checkpoint import random_twin
 from models.elmo import ElmoEmbedder, ElmoSentenceClassifier, ElmoTokenTagger, load_pretrained
+from pipeline.data_settings import DataConfig
 from pipeline.downstream.modules import FinetuneModule
 from pipeline.downstream.task_data import TaskData, conll_sentences, majority_tag_scores, subsample, tsv_splits
 from pipeline.downstream.tasks import TaskSplit
+from pipeline.elmo.settings import ElmoFinetuneConfig
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
+from pipeline.engine.settings import typed_settings
 from pipeline.evaluation.metrics import score_task
 
 if TYPE_CHECKING:  # the stage's typed settings; importing it at run time would import every family
@@ -54,8 +57,9 @@ def _load(random_init: bool):
         if random_init:
             bilm = random_twin(bilm, ctx.cfg.seed)
         return ElmoTaskModels(bilm.eval(), read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"),
-                              f"{bilm_dir}{' random' if random_init else ''}", float(ctx.cfg.finetune.elmo_dropout),
-                              str(ctx.cfg.data.chinese_words))
+                              f"{bilm_dir}{' random' if random_init else ''}",
+                              typed_settings(ctx.cfg.finetune, ElmoFinetuneConfig).elmo_dropout,
+                              str(typed_settings(ctx.cfg.data, DataConfig).chinese_words))
     return load
 
 

@@ -15,6 +15,7 @@ from models.elmo import save_pretrained
 from models.hf.elmo import to_hf
 from pipeline.elmo.data_stages import elmo_streams, elmo_vocab
 from pipeline.elmo.module import ElmoPretrainModule, WindowPosition, build_elmo_datasets
+from pipeline.elmo.settings import ElmoConfig
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.module import OptimizerSettings
 from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretraining_stage
@@ -39,7 +40,7 @@ class ElmoPretraining:
 
     def data(self, ctx: StageContext, module: ElmoPretrainModule, settings: PretrainConfig, rank: int,
              world_size: int) -> PretrainingData:
-        e = ctx.cfg.elmo
+        e = typed_settings(ctx.cfg.elmo, ElmoConfig)
         vocab = read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt")
         train, heldout = build_elmo_datasets(sorted(ctx.stage_dir("elmo_streams").glob("streams-*.arrow")), vocab,
                                              e.window, e.batch_size, e.holdout_books_fraction, e.holdout_max_books,

@@ -15,14 +15,18 @@ from data_prep.examples.skip_thought_examples import (
     triples_from_shard,
     write_triples,
 )
+from pipeline.data_settings import DataConfig
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
+from pipeline.engine.settings import typed_settings
+from pipeline.skip_thought.settings import SkipThoughtConfig
 
 
 def skip_thought_vocab(ctx: StageContext) -> dict:
-    chinese_words = str(ctx.cfg.data.chinese_words)
+    chinese_words = str(typed_settings(ctx.cfg.data, DataConfig).chinese_words)
+    settings = typed_settings(ctx.cfg.skip_thought, SkipThoughtConfig)
     counts = ctx.count_over_shards(partial(count_words, chinese_words=chinese_words))
-    vocab = build_word_vocab(counts, ctx.cfg.skip_thought.vocab_size, ctx.cfg.skip_thought.min_count, chinese_words)
+    vocab = build_word_vocab(counts, settings.vocab_size, settings.min_count, chinese_words)
     vocab.save(ctx.out_dir / "vocab.txt")
     return {"vocab_size": len(vocab), "distinct_words": len(counts),
             **unknown_rate_summary(*unknown_words(counts, vocab.words), "skip_thought.vocab_size", unit="words")}
@@ -38,5 +42,6 @@ def build_shard_triples(index: int, shard_path: Path, vocab_path: Path, out_dir:
 def skip_thought_examples(ctx: StageContext) -> dict:
     counts = ctx.map_shards(build_shard_triples, shard_paths(ctx.stage_dir("prepare")),
                             ctx.stage_dir("skip_thought_vocab") / "vocab.txt", ctx.out_dir,
-                            ctx.cfg.skip_thought.max_words, str(ctx.cfg.data.chinese_words))
+                            typed_settings(ctx.cfg.skip_thought, SkipThoughtConfig).max_words,
+                            str(typed_settings(ctx.cfg.data, DataConfig).chinese_words))
     return {"triples": int(sum(counts)), "files": len(counts)}

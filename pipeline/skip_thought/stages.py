@@ -23,6 +23,7 @@ from pipeline.engine.settings import typed_settings
 from pipeline.schema import PretrainConfig
 from pipeline.skip_thought.data_stages import skip_thought_examples, skip_thought_vocab
 from pipeline.skip_thought.module import SkipThoughtPretrainModule, collate_triples
+from pipeline.skip_thought.settings import SkipThoughtConfig
 
 # Kiros et al. §3: uni-skip and bi-skip are separate models, each with its own decoders, trained alike; the stage,
 # not model.config, says which encoder it trains, so one run can train both for combine-skip.
@@ -76,7 +77,7 @@ class SkipThoughtPretraining:
         # the encoder and its tokenizer as transformers' AutoModel and AutoTokenizer load them (models/hf/)
         to_hf(module.model, ctx.out_dir / "hf")
         save_hf_tokenizer(WordVocab.load(vocab_file), ctx.out_dir / "hf",
-                          model_max_length=ctx.cfg.skip_thought.max_words + 1)
+                          model_max_length=typed_settings(ctx.cfg.skip_thought, SkipThoughtConfig).max_words + 1)
 
     def summary(self, module: SkipThoughtPretrainModule, data: SkipThoughtData, run: TrainingRun) -> dict:
         return {"triples_per_s": round(run.batches_per_s * data.batch_size, 1),

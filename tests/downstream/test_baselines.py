@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import random
 
-from omegaconf import OmegaConf
-
 from pipeline.downstream.baselines import bow_logreg_scores, w2v_mean_scores
 from pipeline.downstream.task_data import tsv_splits
 from pipeline.downstream.tasks import TaskSplit, load_task
-from pipeline.downstream.word2vec import train_word2vec
+from pipeline.downstream.word2vec import Word2VecConfig, train_word2vec
 from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, VERBS, write_sentiment_task
 
 
@@ -51,8 +49,7 @@ def test_w2v_mean_learns_what_word2vec_learned_from_unlabelled_text(tmp_path):
                               f"{' '.join(rng.choice(['rain', 'cry', 'grim', 'loss']) for _ in range(4))} {w} "
                               f"{' '.join(rng.choice(['rain', 'cry', 'grim', 'loss']) for _ in range(4))}\n"
                               for _ in range(3000) for w in [rng.choice(positive + negative)]))
-    settings = OmegaConf.create({"vector_size": 16, "window": 4, "min_count": 1, "skip_gram": True, "negative": 5,
-                                 "epochs": 5})
+    settings = Word2VecConfig(vector_size=16, window=4, min_count=1, skip_gram=True, negative=5, epochs=5)
     vectors = train_word2vec(corpus, settings, seed=1)
     assert train_word2vec(corpus, settings, seed=1).vectors.tolist() == vectors.vectors.tolist()  # reproducible
 

@@ -1,0 +1,23 @@
+"""ELMo's blocks, typed: `elmo`, which its data stages read, in a module without torch, which the Ray workers of
+those stages never load (tests/run/test_layering.py), and what it adds to `finetune`."""
+from dataclasses import dataclass
+
+
+@dataclass
+class ElmoConfig:
+    """The `elmo` block (experiment=elmo_*): ELMo's word vocabulary and truncated-BPTT windows."""
+    vocab_size: int = 20000
+    min_count: int = 2
+    window: int = 20  # bilm-tf's unroll_steps
+    batch_size: int = 32
+    holdout_books_fraction: float = 0.05  # whole books held out for perplexity
+    holdout_max_books: int = 10  # and at most this many: every validation reads them all (5 % of BookCorpus: 552 books)
+
+
+@dataclass
+class ElmoFinetuneConfig:
+    """What ELMo's feature-based fine-tuning adds to `finetune` (a key of that block, so that changing it reruns
+    fine-tuning only, not the biLM's pretraining)."""
+    # Dropout on the mixed ELMo vectors and in the task head. Peters et al. (2018) use 0.5 with tens of thousands of
+    # labels; with 300 the head then cannot fit its own training sentences (docs/pretraining_recipes.md, ELMo)
+    elmo_dropout: float = 0.5
