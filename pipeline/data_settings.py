@@ -7,8 +7,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Optional
 
+from omegaconf import DictConfig
+
 from data_prep.corpus.builtin import BUILTIN_CORPORA
 from data_prep.corpus.chinese import CHINESE_VARIANTS, CHINESE_WORDS
+from pipeline.engine.settings import typed_settings
 
 InputFormat = StrEnum("InputFormat", {name: name for name in ("raw", "sentence_per_line")}, module=__name__)
 BuiltinCorpus = StrEnum("BuiltinCorpus", {name: name for name in BUILTIN_CORPORA}, module=__name__)
@@ -56,3 +59,9 @@ class DataConfig:
     # bag of words): jieba's segmentation, or single characters
     chinese_variant: ChineseVariant = ChineseVariant.keep
     chinese_words: ChineseWords = ChineseWords.jieba
+
+
+def chinese_words_of(cfg: DictConfig) -> str:
+    """data.chinese_words, how the word-level stages split Chinese text, as the plain name their word functions (and
+    the Ray tasks those run in) take."""
+    return str(typed_settings(cfg.data, DataConfig).chinese_words)

@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from data_prep.corpus.shards import write_json_atomically
-from pipeline.data_settings import DataConfig
+from pipeline.data_settings import chinese_words_of
 from pipeline.downstream.baselines import bow_logreg_scores, lead_n_scores, w2v_mean_scores
 from pipeline.downstream.task_data import (
     LengthGroupedBatchSampler,
@@ -64,7 +64,7 @@ TWINS = {kind.random_twin for kind in MODEL_KINDS.values() if kind.random_twin}
 SUBSET_BASELINES = {
     "bow_logreg": lambda ctx: bow_logreg_scores,
     "w2v_mean": lambda ctx: partial(w2v_mean_scores, vectors=load_word2vec(ctx.stage_dir(WORD2VEC.name)),
-                                    chinese_words=str(typed_settings(ctx.cfg.data, DataConfig).chinese_words)),
+                                    chinese_words=chinese_words_of(ctx.cfg)),
 }
 # finetune.baselines: majority_class is scored once, from all of train, as is lead_n (generation tasks)
 BASELINES = ("majority_class", *SUBSET_BASELINES, "lead_n")

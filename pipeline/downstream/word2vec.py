@@ -25,7 +25,7 @@ import numpy as np
 from data_prep.corpus.shards import shard_batches
 from data_prep.corpus.word_vectors import WordVectors
 from data_prep.tasks.senteval_data import tokenize
-from pipeline.data_settings import DataConfig
+from pipeline.data_settings import chinese_words_of
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.settings import typed_settings
 
@@ -82,7 +82,7 @@ def load_word2vec(stage_dir: Path) -> WordVectors:
 
 def word2vec(ctx: StageContext) -> dict:
     started = time.perf_counter()
-    chinese_words = str(typed_settings(ctx.cfg.data, DataConfig).chinese_words)
+    chinese_words = chinese_words_of(ctx.cfg)
     with tempfile.TemporaryDirectory(dir=ctx.out_dir) as scratch:
         corpus_file = Path(scratch) / "sentences.txt"
         words = write_line_sentences(ctx.stage_dir("prepare"), corpus_file, chinese_words)

@@ -16,7 +16,7 @@ from data_prep.examples.elmo_examples import (
     write_word_vocab,
 )
 from pipeline.corpus import require_books
-from pipeline.data_settings import DataConfig
+from pipeline.data_settings import chinese_words_of
 from pipeline.elmo.settings import ElmoConfig
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
@@ -28,8 +28,7 @@ def elmo_vocab(ctx: StageContext) -> dict:
     # where the per-shard Skip-Thought vocabulary took 74 s) and the one that no number of workers would speed up
     # (docs/scaling.md)
     settings = typed_settings(ctx.cfg.elmo, ElmoConfig)
-    counts = ctx.count_over_shards(partial(count_words,
-                                           chinese_words=str(typed_settings(ctx.cfg.data, DataConfig).chinese_words)))
+    counts = ctx.count_over_shards(partial(count_words, chinese_words=chinese_words_of(ctx.cfg)))
     vocab = vocab_from_counts(counts, settings.vocab_size, settings.min_count)
     write_word_vocab(vocab, ctx.out_dir / "vocab.txt")
     return {"vocab_size": len(vocab),
@@ -48,5 +47,5 @@ def elmo_streams(ctx: StageContext) -> dict:
                   "from training")
     shards = shard_paths(ctx.stage_dir("prepare"))
     books = ctx.map_shards(build_shard_streams, shards, ctx.out_dir,
-                           str(typed_settings(ctx.cfg.data, DataConfig).chinese_words))
+                           chinese_words_of(ctx.cfg))
     return {"books": int(sum(books)), "files": len(shards)}

@@ -17,7 +17,7 @@ from data_prep.examples.elmo_examples import elmo_words, read_word_vocab
 from models import IGNORE_INDEX
 from models.checkpoint import random_twin
 from models.elmo import ElmoEmbedder, ElmoSentenceClassifier, ElmoTokenTagger, load_pretrained
-from pipeline.data_settings import DataConfig
+from pipeline.data_settings import chinese_words_of
 from pipeline.downstream.modules import FinetuneModule
 from pipeline.downstream.task_data import TaskData, conll_sentences, majority_tag_scores, subsample, tsv_splits
 from pipeline.downstream.tasks import TaskSplit
@@ -59,7 +59,7 @@ def _load(random_init: bool):
         return ElmoTaskModels(bilm.eval(), read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"),
                               f"{bilm_dir}{' random' if random_init else ''}",
                               typed_settings(ctx.cfg.finetune, ElmoFinetuneConfig).elmo_dropout,
-                              str(typed_settings(ctx.cfg.data, DataConfig).chinese_words))
+                              chinese_words_of(ctx.cfg))
     return load
 
 

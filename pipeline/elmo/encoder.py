@@ -7,10 +7,9 @@ import torch
 from data_prep.examples.elmo_examples import elmo_words, read_word_vocab
 from models.checkpoint import random_twin
 from models.elmo import ElmoEmbedder, ScalarMix, load_pretrained
-from pipeline.data_settings import DataConfig
+from pipeline.data_settings import chinese_words_of
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec
-from pipeline.engine.settings import typed_settings
 
 
 class ElmoSentenceEncoder:
@@ -45,7 +44,7 @@ def elmo_encoder(random_init: bool = False):
                                    read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt"),
                                    name="elmo_random" if random_init else "elmo",
                                    random_init_seed=ctx.cfg.seed if random_init else None,
-                                   chinese_words=str(typed_settings(ctx.cfg.data, DataConfig).chinese_words))
+                                   chinese_words=chinese_words_of(ctx.cfg))
     return build
 
 

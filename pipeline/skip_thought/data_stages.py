@@ -15,7 +15,7 @@ from data_prep.examples.skip_thought_examples import (
     triples_from_shard,
     write_triples,
 )
-from pipeline.data_settings import DataConfig
+from pipeline.data_settings import chinese_words_of
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 from pipeline.engine.settings import typed_settings
@@ -23,7 +23,7 @@ from pipeline.skip_thought.settings import SkipThoughtConfig
 
 
 def skip_thought_vocab(ctx: StageContext) -> dict:
-    chinese_words = str(typed_settings(ctx.cfg.data, DataConfig).chinese_words)
+    chinese_words = chinese_words_of(ctx.cfg)
     settings = typed_settings(ctx.cfg.skip_thought, SkipThoughtConfig)
     counts = ctx.count_over_shards(partial(count_words, chinese_words=chinese_words))
     vocab = build_word_vocab(counts, settings.vocab_size, settings.min_count, chinese_words)
@@ -43,5 +43,5 @@ def skip_thought_examples(ctx: StageContext) -> dict:
     counts = ctx.map_shards(build_shard_triples, shard_paths(ctx.stage_dir("prepare")),
                             ctx.stage_dir("skip_thought_vocab") / "vocab.txt", ctx.out_dir,
                             typed_settings(ctx.cfg.skip_thought, SkipThoughtConfig).max_words,
-                            str(typed_settings(ctx.cfg.data, DataConfig).chinese_words))
+                            chinese_words_of(ctx.cfg))
     return {"triples": int(sum(counts)), "files": len(counts)}

@@ -16,10 +16,9 @@ from data_prep.corpus.word_vectors import (
 from data_prep.examples.skip_thought_examples import WordVocab, tokenize
 from models.checkpoint import random_twin
 from models.skip_thought import CombineSkip, SkipThoughts, load_pretrained
-from pipeline.data_settings import DataConfig
+from pipeline.data_settings import chinese_words_of
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec
-from pipeline.engine.settings import typed_settings
 from pipeline.skip_thought.module import pad_sentences
 from pipeline.skip_thought.stages import PRETRAINING_STAGES
 
@@ -69,7 +68,7 @@ def skip_thought_encoder(name: str, encoders: tuple[str, ...], expand_vocabulary
             models = [random_twin(model, ctx.cfg.seed) for model in models]
         # the stages copy the one vocabulary stage's file next to their model
         vocab = WordVocab.load(ctx.stage_dir(stages[0]) / "model" / "vocab.txt",
-                               str(typed_settings(ctx.cfg.data, DataConfig).chinese_words))
+                               chinese_words_of(ctx.cfg))
         return SkipThoughtSentenceEncoder(models, vocab, name, expand_vocabulary)
     # an expanded vocabulary has no random twin: the random words' map to GloVe would be fitted to noise
     twin = None if random_init or expand_vocabulary else f"{name}_random"
