@@ -19,19 +19,18 @@ from typing import Any, Optional, get_type_hints
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.data_settings import DataConfig, PathsConfig, RayConfig
+from pipeline.data_settings import DataConfig
 from pipeline.downstream.finetune import FinetuneConfig
 from pipeline.downstream.word2vec import Word2VecConfig
 from pipeline.engine.distributed import DistributedConfig
-from pipeline.engine.settings import did_you_mean
+from pipeline.engine.settings import PathsConfig, RayConfig, did_you_mean
 from pipeline.engine.training import TrainerConfig
-from pipeline.evaluation.stage import ENCODERS
+from pipeline.evaluation.stage import EvaluateConfig
 from pipeline.families import FAMILIES
 from pipeline.schema import NULL_MEANS, OPEN_BLOCKS, ModelConfig, PretrainConfig, SentevalConfig, TargetConfig
 from pipeline.stages import STAGES
 
 StageName = StrEnum("StageName", {name: name for name in STAGES}, module=__name__)
-EncoderName = StrEnum("EncoderName", {name: name for name in ENCODERS}, module=__name__)
 
 
 @dataclass
@@ -43,14 +42,6 @@ class PipelineConfig:
     force: list[StageName] = field(default_factory=list)  # rerun these (and everything downstream) even if cached
     dry_run: bool = False  # print the DAG with cached/pending state, run nothing
     verify: bool = False  # hash every file of the cached stages again, not only those whose size or stat changed
-
-
-@dataclass
-class EvaluateConfig:
-    # frozen encoders compared by the SentEval-style probes (the `senteval` block); *_random: the same architecture,
-    # untrained
-    encoders: list[EncoderName] = field(default_factory=lambda: [EncoderName(name) for name in (
-        "bert_cls", "bert_mean", "bert_cls_random", "bert_mean_random", "glove_bow")])
 
 
 @dataclass

@@ -17,11 +17,11 @@ from data_prep.corpus.dedup import NearDuplicateOptions
 from data_prep.corpus.prepare import prepare_corpus
 from data_prep.corpus.sentences import default_splitter, splitter_identity
 from data_prep.corpus.shards import MANIFEST_NAME
-from pipeline.data_settings import DataConfig, PathsConfig, RayConfig
+from pipeline.data_settings import DataConfig
 from pipeline.downstream.task_data import evaluation_texts as task_evaluation_texts
 from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fingerprint, task_names
 from pipeline.engine.dag import Stage, StageContext, files_fingerprint
-from pipeline.engine.settings import typed_settings
+from pipeline.engine.settings import RayConfig, cache_dir_of, stages_in_run, typed_settings
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,9 @@ class EvaluationSources:
 
     @classmethod
     def of(cls, cfg: DictConfig) -> EvaluationSources:
-        stages = cfg.pipeline.stages
+        stages = stages_in_run(cfg)
         return cls(tuple(task_names(cfg.finetune.task)) if "finetune" in stages else (), cfg.finetune.data_dir,
-                   str(cfg.paths.cache_dir), cfg.senteval if "evaluate" in stages and cfg.senteval.tasks else None)
+                   cache_dir_of(cfg), cfg.senteval if "evaluate" in stages and cfg.senteval.tasks else None)
 
 
 def corpus_dir(data: DataConfig, cache_dir: str) -> Path:
@@ -96,7 +96,7 @@ def decontamination(data: DataConfig, sources: EvaluationSources) -> EvaluationO
 
 
 def prepare(ctx: StageContext) -> dict:
-    data, cache_dir = typed_settings(ctx.cfg.data, DataConfig), typed_settings(ctx.cfg.paths, PathsConfig).cache_dir
+    data, cache_dir = typed_settings(ctx.cfg.data, DataConfig), cache_dir_of(ctx.cfg)
     corpus = corpus_dir(data, cache_dir)
     manifest = prepare_corpus(corpus, ctx.stage_dir("prepare"), glob=data.glob, input_format=str(data.input_format),
                               shard_bytes=data.shard_bytes, min_tokens=data.min_tokens, max_tokens=data.max_tokens,
@@ -155,7 +155,7 @@ def _prepare_fingerprint(cfg: DictConfig) -> str:
     """The corpus, the evaluation text it is decontaminated against, and for raw text the sentence splitter this
     machine runs: blingfire and its aarch64 stand-in split some sentences differently (data_prep/corpus/sentences.py),
     so an x86-64 run's shards are not an aarch64 run's."""
-    data, cache_dir = typed_settings(cfg.data, DataConfig), typed_settings(cfg.paths, PathsConfig).cache_dir
+    data, cache_dir = typed_settings(cfg.data, DataConfig), cache_dir_of(cfg)
     evaluation = _evaluation_fingerprint(EvaluationSources.of(cfg)) if data.decontaminate else "not decontaminated"
     key = f"{_corpus_fingerprint(data, cache_dir)} decontaminated against {evaluation}"
     if data.input_format != "raw":

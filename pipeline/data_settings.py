@@ -1,6 +1,6 @@
-"""The blocks a data stage reads (paths, ray, data), typed, with their defaults: pipeline/schema.py's, in a module of
-their own without torch, which Ray's shard workers for prepare and the families' data stages never load
-(tests/run/test_layering.py)."""
+"""The `data` block, which the data stages read, typed, with its defaults, in a module without torch (as the engine's
+paths and ray blocks are, pipeline/engine/settings.py), which Ray's shard workers for prepare and the families' data
+stages never load (tests/run/test_layering.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,20 +17,6 @@ InputFormat = StrEnum("InputFormat", {name: name for name in ("raw", "sentence_p
 BuiltinCorpus = StrEnum("BuiltinCorpus", {name: name for name in BUILTIN_CORPORA}, module=__name__)
 ChineseVariant = StrEnum("ChineseVariant", {name: name for name in CHINESE_VARIANTS}, module=__name__)
 ChineseWords = StrEnum("ChineseWords", {name: name for name in CHINESE_WORDS}, module=__name__)
-
-
-@dataclass
-class PathsConfig:
-    # Stage outputs (content-addressed, shared by all runs) and downloaded default data; never inside a run directory,
-    # so a new run of the same experiment reuses finished stages.
-    cache_dir: str = "${oc.env:TEXTREP_CACHE_DIR,${oc.env:HOME}/.cache/textrep}"
-    run_dir: str = "${hydra:runtime.output_dir}"
-
-
-@dataclass
-class RayConfig:
-    num_cpus: int = 2
-    address: Optional[str] = None  # null: start a local Ray; "auto" or "ray://host:port" joins a cluster
 
 
 @dataclass

@@ -32,7 +32,7 @@ from models.hf import bert, elmo, gpt, skip_thought
 from pipeline.data_settings import DataConfig
 from pipeline.downstream.finetune import BASELINES, MODEL_KINDS, is_snapshot
 from pipeline.engine.dag import resolve_upstream
-from pipeline.engine.settings import typed_settings
+from pipeline.engine.settings import stages_in_run, typed_settings
 from pipeline.evaluation.stage import ENCODERS
 from pipeline.families import FAMILIES
 from pipeline.report.report import corpus_lines, learning_lines
@@ -242,7 +242,7 @@ def _downstream_lines(run_dir: Path, cfg: DictConfig, stage: str) -> list[str]:
     """This model's fine-tuning and probing rows next to its random twin's (the same architecture, randomly
     initialised: what pretraining gave) and the baselines fitted on the same examples."""
     lines = ["## Downstream results of this run", ""]
-    finetune = _read_json(run_dir / "finetune" / "results.json") if "finetune" in cfg.pipeline.stages else None
+    finetune = _read_json(run_dir / "finetune" / "results.json") if "finetune" in stages_in_run(cfg) else None
     if finetune:
         kinds = [name for name, kind in MODEL_KINDS.items()
                  if kind.random_twin and _pretraining_stages_read(kind.upstream(cfg)) == {stage}]
@@ -269,7 +269,7 @@ def _downstream_lines(run_dir: Path, cfg: DictConfig, stage: str) -> list[str]:
                       "architecture fine-tuned from random initialisation:", "",
                       "| task | metric | train examples | this model | random twin | difference | seeds ahead | "
                       "baselines |", "|---|---|---|---|---|---|---|---|", *table, ""]
-    evaluate = _read_json(run_dir / "evaluate" / "results.json") if "evaluate" in cfg.pipeline.stages else None
+    evaluate = _read_json(run_dir / "evaluate" / "results.json") if "evaluate" in stages_in_run(cfg) else None
     if evaluate:
         encoders = [name for name, spec in ENCODERS.items()
                     if spec.random_twin and _pretraining_stages_read(spec.upstream(cfg)) == {stage}]

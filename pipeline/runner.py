@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from data_prep.corpus.prepare import manifest_summary
 from pipeline.config import PipelineConfig, check_declared_keys
-from pipeline.data_settings import DataConfig, PathsConfig, RayConfig
+from pipeline.data_settings import DataConfig
 from pipeline.downstream.finetune import (
     FINETUNE,
     MODEL_KINDS,
@@ -34,6 +34,8 @@ from pipeline.engine.settings import (
     PRETRAINING_NUMBERS,
     RATE,
     Number,
+    PathsConfig,
+    RayConfig,
     check_numbers,
     check_target_arguments,
     did_you_mean,
@@ -42,6 +44,7 @@ from pipeline.engine.settings import (
 from pipeline.engine.tracking import check_logger, uses_wandb
 from pipeline.engine.training import check_trainer_arguments
 from pipeline.families import FAMILIES
+from pipeline.schema import PretrainConfig
 from pipeline.stages import STAGES
 
 NUMBERS = {  # the engine's and every stage's settings; a family's own are in its record (Family.numbers)
@@ -83,7 +86,8 @@ def validate(cfg: DictConfig) -> None:
     train_sizes(finetune)
     finetune_seeds(finetune)
     validate_distributed(cfg)
-    encoder_snapshot_steps(cfg, cfg.pretrain, "pretrain")  # every family's; BERT's phase 2 in its own validate
+    # every family's; BERT's phase 2 in its own validate
+    encoder_snapshot_steps(cfg, typed_settings(cfg.pretrain, PretrainConfig), "pretrain")
     stages = resolve_upstream(STAGES, cfg)
     in_run = select_stages(stages, run.stages, run.until)
     warn_of_an_until_outside_the_run(run, stages, in_run)

@@ -194,8 +194,7 @@ class OptunaRaySweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> None:
         import ray
 
-        from pipeline.data_settings import RayConfig
-        from pipeline.engine.settings import typed_settings
+        from pipeline.engine.settings import RayConfig, typed_settings
         from pipeline.runner import init_ray
 
         swept = [o.input_line for o in OverridesParser.create().parse_overrides(arguments) if o.is_sweep_override()]

@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
+from pipeline.bert.config import AttentionReportConfig
 from pipeline.bert.pretrain import encoder_stage
+from pipeline.engine.settings import cache_dir_of, stages_in_run, typed_settings
 from pipeline.report.fonts import font_for
 from pipeline.report.plots import plot_attention
 
@@ -62,7 +64,7 @@ def attention_matrix(encoder_dir: Path, tokenizer_dir: Path, request: AttentionR
 
 
 def _attention_request(cfg: DictConfig) -> AttentionRequest | None:
-    wanted = cfg.report
+    wanted = typed_settings(cfg.report, AttentionReportConfig)
     if not wanted.attention_sentence:
         return None
     return AttentionRequest(wanted.attention_sentence, wanted.attention_layer, wanted.attention_head)
@@ -71,7 +73,7 @@ def _attention_request(cfg: DictConfig) -> AttentionRequest | None:
 
 def report_upstream(cfg: DictConfig) -> tuple[str, ...]:
     """The heat-map runs the pretrained BERT on a sentence: it reads that BERT's encoder and tokenizer."""
-    if _attention_request(cfg) is None or encoder_stage(cfg) not in cfg.pipeline.stages:
+    if _attention_request(cfg) is None or encoder_stage(cfg) not in stages_in_run(cfg):
         return ()
     return "bert_tokenizer", encoder_stage(cfg)
 
@@ -83,7 +85,7 @@ def report_section(cfg: DictConfig, stage_dirs: dict[str, Path], out: Path, figu
     heat = attention_matrix(stage_dirs[encoder_stage(cfg)] / "encoder", stage_dirs["bert_tokenizer"], request)
     where = f"layer {heat.layer} of {heat.num_layers} (0-based), head {heat.head}"
     figures["attention_plot"] = out / "attention.png"
-    font = font_for("".join(heat.tokens), cfg.paths.cache_dir)
+    font = font_for("".join(heat.tokens), cache_dir_of(cfg))
     plot_attention(heat.matrix, heat.tokens, figures["attention_plot"], title=f"Pretrained BERT, {where}",
                    font=font.path)
     cut = f" (its first {len(heat.tokens)} tokens: the encoder has no more positions)" if heat.truncated else ""

@@ -7,78 +7,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Optional
 
-from data_prep.examples.bert_examples import PACKINGS
-from pipeline.bert.module import PRETRAINING_OBJECTIVES
+from pipeline.bert.settings import BertPretrainConfig, ExamplesConfig, TokenizerConfig
 from pipeline.schema import PretrainConfig, override_block
 
-Objective = StrEnum("Objective", {name: name for name in PRETRAINING_OBJECTIVES}, module=__name__)
 BERT_POOLINGS = ("cls", "mean")  # the sentence vector: pooled [CLS] state, or mean of the final states
 # and for fine-tuning, "prompt": the masked-LM head's scores of the task's label words in its template
 Pooling = StrEnum("Pooling", {name: name for name in (*BERT_POOLINGS, "prompt")}, module=__name__)
-Packing = StrEnum("Packing", {name: name for name in PACKINGS}, module=__name__)
-# pretrain.init_embeddings: where the word embeddings start, random (the model's initialiser) or word2vec (the
-# bert_piece_vectors stage)
-InitEmbeddings = StrEnum("InitEmbeddings", {name: name for name in ("random", "word2vec")}, module=__name__)
-
-
-@dataclass
-class TokenizerConfig:
-    """The `tokenizer` block: BERT's WordPiece vocabulary."""
-    vocab_size: int = 8000  # small corpus: 30522 would leave most pieces unseen
-    min_frequency: int = 2
-    lowercase: bool = True
-    # Trained on at most this many sentences, evenly spaced through the corpus (SentencePiece's input_sentence_size);
-    # null: all. The trainer's memory grows with the distinct words it sees and its time with every sentence (68 MB of
-    # books took it 50 s and 113 MB here), so 1 M sentences (~120 MB of books) bound both; BookCorpus has 74 M.
-    max_sentences: Optional[int] = 1_000_000
-    # Characters of the alphabet, the most frequent first; the others are [UNK]. null: every character of the corpus
-    # (a Chinese corpus has thousands, which HF's default of 1,000 sent to [UNK]; a vocabulary too small for them is
-    # refused with the size it needs). stage.json reports the alphabet and the [UNK] rate, warned about above 0.5 %.
-    limit_alphabet: Optional[int] = None
-
-
-@dataclass
-class ExamplesConfig:
-    """The `examples` block: BERT's pretraining instances."""
-    max_seq_length: int = 128
-    short_seq_prob: float = 0.1  # google-research/bert: 10 % shorter sequences to reduce pretrain/finetune mismatch
-    dupe_factor: int = 1  # passes over the corpus with different pairings (masking is dynamic, in the collator)
-    # sentence_pairs: google-research/bert's [CLS] A [SEP] B [SEP], B the next sentences or a random document's, for
-    # next-sentence prediction; doc_sentences: RoBERTa's contiguous sentences of one document, one segment (Liu et al.
-    # 2019, §4.2), for masked LM alone (pretrain.next_sentence_prediction=false)
-    packing: Packing = Packing.sentence_pairs
-
-
-@dataclass
-class ElectraConfig:
-    generator_layers: int = 1  # Clark et al.: generators 1/4-1/2 the discriminator's size work best
-    discriminator_weight: float = 50.0  # their lambda: the detection loss is per token and ~50x smaller than the MLM's
-
-
-@dataclass
-class BertPretrainConfig:
-    """What BERT adds to `pretrain`."""
-    mlm_probability: float = 0.15
-    max_predictions_per_seq: int = 20  # google-research/bert: round(0.15 * 128)
-    # mask a word's WordPiece pieces together (google-research/bert's whole-word masking; seed 003), so a masked piece
-    # cannot be read off the rest of its word
-    whole_word_masking: bool = False
-    next_sentence_prediction: bool = True  # false: masked LM alone (RoBERTa; Cramming), NSP head scored, not trained
-    # mlm: BERT's masked LM (+ NSP). electra: replaced-token detection (Clark et al. 2020): a generator of
-    # electra.generator_layers layers fills the masked positions, the model's encoder learns from every token which
-    # were replaced; needs next_sentence_prediction=false
-    objective: Objective = Objective.mlm
-    electra: ElectraConfig = field(default_factory=ElectraConfig)
-    # Continued pretraining (Gururangan et al. 2020's domain-adaptive pretraining; HF run_mlm's --model_name_or_path):
-    # a HuggingFace BERT directory (config.json, model.safetensors or pytorch_model.bin, tokenizer files) whose
-    # architecture, weights and tokenizer the bert_pretrain stage starts from, instead of `model` from scratch and a
-    # trained tokenizer; its MLM (and NSP) head is loaded where the checkpoint has one, else freshly initialised.
-    init_from: Optional[str] = None
-    # Where BERT's word embeddings start: random, or word2vec (skip-gram over the corpus's WordPiece pieces, the
-    # bert_piece_vectors stage, with the `word2vec` block's settings; not with init_from, whose embeddings are the
-    # checkpoint's); and whether pretraining keeps them as they start.
-    init_embeddings: InitEmbeddings = InitEmbeddings.random
-    freeze_embeddings: bool = False
 
 
 @dataclass

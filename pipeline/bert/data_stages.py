@@ -26,6 +26,7 @@ from data_prep.corpus.tokenizer import (
     unknown_tokens,
 )
 from data_prep.examples.bert_examples import create_training_instances, write_instances
+from pipeline.bert.settings import BertPretrainConfig, ExamplesConfig, TokenizerConfig
 from pipeline.corpus import require_books
 from pipeline.downstream.word2vec import Word2VecConfig, train_word2vec
 from pipeline.engine.arrow import read_arrow
@@ -36,9 +37,10 @@ PIECE_VECTORS_FILE = "vectors.npy"
 
 
 def tokenizer(ctx: StageContext) -> dict:
-    tok_cfg = ctx.cfg.tokenizer
-    if ctx.cfg.pretrain.init_from:  # continued pretraining reads the text as its checkpoint was trained to
-        start = Path(ctx.cfg.pretrain.init_from).expanduser()
+    tok_cfg = typed_settings(ctx.cfg.tokenizer, TokenizerConfig)
+    init_from = typed_settings(ctx.cfg.pretrain, BertPretrainConfig).init_from
+    if init_from:  # continued pretraining reads the text as its checkpoint was trained to
+        start = Path(init_from).expanduser()
         tok, lowercase = checkpoint_tokenizer(start)
         save_hf_tokenizer(tok, ctx.out_dir, lowercase=lowercase,
                           model_max_length=json.loads((start / "config.json").read_text())["max_position_embeddings"])
@@ -122,11 +124,11 @@ def examples(ctx: StageContext, length_key: str) -> dict:
     `bert_examples_phase2` at phase 2's), built from the same shards and tokenizer with the `examples` settings."""
     require_books(ctx.stage_dir("prepare"), 2, "BERT's sentence pairs take a random next sentence from another book")
     shards = shard_paths(ctx.stage_dir("prepare"))
-    ex = ctx.cfg.examples
+    ex = typed_settings(ctx.cfg.examples, ExamplesConfig)
     max_seq_length = int(OmegaConf.select(ctx.cfg, length_key))
     # Each task gets its neighbour's path, not the list of all shards: that list in every task's arguments made the
     # arguments grow as shards squared (3,449 shards at 2 GB of books: 345 KB per task, 515 MB in Ray's object store).
     neighbours = list(zip(shards, [*shards[1:], *shards[:1]]))
     counts = ctx.map_shards(build_shard_examples, neighbours, ctx.stage_dir("bert_tokenizer"), ctx.out_dir,
-                            max_seq_length, ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed, ex.packing)
+                            max_seq_length, ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed, str(ex.packing))
     return {"instances": int(sum(counts)), "files": len(counts), "max_seq_length": max_seq_length}

@@ -24,6 +24,7 @@ from models.bert import (
     BertForTokenClassification,
     load_pretrained,
 )
+from pipeline.bert.config import BertFinetuneConfig
 from pipeline.bert.data import EncodedPromptTask, EncodedTask, pad_classification_batch
 from pipeline.bert.pretrain import HEADS_FILE, encoder_stage
 from pipeline.downstream.modules import (
@@ -38,6 +39,7 @@ from pipeline.downstream.task_data import TaskData, conll_sentences, majority_ta
 from pipeline.downstream.tasks import load_task, task_names
 from pipeline.engine.dag import StageContext, files_fingerprint
 from pipeline.engine.family import FinetuneKind
+from pipeline.engine.settings import cache_dir_of, typed_settings
 
 if TYPE_CHECKING:  # the stage's typed settings; importing it at run time would import every family
     from pipeline.downstream.finetune import FinetuneConfig
@@ -85,14 +87,14 @@ class BertTaskModels:
 def _this_run(pretrained: bool):
     def load(ctx: StageContext) -> BertTaskModels:
         tokenizer_dir = ctx.stage_dir("bert_tokenizer")
-        f = ctx.cfg.finetune
+        f = typed_settings(ctx.cfg.finetune, BertFinetuneConfig)  # BERT's keys of the block
         return BertTaskModels(ctx.stage_dir(encoder_stage(ctx.cfg)) / "encoder", load_tokenizer(tokenizer_dir),
                               str(tokenizer_dir), pretrained, f.dropout, str(f.pooling))
     return load
 
 
 def _external(ctx: StageContext) -> BertTaskModels:
-    f = ctx.cfg.finetune
+    f = typed_settings(ctx.cfg.finetune, BertFinetuneConfig)
     if not f.external_encoder:
         raise ValueError("finetune.models has bert_external but finetune.external_encoder is not set; pass the "
                          "directory of an HF BERT (config.json, weights and tokenizer files)")
@@ -101,8 +103,8 @@ def _external(ctx: StageContext) -> BertTaskModels:
 
 
 def _external_files(cfg: DictConfig) -> str:
-    path = cfg.finetune.external_encoder
-    return files_fingerprint(Path(path).expanduser(), "*", cfg.paths.cache_dir) if path else ""
+    path = typed_settings(cfg.finetune, BertFinetuneConfig).external_encoder
+    return files_fingerprint(Path(path).expanduser(), "*", cache_dir_of(cfg)) if path else ""
 
 
 def _this_run_stages(cfg: DictConfig) -> tuple[str, ...]:
@@ -143,9 +145,11 @@ def prompt_of(task: DictConfig, tok) -> tuple[str, list[int]]:
 def check_prompts(cfg: DictConfig, stages: list[str]) -> None:
     """Before any stage runs: with finetune.pooling=prompt, every task the BERT rows fine-tune on has a prompt (a
     task without one failed only in fine-tuning, after pretraining)."""
-    models = [str(m) for m in cfg.finetune.models]
-    if "finetune" in stages and str(cfg.finetune.pooling) == "prompt" and any(m in FINETUNE_KINDS for m in models):
-        for name in task_names(cfg.finetune.task):
+    from pipeline.downstream.finetune import finetune_settings  # at the top, it would import this module's family
+
+    f, bert = finetune_settings(cfg), typed_settings(cfg.finetune, BertFinetuneConfig)
+    if "finetune" in stages and bert.pooling == "prompt" and any(str(m) in FINETUNE_KINDS for m in f.models):
+        for name in task_names(f.task):
             task_prompt(load_task(name))
 
 

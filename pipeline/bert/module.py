@@ -45,10 +45,6 @@ def electra_pretraining_losses(model: nn.Module, batch: dict, discriminator_weig
             "replaced_fraction": replaced.float().mean()}
 
 
-# pretrain.objective: what the model trained by the stage is and how its loss is computed
-PRETRAINING_OBJECTIVES = ("mlm", "electra")
-
-
 class BertPretrainModule(PretrainModule):
     """Masked LM + next sentence prediction (Devlin et al. 2019, §3.1) on a `BertForPreTraining`, or with
     objective="electra" replaced-token detection on an `ElectraForPreTraining`."""

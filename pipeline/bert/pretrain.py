@@ -33,12 +33,12 @@ from models.bert import (
     save_pretrained,
 )
 from models.hf.bert import hf_incompatibility, to_hf
-from pipeline.bert.config import BertPretrainSettings, ExamplesConfig, TokenizerConfig
+from pipeline.bert.config import BertPretrainSettings
 from pipeline.bert.data import BertPretrainingCollator, MaskedBatches, PretrainingInstances
 from pipeline.bert.data_stages import PIECE_VECTORS_FILE
 from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import BertPretrainModule
-from pipeline.data_settings import PathsConfig
+from pipeline.bert.settings import ExamplesConfig, TokenizerConfig
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext, files_fingerprint
 from pipeline.engine.loaders import held_out_split, seeded_train_loader
@@ -50,7 +50,7 @@ from pipeline.engine.pretraining import (
     instantiate_model,
     merged_settings,
 )
-from pipeline.engine.settings import typed_settings
+from pipeline.engine.settings import cache_dir_of, stages_in_run, typed_settings
 
 # The MLM and NSP heads, beside encoder/: what a later phase needs, besides the encoder, to continue pretraining.
 HEADS_FILE = "pretraining_heads.safetensors"
@@ -157,7 +157,7 @@ def start_word_embeddings(word_embeddings: nn.Embedding, vectors: np.ndarray) ->
 
 def encoder_stage(cfg: DictConfig) -> str:
     """The stage whose encoder the run's downstream stages read: its last pretraining phase in pipeline.stages."""
-    in_run = [p.stage for p in PHASES if p.stage in cfg.pipeline.stages]
+    in_run = [p.stage for p in PHASES if p.stage in stages_in_run(cfg)]
     return in_run[-1] if in_run else PHASES[0].stage
 
 
@@ -184,7 +184,7 @@ def init_from_fingerprint(cfg: DictConfig) -> str:
     init_from = PHASES[0].settings(cfg).init_from
     if not init_from:
         return ""
-    return files_fingerprint(Path(init_from).expanduser(), "*", typed_settings(cfg.paths, PathsConfig).cache_dir)
+    return files_fingerprint(Path(init_from).expanduser(), "*", cache_dir_of(cfg))
 
 
 def check_init_from(settings: BertPretrainSettings, max_seq_length: int) -> None:

@@ -48,7 +48,7 @@ from pipeline.downstream.word2vec import WORD2VEC, load_word2vec
 from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import FinetuneKind, TaskModels
 from pipeline.engine.pretraining import encoder_snapshots, steps_trained
-from pipeline.engine.settings import typed_settings
+from pipeline.engine.settings import cache_dir_of, typed_settings
 from pipeline.engine.training import make_trainer, one_process_trainer_keys
 from pipeline.families import FAMILIES
 
@@ -217,7 +217,7 @@ def check_task_files(cfg: DictConfig) -> None:
         return
     for name in task_names(f.task):
         task = load_task(name)
-        read_task_files(task, resolve_task_dir(task, f.data_dir, cfg.paths.cache_dir))
+        read_task_files(task, resolve_task_dir(task, f.data_dir, cache_dir_of(cfg)))
 
 
 SNAPSHOT_MARK = "@"  # <kind>@<step>: the kind fine-tuned from its pretraining stage's encoder snapshot at that step
@@ -344,7 +344,7 @@ def finetune(ctx: StageContext) -> dict:
         if selection and task.format != "tsv":
             raise ValueError(f"finetune.selection_fraction holds out part of a TSV task's train split; task "
                              f"{task.name} is {task.format}: leave it null for this task")
-        data_dir = resolve_task_dir(task, f.data_dir, ctx.cfg.paths.cache_dir)
+        data_dir = resolve_task_dir(task, f.data_dir, cache_dir_of(ctx.cfg))
         encoded: dict[str, TaskData] = {}  # kinds with the same inputs (tokenizer) encode the task once
         task_sizes = None
         for kind, (models, pretraining_steps) in sources.items():
@@ -477,7 +477,8 @@ def pretraining_scaling(results: list[dict]) -> list[dict]:
 def _finetune_fingerprint(cfg: DictConfig) -> str:
     """The task files, and the files a model kind reads from outside the cache (an external encoder's)."""
     f = finetune_settings(cfg)
-    parts = [task_data_fingerprint(load_task(name), f.data_dir, cfg.paths.cache_dir) for name in task_names(f.task)]
+    cache_dir = cache_dir_of(cfg)
+    parts = [task_data_fingerprint(load_task(name), f.data_dir, cache_dir) for name in task_names(f.task)]
     parts += [kind.fingerprint(cfg) for kind in finetune_kinds(f).values()]
     return hashlib.sha256("".join(parts).encode()).hexdigest()
 

@@ -46,6 +46,7 @@ from pipeline.engine.integrity import (
     damaged_outputs,
     record_outputs,
 )
+from pipeline.engine.settings import RayConfig, StageSelection, cache_dir_of, typed_settings
 from pipeline.engine.shard_tasks import shard_results
 
 T = TypeVar("T")
@@ -56,7 +57,7 @@ LOG_FILE = "stage.log"
 
 def all_cpus(cfg: DictConfig) -> float:
     """A training stage's reservation: every CPU the run was given, for its torch threads."""
-    return float(cfg.ray.num_cpus)
+    return float(typed_settings(cfg.ray, RayConfig).num_cpus)
 
 
 @dataclass(frozen=True)
@@ -313,7 +314,7 @@ def _out_of_space(err: BaseException | None) -> bool:
 
 
 def _failure_message(cfg: DictConfig, name: str, err: BaseException, log_path: Path) -> str:
-    cache_dir = Path(cfg.paths.cache_dir).resolve()
+    cache_dir = Path(cache_dir_of(cfg)).resolve()
     free = shutil.disk_usage(cache_dir).free
     full = f"the cache directory paths.cache_dir={cache_dir} is full ({free / 1e6:.0f} MB free now)"
     advice = ("free space there or set paths.cache_dir to a bigger disk, then rerun the same command (finished stages "
@@ -467,14 +468,14 @@ class Plan:
 def plan(cfg: DictConfig, stages: dict[str, Stage]) -> Plan:
     """What a run of `cfg` would execute: stages in order, their hashes, output dirs, and which are complete."""
     stages = resolve_upstream(stages, cfg)
-    p = cfg.pipeline
-    unknown = [s for s in [*p.stages, *(p.force or []), *([p.until] if p.until else [])] if s not in stages]
+    p = StageSelection.of(cfg)
+    unknown = [s for s in [*p.stages, *p.force, *([p.until] if p.until else [])] if s not in stages]
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; valid stages, in order: {topological_order(stages)}")
     order = select_stages(stages, list(p.stages), p.until)
     hashes, input_files = stage_keys(cfg, stages, order)
-    dirs = {n: output_dir(cfg.paths.cache_dir, n, hashes[n]) for n in order}
-    forced = set(p.force or [])
+    dirs = {n: output_dir(cache_dir_of(cfg), n, hashes[n]) for n in order}
+    forced = set(p.force)
     for name in list(forced):
         forced |= descendants(stages, name)
     cached = {n: is_complete(dirs[n]) and n not in forced for n in order}
@@ -516,12 +517,12 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
 
     the_plan = plan(cfg, stages)
     stages = the_plan.stages
-    if cfg.pipeline.dry_run:
+    selection = StageSelection.of(cfg)
+    if selection.dry_run:
         print(the_plan.describe())
         return {}
     # Before any work: a damaged output would fail the run wherever it is first read, after the stages before it.
-    check_outputs_intact({n: the_plan.dirs[n] for n in the_plan.order if the_plan.cached[n]},
-                         full=bool(cfg.pipeline.get("verify")))
+    check_outputs_intact({n: the_plan.dirs[n] for n in the_plan.order if the_plan.cached[n]}, full=selection.verify)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_resolved = plain_config(cfg)
     remote = ray.remote(execute_stage_with_threads)

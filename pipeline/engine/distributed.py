@@ -25,8 +25,11 @@ import torch
 from omegaconf import MISSING, DictConfig, OmegaConf
 from torch import nn
 
+from pipeline.engine.dag import all_cpus
 from pipeline.engine.module import PretrainModule, check_finite_loss
+from pipeline.engine.settings import RayConfig, typed_settings
 from pipeline.engine.training import TrainerConfig, resolve_precision
+from pipeline.schema import PretrainConfig
 
 ZERO_STAGES = (1, 2, 3)
 CHECKPOINT_TAG_PREFIX = "step-"
@@ -67,15 +70,14 @@ class DistributedSettings:
     accumulate_grad_batches: int
 
     @classmethod
-    def from_config(cls, cfg: DictConfig, training: DictConfig | None = None) -> "DistributedSettings":
-        """`training`: the settings of the pretraining run being set up (a phase's), by default `cfg.pretrain`."""
-        t, ds = cfg.trainer, cfg.distributed.deepspeed
-        return cls(strategy=str(t.strategy), num_workers=int(cfg.distributed.num_workers),
-                   accelerator=str(t.accelerator), devices=t.devices, precision=str(t.precision),
-                   zero_stage=ds.stage, offload_optimizer=bool(ds.offload_optimizer),
-                   offload_parameters=bool(ds.offload_parameters),
-                   accumulate_grad_batches=int((cfg.pretrain if training is None else training)
-                                               .accumulate_grad_batches))
+    def from_config(cls, cfg: DictConfig, training: PretrainConfig | None = None) -> "DistributedSettings":
+        """`training`: the settings of the pretraining run being set up (a phase's); by default the `pretrain` block."""
+        t, d = typed_settings(cfg.trainer, TrainerConfig), typed_settings(cfg.distributed, DistributedConfig)
+        training = training or typed_settings(cfg.pretrain, PretrainConfig)
+        return cls(strategy=str(t.strategy), num_workers=d.num_workers, accelerator=str(t.accelerator),
+                   devices=t.devices, precision=str(t.precision), zero_stage=d.deepspeed.stage,
+                   offload_optimizer=d.deepspeed.offload_optimizer, offload_parameters=d.deepspeed.offload_parameters,
+                   accumulate_grad_batches=training.accumulate_grad_batches)
 
     @property
     def uses_cuda(self) -> bool:
@@ -124,11 +126,11 @@ def validate_distributed(cfg: DictConfig) -> None:
         raise ValueError(f"trainer.devices={s.devices}: each training process drives one device; for more, set "
                          "distributed.num_workers (Ray Train workers, one device each) and trainer.devices=auto, or "
                          "use trainer=gpu for every GPU of the machine")
-    if s.uses_ray_train and not s.uses_cuda and not cfg.ray.address and s.num_workers > cfg.ray.num_cpus:
+    ray = typed_settings(cfg.ray, RayConfig)
+    if s.uses_ray_train and not s.uses_cuda and not ray.address and s.num_workers > ray.num_cpus:
         # Ray Train would wait forever for the CPUs of the workers it cannot place
         raise ValueError(f"distributed.num_workers={s.num_workers} Ray Train workers need a CPU each, and this run's "
-                         f"Ray has ray.num_cpus={cfg.ray.num_cpus}; raise ray.num_cpus or lower "
-                         "distributed.num_workers")
+                         f"Ray has ray.num_cpus={ray.num_cpus}; raise ray.num_cpus or lower distributed.num_workers")
 
 
 def _check_deepspeed_cpu(cfg: DictConfig) -> None:
@@ -149,7 +151,7 @@ def _check_deepspeed_cpu(cfg: DictConfig) -> None:
 
 def stage_cpus(cfg: DictConfig) -> float:
     """CPUs the stage's own Ray task reserves: none when Ray Train workers take them, or they would wait forever."""
-    return 0.0 if DistributedSettings.from_config(cfg).uses_ray_train else float(cfg.ray.num_cpus)
+    return 0.0 if DistributedSettings.from_config(cfg).uses_ray_train else all_cpus(cfg)
 
 
 def deepspeed_config(s: DistributedSettings, micro_batch_size: int, grad_clip: float) -> dict:

@@ -53,7 +53,8 @@ class TaskModels(Protocol):
 
 @dataclass(frozen=True)
 class FinetuneKind:
-    """A value of `finetune.models`: the stages it reads and how the finetune stage loads it."""
+    """A value of `finetune.models`: the stages it reads and how the finetune stage loads it (reading the keys its
+    family adds to `finetune` through its own schema)."""
     upstream: Upstream
     load: Callable[[StageContext], TaskModels]
     fingerprint: Callable[[DictConfig], str] = lambda cfg: ""  # identity of files it reads outside the cache

@@ -59,7 +59,7 @@ from pipeline.engine.divergence import DivergenceMonitor, reduce_mean
 from pipeline.engine.fingerprints import content_digests
 from pipeline.engine.module import PretrainModule, pretraining_advice
 from pipeline.engine.optim import sparse_gradient_parameters, use_dense_gradients
-from pipeline.engine.settings import check_target_arguments, typed_settings
+from pipeline.engine.settings import cache_dir_of, check_target_arguments, typed_settings
 from pipeline.engine.tracking import log_curves
 from pipeline.engine.training import (
     PROGRESS_EVERY_N_STEPS,
@@ -165,7 +165,7 @@ def start_checkpoint_fingerprint(cfg: DictConfig) -> str:
     if not cfg.ckpt_path:
         return ""
     path = Path(cfg.ckpt_path).expanduser().resolve()
-    memo = Path(cfg.paths.cache_dir) / "file_digests" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:16]}.json"
+    memo = Path(cache_dir_of(cfg)) / "file_digests" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:16]}.json"
     return content_digests([path], memo)[0]
 
 

@@ -1,13 +1,14 @@
-"""Start-up checks of settings the config schema cannot type: numeric ranges, declared as a table of key ->
-constraint (the engine's in pipeline/runner.py, each family's in its Family record, `numbers`), and the arguments of a
-block built by `_target_`."""
+"""The engine's own blocks (paths, ray), typed; `typed_settings`, which makes any block its schema's object where a
+stage begins; and start-up checks of settings the config schema cannot type: numeric ranges, declared as a table of
+key -> constraint (the engine's in pipeline/runner.py, each family's in its Family record, `numbers`), and the
+arguments of a block built by `_target_`. No torch: the data stages' Ray workers load this module."""
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import inspect
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Optional, TypeVar
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -40,6 +41,20 @@ class Number:
                 f"{upper}{' or null' if self.nullable else ''}{f' ({self.why})' if self.why else ''}")
 
 
+@dataclass
+class PathsConfig:
+    # Stage outputs (content-addressed, shared by all runs) and downloaded default data; never inside a run directory,
+    # so a new run of the same experiment reuses finished stages.
+    cache_dir: str = "${oc.env:TEXTREP_CACHE_DIR,${oc.env:HOME}/.cache/textrep}"
+    run_dir: str = "${hydra:runtime.output_dir}"
+
+
+@dataclass
+class RayConfig:
+    num_cpus: int = 2
+    address: Optional[str] = None  # null: start a local Ray; "auto" or "ray://host:port" joins a cluster
+
+
 T = TypeVar("T")
 
 
@@ -50,6 +65,38 @@ def typed_settings(block: DictConfig, schema: type[T]) -> T:
     names = {entry.name for entry in dataclasses.fields(schema)}
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema),
                                                {key: value for key, value in block.items() if key in names}))
+
+
+
+def cache_dir_of(cfg: DictConfig) -> str:
+    """paths.cache_dir: where stage outputs, downloaded data and file digests live, shared by every run. Read alone,
+    not as the whole PathsConfig: paths.run_dir interpolates Hydra's runtime, which exists only in a Hydra app's
+    driver (not in a composed config's tests, nor where a config is planned without a run directory)."""
+    return str(cfg.paths.cache_dir)
+
+
+@dataclass(frozen=True)
+class StageSelection:
+    """The `pipeline` block as the engine reads it, once, where a run is planned: stage names as plain strings. The
+    block's schema (pipeline/config.py's PipelineConfig, with its defaults) types them as the registered stages' enum,
+    which needs every family's stages imported, torch with them; the engine also plans graphs of its own (tests)."""
+    stages: tuple[str, ...]     # asked for; their upstream stages come with them
+    until: str | None           # stop after this stage (and what it needs)
+    force: tuple[str, ...]      # rerun these and everything downstream
+    dry_run: bool
+    verify: bool
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> StageSelection:
+        p = cfg.pipeline
+        return cls(tuple(map(str, p.stages)), str(p.until) if p.until else None, tuple(map(str, p.force or ())),
+                   bool(p.get("dry_run")), bool(p.get("verify")))
+
+
+def stages_in_run(cfg: DictConfig) -> tuple[str, ...]:
+    """pipeline.stages (StageSelection's), what a stage's upstream, a start-up check or a report section asks about the
+    run, read alone: a config made for one stage (a test's, a report's) need not plan a run."""
+    return tuple(map(str, cfg.pipeline.stages))
 
 
 POSITIVE_INT, COUNT = Number(int, 1), Number(int, 0)

@@ -3,12 +3,16 @@ row per encoder and task, comparing the families' encoders (pipeline/families.py
 the seed."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from enum import StrEnum
+
 from omegaconf import DictConfig
 
 from data_prep.corpus.shards import write_json_atomically
 from data_prep.corpus.word_vectors import load_glove
 from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import EncoderSpec
+from pipeline.engine.settings import cache_dir_of, typed_settings
 from pipeline.evaluation.senteval import GloveBagOfWords, run_senteval, senteval_files_fingerprint
 from pipeline.families import FAMILIES
 
@@ -21,13 +25,25 @@ ENCODERS: dict[str, EncoderSpec] = {
 }
 
 
+EncoderName = StrEnum("EncoderName", {name: name for name in ENCODERS}, module=__name__)
+
+
+@dataclass
+class EvaluateConfig:
+    # frozen encoders compared by the SentEval-style probes (the `senteval` block); *_random: the same architecture,
+    # untrained
+    encoders: list[EncoderName] = field(default_factory=lambda: [EncoderName(name) for name in (
+        "bert_cls", "bert_mean", "bert_cls_random", "bert_mean_random", "glove_bow")])
+
+
 def evaluate_upstream(cfg: DictConfig) -> tuple[str, ...]:
-    """The stages of the encoders `evaluate.encoders` names: names the config schema allows (pipeline/config.py)."""
-    return tuple(sorted({stage for name in cfg.evaluate.encoders for stage in ENCODERS[name].upstream(cfg)}))
+    """The stages of the encoders `evaluate.encoders` names."""
+    names = typed_settings(cfg.evaluate, EvaluateConfig).encoders
+    return tuple(sorted({stage for name in names for stage in ENCODERS[name].upstream(cfg)}))
 
 
 def evaluate(ctx: StageContext) -> dict:
-    encoders = [ENCODERS[name].build(ctx) for name in ctx.cfg.evaluate.encoders]
+    encoders = [ENCODERS[name].build(ctx) for name in typed_settings(ctx.cfg.evaluate, EvaluateConfig).encoders]
     rows = [{"model": row.pop("encoder"), **row, "std": 0.0, "seeds": 1}
             for row in run_senteval(encoders, ctx.cfg.senteval, ctx.cfg.seed)]
     write_json_atomically(ctx.out_dir / "results.json", rows)
@@ -35,5 +51,5 @@ def evaluate(ctx: StageContext) -> dict:
 
 
 EVALUATE = Stage("evaluate", evaluate, evaluate_upstream, ("evaluate", "senteval", "seed"),
-                 fingerprint=lambda cfg: senteval_files_fingerprint(cfg.senteval, str(cfg.paths.cache_dir)),
+                 fingerprint=lambda cfg: senteval_files_fingerprint(cfg.senteval, cache_dir_of(cfg)),
                  num_cpus=all_cpus)

@@ -12,10 +12,12 @@ from data_prep.corpus.tokenizer import UNKNOWN_RATE_SENTENCES, unknown_rate_summ
 from data_prep.examples.gpt_blocks import load_gpt_tokenizer, shard_blocks, train_byte_level_bpe, write_blocks
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
+from pipeline.engine.settings import typed_settings
+from pipeline.gpt.settings import GptDataConfig
 
 
 def gpt_tokenizer(ctx: StageContext) -> dict:
-    g = ctx.cfg.gpt
+    g = typed_settings(ctx.cfg.gpt, GptDataConfig)
     num_sentences, texts = sampled_texts(ctx.stage_dir("prepare"), g.max_sentences)
     tok = train_byte_level_bpe(texts, ctx.out_dir, g.vocab_size, g.min_frequency)
     _, sample = sampled_texts(ctx.stage_dir("prepare"), UNKNOWN_RATE_SENTENCES)
@@ -36,7 +38,8 @@ def build_shard_blocks(index: int, shard_and_next: tuple[Path, Path | None], tok
 
 
 def gpt_blocks(ctx: StageContext) -> dict:
+    block_size = typed_settings(ctx.cfg.gpt, GptDataConfig).block_size
     shards = shard_paths(ctx.stage_dir("prepare"))
     counts = ctx.map_shards(build_shard_blocks, list(zip(shards, [*shards[1:], None])),
-                            ctx.stage_dir("gpt_tokenizer"), ctx.out_dir, ctx.cfg.gpt.block_size)
-    return {"blocks": int(sum(counts)), "files": len(counts), "block_size": ctx.cfg.gpt.block_size}
+                            ctx.stage_dir("gpt_tokenizer"), ctx.out_dir, block_size)
+    return {"blocks": int(sum(counts)), "files": len(counts), "block_size": block_size}

@@ -13,6 +13,8 @@ from tokenizers import Tokenizer
 from data_prep.examples.gpt_blocks import load_gpt_tokenizer
 from models.generation import beam_search, greedy, sample
 from models.gpt import GPTLMHeadModel, load_pretrained
+from pipeline.engine.settings import stages_in_run, typed_settings
+from pipeline.gpt.settings import GptReportConfig
 
 STAGE = "gpt_pretrain"
 REPORT_NEW_TOKENS = 30  # of each of report.gpt_prompts' continuations
@@ -68,7 +70,7 @@ def complete_characters(text: str) -> str:
 
 
 def report_upstream(cfg: DictConfig) -> tuple[str, ...]:
-    return (STAGE,) if STAGE in cfg.pipeline.stages else ()
+    return (STAGE,) if STAGE in stages_in_run(cfg) else ()
 
 
 def report_section(cfg: DictConfig, stage_dirs: dict[str, Path], out: Path, figures: dict[str, Path]) -> list[str]:
@@ -77,7 +79,7 @@ def report_section(cfg: DictConfig, stage_dirs: dict[str, Path], out: Path, figu
     model, tokenizer = load_model(stage_dirs[STAGE] / "model")
     lines = ["", "## GPT samples", "", f"Greedy continuations ({REPORT_NEW_TOKENS} tokens at most) by the pretrained "
              "GPT; `python -m pipeline.generate RUN_DIR --prompt ...` for more.", ""]
-    for prompt in cfg.report.gpt_prompts:
+    for prompt in typed_settings(cfg.report, GptReportConfig).gpt_prompts:
         room = model.config.n_positions - len(tokenizer.encode(prompt).ids)
         if room < 1:
             lines.append(f"- **{prompt}** (not continued: the prompt fills the {model.config.n_positions}-token "

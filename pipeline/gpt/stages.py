@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import shutil
+from dataclasses import dataclass, field, fields
+from typing import Optional
 
 from omegaconf import DictConfig
 
@@ -25,10 +27,24 @@ from pipeline.engine.pretraining import (
     model_key,
     pretraining_stage,
 )
-from pipeline.engine.settings import PRETRAINING_NUMBERS, check_numbers
+from pipeline.engine.settings import PRETRAINING_NUMBERS, check_numbers, typed_settings
 from pipeline.gpt.data_stages import gpt_blocks, gpt_tokenizer
 from pipeline.gpt.module import BLOCK_COLUMN, GPTPretrainModule, collate_blocks
-from pipeline.schema import PretrainConfig
+from pipeline.gpt.settings import GptDataConfig
+from pipeline.schema import NULL_MEANS, ModelConfig, PretrainConfig, override_block
+
+# GPT's own pretraining settings, gpt.pretrain: pretrain's keys, null where GPT keeps pretrain's value. What a run that
+# pretrains BERT too gives GPT alone (experiment=bert_vs_gpt: gpt.pretrain.lr=1e-3).
+GptPretrainConfig = override_block("GptPretrainConfig", __name__, (PretrainConfig,))
+
+
+@dataclass
+class GptConfig(GptDataConfig):
+    """The `gpt` block (experiment=gpt_*): its data stages' keys, GPT's own pretraining settings and model."""
+    pretrain: GptPretrainConfig = field(default_factory=GptPretrainConfig)
+    # A run that pretrains BERT too gives GPT its own model config here (defaults: /model@gpt.model: gpt_tiny), where
+    # `model` holds BERT's; null: GPT's is `model`
+    model: Optional[ModelConfig] = field(default=None, metadata={NULL_MEANS: "model"})
 
 
 class GPTPretraining:
@@ -49,7 +65,8 @@ class GPTPretraining:
         tok = load_gpt_tokenizer(ctx.stage_dir("gpt_tokenizer"))
         # the context is the training length: positions past it would keep their random init
         model = instantiate_model(cfg, model_key(cfg, "gpt"), vocab_size=tok.get_vocab_size(),
-                                  eos_token_id=end_of_text_id(tok), n_positions=cfg.gpt.block_size)
+                                  eos_token_id=end_of_text_id(tok),
+                                  n_positions=typed_settings(cfg.gpt, GptDataConfig).block_size)
         return GPTPretrainModule(model, OptimizerSettings.of(settings, self.settings_key(cfg)))
 
     def data(self, ctx: StageContext, module: GPTPretrainModule, p: PretrainConfig, rank: int,
@@ -80,7 +97,8 @@ class GPTPretraining:
 
 def own_pretraining_settings(cfg: DictConfig) -> list[str]:
     """The keys gpt.pretrain sets (not null): where GPT's pretraining differs from `pretrain`."""
-    return [key for key, value in cfg.gpt.pretrain.items() if value is not None]
+    own = typed_settings(cfg.gpt.pretrain, GptPretrainConfig)
+    return [entry.name for entry in fields(own) if getattr(own, entry.name) is not None]
 
 
 def validate(cfg: DictConfig, stages: list[str]) -> None:

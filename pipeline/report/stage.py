@@ -7,6 +7,7 @@ from itertools import chain
 from omegaconf import DictConfig
 
 from pipeline.engine.dag import Stage, StageContext
+from pipeline.engine.settings import stages_in_run
 from pipeline.families import FAMILIES
 from pipeline.report.report import RESULT_STAGES, write_report
 
@@ -18,8 +19,9 @@ def pretraining_stages() -> dict[str, tuple[str, ...]]:
 def report_upstream(cfg: DictConfig) -> tuple[str, ...]:
     """The result and pretraining stages the run has, what the families' sections read, and with a pretraining stage
     the corpus it read (`prepare`'s manifest: what was kept and what was removed as overlapping the evaluation text)."""
-    pretraining = tuple(s for s in chain(*pretraining_stages().values()) if s in cfg.pipeline.stages)
-    stages = pretraining + tuple(s for s in RESULT_STAGES if s in cfg.pipeline.stages)
+    in_run = stages_in_run(cfg)
+    pretraining = tuple(s for s in chain(*pretraining_stages().values()) if s in in_run)
+    stages = pretraining + tuple(s for s in RESULT_STAGES if s in in_run)
     extra = [s for family in FAMILIES for s in family.report_upstream(cfg)]
     return tuple(dict.fromkeys((*stages, *extra, *(("prepare",) if pretraining else ()))))
 

@@ -15,10 +15,12 @@ from data_prep.examples.gpt_blocks import train_byte_level_bpe
 from data_prep.examples.seq2seq_examples import load_seq2seq_tokenizer, shard_examples, special_tokens, write_examples
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
+from pipeline.engine.settings import typed_settings
+from pipeline.seq2seq.settings import Seq2SeqBlockConfig
 
 
 def seq2seq_tokenizer(ctx: StageContext) -> dict:
-    s = ctx.cfg.seq2seq
+    s = typed_settings(ctx.cfg.seq2seq, Seq2SeqBlockConfig)
     num_sentences, texts = sampled_texts(ctx.stage_dir("prepare"), s.max_sentences)
     tok = train_byte_level_bpe(texts, ctx.out_dir, s.vocab_size, s.min_frequency, special_tokens(s.num_sentinels))
     _, sample = sampled_texts(ctx.stage_dir("prepare"), UNKNOWN_RATE_SENTENCES)
@@ -39,7 +41,7 @@ def build_shard_examples(index: int, shard_path: Path, tokenizer_dir: Path, out_
 
 
 def seq2seq_examples(ctx: StageContext) -> dict:
-    s = ctx.cfg.seq2seq
+    s = typed_settings(ctx.cfg.seq2seq, Seq2SeqBlockConfig)
     counts = ctx.map_shards(build_shard_examples, shard_paths(ctx.stage_dir("prepare")),
                             ctx.stage_dir("seq2seq_tokenizer"), ctx.out_dir, s.block_size, str(s.objective),
                             ctx.cfg.seed)

@@ -26,6 +26,7 @@ from pipeline.engine.settings import typed_settings
 from pipeline.schema import PretrainConfig
 from pipeline.seq2seq.data_stages import seq2seq_examples, seq2seq_tokenizer
 from pipeline.seq2seq.module import SOURCE_COLUMN, TARGET_COLUMN, PairCollator, Seq2SeqPretrainModule
+from pipeline.seq2seq.settings import Seq2SeqBlockConfig
 
 HF_DIR = "hf"
 
@@ -46,7 +47,7 @@ class Seq2SeqPretraining:
         # positions for a block and its end token; a source may run one past (data_prep/examples/seq2seq_examples.py)
         model = instantiate_model(ctx.cfg, vocab_size=tok.get_vocab_size(), pad_token_id=ids.pad,
                                   decoder_start_token_id=ids.bos, eos_token_id=ids.eos,
-                                  max_positions=ctx.cfg.seq2seq.block_size + 1)
+                                  max_positions=typed_settings(ctx.cfg.seq2seq, Seq2SeqBlockConfig).block_size + 1)
         return Seq2SeqPretrainModule(model, OptimizerSettings.of(settings, self.settings_key(ctx.cfg)))
 
     def data(self, ctx: StageContext, module: Seq2SeqPretrainModule, p: PretrainConfig, rank: int,

@@ -3,7 +3,7 @@
 How the stages use this module (pipeline/skip_thought/data_stages.py, then stages.py):
 
 1. vocabulary: `count_words` over every sentence shard (one Ray task per shard, counters added up as they come), then
-   `build_word_vocab(counts, cfg.skip_thought.vocab_size).save(<stage>/vocab.txt)`.
+   `build_word_vocab(counts, skip_thought.vocab_size).save(<stage>/vocab.txt)`.
 2. examples: per shard, `write_triples(triples_from_shard(read_arrow(shard), vocab, max_words), out)`
    (one Ray task per shard; shards hold whole books in order, so triples never span two books).
 3. pretrain, on the pretraining harness (pipeline/engine/pretraining.py): `SkipThoughtPretrainModule(model,

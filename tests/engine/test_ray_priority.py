@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import os, ray
-from pipeline.data_settings import RayConfig
+from pipeline.engine.settings import RayConfig
 from pipeline.runner import init_ray
 init_ray(RayConfig(address=None, num_cpus=1))
 print(os.nice(0), ray.get(ray.remote(lambda: os.nice(0)).remote()))
@@ -31,7 +31,7 @@ def test_stage_tasks_run_at_the_driver_priority():
 def test_a_run_that_keeps_the_processs_ray_names_the_address_it_does_not_join(ray_session, capsys):
     import ray
 
-    from pipeline.data_settings import RayConfig
+    from pipeline.engine.settings import RayConfig
     from pipeline.runner import init_ray
 
     connected = ray.get_runtime_context().gcs_address

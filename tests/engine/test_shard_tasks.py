@@ -8,8 +8,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from pipeline.corpus import prepare_workers
-from pipeline.data_settings import RayConfig
 from pipeline.engine.dag import StageContext, stage_placement
+from pipeline.engine.settings import RayConfig
 
 
 def _describe(index: int, shard: str, suffix: str, delay_s: float) -> dict:
