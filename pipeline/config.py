@@ -25,9 +25,10 @@ from pipeline.downstream.word2vec import Word2VecConfig
 from pipeline.engine.distributed import DistributedConfig
 from pipeline.engine.settings import PathsConfig, RayConfig, did_you_mean
 from pipeline.engine.training import TrainerConfig
+from pipeline.evaluation.senteval import SentevalConfig
 from pipeline.evaluation.stage import EvaluateConfig
 from pipeline.families import FAMILIES
-from pipeline.schema import NULL_MEANS, OPEN_BLOCKS, ModelConfig, PretrainConfig, SentevalConfig, TargetConfig
+from pipeline.schema import NULL_MEANS, OPEN_BLOCKS, ModelConfig, PretrainConfig, TargetConfig
 from pipeline.stages import STAGES
 
 StageName = StrEnum("StageName", {name: name for name in STAGES}, module=__name__)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from data_prep.corpus.builtin import BUILTIN_CORPORA
 from data_prep.corpus.decontaminate import EvaluationOverlap
@@ -23,6 +24,9 @@ from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fin
 from pipeline.engine.dag import Stage, StageContext, files_fingerprint
 from pipeline.engine.settings import RayConfig, cache_dir_of, stages_in_run, typed_settings
 
+if TYPE_CHECKING:  # with torch, which prepare loads only where the probes' text is read
+    from pipeline.evaluation.senteval import SentevalConfig
+
 
 @dataclass(frozen=True)
 class EvaluationSources:
@@ -32,13 +36,19 @@ class EvaluationSources:
     tasks: tuple[str, ...]
     task_data_dir: str | None  # finetune.data_dir
     cache_dir: str
-    senteval: DictConfig | None
+    senteval: SentevalConfig | None
 
     @classmethod
     def of(cls, cfg: DictConfig) -> EvaluationSources:
-        stages = stages_in_run(cfg)
+        """Made where prepare (or its cache key) begins. The finetune block is read by key: its schema imports every
+        family, torch with them, which prepare's workers do without."""
+        stages, senteval = stages_in_run(cfg), None
+        if "evaluate" in stages:
+            from pipeline.evaluation.senteval import SentevalConfig  # torch: loaded only where the probes' text is read
+
+            senteval = typed_settings(cfg.senteval, SentevalConfig)
         return cls(tuple(task_names(cfg.finetune.task)) if "finetune" in stages else (), cfg.finetune.data_dir,
-                   cache_dir_of(cfg), cfg.senteval if "evaluate" in stages and cfg.senteval.tasks else None)
+                   cache_dir_of(cfg), senteval if senteval and senteval.tasks else None)
 
 
 def corpus_dir(data: DataConfig, cache_dir: str) -> Path:
@@ -57,19 +67,18 @@ def prepare_workers(ray_settings: RayConfig) -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1))) if ray.is_initialized() else ray_settings.num_cpus
 
 
-def _senteval_tasks_present(senteval_block: DictConfig) -> DictConfig:
+def _senteval_tasks_present(settings: SentevalConfig) -> SentevalConfig:
     """The `senteval` block with only the tasks whose data is there. A missing one is the evaluate stage's to report
     when it runs; its data, once added, changes prepare's cache key (_evaluation_fingerprint), and prepare runs
     again against it."""
     from pipeline.evaluation import senteval
 
-    paths = senteval.task_paths(senteval_block)
-    present = {name: spec for name, spec in senteval_block.tasks.items() if paths[name].exists()}
-    for name in senteval_block.tasks.keys() - present.keys():
+    paths = senteval.task_paths(settings)
+    present = {name: spec for name, spec in settings.tasks.items() if paths[name].exists()}
+    for name in settings.tasks.keys() - present.keys():
         print(f"prepare: senteval task {name}'s data is not at {paths[name]}: the corpus is not decontaminated "
               "against it", flush=True)
-    return OmegaConf.merge(OmegaConf.masked_copy(senteval_block, [k for k in senteval_block if k != "tasks"]),
-                           {"tasks": present})
+    return replace(settings, tasks=present)
 
 
 def evaluation_texts(sources: EvaluationSources) -> dict[str, list[str]]:

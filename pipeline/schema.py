@@ -3,7 +3,8 @@ setting's default lives and is explained (conf/config.yaml only picks the config
 experiments state what they change). Each key has a type, an enum where it takes one of a few names, so a bad value
 fails at composition with Hydra's message naming the key (`pretrain.lr=abc`, `pretrain.optimizer=adam`). A block a
 model family owns is defined the same way in the family's folder (Family.config); the blocks the data stages read
-(paths, ray, data) are in pipeline/data_settings.py, which loads no torch. pipeline/config.py assembles them
+(paths, ray, data) are in pipeline/engine/settings.py and pipeline/data_settings.py, which load no torch, and the
+SentEval probes' (`senteval`) beside them in pipeline/evaluation/senteval.py. pipeline/config.py assembles them
 with the trainer's (pipeline/engine/training.py), the data-parallel settings' (pipeline/engine/distributed.py), the
 families' own blocks and what the stage graph names (stages, fine-tune kinds, encoders) into the root schema.
 
@@ -21,14 +22,12 @@ from typing import Any, Optional, get_type_hints
 from omegaconf import MISSING
 
 from pipeline.engine.optim import LR_DECAYS, PRETRAIN_OPTIMIZERS
-from pipeline.evaluation.senteval import PAIR_FEATURES, ClassifierSettings
 
 # Field metadata of a block a run may leave null, naming the block that stands in for it then (gpt.model: `model`)
 NULL_MEANS = "null_means"
 
 PretrainOptimizer = StrEnum("PretrainOptimizer", {name: name for name in PRETRAIN_OPTIMIZERS}, module=__name__)
 LrDecay = StrEnum("LrDecay", {name: name for name in LR_DECAYS}, module=__name__)
-PairFeature = StrEnum("PairFeature", {name: name for name in PAIR_FEATURES}, module=__name__)
 
 
 @dataclass
@@ -68,43 +67,6 @@ class TargetConfig:
 @dataclass
 class ModelConfig(TargetConfig):
     config: Any = MISSING  # the model config function's arguments (models/), some set from the data at run time
-
-
-@dataclass
-class ClassifierConfig:
-    """How the SentEval probes' logistic regression is trained and selected: the defaults, and what each key means,
-    are those of the settings object it becomes (pipeline/evaluation/senteval.py ClassifierSettings)."""
-    l2_grid: list[float] = field(default_factory=lambda: list(ClassifierSettings.l2_grid))
-    max_iter: int = ClassifierSettings.max_iter
-    cv_folds: int = ClassifierSettings.cv_folds
-    inner_folds: int = ClassifierSettings.inner_folds
-
-
-@dataclass
-class SentevalConfig:
-    """SentEval-style evaluation of frozen encoders (pipeline/evaluation/senteval.py; Conneau & Kiela 2018). Task paths
-    are relative to data_root; an absolute path is used as is. Drop a task with `~senteval.tasks.MR`, add a labelled
-    TSV with e.g. +senteval.tasks.SST2='{kind: tsv, path: /data/SST-2/train.tsv, text_column: sentence, label_column:
-    label}' (optional `label_names: [...]` fixes the label order; otherwise the sorted distinct labels). The rest of
-    SentEval's single-sentence tasks are read from the files as downloaded (data_prep/tasks/senteval_data.py), e.g.
-    +senteval.tasks.CR='{kind: cr, path: senteval/CR}', and likewise kind subj (SUBJ), mpqa (MPQA), trec (TREC):
-    CR from custrev.{pos,neg} (SentEval) or Hu & Liu 2004's annotated product files (*.txt); SUBJ from
-    subj.{objective,subjective} (SentEval) or Cornell's plot.tok.gt9.5000 / quote.tok.gt9.5000; MPQA from
-    mpqa.{pos,neg}; TREC from train_5500.label and TREC_10.label (its own train/test split)."""
-    data_root: str = "${oc.env:TEXTREP_SHARED_DATA,../shared/data}"
-    batch_size: int = 128  # sentences per batcher call (SentEval's default)
-    # What the classifier of a sentence-pair task (SICK, MRPC) sees of the two embeddings u and v: [abs_diff,
-    # product] = [|u-v|, u*v] as Skip-Thought (Kiros et al. 2015) and SentEval, for comparison with seed 000's
-    # tables; InferSent (Conneau et al. 2017) uses [u, v, abs_diff, product].
-    pair_features: list[PairFeature] = field(default_factory=lambda: [
-        PairFeature(name) for name in ClassifierSettings.pair_features])
-    classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
-    # name -> {kind, path, ...}; the kinds are pipeline/evaluation/senteval.py's
-    tasks: dict[str, Any] = field(default_factory=lambda: {
-        "MR": {"kind": "mr", "path": "senteval/MR"},
-        "SICKEntailment": {"kind": "sick_entailment", "path": "senteval/SICK/SICK.txt"},
-        "SICKRelatedness": {"kind": "sick_relatedness", "path": "senteval/SICK/SICK.txt"},
-        "MRPC": {"kind": "mrpc", "path": "glue/MRPC"}})
 
 
 # blocks built by `_target_`, and the callbacks (name -> such a block): keys beyond their fields are allowed

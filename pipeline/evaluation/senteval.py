@@ -38,8 +38,10 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -158,10 +160,50 @@ class ClassifierSettings:
     pair_features: tuple[str, ...] = DEFAULT_PAIR_FEATURES  # what a pair task feeds it (senteval.pair_features)
 
     @classmethod
-    def from_config(cls, cfg: Mapping, pair_features=DEFAULT_PAIR_FEATURES) -> "ClassifierSettings":
-        return cls(l2_grid=tuple(float(v) for v in cfg["l2_grid"]), max_iter=int(cfg["max_iter"]),
-                   cv_folds=int(cfg["cv_folds"]), inner_folds=int(cfg["inner_folds"]),
+    def from_config(cls, classifier: ClassifierConfig, pair_features=DEFAULT_PAIR_FEATURES) -> "ClassifierSettings":
+        return cls(l2_grid=tuple(float(v) for v in classifier.l2_grid), max_iter=classifier.max_iter,
+                   cv_folds=classifier.cv_folds, inner_folds=classifier.inner_folds,
                    pair_features=check_pair_features(pair_features))
+
+
+PairFeature = StrEnum("PairFeature", {name: name for name in PAIR_FEATURES}, module=__name__)
+
+
+@dataclass
+class ClassifierConfig:
+    """`senteval.classifier`: how the probes' logistic regression is trained and selected; the defaults, and what each
+    key means, are those of the settings object it becomes (ClassifierSettings)."""
+    l2_grid: list[float] = field(default_factory=lambda: list(ClassifierSettings.l2_grid))
+    max_iter: int = ClassifierSettings.max_iter
+    cv_folds: int = ClassifierSettings.cv_folds
+    inner_folds: int = ClassifierSettings.inner_folds
+
+
+@dataclass
+class SentevalConfig:
+    """The `senteval` block: SentEval-style evaluation of frozen encoders (Conneau & Kiela 2018). Task paths
+    are relative to data_root; an absolute path is used as is. Drop a task with `~senteval.tasks.MR`, add a labelled
+    TSV with e.g. +senteval.tasks.SST2='{kind: tsv, path: /data/SST-2/train.tsv, text_column: sentence, label_column:
+    label}' (optional `label_names: [...]` fixes the label order; otherwise the sorted distinct labels). The rest of
+    SentEval's single-sentence tasks are read from the files as downloaded (data_prep/tasks/senteval_data.py), e.g.
+    +senteval.tasks.CR='{kind: cr, path: senteval/CR}', and likewise kind subj (SUBJ), mpqa (MPQA), trec (TREC):
+    CR from custrev.{pos,neg} (SentEval) or Hu & Liu 2004's annotated product files (*.txt); SUBJ from
+    subj.{objective,subjective} (SentEval) or Cornell's plot.tok.gt9.5000 / quote.tok.gt9.5000; MPQA from
+    mpqa.{pos,neg}; TREC from train_5500.label and TREC_10.label (its own train/test split)."""
+    data_root: str = "${oc.env:TEXTREP_SHARED_DATA,../shared/data}"
+    batch_size: int = 128  # sentences per batcher call (SentEval's default)
+    # What the classifier of a sentence-pair task (SICK, MRPC) sees of the two embeddings u and v: [abs_diff,
+    # product] = [|u-v|, u*v] as Skip-Thought (Kiros et al. 2015) and SentEval, for comparison with seed 000's
+    # tables; InferSent (Conneau et al. 2017) uses [u, v, abs_diff, product].
+    pair_features: list[PairFeature] = field(default_factory=lambda: [
+        PairFeature(name) for name in ClassifierSettings.pair_features])
+    classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
+    # name -> {kind, path, ...}, the keys a kind reads (TASK_KINDS)
+    tasks: dict[str, Any] = field(default_factory=lambda: {
+        "MR": {"kind": "mr", "path": "senteval/MR"},
+        "SICKEntailment": {"kind": "sick_entailment", "path": "senteval/SICK/SICK.txt"},
+        "SICKRelatedness": {"kind": "sick_relatedness", "path": "senteval/SICK/SICK.txt"},
+        "MRPC": {"kind": "mrpc", "path": "glue/MRPC"}})
 
 
 @dataclass
@@ -460,25 +502,26 @@ TASK_KINDS: dict[str, tuple[Callable, Callable]] = {
 PAIR_KINDS = frozenset({"sick_entailment", "sick_relatedness", "mrpc"})  # the kinds scored on pair_features
 
 
-def task_paths(cfg: Mapping) -> dict[str, Path]:
+def task_paths(settings: SentevalConfig) -> dict[str, Path]:
     """Each task's data file or directory (`senteval.tasks.<name>.path` under `senteval.data_root`)."""
-    root = Path(str(cfg["data_root"])).expanduser()
-    return {name: root / str(spec["path"]) for name, spec in cfg["tasks"].items()}
+    root = Path(settings.data_root).expanduser()
+    return {name: root / str(spec["path"]) for name, spec in settings.tasks.items()}
 
 
-def senteval_files_fingerprint(senteval_block: Mapping, cache_dir: str) -> str:
+def senteval_files_fingerprint(settings: SentevalConfig, cache_dir: str) -> str:
     """The files of every SentEval task of the `senteval` block."""
     return hashlib.sha256("".join(files_fingerprint(path, "*", cache_dir) if path.is_dir()
                                   else files_fingerprint(path.parent, path.name, cache_dir)
-                                  for path in task_paths(senteval_block).values()).encode()).hexdigest()
+                                  for path in task_paths(settings).values()).encode()).hexdigest()
 
 
-def evaluation_texts(cfg: Mapping) -> dict[str, list[str]]:
+def evaluation_texts(settings: SentevalConfig) -> dict[str, list[str]]:
     """Per task, the sentences it is scored on: every split but train (SICK's trial and test, MRPC's and TREC's
     test), or all of a task scored by cross-validation (MR, CR, SUBJ, MPQA): what pretraining must not read."""
     texts = {}
-    for name, path in task_paths(cfg).items():
-        data = TASK_KINDS[cfg["tasks"][name]["kind"]][0](path, cfg["tasks"][name])
+    for name, path in task_paths(settings).items():
+        spec = settings.tasks[name]
+        data = TASK_KINDS[spec["kind"]][0](path, spec)
         splits = [split for split_name, split in data.items() if split_name != "train"] \
             if isinstance(data, dict) else [data]
         texts[name] = [" ".join(tokens) for split in splits
@@ -487,22 +530,21 @@ def evaluation_texts(cfg: Mapping) -> dict[str, list[str]]:
     return texts
 
 
-def run_senteval(encoders: list[Encoder], cfg: Mapping, seed: int) -> list[dict]:
-    """Evaluate every encoder on every task of `cfg` (the `senteval` config node: data_root, batch_size,
-    classifier, pair_features, tasks) and return rows {encoder, task, metric, score}, plus the pair_features list
-    on the rows of pair tasks. Each task draws its folds from a generator
-    seeded with `seed` alone, so results do not depend on which other tasks or encoders run."""
-    settings = ClassifierSettings.from_config(cfg["classifier"], cfg.get("pair_features", DEFAULT_PAIR_FEATURES))
+def run_senteval(encoders: list[Encoder], senteval: SentevalConfig, seed: int) -> list[dict]:
+    """Evaluate every encoder on every task of the `senteval` block and return rows {encoder, task, metric, score},
+    plus the pair_features list on the rows of pair tasks. Each task draws its folds from a generator seeded with
+    `seed` alone, so results do not depend on which other tasks or encoders run."""
+    settings = ClassifierSettings.from_config(senteval.classifier, senteval.pair_features)
     rows = []
-    for task_name, path in task_paths(cfg).items():
-        spec = cfg["tasks"][task_name]
+    for task_name, path in task_paths(senteval).items():
+        spec = senteval.tasks[task_name]
         if spec["kind"] not in TASK_KINDS:
             raise ValueError(f"senteval task {task_name}: unknown kind {spec['kind']!r}; use one of {list(TASK_KINDS)}")
         read, evaluate = TASK_KINDS[spec["kind"]]
         data = read(path, spec)
         for encoder in encoders:
             start = time.perf_counter()
-            metrics = evaluate(encoder, data, settings, int(cfg["batch_size"]), np.random.default_rng(seed))
+            metrics = evaluate(encoder, data, settings, senteval.batch_size, np.random.default_rng(seed))
             # printed as the other stages' progress is: a Ray worker's logging stops at WARNING, and an evaluate
             # stage of ten encoders runs for half an hour
             print(f"senteval {encoder.name} on {task_name}: "

@@ -13,7 +13,7 @@ from data_prep.corpus.word_vectors import load_glove
 from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import EncoderSpec
 from pipeline.engine.settings import cache_dir_of, typed_settings
-from pipeline.evaluation.senteval import GloveBagOfWords, run_senteval, senteval_files_fingerprint
+from pipeline.evaluation.senteval import GloveBagOfWords, SentevalConfig, run_senteval, senteval_files_fingerprint
 from pipeline.families import FAMILIES
 
 # evaluate.encoders name -> its spec. Each family's `*_random` is its architecture freshly initialised and frozen:
@@ -45,11 +45,12 @@ def evaluate_upstream(cfg: DictConfig) -> tuple[str, ...]:
 def evaluate(ctx: StageContext) -> dict:
     encoders = [ENCODERS[name].build(ctx) for name in typed_settings(ctx.cfg.evaluate, EvaluateConfig).encoders]
     rows = [{"model": row.pop("encoder"), **row, "std": 0.0, "seeds": 1}
-            for row in run_senteval(encoders, ctx.cfg.senteval, ctx.cfg.seed)]
+            for row in run_senteval(encoders, typed_settings(ctx.cfg.senteval, SentevalConfig), ctx.cfg.seed)]
     write_json_atomically(ctx.out_dir / "results.json", rows)
     return {"results": rows}
 
 
 EVALUATE = Stage("evaluate", evaluate, evaluate_upstream, ("evaluate", "senteval", "seed"),
-                 fingerprint=lambda cfg: senteval_files_fingerprint(cfg.senteval, cache_dir_of(cfg)),
+                 fingerprint=lambda cfg: senteval_files_fingerprint(typed_settings(cfg.senteval, SentevalConfig),
+                                                                    cache_dir_of(cfg)),
                  num_cpus=all_cpus)

@@ -26,10 +26,12 @@ from models.bert import BertConfig, BertModel, save_pretrained
 from pipeline.bert.encoder import BertEncoder
 from pipeline.evaluation.senteval import (
     TASK_KINDS,
+    ClassifierConfig,
     ClassifierSettings,
     Encoder,
     Examples,
     GloveBagOfWords,
+    SentevalConfig,
     cross_validated_accuracy,
     embed,
     evaluate_train_test,
@@ -43,7 +45,6 @@ from pipeline.evaluation.senteval import (
     run_senteval,
     stratified_folds,
 )
-from pipeline.schema import SentevalConfig
 from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, VERBS, write_sentiment_task
 
 SICK_HEADER = ("pair_ID\tsentence_A\tsentence_B\tentailment_label\trelatedness_score\tentailment_AB\tentailment_BA\t"
@@ -490,18 +491,17 @@ def test_run_senteval_covers_every_task_kind_and_pivots_into_one_row_per_encoder
     (tmp_path / "MR").mkdir()
     (tmp_path / "MR" / "rt-polarity.pos").write_text("\n".join(f"a {w} film" for w in POSITIVE * 5))
     (tmp_path / "MR" / "rt-polarity.neg").write_text("\n".join(f"a {w} film" for w in NEGATIVE * 5))
-    cfg = OmegaConf.create({
-        "data_root": str(tmp_path), "batch_size": 16,
-        "classifier": {"l2_grid": [1e-3, 1e-1], "max_iter": 50, "cv_folds": 5, "inner_folds": 3},
-        "tasks": {
+    cfg = SentevalConfig(
+        data_root=str(tmp_path), batch_size=16,
+        classifier=ClassifierConfig(l2_grid=[1e-3, 1e-1], max_iter=50, cv_folds=5, inner_folds=3),
+        tasks={
             "Sentiment": {"kind": "tsv", "path": "sentiment/train.tsv", "text_column": "sentence",
                           "label_column": "label", "label_names": [0, 1]},
             "MR": {"kind": "mr", "path": "MR"},
             "SICKEntailment": {"kind": "sick_entailment", "path": "SICK.txt"},
             "SICKRelatedness": {"kind": "sick_relatedness", "path": "SICK.txt"},
             "MRPC": {"kind": "mrpc", "path": "MRPC"},
-        },
-    })
+        })
     rows = run_senteval([GloveBagOfWords(_sentiment_vectors()), LengthEncoder()], cfg, seed=0)
     scores = {(r["encoder"], r["task"], r["metric"]): r["score"] for r in rows}
     assert set(scores) == {(e, t, m) for e in ("glove_bow", "length") for t, m in [
@@ -549,11 +549,9 @@ def test_trec_trains_on_train_and_scores_its_own_test_split(tmp_path):
 
 def test_senteval_pair_features_reach_the_pair_classifier(tmp_path):
     _write_pair_tasks(tmp_path)
-    cfg = OmegaConf.create({
-        "data_root": str(tmp_path), "batch_size": 16,
-        "classifier": {"l2_grid": [1e-3], "max_iter": 50, "cv_folds": 5, "inner_folds": 3},
-        "tasks": {"MRPC": {"kind": "mrpc", "path": "MRPC"}},
-    })
+    cfg = SentevalConfig(data_root=str(tmp_path), batch_size=16,
+                         classifier=ClassifierConfig(l2_grid=[1e-3], max_iter=50, cv_folds=5, inner_folds=3),
+                         tasks={"MRPC": {"kind": "mrpc", "path": "MRPC"}})
     scores = {}
     for names in (["u"], ["u", "v", "abs_diff", "product"]):
         cfg.pair_features = names
@@ -565,8 +563,7 @@ def test_senteval_pair_features_reach_the_pair_classifier(tmp_path):
 
 
 def test_run_senteval_rejects_an_unknown_task_kind(tmp_path):
-    cfg = OmegaConf.structured(SentevalConfig)
-    cfg.tasks = {"STS": {"kind": "sts", "path": "STS"}}
+    cfg = SentevalConfig(tasks={"STS": {"kind": "sts", "path": "STS"}})
     with pytest.raises(ValueError, match="senteval task STS: unknown kind 'sts'"):
         run_senteval([LengthEncoder()], cfg, seed=0)
 
