@@ -8,7 +8,7 @@ import dataclasses
 import difflib
 import inspect
 from dataclasses import dataclass
-from typing import Optional, TypeVar
+from typing import Optional, TypeVar, get_origin, get_type_hints
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -63,8 +63,14 @@ def typed_settings(block: DictConfig, schema: type[T]) -> T:
     passed on from there: types and enums as `schema` declares them, attributes instead of string keys. Keys of
     the block that `schema` does not declare (those a family adds to a shared block) are for their own schema."""
     names = {entry.name for entry in dataclasses.fields(schema)}
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema),
-                                               {key: value for key, value in block.items() if key in names}))
+    settings = OmegaConf.merge(OmegaConf.structured(schema),
+                               {key: value for key, value in block.items() if key in names})
+    # A map the block states is the whole map, not added to the schema's default one: merging would bring back the
+    # entries the run removed (`~senteval.tasks.MRPC`).
+    for name, hint in get_type_hints(schema).items():
+        if name in block and get_origin(hint) is dict:
+            settings[name] = block[name]
+    return OmegaConf.to_object(settings)
 
 
 
