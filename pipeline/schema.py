@@ -4,9 +4,10 @@ experiments state what they change). Each key has a type, an enum where it takes
 fails at composition with Hydra's message naming the key (`pretrain.lr=abc`, `pretrain.optimizer=adam`). A block a
 model family owns is defined the same way in the family's folder (Family.config); the blocks the data stages read
 (paths, ray, data) are in pipeline/engine/settings.py and pipeline/data_settings.py, which load no torch, and the
-SentEval probes' (`senteval`) beside them in pipeline/evaluation/senteval.py. pipeline/config.py assembles them
-with the trainer's (pipeline/engine/training.py), the data-parallel settings' (pipeline/engine/distributed.py), the
-families' own blocks and what the stage graph names (stages, fine-tune kinds, encoders) into the root schema.
+SentEval probes' block (`senteval`) beside the runner that reads it, pipeline/evaluation/senteval.py.
+pipeline/config.py assembles them with the trainer's (pipeline/engine/training.py), the data-parallel settings'
+(pipeline/engine/distributed.py), the families' own blocks and what the stage graph names (stages, fine-tune kinds,
+encoders) into the root schema.
 
 A block built by `_target_` (trainer, logger, model) is open: besides its typed fields it takes any argument of its
 target, which pipeline/engine/settings.py checks against the target's signature before any work; its values are
