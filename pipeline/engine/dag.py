@@ -455,6 +455,7 @@ class Plan:
     cached: dict[str, bool]
     forced: set[str]  # pipeline.force and their descendants: rerun even if complete
     input_files: dict[str, InputFiles]  # the files outside the cache whose digests each stage's hash covers
+    selection: StageSelection  # the `pipeline` block it was planned from
 
     def describe(self) -> str:
         lines = [f"{'stage':<12} {'state':<8} {'hash':<17} upstream → output"]
@@ -479,7 +480,7 @@ def plan(cfg: DictConfig, stages: dict[str, Stage]) -> Plan:
     for name in list(forced):
         forced |= descendants(stages, name)
     cached = {n: is_complete(dirs[n]) and n not in forced for n in order}
-    return Plan(stages, order, hashes, dirs, cached, forced, {n: input_files[n] for n in order})
+    return Plan(stages, order, hashes, dirs, cached, forced, {n: input_files[n] for n in order}, p)
 
 
 def _link(run_dir: Path, name: str, target: Path) -> None:
@@ -517,12 +518,12 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
 
     the_plan = plan(cfg, stages)
     stages = the_plan.stages
-    selection = StageSelection.of(cfg)
-    if selection.dry_run:
+    if the_plan.selection.dry_run:
         print(the_plan.describe())
         return {}
     # Before any work: a damaged output would fail the run wherever it is first read, after the stages before it.
-    check_outputs_intact({n: the_plan.dirs[n] for n in the_plan.order if the_plan.cached[n]}, full=selection.verify)
+    check_outputs_intact({n: the_plan.dirs[n] for n in the_plan.order if the_plan.cached[n]},
+                         full=the_plan.selection.verify)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_resolved = plain_config(cfg)
     remote = ray.remote(execute_stage_with_threads)

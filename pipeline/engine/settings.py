@@ -73,12 +73,17 @@ def typed_settings(block: DictConfig, schema: type[T]) -> T:
     return OmegaConf.to_object(settings)
 
 
-
 def cache_dir_of(cfg: DictConfig) -> str:
     """paths.cache_dir: where stage outputs, downloaded data and file digests live, shared by every run. Read alone,
     not as the whole PathsConfig: paths.run_dir interpolates Hydra's runtime, which exists only in a Hydra app's
     driver (not in a composed config's tests, nor where a config is planned without a run directory)."""
     return str(cfg.paths.cache_dir)
+
+
+def stages_in_run(cfg: DictConfig) -> tuple[str, ...]:
+    """pipeline.stages as plain names, what a stage's upstream, a start-up check or a report section asks about the
+    run, read alone: a config made for one stage (a test's, a report's) need not plan a run."""
+    return tuple(map(str, cfg.pipeline.stages))
 
 
 @dataclass(frozen=True)
@@ -95,14 +100,8 @@ class StageSelection:
     @classmethod
     def of(cls, cfg: DictConfig) -> StageSelection:
         p = cfg.pipeline
-        return cls(tuple(map(str, p.stages)), str(p.until) if p.until else None, tuple(map(str, p.force or ())),
+        return cls(stages_in_run(cfg), str(p.until) if p.until else None, tuple(map(str, p.force or ())),
                    bool(p.get("dry_run")), bool(p.get("verify")))
-
-
-def stages_in_run(cfg: DictConfig) -> tuple[str, ...]:
-    """pipeline.stages (StageSelection's), what a stage's upstream, a start-up check or a report section asks about the
-    run, read alone: a config made for one stage (a test's, a report's) need not plan a run."""
-    return tuple(map(str, cfg.pipeline.stages))
 
 
 POSITIVE_INT, COUNT = Number(int, 1), Number(int, 0)
