@@ -3,10 +3,12 @@ failures that leave no marker, and concurrent runs that share work instead of co
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,6 +21,7 @@ from pipeline.engine.dag import (
     MARKER,
     Stage,
     StageFailed,
+    _captured_output,
     _config_subset,
     execute_stage,
     plan,
@@ -369,3 +372,19 @@ def test_each_stage_runs_torch_on_the_cpus_it_was_granted(tmp_path, ray_session)
     cfg = _cfg(tmp_path, **{"pipeline.stages": ["one", "two"]})
     run_dag(cfg, stages, tmp_path / "run")
     assert _executions(tmp_path) == ["one:1", "two:2"]
+
+
+def test_a_stream_a_library_kept_from_a_stage_still_writes_and_closes_after_it(tmp_path, capsys):
+    """absl's log handler keeps the sys.stderr it finds when absl is first imported, during a stage: the tee. A later
+    Hydra job in the same Ray worker reconfigured logging, which closes every handler's stream, and failed on the
+    tee (AttributeError: '_Tee' object has no attribute 'close'); writes after the stage went to its closed log."""
+    log = tmp_path / "stage.log"
+    with _captured_output(log):
+        kept = sys.stderr
+        print("during the stage", file=sys.stderr)
+    handler = logging.StreamHandler(kept)
+    handler.emit(logging.makeLogRecord({"msg": "after the stage"}))  # a write and a flush through the kept tee
+    kept.close()
+    handler.close()
+    assert log.read_text() == "during the stage\n"
+    assert capsys.readouterr().err == "during the stage\nafter the stage\n"
