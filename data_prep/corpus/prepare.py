@@ -210,14 +210,26 @@ class ProcessedBook(NamedTuple):
     signature: np.ndarray | None  # MinHash signature of a kept book when near-duplicate detection is on
 
 
+def special_file_kind(mode: int) -> str | None:
+    """What a file of `st_mode` `mode` is when it is not a regular file ("a named pipe (FIFO)", "a device", ...), None
+    for a regular file: the one kind that is read, as reading a FIFO blocks until a writer comes and a device such as
+    /dev/zero never ends."""
+    if stat.S_ISREG(mode):
+        return None
+    return "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else \
+        "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a directory" if stat.S_ISDIR(mode) else \
+        "not a regular file"
+
+
+class NotARegularFile(OSError):
+    pass
+
+
 def _read_regular_file(path: Path) -> bytes:
-    """The file's bytes; raises OSError for anything but a regular file (reading a FIFO would block
-    forever waiting for a writer; a device could be endless)."""
-    mode = path.stat().st_mode
-    if not stat.S_ISREG(mode):
-        kind = "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else \
-            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
-        raise OSError(f"{kind}, not a book file")
+    """The file's bytes; raises NotARegularFile, unread, for anything else."""
+    kind = special_file_kind(path.stat().st_mode)
+    if kind:
+        raise NotARegularFile(kind)
     return path.read_bytes()
 
 
@@ -246,6 +258,9 @@ def read_and_process(corpus_dir: str, pieces: list[Piece], options: IngestOption
             try:
                 result = process_book(piece.path, _read_piece(Path(corpus_dir), piece), options, book_id=piece.book_id,
                                       decontamination=decontamination)
+            except NotARegularFile as exc:
+                result = BookResult.rejected(piece.book_id, f"not a regular file ({exc}): skipped unread; only "
+                                                            "regular files, or links to them, are read as books")
             except OSError as exc:
                 result = BookResult.rejected(piece.book_id, f"unreadable ({type(exc).__name__}: "
                                                             f"{exc.strerror or exc}); fix or remove the file")

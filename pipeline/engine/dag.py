@@ -580,8 +580,9 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
 
 def files_fingerprint(root: Path, pattern: str, cache_dir: str | Path) -> str:
     """Names and contents of the input files, listed as prepare lists them (pipeline/engine/fingerprints.py; a file
-    that cannot be read, e.g. a broken link, counts as such): a changed corpus is new work, and so is a fixed one.
-    Digests are memoised under `cache_dir`."""
+    that cannot be read, e.g. a broken link, counts as such, and one that is not a regular file, a FIFO or a device,
+    by its kind, unread): a changed corpus is new work, and so is a fixed one. Digests are memoised under
+    `cache_dir`."""
     names = list_corpus_files(root, pattern)
     memo_name = hashlib.sha256(f"{root}\0{pattern}".encode()).hexdigest()[:16]
     memo = Path(cache_dir) / "file_digests" / f"{memo_name}.json"

@@ -203,16 +203,19 @@ def test_a_50_mb_single_line_costs_memory_proportional_to_its_size(tmp_path):
 
 def test_broken_symlink_and_fifo_are_rejected_not_skipped_or_blocking(tmp_path):
     # Tests run as root, so chmod 000 would not stop a read: a dangling symlink and a named pipe are the
-    # unreadable "files" used here. Reading the FIFO would block forever without a writer.
+    # unreadable "files" used here. Reading the FIFO would block forever without a writer, /dev/zero never ends.
     corpus = corpus_with(tmp_path, "placeholder.txt", GOOD_BOOK.replace("ship", "boat").encode())
     (corpus / "dangling.txt").symlink_to(tmp_path / "gone.txt")
     os.mkfifo(corpus / "pipe.txt")
+    (corpus / "zeros.txt").symlink_to("/dev/zero")
     manifest = prepare(corpus, tmp_path / "out")
     assert entry(manifest, "dangling.txt")["status"] == "rejected"
     assert entry(manifest, "dangling.txt")["reason"].startswith("unreadable (FileNotFoundError")
     assert entry(manifest, "pipe.txt")["reason"] == (
-        "unreadable (OSError: a named pipe (FIFO), not a book file); fix or remove the file")
-    assert manifest["totals"]["files_read"] == 4
+        "not a regular file (a named pipe (FIFO)): skipped unread; only regular files, or links to them, are read "
+        "as books")
+    assert entry(manifest, "zeros.txt")["reason"].startswith("not a regular file (a device): skipped unread")
+    assert manifest["totals"]["files_read"] == 5
 
 
 @pytest.mark.parametrize("option, message", [
