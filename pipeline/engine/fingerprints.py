@@ -88,8 +88,11 @@ def content_digests(paths: list[Path], memo_file: Path) -> list[str]:
         if digest != UNREADABLE and now - max(st.st_mtime_ns, st.st_ctime_ns) > SETTLE_NS:
             kept[str(path)] = [identity, digest]
     if kept != memo:
-        memo_file.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomically(memo_file, kept)
+        try:
+            memo_file.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomically(memo_file, kept)
+        except OSError:
+            pass  # a read-only cache still serves its runs; the digests are taken again next time
     recording = _recording.get()
     if recording is not None:
         recording.update(zip(map(str, paths), digests))
