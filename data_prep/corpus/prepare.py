@@ -170,13 +170,20 @@ def _cut_after(f, offset: int) -> int:
     return offset + next((i for i, byte in enumerate(window) if not 0x80 <= byte < 0xC0), len(window))
 
 
-def _pieces_of(book_id: str, path: Path, size: int, max_book_bytes: int) -> list[Piece]:
+def book_id_of(relative_path: str) -> str:
+    """A file's book_id: its relative path, with any byte that is not UTF-8 in a name (caf\\xe9.txt saved in Latin-1)
+    spelt as its escape, which the shards' UTF-8 columns and the manifest can hold."""
+    return relative_path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _pieces_of(path_in_corpus: str, path: Path, size: int, max_book_bytes: int) -> list[Piece]:
+    book_id = book_id_of(path_in_corpus)
     if size <= max_book_bytes:
-        return [Piece(book_id, book_id)]
+        return [Piece(book_id, path_in_corpus)]
     try:
         with open(path, "rb") as f:
             if f.read(4).startswith(BYTE_ORDER_MARKS):  # UTF-16 and UTF-32 cannot be cut at byte values
-                return [Piece(book_id, book_id, 0, size, reject=(
+                return [Piece(book_id, path_in_corpus, 0, size, reject=(
                     f"{size / 1e6:.0f} MB of UTF-16 or UTF-32 text: too big to read whole, and it cannot be cut at "
                     "line breaks; save it as UTF-8 (e.g. iconv -f UTF-16 -t UTF-8) to have it read in parts"))]
             cuts = [0]
@@ -185,20 +192,21 @@ def _pieces_of(book_id: str, path: Path, size: int, max_book_bytes: int) -> list
                 if cuts[-1] < cut < size:
                     cuts.append(cut)
     except OSError:
-        return [Piece(book_id, book_id)]  # read_and_process rejects it, with the reason
+        return [Piece(book_id, path_in_corpus)]  # read_and_process rejects it, with the reason
     cuts.append(size)
     parts = len(cuts) - 1
-    return [Piece(f"{book_id}#{part}/{parts}", book_id, start, end)
+    return [Piece(f"{book_id}#{part}/{parts}", path_in_corpus, start, end)
             for part, (start, end) in enumerate(zip(cuts, cuts[1:]), start=1)]
 
 
-def plan_pieces(corpus_dir: Path, book_ids: list[str], sizes: list[int],
+def plan_pieces(corpus_dir: Path, files: list[str], sizes: list[int],
                 max_book_bytes: int) -> tuple[list[Piece], list[int]]:
-    """The books to read and their sizes: each file whole, or when bigger than `max_book_bytes` in parts of about
-    that size, cut at paragraph or line breaks, each a book of its own ("big.txt#2/31")."""
+    """The books to read and their sizes: each file (a path relative to `corpus_dir`) whole, or when bigger than
+    `max_book_bytes` in parts of about that size, cut at paragraph or line breaks, each a book of its own
+    ("big.txt#2/31")."""
     pieces, piece_sizes = [], []
-    for book_id, size in zip(book_ids, sizes):
-        for piece in _pieces_of(book_id, corpus_dir / book_id, size, max_book_bytes):
+    for path_in_corpus, size in zip(files, sizes):
+        for piece in _pieces_of(path_in_corpus, corpus_dir / path_in_corpus, size, max_book_bytes):
             pieces.append(piece)
             piece_sizes.append(size if piece.end is None else piece.end - piece.start)
     return pieces, piece_sizes

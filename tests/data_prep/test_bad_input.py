@@ -243,6 +243,17 @@ def test_vocabulary_and_near_duplicate_messages_name_the_full_config_key():
         stratified_folds(np.array([0, 1]), 5, np.random.default_rng(0))
 
 
+def test_a_book_whose_file_name_is_not_utf8_is_prepared_under_its_escaped_name(tmp_path):
+    """Defect 11 of issue 55: a book named caf\\xe9.txt (Latin-1) failed prepare: its name, the book_id, is a column
+    of the shards, which hold UTF-8 only."""
+    corpus = corpus_with(tmp_path, os.fsdecode(b"caf\xe9.txt"),
+                         b"A farmer ploughed the long field before the rain came.\n")
+    manifest = prepare(corpus, tmp_path / "out")
+    assert {file["book_id"]: file["status"] for file in manifest["files"]} == {"caf\\xe9.txt": "kept",
+                                                                              "good.txt": "kept"}
+    assert "caf\\xe9.txt" in open_shards(tmp_path / "out").column("book_id").to_pylist()
+
+
 def test_books_behind_a_linked_folder_and_in_upper_case_are_prepared(tmp_path):
     corpus = corpus_with(tmp_path, "BOOK.TXT", b"A farmer ploughed the long field before the rain came.\n")
     shelf = tmp_path / "shelf"

@@ -134,6 +134,19 @@ def test_a_fifo_or_a_link_to_dev_zero_in_the_corpus_is_keyed_by_name_and_kind_ne
     assert _planned_within(cfg, 20).hashes["prepare"] != planned.hashes["prepare"]  # another kind
 
 
+def test_a_book_whose_file_name_is_not_utf8_is_planned_and_its_digest_memoised(tmp_path, monkeypatch):
+    """Defect 11 of issue 55: a book named caf\\xe9.txt (Latin-1) crashed planning with UnicodeEncodeError, writing the
+    digest memo, which holds the name."""
+    monkeypatch.setattr(fingerprints, "SETTLE_NS", 0)  # the files just written count as settled: memoised
+    corpus = _corpus(tmp_path)
+    (corpus / os.fsdecode(b"caf\xe9.txt")).write_text("The cafe opened at noon.\n")
+    first = _fingerprint(corpus, tmp_path)
+    opened: list[str] = []
+    monkeypatch.setattr(fingerprints, "open", _unreadable("none", opened), raising=False)
+    assert _fingerprint(corpus, tmp_path) == first
+    assert opened == []  # the memo, read back, holds the name as it is on disk
+
+
 def _write_module(path: Path, body: str) -> None:
     path.write_text(textwrap.dedent(body))
 
