@@ -109,6 +109,20 @@ class StageContext:
         results = dict(self.shard_results(fn, shards, *args, **kwargs))
         return [results[i] for i in range(len(shards))]
 
+    @contextlib.contextmanager
+    def scratch_dir(self) -> Iterator[Path]:
+        """An empty directory for the stage's temporary files (a tokenised copy of the corpus), removed when the block
+        ends. Beside the output directory, on the cache's disk (chosen for space, where /tmp may be a small tmpfs), and
+        never in it: what a killed stage left there would be in the output a rerun finishes, recorded by its marker as
+        an output. A rerun empties what a killed attempt left, under the stage's lock."""
+        scratch = self.out_dir.parent / f"{self.out_dir.name}.scratch"
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir()
+        try:
+            yield scratch
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
     def stage_dir(self, name: str) -> Path:
         """This stage's output directory, or an upstream stage's."""
         if name == self.name:
