@@ -537,6 +537,15 @@ def _write_pipeline_file(run_dir: Path, the_plan: Plan, results: dict[str, dict]
                        "duration_s": results.get(n, {}).get("duration_s")} for n in the_plan.order}})
 
 
+def _run_directory_removed(run_dir: Path, cfg: DictConfig, err: BaseException) -> str:
+    """What a user reads when the run directory was removed mid-run (the driver's links and pipeline.json, a stage's
+    lineage file could not be written there): one line, with what is kept, instead of a traceback; a stage's own
+    failure follows it."""
+    removed = (f"the run directory {run_dir} was removed while the run was going; the stages that finished are kept "
+               f"in the cache (paths.cache_dir={cache_dir_of(cfg)}): rerun the same command, which reuses them")
+    return removed + (f". {err}" if isinstance(err, StageFailed) else "")
+
+
 def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[str, dict]:
     """Execute the plan on Ray: every stage whose upstream stages are complete is submitted as a Ray task."""
     import ray
@@ -585,10 +594,15 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
                     raise StageFailed(str(err.cause)) from None
                 raise
             _link(run_dir, name, the_plan.dirs[name])
+    except (FileNotFoundError, StageFailed) as err:
+        if run_dir.is_dir():
+            raise
+        raise StageFailed(_run_directory_removed(run_dir, cfg, err)) from None
     finally:
         for ref in running:
             ray.cancel(ref, force=True)
-        _write_pipeline_file(run_dir, the_plan, results, ended=True)
+        if run_dir.is_dir():  # one removed mid-run is said so above
+            _write_pipeline_file(run_dir, the_plan, results, ended=True)
     return results
 
 

@@ -223,6 +223,26 @@ def test_a_failing_stage_leaves_no_marker_and_names_itself_and_its_log(tmp_path,
     assert (the_plan.dirs["double"] / MARKER).exists()  # finished upstream work is kept
 
 
+def remove_the_run_directory(ctx) -> dict:
+    shutil.rmtree(ctx.run_dir)  # the user's `rm -rf` of the run directory while the run goes on
+    (ctx.out_dir / "value.txt").write_text("7")
+    return {}
+
+
+def test_a_run_directory_removed_mid_run_is_said_in_one_line_and_the_cache_kept(tmp_path, ray_session):
+    """Defect 14 of issue 55: the driver's next write into the removed run directory (a stage's link, then
+    pipeline.json in the `finally` that was to record the run's end) failed with a FileNotFoundError traceback."""
+    stages = {**FAKE, "remover": Stage("remover", remove_the_run_directory, ("source",))}
+    cfg = _cfg(tmp_path, **{"pipeline.stages": ["remover"]})
+    with pytest.raises(StageFailed) as err:
+        run_dag(cfg, stages, tmp_path / "run1")
+    assert re.fullmatch(rf"the run directory {tmp_path / 'run1'} was removed while the run was going; the stages "
+                        rf"that finished are kept in the cache \(paths.cache_dir={tmp_path / 'cache'}\): rerun the "
+                        r"same command, which reuses them", str(err.value))
+    assert err.value.__context__ is None or err.value.__suppress_context__
+    assert run_dag(cfg, stages, tmp_path / "run2")["remover"]["state"] == "cached"
+
+
 def test_concurrent_runs_share_one_execution(tmp_path):
     cfg = _cfg(tmp_path, **{"pipeline.stages": ["slow"]})
     the_plan = plan(cfg, FAKE)
