@@ -52,6 +52,9 @@ from pipeline.engine.shard_tasks import shard_results
 T = TypeVar("T")
 
 MARKER = "_COMPLETE.json"
+# A stage's output directory and what is in it are its owner's alone, whatever the inputs' modes and the umask: outputs
+# hold what their inputs hold (books at mode 600 became shards at 644). Files keep only their owner's bits.
+PRIVATE_DIR_MODE = 0o700
 LOG_FILE = "stage.log"
 
 
@@ -117,7 +120,7 @@ class StageContext:
         an output. A rerun empties what a killed attempt left, under the stage's lock."""
         scratch = self.out_dir.parent / f"{self.out_dir.name}.scratch"
         shutil.rmtree(scratch, ignore_errors=True)
-        scratch.mkdir()
+        scratch.mkdir(mode=PRIVATE_DIR_MODE)
         try:
             yield scratch
         finally:
@@ -413,6 +416,7 @@ def execute_stage_function(fn: Callable[[StageContext], dict], cfg: DictConfig, 
             # checkpoints, fine-tuning from its finished runs) redo nothing.
             shutil.rmtree(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
+        make_private(out_dir, recursive=False)  # also an attempt's directory made before the cache was private
         log_path = out_dir / LOG_FILE
         # Outside the captured output, so that a log the full disk cannot take still gives the message.
         with _failure_names_the_stage(cfg, name, log_path), _captured_output(log_path):
@@ -441,9 +445,28 @@ def execute_stage_function(fn: Callable[[StageContext], dict], cfg: DictConfig, 
             write_json_atomically(out_dir / "stage.json", summary)
             finish_stage_run(tracker, name, digest, out_dir, ok=True, summary=summary)
             print(f"stage {name}: done in {summary['duration_s']} s", flush=True)
+        make_private(out_dir)  # before the files' stat identities, which hold their modes, are recorded
         write_json_atomically(out_dir / MARKER, {**summary, "completed_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                                  OUTPUTS_KEY: record_outputs(out_dir, (MARKER,))})
+        make_private(out_dir / MARKER)
     return summary
+
+
+def make_private(path: Path, recursive: bool = True) -> None:
+    """`path`, and with `recursive` everything under it, readable by its owner alone: a stage's output holds what its
+    inputs hold (a private book's sentences), and a copy of it (cp -a, tar, rsync) keeps these modes. Links are left
+    alone: chmod would change what they point to."""
+    entries = [path]
+    if recursive and path.is_dir() and not path.is_symlink():
+        entries += [Path(dirpath) / name for dirpath, dirnames, filenames in os.walk(path)
+                    for name in dirnames + filenames]
+    for entry in entries:
+        if entry.is_symlink():
+            continue
+        try:
+            entry.chmod(entry.stat().st_mode & PRIVATE_DIR_MODE)
+        except PermissionError:
+            pass  # a file system without Unix modes (vfat, an SMB share) refuses chmod; its own permissions apply
 
 
 def _remove_outputs_but_the_log(out_dir: Path) -> None:

@@ -89,7 +89,7 @@ def content_digests(paths: list[Path], memo_file: Path) -> list[str]:
             kept[str(path)] = [identity, digest]
     if kept != memo:
         try:
-            memo_file.parent.mkdir(parents=True, exist_ok=True)
+            memo_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the memo names the input files
             write_json_atomically(memo_file, kept)
         except OSError:
             pass  # a read-only cache still serves its runs; the digests are taken again next time

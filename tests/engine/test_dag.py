@@ -17,19 +17,21 @@ import pytest
 import ray
 from omegaconf import OmegaConf
 
+from pipeline.engine import fingerprints
 from pipeline.engine.dag import (
     MARKER,
     Stage,
     StageFailed,
     _captured_output,
     _config_subset,
+    check_outputs_intact,
     execute_stage,
     plan,
     run_dag,
     stage_hashes,
 )
 from pipeline.stages import STAGES
-from tests.helpers import tiny_config
+from tests.helpers import TinyRun, tiny_config
 
 
 def _record(ctx, label: str) -> None:
@@ -241,6 +243,27 @@ def test_a_run_directory_removed_mid_run_is_said_in_one_line_and_the_cache_kept(
                         r"same command, which reuses them", str(err.value))
     assert err.value.__context__ is None or err.value.__suppress_context__
     assert run_dag(cfg, stages, tmp_path / "run2")["remover"]["state"] == "cached"
+
+
+def test_private_books_give_a_cache_readable_by_its_owner_alone(tmp_path, ray_session, monkeypatch):
+    """Defect 7 of issue 55: books at mode 600 became shards at mode 644 in a directory at 755 under the default umask,
+    readable by every user of the machine (and by anyone a copy of the cache went to)."""
+    monkeypatch.setattr(fingerprints, "SETTLE_NS", 0)  # the books' digests are memoised at once
+    previous_umask = os.umask(0o022)
+    try:
+        cfg = tiny_config(tmp_path, ["pipeline.until=prepare"])
+        for book in Path(cfg.data.corpus_dir).iterdir():
+            book.chmod(0o600)
+        run = TinyRun(cfg)
+        run.run_stage("prepare")
+    finally:
+        os.umask(previous_umask)
+    out_dir = run.stage_dir("prepare")
+    assert out_dir.stat().st_mode & 0o777 == 0o700
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out_dir.rglob("*")}
+    assert modes and {name for name, mode in modes.items() if int(mode, 8) & 0o077} == set(), modes
+    assert (tmp_path / "cache" / "file_digests").stat().st_mode & 0o777 == 0o700  # it names the books
+    check_outputs_intact({"prepare": out_dir})  # the modes its marker records are the private ones
 
 
 def test_concurrent_runs_share_one_execution(tmp_path):
