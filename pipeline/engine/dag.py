@@ -328,13 +328,13 @@ def _captured_output(log_path: Path) -> Iterator[None]:
 _NEARLY_FULL_BYTES = 64 << 20
 
 
-def _out_of_space(err: BaseException | None) -> bool:
-    """Whether `err` is a full disk, or was raised from one or while handling one (a log that could not take the
-    traceback, a Ray task's error wrapping its cause)."""
+def _caused_by(err: BaseException | None, error_number: int) -> bool:
+    """Whether `err` is an OSError of `error_number` (ENOSPC: a full disk), or was raised from one or while handling
+    one (a log that could not take the traceback, a Ray task's error wrapping its cause)."""
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+        if isinstance(err, OSError) and err.errno == error_number:
             return True
         cause = getattr(err, "cause", None)
         err = cause if isinstance(cause, BaseException) else err.__cause__ or err.__context__
@@ -347,8 +347,12 @@ def _failure_message(cfg: DictConfig, name: str, err: BaseException, log_path: P
     full = f"the cache directory paths.cache_dir={cache_dir} is full ({free / 1e6:.0f} MB free now)"
     advice = ("free space there or set paths.cache_dir to a bigger disk, then rerun the same command (finished stages "
               "are reused)")
-    if _out_of_space(err):
+    if _caused_by(err, errno.ENOSPC):
         return f"stage {name} failed: no space left on device: {full}; {advice} (full log: {log_path})"
+    if _caused_by(err, errno.EROFS):
+        return (f"stage {name} failed: the cache directory paths.cache_dir={cache_dir} is read-only: it serves the "
+                "stages it has finished, but a stage to run writes there; set paths.cache_dir to a writable directory "
+                "(a copy of this one keeps its finished stages), then rerun the same command")
     message = f"stage {name} failed: {type(err).__name__}: {err}"
     if free < _NEARLY_FULL_BYTES:
         message += f"; perhaps for want of space: {full}; {advice}"
@@ -408,7 +412,10 @@ def execute_stage_function(fn: Callable[[StageContext], dict], cfg: DictConfig, 
     from pipeline.engine.tracking import finish_stage_run, start_stage_run
 
     cfg = plain_config(cfg)
-    with exclusive_lock(out_dir.parent / f"{digest}.lock"):
+    log_path = out_dir / LOG_FILE
+    # Around the lock and the marker too, whose writes a read-only or full cache refuses; outside the captured output,
+    # so that a log the full disk cannot take still gives the message.
+    with _failure_names_the_stage(cfg, name, log_path), exclusive_lock(out_dir.parent / f"{digest}.lock"):
         if is_complete(out_dir):
             if not forced:  # a concurrent run of the same experiment finished it while we waited
                 return cached_summary(out_dir)
@@ -417,9 +424,7 @@ def execute_stage_function(fn: Callable[[StageContext], dict], cfg: DictConfig, 
             shutil.rmtree(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         make_private(out_dir, recursive=False)  # also an attempt's directory made before the cache was private
-        log_path = out_dir / LOG_FILE
-        # Outside the captured output, so that a log the full disk cannot take still gives the message.
-        with _failure_names_the_stage(cfg, name, log_path), _captured_output(log_path):
+        with _captured_output(log_path):
             print(f"stage {name}: running ({digest}) → {out_dir}", flush=True)
             try:
                 # the finished ones: run_dag starts a stage only after its upstream stages finished

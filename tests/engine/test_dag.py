@@ -370,6 +370,35 @@ def test_a_failed_checkpoint_save_removes_its_temporary(tmp_path, monkeypatch, f
         assert err.value.errno == errno.ENOSPC and str(path) in str(err.value)
 
 
+def test_a_stage_to_run_in_a_read_only_cache_says_so_in_one_line(tmp_path, monkeypatch):
+    """Found by issue 55's probe: on a cache mounted read-only (a real `mount -o remount,bind,ro`), a run with a stage
+    to run failed with a traceback, `[Errno 30] Read-only file system: …/stages/sink/HASH.lock`: the stage's lock and
+    marker were written outside what names a failed stage. Tests run as root: the lock's open raises EROFS here."""
+    from pipeline.engine import dag
+
+    def read_only(path, *args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+    monkeypatch.setattr(dag, "open", read_only, raising=False)
+    cfg = _cfg(tmp_path, **{"pipeline.stages": ["source"]})
+    the_plan = plan(cfg, FAKE)
+    with pytest.raises(StageFailed, match=re.escape(
+            f"stage source failed: the cache directory paths.cache_dir={tmp_path / 'cache'} is read-only: it serves "
+            "the stages it has finished, but a stage to run writes there; set paths.cache_dir to a writable directory "
+            "(a copy of this one keeps its finished stages), then rerun the same command")):
+        execute_stage(FAKE, cfg, "source", the_plan.hashes["source"], the_plan.dirs["source"], {}, None)
+
+
+def test_a_marker_that_cannot_be_written_names_the_stage(tmp_path):
+    """Found by issue 55's probe: a completion marker replaced by a directory made the stage run again (it is not
+    complete) and then fail writing its marker with a traceback, IsADirectoryError, from outside what names a failed
+    stage."""
+    cfg = _cfg(tmp_path, **{"pipeline.stages": ["source"]})
+    the_plan = plan(cfg, FAKE)
+    (the_plan.dirs["source"] / MARKER).mkdir(parents=True)
+    with pytest.raises(StageFailed, match=r"stage source failed: IsADirectoryError: .*_COMPLETE.json"):
+        execute_stage(FAKE, cfg, "source", the_plan.hashes["source"], the_plan.dirs["source"], {}, None)
+
+
 @ray.remote
 def _write_in_a_ray_task() -> None:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
