@@ -230,7 +230,7 @@ def special_file_kind(mode: int) -> str | None:
 
 
 class NotARegularFile(OSError):
-    pass
+    """A book's path names a FIFO, a device, a socket, ... (special_file_kind): rejected unread."""
 
 
 def _read_regular_file(path: Path) -> bytes:

@@ -11,7 +11,8 @@ the stage's source code, not bumped by hand):
   no marker and is run again (into the same directory, so stages that checkpoint can resume);
 - a stage whose input files changed after planning is not marked complete, and a finished stage's outputs are
   checked against the files its marker records before they are used again (pipeline/engine/integrity.py);
-- a per-output file lock makes two concurrent runs of the same experiment wait for, then reuse, each other's work.
+- a per-output file lock makes two concurrent runs of the same experiment wait for, then reuse, each other's work;
+- a stage's output is readable by its owner alone (directories 700, files 600 or 700), whatever its inputs' modes.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ T = TypeVar("T")
 MARKER = "_COMPLETE.json"
 # A stage's output directory and what is in it are its owner's alone, whatever the inputs' modes and the umask: outputs
 # hold what their inputs hold (books at mode 600 became shards at 644). Files keep only their owner's bits.
-PRIVATE_DIR_MODE = 0o700
+OWNER_ONLY_BITS = 0o700
 LOG_FILE = "stage.log"
 
 
@@ -120,7 +121,7 @@ class StageContext:
         an output. A rerun empties what a killed attempt left, under the stage's lock."""
         scratch = self.out_dir.parent / f"{self.out_dir.name}.scratch"
         shutil.rmtree(scratch, ignore_errors=True)
-        scratch.mkdir(mode=PRIVATE_DIR_MODE)
+        scratch.mkdir(mode=OWNER_ONLY_BITS)
         try:
             yield scratch
         finally:
@@ -469,7 +470,7 @@ def make_private(path: Path, recursive: bool = True) -> None:
         if entry.is_symlink():
             continue
         try:
-            entry.chmod(entry.stat().st_mode & PRIVATE_DIR_MODE)
+            entry.chmod(entry.stat().st_mode & OWNER_ONLY_BITS)
         except PermissionError:
             pass  # a file system without Unix modes (vfat, an SMB share) refuses chmod; its own permissions apply
 
