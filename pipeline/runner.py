@@ -73,6 +73,10 @@ def validate(cfg: DictConfig) -> None:
     if data.corpus_dir and not Path(data.corpus_dir).expanduser().is_dir():
         raise FileNotFoundError(f"data.corpus_dir={data.corpus_dir} is not a directory; point it at a "
                                 "directory of .txt books, or leave it null for the built-in corpus")
+    cache_dir = Path(typed_settings(cfg.paths, PathsConfig).cache_dir).expanduser()
+    if cache_dir.exists() and not cache_dir.is_dir():
+        raise NotADirectoryError(f"paths.cache_dir={cache_dir} is a file, not a directory; set paths.cache_dir to a "
+                                 "directory (one that does not exist yet is made)")
     check_trainer_arguments(cfg)
     check_logger(cfg)
     for name, callback in cfg.callbacks.items():

@@ -170,13 +170,20 @@ def _cut_after(f, offset: int) -> int:
     return offset + next((i for i, byte in enumerate(window) if not 0x80 <= byte < 0xC0), len(window))
 
 
-def _pieces_of(book_id: str, path: Path, size: int, max_book_bytes: int) -> list[Piece]:
+def book_id_of(relative_path: str) -> str:
+    """A file's book_id: its relative path, with any byte that is not UTF-8 in a name (caf\\xe9.txt saved in Latin-1)
+    spelt as its escape, which the shards' UTF-8 columns and the manifest can hold."""
+    return relative_path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _pieces_of(path_in_corpus: str, path: Path, size: int, max_book_bytes: int) -> list[Piece]:
+    book_id = book_id_of(path_in_corpus)
     if size <= max_book_bytes:
-        return [Piece(book_id, book_id)]
+        return [Piece(book_id, path_in_corpus)]
     try:
         with open(path, "rb") as f:
             if f.read(4).startswith(BYTE_ORDER_MARKS):  # UTF-16 and UTF-32 cannot be cut at byte values
-                return [Piece(book_id, book_id, 0, size, reject=(
+                return [Piece(book_id, path_in_corpus, 0, size, reject=(
                     f"{size / 1e6:.0f} MB of UTF-16 or UTF-32 text: too big to read whole, and it cannot be cut at "
                     "line breaks; save it as UTF-8 (e.g. iconv -f UTF-16 -t UTF-8) to have it read in parts"))]
             cuts = [0]
@@ -185,20 +192,21 @@ def _pieces_of(book_id: str, path: Path, size: int, max_book_bytes: int) -> list
                 if cuts[-1] < cut < size:
                     cuts.append(cut)
     except OSError:
-        return [Piece(book_id, book_id)]  # read_and_process rejects it, with the reason
+        return [Piece(book_id, path_in_corpus)]  # read_and_process rejects it, with the reason
     cuts.append(size)
     parts = len(cuts) - 1
-    return [Piece(f"{book_id}#{part}/{parts}", book_id, start, end)
+    return [Piece(f"{book_id}#{part}/{parts}", path_in_corpus, start, end)
             for part, (start, end) in enumerate(zip(cuts, cuts[1:]), start=1)]
 
 
-def plan_pieces(corpus_dir: Path, book_ids: list[str], sizes: list[int],
+def plan_pieces(corpus_dir: Path, files: list[str], sizes: list[int],
                 max_book_bytes: int) -> tuple[list[Piece], list[int]]:
-    """The books to read and their sizes: each file whole, or when bigger than `max_book_bytes` in parts of about
-    that size, cut at paragraph or line breaks, each a book of its own ("big.txt#2/31")."""
+    """The books to read and their sizes: each file (a path relative to `corpus_dir`) whole, or when bigger than
+    `max_book_bytes` in parts of about that size, cut at paragraph or line breaks, each a book of its own
+    ("big.txt#2/31")."""
     pieces, piece_sizes = [], []
-    for book_id, size in zip(book_ids, sizes):
-        for piece in _pieces_of(book_id, corpus_dir / book_id, size, max_book_bytes):
+    for path_in_corpus, size in zip(files, sizes):
+        for piece in _pieces_of(path_in_corpus, corpus_dir / path_in_corpus, size, max_book_bytes):
             pieces.append(piece)
             piece_sizes.append(size if piece.end is None else piece.end - piece.start)
     return pieces, piece_sizes
@@ -210,14 +218,26 @@ class ProcessedBook(NamedTuple):
     signature: np.ndarray | None  # MinHash signature of a kept book when near-duplicate detection is on
 
 
+def special_file_kind(mode: int) -> str | None:
+    """What a file of `st_mode` `mode` is when it is not a regular file ("a named pipe (FIFO)", "a device", ...), None
+    for a regular file: the one kind that is read, as reading a FIFO blocks until a writer comes and a device such as
+    /dev/zero never ends."""
+    if stat.S_ISREG(mode):
+        return None
+    return "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else \
+        "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a directory" if stat.S_ISDIR(mode) else \
+        "not a regular file"
+
+
+class NotARegularFile(OSError):
+    """A book's path names a FIFO, a device, a socket, ... (special_file_kind): rejected unread."""
+
+
 def _read_regular_file(path: Path) -> bytes:
-    """The file's bytes; raises OSError for anything but a regular file (reading a FIFO would block
-    forever waiting for a writer; a device could be endless)."""
-    mode = path.stat().st_mode
-    if not stat.S_ISREG(mode):
-        kind = "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else \
-            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
-        raise OSError(f"{kind}, not a book file")
+    """The file's bytes; raises NotARegularFile, unread, for anything else."""
+    kind = special_file_kind(path.stat().st_mode)
+    if kind:
+        raise NotARegularFile(kind)
     return path.read_bytes()
 
 
@@ -246,6 +266,9 @@ def read_and_process(corpus_dir: str, pieces: list[Piece], options: IngestOption
             try:
                 result = process_book(piece.path, _read_piece(Path(corpus_dir), piece), options, book_id=piece.book_id,
                                       decontamination=decontamination)
+            except NotARegularFile as exc:
+                result = BookResult.rejected(piece.book_id, f"not a regular file ({exc}): skipped unread; only "
+                                                            "regular files, or links to them, are read as books")
             except OSError as exc:
                 result = BookResult.rejected(piece.book_id, f"unreadable ({type(exc).__name__}: "
                                                             f"{exc.strerror or exc}); fix or remove the file")

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from collections.abc import Hashable, Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -92,12 +93,20 @@ def atomic_arrow_file(path: str | os.PathLike, schema: pa.Schema) -> Iterator[pa
         raise
 
 
+# A file name that is not UTF-8 (caf\xe9.txt in Latin-1) reaches Python as a lone surrogate ("caf\udce9.txt"), which
+# UTF-8 cannot encode.
+_LONE_SURROGATE = re.compile("[\\ud800-\\udfff]")
+
+
 def write_json_atomically(path: Path, obj) -> None:
     """JSON committed like a shard; the temporary name carries the process id, so concurrent writers of one
-    path (two runs of the pipeline) never write into each other's temporary file."""
+    path (two runs of the pipeline) never write into each other's temporary file. A lone surrogate is written as
+    JSON's escape (\\udce9), which reads back as the same string."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}{TMP_SUFFIX}")
+    text = json.dumps(obj, indent=2, ensure_ascii=False, default=str)
+    text = _LONE_SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
     try:
-        tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+        tmp.write_text(text + "\n", encoding="utf-8")
         commit_temp_file(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

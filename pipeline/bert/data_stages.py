@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import tempfile
 import time
 from pathlib import Path
 
@@ -67,8 +66,8 @@ def piece_vectors(ctx: StageContext) -> dict:
     started = time.perf_counter()
     tok = load_tokenizer(ctx.stage_dir("bert_tokenizer"))
     hidden_size = instantiate(ctx.cfg.model.config, vocab_size=tok.get_vocab_size()).hidden_size
-    with tempfile.TemporaryDirectory(dir=ctx.out_dir) as scratch:
-        corpus = Path(scratch) / "pieces.txt"
+    with ctx.scratch_dir() as scratch:
+        corpus = scratch / "pieces.txt"
         with open(corpus, "w") as f:
             for shard in shard_paths(ctx.stage_dir("prepare")):
                 for ids in encode_by_word(tok, read_arrow(shard).column("text").combine_chunks()).to_pylist():

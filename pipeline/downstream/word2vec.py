@@ -14,7 +14,6 @@ process to process), so the same corpus gives the same vectors.
 """
 from __future__ import annotations
 
-import tempfile
 import time
 import zlib
 from dataclasses import dataclass
@@ -83,8 +82,8 @@ def load_word2vec(stage_dir: Path) -> WordVectors:
 def word2vec(ctx: StageContext) -> dict:
     started = time.perf_counter()
     chinese_words = chinese_words_of(ctx.cfg)
-    with tempfile.TemporaryDirectory(dir=ctx.out_dir) as scratch:
-        corpus_file = Path(scratch) / "sentences.txt"
+    with ctx.scratch_dir() as scratch:
+        corpus_file = scratch / "sentences.txt"
         words = write_line_sentences(ctx.stage_dir("prepare"), corpus_file, chinese_words)
         vectors = train_word2vec(corpus_file, typed_settings(ctx.cfg.word2vec, Word2VecConfig), ctx.cfg.seed)
     (ctx.out_dir / WORDS_FILE).write_text("\n".join(vectors.words), encoding="utf-8")

@@ -11,7 +11,8 @@ the stage's source code, not bumped by hand):
   no marker and is run again (into the same directory, so stages that checkpoint can resume);
 - a stage whose input files changed after planning is not marked complete, and a finished stage's outputs are
   checked against the files its marker records before they are used again (pipeline/engine/integrity.py);
-- a per-output file lock makes two concurrent runs of the same experiment wait for, then reuse, each other's work.
+- a per-output file lock makes two concurrent runs of the same experiment wait for, then reuse, each other's work;
+- a stage's output is readable by its owner alone (directories 700, files 600 or 700), whatever its inputs' modes.
 """
 from __future__ import annotations
 
@@ -52,6 +53,9 @@ from pipeline.engine.shard_tasks import shard_results
 T = TypeVar("T")
 
 MARKER = "_COMPLETE.json"
+# A stage's output directory and what is in it are its owner's alone, whatever the inputs' modes and the umask: outputs
+# hold what their inputs hold (books at mode 600 became shards at 644). Files keep only their owner's bits.
+OWNER_ONLY_BITS = 0o700
 LOG_FILE = "stage.log"
 
 
@@ -108,6 +112,20 @@ class StageContext:
         """[fn(i, shard, *args, **kwargs) for i, shard in enumerate(shards)], one Ray task per shard."""
         results = dict(self.shard_results(fn, shards, *args, **kwargs))
         return [results[i] for i in range(len(shards))]
+
+    @contextlib.contextmanager
+    def scratch_dir(self) -> Iterator[Path]:
+        """An empty directory for the stage's temporary files (a tokenised copy of the corpus), removed when the block
+        ends. Beside the output directory, on the cache's disk (chosen for space, where /tmp may be a small tmpfs), and
+        never in it: what a killed stage left there would be in the output a rerun finishes, recorded by its marker as
+        an output. A rerun empties what a killed attempt left, under the stage's lock."""
+        scratch = self.out_dir.parent / f"{self.out_dir.name}.scratch"
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(mode=OWNER_ONLY_BITS)
+        try:
+            yield scratch
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def stage_dir(self, name: str) -> Path:
         """This stage's output directory, or an upstream stage's."""
@@ -311,13 +329,13 @@ def _captured_output(log_path: Path) -> Iterator[None]:
 _NEARLY_FULL_BYTES = 64 << 20
 
 
-def _out_of_space(err: BaseException | None) -> bool:
-    """Whether `err` is a full disk, or was raised from one or while handling one (a log that could not take the
-    traceback, a Ray task's error wrapping its cause)."""
+def _caused_by(err: BaseException | None, error_number: int) -> bool:
+    """Whether `err` is an OSError of `error_number` (ENOSPC: a full disk), or was raised from one or while handling
+    one (a log that could not take the traceback, a Ray task's error wrapping its cause)."""
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+        if isinstance(err, OSError) and err.errno == error_number:
             return True
         cause = getattr(err, "cause", None)
         err = cause if isinstance(cause, BaseException) else err.__cause__ or err.__context__
@@ -330,8 +348,12 @@ def _failure_message(cfg: DictConfig, name: str, err: BaseException, log_path: P
     full = f"the cache directory paths.cache_dir={cache_dir} is full ({free / 1e6:.0f} MB free now)"
     advice = ("free space there or set paths.cache_dir to a bigger disk, then rerun the same command (finished stages "
               "are reused)")
-    if _out_of_space(err):
+    if _caused_by(err, errno.ENOSPC):
         return f"stage {name} failed: no space left on device: {full}; {advice} (full log: {log_path})"
+    if _caused_by(err, errno.EROFS):
+        return (f"stage {name} failed: the cache directory paths.cache_dir={cache_dir} is read-only: it serves the "
+                "stages it has finished, but a stage to run writes there; set paths.cache_dir to a writable directory "
+                "(a copy of this one keeps its finished stages), then rerun the same command")
     message = f"stage {name} failed: {type(err).__name__}: {err}"
     if free < _NEARLY_FULL_BYTES:
         message += f"; perhaps for want of space: {full}; {advice}"
@@ -391,7 +413,10 @@ def execute_stage_function(fn: Callable[[StageContext], dict], cfg: DictConfig, 
     from pipeline.engine.tracking import finish_stage_run, start_stage_run
 
     cfg = plain_config(cfg)
-    with exclusive_lock(out_dir.parent / f"{digest}.lock"):
+    log_path = out_dir / LOG_FILE
+    # Around the lock and the marker too, whose writes a read-only or full cache refuses; outside the captured output,
+    # so that a log the full disk cannot take still gives the message.
+    with _failure_names_the_stage(cfg, name, log_path), exclusive_lock(out_dir.parent / f"{digest}.lock"):
         if is_complete(out_dir):
             if not forced:  # a concurrent run of the same experiment finished it while we waited
                 return cached_summary(out_dir)
@@ -399,9 +424,8 @@ def execute_stage_function(fn: Callable[[StageContext], dict], cfg: DictConfig, 
             # checkpoints, fine-tuning from its finished runs) redo nothing.
             shutil.rmtree(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        log_path = out_dir / LOG_FILE
-        # Outside the captured output, so that a log the full disk cannot take still gives the message.
-        with _failure_names_the_stage(cfg, name, log_path), _captured_output(log_path):
+        make_private(out_dir, recursive=False)  # also an attempt's directory made before the cache was private
+        with _captured_output(log_path):
             print(f"stage {name}: running ({digest}) → {out_dir}", flush=True)
             try:
                 # the finished ones: run_dag starts a stage only after its upstream stages finished
@@ -427,9 +451,28 @@ def execute_stage_function(fn: Callable[[StageContext], dict], cfg: DictConfig, 
             write_json_atomically(out_dir / "stage.json", summary)
             finish_stage_run(tracker, name, digest, out_dir, ok=True, summary=summary)
             print(f"stage {name}: done in {summary['duration_s']} s", flush=True)
+        make_private(out_dir)  # before the files' stat identities, which hold their modes, are recorded
         write_json_atomically(out_dir / MARKER, {**summary, "completed_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                                  OUTPUTS_KEY: record_outputs(out_dir, (MARKER,))})
+        make_private(out_dir / MARKER)
     return summary
+
+
+def make_private(path: Path, recursive: bool = True) -> None:
+    """`path`, and with `recursive` everything under it, readable by its owner alone: a stage's output holds what its
+    inputs hold (a private book's sentences), and a copy of it (cp -a, tar, rsync) keeps these modes. Links are left
+    alone: chmod would change what they point to."""
+    entries = [path]
+    if recursive and path.is_dir() and not path.is_symlink():
+        entries += [Path(dirpath) / name for dirpath, dirnames, filenames in os.walk(path)
+                    for name in dirnames + filenames]
+    for entry in entries:
+        if entry.is_symlink():
+            continue
+        try:
+            entry.chmod(entry.stat().st_mode & OWNER_ONLY_BITS)
+        except PermissionError:
+            pass  # a file system without Unix modes (vfat, an SMB share) refuses chmod; its own permissions apply
 
 
 def _remove_outputs_but_the_log(out_dir: Path) -> None:
@@ -523,6 +566,15 @@ def _write_pipeline_file(run_dir: Path, the_plan: Plan, results: dict[str, dict]
                        "duration_s": results.get(n, {}).get("duration_s")} for n in the_plan.order}})
 
 
+def _run_directory_removed(run_dir: Path, cfg: DictConfig, err: BaseException) -> str:
+    """What a user reads when the run directory was removed mid-run (the driver's links and pipeline.json, a stage's
+    lineage file could not be written there): one line, with what is kept, instead of a traceback; a stage's own
+    failure follows it."""
+    removed = (f"the run directory {run_dir} was removed while the run was going; the stages that finished are kept "
+               f"in the cache (paths.cache_dir={cache_dir_of(cfg)}): rerun the same command, which reuses them")
+    return removed + (f". {err}" if isinstance(err, StageFailed) else "")
+
+
 def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[str, dict]:
     """Execute the plan on Ray: every stage whose upstream stages are complete is submitted as a Ray task."""
     import ray
@@ -571,17 +623,23 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
                     raise StageFailed(str(err.cause)) from None
                 raise
             _link(run_dir, name, the_plan.dirs[name])
+    except (FileNotFoundError, StageFailed) as err:
+        if run_dir.is_dir():
+            raise
+        raise StageFailed(_run_directory_removed(run_dir, cfg, err)) from None
     finally:
         for ref in running:
             ray.cancel(ref, force=True)
-        _write_pipeline_file(run_dir, the_plan, results, ended=True)
+        if run_dir.is_dir():  # one removed mid-run is said so above
+            _write_pipeline_file(run_dir, the_plan, results, ended=True)
     return results
 
 
 def files_fingerprint(root: Path, pattern: str, cache_dir: str | Path) -> str:
     """Names and contents of the input files, listed as prepare lists them (pipeline/engine/fingerprints.py; a file
-    that cannot be read, e.g. a broken link, counts as such): a changed corpus is new work, and so is a fixed one.
-    Digests are memoised under `cache_dir`."""
+    that cannot be read, e.g. a broken link, counts as such, and one that is not a regular file, a FIFO or a device,
+    by its kind, unread): a changed corpus is new work, and so is a fixed one. Digests are memoised under
+    `cache_dir`."""
     names = list_corpus_files(root, pattern)
     memo_name = hashlib.sha256(f"{root}\0{pattern}".encode()).hexdigest()[:16]
     memo = Path(cache_dir) / "file_digests" / f"{memo_name}.json"

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+from data_prep.corpus.prepare import special_file_kind
 from data_prep.corpus.shards import write_json_atomically
 
 UNREADABLE = "unreadable"
@@ -37,10 +38,24 @@ def stat_identity(st: os.stat_result) -> list[int]:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode]
 
 
+def skipped(kind: str) -> str:
+    """The digest of a file that is not a regular file (data_prep.corpus.prepare.special_file_kind): its kind, never
+    its contents, so adding or removing one changes a key by its name and kind alone."""
+    return f"skipped, {kind}"
+
+
+def _open_without_blocking(path: str, flags: int) -> int:
+    # opening a FIFO for reading would wait for a writer; the fstat after it tells the FIFO apart
+    return os.open(path, flags | os.O_NONBLOCK)
+
+
 def content_digest(path: Path) -> str:
+    """sha256 of a regular file's bytes, `skipped(kind)` for anything else (unread: a FIFO blocks its reader, /dev/zero
+    never ends), UNREADABLE where it cannot be opened."""
     try:
-        with open(path, "rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
+        with open(path, "rb", opener=_open_without_blocking) as f:
+            kind = special_file_kind(os.fstat(f.fileno()).st_mode)
+            return skipped(kind) if kind else hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         # The readability is part of the outcome (prepare rejects the book): fixing it must change the key.
         return UNREADABLE
@@ -62,6 +77,10 @@ def content_digests(paths: list[Path], memo_file: Path) -> list[str]:
         except OSError:  # a broken link: repairing it is new work
             digests.append(UNREADABLE)
             continue
+        kind = special_file_kind(st.st_mode)
+        if kind:  # a socket, which open() refuses, is skipped as a FIFO is
+            digests.append(skipped(kind))
+            continue
         identity = stat_identity(st)
         known = memo.get(str(path))
         digest = known[1] if known and known[0] == identity else content_digest(path)
@@ -69,8 +88,11 @@ def content_digests(paths: list[Path], memo_file: Path) -> list[str]:
         if digest != UNREADABLE and now - max(st.st_mtime_ns, st.st_ctime_ns) > SETTLE_NS:
             kept[str(path)] = [identity, digest]
     if kept != memo:
-        memo_file.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomically(memo_file, kept)
+        try:
+            memo_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the memo names the input files
+            write_json_atomically(memo_file, kept)
+        except OSError:
+            pass  # a read-only cache still serves its runs; the digests are taken again next time
     recording = _recording.get()
     if recording is not None:
         recording.update(zip(map(str, paths), digests))

@@ -203,16 +203,19 @@ def test_a_50_mb_single_line_costs_memory_proportional_to_its_size(tmp_path):
 
 def test_broken_symlink_and_fifo_are_rejected_not_skipped_or_blocking(tmp_path):
     # Tests run as root, so chmod 000 would not stop a read: a dangling symlink and a named pipe are the
-    # unreadable "files" used here. Reading the FIFO would block forever without a writer.
+    # unreadable "files" used here. Reading the FIFO would block forever without a writer, /dev/zero never ends.
     corpus = corpus_with(tmp_path, "placeholder.txt", GOOD_BOOK.replace("ship", "boat").encode())
     (corpus / "dangling.txt").symlink_to(tmp_path / "gone.txt")
     os.mkfifo(corpus / "pipe.txt")
+    (corpus / "zeros.txt").symlink_to("/dev/zero")
     manifest = prepare(corpus, tmp_path / "out")
     assert entry(manifest, "dangling.txt")["status"] == "rejected"
     assert entry(manifest, "dangling.txt")["reason"].startswith("unreadable (FileNotFoundError")
     assert entry(manifest, "pipe.txt")["reason"] == (
-        "unreadable (OSError: a named pipe (FIFO), not a book file); fix or remove the file")
-    assert manifest["totals"]["files_read"] == 4
+        "not a regular file (a named pipe (FIFO)): skipped unread; only regular files, or links to them, are read "
+        "as books")
+    assert entry(manifest, "zeros.txt")["reason"].startswith("not a regular file (a device): skipped unread")
+    assert manifest["totals"]["files_read"] == 5
 
 
 @pytest.mark.parametrize("option, message", [
@@ -238,6 +241,17 @@ def test_vocabulary_and_near_duplicate_messages_name_the_full_config_key():
         skip_thought_examples.build_word_vocab({"a": 1}, vocab_size=3)
     with pytest.raises(ValueError, match="lower senteval.classifier.cv_folds or senteval.classifier.inner_folds"):
         stratified_folds(np.array([0, 1]), 5, np.random.default_rng(0))
+
+
+def test_a_book_whose_file_name_is_not_utf8_is_prepared_under_its_escaped_name(tmp_path):
+    """Defect 11 of issue 55: a book named caf\\xe9.txt (Latin-1) failed prepare: its name, the book_id, is a column
+    of the shards, which hold UTF-8 only."""
+    corpus = corpus_with(tmp_path, os.fsdecode(b"caf\xe9.txt"),
+                         b"A farmer ploughed the long field before the rain came.\n")
+    manifest = prepare(corpus, tmp_path / "out")
+    assert {file["book_id"]: file["status"] for file in manifest["files"]} == {"caf\\xe9.txt": "kept",
+                                                                              "good.txt": "kept"}
+    assert "caf\\xe9.txt" in open_shards(tmp_path / "out").column("book_id").to_pylist()
 
 
 def test_books_behind_a_linked_folder_and_in_upper_case_are_prepared(tmp_path):

@@ -3,6 +3,7 @@ and 2): input files are digested again before a stage starts and after it ends, 
 checked against what its marker records before they are used again."""
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 from pathlib import Path
@@ -156,6 +157,35 @@ def test_a_copied_cache_is_intact_and_hashed_once(prepared, tmp_path, monkeypatc
     assert run.run_stage("bert_tokenizer")["state"] == "ran"
     memo = run.stage_dir("prepare").parent / f"{run.stage_dir('prepare').name}.digests.json"
     assert len(json.loads(memo.read_text())) == len(list(run.stage_dir("prepare").iterdir())) - 1  # all but the marker
+
+
+def copy_input(ctx) -> dict:
+    (ctx.out_dir / "copy.txt").write_text((Path(ctx.cfg.input_dir) / "input.txt").read_text())
+    return {}
+
+
+COPIER = {"copier": Stage("copier", copy_input, (), ("input_dir",),
+                          fingerprint=lambda cfg: files_fingerprint(Path(cfg.input_dir), "*", cfg.paths.cache_dir))}
+
+
+def test_a_read_only_cache_serves_a_run_whose_stages_are_all_cached(tmp_path, monkeypatch):
+    """Defect 12 of issue 55: a cache copied onto read-only storage (every output's stat identity new, the input files
+    now settled) failed a run with nothing to do with a traceback, `[Errno 30] Read-only file system`, from the
+    digest memo writes. Tests run as root, for whom chmod does not stop a write: the memo's writer raises EROFS."""
+    (tmp_path / "inputs").mkdir()
+    (tmp_path / "inputs" / "input.txt").write_text("a book")
+    cfg = OmegaConf.merge(_reader_cfg(tmp_path, rewrite_to=""), {"pipeline": {"stages": ["copier"]}})
+    first = plan(cfg, COPIER)
+    execute_stage(COPIER, cfg, "copier", first.hashes["copier"], first.dirs["copier"], {}, None)
+    shutil.copytree(tmp_path / "cache", tmp_path / "read_only_cache")
+    cfg.paths.cache_dir = str(tmp_path / "read_only_cache")
+    monkeypatch.setattr(fingerprints, "SETTLE_NS", 0)  # the input file is old enough to be memoised
+
+    def read_only(path, obj):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+    monkeypatch.setattr(fingerprints, "write_json_atomically", read_only)
+    assert plan(cfg, COPIER).cached["copier"]
+    assert run_dag(cfg, COPIER, tmp_path / "run")["copier"]["state"] == "cached"
 
 
 def produce(ctx) -> dict:

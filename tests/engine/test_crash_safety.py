@@ -7,6 +7,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -127,3 +128,47 @@ def test_two_concurrent_runs_share_one_preparation(tmp_path):
     assert _shard_digests(first) == _shard_digests(second) != {}
     manifest = json.loads((first / "manifest.json").read_text())
     assert _shard_digests(first) == {shard["file"]: shard["sha256"] for shard in manifest["shards"]}
+
+
+# A stage attempt SIGKILLed where it trains word vectors: the scratch copy of the tokenised corpus is written by then.
+_KILLED_IN_WORD2VEC = """
+import os, signal, sys
+from pathlib import Path
+
+from pipeline.bert import data_stages
+from pipeline.downstream import word2vec
+from tests.helpers import TinyRun, tiny_config
+
+
+def killed(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+word2vec.train_word2vec = data_stages.train_word2vec = killed
+TinyRun(tiny_config(Path(sys.argv[1]), sys.argv[3:])).run_stage(sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("stage, overrides, outputs", [
+    ("word2vec", [], {"words.txt", "vectors.npy"}),
+    ("bert_piece_vectors", ["pretrain.init_embeddings=word2vec"], {"vectors.npy"}),
+], ids=["word2vec", "bert_piece_vectors"])
+def test_a_stage_killed_while_training_word_vectors_leaves_no_scratch_in_the_output_a_rerun_finishes(
+        tmp_path, ray_session, stage, overrides, outputs):
+    """Defect 17 of issue 55: the word2vec and piece-vector stages wrote their tokenised copy of the corpus to a
+    temporary directory inside their output; a killed attempt left it there, and the rerun that finished the stage
+    recorded it in its marker as an output."""
+    from tests.helpers import TinyRun, tiny_config
+
+    run = TinyRun(tiny_config(tmp_path, overrides))
+    for upstream in run.plan.stages[stage].upstream:
+        run.run_stage(upstream)
+    killed = subprocess.run([sys.executable, "-c", _KILLED_IN_WORD2VEC, str(tmp_path), stage, *overrides],
+                            cwd=Path(__file__).parents[2], capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert run.run_stage(stage)["state"] == "ran"
+    out_dir = run.stage_dir(stage)
+    expected = {*outputs, "stage.json", "stage.log"}
+    assert set(json.loads((out_dir / MARKER).read_text())["outputs"]) == expected
+    assert {p.name for p in out_dir.iterdir()} == {*expected, MARKER}
+    assert sorted(p.name for p in out_dir.parent.iterdir() if p.name.endswith(".scratch")) == []

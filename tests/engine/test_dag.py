@@ -17,19 +17,21 @@ import pytest
 import ray
 from omegaconf import OmegaConf
 
+from pipeline.engine import fingerprints
 from pipeline.engine.dag import (
     MARKER,
     Stage,
     StageFailed,
     _captured_output,
     _config_subset,
+    check_outputs_intact,
     execute_stage,
     plan,
     run_dag,
     stage_hashes,
 )
 from pipeline.stages import STAGES
-from tests.helpers import tiny_config
+from tests.helpers import TinyRun, tiny_config
 
 
 def _record(ctx, label: str) -> None:
@@ -223,6 +225,47 @@ def test_a_failing_stage_leaves_no_marker_and_names_itself_and_its_log(tmp_path,
     assert (the_plan.dirs["double"] / MARKER).exists()  # finished upstream work is kept
 
 
+def remove_the_run_directory(ctx) -> dict:
+    shutil.rmtree(ctx.run_dir)  # the user's `rm -rf` of the run directory while the run goes on
+    (ctx.out_dir / "value.txt").write_text("7")
+    return {}
+
+
+def test_a_run_directory_removed_mid_run_is_said_in_one_line_and_the_cache_kept(tmp_path, ray_session):
+    """Defect 14 of issue 55: the driver's next write into the removed run directory (a stage's link, then
+    pipeline.json in the `finally` that was to record the run's end) failed with a FileNotFoundError traceback."""
+    stages = {**FAKE, "remover": Stage("remover", remove_the_run_directory, ("source",))}
+    cfg = _cfg(tmp_path, **{"pipeline.stages": ["remover"]})
+    with pytest.raises(StageFailed) as err:
+        run_dag(cfg, stages, tmp_path / "run1")
+    assert re.fullmatch(rf"the run directory {tmp_path / 'run1'} was removed while the run was going; the stages "
+                        rf"that finished are kept in the cache \(paths.cache_dir={tmp_path / 'cache'}\): rerun the "
+                        r"same command, which reuses them", str(err.value))
+    assert err.value.__context__ is None or err.value.__suppress_context__
+    assert run_dag(cfg, stages, tmp_path / "run2")["remover"]["state"] == "cached"
+
+
+def test_private_books_give_a_cache_readable_by_its_owner_alone(tmp_path, ray_session, monkeypatch):
+    """Defect 7 of issue 55: books at mode 600 became shards at mode 644 in a directory at 755 under the default umask,
+    readable by every user of the machine (and by anyone a copy of the cache went to)."""
+    monkeypatch.setattr(fingerprints, "SETTLE_NS", 0)  # the books' digests are memoised at once
+    previous_umask = os.umask(0o022)
+    try:
+        cfg = tiny_config(tmp_path, ["pipeline.until=prepare"])
+        for book in Path(cfg.data.corpus_dir).iterdir():
+            book.chmod(0o600)
+        run = TinyRun(cfg)
+        run.run_stage("prepare")
+    finally:
+        os.umask(previous_umask)
+    out_dir = run.stage_dir("prepare")
+    assert out_dir.stat().st_mode & 0o777 == 0o700
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out_dir.rglob("*")}
+    assert modes and {name for name, mode in modes.items() if int(mode, 8) & 0o077} == set(), modes
+    assert (tmp_path / "cache" / "file_digests").stat().st_mode & 0o777 == 0o700  # it names the books
+    check_outputs_intact({"prepare": out_dir})  # the modes its marker records are the private ones
+
+
 def test_concurrent_runs_share_one_execution(tmp_path):
     cfg = _cfg(tmp_path, **{"pipeline.stages": ["slow"]})
     the_plan = plan(cfg, FAKE)
@@ -325,6 +368,35 @@ def test_a_failed_checkpoint_save_removes_its_temporary(tmp_path, monkeypatch, f
     assert list(path.parent.iterdir()) == []
     if raised is OSError:
         assert err.value.errno == errno.ENOSPC and str(path) in str(err.value)
+
+
+def test_a_stage_to_run_in_a_read_only_cache_says_so_in_one_line(tmp_path, monkeypatch):
+    """Found by issue 55's probe: on a cache mounted read-only (a real `mount -o remount,bind,ro`), a run with a stage
+    to run failed with a traceback, `[Errno 30] Read-only file system: …/stages/sink/HASH.lock`: the stage's lock and
+    marker were written outside what names a failed stage. Tests run as root: the lock's open raises EROFS here."""
+    from pipeline.engine import dag
+
+    def read_only(path, *args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+    monkeypatch.setattr(dag, "open", read_only, raising=False)
+    cfg = _cfg(tmp_path, **{"pipeline.stages": ["source"]})
+    the_plan = plan(cfg, FAKE)
+    with pytest.raises(StageFailed, match=re.escape(
+            f"stage source failed: the cache directory paths.cache_dir={tmp_path / 'cache'} is read-only: it serves "
+            "the stages it has finished, but a stage to run writes there; set paths.cache_dir to a writable directory "
+            "(a copy of this one keeps its finished stages), then rerun the same command")):
+        execute_stage(FAKE, cfg, "source", the_plan.hashes["source"], the_plan.dirs["source"], {}, None)
+
+
+def test_a_marker_that_cannot_be_written_names_the_stage(tmp_path):
+    """Found by issue 55's probe: a completion marker replaced by a directory made the stage run again (it is not
+    complete) and then fail writing its marker with a traceback, IsADirectoryError, from outside what names a failed
+    stage."""
+    cfg = _cfg(tmp_path, **{"pipeline.stages": ["source"]})
+    the_plan = plan(cfg, FAKE)
+    (the_plan.dirs["source"] / MARKER).mkdir(parents=True)
+    with pytest.raises(StageFailed, match=r"stage source failed: IsADirectoryError: .*_COMPLETE.json"):
+        execute_stage(FAKE, cfg, "source", the_plan.hashes["source"], the_plan.dirs["source"], {}, None)
 
 
 @ray.remote

@@ -9,6 +9,7 @@ import importlib.util
 import os
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,47 @@ def test_file_digests_are_memoised_until_a_file_changes(tmp_path, monkeypatch):
     (corpus / "b.txt").write_text("Old men watched it leave.\n")
     assert _fingerprint(corpus, tmp_path) != first
     assert opened == ["b.txt"]
+
+
+def _planned_within(cfg, seconds: float):
+    """plan(cfg, STAGES), failing the test where planning has not ended within `seconds` (a blocked read)."""
+    planned = []
+    worker = threading.Thread(target=lambda: planned.append(plan(cfg, STAGES)), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert planned, f"planning had not ended after {seconds} s"
+    return planned[0]
+
+
+def test_a_fifo_or_a_link_to_dev_zero_in_the_corpus_is_keyed_by_name_and_kind_never_read(tmp_path):
+    """Defect 5 of issue 55: planning (also with pipeline.dry_run=true) opened and hashed every file before prepare's
+    regular-file check, and hung on a FIFO (no writer) or a link to /dev/zero (no end)."""
+    cfg = tiny_config(tmp_path, ["pipeline.dry_run=true", "pipeline.until=prepare"])
+    corpus = Path(cfg.data.corpus_dir)
+    without = plan(cfg, STAGES).hashes["prepare"]
+    os.mkfifo(corpus / "pipe.txt")
+    (corpus / "zeros.txt").symlink_to("/dev/zero")
+    planned = _planned_within(cfg, 20)
+    assert {name: digest for name, digest in planned.input_files["prepare"].files.items()
+            if Path(name).name in ("pipe.txt", "zeros.txt")} == {
+        str(corpus / "pipe.txt"): "skipped, a named pipe (FIFO)", str(corpus / "zeros.txt"): "skipped, a device"}
+    assert planned.hashes["prepare"] != without  # added: new work, by name and kind
+    (corpus / "zeros.txt").unlink()
+    os.mkfifo(corpus / "zeros.txt")
+    assert _planned_within(cfg, 20).hashes["prepare"] != planned.hashes["prepare"]  # another kind
+
+
+def test_a_book_whose_file_name_is_not_utf8_is_planned_and_its_digest_memoised(tmp_path, monkeypatch):
+    """Defect 11 of issue 55: a book named caf\\xe9.txt (Latin-1) crashed planning with UnicodeEncodeError, writing the
+    digest memo, which holds the name."""
+    monkeypatch.setattr(fingerprints, "SETTLE_NS", 0)  # the files just written count as settled: memoised
+    corpus = _corpus(tmp_path)
+    (corpus / os.fsdecode(b"caf\xe9.txt")).write_text("The cafe opened at noon.\n")
+    first = _fingerprint(corpus, tmp_path)
+    opened: list[str] = []
+    monkeypatch.setattr(fingerprints, "open", _unreadable("none", opened), raising=False)
+    assert _fingerprint(corpus, tmp_path) == first
+    assert opened == []  # the memo, read back, holds the name as it is on disk
 
 
 def _write_module(path: Path, body: str) -> None:

@@ -128,6 +128,18 @@ def test_an_until_outside_the_runs_stages_is_warned_about(tmp_path, capsys):
     assert "WARNING" not in capsys.readouterr().out
 
 
+def test_a_cache_dir_that_is_a_file_is_called_a_file(tmp_path):
+    """Found by issue 55's probe: `paths.cache_dir=FILE` (also with pipeline.dry_run=true) failed with a traceback from
+    making the directory, FileExistsError, naming no setting."""
+    cfg = tiny_config(tmp_path)
+    (tmp_path / "cache_file").write_text("not a directory")
+    cfg.paths.cache_dir = str(tmp_path / "cache_file")
+    cfg.pipeline.dry_run = True
+    with pytest.raises(NotADirectoryError, match=rf"paths.cache_dir={tmp_path / 'cache_file'} is a file, not a "
+                                                 r"directory; set paths.cache_dir to a directory"):
+        run_pipeline(cfg)
+
+
 def test_a_task_data_dir_that_is_a_file_is_called_a_file(tmp_path):
     """Issue 39, defect 8: a finetune.data_dir naming the train file itself was reported as "does not exist"."""
     cfg = tiny_config(tmp_path)
