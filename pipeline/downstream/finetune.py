@@ -129,6 +129,10 @@ class FinetuneConfig:
     # The split the results are scored on: dev, or test (tasks with a test_file: bbc_headlines, the zh_* tasks) once
     # every setting has been fixed without it. Not with selection_fraction, which scores the held-out train instead.
     score_split: ScoreSplit = ScoreSplit.dev
+    # A task YAML's train_file, dev_file and test_file are read inside data_dir: an absolute or `../` name there reads
+    # files that no setting of the run names, which another user's YAML can point anywhere. true reads them where they
+    # are (their contents still in the stages' keys).
+    allow_files_outside_data_dir: bool = False
 
 
 def finetune_settings(cfg: DictConfig) -> FinetuneConfig:
@@ -217,7 +221,7 @@ def check_task_files(cfg: DictConfig) -> None:
         return
     for name in task_names(f.task):
         task = load_task(name)
-        read_task_files(task, resolve_task_dir(task, f.data_dir, cache_dir_of(cfg)))
+        read_task_files(task, resolve_task_dir(task, f.data_dir, cache_dir_of(cfg)), f.allow_files_outside_data_dir)
 
 
 SNAPSHOT_MARK = "@"  # <kind>@<step>: the kind fine-tuned from its pretraining stage's encoder snapshot at that step
@@ -478,7 +482,8 @@ def _finetune_fingerprint(cfg: DictConfig) -> str:
     """The task files, and the files a model kind reads from outside the cache (an external encoder's)."""
     f = finetune_settings(cfg)
     cache_dir = cache_dir_of(cfg)
-    parts = [task_data_fingerprint(load_task(name), f.data_dir, cache_dir) for name in task_names(f.task)]
+    parts = [task_data_fingerprint(load_task(name), f.data_dir, cache_dir,
+                                   allow_outside=f.allow_files_outside_data_dir) for name in task_names(f.task)]
     parts += [kind.fingerprint(cfg) for kind in finetune_kinds(f).values()]
     return hashlib.sha256("".join(parts).encode()).hexdigest()
 

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from data_prep.tasks.conll import TaggedSentence, iob1_to_iob2, read_conll
 from data_prep.tasks.squad import read_squad
-from pipeline.downstream.tasks import TaskSplit, read_split
+from pipeline.downstream.tasks import TaskSplit, read_split, task_files
 from pipeline.evaluation.metrics import score_task
 
 
@@ -184,10 +184,10 @@ def evaluation_texts(task: DictConfig, data_dir: Path) -> dict[str, list[str]]:
             for split, name in evaluation_files(task).items()}
 
 
-def read_task_files(task: DictConfig, data_dir: Path) -> None:
+def read_task_files(task: DictConfig, data_dir: Path, allow_outside: bool = False) -> None:
     """Every split of a task read as fine-tuning (and decontamination) reads it: raises on the first bad row, naming
-    its file and line."""
+    its file and line, and on a file outside `data_dir` unless `allow_outside` (task_files)."""
     if task.format not in SPLIT_READERS:
         raise ValueError(f"task {task.name}: unknown format {task.format!r}; use one of {list(SPLIT_READERS)}")
-    for name in (task.train_file, *evaluation_files(task).values()):
-        SPLIT_READERS[task.format](task, data_dir, name)
+    for key in task_files(task, data_dir, allow_outside):
+        SPLIT_READERS[task.format](task, data_dir, task[key])

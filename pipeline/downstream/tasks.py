@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data_prep.corpus.builtin import BUILTIN_TASK_DATA
 from pipeline import CONF_DIR
-from pipeline.engine.dag import files_fingerprint
+from pipeline.engine.fingerprints import content_digests
 
 # Beside conf/, not in it: every folder of conf/ is a Hydra config group, and `+task=cola` would then compose a key
 # that nothing reads. A run picks its tasks with finetune.task.
@@ -86,16 +87,42 @@ SCORING_KEYS = ("metric", "num_beams", "length_penalty", "no_repeat_ngram_size",
                 "prompt_template", "prompt_label_words")
 
 
-def task_data_fingerprint(task: DictConfig, data_dir: str | None, cache_dir: str, texts_only: bool = False) -> str:
-    """The task as a stage reads it: its definition (the YAML as loaded: files, columns, labels, metric, decoding;
-    texts_only: less SCORING_KEYS) and its files (those of resolve_task_dir, or the built-in data's pinned release:
-    planning never downloads). An edit to the YAML alone (num_beams, a label) changes what fine-tuning computes, so
-    it changes the key too."""
-    fields = {k: v for k, v in OmegaConf.to_container(task).items() if not (texts_only and k in SCORING_KEYS)}
+# Every file a task's YAML may name, read from finetune.data_dir (or the built-in data's directory)
+TASK_FILE_KEYS = ("train_file", "dev_file", "test_file")
+
+
+def task_files(task: DictConfig, data_dir: Path, allow_outside: bool = False) -> dict[str, Path]:
+    """YAML key -> path of every file the task reads (train_file, dev_file, test_file where it has one), as the YAML
+    names it once interpolated, under `data_dir`. A name that leaves data_dir (absolute, or up through `..`) is
+    refused unless `allow_outside` (finetune.allow_files_outside_data_dir)."""
+    files = {key: data_dir / str(task[key]) for key in TASK_FILE_KEYS if task.get(key)}
+    for key, path in files.items():
+        name = str(task[key])
+        if not allow_outside and (Path(name).is_absolute() or os.path.normpath(name).split(os.sep)[0] == ".."):
+            raise ValueError(f"task {task.name}: {key} {name!r} ({TASK_DIR / task.name}.yaml) is outside "
+                             f"finetune.data_dir={data_dir}; move the file into that directory and name it relative "
+                             "to it, or set finetune.allow_files_outside_data_dir=true to read it where it is")
+    return files
+
+
+def task_data_fingerprint(task: DictConfig, data_dir: str | None, cache_dir: str, texts_only: bool = False,
+                          allow_outside: bool = False) -> str:
+    """The task as a stage reads it: its definition (the YAML as loaded and interpolated: files, columns, labels,
+    metric, decoding; texts_only: less SCORING_KEYS) and the contents of every file it reads (task_files, in the
+    directory of resolve_task_dir; or the built-in data's pinned release: planning never downloads). An edit to the
+    YAML alone (num_beams, a label) changes what fine-tuning computes, so it changes the key too. Refuses files
+    outside the data directory as task_files does (`allow_outside`), so every stage that reads a task's files has
+    been refused them before it starts."""
+    loaded = OmegaConf.to_container(task, resolve=True)
+    fields = {k: v for k, v in loaded.items() if not (texts_only and k in SCORING_KEYS)}
     definition = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
     if not data_dir and task.builtin:
         return definition + BUILTIN_TASK_DATA[task.builtin].fingerprint
-    return definition + files_fingerprint(resolve_task_dir(task, data_dir, cache_dir), "*", cache_dir)
+    paths = list(task_files(task, resolve_task_dir(task, data_dir, cache_dir), allow_outside).values())
+    listed = "\0".join(map(str, paths))
+    memo = Path(cache_dir) / "file_digests" / f"{hashlib.sha256(listed.encode()).hexdigest()[:16]}.json"
+    listing = list(zip(map(str, paths), content_digests(paths, memo)))
+    return definition + hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
 @dataclass
