@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -137,10 +138,14 @@ def _label(task: DictConfig, label_index: dict[str, int] | None, raw: str, where
         return raw
     if label_index is None:
         try:
-            return float(raw)
+            value = float(raw)
         except ValueError:
             raise ValueError(f"{where}: label {raw!r} is not a number; task {task.name} is a regression task "
                              "(labels: null)") from None
+        if not math.isfinite(value):  # float() reads nan and inf, which make every loss and score nan
+            raise ValueError(f"{where}: label {raw!r} is not a finite number; task {task.name} is a regression task "
+                             "(labels: null): give the row its score, or remove it")
+        return value
     if raw not in label_index:
         raise ValueError(f"{where}: unknown label {raw!r}; task {task.name} has labels {list(label_index)} "
                          f"(fix the file, or add the label to {TASK_DIR / task.name}.yaml)")

@@ -118,6 +118,16 @@ def test_regression_label_that_is_not_a_number_names_file_and_line(tmp_path):
         read_split(load_task("stsb"), path)
 
 
+@pytest.mark.parametrize("label", ["nan", "NaN", "inf", "-Infinity"])
+def test_a_regression_label_that_is_not_finite_names_file_and_line(tmp_path, label):
+    """Issue 55, defect 8: float() read 'nan' and 'inf', and fine-tuning then failed blaming finetune.lr."""
+    path = tmp_path / "dev.tsv"
+    path.write_text(f"sentence1\tsentence2\tscore\na\tb\t4.5\nc\td\t{label}\n")
+    with pytest.raises(ValueError, match=rf"dev.tsv:3: label '{label}' is not a finite number; task stsb is a "
+                                         r"regression task \(labels: null\): give the row its score, or remove it"):
+        read_split(load_task("stsb"), path)
+
+
 @pytest.mark.parametrize("second_row, fields", [("gj04\t0", 2), ("gj04\t0\t\tBad sentence .\tstray", 5)])
 def test_headerless_row_of_another_width_names_file_and_line(tmp_path, second_row, fields):
     path = tmp_path / "dev.tsv"
