@@ -3,6 +3,7 @@ place of dev when selecting a recipe), subsets of train, and what builds the mod
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -141,8 +142,6 @@ def majority_tag_scores(task: DictConfig, train: list[TaggedSentence], dev: list
     """The dev scores of tagging each word (character, in segmentation) with its most frequent tag in train, and a word
     train never had with train's most frequent tag: the majority-class baseline of a tagging task (for POS tagging
     the classic "most frequent tag" baseline, ~90 % on the Penn Treebank; Charniak et al. 1993)."""
-    from collections import Counter
-
     by_word: dict[str, Counter] = {}
     for sentence in train:
         for token, tag in zip(sentence.tokens, sentence.tags):
@@ -186,8 +185,46 @@ def evaluation_texts(task: DictConfig, data_dir: Path) -> dict[str, list[str]]:
 
 def read_task_files(task: DictConfig, data_dir: Path, allow_outside: bool = False) -> None:
     """Every split of a task read as fine-tuning (and decontamination) reads it: raises on the first bad row, naming
-    its file and line, and on a file outside `data_dir` unless `allow_outside` (task_files)."""
+    its file and line, on a file outside `data_dir` unless `allow_outside` (task_files), and on a classification train
+    split of one label; warns of what would cap or skew the scores without failing (dev labels that train never has,
+    empty generation targets)."""
     if task.format not in SPLIT_READERS:
         raise ValueError(f"task {task.name}: unknown format {task.format!r}; use one of {list(SPLIT_READERS)}")
-    for key in task_files(task, data_dir, allow_outside):
-        SPLIT_READERS[task.format](task, data_dir, task[key])
+    paths = task_files(task, data_dir, allow_outside)
+    splits = {key: SPLIT_READERS[task.format](task, data_dir, task[key]) for key in paths}
+    if task.format == "tsv" and task.labels is not None:
+        check_labels_across_splits(task, {paths[key]: split.labels for key, split in splits.items()},
+                                   paths["train_file"])
+    if task.format == "seq2seq":
+        for key, split in splits.items():
+            warn_of_empty_targets(task, paths[key], split)
+
+
+def check_labels_across_splits(task: DictConfig, labels: dict[Path, list[int]], train_path: Path) -> None:
+    """A train split of a single label teaches nothing to tell apart, and the baselines' logistic regression refuses
+    it only once every model has been fine-tuned: refused here. A label of an evaluation split that train never has
+    cannot be predicted, so it caps the score: warned of, with how many examples carry it."""
+    names = list(task.labels)
+    seen = Counter(labels[train_path])
+    if len(seen) < 2:
+        (only,) = seen
+        raise ValueError(f"{train_path}: every one of its {seen[only]} examples has label {names[only]!r}; task "
+                         f"{task.name} needs at least two of its labels {names} in the train split to learn to tell "
+                         "them apart: add examples of another label")
+    for path, split_labels in labels.items():
+        unseen = Counter(label for label in split_labels if label not in seen)
+        if path == train_path or not unseen:
+            continue
+        count = sum(unseen.values())
+        listed = ", ".join(f"{names[label]!r} ({n})" for label, n in unseen.most_common())
+        print(f"WARNING: {path}: {count} of its {len(split_labels)} examples ({count / len(split_labels):.0%}) have "
+              f"a label that {train_path.name} never has: {listed}; no model learns to predict it, so accuracy there "
+              f"is at most {1 - count / len(split_labels):.2f}", flush=True)
+
+
+def warn_of_empty_targets(task: DictConfig, path: Path, split: TaskSplit) -> None:
+    """A generation task's row with an empty target trains the model to write nothing, and scores 0 on dev."""
+    empty = sum(1 for target in split.labels if not target.strip())
+    if empty:
+        print(f"WARNING: {path}: {empty} of its {len(split.labels)} examples have an empty target (column "
+              f"{task.label!r}) and task {task.name} generates targets; fill them in, or remove the rows", flush=True)

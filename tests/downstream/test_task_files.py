@@ -1,12 +1,15 @@
 """The files a task's YAML names: every one of them, interpolated, in the keys of the stages that read it, and only
-inside finetune.data_dir unless a setting allows more (issue 55, defects 1 and 6)."""
+inside finetune.data_dir unless a setting allows more (issue 55, defects 1 and 6); and what its splits hold together,
+checked at start-up (defects 9 and 16)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from pipeline.downstream import tasks
+from pipeline.downstream.task_data import read_task_files
 from pipeline.engine.dag import stage_hashes
 from pipeline.runner import validate
 from pipeline.stages import STAGES
@@ -90,3 +93,50 @@ def test_a_name_that_goes_up_and_back_into_the_data_dir_is_inside(tmp_path, monk
     (tmp_path / "task" / "splits").mkdir()
     _reviews_task(tmp_path, monkeypatch, "splits/../train.tsv", "dev.tsv")
     validate(tiny_config(tmp_path, ["finetune.task=reviews"]))
+
+
+def _nli_task(root: Path, train_labels: list[str], dev_labels: list[str]):
+    """A three-label pair task whose train and dev splits carry the labels given, one example each."""
+    root.mkdir()
+    for name, labels in (("train.tsv", train_labels), ("dev.tsv", dev_labels)):
+        (root / name).write_text("premise\thypothesis\tlabel\n"
+                                 + "".join(f"p {i}\th {i}\t{label}\n" for i, label in enumerate(labels)))
+    return OmegaConf.create({"name": "nli", "format": "tsv", "train_file": "train.tsv", "dev_file": "dev.tsv",
+                             "text_a": "premise", "text_b": "hypothesis", "label": "label",
+                             "labels": ["entailment", "neutral", "contradiction"], "metric": "accuracy"})
+
+
+def test_a_train_split_of_one_label_is_refused(tmp_path):
+    """Defect 9: it failed inside scikit-learn's LogisticRegressionCV (bow_logreg), after every model had trained."""
+    task = _nli_task(tmp_path / "nli", ["neutral"] * 5, ["neutral", "entailment"])
+    with pytest.raises(ValueError, match=r"nli/train\.tsv: every one of its 5 examples has label 'neutral'; task nli "
+                                         r"needs at least two of its labels \['entailment', 'neutral', "
+                                         r"'contradiction'\] in the train split .*: add examples of another label"):
+        read_task_files(task, tmp_path / "nli")
+
+
+def test_dev_labels_that_train_never_has_are_counted_in_a_warning(tmp_path, capsys):
+    """Defect 16: a quarter of dev carrying a label train lacks capped accuracy at 0.75, without a word."""
+    task = _nli_task(tmp_path / "nli", ["entailment", "neutral"] * 3,
+                     ["entailment", "neutral", "contradiction", "entailment"] * 2)
+    read_task_files(task, tmp_path / "nli")
+    assert capsys.readouterr().out == (
+        f"WARNING: {tmp_path / 'nli' / 'dev.tsv'}: 2 of its 8 examples (25%) have a label that train.tsv never has: "
+        "'contradiction' (2); no model learns to predict it, so accuracy there is at most 0.75\n")
+    (tmp_path / "nli" / "train.tsv").write_text("premise\thypothesis\tlabel\np\th\tcontradiction\n"
+                                                "p\th\tentailment\np\th\tneutral\n")
+    read_task_files(task, tmp_path / "nli")
+    assert capsys.readouterr().out == ""
+
+
+def test_empty_generation_targets_are_counted_in_a_warning(tmp_path, capsys):
+    """Defect 16: a headline task's rows with an empty target trained and scored without a word."""
+    task = tasks.load_task("bbc_headlines")
+    for name, targets in (("train.tsv", ["a", "", "b", ""]), ("dev.tsv", ["c", "d"]), ("test.tsv", [" ", "e"])):
+        (tmp_path / name).write_text("source\ttarget\n" + "".join(f"an article {i}\t{target}\n"
+                                                                 for i, target in enumerate(targets)))
+    read_task_files(task, tmp_path)
+    assert capsys.readouterr().out.splitlines() == [
+        f"WARNING: {tmp_path / name}: {n} of its {total} examples have an empty target (column 'target') and task "
+        "bbc_headlines generates targets; fill them in, or remove the rows"
+        for name, n, total in (("train.tsv", 2, 4), ("test.tsv", 1, 2))]
