@@ -13,8 +13,13 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from data_prep.corpus.builtin import BUILTIN_TASK_DATA
+from data_prep.tasks.encoding import not_utf8
 from pipeline import CONF_DIR
 from pipeline.engine.fingerprints import content_digests
+
+# A field of csv's default limit, 131,072 characters, refused a long document (texts are cut to
+# finetune.max_seq_length tokens anyway) with an error naming no file
+csv.field_size_limit(2**31 - 1)
 
 # Beside conf/, not in it: every folder of conf/ is a Hydra config group, and `+task=cola` would then compose a key
 # that nothing reads. A run picks its tasks with finetune.task.
@@ -161,40 +166,50 @@ def read_split(task: DictConfig, path: Path) -> TaskSplit:
             else "finetune.data_dir"
         raise FileNotFoundError(f"task {task.name}: {path} not found; {where} should hold {task.train_file} and "
                                 f"{task.dev_file}")
-    label_index = None if task.labels is None else {str(label): i for i, label in enumerate(task.labels)}
-    columns = [c for c in (task.text_a, task.text_b, task.label) if c is not None]
-    texts_a, texts_b, labels = [], [] if task.text_b is not None else None, []
     # utf-8-sig: GLUE's MRPC files start with a byte-order mark, which would otherwise prefix the first column name
     with open(path, encoding="utf-8-sig", newline="") as f:
         reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        if task.get("header", True):
-            header = next(reader, None)
-            if header is None:
-                raise ValueError(f"{path}: empty file, expected a header row and examples")
-            missing = [c for c in columns if c not in header]
-            if missing:
-                raise ValueError(f"{path}:1: missing column(s) {missing}; header has {header}. Rename the file's "
-                                 f"columns, or set text_a/text_b/label in {TASK_DIR / task.name}.yaml to its names")
-            col = {name: header.index(name) for name in columns}
-            width, first_line, shape_of = len(header), 2, "header"
-        else:
-            col = {index: index for index in columns}
-            width, first_line, shape_of = None, 1, "first line"  # the first row's width
-        needed = max(col.values()) + 1
-        for line_no, row in enumerate(reader, start=first_line):
-            width = width or len(row)
-            # Every row has as many fields as the file's header (or first row): one with more is as broken as one
-            # with fewer (a tab inside a text, a stray column), and which of its fields is the label is a guess.
-            if width < needed:
-                raise ValueError(f"{path}:{line_no}: expected {needed} tab-separated fields (task {task.name} reads "
-                                 f"column {needed - 1}, counting from 0), got {len(row)}")
-            if len(row) != width:
-                raise ValueError(f"{path}:{line_no}: expected {width} tab-separated fields, as on the file's "
-                                 f"{shape_of}, got {len(row)}; fix the row (a tab inside a text must be removed)")
-            labels.append(_label(task, label_index, row[col[task.label]].strip(), f"{path}:{line_no}"))
-            texts_a.append(row[col[task.text_a]])
-            if texts_b is not None:
-                texts_b.append(row[col[task.text_b]])
+        try:
+            return _read_rows(task, path, reader)
+        except UnicodeDecodeError as error:
+            raise not_utf8(path, error) from None
+        except csv.Error as error:
+            raise ValueError(f"{path}:{reader.line_num}: {error}; fix the row") from None
+
+
+def _read_rows(task: DictConfig, path: Path, reader) -> TaskSplit:
+    """read_split's rows of an open file, each checked as it comes."""
+    label_index = None if task.labels is None else {str(label): i for i, label in enumerate(task.labels)}
+    columns = [c for c in (task.text_a, task.text_b, task.label) if c is not None]
+    texts_a, texts_b, labels = [], [] if task.text_b is not None else None, []
+    if task.get("header", True):
+        header = next(reader, None)
+        if header is None:
+            raise ValueError(f"{path}: empty file, expected a header row and examples")
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise ValueError(f"{path}:1: missing column(s) {missing}; header has {header}. Rename the file's "
+                             f"columns, or set text_a/text_b/label in {TASK_DIR / task.name}.yaml to its names")
+        col = {name: header.index(name) for name in columns}
+        width, first_line, shape_of = len(header), 2, "header"
+    else:
+        col = {index: index for index in columns}
+        width, first_line, shape_of = None, 1, "first line"  # the first row's width
+    needed = max(col.values()) + 1
+    for line_no, row in enumerate(reader, start=first_line):
+        width = width or len(row)
+        # Every row has as many fields as the file's header (or first row): one with more is as broken as one
+        # with fewer (a tab inside a text, a stray column), and which of its fields is the label is a guess.
+        if width < needed:
+            raise ValueError(f"{path}:{line_no}: expected {needed} tab-separated fields (task {task.name} reads "
+                             f"column {needed - 1}, counting from 0), got {len(row)}")
+        if len(row) != width:
+            raise ValueError(f"{path}:{line_no}: expected {width} tab-separated fields, as on the file's "
+                             f"{shape_of}, got {len(row)}; fix the row (a tab inside a text must be removed)")
+        labels.append(_label(task, label_index, row[col[task.label]].strip(), f"{path}:{line_no}"))
+        texts_a.append(row[col[task.text_a]])
+        if texts_b is not None:
+            texts_b.append(row[col[task.text_b]])
     if not labels:
         raise ValueError(f"{path}: no examples" + (" after the header" if task.get("header", True) else ""))
     return TaskSplit(texts_a, texts_b, labels)
