@@ -35,12 +35,29 @@ def available_tasks() -> list[str]:
     return sorted(p.stem for p in TASK_DIR.glob("*.yaml"))
 
 
+# What every task's YAML states (null where it has none: builtin without built-in data, labels for a regression task,
+# SQuAD's); a TSV or generation task also names its columns
+REQUIRED_KEYS = ("name", "builtin", "format", "train_file", "dev_file", "labels", "metric")
+COLUMN_KEYS = ("text_a", "text_b", "label")
+
+
 def load_task(name: str) -> DictConfig:
-    path = TASK_DIR / f"{name}.yaml"
-    if not path.is_file():
+    # a name is a file of tasks/ and nothing else: `../x` or `sub/x` would read a YAML from outside the registry
+    if name not in available_tasks():
         raise ValueError(f"unknown task {name!r}; available tasks: {', '.join(available_tasks())} "
                          f"(add one with a YAML file in {TASK_DIR})")
+    path = TASK_DIR / f"{name}.yaml"
     task = OmegaConf.load(path)
+    if not isinstance(task, DictConfig):
+        raise ValueError(f"{path}: a task is a mapping of keys (see {TASK_DIR / 'sst2.yaml'}), not a list")
+    required = REQUIRED_KEYS + (COLUMN_KEYS if task.get("format") in ("tsv", "seq2seq") else ())
+    missing = [key for key in required if key not in task]
+    if missing:
+        raise ValueError(f"{path}: missing key(s) {missing}; a task states {', '.join(REQUIRED_KEYS)} (null where it "
+                         f"has none: builtin without built-in data, labels for a regression task), a TSV or "
+                         f"generation task also {', '.join(COLUMN_KEYS)} (see {TASK_DIR / 'sst2.yaml'})")
+    if task.name != name:  # results, finished runs and messages go by the name, which points back at this file
+        raise ValueError(f"{path}: name {task.name!r} is not the file's name; set name: {name}")
     labels = list(task.get("labels") or [])
     repeated = [label for label in dict.fromkeys(labels) if labels.count(label) > 1]
     if repeated:

@@ -1,5 +1,6 @@
 """Every task YAML in tasks/ reads a tiny fixture written in that task's own file layout."""
 import json
+import re
 
 import pytest
 
@@ -181,13 +182,57 @@ def test_glue_tasks_read_the_columns_of_glues_own_files(name, header, row, expec
         assert task.dev_file == {"mnli": "dev_matched.tsv", "mnli_mm": "dev_mismatched.tsv"}[name]
 
 
+REVIEWS = {"name": "reviews", "builtin": None, "format": "tsv", "train_file": "train.tsv", "dev_file": "dev.tsv",
+           "text_a": "sentence", "text_b": None, "label": "label", "labels": ["negative", "positive"],
+           "metric": "accuracy"}
+
+
+def _task_dir(tmp_path, monkeypatch, **changes) -> None:
+    """tasks/ holding only `reviews.yaml`: REVIEWS with `changes`, a key changed to ... removed."""
+    from pipeline.downstream import tasks
+
+    task = {key: value for key, value in {**REVIEWS, **changes}.items() if value is not ...}
+    (tmp_path / "reviews.yaml").write_text(json.dumps(task))  # JSON is YAML
+    monkeypatch.setattr(tasks, "TASK_DIR", tmp_path)
+
+
 def test_a_task_whose_labels_repeat_a_name_is_refused(tmp_path, monkeypatch):
     """Issue 39, defect 9: duplicate label names in a task YAML were accepted."""
     from pipeline.downstream import tasks
 
-    (tmp_path / "reviews.yaml").write_text("name: reviews\nformat: tsv\ntext_a: sentence\nlabel: label\n"
-                                           "labels: [negative, positive, negative]\n")
-    monkeypatch.setattr(tasks, "TASK_DIR", tmp_path)
+    _task_dir(tmp_path, monkeypatch, labels=["negative", "positive", "negative"])
     with pytest.raises(ValueError, match=r"reviews.yaml: labels \['negative', 'positive', 'negative'\] name "
                                          r"\['negative'\] more than once; list each class once"):
         tasks.load_task("reviews")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"labels": ...}, r"reviews\.yaml: missing key\(s\) \['labels'\]; a task states name, builtin, format, train_file, "
+                      r"dev_file, labels, metric \(null where it has none: builtin without built-in data, labels for a "
+                      r"regression task\), a TSV or generation task also text_a, text_b, label"),
+    ({"builtin": ..., "text_b": ...}, r"reviews\.yaml: missing key\(s\) \['builtin', 'text_b'\]"),
+    ({"name": "films"}, r"reviews\.yaml: name 'films' is not the file's name; set name: reviews"),
+], ids=["no-labels", "no-builtin-no-text_b", "another-name"])
+def test_a_task_yaml_without_a_key_or_under_another_name_is_refused_naming_the_file(changes, message, tmp_path,
+                                                                                     monkeypatch):
+    """Issue 55's probe: without `labels` the task failed with OmegaConf's `Missing key labels`, naming no file; under
+    another name its results, and messages naming `tasks/<name>.yaml`, pointed at a file that is not there."""
+    from pipeline.downstream import tasks
+
+    _task_dir(tmp_path, monkeypatch, **changes)
+    with pytest.raises(ValueError, match=message):
+        tasks.load_task("reviews")
+
+
+@pytest.mark.parametrize("name", ["../reviews", "sub/reviews"])
+def test_a_task_name_that_is_not_a_file_of_tasks_is_unknown(name, tmp_path, monkeypatch):
+    """Issue 55's probe: `finetune.task=../x` read x.yaml from beside the task directory."""
+    from pipeline.downstream import tasks
+
+    task_dir = tmp_path / "tasks"
+    (task_dir / "sub").mkdir(parents=True)
+    _task_dir(task_dir / "sub", monkeypatch)
+    _task_dir(tmp_path, monkeypatch)
+    monkeypatch.setattr(tasks, "TASK_DIR", task_dir)
+    with pytest.raises(ValueError, match=rf"unknown task '{re.escape(name)}'; available tasks:  \(add one"):
+        tasks.load_task(name)
