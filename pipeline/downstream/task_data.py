@@ -198,6 +198,8 @@ def read_task_files(task: DictConfig, data_dir: Path, allow_outside: bool = Fals
     if task.format == "seq2seq":
         for key, split in splits.items():
             warn_of_empty_targets(task, paths[key], split)
+    if task.format in ("tsv", "seq2seq"):
+        warn_of_examples_also_in_train(paths, splits)
 
 
 def check_labels_across_splits(task: DictConfig, labels: dict[Path, list[int]], train_path: Path) -> None:
@@ -228,3 +230,20 @@ def warn_of_empty_targets(task: DictConfig, path: Path, split: TaskSplit) -> Non
     if empty:
         print(f"WARNING: {path}: {empty} of its {len(split.labels)} examples have an empty target (column "
               f"{task.label!r}) and task {task.name} generates targets; fill them in, or remove the rows", flush=True)
+
+
+def _inputs(split: TaskSplit) -> list[tuple[str, str | None]]:
+    return list(zip(split.texts_a, split.texts_b or [None] * len(split.texts_a)))
+
+
+def warn_of_examples_also_in_train(paths: dict[str, Path], splits: dict[str, TaskSplit]) -> None:
+    """An evaluation example whose text is also a training example's scores what the model memorised, not what it
+    learnt (a dev file that is a copy of train, rows pasted into both). `paths` and `splits` by the YAML's key."""
+    trained = set(_inputs(splits["train_file"]))
+    for key, split in splits.items():
+        repeated = sum(1 for example in _inputs(split) if example in trained)
+        if key != "train_file" and repeated:
+            share = repeated / len(split.labels)
+            print(f"WARNING: {paths[key]}: {repeated} of its {len(split.labels)} examples ({share:.0%}) have the text "
+                  f"of an example of {paths['train_file'].name}; a score there is partly recall of training "
+                  "examples: remove them from one of the files", flush=True)

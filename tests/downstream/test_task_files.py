@@ -96,11 +96,12 @@ def test_a_name_that_goes_up_and_back_into_the_data_dir_is_inside(tmp_path, monk
 
 
 def _nli_task(root: Path, train_labels: list[str], dev_labels: list[str]):
-    """A three-label pair task whose train and dev splits carry the labels given, one example each."""
+    """A three-label pair task whose train and dev splits carry the labels given, one example each, no text in
+    both."""
     root.mkdir()
     for name, labels in (("train.tsv", train_labels), ("dev.tsv", dev_labels)):
         (root / name).write_text("premise\thypothesis\tlabel\n"
-                                 + "".join(f"p {i}\th {i}\t{label}\n" for i, label in enumerate(labels)))
+                                 + "".join(f"{name} p {i}\th {i}\t{label}\n" for i, label in enumerate(labels)))
     return OmegaConf.create({"name": "nli", "format": "tsv", "train_file": "train.tsv", "dev_file": "dev.tsv",
                              "text_a": "premise", "text_b": "hypothesis", "label": "label",
                              "labels": ["entailment", "neutral", "contradiction"], "metric": "accuracy"})
@@ -133,10 +134,26 @@ def test_empty_generation_targets_are_counted_in_a_warning(tmp_path, capsys):
     """Defect 16: a headline task's rows with an empty target trained and scored without a word."""
     task = tasks.load_task("bbc_headlines")
     for name, targets in (("train.tsv", ["a", "", "b", ""]), ("dev.tsv", ["c", "d"]), ("test.tsv", [" ", "e"])):
-        (tmp_path / name).write_text("source\ttarget\n" + "".join(f"an article {i}\t{target}\n"
+        (tmp_path / name).write_text("source\ttarget\n" + "".join(f"{name} article {i}\t{target}\n"
                                                                  for i, target in enumerate(targets)))
     read_task_files(task, tmp_path)
     assert capsys.readouterr().out.splitlines() == [
         f"WARNING: {tmp_path / name}: {n} of its {total} examples have an empty target (column 'target') and task "
         "bbc_headlines generates targets; fill them in, or remove the rows"
         for name, n, total in (("train.tsv", 2, 4), ("test.tsv", 1, 2))]
+
+
+def test_evaluation_examples_that_are_also_training_examples_are_counted_in_a_warning(tmp_path, capsys):
+    """Issue 55's probe: a dev split sharing examples with train, or the train file itself as dev_file, was scored
+    without a word."""
+    task = _nli_task(tmp_path / "nli", ["entailment", "neutral"] * 2, ["neutral"] * 4)
+    train = tmp_path / "nli" / "train.tsv"
+    with train.open("a") as f:
+        f.write("dev.tsv p 1\th 1\tneutral\n")  # dev's second example, and a premise alone that dev has too
+        f.write("dev.tsv p 2\th 9\tneutral\n")
+    read_task_files(task, tmp_path / "nli")
+    assert capsys.readouterr().out == (
+        f"WARNING: {tmp_path / 'nli' / 'dev.tsv'}: 1 of its 4 examples (25%) have the text of an example of train.tsv; "
+        "a score there is partly recall of training examples: remove them from one of the files\n")
+    read_task_files(OmegaConf.merge(task, {"dev_file": "train.tsv"}), tmp_path / "nli")
+    assert "6 of its 6 examples (100%) have the text of an example of train.tsv" in capsys.readouterr().out
