@@ -212,11 +212,15 @@ def scored_tasks(f: FinetuneConfig) -> list[DictConfig]:
 
 
 def check_task_files(cfg: DictConfig) -> None:
-    """The tasks' split to score, and the user's task files (finetune.data_dir) read as this stage will read them, so
-    that a missing test split, a wrong label or a malformed row is reported before the first stage runs instead of
-    after pretraining. Built-in data is ours."""
+    """The tasks' split to score, the train sizes a classification task can be fitted on, and the user's task files
+    (finetune.data_dir) read as this stage will read them, so that a missing test split, a wrong label or a malformed
+    row is reported before the first stage runs instead of after pretraining. Built-in data is ours."""
     f = finetune_settings(cfg)
-    scored_tasks(f)
+    classifying = [task.name for task in scored_tasks(f) if task.format == "tsv" and task.labels is not None]
+    if classifying and 1 in train_sizes(f):
+        raise ValueError(f"finetune.train_sizes={list(f.train_sizes)}: a subset of 1 example holds a single label, "
+                         f"from which no classifier learns (the baselines' logistic regression refuses it, after the "
+                         f"models have trained); task {classifying[0]} needs sizes of at least 2")
     if not f.data_dir:
         return
     for name in task_names(f.task):

@@ -112,6 +112,15 @@ def test_a_train_split_of_one_label_fails_before_any_stage(tmp_path):
                                                                r"label '1'; task sst2 needs at least two of its labels")
 
 
+def test_a_train_size_of_one_for_a_classification_task_fails_before_any_stage(tmp_path):
+    """Issue 55's probe: finetune.train_sizes=[1] fine-tuned every model, then bow_logreg failed on its one-label subset
+    (`This solver needs samples of at least 2 classes`)."""
+    _fails_before_any_stage(tiny_config(tmp_path, ["finetune.train_sizes=[1,null]"]), ValueError,
+                            r"finetune\.train_sizes=\[1, None\]: a subset of 1 example holds a single label, .* task "
+                            r"sst2 needs sizes of at least 2")
+    validate(tiny_config(tmp_path, ["finetune.train_sizes=[2,null]"]))
+
+
 def test_a_regression_label_that_is_not_finite_fails_before_any_stage(tmp_path):
     """Issue 55, defect 8: a `nan` score was read, and fine-tuning then failed blaming finetune.lr."""
     write_stsb(tmp_path / "stsb")
