@@ -382,10 +382,17 @@ def finetune(ctx: StageContext) -> dict:
                     write_json_atomically(done, result)
                     rows += result
                     print(f"finetune {tag}: " + ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), flush=True)
-        data = next(iter(encoded.values()))
-        if "majority_class" in f.baselines and data.majority_scores is not None:
-            rows += _baseline_rows("majority_class", task, data.majority_scores, len(data.train), len(data.dev),
-                                   scored_on, 0.0)
+        if encoded:
+            data = next(iter(encoded.values()))
+            majority = data.majority_scores, len(data.train), len(data.dev)
+        elif task.format == "tsv":  # no model kind (finetune.models=[]): the baselines alone, on the task's splits
+            train, dev, majority_scores = tsv_splits(task, data_dir, f.max_train_examples, ctx.cfg.seed, selection)
+            task_sizes = sizes_for_task(sizes, len(train.labels), task.name)
+            majority = majority_scores, len(train.labels), len(dev.labels)
+        else:
+            majority = None, 0, 0
+        if "majority_class" in f.baselines and majority[0] is not None:
+            rows += _baseline_rows("majority_class", task, *majority, scored_on, 0.0)
         if task.format == "tsv" and task.labels is not None:
             rows += _subset_baseline_rows(ctx, f, task, data_dir, scored_on, task_sizes)
         if task.format == "seq2seq" and "lead_n" in f.baselines:
