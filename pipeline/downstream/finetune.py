@@ -208,7 +208,11 @@ def scored_tasks(f: FinetuneConfig) -> list[DictConfig]:
     if f.selection_fraction and f.score_split != "dev":
         raise ValueError(f"finetune.selection_fraction scores a held-out part of the train split and "
                          f"finetune.score_split={f.score_split} the {f.score_split} split: set one of them")
-    return [scored_task(load_task(name), str(f.score_split)) for name in task_names(f.task)]
+    names = task_names(f.task)
+    if _repeated(names):
+        raise ValueError(f"finetune.task={names} repeats {_repeated(names)}: a repeated task's rows would be counted "
+                         "again, as if from more seeds (seeds 2 of one seed); give each task once")
+    return [scored_task(load_task(name), str(f.score_split)) for name in names]
 
 
 def check_task_files(cfg: DictConfig) -> None:
