@@ -211,7 +211,7 @@ def scored_tasks(f: FinetuneConfig) -> list[DictConfig]:
     names = task_names(f.task)
     if _repeated(names):
         raise ValueError(f"finetune.task={names} repeats {_repeated(names)}: a repeated task's rows would be counted "
-                         "again, as if from more seeds (seeds 2 of one seed); give each task once")
+                         "again, as if from more seeds; give each task once")
     return [scored_task(load_task(name), str(f.score_split)) for name in names]
 
 

@@ -232,16 +232,16 @@ def warn_of_empty_targets(task: DictConfig, path: Path, split: TaskSplit) -> Non
               f"{task.label!r}) and task {task.name} generates targets; fill them in, or remove the rows", flush=True)
 
 
-def _inputs(split: TaskSplit) -> list[tuple[str, str | None]]:
+def _example_texts(split: TaskSplit) -> list[tuple[str, str | None]]:
     return list(zip(split.texts_a, split.texts_b or [None] * len(split.texts_a)))
 
 
 def warn_of_examples_also_in_train(paths: dict[str, Path], splits: dict[str, TaskSplit]) -> None:
     """An evaluation example whose text is also a training example's scores what the model memorised, not what it
     learnt (a dev file that is a copy of train, rows pasted into both). `paths` and `splits` by the YAML's key."""
-    trained = set(_inputs(splits["train_file"]))
+    trained = set(_example_texts(splits["train_file"]))
     for key, split in splits.items():
-        repeated = sum(1 for example in _inputs(split) if example in trained)
+        repeated = sum(1 for example in _example_texts(split) if example in trained)
         if key != "train_file" and repeated:
             share = repeated / len(split.labels)
             print(f"WARNING: {paths[key]}: {repeated} of its {len(split.labels)} examples ({share:.0%}) have the text "
