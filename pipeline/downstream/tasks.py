@@ -118,14 +118,13 @@ def task_files(task: DictConfig, data_dir: Path, allow_outside: bool = False) ->
     """YAML key -> path of every file the task reads (train_file, dev_file, test_file where it has one), as the YAML
     names it once interpolated, under `data_dir`. A name that leaves data_dir (absolute, or up through `..`) is
     refused unless `allow_outside` (finetune.allow_files_outside_data_dir)."""
-    files = {key: data_dir / str(task[key]) for key in TASK_FILE_KEYS if task.get(key)}
-    for key, path in files.items():
-        name = str(task[key])
+    names = {key: str(task[key]) for key in TASK_FILE_KEYS if task.get(key)}
+    for key, name in names.items():
         if not allow_outside and (Path(name).is_absolute() or os.path.normpath(name).split(os.sep)[0] == ".."):
             raise ValueError(f"task {task.name}: {key} {name!r} ({TASK_DIR / task.name}.yaml) is outside "
                              f"finetune.data_dir={data_dir}; move the file into that directory and name it relative "
                              "to it, or set finetune.allow_files_outside_data_dir=true to read it where it is")
-    return files
+    return {key: data_dir / name for key, name in names.items()}
 
 
 def task_data_fingerprint(task: DictConfig, data_dir: str | None, cache_dir: str, texts_only: bool = False,

@@ -224,6 +224,15 @@ def test_a_task_yaml_without_a_key_or_under_another_name_is_refused_naming_the_f
         tasks.load_task("reviews")
 
 
+def test_a_task_yaml_that_is_a_list_is_refused_naming_the_file(tmp_path, monkeypatch):
+    from pipeline.downstream import tasks
+
+    _task_dir(tmp_path, monkeypatch)
+    (tmp_path / "reviews.yaml").write_text("- name: reviews\n- format: tsv\n")
+    with pytest.raises(ValueError, match=r"reviews\.yaml: a task is a mapping of keys \(see .*\), not a list"):
+        tasks.load_task("reviews")
+
+
 @pytest.mark.parametrize("name", ["../reviews", "sub/reviews"])
 def test_a_task_name_that_is_not_a_file_of_tasks_is_unknown(name, tmp_path, monkeypatch):
     """Issue 55's probe: `finetune.task=../x` read x.yaml from beside the task directory."""
