@@ -35,6 +35,7 @@ class EvaluationSources:
     reads) and, when the evaluate stage runs its probes, the `senteval` block."""
     tasks: tuple[str, ...]
     task_data_dir: str | None  # finetune.data_dir
+    task_files_outside_data_dir: bool  # finetune.allow_files_outside_data_dir
     cache_dir: str
     senteval: SentevalConfig | None
 
@@ -48,7 +49,8 @@ class EvaluationSources:
 
             senteval = typed_settings(cfg.senteval, SentevalConfig)
         return cls(tuple(task_names(cfg.finetune.task)) if "finetune" in stages else (), cfg.finetune.data_dir,
-                   cache_dir_of(cfg), senteval if senteval and senteval.tasks else None)
+                   cfg.finetune.allow_files_outside_data_dir, cache_dir_of(cfg),
+                   senteval if senteval and senteval.tasks else None)
 
 
 def corpus_dir(data: DataConfig, cache_dir: str) -> Path:
@@ -151,7 +153,8 @@ def _corpus_fingerprint(data: DataConfig, cache_dir: str) -> str:
 
 def _evaluation_fingerprint(sources: EvaluationSources) -> str:
     """What decontamination reads: the fine-tune tasks' data and the SentEval tasks' files of the run."""
-    parts = [f"{name}:{task_data_fingerprint(load_task(name), sources.task_data_dir, sources.cache_dir, True)}"
+    parts = [f"{name}:" + task_data_fingerprint(load_task(name), sources.task_data_dir, sources.cache_dir,
+                                                texts_only=True, allow_outside=sources.task_files_outside_data_dir)
              for name in sources.tasks]
     if sources.senteval is not None:
         from pipeline.evaluation.senteval import senteval_files_fingerprint

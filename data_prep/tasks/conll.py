@@ -12,6 +12,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from conventions import IGNORE_INDEX
+from data_prep.tasks.encoding import not_utf8
 
 DOCSTART = "-DOCSTART-"
 
@@ -40,28 +41,31 @@ def read_conll(path: str | Path, labels: Sequence[str] | None = None, word_colum
         raise FileNotFoundError(f"{path} not found; pass the directory holding the CoNLL files as finetune.data_dir")
     needed = max(word_column, tag_column, -word_column - 1, -tag_column - 1) + 1
     sentences, tokens, tags, num_columns = [], [], [], None
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            fields = line.split()
-            if not fields or fields[0] == DOCSTART:
-                if tokens:
-                    sentences.append(TaggedSentence(tokens, tags))
-                tokens, tags = [], []
-                continue
-            if num_columns is None:
-                num_columns = len(fields)
-            if len(fields) != num_columns or num_columns < max(2, needed):
-                raise ValueError(f"{path}:{line_no}: expected {max(2, needed, num_columns)} space-separated columns "
-                                 f"(the word in column {word_column} and the tag in column {tag_column}, counting "
-                                 f"from 0, as on the file's first word line), got {len(fields)}: {line!r}")
-            tag = fields[tag_column]
-            if iob:
-                _check_tag(tag, path, line_no)
-            if labels is not None and tag not in labels:
-                raise ValueError(f"{path}:{line_no}: tag {tag!r} is not one of the task's labels "
-                                 f"{list(labels)}; fix the file, or add the tag to the task YAML's labels")
-            tokens.append(fields[word_column])
-            tags.append(tag)
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")  # only line breaks: splitlines() also splits at \x1c
+    except UnicodeDecodeError as error:
+        raise not_utf8(path, error) from None
+    for line_no, line in enumerate(lines, start=1):
+        fields = line.split()
+        if not fields or fields[0] == DOCSTART:
+            if tokens:
+                sentences.append(TaggedSentence(tokens, tags))
+            tokens, tags = [], []
+            continue
+        if num_columns is None:
+            num_columns = len(fields)
+        if len(fields) != num_columns or num_columns < max(2, needed):
+            raise ValueError(f"{path}:{line_no}: expected {max(2, needed, num_columns)} space-separated columns "
+                             f"(the word in column {word_column} and the tag in column {tag_column}, counting "
+                             f"from 0, as on the file's first word line), got {len(fields)}: {line!r}")
+        tag = fields[tag_column]
+        if iob:
+            _check_tag(tag, path, line_no)
+        if labels is not None and tag not in labels:
+            raise ValueError(f"{path}:{line_no}: tag {tag!r} is not one of the task's labels "
+                             f"{list(labels)}; fix the file, or add the tag to the task YAML's labels")
+        tokens.append(fields[word_column])
+        tags.append(tag)
     if tokens:
         sentences.append(TaggedSentence(tokens, tags))
     if not sentences:

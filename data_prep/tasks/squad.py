@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from data_prep.tasks.encoding import not_utf8
+
 CLS_INDEX = 0  # start = end = [CLS] marks "the answer is not in this window" (BERT's run_squad.py)
 
 
@@ -44,10 +46,12 @@ def read_squad(path: str | Path) -> list[SquadExample]:
         raise FileNotFoundError(f"{path} not found; pass the directory holding the SQuAD JSON files as "
                                 "finetune.data_dir")
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # a byte-order mark, as an editor on Windows writes, is no error
             articles = json.load(f)["data"]
         examples = [_checked_example(path, qa, paragraph["context"])
                     for article in articles for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
+    except UnicodeDecodeError as error:
+        raise not_utf8(path, error) from None
     except (json.JSONDecodeError, KeyError, TypeError) as error:
         raise ValueError(f"{path}: not a SQuAD v1.1 JSON file ({type(error).__name__}: {error}); expected "
                          "data -> paragraphs -> context, qas -> id, question, answers -> text, answer_start") \

@@ -24,17 +24,22 @@ def _sides(split: TaskSplit) -> list[list[str]]:
 
 def _fit_and_score(task: DictConfig, train_features, train_labels: list[int], dev_features, dev: TaskSplit,
                    seed: int) -> dict[str, float]:
-    """A logistic regression, its L2 strength chosen by stratified cross-validation on train, scored on dev by the
-    task's metric."""
-    from sklearn.linear_model import LogisticRegressionCV
+    """A logistic regression, its L2 strength chosen by stratified cross-validation on train (where a class has two
+    examples), scored on dev by the task's metric."""
+    from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
     from sklearn.model_selection import StratifiedKFold
 
     labels = np.asarray(train_labels)
-    # stratified folds need each class in every fold: fewer folds for a tiny train split (two at least)
-    folds = max(2, min(5, int(np.bincount(labels).min())))
-    model = LogisticRegressionCV(Cs=list(C_GRID), cv=StratifiedKFold(folds, shuffle=True, random_state=seed),
-                                 scoring="accuracy", max_iter=1000, n_jobs=1,
-                                 l1_ratios=(0.0,), use_legacy_attributes=False)  # plain L2, as 1.10 will default
+    if np.unique(labels, return_counts=True)[1].max() < 2:
+        # One example of each class (finetune.train_sizes=[2] on two labels): no split into two folds has a class on
+        # both sides, so C cannot be chosen on train; scikit-learn's default, C=1, is fitted instead.
+        model = LogisticRegression(C=1.0, max_iter=1000)
+    else:
+        # stratified folds need each class in every fold: fewer folds for a tiny train split (two at least)
+        folds = max(2, min(5, int(np.bincount(labels).min())))
+        model = LogisticRegressionCV(Cs=list(C_GRID), cv=StratifiedKFold(folds, shuffle=True, random_state=seed),
+                                     scoring="accuracy", max_iter=1000, n_jobs=1,
+                                     l1_ratios=(0.0,), use_legacy_attributes=False)  # plain L2, as 1.10 will default
     model.fit(train_features, labels)
     return score_task(task.metric, model.predict(dev_features).tolist(), dev.labels)
 

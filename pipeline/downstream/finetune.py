@@ -129,6 +129,10 @@ class FinetuneConfig:
     # The split the results are scored on: dev, or test (tasks with a test_file: bbc_headlines, the zh_* tasks) once
     # every setting has been fixed without it. Not with selection_fraction, which scores the held-out train instead.
     score_split: ScoreSplit = ScoreSplit.dev
+    # A task YAML's train_file, dev_file and test_file are read inside data_dir: an absolute or `../` name there reads
+    # files that no setting of the run names, which another user's YAML can point anywhere. true reads them where they
+    # are (their contents still in the stages' keys).
+    allow_files_outside_data_dir: bool = False
 
 
 def finetune_settings(cfg: DictConfig) -> FinetuneConfig:
@@ -204,20 +208,28 @@ def scored_tasks(f: FinetuneConfig) -> list[DictConfig]:
     if f.selection_fraction and f.score_split != "dev":
         raise ValueError(f"finetune.selection_fraction scores a held-out part of the train split and "
                          f"finetune.score_split={f.score_split} the {f.score_split} split: set one of them")
-    return [scored_task(load_task(name), str(f.score_split)) for name in task_names(f.task)]
+    names = task_names(f.task)
+    if _repeated(names):
+        raise ValueError(f"finetune.task={names} repeats {_repeated(names)}: a repeated task's rows would be counted "
+                         "again, as if from more seeds; give each task once")
+    return [scored_task(load_task(name), str(f.score_split)) for name in names]
 
 
 def check_task_files(cfg: DictConfig) -> None:
-    """The tasks' split to score, and the user's task files (finetune.data_dir) read as this stage will read them, so
-    that a missing test split, a wrong label or a malformed row is reported before the first stage runs instead of
-    after pretraining. Built-in data is ours."""
+    """The tasks' split to score, the train sizes a classification task can be fitted on, and the user's task files
+    (finetune.data_dir) read as this stage will read them, so that a missing test split, a wrong label or a malformed
+    row is reported before the first stage runs instead of after pretraining. Built-in data is ours."""
     f = finetune_settings(cfg)
-    scored_tasks(f)
+    classifying = [task.name for task in scored_tasks(f) if task.format == "tsv" and task.labels is not None]
+    if classifying and 1 in train_sizes(f):
+        raise ValueError(f"finetune.train_sizes={list(f.train_sizes)}: a subset of 1 example holds a single label, "
+                         f"from which no classifier learns (the baselines' logistic regression refuses it, after the "
+                         f"models have trained); task {classifying[0]} needs sizes of at least 2")
     if not f.data_dir:
         return
     for name in task_names(f.task):
         task = load_task(name)
-        read_task_files(task, resolve_task_dir(task, f.data_dir, cache_dir_of(cfg)))
+        read_task_files(task, resolve_task_dir(task, f.data_dir, cache_dir_of(cfg)), f.allow_files_outside_data_dir)
 
 
 SNAPSHOT_MARK = "@"  # <kind>@<step>: the kind fine-tuned from its pretraining stage's encoder snapshot at that step
@@ -374,10 +386,17 @@ def finetune(ctx: StageContext) -> dict:
                     write_json_atomically(done, result)
                     rows += result
                     print(f"finetune {tag}: " + ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), flush=True)
-        data = next(iter(encoded.values()))
-        if "majority_class" in f.baselines and data.majority_scores is not None:
-            rows += _baseline_rows("majority_class", task, data.majority_scores, len(data.train), len(data.dev),
-                                   scored_on, 0.0)
+        if encoded:
+            data = next(iter(encoded.values()))
+            majority = data.majority_scores, len(data.train), len(data.dev)
+        elif task.format == "tsv":  # no model kind (finetune.models=[]): the baselines alone, on the task's splits
+            train, dev, majority_scores = tsv_splits(task, data_dir, f.max_train_examples, ctx.cfg.seed, selection)
+            task_sizes = sizes_for_task(sizes, len(train.labels), task.name)
+            majority = majority_scores, len(train.labels), len(dev.labels)
+        else:
+            majority = None, 0, 0
+        if "majority_class" in f.baselines and majority[0] is not None:
+            rows += _baseline_rows("majority_class", task, *majority, scored_on, 0.0)
         if task.format == "tsv" and task.labels is not None:
             rows += _subset_baseline_rows(ctx, f, task, data_dir, scored_on, task_sizes)
         if task.format == "seq2seq" and "lead_n" in f.baselines:
@@ -478,7 +497,8 @@ def _finetune_fingerprint(cfg: DictConfig) -> str:
     """The task files, and the files a model kind reads from outside the cache (an external encoder's)."""
     f = finetune_settings(cfg)
     cache_dir = cache_dir_of(cfg)
-    parts = [task_data_fingerprint(load_task(name), f.data_dir, cache_dir) for name in task_names(f.task)]
+    parts = [task_data_fingerprint(load_task(name), f.data_dir, cache_dir,
+                                   allow_outside=f.allow_files_outside_data_dir) for name in task_names(f.task)]
     parts += [kind.fingerprint(cfg) for kind in finetune_kinds(f).values()]
     return hashlib.sha256("".join(parts).encode()).hexdigest()
 

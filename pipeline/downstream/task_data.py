@@ -3,6 +3,7 @@ place of dev when selecting a recipe), subsets of train, and what builds the mod
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -12,7 +13,7 @@ from omegaconf import DictConfig
 
 from data_prep.tasks.conll import TaggedSentence, iob1_to_iob2, read_conll
 from data_prep.tasks.squad import read_squad
-from pipeline.downstream.tasks import TaskSplit, read_split
+from pipeline.downstream.tasks import TaskSplit, read_split, task_files
 from pipeline.evaluation.metrics import score_task
 
 
@@ -141,8 +142,6 @@ def majority_tag_scores(task: DictConfig, train: list[TaggedSentence], dev: list
     """The dev scores of tagging each word (character, in segmentation) with its most frequent tag in train, and a word
     train never had with train's most frequent tag: the majority-class baseline of a tagging task (for POS tagging
     the classic "most frequent tag" baseline, ~90 % on the Penn Treebank; Charniak et al. 1993)."""
-    from collections import Counter
-
     by_word: dict[str, Counter] = {}
     for sentence in train:
         for token, tag in zip(sentence.tokens, sentence.tags):
@@ -184,10 +183,67 @@ def evaluation_texts(task: DictConfig, data_dir: Path) -> dict[str, list[str]]:
             for split, name in evaluation_files(task).items()}
 
 
-def read_task_files(task: DictConfig, data_dir: Path) -> None:
+def read_task_files(task: DictConfig, data_dir: Path, allow_outside: bool = False) -> None:
     """Every split of a task read as fine-tuning (and decontamination) reads it: raises on the first bad row, naming
-    its file and line."""
+    its file and line, on a file outside `data_dir` unless `allow_outside` (task_files), and on a classification train
+    split of one label; warns of what would cap or skew the scores without failing (dev labels that train never has,
+    empty generation targets)."""
     if task.format not in SPLIT_READERS:
         raise ValueError(f"task {task.name}: unknown format {task.format!r}; use one of {list(SPLIT_READERS)}")
-    for name in (task.train_file, *evaluation_files(task).values()):
-        SPLIT_READERS[task.format](task, data_dir, name)
+    paths = task_files(task, data_dir, allow_outside)
+    splits = {key: SPLIT_READERS[task.format](task, data_dir, task[key]) for key in paths}
+    if task.format == "tsv" and task.labels is not None:
+        check_labels_across_splits(task, {paths[key]: split.labels for key, split in splits.items()},
+                                   paths["train_file"])
+    if task.format == "seq2seq":
+        for key, split in splits.items():
+            warn_of_empty_targets(task, paths[key], split)
+    if task.format in ("tsv", "seq2seq"):
+        warn_of_examples_also_in_train(paths, splits)
+
+
+def check_labels_across_splits(task: DictConfig, labels: dict[Path, list[int]], train_path: Path) -> None:
+    """A train split of a single label teaches nothing to tell apart, and the baselines' logistic regression refuses
+    it only once every model has been fine-tuned: refused here. A label of an evaluation split that train never has
+    cannot be predicted, so it caps the score: warned of, with how many examples carry it."""
+    names = list(task.labels)
+    seen = Counter(labels[train_path])
+    if len(seen) < 2:
+        (only,) = seen
+        raise ValueError(f"{train_path}: every one of its {seen[only]} examples has label {names[only]!r}; task "
+                         f"{task.name} needs at least two of its labels {names} in the train split to learn to tell "
+                         "them apart: add examples of another label")
+    for path, split_labels in labels.items():
+        unseen = Counter(label for label in split_labels if label not in seen)
+        if path == train_path or not unseen:
+            continue
+        count = sum(unseen.values())
+        listed = ", ".join(f"{names[label]!r} ({n})" for label, n in unseen.most_common())
+        print(f"WARNING: {path}: {count} of its {len(split_labels)} examples ({count / len(split_labels):.0%}) have "
+              f"a label that {train_path.name} never has: {listed}; no model learns to predict it, so accuracy there "
+              f"is at most {1 - count / len(split_labels):.2f}", flush=True)
+
+
+def warn_of_empty_targets(task: DictConfig, path: Path, split: TaskSplit) -> None:
+    """A generation task's row with an empty target trains the model to write nothing, and scores 0 on dev."""
+    empty = sum(1 for target in split.labels if not target.strip())
+    if empty:
+        print(f"WARNING: {path}: {empty} of its {len(split.labels)} examples have an empty target (column "
+              f"{task.label!r}) and task {task.name} generates targets; fill them in, or remove the rows", flush=True)
+
+
+def _example_texts(split: TaskSplit) -> list[tuple[str, str | None]]:
+    return list(zip(split.texts_a, split.texts_b or [None] * len(split.texts_a)))
+
+
+def warn_of_examples_also_in_train(paths: dict[str, Path], splits: dict[str, TaskSplit]) -> None:
+    """An evaluation example whose text is also a training example's scores what the model memorised, not what it
+    learnt (a dev file that is a copy of train, rows pasted into both). `paths` and `splits` by the YAML's key."""
+    trained = set(_example_texts(splits["train_file"]))
+    for key, split in splits.items():
+        repeated = sum(1 for example in _example_texts(split) if example in trained)
+        if key != "train_file" and repeated:
+            share = repeated / len(split.labels)
+            print(f"WARNING: {paths[key]}: {repeated} of its {len(split.labels)} examples ({share:.0%}) have the text "
+                  f"of an example of {paths['train_file'].name}; a score there is partly recall of training "
+                  "examples: remove them from one of the files", flush=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,8 +13,13 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from data_prep.corpus.builtin import BUILTIN_TASK_DATA
+from data_prep.tasks.encoding import not_utf8
 from pipeline import CONF_DIR
-from pipeline.engine.dag import files_fingerprint
+from pipeline.engine.fingerprints import content_digests
+
+# A field of csv's default limit, 131,072 characters, refused a long document (texts are cut to
+# finetune.max_seq_length tokens anyway) with an error naming no file
+csv.field_size_limit(2**31 - 1)
 
 # Beside conf/, not in it: every folder of conf/ is a Hydra config group, and `+task=cola` would then compose a key
 # that nothing reads. A run picks its tasks with finetune.task.
@@ -28,12 +35,29 @@ def available_tasks() -> list[str]:
     return sorted(p.stem for p in TASK_DIR.glob("*.yaml"))
 
 
+# What every task's YAML states (null where it has none: builtin without built-in data, labels for a regression task,
+# SQuAD's); a TSV or generation task also names its columns
+REQUIRED_KEYS = ("name", "builtin", "format", "train_file", "dev_file", "labels", "metric")
+COLUMN_KEYS = ("text_a", "text_b", "label")
+
+
 def load_task(name: str) -> DictConfig:
-    path = TASK_DIR / f"{name}.yaml"
-    if not path.is_file():
+    # a name is a file of tasks/ and nothing else: `../x` or `sub/x` would read a YAML from outside the registry
+    if name not in available_tasks():
         raise ValueError(f"unknown task {name!r}; available tasks: {', '.join(available_tasks())} "
                          f"(add one with a YAML file in {TASK_DIR})")
+    path = TASK_DIR / f"{name}.yaml"
     task = OmegaConf.load(path)
+    if not isinstance(task, DictConfig):
+        raise ValueError(f"{path}: a task is a mapping of keys (see {TASK_DIR / 'sst2.yaml'}), not a list")
+    required = REQUIRED_KEYS + (COLUMN_KEYS if task.get("format") in ("tsv", "seq2seq") else ())
+    missing = [key for key in required if key not in task]
+    if missing:
+        raise ValueError(f"{path}: missing key(s) {missing}; a task states {', '.join(REQUIRED_KEYS)} (null where it "
+                         f"has none: builtin without built-in data, labels for a regression task), a TSV or "
+                         f"generation task also {', '.join(COLUMN_KEYS)} (see {TASK_DIR / 'sst2.yaml'})")
+    if task.name != name:  # results, finished runs and messages go by the name, which points back at this file
+        raise ValueError(f"{path}: name {task.name!r} is not the file's name; set name: {name}")
     labels = list(task.get("labels") or [])
     repeated = [label for label in dict.fromkeys(labels) if labels.count(label) > 1]
     if repeated:
@@ -86,16 +110,41 @@ SCORING_KEYS = ("metric", "num_beams", "length_penalty", "no_repeat_ngram_size",
                 "prompt_template", "prompt_label_words")
 
 
-def task_data_fingerprint(task: DictConfig, data_dir: str | None, cache_dir: str, texts_only: bool = False) -> str:
-    """The task as a stage reads it: its definition (the YAML as loaded: files, columns, labels, metric, decoding;
-    texts_only: less SCORING_KEYS) and its files (those of resolve_task_dir, or the built-in data's pinned release:
-    planning never downloads). An edit to the YAML alone (num_beams, a label) changes what fine-tuning computes, so
-    it changes the key too."""
-    fields = {k: v for k, v in OmegaConf.to_container(task).items() if not (texts_only and k in SCORING_KEYS)}
+# Every file a task's YAML may name, read from finetune.data_dir (or the built-in data's directory)
+TASK_FILE_KEYS = ("train_file", "dev_file", "test_file")
+
+
+def task_files(task: DictConfig, data_dir: Path, allow_outside: bool = False) -> dict[str, Path]:
+    """YAML key -> path of every file the task reads (train_file, dev_file, test_file where it has one), as the YAML
+    names it once interpolated, under `data_dir`. A name that leaves data_dir (absolute, or up through `..`) is
+    refused unless `allow_outside` (finetune.allow_files_outside_data_dir)."""
+    names = {key: str(task[key]) for key in TASK_FILE_KEYS if task.get(key)}
+    for key, name in names.items():
+        if not allow_outside and (Path(name).is_absolute() or os.path.normpath(name).split(os.sep)[0] == ".."):
+            raise ValueError(f"task {task.name}: {key} {name!r} ({TASK_DIR / task.name}.yaml) is outside "
+                             f"finetune.data_dir={data_dir}; move the file into that directory and name it relative "
+                             "to it, or set finetune.allow_files_outside_data_dir=true to read it where it is")
+    return {key: data_dir / name for key, name in names.items()}
+
+
+def task_data_fingerprint(task: DictConfig, data_dir: str | None, cache_dir: str, texts_only: bool = False,
+                          allow_outside: bool = False) -> str:
+    """The task as a stage reads it: its definition (the YAML as loaded and interpolated: files, columns, labels,
+    metric, decoding; texts_only: less SCORING_KEYS) and the contents of every file it reads (task_files, in the
+    directory of resolve_task_dir; or the built-in data's pinned release: planning never downloads). An edit to the
+    YAML alone (num_beams, a label) changes what fine-tuning computes, so it changes the key too. Refuses files
+    outside the data directory as task_files does (`allow_outside`), so every stage that reads a task's files has
+    been refused them before it starts."""
+    loaded = OmegaConf.to_container(task, resolve=True)
+    fields = {k: v for k, v in loaded.items() if not (texts_only and k in SCORING_KEYS)}
     definition = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
     if not data_dir and task.builtin:
         return definition + BUILTIN_TASK_DATA[task.builtin].fingerprint
-    return definition + files_fingerprint(resolve_task_dir(task, data_dir, cache_dir), "*", cache_dir)
+    paths = list(task_files(task, resolve_task_dir(task, data_dir, cache_dir), allow_outside).values())
+    listed = "\0".join(map(str, paths))
+    memo = Path(cache_dir) / "file_digests" / f"{hashlib.sha256(listed.encode()).hexdigest()[:16]}.json"
+    listing = list(zip(map(str, paths), content_digests(paths, memo)))
+    return definition + hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
 @dataclass
@@ -110,10 +159,14 @@ def _label(task: DictConfig, label_index: dict[str, int] | None, raw: str, where
         return raw
     if label_index is None:
         try:
-            return float(raw)
+            value = float(raw)
         except ValueError:
             raise ValueError(f"{where}: label {raw!r} is not a number; task {task.name} is a regression task "
                              "(labels: null)") from None
+        if not math.isfinite(value):  # float() reads nan and inf, which make every loss and score nan
+            raise ValueError(f"{where}: label {raw!r} is not a finite number; task {task.name} is a regression task "
+                             "(labels: null): give the row its score, or remove it")
+        return value
     if raw not in label_index:
         raise ValueError(f"{where}: unknown label {raw!r}; task {task.name} has labels {list(label_index)} "
                          f"(fix the file, or add the label to {TASK_DIR / task.name}.yaml)")
@@ -129,40 +182,50 @@ def read_split(task: DictConfig, path: Path) -> TaskSplit:
             else "finetune.data_dir"
         raise FileNotFoundError(f"task {task.name}: {path} not found; {where} should hold {task.train_file} and "
                                 f"{task.dev_file}")
-    label_index = None if task.labels is None else {str(label): i for i, label in enumerate(task.labels)}
-    columns = [c for c in (task.text_a, task.text_b, task.label) if c is not None]
-    texts_a, texts_b, labels = [], [] if task.text_b is not None else None, []
     # utf-8-sig: GLUE's MRPC files start with a byte-order mark, which would otherwise prefix the first column name
     with open(path, encoding="utf-8-sig", newline="") as f:
         reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        if task.get("header", True):
-            header = next(reader, None)
-            if header is None:
-                raise ValueError(f"{path}: empty file, expected a header row and examples")
-            missing = [c for c in columns if c not in header]
-            if missing:
-                raise ValueError(f"{path}:1: missing column(s) {missing}; header has {header}. Rename the file's "
-                                 f"columns, or set text_a/text_b/label in {TASK_DIR / task.name}.yaml to its names")
-            col = {name: header.index(name) for name in columns}
-            width, first_line, shape_of = len(header), 2, "header"
-        else:
-            col = {index: index for index in columns}
-            width, first_line, shape_of = None, 1, "first line"  # the first row's width
-        needed = max(col.values()) + 1
-        for line_no, row in enumerate(reader, start=first_line):
-            width = width or len(row)
-            # Every row has as many fields as the file's header (or first row): one with more is as broken as one
-            # with fewer (a tab inside a text, a stray column), and which of its fields is the label is a guess.
-            if width < needed:
-                raise ValueError(f"{path}:{line_no}: expected {needed} tab-separated fields (task {task.name} reads "
-                                 f"column {needed - 1}, counting from 0), got {len(row)}")
-            if len(row) != width:
-                raise ValueError(f"{path}:{line_no}: expected {width} tab-separated fields, as on the file's "
-                                 f"{shape_of}, got {len(row)}; fix the row (a tab inside a text must be removed)")
-            labels.append(_label(task, label_index, row[col[task.label]].strip(), f"{path}:{line_no}"))
-            texts_a.append(row[col[task.text_a]])
-            if texts_b is not None:
-                texts_b.append(row[col[task.text_b]])
+        try:
+            return _read_rows(task, path, reader)
+        except UnicodeDecodeError as error:
+            raise not_utf8(path, error) from None
+        except csv.Error as error:
+            raise ValueError(f"{path}:{reader.line_num}: {error}; fix the row") from None
+
+
+def _read_rows(task: DictConfig, path: Path, reader) -> TaskSplit:
+    """read_split's rows of an open file, each checked as it comes."""
+    label_index = None if task.labels is None else {str(label): i for i, label in enumerate(task.labels)}
+    columns = [c for c in (task.text_a, task.text_b, task.label) if c is not None]
+    texts_a, texts_b, labels = [], [] if task.text_b is not None else None, []
+    if task.get("header", True):
+        header = next(reader, None)
+        if header is None:
+            raise ValueError(f"{path}: empty file, expected a header row and examples")
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise ValueError(f"{path}:1: missing column(s) {missing}; header has {header}. Rename the file's "
+                             f"columns, or set text_a/text_b/label in {TASK_DIR / task.name}.yaml to its names")
+        col = {name: header.index(name) for name in columns}
+        width, first_line, shape_of = len(header), 2, "header"
+    else:
+        col = {index: index for index in columns}
+        width, first_line, shape_of = None, 1, "first line"  # the first row's width
+    needed = max(col.values()) + 1
+    for line_no, row in enumerate(reader, start=first_line):
+        width = width or len(row)
+        # Every row has as many fields as the file's header (or first row): one with more is as broken as one
+        # with fewer (a tab inside a text, a stray column), and which of its fields is the label is a guess.
+        if width < needed:
+            raise ValueError(f"{path}:{line_no}: expected {needed} tab-separated fields (task {task.name} reads "
+                             f"column {needed - 1}, counting from 0), got {len(row)}")
+        if len(row) != width:
+            raise ValueError(f"{path}:{line_no}: expected {width} tab-separated fields, as on the file's "
+                             f"{shape_of}, got {len(row)}; fix the row (a tab inside a text must be removed)")
+        labels.append(_label(task, label_index, row[col[task.label]].strip(), f"{path}:{line_no}"))
+        texts_a.append(row[col[task.text_a]])
+        if texts_b is not None:
+            texts_b.append(row[col[task.text_b]])
     if not labels:
         raise ValueError(f"{path}: no examples" + (" after the header" if task.get("header", True) else ""))
     return TaskSplit(texts_a, texts_b, labels)

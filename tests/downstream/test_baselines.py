@@ -19,6 +19,15 @@ def test_bow_logreg_learns_a_label_carried_by_words_where_majority_class_cannot(
     assert scores["accuracy"] > 0.9 > 0.7 > majority["accuracy"]
 
 
+def test_bow_logreg_fits_one_example_of_each_class(tmp_path):
+    """Issue 55's probe: finetune.train_sizes=[2] on two labels (or such a train split) failed in StratifiedKFold,
+    `n_splits=2 cannot be greater than the number of members in each class`, after every model had been fine-tuned."""
+    task = load_task("sst2")
+    train = TaskSplit(["a wonderful film", "an awful film"], None, [1, 0])
+    dev = TaskSplit(["wonderful", "awful", "a wonderful story", "an awful story"], None, [1, 0, 1, 0])
+    assert bow_logreg_scores(task, train, dev, seed=0) == {"accuracy": 1.0}
+
+
 def test_bow_logreg_reads_both_texts_of_a_pair_task(tmp_path):
     """RTE-like pairs whose label is carried by the second text only: a baseline reading text_a alone is at chance."""
     rng = random.Random(0)

@@ -23,7 +23,7 @@ from pipeline.downstream import finetune as finetuning
 from pipeline.downstream import task_data
 from pipeline.downstream.tasks import load_task
 from pipeline.engine.dag import StageContext, plain_config
-from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, write_sentiment_task, write_stsb
+from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, TinyRun, tiny_config, write_sentiment_task, write_stsb
 
 WORDS = SUBJECTS + OBJECTS + POSITIVE + NEGATIVE + ["peter", "paris", "went", "to", "smith", "london"]
 
@@ -469,3 +469,14 @@ def test_discriminative_rates_slow_the_pretrained_encoder_and_leave_its_random_t
     # the head at lr; the pooler/top at 0.5 lr, layer 1 at 0.25, layer 0 at 0.125, the embeddings at 0.0625
     assert pretrained == pytest.approx(sorted({lr, lr * 0.5, lr * 0.25, lr * 0.125, lr * 0.0625}))
     assert twin == [lr]
+
+
+def test_a_run_without_model_kinds_gives_the_baselines_alone(tmp_path):
+    """Issue 55's probe: finetune.models=[] with TSV baselines failed in the stage with a bare StopIteration."""
+    run = TinyRun(tiny_config(tmp_path, ["finetune.models=[]", "finetune.baselines=[majority_class,bow_logreg]",
+                                         "finetune.train_sizes=[20,null]", "pipeline.stages=[finetune]"]))
+    run.run_stage("finetune")
+    results = json.loads((run.stage_dir("finetune") / "results.json").read_text())
+    assert sorted((row["model"], str(row["train_size"])) for row in results) == [
+        ("bow_logreg", "20"), ("bow_logreg", "None"), ("majority_class", "None")]
+    assert {row["train_examples"] for row in results if row["train_size"] is None} == {160}

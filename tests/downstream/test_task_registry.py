@@ -1,5 +1,6 @@
 """Every task YAML in tasks/ reads a tiny fixture written in that task's own file layout."""
 import json
+import re
 
 import pytest
 
@@ -118,6 +119,16 @@ def test_regression_label_that_is_not_a_number_names_file_and_line(tmp_path):
         read_split(load_task("stsb"), path)
 
 
+@pytest.mark.parametrize("label", ["nan", "NaN", "inf", "-Infinity"])
+def test_a_regression_label_that_is_not_finite_names_file_and_line(tmp_path, label):
+    """Issue 55, defect 8: float() read 'nan' and 'inf', and fine-tuning then failed blaming finetune.lr."""
+    path = tmp_path / "dev.tsv"
+    path.write_text(f"sentence1\tsentence2\tscore\na\tb\t4.5\nc\td\t{label}\n")
+    with pytest.raises(ValueError, match=rf"dev.tsv:3: label '{label}' is not a finite number; task stsb is a "
+                                         r"regression task \(labels: null\): give the row its score, or remove it"):
+        read_split(load_task("stsb"), path)
+
+
 @pytest.mark.parametrize("second_row, fields", [("gj04\t0", 2), ("gj04\t0\t\tBad sentence .\tstray", 5)])
 def test_headerless_row_of_another_width_names_file_and_line(tmp_path, second_row, fields):
     path = tmp_path / "dev.tsv"
@@ -171,13 +182,66 @@ def test_glue_tasks_read_the_columns_of_glues_own_files(name, header, row, expec
         assert task.dev_file == {"mnli": "dev_matched.tsv", "mnli_mm": "dev_mismatched.tsv"}[name]
 
 
+REVIEWS = {"name": "reviews", "builtin": None, "format": "tsv", "train_file": "train.tsv", "dev_file": "dev.tsv",
+           "text_a": "sentence", "text_b": None, "label": "label", "labels": ["negative", "positive"],
+           "metric": "accuracy"}
+
+
+def _task_dir(tmp_path, monkeypatch, **changes) -> None:
+    """tasks/ holding only `reviews.yaml`: REVIEWS with `changes`, a key changed to ... removed."""
+    from pipeline.downstream import tasks
+
+    task = {key: value for key, value in {**REVIEWS, **changes}.items() if value is not ...}
+    (tmp_path / "reviews.yaml").write_text(json.dumps(task))  # JSON is YAML
+    monkeypatch.setattr(tasks, "TASK_DIR", tmp_path)
+
+
 def test_a_task_whose_labels_repeat_a_name_is_refused(tmp_path, monkeypatch):
     """Issue 39, defect 9: duplicate label names in a task YAML were accepted."""
     from pipeline.downstream import tasks
 
-    (tmp_path / "reviews.yaml").write_text("name: reviews\nformat: tsv\ntext_a: sentence\nlabel: label\n"
-                                           "labels: [negative, positive, negative]\n")
-    monkeypatch.setattr(tasks, "TASK_DIR", tmp_path)
+    _task_dir(tmp_path, monkeypatch, labels=["negative", "positive", "negative"])
     with pytest.raises(ValueError, match=r"reviews.yaml: labels \['negative', 'positive', 'negative'\] name "
                                          r"\['negative'\] more than once; list each class once"):
         tasks.load_task("reviews")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"labels": ...}, r"reviews\.yaml: missing key\(s\) \['labels'\]; a task states name, builtin, format, train_file, "
+                      r"dev_file, labels, metric \(null where it has none: builtin without built-in data, labels for a "
+                      r"regression task\), a TSV or generation task also text_a, text_b, label"),
+    ({"builtin": ..., "text_b": ...}, r"reviews\.yaml: missing key\(s\) \['builtin', 'text_b'\]"),
+    ({"name": "films"}, r"reviews\.yaml: name 'films' is not the file's name; set name: reviews"),
+], ids=["no-labels", "no-builtin-no-text_b", "another-name"])
+def test_a_task_yaml_without_a_key_or_under_another_name_is_refused_naming_the_file(changes, message, tmp_path,
+                                                                                     monkeypatch):
+    """Issue 55's probe: without `labels` the task failed with OmegaConf's `Missing key labels`, naming no file; under
+    another name its results, and messages naming `tasks/<name>.yaml`, pointed at a file that is not there."""
+    from pipeline.downstream import tasks
+
+    _task_dir(tmp_path, monkeypatch, **changes)
+    with pytest.raises(ValueError, match=message):
+        tasks.load_task("reviews")
+
+
+def test_a_task_yaml_that_is_a_list_is_refused_naming_the_file(tmp_path, monkeypatch):
+    from pipeline.downstream import tasks
+
+    _task_dir(tmp_path, monkeypatch)
+    (tmp_path / "reviews.yaml").write_text("- name: reviews\n- format: tsv\n")
+    with pytest.raises(ValueError, match=r"reviews\.yaml: a task is a mapping of keys \(see .*\), not a list"):
+        tasks.load_task("reviews")
+
+
+@pytest.mark.parametrize("name", ["../reviews", "sub/reviews"])
+def test_a_task_name_that_is_not_a_file_of_tasks_is_unknown(name, tmp_path, monkeypatch):
+    """Issue 55's probe: `finetune.task=../x` read x.yaml from beside the task directory."""
+    from pipeline.downstream import tasks
+
+    task_dir = tmp_path / "tasks"
+    (task_dir / "sub").mkdir(parents=True)
+    _task_dir(task_dir / "sub", monkeypatch)
+    _task_dir(tmp_path, monkeypatch)
+    monkeypatch.setattr(tasks, "TASK_DIR", task_dir)
+    with pytest.raises(ValueError, match=rf"unknown task '{re.escape(name)}'; available tasks:  \(add one"):
+        tasks.load_task(name)

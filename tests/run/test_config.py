@@ -132,15 +132,16 @@ def test_root_config_only_picks_options():
 
 
 def _write_task_files(root: Path, names: list[str]) -> Path:
-    """A one-example train and dev split of each TSV task, laid out as its YAML in tasks/ describes."""
+    """A two-example train and dev split of each TSV task (two labels: start-up refuses a train split of one), laid out
+    as its YAML in tasks/ describes."""
     for name in names:
         task = load_task(name)
         columns = [c for c in (task.text_a, task.text_b, task.label) if c is not None]
-        label = str(task.labels[0]) if task.labels is not None else "0.5"
+        labels = [str(label) for label in task.labels[:2]] if task.labels is not None else ["0.5", "1.5"]
         if task.get("header", True):
-            rows = [columns, [label if c == task.label else "some words" for c in columns]]
+            rows = [columns, *([label if c == task.label else "some words" for c in columns] for label in labels)]
         else:
-            rows = [[label if i == task.label else "some words" for i in range(max(columns) + 1)]]
+            rows = [[label if i == task.label else "some words" for i in range(max(columns) + 1)] for label in labels]
         directory = root / task.data_subdir
         directory.mkdir(parents=True)
         for split in (task.train_file, task.dev_file):

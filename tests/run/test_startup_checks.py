@@ -11,7 +11,7 @@ from pipeline import runner
 from pipeline.engine.dag import MARKER, plan
 from pipeline.runner import run_pipeline, validate
 from pipeline.stages import STAGES
-from tests.helpers import tiny_config
+from tests.helpers import tiny_config, write_stsb
 
 
 @pytest.fixture(autouse=True)
@@ -100,6 +100,43 @@ def _break_task_file(tmp_path: Path, line: int, row: str) -> Path:
 def test_a_bad_task_file_fails_before_any_stage_naming_file_and_line(tmp_path, row, message):
     _break_task_file(tmp_path, 5, row)
     _fails_before_any_stage(tiny_config(tmp_path), ValueError, message)
+
+
+def test_a_train_split_of_one_label_fails_before_any_stage(tmp_path):
+    """Issue 55, defect 9: it failed in scikit-learn's LogisticRegressionCV (bow_logreg) after the models trained."""
+    tiny_config(tmp_path)  # writes the task
+    train = tmp_path / "task" / "train.tsv"
+    header, *rows = train.read_text().splitlines()
+    train.write_text("\n".join([header, *(f"{row[:-1]}1" for row in rows)]) + "\n")
+    _fails_before_any_stage(tiny_config(tmp_path), ValueError, rf"{train}: every one of its {len(rows)} examples has "
+                                                               r"label '1'; task sst2 needs at least two of its labels")
+
+
+def test_a_train_size_of_one_for_a_classification_task_fails_before_any_stage(tmp_path):
+    """Issue 55's probe: finetune.train_sizes=[1] fine-tuned every model, then bow_logreg failed on its one-label subset
+    (`This solver needs samples of at least 2 classes`)."""
+    _fails_before_any_stage(tiny_config(tmp_path, ["finetune.train_sizes=[1,null]"]), ValueError,
+                            r"finetune\.train_sizes=\[1, None\]: a subset of 1 example holds a single label, .* task "
+                            r"sst2 needs sizes of at least 2")
+    validate(tiny_config(tmp_path, ["finetune.train_sizes=[2,null]"]))
+
+
+def test_a_repeated_task_fails_before_any_stage(tmp_path):
+    """Issue 55's probe: finetune.task=[sst2,sst2] counted each row twice: `seeds 2`, `per_seed [0.575, 0.575]`."""
+    _fails_before_any_stage(tiny_config(tmp_path, ["finetune.task=[sst2,sst2]"]), ValueError,
+                            r"finetune\.task=\['sst2', 'sst2'\] repeats \['sst2'\]: a repeated task's rows would be "
+                            r"counted again, as if from more seeds; give each task once")
+
+
+def test_a_regression_label_that_is_not_finite_fails_before_any_stage(tmp_path):
+    """Issue 55, defect 8: a `nan` score was read, and fine-tuning then failed blaming finetune.lr."""
+    write_stsb(tmp_path / "stsb")
+    dev = tmp_path / "stsb" / "dev.tsv"
+    lines = dev.read_text().splitlines()
+    lines[2] = lines[2].rsplit("\t", 1)[0] + "\tnan"
+    dev.write_text("\n".join(lines) + "\n")
+    cfg = tiny_config(tmp_path, ["finetune.task=stsb", f"finetune.data_dir={tmp_path / 'stsb'}"])
+    _fails_before_any_stage(cfg, ValueError, rf"{dev}:3: label 'nan' is not a finite number; task stsb is a regression")
 
 
 def test_task_files_are_not_read_by_a_run_without_finetune(tmp_path):
