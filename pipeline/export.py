@@ -46,11 +46,10 @@ from pipeline.evaluation.stage import ENCODERS
 from pipeline.families import FAMILIES
 from pipeline.report.report import corpus_lines, learning_lines
 from pipeline.stages import STAGES
-from pipeline.status import human_bytes, read_status
+from pipeline.status import FINISHED, human_bytes, read_status
 
 HF_DIR = "hf"  # what every family's pretraining stage writes its model into
 CARD = "README.md"
-FINISHED = ("complete", "cached")
 DESCRIBE = {"bert": bert.describe, bert.CUSTOM_MODEL_TYPE: bert.describe, "gpt2": gpt.describe,
             "textrep_elmo": elmo.describe, "textrep_skip_thought": skip_thought.describe}
 # The task an Auto class serves, as the Hub's pipeline_tag names it
@@ -79,16 +78,31 @@ def run_config(run_dir: Path) -> DictConfig:
     if not path.is_file():
         raise ExportError(f"{path} not found: {run_dir} is not a directory `python -m pipeline` ran in (Hydra writes "
                           "the run's config there); pass the directory it printed as 'run directory:'")
-    return OmegaConf.load(path)
+    rerun = "rerun the run's command (finished stages are reused) and export the run directory it prints"
+    try:
+        cfg = OmegaConf.load(path)
+    except yaml.YAMLError as err:
+        raise ExportError(f"{path} cannot be read as YAML ({' '.join(str(err).split())}); {rerun}") from None
+    if not isinstance(cfg, DictConfig) or "pipeline" not in cfg:
+        raise ExportError(f"{path} is not a run's config (it has no pipeline settings); {rerun}")
+    return cfg
 
 
 def final_models(run_dir: Path, cfg: DictConfig) -> list[FinalModel]:
     """The last finished pretraining stage of each family in the run: the ones no other of its pretraining stages in
     the run continues from."""
     try:
-        finished = {s.name: s.output for s in read_status(run_dir) if s.state in FINISHED}
+        statuses = read_status(run_dir)
     except (FileNotFoundError, ValueError) as err:
         raise ExportError(str(err)) from None
+    # One gone would make an earlier stage look final (BERT's phase 1 for its deleted phase 2)
+    pretraining = {stage for family in FAMILIES for stage in family.pretraining_stages}
+    for s in statuses:
+        if s.state == "deleted" and s.name in pretraining:
+            raise ExportError(f"the output of stage {s.name} ({s.output}) is gone from the cache since the run "
+                              f"finished it; rerun the run's command to make it again (finished stages are reused), "
+                              "then export")
+    finished = {s.name: s.output for s in statuses if s.state in FINISHED}
     graph = resolve_upstream(STAGES, cfg)
     models = []
     for family in FAMILIES:
@@ -140,7 +154,10 @@ def export(run_dir: Path, to: Path, overwrite: bool = False) -> list[Path]:
             if target.exists():
                 if not overwrite:  # another export put it there while this one copied
                     raise ExportError(exists_message(target))
-                shutil.rmtree(target)
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                else:
+                    target.unlink()
             staging.rename(target)
     except OSError as err:
         raise ExportError(write_failure(err, to, models)) from None

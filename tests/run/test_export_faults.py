@@ -139,3 +139,37 @@ def test_an_export_that_finds_its_model_exported_meanwhile_keeps_that_one(run_di
     assert export_main([str(run_dir), "--to", str(to)]) == 2
     assert capsys.readouterr().err == f"error: {to / 'bert'} exists; remove it, export elsewhere, or pass --overwrite\n"
     assert sorted(p.name for p in to.rglob("*")) == ["bert", "config.json"]
+
+
+def test_export_of_a_run_whose_model_was_deleted_from_the_cache_says_so(run_dir, tmp_path, capsys):
+    """It said the run 'has no finished pretraining stage to export' (pipeline.status: 'not run', exit 0); with
+    BERT's phase 2 deleted it would have exported phase 1 as the final model."""
+    output = (run_dir / "bert_pretrain").resolve()
+    shutil.rmtree(output)
+    assert export_main([str(run_dir), "--to", str(tmp_path / "exported")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: the output of stage bert_pretrain ({output}) is gone from the cache since the run finished it; rerun "
+        "the run's command to make it again (finished stages are reused), then export\n")
+
+
+@pytest.mark.parametrize("config, message", [("a: [\n", "cannot be read as YAML (while parsing a flow node"),
+                                             ("", "is not a run's config (it has no pipeline settings)"),
+                                             ("- a list\n", "is not a run's config (it has no pipeline settings)")],
+                         ids=["not-yaml", "empty", "a-list"])
+def test_export_of_a_run_whose_config_is_damaged_says_so(run_dir, tmp_path, capsys, config, message):
+    """A YAML error's traceback before (or, for an empty file, omegaconf's missing key)."""
+    (run_dir / ".hydra" / "config.yaml").write_text(config)
+    assert export_main([str(run_dir), "--to", str(tmp_path / "exported")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run_dir / '.hydra' / 'config.yaml'} {message}") and len(err.splitlines()) == 1
+    assert err.endswith("; rerun the run's command (finished stages are reused) and export the run directory it "
+                        "prints\n")
+
+
+def test_overwrite_replaces_a_file_in_the_models_place(run_dir, tmp_path):
+    """shutil.rmtree's NotADirectoryError traceback before."""
+    to = tmp_path / "exported"
+    to.mkdir()
+    (to / "bert").write_text("a file where the model goes\n")
+    assert export_main([str(run_dir), "--to", str(to), "--overwrite"]) == 0
+    assert (to / "bert" / "config.json").is_file() and (to / "bert" / "README.md").is_file()
