@@ -46,7 +46,7 @@ from pipeline.evaluation.stage import ENCODERS
 from pipeline.families import FAMILIES
 from pipeline.report.report import corpus_lines, learning_lines
 from pipeline.stages import STAGES
-from pipeline.status import FINISHED, human_bytes, read_status
+from pipeline.status import FINISHED, StageStatus, human_bytes, read_status
 
 HF_DIR = "hf"  # what every family's pretraining stage writes its model into
 CARD = "README.md"
@@ -88,13 +88,16 @@ def run_config(run_dir: Path) -> DictConfig:
     return cfg
 
 
-def final_models(run_dir: Path, cfg: DictConfig) -> list[FinalModel]:
-    """The last finished pretraining stage of each family in the run: the ones no other of its pretraining stages in
-    the run continues from."""
+def run_status(run_dir: Path) -> list[StageStatus]:
     try:
-        statuses = read_status(run_dir)
+        return read_status(run_dir)
     except (FileNotFoundError, ValueError) as err:
         raise ExportError(str(err)) from None
+
+
+def final_models(statuses: list[StageStatus], cfg: DictConfig) -> list[FinalModel]:
+    """The last finished pretraining stage of each family in the run (`statuses`, its stages): the ones no other of
+    its pretraining stages in the run continues from."""
     # One gone would make an earlier stage look final (BERT's phase 1 for its deleted phase 2)
     pretraining = {stage for family in FAMILIES for stage in family.pretraining_stages}
     for s in statuses:
@@ -126,12 +129,17 @@ def export(run_dir: Path, to: Path, overwrite: bool = False) -> list[Path]:
     """Copy each final model's hf/ into `to`/<name> with its card; returns the directories written. Every model is
     staged and verified before any is put in place, so a refusal or failure leaves `to` as it was."""
     cfg = run_config(run_dir)
-    models = final_models(run_dir, cfg)
+    statuses = run_status(run_dir)
+    models = final_models(statuses, cfg)
     if not models:
         raise ExportError(f"{run_dir} has no finished pretraining stage to export (python -m pipeline.status "
                           f"{run_dir} shows what ran)")
     if to.exists() and not to.is_dir():
         raise ExportError(f"--to={to} is a file; pass a directory to write one subfolder per model into")
+    for s in statuses:  # a file added to a stage's output fails every later run that reuses it
+        if to.resolve().is_relative_to(s.output.resolve()):
+            raise ExportError(f"--to={to} is inside the output of stage {s.name} ({s.output}), which must stay as the "
+                              "stage wrote it; pass a --to outside the cache")
     recorded = {}
     for model in models:
         if not (model.output / HF_DIR / "config.json").is_file():

@@ -173,3 +173,14 @@ def test_overwrite_replaces_a_file_in_the_models_place(run_dir, tmp_path):
     (to / "bert").write_text("a file where the model goes\n")
     assert export_main([str(run_dir), "--to", str(to), "--overwrite"]) == 0
     assert (to / "bert" / "config.json").is_file() and (to / "bert" / "README.md").is_file()
+
+
+def test_export_into_a_stages_output_is_refused(run_dir, capsys):
+    """--to under a stage link of the run: the export was written into the cache, where the stage's files are checked
+    on every reuse, so the next run refused the cached stage ('added after it finished') until it was rebuilt."""
+    to = run_dir / "bert_pretrain" / "hf" / "exported"
+    output = (run_dir / "bert_pretrain").resolve()
+    assert export_main([str(run_dir), "--to", str(to)]) == 2
+    assert capsys.readouterr().err == (f"error: --to={to} is inside the output of stage bert_pretrain ({output}), "
+                                       "which must stay as the stage wrote it; pass a --to outside the cache\n")
+    assert not to.exists()
