@@ -15,7 +15,7 @@ when it finished (the check of `python -m pipeline.status --verify`), and only t
 code, weights or vocabulary changed since, or a copy cut short (a full disk, a kill), is never left under its name.
 
 Exit status 2, with a one-line error, for a directory that is no finished run or holds no model to export, a model
-whose files are not what its stage wrote, or a --to that cannot take the export.
+whose files are not what its stage wrote, or a --to that cannot take the export; 130 for Ctrl-C.
 """
 from __future__ import annotations
 
@@ -434,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     except ExportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # what it had staged is removed on the way out
+        print("interrupted; nothing was exported; rerun the same command", file=sys.stderr)
+        return 130
     for path in written:
         config = json.loads((path / "config.json").read_text())
         print(f"{path}: {config['architectures'][0]}" + (" (trust_remote_code=True)" if "auto_map" in config else ""))

@@ -184,3 +184,19 @@ def test_export_into_a_stages_output_is_refused(run_dir, capsys):
     assert capsys.readouterr().err == (f"error: --to={to} is inside the output of stage bert_pretrain ({output}), "
                                        "which must stay as the stage wrote it; pass a --to outside the cache\n")
     assert not to.exists()
+
+
+def test_ctrl_c_during_an_export_is_one_line_and_leaves_nothing(run_dir, tmp_path, monkeypatch, capsys):
+    """Ctrl-C mid-copy: a KeyboardInterrupt traceback, and the model's folder left half-copied, without its card."""
+    copied, copyfile = [], shutil.copyfile
+
+    def interrupted(src, dst, *args, **kwargs):
+        if len(copied) == 2:
+            raise KeyboardInterrupt
+        copied.append(src)
+        return copyfile(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "copyfile", interrupted)
+    assert export_main([str(run_dir), "--to", str(tmp_path / "exported")]) == 130
+    assert capsys.readouterr().err == "interrupted; nothing was exported; rerun the same command\n"
+    assert not (tmp_path / "exported").exists()
