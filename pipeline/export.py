@@ -10,15 +10,23 @@ corpus's manifest (its size, what decontamination removed) and provenance, the r
 next to the random twin's, and the command (Hydra's `.hydra/overrides.yaml`) that ran it. A stage's own `hf/` is shared
 by every run that reuses it, so only an export knows the run's downstream results.
 
-Exit status 2, with a one-line error, for a directory that is no finished run or holds no model to export.
+Each model is copied into a hidden staging folder of DIR, checked file by file against the sha256 its stage recorded
+when it finished (the check of `python -m pipeline.status --verify`), and only then renamed to its name: a model whose
+code, weights or vocabulary changed since, or a copy cut short (a full disk, a kill), is never left under its name.
+
+Exit status 2, with a one-line error, for a directory that is no finished run or holds no model to export, a model
+whose files are not what its stage wrote, or a --to that cannot take the export; 130 for Ctrl-C.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
+import os
 import shlex
 import shutil
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,17 +39,17 @@ from data_prep.corpus.shards import MANIFEST_NAME
 from models.hf import bert, elmo, gpt, skip_thought
 from pipeline.data_settings import DataConfig
 from pipeline.downstream.finetune import BASELINES, MODEL_KINDS, is_snapshot
-from pipeline.engine.dag import resolve_upstream
+from pipeline.engine.dag import read_marker, resolve_upstream
+from pipeline.engine.integrity import OUTPUTS_KEY, damage_message, damaged_outputs, output_files
 from pipeline.engine.settings import stages_in_run, typed_settings
 from pipeline.evaluation.stage import ENCODERS
 from pipeline.families import FAMILIES
 from pipeline.report.report import corpus_lines, learning_lines
 from pipeline.stages import STAGES
-from pipeline.status import read_status
+from pipeline.status import FINISHED, StageStatus, human_bytes, read_status
 
 HF_DIR = "hf"  # what every family's pretraining stage writes its model into
 CARD = "README.md"
-FINISHED = ("complete", "cached")
 DESCRIBE = {"bert": bert.describe, bert.CUSTOM_MODEL_TYPE: bert.describe, "gpt2": gpt.describe,
             "textrep_elmo": elmo.describe, "textrep_skip_thought": skip_thought.describe}
 # The task an Auto class serves, as the Hub's pipeline_tag names it
@@ -70,16 +78,34 @@ def run_config(run_dir: Path) -> DictConfig:
     if not path.is_file():
         raise ExportError(f"{path} not found: {run_dir} is not a directory `python -m pipeline` ran in (Hydra writes "
                           "the run's config there); pass the directory it printed as 'run directory:'")
-    return OmegaConf.load(path)
-
-
-def final_models(run_dir: Path, cfg: DictConfig) -> list[FinalModel]:
-    """The last finished pretraining stage of each family in the run: the ones no other of its pretraining stages in
-    the run continues from."""
+    rerun = "rerun the run's command (finished stages are reused) and export the run directory it prints"
     try:
-        finished = {s.name: s.output for s in read_status(run_dir) if s.state in FINISHED}
+        cfg = OmegaConf.load(path)
+    except yaml.YAMLError as err:
+        raise ExportError(f"{path} cannot be read as YAML ({' '.join(str(err).split())}); {rerun}") from None
+    if not isinstance(cfg, DictConfig) or "pipeline" not in cfg:
+        raise ExportError(f"{path} is not a run's config (it has no pipeline settings); {rerun}")
+    return cfg
+
+
+def run_status(run_dir: Path) -> list[StageStatus]:
+    try:
+        return read_status(run_dir)
     except (FileNotFoundError, ValueError) as err:
         raise ExportError(str(err)) from None
+
+
+def final_models(statuses: list[StageStatus], cfg: DictConfig) -> list[FinalModel]:
+    """The last finished pretraining stage of each family in the run (`statuses`, its stages): the ones no other of
+    its pretraining stages in the run continues from."""
+    # One gone would make an earlier stage look final (BERT's phase 1 for its deleted phase 2)
+    pretraining = {stage for family in FAMILIES for stage in family.pretraining_stages}
+    for s in statuses:
+        if s.state == "deleted" and s.name in pretraining:
+            raise ExportError(f"the output of stage {s.name} ({s.output}) is gone from the cache since the run "
+                              f"finished it; rerun the run's command to make it again (finished stages are reused), "
+                              "then export")
+    finished = {s.name: s.output for s in statuses if s.state in FINISHED}
     graph = resolve_upstream(STAGES, cfg)
     models = []
     for family in FAMILIES:
@@ -91,28 +117,112 @@ def final_models(run_dir: Path, cfg: DictConfig) -> list[FinalModel]:
     return models
 
 
+# Between a model's name and the process that stages it: `.bert.partial.1234@host`
+STAGING_MARK = ".partial."
+
+
+def exists_message(target: Path) -> str:
+    return f"{target} exists; remove it, export elsewhere, or pass --overwrite"
+
+
 def export(run_dir: Path, to: Path, overwrite: bool = False) -> list[Path]:
-    """Copy each final model's hf/ into `to`/<name> with its card; returns the directories written."""
+    """Copy each final model's hf/ into `to`/<name> with its card; returns the directories written. Every model is
+    staged and verified before any is put in place, so a refusal or failure leaves `to` as it was."""
     cfg = run_config(run_dir)
-    models = final_models(run_dir, cfg)
+    statuses = run_status(run_dir)
+    models = final_models(statuses, cfg)
     if not models:
         raise ExportError(f"{run_dir} has no finished pretraining stage to export (python -m pipeline.status "
                           f"{run_dir} shows what ran)")
+    if to.exists() and not to.is_dir():
+        raise ExportError(f"--to={to} is a file; pass a directory to write one subfolder per model into")
+    for s in statuses:  # a file added to a stage's output fails every later run that reuses it
+        if to.resolve().is_relative_to(s.output.resolve()):
+            raise ExportError(f"--to={to} is inside the output of stage {s.name} ({s.output}), which must stay as the "
+                              "stage wrote it; pass a --to outside the cache")
+    recorded = {}
     for model in models:
         if not (model.output / HF_DIR / "config.json").is_file():
             raise ExportError(f"stage {model.stage} of {run_dir} has no {HF_DIR}/ (it ran before stages wrote one); "
                               f"rerun the run's command with pipeline.force=[{model.stage}] to write it")
         if (to / model.name).exists() and not overwrite:
-            raise ExportError(f"{to / model.name} exists; remove it, export elsewhere, or pass --overwrite")
-    written = []
-    for model in models:
-        target = to / model.name
-        if target.exists():
-            shutil.rmtree(target)
-        shutil.copytree(model.output / HF_DIR, target)
-        (target / CARD).write_text(model_card(run_dir, cfg, model, target))
-        written.append(target)
-    return written
+            raise ExportError(exists_message(to / model.name))
+        recorded[model.name] = recorded_model_files(model)
+    made_to = not to.exists()
+    staged: dict[Path, Path] = {}  # staging folder -> the model's folder
+    try:
+        to.mkdir(parents=True, exist_ok=True)
+        remove_abandoned_staging(to)
+        for model in models:
+            staging = to / f".{model.name}{STAGING_MARK}{os.getpid()}@{socket.gethostname()}"
+            staged[staging] = to / model.name
+            copy_verified(model, recorded[model.name], staging)
+            (staging / CARD).write_text(model_card(run_dir, cfg, model, staging, to / model.name))
+        for staging, target in staged.items():
+            if target.exists():
+                if not overwrite:  # another export put it there while this one copied
+                    raise ExportError(exists_message(target))
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                else:
+                    target.unlink()
+            staging.rename(target)
+    except OSError as err:
+        raise ExportError(write_failure(err, to, models)) from None
+    finally:
+        for staging in staged:
+            shutil.rmtree(staging, ignore_errors=True)
+        if made_to and to.is_dir() and not any(to.iterdir()):
+            to.rmdir()
+    return list(staged.values())
+
+
+def remove_abandoned_staging(to: Path) -> None:
+    """Remove what an export killed mid-copy staged in `to` (it never reaches the model's name): the staging folders
+    of this host's processes that are gone. Another host's are left alone, as its processes cannot be seen."""
+    for staging in to.glob(f".*{STAGING_MARK}*@*"):
+        pid, _, host = staging.name.rsplit(STAGING_MARK, 1)[1].partition("@")
+        if host != socket.gethostname() or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(staging, ignore_errors=True)
+        except PermissionError:  # another user's process runs under that pid
+            pass
+
+
+def recorded_model_files(model: FinalModel) -> dict[str, dict]:
+    """The files of the model's hf/ as its stage recorded them when it finished (relative to hf/)."""
+    marker = read_marker(model.output) or {}
+    if OUTPUTS_KEY not in marker:
+        raise ExportError(f"stage {model.stage}'s completion marker in {model.output} records no files to check the "
+                          f"export against (it was written by an older version of the pipeline); rerun the run's "
+                          f"command with pipeline.force=[{model.stage}] to write it again")
+    prefix = f"{HF_DIR}/"
+    return {name.removeprefix(prefix): entry for name, entry in marker[OUTPUTS_KEY].items() if name.startswith(prefix)}
+
+
+def copy_verified(model: FinalModel, recorded: dict[str, dict], staging: Path) -> None:
+    """Copy the model's hf/ into `staging`, then hash the copy against what the stage recorded: code that the card
+    tells users to run with trust_remote_code=True must be the code the stage wrote."""
+    source = model.output / HF_DIR
+    for name in output_files(source, ()):
+        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source / name, staging / name)
+    problems = damaged_outputs(staging, recorded, (), full=True)
+    if problems:
+        raise ExportError(f"nothing was exported: {damage_message(model.stage, source.resolve(), problems)}")
+
+
+def write_failure(err: OSError, to: Path, models: list[FinalModel]) -> str:
+    """One line on why the export could not be written, naming the volume when it is full."""
+    if err.errno == errno.ENOSPC:
+        needed = sum(f.stat().st_size for model in models for f in (model.output / HF_DIR).rglob("*") if f.is_file())
+        return (f"no space left on device writing the export to --to={to}: the volume holding it has "
+                f"{human_bytes(shutil.disk_usage(to).free)} free and the models need {human_bytes(needed)}; free "
+                "space there or pass a --to on another volume; nothing was exported")
+    return f"could not write the export to --to={to}: {err}; pass a --to you can write to; nothing was exported"
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -138,7 +248,8 @@ def parameter_count(hf_dir: Path) -> int:
         return sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
 
 
-def model_card(run_dir: Path, cfg: DictConfig, model: FinalModel, hf_dir: Path) -> str:
+def model_card(run_dir: Path, cfg: DictConfig, model: FinalModel, hf_dir: Path, location: Path) -> str:
+    """The card of the model whose files are in `hf_dir`, to be loaded from `location`."""
     config = json.loads((hf_dir / "config.json").read_text())
     summary = _read_json(model.output / "stage.json") or {}
     custom_code = "auto_map" in config
@@ -156,8 +267,8 @@ def model_card(run_dir: Path, cfg: DictConfig, model: FinalModel, hf_dir: Path) 
              f"{_parameters(parameter_count(hf_dir), summary.get('num_parameters'))}.", "",
              "## How to load it", "", "```python",
              f"from transformers import {auto}, AutoTokenizer", "",
-             f'tokenizer = AutoTokenizer.from_pretrained("{hf_dir}"{trust})',
-             f'model = {auto}.from_pretrained("{hf_dir}"{trust})', "```", ""]
+             f'tokenizer = AutoTokenizer.from_pretrained("{location}"{trust})',
+             f'model = {auto}.from_pretrained("{location}"{trust})', "```", ""]
     if custom_code:
         code = config["auto_map"]["AutoModel"].split(".")[0]
         lines += [f"transformers has no class for this model: its code is `{code}.py` in this directory (torch and "
@@ -323,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     except ExportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # what it had staged is removed on the way out
+        print("interrupted; nothing was exported; rerun the same command", file=sys.stderr)
+        return 130
     for path in written:
         config = json.loads((path / "config.json").read_text())
         print(f"{path}: {config['architectures'][0]}" + (" (trust_remote_code=True)" if "auto_map" in config else ""))

@@ -46,6 +46,7 @@ from pipeline.engine.training import check_trainer_arguments
 from pipeline.families import FAMILIES
 from pipeline.schema import PretrainConfig
 from pipeline.stages import STAGES
+from pipeline.status import PIPELINE_FILE
 
 NUMBERS = {  # the engine's and every stage's settings; a family's own are in its record (Family.numbers)
     "ray.num_cpus": Number(int, 1, unless="ray.address"),  # a cluster owns its resources (README)
@@ -63,10 +64,10 @@ NUMBERS = {  # the engine's and every stage's settings; a family's own are in it
 }
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: DictConfig) -> list[str]:
     """Fail before any work starts, with a message the user can act on. Types and names (stages, optimizers, model
     kinds) are the schema's, checked at composition (pipeline/config.py); here: keys no schema declares, numeric
-    ranges, files, and rules across settings."""
+    ranges, files, and rules across settings. Returns the stages the run executes, in order."""
     check_declared_keys(cfg)
     check_numbers(cfg, {**NUMBERS, **{key: n for family in FAMILIES for key, n in family.numbers.items()}})
     data, run = typed_settings(cfg.data, DataConfig), typed_settings(cfg.pipeline, PipelineConfig)
@@ -99,6 +100,7 @@ def validate(cfg: DictConfig) -> None:
         family.validate(cfg, in_run)
     if FINETUNE.name in in_run:
         check_task_files(cfg)  # read now, not after pretraining
+    return in_run
 
 
 def absolute_paths(cfg: DictConfig) -> None:
@@ -119,6 +121,24 @@ def warn_of_an_until_outside_the_run(run: PipelineConfig, stages: dict, in_run: 
     hint = did_you_mean(str(until), run_stages, "pipeline.until=")
     print(f"WARNING: pipeline.until={until} is not one of this run's stages ({', '.join(run_stages)}); the run "
           f"stops at what it shares with {until}: {', '.join(in_run) or 'nothing'}. {hint}", flush=True)
+
+
+def clear_an_earlier_run(run_dir: Path, in_run: list[str]) -> None:
+    """Remove the stage links and pipeline.json that an earlier run left in `run_dir` (hydra.run.dir given again):
+    a rerun with other settings into a finished run's directory printed that run's results.md as its own, and kept
+    links to stages it never ran. run_dag links each of this run's stages once it is reused or finishes, so rerunning
+    the same command to resume ends with the directory it had; the stages this run does not have are named."""
+    if not run_dir.is_dir():
+        return
+    links = [path for path in run_dir.iterdir() if path.is_symlink() and path.name in STAGES]
+    for link in links:
+        link.unlink()
+    (run_dir / PIPELINE_FILE).unlink(missing_ok=True)
+    outside = [link.name for link in links if link.name not in in_run]
+    if outside:
+        print(f"note: hydra.run.dir={run_dir} held an earlier run's stages that this run does not have "
+              f"({', '.join(outside)}); their links were removed, so that the directory shows this run alone",
+              flush=True)
 
 
 def init_ray(settings: RayConfig) -> None:
@@ -176,7 +196,7 @@ def run_pipeline(cfg: DictConfig) -> Path:
     the process's signals to whoever started them: shutting Ray down there would disconnect the sweeper's worker."""
     import ray
 
-    validate(cfg)
+    in_run = validate(cfg)
     absolute_paths(cfg)
     paths = typed_settings(cfg.paths, PathsConfig)
     run_dir = Path(paths.run_dir)
@@ -184,6 +204,7 @@ def run_pipeline(cfg: DictConfig) -> Path:
     if typed_settings(cfg.pipeline, PipelineConfig).dry_run:
         print(plan(cfg, STAGES).describe())
         return run_dir
+    clear_an_earlier_run(run_dir, in_run)
     if uses_wandb(cfg):
         os.environ["WANDB_MODE"] = cfg.logger.get("mode", "offline")  # inherited by Ray workers
     owns_ray = not ray.is_initialized()

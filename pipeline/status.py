@@ -7,9 +7,10 @@ per-output lock (held only while a process is executing the stage). Without RUN_
 `outputs/` or `multirun/` is shown. With --verify, every file of each finished stage is hashed again and compared
 with what the stage recorded in its marker when it finished (pipeline/engine/integrity.py); each mismatch is listed.
 
-Exit status: 0 when no stage failed or was interrupted (and, with --verify, no finished output differs from its
-record), 1 when one did (rerun the same command to retry it; a damaged output, with the pipeline.force it names) or
-when there is no run to show, so that scripts can test a run with it.
+Exit status: 0 when no stage failed, was interrupted or had its output deleted from the cache after the run finished
+it (and, with --verify, no finished output differs from its record), 1 when one did (rerun the same command to retry
+it; a damaged output, with the pipeline.force it names) or when there is no run to show, so that scripts can test a run
+with it.
 """
 from __future__ import annotations
 
@@ -27,13 +28,17 @@ from pipeline.engine.dag import LOG_FILE, MARKER, directory_size, output_damage,
 from pipeline.engine.integrity import damage_message
 
 PIPELINE_FILE = "pipeline.json"
+FINISHED = ("complete", "cached")
+FINISHED_IN_PIPELINE_FILE = ("ran", "cached")  # what dag.run_dag records for a stage it ran or reused
+# The states `python -m pipeline.status` exits 1 for: a rerun of the same command does the stage again
+NEEDS_A_RERUN = ("failed", "interrupted", "deleted")
 RUN_ROOTS = ("outputs", "multirun")  # where Hydra puts single runs and sweeps (conf/config.yaml)
 
 
 @dataclass(frozen=True)
 class StageStatus:
     name: str
-    state: str             # complete | cached | running | failed | interrupted | not run
+    state: str             # complete | cached | running | failed | interrupted | deleted | not run
     hash: str
     output: Path
     duration_s: float | None
@@ -83,7 +88,8 @@ def stage_state(name: str, digest: str, output: Path, recorded_state: str) -> st
     if _lock_is_held(output.parent / f"{digest}.lock"):
         return "running"
     if not output.is_dir():
-        return "not run"
+        # the run finished it, and its output has gone from the cache since (cleaned by hand, a cache restored)
+        return "deleted" if recorded_state in FINISHED_IN_PIPELINE_FILE else "not run"
     # Started, never finished: an exception leaves its traceback in the log, a killed process leaves none.
     return "failed" if _last_attempt_failed(output / LOG_FILE, name) else "interrupted"
 
@@ -97,6 +103,11 @@ def _read_json(path: Path) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+def _is_stage_record(recorded) -> bool:
+    """A stage's entry as dag.run_dag writes it into pipeline.json: its hash, output directory and state."""
+    return isinstance(recorded, dict) and all(isinstance(recorded.get(key), str) for key in ("hash", "output", "state"))
+
+
 def read_status(run_dir: Path) -> list[StageStatus]:
     pipeline_file = run_dir / PIPELINE_FILE
     if not pipeline_file.is_file():
@@ -104,11 +115,12 @@ def read_status(run_dir: Path) -> list[StageStatus]:
                                 "run is still planning or was killed before it wrote one; pass the directory "
                                 "that `python -m pipeline` printed as 'run directory:'")
     planned = _read_json(pipeline_file)
-    if planned is None or not isinstance(planned.get("stages"), dict):
+    stages = planned.get("stages") if planned is not None else None
+    if not isinstance(stages, dict) or not all(_is_stage_record(recorded) for recorded in stages.values()):
         raise ValueError(f"{pipeline_file} is not a readable pipeline file (truncated or damaged); rerun the same "
                          "command to write it again (finished stages are reused)")
     statuses = []
-    for name, recorded in planned["stages"].items():
+    for name, recorded in stages.items():
         output = Path(recorded["output"])
         state = stage_state(name, recorded["hash"], output, recorded["state"])
         # For a cached stage this is how long the run that produced the output took: the work it saved. A stage.json
@@ -143,7 +155,7 @@ def killed_driver(run_dir: Path) -> str | None:
 
 def verify(statuses: list[StageStatus]) -> list[str]:
     """A message for each finished stage whose files are not what it recorded when it finished, naming every file."""
-    return [damage_message(s.name, s.output, problems) for s in statuses if s.state in ("complete", "cached")
+    return [damage_message(s.name, s.output, problems) for s in statuses if s.state in FINISHED
             if (problems := output_damage(s.name, s.output, full=True))]
 
 
@@ -173,7 +185,10 @@ def format_table(run_dir: Path, statuses: list[StageStatus]) -> str:
     for row in [header, *rows]:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
     for s in statuses:
-        if s.state in ("failed", "interrupted"):
+        if s.state == "deleted":
+            lines.append(f"{s.name} deleted: the run finished it, and its output {s.output} is gone from the cache; "
+                         "rerun the same command to make it again (finished stages are reused)")
+        elif s.state in NEEDS_A_RERUN:
             lines.append(f"{s.name} {s.state}: see {s.log}; rerun the same command to retry it "
                          "(finished stages are reused)")
     return "\n".join(lines)
@@ -195,13 +210,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(format_table(run_dir, statuses))
-    failed = any(s.state in ("failed", "interrupted") for s in statuses)
+    failed = any(s.state in NEEDS_A_RERUN for s in statuses)
     if killed := killed_driver(run_dir):
         print(killed)
         failed = True
     if args.verify:
         damaged = verify(statuses)
-        checked = sum(s.state in ("complete", "cached") for s in statuses)
+        checked = sum(s.state in FINISHED for s in statuses)
         print("\n".join(f"damaged: {message}" for message in damaged) if damaged else
               f"verified: the files of all {checked} finished stages are what their stages wrote")
         failed = failed or bool(damaged)

@@ -39,8 +39,9 @@ def plateau_message(held_out_mlm_loss: float | None, unigram_loss: float | None,
     gap = unigram_loss - held_out_mlm_loss
     if gap >= margin:
         return None
-    return (f"pretraining has not left the unigram plateau: held-out MLM loss {held_out_mlm_loss:.3f} is only "
-            f"{gap:.2f} nats below the {unigram_loss:.3f} a model knowing only token frequencies reaches, so the "
+    where = f"only {gap:.2f} nats below" if gap >= 0 else f"{-gap:.2f} nats above"
+    return (f"pretraining has not left the unigram plateau: held-out MLM loss {held_out_mlm_loss:.3f} is {where} "
+            f"the {unigram_loss:.3f} a model knowing only token frequencies reaches, so the "
             f"encoder has learned little about context and will fine-tune about as well as random weights. Try more "
             f"steps (pretrain.max_steps), a higher pretrain.lr with model.config.pre_layer_norm=true, or the recipes "
             f"in docs/pretraining_recipes.md")

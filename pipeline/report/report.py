@@ -32,6 +32,9 @@ from pipeline.status import human_bytes
 
 RESULT_COLUMNS = ["model", "task", "metric", "score", "std", "seeds", "train_size", "train_examples"]
 RESULT_STAGES = {"finetune": "Fine-tuning (dev set)", "evaluate": "Frozen sentence embeddings (SentEval-style probes)"}
+# The settings that leave a result stage nothing to score when empty
+NOTHING_TO_SCORE = {"finetune": "finetune.models and finetune.baselines",
+                    "evaluate": "evaluate.encoders and senteval.tasks"}
 # Held-out perplexity as each family logs it: BERT's masked-LM perplexity, ELMo's biLM perplexity (mean of the two
 # directions). Skip-Thought logs none.
 PERPLEXITY_NAMES = ("val/mlm_perplexity", "val/perplexity")
@@ -68,6 +71,8 @@ def summarise_loss(train: Curve, val: Curve) -> list[str]:
 
 
 def _score(row: dict) -> str:
+    if row["seeds"] == 0:  # no seed's score is defined (a correlation of constant predictions)
+        return "undefined"
     return f"{row['score']:.4f} ± {row['std']:.4f}" if row["seeds"] > 1 else f"{row['score']:.4f}"
 
 
@@ -87,6 +92,8 @@ def _results_section(stage: str, results: list[dict]) -> list[str]:
     elif any(r.get("scored_on") == "test" for r in results):
         heading = "Fine-tuning (test set, finetune.score_split=test)"
     lines = ["", f"## {heading}", ""]
+    if not results:
+        return lines + [f"No results: the stage scored nothing (see {NOTHING_TO_SCORE[stage]})."]
     if stage == "finetune":
         headline = headline_results(results)
         lines += ["| model | task | metric | score | seeds | per seed | train examples |",
@@ -142,6 +149,10 @@ def pretrained_vs_random(rows: list[dict]) -> list[str]:
         name = MODEL_KINDS[model].random_twin if model in MODEL_KINDS else None
         twin = by_key.get((name, task, metric))
         if twin is None or not row.get("per_seed") or not twin.get("per_seed"):
+            continue
+        if undefined := [kind for kind, r in ((model, row), (name, twin)) if r["seeds"] == 0]:
+            lines.append(f"- {task} {metric}: {model} - {name} undefined: no seed of {' or '.join(undefined)} has a "
+                         "defined score")
             continue
         pairs = [(a, b) for a, b in zip(row["per_seed"], twin["per_seed"]) if a is not None and b is not None]
         ahead = sum(a > b for a, b in pairs)
@@ -319,7 +330,8 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str,
             results = json.loads((stage_dirs[stage] / "results.json").read_text())
             rows += [{"stage": stage, **r} for r in results]
             lines += _results_section(stage, results)
-            panels[RESULT_STAGES[stage]] = headline_results(results)
+            if headline := headline_results(results):  # a panel of no bars divided by zero
+                panels[RESULT_STAGES[stage]] = headline
             if stage == "finetune" and (curve := label_efficiency(results)):
                 lines += _label_efficiency_section(curve, out, title, figures)
             if stage == "finetune" and (scaling := pretraining_scaling(results)):

@@ -53,6 +53,13 @@ def test_plateau_message_fires_only_within_the_margin_of_the_baseline():
     assert "pretrain.max_steps" in plateau_message(6.7, 6.81)  # tells the user what to try
 
 
+def test_a_loss_above_the_baseline_is_said_to_be_above_it():
+    """A negative gap read "only -0.39 nats below" the baseline."""
+    assert "is 0.39 nats above the 6.810 a model knowing only token frequencies" in plateau_message(7.20, 6.81)
+    assert "is only 0.11 nats below the 6.810" in plateau_message(6.70, 6.81)
+    assert "is only 0.00 nats below" in plateau_message(6.81, 6.81)
+
+
 @torch.no_grad()
 def _held_out_mlm_loss(model, batches) -> float:
     model.eval()

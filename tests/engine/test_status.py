@@ -4,6 +4,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -140,6 +141,27 @@ def test_a_truncated_stage_json_or_pipeline_json_gives_a_message_not_a_traceback
     (tmp_path / "run" / "pipeline.json").write_text('{"stages": {"produce": {"hash"')
     assert status.main([str(tmp_path / "run")]) == 1
     assert "pipeline.json is not a readable pipeline file (truncated or damaged)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stages", [{"produce": {"hash": "0123"}}, {"produce": "x"}, ["produce"]],
+                         ids=["no-output", "not-a-mapping", "a-list"])
+def test_a_pipeline_json_of_another_shape_gives_a_message_not_a_traceback(tmp_path, capsys, stages):
+    """A pipeline.json that parses but is not what run_dag writes: KeyError 'output' or TypeError tracebacks."""
+    (tmp_path / "pipeline.json").write_text(json.dumps({"stages": stages}))
+    assert status.main([str(tmp_path)]) == 1
+    assert "pipeline.json is not a readable pipeline file (truncated or damaged)" in capsys.readouterr().err
+
+
+def test_a_finished_stage_deleted_from_the_cache_is_deleted_not_not_run(tmp_path, ray_session, capsys):
+    """A finished run whose stage output was removed from the cache: 'not run', exit 0, and `--verify` said all of
+    the run's other stages were verified."""
+    run_dag(_cfg(tmp_path, fail=False), STAGES, tmp_path / "run")
+    consumed = next(s for s in status.read_status(tmp_path / "run") if s.name == "consume")
+    shutil.rmtree(consumed.output)
+    assert _states(tmp_path / "run") == {"produce": "complete", "consume": "deleted", "finish": "complete"}
+    assert status.main([str(tmp_path / "run"), "--verify"]) == 1
+    assert (f"consume deleted: the run finished it, and its output {consumed.output} is gone from the cache; rerun "
+            "the same command to make it again") in capsys.readouterr().out
 
 
 def peek(ctx) -> dict:

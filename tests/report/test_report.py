@@ -418,3 +418,31 @@ def test_a_run_that_pretrains_reports_the_corpus_it_read_and_one_that_does_not_l
     finetune_only = tiny_config(tmp_path, ["pipeline.stages=[finetune,report]", "finetune.models=[bert_external]",
                                            "finetune.external_encoder=/nowhere", "finetune.baselines=[]"])
     assert "prepare" not in report_upstream(finetune_only)
+
+
+@pytest.mark.parametrize("stage", ["finetune", "evaluate"])
+def test_a_result_stage_that_scored_nothing_is_said_to_have_no_results(tmp_path, stage):
+    """An empty results.json (evaluate.encoders=[], say): plot_task_scores divided by zero models and failed the
+    report stage after the whole run."""
+    (tmp_path / stage).mkdir()
+    (tmp_path / stage / "results.json").write_text("[]")
+    out = tmp_path / "report"
+    out.mkdir()
+    paths = write_report({stage: tmp_path / stage}, out, "unit")
+    assert "No results: the stage scored nothing (see " in paths["results_md"].read_text()
+    assert "task_scores_plot" not in paths
+
+
+def test_a_model_whose_every_seed_is_undefined_reads_undefined_not_nan(tmp_path):
+    """A correlation of constant predictions on every seed: the table read 'nan' and the comparison '+nan (mean over
+    seeds); bert ahead on 0 of 0 seeds'."""
+    rows = [{**_row("bert", [0.5, 0.5]), "score": float("nan"), "seeds": 0, "per_seed": [None, None]},
+            _row("bert_random", [0.5, 0.7])]
+    (tmp_path / "finetune").mkdir()
+    (tmp_path / "finetune" / "results.json").write_text(json.dumps(rows))
+    out = tmp_path / "report"
+    out.mkdir()
+    md = write_report({"finetune": tmp_path / "finetune"}, out, "unit")["results_md"].read_text()
+    assert "| bert | rt | accuracy | undefined | 0 | – / – | 100 |" in md
+    assert "- rt accuracy: bert - bert_random undefined: no seed of bert has a defined score" in md
+    assert "nan" not in md
