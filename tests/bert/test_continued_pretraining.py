@@ -74,6 +74,20 @@ def test_a_directory_that_is_no_bert_checkpoint_fails_before_any_work(tmp_path):
                                         "examples.max_seq_length=128"]))
 
 
+@pytest.mark.parametrize("removed, message", [
+    ("model.safetensors", r"pretrain\.init_from=\S+ has a config\.json but no weights \(model\.safetensors or "
+                          r"pytorch_model\.bin\); save the model there"),
+    ("vocab.txt", r"pretrain\.init_from=\S+: \S+ has no tokenizer\.json or vocab\.txt; put the tokenizer files"),
+])
+def test_a_checkpoint_without_weights_or_tokenizer_fails_at_start_up(tmp_path, removed, message):
+    """A directory with a config.json and without the weights (or the tokenizer) passed start-up, and failed only in
+    bert_pretrain (bert_tokenizer), after the corpus had been prepared."""
+    write_checkpoint(tmp_path / "checkpoint", heads=True)
+    (tmp_path / "checkpoint" / removed).unlink()
+    with pytest.raises(FileNotFoundError, match=message):
+        validate(tiny_config(tmp_path, [f"pretrain.init_from={tmp_path / 'checkpoint'}"]))
+
+
 def test_a_checkpoint_tokenizer_saved_truncating_and_padding_encodes_whole_texts(tmp_path):
     """all-MiniLM-L6-v2's tokenizer.json truncates and pads to 128: the examples stage, which encodes a shard's words
     in one call, failed ("11880 words came back as 613")."""
