@@ -28,7 +28,7 @@ from torch import nn
 from pipeline.engine.dag import all_cpus
 from pipeline.engine.module import PretrainModule, check_finite_loss
 from pipeline.engine.settings import RayConfig, typed_settings
-from pipeline.engine.training import TrainerConfig, resolve_precision
+from pipeline.engine.training import TrainerConfig, resolve_precision, trains_on_cuda, warn_if_bf16_is_emulated
 from pipeline.schema import PretrainConfig
 
 ZERO_STAGES = (1, 2, 3)
@@ -81,7 +81,7 @@ class DistributedSettings:
 
     @property
     def uses_cuda(self) -> bool:
-        return self.accelerator in ("gpu", "cuda") or (self.accelerator == "auto" and torch.cuda.is_available())
+        return trains_on_cuda(self.accelerator)
 
     @property
     def deepspeed_on_cpu(self) -> bool:
@@ -159,6 +159,8 @@ def deepspeed_config(s: DistributedSettings, micro_batch_size: int, grad_clip: f
     is resolved there (`auto`: bf16 where the device computes it natively), as Lightning resolves the Trainer's, so
     the JSON and the run summary agree."""
     precision = resolve_precision(s.precision)
+    if not s.uses_cuda:
+        warn_if_bf16_is_emulated(precision)
     zero: dict = {"stage": s.zero_stage}
     if s.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
