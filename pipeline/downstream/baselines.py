@@ -73,6 +73,31 @@ def mean_word_vectors(texts: list[str], vectors: WordVectors, chinese_words: str
     return out
 
 
+def word_coverage(texts: list[str], vectors: WordVectors, chinese_words: str = "jieba") -> float:
+    """The share of the words of `texts` that have a vector: what of a text its mean word vector sees. Words are the
+    tokens with a letter or a digit; punctuation is left out, so a vocabulary of '.' alone covers nothing."""
+    words = [w for text in texts for w in tokenize(text, chinese_words) if any(c.isalnum() for c in w)]
+    return sum(w in vectors.index for w in words) / len(words) if words else 0.0
+
+
+def w2v_mean_coverage(task_name: str, train: TaskSplit, dev: TaskSplit, vectors: WordVectors, min_coverage: float,
+                      chinese_words: str = "jieba") -> dict:
+    """w2v_mean's coverage of the task's words (both splits, both texts of a pair), for its rows; below
+    `min_coverage` (finetune.w2v_min_coverage) also a warning, printed here and kept beside the rows for the
+    report."""
+    coverage = word_coverage([text for split in (train, dev) for side in _sides(split) for text in side], vectors,
+                             chinese_words)
+    summary = {"coverage": round(coverage, 4)}
+    if coverage < min_coverage:
+        summary["coverage_warning"] = (
+            f"w2v_mean covers {coverage:.1%} of the words of task {task_name}, below finetune.w2v_min_coverage="
+            f"{min_coverage}: its features are the mean of a few words of a sentence, or zeros, so its score is not "
+            f"what word2vec learned (its vocabulary: {len(vectors.words):,}); pretrain on more text (or text nearer "
+            "the task), or lower word2vec.min_count")
+        print(f"WARNING: {summary['coverage_warning']}", flush=True)
+    return summary
+
+
 def w2v_mean_scores(task: DictConfig, train: TaskSplit, dev: TaskSplit, seed: int,
                     vectors: WordVectors, chinese_words: str = "jieba") -> dict[str, float]:
     """The mean word vector of each text (a pair's two concatenated), standardised with train's statistics, and a

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import random
+from unittest.mock import ANY
 
+import numpy as np
 import pytest
 
 from pipeline.downstream.baselines import bow_logreg_scores, w2v_mean_scores
@@ -83,3 +85,15 @@ def test_a_min_count_that_leaves_no_vocabulary_names_the_key_and_the_count_that_
     assert "set word2vec.min_count=3 or lower" in message  # 'the' and '.' occur three times
     assert train_word2vec(corpus, Word2VecConfig(vector_size=8, min_count=3), seed=1).words[:2] in {
         ("the", "."), (".", "the")}
+
+
+def test_coverage_counts_the_tasks_words_with_a_vector_and_leaves_punctuation_out():
+    from data_prep.corpus.word_vectors import WordVectors
+    from pipeline.downstream.baselines import w2v_mean_coverage, word_coverage
+
+    vectors = WordVectors((".", "ship", "sea"), np.ones((3, 2), dtype=np.float32))
+    assert word_coverage(["The ship .", "A ship , at sea !"], vectors) == 3 / 6
+    train, dev = TaskSplit(["the ship ."], ["a sea"], [1]), TaskSplit(["the boat ."], None, [0])
+    assert w2v_mean_coverage("pairs", train, dev, vectors, min_coverage=0.5) == {"coverage": 0.3333,
+                                                                                "coverage_warning": ANY}
+    assert w2v_mean_coverage("pairs", train, dev, vectors, min_coverage=0.3) == {"coverage": 0.3333}

@@ -469,3 +469,30 @@ def test_discriminative_rates_slow_the_pretrained_encoder_and_leave_its_random_t
     # the head at lr; the pooler/top at 0.5 lr, layer 1 at 0.25, layer 0 at 0.125, the embeddings at 0.0625
     assert pretrained == pytest.approx(sorted({lr, lr * 0.5, lr * 0.25, lr * 0.125, lr * 0.0625}))
     assert twin == [lr]
+
+
+def test_a_word2vec_baseline_that_covers_too_few_of_the_tasks_words_says_so_beside_its_row(ctx, tmp_path, capsys):
+    """A corpus of rare words left word2vec the vocabulary ['.']: w2v_mean was the mean of no word, zeros, and scored
+    like a real baseline. Its rows carry the share of the task's words it covers, and below
+    finetune.w2v_min_coverage the stage and the report's table say it is no real baseline."""
+    from pipeline.report.report import write_report
+
+    word2vec = tmp_path / "word2vec"
+    word2vec.mkdir()
+    (word2vec / "words.txt").write_text(".")
+    np.save(word2vec / "vectors.npy", np.ones((1, 4), dtype=np.float32))
+    ctx.inputs["word2vec"] = word2vec
+    ctx.cfg.finetune.task, ctx.cfg.finetune.seeds, ctx.cfg.finetune.baselines = "sst2", [1], ["w2v_mean"]
+    rows = [r for r in finetuning.finetune(ctx)["results"] if r["model"] == "w2v_mean"]
+    warning = ("w2v_mean covers 0.0% of the words of task sst2, below finetune.w2v_min_coverage=0.5: its features are "
+               "the mean of a few words of a sentence, or zeros, so its score is not what word2vec learned (its "
+               "vocabulary: 1); pretrain on more text (or text nearer the task), or lower word2vec.min_count")
+    assert [(r["coverage"], r["coverage_warning"]) for r in rows] == [(0.0, warning)]
+    assert f"WARNING: {warning}" in capsys.readouterr().out
+    assert not any("coverage" in r for r in json.loads((ctx.out_dir / "results.json").read_text())
+                   if r["model"] != "w2v_mean")
+    (tmp_path / "report").mkdir()
+    md = write_report({"finetune": ctx.out_dir}, tmp_path / "report", "unit")["results_md"].read_text()
+    assert "| w2v_mean (covers 0% of the task's words; BELOW finetune.w2v_min_coverage: not a real baseline) | sst2 |" \
+        in md
+    assert f"**WARNING**: {warning}" in md
