@@ -26,12 +26,19 @@ def _fit_and_score(task: DictConfig, train_features, train_labels: list[int], de
                    seed: int) -> dict[str, float]:
     """A logistic regression, its L2 strength chosen by stratified cross-validation on train, scored on dev by the
     task's metric."""
-    from sklearn.linear_model import LogisticRegressionCV
+    from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
     from sklearn.model_selection import StratifiedKFold
 
     labels = np.asarray(train_labels)
+    classes, counts = np.unique(labels, return_counts=True)
+    if len(classes) == 1:  # finetune.train_sizes below the number of labels: a classifier of one class predicts it
+        return score_task(task.metric, [int(classes[0])] * len(dev.labels), dev.labels)
+    if counts.max() < 2:  # one example of each class: no stratified folds to choose C by, so scikit-learn's default
+        model = LogisticRegression(C=1.0, max_iter=1000)
+        model.fit(train_features, labels)
+        return score_task(task.metric, model.predict(dev_features).tolist(), dev.labels)
     # stratified folds need each class in every fold: fewer folds for a tiny train split (two at least)
-    folds = max(2, min(5, int(np.bincount(labels).min())))
+    folds = max(2, min(5, int(counts.min())))
     model = LogisticRegressionCV(Cs=list(C_GRID), cv=StratifiedKFold(folds, shuffle=True, random_state=seed),
                                  scoring="accuracy", max_iter=1000, n_jobs=1,
                                  l1_ratios=(0.0,), use_legacy_attributes=False)  # plain L2, as 1.10 will default

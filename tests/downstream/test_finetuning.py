@@ -496,3 +496,19 @@ def test_a_word2vec_baseline_that_covers_too_few_of_the_tasks_words_says_so_besi
     assert "| w2v_mean (covers 0% of the task's words; BELOW finetune.w2v_min_coverage: not a real baseline) | sst2 |" \
         in md
     assert f"**WARNING**: {warning}" in md
+
+
+def test_train_sizes_of_one_example_and_one_of_each_label_fit_the_baselines_too(ctx):
+    """finetune.train_sizes=[1,2]: the models trained on them, then bow_logreg failed the stage with scikit-learn's
+    "needs samples of at least 2 classes" (one example) and "n_splits=2 cannot be greater than the number of members
+    in each class" (one of each label)."""
+    ctx.cfg.finetune.task, ctx.cfg.finetune.seeds, ctx.cfg.finetune.train_sizes = "sst2", [1], [1, 2]
+    finetuning.finetune(ctx)
+    results = json.loads((ctx.out_dir / "results.json").read_text())
+    cells = {(r["model"], r["train_examples"]): r["score"] for r in results}
+    assert set(cells) == {("bert", 1), ("bert", 2), ("bow_logreg", 1), ("bow_logreg", 2), ("majority_class", 32)}
+    dev = [label for _, label in (line.rsplit("\t", 1) for line in
+                                  (Path(ctx.cfg.finetune.data_dir) / "SST-2" / "dev.tsv").read_text().split("\n")[1:]
+                                  if line)]
+    # one example: its label for every dev sentence
+    assert cells["bow_logreg", 1] in {dev.count("0") / len(dev), dev.count("1") / len(dev)}
