@@ -98,6 +98,9 @@ def validate_distributed(cfg: DictConfig) -> None:
     if s.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ValueError(f"trainer.accelerator={s.accelerator}, and this machine has no CUDA GPU; use trainer=cpu, or "
                          "trainer=ddp_cpu for data parallelism on the CPU")
+    if s.precision == "16-mixed" and not s.uses_cuda:  # Lightning swaps it for bf16-mixed on the CPU
+        raise ValueError("trainer.precision=16-mixed: fp16 autocast needs a CUDA GPU, and on the CPU Lightning trains "
+                         "in bf16-mixed in its place; set trainer.precision=bf16-mixed, 32-true or auto")
     if s.num_workers < 1:
         raise ValueError(f"distributed.num_workers={s.num_workers}; use 1 (one process) or more (Ray Train workers)")
     if (s.zero_stage is not None or s.offload_optimizer or s.offload_parameters) and s.strategy != "deepspeed":
