@@ -72,8 +72,8 @@ def train_word2vec(corpus_file: Path, settings: Word2VecConfig, seed: int, vecto
     model = Word2Vec(vector_size=vector_size or settings.vector_size, window=settings.window, min_count=min_count,
                      sg=int(settings.skip_gram), negative=settings.negative, epochs=settings.epochs, workers=1,
                      seed=seed, hashfxn=_stable_hash)
-    # the raw counts kept, so that a vocabulary min_count empties is refused with them instead of gensim's "you must
-    # first build vocabulary before training the model"
+    # the raw counts kept, so that a min_count that empties the vocabulary is refused with them instead of gensim's
+    # "you must first build vocabulary before training the model"
     model.build_vocab(corpus_file=str(corpus_file), keep_raw_vocab=True)
     if not model.wv.index_to_key:
         raise ValueError(empty_vocabulary_message(model.raw_vocab, min_count))
