@@ -53,15 +53,24 @@ def load_checkpoint(path, model_class, config_class, checkpoint_format: str) -> 
     return model
 
 
+# the weights file of a HuggingFace model directory, in the order read_hf_weights prefers them
+HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def hf_weights_file(path) -> Path | None:
+    """The file read_hf_weights reads in the directory `path`, or None where it has none."""
+    return next((Path(path) / name for name in HF_WEIGHT_FILES if (Path(path) / name).exists()), None)
+
+
 def read_hf_weights(path) -> dict[str, torch.Tensor]:
     """The state dict of a HuggingFace model directory: model.safetensors, or the older pytorch_model.bin."""
-    path = Path(path)
-    if (path / "model.safetensors").exists():
-        return load_file(str(path / "model.safetensors"))
-    if (path / "pytorch_model.bin").exists():
-        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {path} (sharded checkpoints are not "
-                            "supported)")
+    weights = hf_weights_file(path)
+    if weights is None:
+        raise FileNotFoundError(f"no {' or '.join(HF_WEIGHT_FILES)} in {path} (sharded checkpoints are not "
+                                "supported)")
+    if weights.suffix == ".safetensors":
+        return load_file(str(weights))
+    return torch.load(weights, map_location="cpu", weights_only=True)
 
 
 def load_every_weight(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:

@@ -58,7 +58,7 @@ NUMBERS = {  # the engine's and every stage's settings; a family's own are in it
     "finetune.max_train_examples": Number(int, 1, nullable=True),
     "finetune.selection_fraction": Number(float, 0, 1, low_open=True, nullable=True),
     "finetune.encoder_lr_factor": Number(float, 0, low_open=True), "finetune.linear_probe_epochs": COUNT,
-    "finetune.layer_lr_decay": Number(float, 0, 1, low_open=True),
+    "finetune.layer_lr_decay": Number(float, 0, 1, low_open=True), "finetune.w2v_min_coverage": FRACTION,
     "data.decontamination_ngram": POSITIVE_INT, "word2vec.vector_size": POSITIVE_INT, "word2vec.window": POSITIVE_INT,
     "word2vec.min_count": POSITIVE_INT, "word2vec.negative": COUNT, "word2vec.epochs": POSITIVE_INT,
 }
@@ -156,12 +156,20 @@ def init_ray(settings: RayConfig) -> None:
     if address:  # "auto" or "ray://host:port": join an existing cluster, which owns its resources
         ray.init(address=address, log_to_driver=True)
     else:
-        # Ray's raylet starts workers at nice 15 (its worker_niceness) to keep a node's daemons responsive; here the
-        # stages are the job and run in those workers, so any process at the default priority took the cores from
-        # them (pretraining fell from 5.4 to ~1 step/s beside one such process on 2 cores). Ray's job manager starts
-        # job workers at 0 for the same reason (ray/dashboard/modules/job/job_manager.py).
-        os.environ.setdefault("RAY_worker_niceness", "0")
-        ray.init(num_cpus=settings.num_cpus, include_dashboard=False, log_to_driver=True)
+        start_local_ray(settings.num_cpus)
+
+
+def start_local_ray(num_cpus: int, log_to_driver: bool = True) -> None:
+    """A Ray of this machine alone, of `num_cpus` CPUs, whose workers run at the driver's priority. The tests' session
+    Ray starts here too (with log_to_driver=False), so that it is the Ray a run starts."""
+    import ray
+
+    # Ray's raylet starts workers at nice 15 (its worker_niceness) to keep a node's daemons responsive; here the
+    # stages are the job and run in those workers, so any process at the default priority took the cores from
+    # them (pretraining fell from 5.4 to ~1 step/s beside one such process on 2 cores). Ray's job manager starts
+    # job workers at 0 for the same reason (ray/dashboard/modules/job/job_manager.py).
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver)
 
 
 def finetune_objective(run_dir: Path) -> float | None:

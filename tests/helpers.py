@@ -25,10 +25,10 @@ ENDINGS = ["at night", "in the morning", "without a word", "before the storm", "
 
 def start_session_ray() -> None:
     """The local Ray that the tests of one pytest session share (the ray_session fixture; restarted by a test that had
-    to leave it, tests/engine/test_multinode.py)."""
-    import ray
+    to leave it, tests/engine/test_multinode.py), started as a run starts its own, without its workers' output."""
+    from pipeline.runner import start_local_ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_local_ray(num_cpus=2, log_to_driver=False)
 
 
 def write_books(root: Path, n_books: int = 6, paragraphs: int = 12, seed: int = 0) -> Path:

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
-from data_prep.corpus.tokenizer import SPECIAL_TOKENS, load_tokenizer, save_hf_tokenizer
+from data_prep.corpus.tokenizer import SPECIAL_TOKENS, checkpoint_tokenizer, load_tokenizer, save_hf_tokenizer
 from data_prep.examples.bert_examples import continuation_mask_from_vocab
 from models import IGNORE_INDEX
 from models.bert import (
@@ -32,6 +32,7 @@ from models.bert import (
     load_pretrained,
     save_pretrained,
 )
+from models.checkpoint import HF_WEIGHT_FILES, hf_weights_file
 from models.hf.bert import hf_incompatibility, to_hf
 from pipeline.bert.config import BertPretrainSettings
 from pipeline.bert.data import BertPretrainingCollator, MaskedBatches, PretrainingInstances
@@ -192,7 +193,12 @@ def check_init_from(settings: BertPretrainSettings, max_seq_length: int) -> None
     `max_seq_length`."""
     if not settings.init_from:
         return
-    config = Path(settings.init_from).expanduser() / "config.json"
+    start = Path(settings.init_from).expanduser()
+    if not start.is_dir():
+        raise FileNotFoundError(f"pretrain.init_from={settings.init_from} "
+                                f"{'is a file' if start.exists() else 'does not exist'}; point it at a HuggingFace "
+                                "BERT directory (config.json, model.safetensors, tokenizer files)")
+    config = start / "config.json"
     if not config.is_file():
         raise FileNotFoundError(f"pretrain.init_from={settings.init_from} has no config.json; point it at a "
                                 "HuggingFace BERT directory (config.json, model.safetensors, tokenizer files)")
@@ -206,6 +212,16 @@ def check_init_from(settings: BertPretrainSettings, max_seq_length: int) -> None
     if max_seq_length > hf["max_position_embeddings"]:
         raise ValueError(f"examples.max_seq_length={max_seq_length} is longer than the positions of "
                          f"pretrain.init_from's model ({hf['max_position_embeddings']}); lower it")
+    # the weights and the tokenizer are read by the bert_tokenizer and bert_pretrain stages, after the corpus is
+    # prepared: a directory without them is refused now
+    if hf_weights_file(start) is None:
+        raise FileNotFoundError(f"pretrain.init_from={settings.init_from} has a config.json but no weights "
+                                f"({' or '.join(HF_WEIGHT_FILES)}); save the model there with save_pretrained, or "
+                                "point pretrain.init_from at the directory that holds them")
+    try:
+        checkpoint_tokenizer(start)
+    except (FileNotFoundError, ValueError) as err:
+        raise type(err)(f"pretrain.init_from={settings.init_from}: {err}") from None
 
 
 def _continue_from(model: nn.Module, pretrain_dir: Path) -> None:

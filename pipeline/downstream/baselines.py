@@ -30,16 +30,18 @@ def _fit_and_score(task: DictConfig, train_features, train_labels: list[int], de
     from sklearn.model_selection import StratifiedKFold
 
     labels = np.asarray(train_labels)
-    if np.unique(labels, return_counts=True)[1].max() < 2:
-        # One example of each class (finetune.train_sizes=[2] on two labels): no split into two folds has a class on
-        # both sides, so C cannot be chosen on train; scikit-learn's default, C=1, is fitted instead.
+    classes, counts = np.unique(labels, return_counts=True)
+    if len(classes) == 1:  # finetune.train_sizes below the number of labels: a classifier of one class predicts it
+        return score_task(task.metric, [int(classes[0])] * len(dev.labels), dev.labels)
+    if counts.max() < 2:  # one example of each class: no stratified folds to choose C by, so scikit-learn's default
         model = LogisticRegression(C=1.0, max_iter=1000)
-    else:
-        # stratified folds need each class in every fold: fewer folds for a tiny train split (two at least)
-        folds = max(2, min(5, int(np.bincount(labels).min())))
-        model = LogisticRegressionCV(Cs=list(C_GRID), cv=StratifiedKFold(folds, shuffle=True, random_state=seed),
-                                     scoring="accuracy", max_iter=1000, n_jobs=1,
-                                     l1_ratios=(0.0,), use_legacy_attributes=False)  # plain L2, as 1.10 will default
+        model.fit(train_features, labels)
+        return score_task(task.metric, model.predict(dev_features).tolist(), dev.labels)
+    # stratified folds need each class in every fold: fewer folds for a tiny train split (two at least)
+    folds = max(2, min(5, int(counts.min())))
+    model = LogisticRegressionCV(Cs=list(C_GRID), cv=StratifiedKFold(folds, shuffle=True, random_state=seed),
+                                 scoring="accuracy", max_iter=1000, n_jobs=1,
+                                 l1_ratios=(0.0,), use_legacy_attributes=False)  # plain L2, as 1.10 will default
     model.fit(train_features, labels)
     return score_task(task.metric, model.predict(dev_features).tolist(), dev.labels)
 
@@ -76,6 +78,31 @@ def mean_word_vectors(texts: list[str], vectors: WordVectors, chinese_words: str
         if known:
             out[i] = vectors.vectors[known].mean(axis=0)
     return out
+
+
+def word_coverage(texts: list[str], vectors: WordVectors, chinese_words: str = "jieba") -> float:
+    """The share of the words of `texts` that have a vector: what of a text its mean word vector sees. Words are the
+    tokens with a letter or a digit; punctuation is left out, so a vocabulary of '.' alone covers nothing."""
+    words = [w for text in texts for w in tokenize(text, chinese_words) if any(c.isalnum() for c in w)]
+    return sum(w in vectors.index for w in words) / len(words) if words else 0.0
+
+
+def w2v_mean_coverage(task_name: str, train: TaskSplit, dev: TaskSplit, vectors: WordVectors, min_coverage: float,
+                      chinese_words: str = "jieba") -> dict:
+    """w2v_mean's coverage of the task's words (both splits, both texts of a pair), for its rows; below
+    `min_coverage` (finetune.w2v_min_coverage) also a warning, printed here and kept beside the rows for the
+    report."""
+    coverage = word_coverage([text for split in (train, dev) for side in _sides(split) for text in side], vectors,
+                             chinese_words)
+    summary = {"coverage": round(coverage, 4)}
+    if coverage < min_coverage:
+        summary["coverage_warning"] = (
+            f"w2v_mean covers {coverage:.1%} of the words of task {task_name}, below finetune.w2v_min_coverage="
+            f"{min_coverage}: its features are the mean of a few words of a sentence, or zeros, so its score is not "
+            f"what word2vec learned (its vocabulary: {len(vectors.words):,}); pretrain on more text (or text nearer "
+            "the task), or lower word2vec.min_count")
+        print(f"WARNING: {summary['coverage_warning']}", flush=True)
+    return summary
 
 
 def w2v_mean_scores(task: DictConfig, train: TaskSplit, dev: TaskSplit, seed: int,

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Subset
 
 from data_prep.corpus.shards import write_json_atomically
 from pipeline.data_settings import chinese_words_of
-from pipeline.downstream.baselines import bow_logreg_scores, lead_n_scores, w2v_mean_scores
+from pipeline.downstream.baselines import bow_logreg_scores, lead_n_scores, w2v_mean_coverage, w2v_mean_scores
 from pipeline.downstream.task_data import (
     LengthGroupedBatchSampler,
     TaskData,
@@ -94,6 +94,11 @@ class FinetuneConfig:
     # should beat w2v_mean, what a minute of word2vec on the same text gives (docs/pretraining_recipes.md)
     baselines: list[Baseline] = field(default_factory=lambda: [
         Baseline.majority_class, Baseline.bow_logreg, Baseline.w2v_mean])
+    # w2v_mean's rows carry its coverage, the share of the task's words that word2vec kept a vector of. Below half,
+    # most sentences are the mean of a minority of their words, or zeros (a corpus of rare words left word2vec the
+    # vocabulary ['.'], and w2v_mean scored 0.5 on zero features): the row then measures what the corpus shares with
+    # the task, not word2vec, and the stage and the report say so beside it.
+    w2v_min_coverage: float = 0.5
     # one run per seed (head init, data order, subset drawn) -> mean ± std in the results table
     seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
     # Labelled training examples per run, drawn per seed and stratified by label from the (capped) train split; null =
@@ -320,6 +325,10 @@ def finetune_epochs(epochs: int, min_steps: int, steps_per_epoch: int) -> int:
     return max(epochs, -(-min_steps // max(1, steps_per_epoch)))
 
 
+# what a baseline's rows say of its coverage of the task (w2v_mean_coverage), kept by the rows aggregated over seeds
+COVERAGE_KEYS = ("coverage", "coverage_warning")
+
+
 def _aggregate(rows: list[dict]) -> list[dict]:
     """Mean ± std over seeds, one row per (model, task, metric, train size); `seeds` counts the seeds with a defined
     score."""
@@ -339,7 +348,8 @@ def _aggregate(rows: list[dict]) -> list[dict]:
                     "train_size": train_size, "train_examples": members[0]["train_examples"],
                     "dev_examples": members[0]["dev_examples"], "scored_on": members[0].get("scored_on", "dev"),
                     "pretraining_steps": members[0].get("pretraining_steps"),
-                    "seconds": round(sum(m["seconds"] for m in members), 1)})
+                    "seconds": round(sum(m["seconds"] for m in members), 1),
+                    **{key: members[0][key] for key in COVERAGE_KEYS if key in members[0]}})
     return out
 
 
@@ -438,6 +448,8 @@ def _subset_baseline_rows(ctx: StageContext, f: FinetuneConfig, task: DictConfig
     rows = []
     for name in (b for b in f.baselines if b in SUBSET_BASELINES):
         scorer = None
+        coverage = w2v_mean_coverage(task.name, train, dev, load_word2vec(ctx.stage_dir(WORD2VEC.name)),
+                                     f.w2v_min_coverage, chinese_words_of(ctx.cfg)) if name == "w2v_mean" else {}
         for size in sizes:
             for seed in f.seeds:
                 tag = f"{task.name}/{name}/{'all' if size is None else size}/seed{seed}"
@@ -452,7 +464,7 @@ def _subset_baseline_rows(ctx: StageContext, f: FinetuneConfig, task: DictConfig
                 scores = scorer(task, _subset(train, subset), dev, seed)
                 result = [{"model": name, "task": task.name, "metric": metric, "score": value, "seed": seed,
                            "train_size": size, "train_examples": len(subset), "dev_examples": len(dev.labels),
-                           "scored_on": scored_on, "seconds": round(time.perf_counter() - started, 1)}
+                           "scored_on": scored_on, "seconds": round(time.perf_counter() - started, 1), **coverage}
                           for metric, value in scores.items()]
                 write_json_atomically(done, result)
                 rows += result

@@ -67,11 +67,29 @@ def train_word2vec(corpus_file: Path, settings: Word2VecConfig, seed: int, vecto
     block's settings; `vector_size` and `min_count` in place of the block's where given."""
     from gensim.models import Word2Vec  # only the stages that train vectors need gensim
 
-    model = Word2Vec(corpus_file=str(corpus_file), vector_size=vector_size or settings.vector_size,
-                     window=settings.window, min_count=settings.min_count if min_count is None else min_count,
+    min_count = settings.min_count if min_count is None else min_count
+    model = Word2Vec(vector_size=vector_size or settings.vector_size, window=settings.window, min_count=min_count,
                      sg=int(settings.skip_gram), negative=settings.negative, epochs=settings.epochs, workers=1,
                      seed=seed, hashfxn=_stable_hash)
+    # the raw counts kept, so that a min_count that empties the vocabulary is refused with them instead of gensim's
+    # "you must first build vocabulary before training the model"
+    model.build_vocab(corpus_file=str(corpus_file), keep_raw_vocab=True)
+    if not model.wv.index_to_key:
+        raise ValueError(empty_vocabulary_message(model.raw_vocab, min_count))
+    model.raw_vocab = None
+    model.train(corpus_file=str(corpus_file), total_examples=model.corpus_count, total_words=model.corpus_total_words,
+                epochs=model.epochs, start_alpha=model.alpha, end_alpha=model.min_alpha)
     return WordVectors(tuple(model.wv.index_to_key), model.wv.vectors.astype(np.float32))
+
+
+def empty_vocabulary_message(counts: dict[str, int], min_count: int) -> str:
+    """Why word2vec has no word to train, from the corpus's word counts, and the word2vec.min_count that would work."""
+    if not counts:
+        return "word2vec: the corpus has no words to train vectors of; check data.corpus_dir and the prepare stage"
+    most = max(counts.values())
+    return (f"word2vec.min_count={min_count} leaves no vocabulary: the corpus has {len(counts):,} distinct words and "
+            f"none occurs {min_count} times or more (the most frequent, {max(counts, key=counts.get)!r}, occurs "
+            f"{most} times); set word2vec.min_count={most} or lower, or give the corpus more text")
 
 
 def load_word2vec(stage_dir: Path) -> WordVectors:

@@ -28,7 +28,7 @@ from torch import nn
 from pipeline.engine.dag import all_cpus
 from pipeline.engine.module import PretrainModule, check_finite_loss
 from pipeline.engine.settings import RayConfig, typed_settings
-from pipeline.engine.training import TrainerConfig, resolve_precision
+from pipeline.engine.training import TrainerConfig, resolve_precision, trains_on_cuda, warn_if_bf16_is_emulated
 from pipeline.schema import PretrainConfig
 
 ZERO_STAGES = (1, 2, 3)
@@ -81,7 +81,7 @@ class DistributedSettings:
 
     @property
     def uses_cuda(self) -> bool:
-        return self.accelerator in ("gpu", "cuda") or (self.accelerator == "auto" and torch.cuda.is_available())
+        return trains_on_cuda(self.accelerator)
 
     @property
     def deepspeed_on_cpu(self) -> bool:
@@ -98,6 +98,9 @@ def validate_distributed(cfg: DictConfig) -> None:
     if s.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ValueError(f"trainer.accelerator={s.accelerator}, and this machine has no CUDA GPU; use trainer=cpu, or "
                          "trainer=ddp_cpu for data parallelism on the CPU")
+    if s.precision == "16-mixed" and not s.uses_cuda:  # Lightning swaps it for bf16-mixed on the CPU
+        raise ValueError("trainer.precision=16-mixed: fp16 autocast needs a CUDA GPU, and on the CPU Lightning trains "
+                         "in bf16-mixed in its place; set trainer.precision=bf16-mixed, 32-true or auto")
     if s.num_workers < 1:
         raise ValueError(f"distributed.num_workers={s.num_workers}; use 1 (one process) or more (Ray Train workers)")
     if (s.zero_stage is not None or s.offload_optimizer or s.offload_parameters) and s.strategy != "deepspeed":
@@ -159,6 +162,8 @@ def deepspeed_config(s: DistributedSettings, micro_batch_size: int, grad_clip: f
     is resolved there (`auto`: bf16 where the device computes it natively), as Lightning resolves the Trainer's, so
     the JSON and the run summary agree."""
     precision = resolve_precision(s.precision)
+    if not s.uses_cuda:
+        warn_if_bf16_is_emulated(precision)
     zero: dict = {"stage": s.zero_stage}
     if s.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}

@@ -186,7 +186,10 @@ def make_trainer(ctx: StageContext, callbacks: list, prefix: str = "", one_proce
     trainer = typed_settings(ctx.cfg.trainer, TrainerConfig)
     if trainer.compile:
         callbacks = [CompileNetwork(), *callbacks]
-    return build(precision=resolve_precision(str(trainer.precision)), logger=make_logger(ctx, prefix),
+    precision = resolve_precision(str(trainer.precision))
+    if not trains_on_cuda(str(trainer.accelerator)):
+        warn_if_bf16_is_emulated(precision)
+    return build(precision=precision, logger=make_logger(ctx, prefix),
                  callbacks=[ProgressLog(f"{ctx.name} {prefix}".strip()), ReleaseFreedMemory(), *callbacks],
                  enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
                  default_root_dir=str(ctx.out_dir), **kwargs)
@@ -235,8 +238,27 @@ def resolve_precision(precision: str) -> str:
         return precision
     if torch.cuda.is_available():
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
-    native = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
-    return "bf16-mixed" if native else "32-true"
+    return "bf16-mixed" if cpu_computes_bf16() else "32-true"
+
+
+def cpu_computes_bf16() -> bool:
+    """Whether this CPU has bf16 instructions (AMX tiles or AVX512-BF16), which oneDNN's bf16 kernels need."""
+    return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+
+
+def trains_on_cuda(accelerator: str) -> bool:
+    """Whether trainer.accelerator puts training on a CUDA GPU (`auto`: where this machine has one)."""
+    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+
+
+@functools.cache  # once per process: a fine-tune stage builds a Trainer for every task, model kind and seed
+def warn_if_bf16_is_emulated(precision: str) -> None:
+    """bf16 on a CPU without bf16 instructions is emulated, converting every operand: bert_tiny trained ~12x slower
+    than in fp32, without a word. Called where training runs, for the CPU it runs on, not the driver's."""
+    if precision.startswith("bf16") and not cpu_computes_bf16():
+        print(f"WARNING: trainer.precision={precision} on a CPU without bf16 instructions (neither AMX nor "
+              "AVX512-BF16): torch emulates bf16 here, many times slower than fp32; set trainer.precision=32-true, "
+              "or trainer.precision=auto, which picks bf16 only where the CPU computes it", flush=True)
 
 
 def make_logger(ctx, prefix: str = ""):

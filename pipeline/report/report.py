@@ -98,11 +98,21 @@ def _results_section(stage: str, results: list[dict]) -> list[str]:
         headline = headline_results(results)
         lines += ["| model | task | metric | score | seeds | per seed | train examples |",
                   "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['model']} | {r['task']} | {r['metric']} | {_score(r)} | {r['seeds']} | "
+        lines += [f"| {_model_cell(r)} | {r['task']} | {r['metric']} | {_score(r)} | {r['seeds']} | "
                   f"{' / '.join('–' if v is None else f'{v:.4f}' for v in r.get('per_seed') or [])} | "
                   f"{r.get('train_examples', '–')} |" for r in headline]
-        return lines + pretrained_vs_random(headline)
+        warnings = dict.fromkeys(r["coverage_warning"] for r in headline if r.get("coverage_warning"))
+        notes = ["", *(f"**WARNING**: {warning}" for warning in warnings)] if warnings else []
+        return lines + notes + pretrained_vs_random(headline)
     return lines + _pivot(results) + pair_features_lines(results) + frozen_vs_random(results)
+
+
+def _model_cell(row: dict) -> str:
+    """A row's model, with the share of the task's words a baseline covers where it reports one (w2v_mean)."""
+    if "coverage" not in row:
+        return row["model"]
+    low = "; BELOW finetune.w2v_min_coverage: not a real baseline" if row.get("coverage_warning") else ""
+    return f"{row['model']} (covers {row['coverage']:.0%} of the task's words{low})"
 
 
 def pair_features_lines(results: list[dict]) -> list[str]:

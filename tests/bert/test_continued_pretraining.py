@@ -74,6 +74,35 @@ def test_a_directory_that_is_no_bert_checkpoint_fails_before_any_work(tmp_path):
                                         "examples.max_seq_length=128"]))
 
 
+@pytest.mark.parametrize("removed, message", [
+    ("model.safetensors", r"pretrain\.init_from=\S+ has a config\.json but no weights \(model\.safetensors or "
+                          r"pytorch_model\.bin\); save the model there"),
+    ("vocab.txt", r"pretrain\.init_from=\S+: \S+ has no tokenizer\.json or vocab\.txt; put the tokenizer files"),
+])
+def test_a_checkpoint_without_weights_or_tokenizer_fails_at_start_up(tmp_path, removed, message):
+    """A directory with a config.json and without the weights (or the tokenizer) passed start-up, and failed only in
+    bert_pretrain (bert_tokenizer), after the corpus had been prepared."""
+    write_checkpoint(tmp_path / "checkpoint", heads=True)
+    (tmp_path / "checkpoint" / removed).unlink()
+    with pytest.raises(FileNotFoundError, match=message):
+        validate(tiny_config(tmp_path, [f"pretrain.init_from={tmp_path / 'checkpoint'}"]))
+
+
+def test_an_init_from_that_is_a_file_missing_or_another_familys_model_says_which(tmp_path):
+    """A file or a path that does not exist was said to have "no config.json"; a GPT-2 directory without BERT's
+    tokenizer files was refused for the tokenizer, not for being GPT-2."""
+    (tmp_path / "weights.bin").write_bytes(b"")
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=100,
+                                                         bos_token_id=0, eos_token_id=0)).save_pretrained(
+        tmp_path / "gpt2")
+    for init_from, error, message in ((tmp_path / "weights.bin", FileNotFoundError, r"weights\.bin is a file;"),
+                                      (tmp_path / "nowhere", FileNotFoundError, r"nowhere does not exist;"),
+                                      (tmp_path / "gpt2", ValueError, r"gpt2 holds a 'gpt2' model; continued "
+                                                                      r"pretraining starts from a BERT")):
+        with pytest.raises(error, match=rf"^pretrain\.init_from=\S+{message}"):
+            validate(tiny_config(tmp_path, [f"pretrain.init_from={init_from}"]))
+
+
 def test_a_checkpoint_tokenizer_saved_truncating_and_padding_encodes_whole_texts(tmp_path):
     """all-MiniLM-L6-v2's tokenizer.json truncates and pads to 128: the examples stage, which encodes a shard's words
     in one call, failed ("11880 words came back as 613")."""

@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import random
+from unittest.mock import ANY
+
+import numpy as np
+import pytest
 
 from pipeline.downstream.baselines import bow_logreg_scores, w2v_mean_scores
 from pipeline.downstream.task_data import tsv_splits
@@ -75,3 +79,30 @@ def test_w2v_mean_learns_what_word2vec_learned_from_unlabelled_text(tmp_path):
     task = load_task("sst2")
     assert w2v_mean_scores(task, train, dev, seed=0, vectors=vectors)["accuracy"] > 0.9
     assert bow_logreg_scores(task, train, dev, seed=0)["accuracy"] < 0.7
+
+
+def test_a_min_count_that_leaves_no_vocabulary_names_the_key_and_the_count_that_would_work(tmp_path):
+    """A corpus whose words are all rare: gensim's own "you must first build vocabulary before training the model"
+    said nothing of word2vec.min_count."""
+    corpus = tmp_path / "sentences.txt"
+    corpus.write_text("the river ran on .\nthe garden slept .\nthe city woke .\n")
+    with pytest.raises(ValueError) as error:
+        train_word2vec(corpus, Word2VecConfig(vector_size=8, min_count=5), seed=1)
+    message = str(error.value)
+    assert "word2vec.min_count=5 leaves no vocabulary" in message
+    assert "9 distinct words" in message and "none occurs 5 times or more" in message
+    assert "set word2vec.min_count=3 or lower" in message  # 'the' and '.' occur three times
+    assert train_word2vec(corpus, Word2VecConfig(vector_size=8, min_count=3), seed=1).words[:2] in {
+        ("the", "."), (".", "the")}
+
+
+def test_coverage_counts_the_tasks_words_with_a_vector_and_leaves_punctuation_out():
+    from data_prep.corpus.word_vectors import WordVectors
+    from pipeline.downstream.baselines import w2v_mean_coverage, word_coverage
+
+    vectors = WordVectors((".", "ship", "sea"), np.ones((3, 2), dtype=np.float32))
+    assert word_coverage(["The ship .", "A ship , at sea !"], vectors) == 3 / 6
+    train, dev = TaskSplit(["the ship ."], ["a sea"], [1]), TaskSplit(["the boat ."], None, [0])
+    assert w2v_mean_coverage("pairs", train, dev, vectors, min_coverage=0.5) == {"coverage": 0.3333,
+                                                                                "coverage_warning": ANY}
+    assert w2v_mean_coverage("pairs", train, dev, vectors, min_coverage=0.3) == {"coverage": 0.3333}

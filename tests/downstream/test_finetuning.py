@@ -480,3 +480,46 @@ def test_a_run_without_model_kinds_gives_the_baselines_alone(tmp_path):
     assert sorted((row["model"], str(row["train_size"])) for row in results) == [
         ("bow_logreg", "20"), ("bow_logreg", "None"), ("majority_class", "None")]
     assert {row["train_examples"] for row in results if row["train_size"] is None} == {160}
+
+
+def test_a_word2vec_baseline_that_covers_too_few_of_the_tasks_words_says_so_beside_its_row(ctx, tmp_path, capsys):
+    """A corpus of rare words left word2vec the vocabulary ['.']: w2v_mean was the mean of no word, zeros, and scored
+    like a real baseline. Its rows carry the share of the task's words it covers, and below
+    finetune.w2v_min_coverage the stage and the report's table say it is no real baseline."""
+    from pipeline.report.report import write_report
+
+    word2vec = tmp_path / "word2vec"
+    word2vec.mkdir()
+    (word2vec / "words.txt").write_text(".")
+    np.save(word2vec / "vectors.npy", np.ones((1, 4), dtype=np.float32))
+    ctx.inputs["word2vec"] = word2vec
+    ctx.cfg.finetune.task, ctx.cfg.finetune.seeds, ctx.cfg.finetune.baselines = "sst2", [1], ["w2v_mean"]
+    rows = [r for r in finetuning.finetune(ctx)["results"] if r["model"] == "w2v_mean"]
+    warning = ("w2v_mean covers 0.0% of the words of task sst2, below finetune.w2v_min_coverage=0.5: its features are "
+               "the mean of a few words of a sentence, or zeros, so its score is not what word2vec learned (its "
+               "vocabulary: 1); pretrain on more text (or text nearer the task), or lower word2vec.min_count")
+    assert [(r["coverage"], r["coverage_warning"]) for r in rows] == [(0.0, warning)]
+    assert f"WARNING: {warning}" in capsys.readouterr().out
+    assert not any("coverage" in r for r in json.loads((ctx.out_dir / "results.json").read_text())
+                   if r["model"] != "w2v_mean")
+    (tmp_path / "report").mkdir()
+    md = write_report({"finetune": ctx.out_dir}, tmp_path / "report", "unit")["results_md"].read_text()
+    assert "| w2v_mean (covers 0% of the task's words; BELOW finetune.w2v_min_coverage: not a real baseline) | sst2 |" \
+        in md
+    assert f"**WARNING**: {warning}" in md
+
+
+def test_train_sizes_of_one_example_and_one_of_each_label_fit_the_baselines_too(ctx):
+    """finetune.train_sizes=[1,2]: the models trained on them, then bow_logreg failed the stage with scikit-learn's
+    "needs samples of at least 2 classes" (one example) and "n_splits=2 cannot be greater than the number of members
+    in each class" (one of each label)."""
+    ctx.cfg.finetune.task, ctx.cfg.finetune.seeds, ctx.cfg.finetune.train_sizes = "sst2", [1], [1, 2]
+    finetuning.finetune(ctx)
+    results = json.loads((ctx.out_dir / "results.json").read_text())
+    cells = {(r["model"], r["train_examples"]): r["score"] for r in results}
+    assert set(cells) == {("bert", 1), ("bert", 2), ("bow_logreg", 1), ("bow_logreg", 2), ("majority_class", 32)}
+    dev = [label for _, label in (line.rsplit("\t", 1) for line in
+                                  (Path(ctx.cfg.finetune.data_dir) / "SST-2" / "dev.tsv").read_text().split("\n")[1:]
+                                  if line)]
+    # one example: its label for every dev sentence
+    assert cells["bow_logreg", 1] in {dev.count("0") / len(dev), dev.count("1") / len(dev)}

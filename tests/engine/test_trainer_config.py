@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.profilers import SimpleProfiler
 
 from pipeline import CONF_DIR
+from pipeline.engine import training
 from pipeline.engine.dag import MARKER, StageContext
 from pipeline.engine.training import make_trainer
 from pipeline.runner import validate
@@ -31,6 +32,25 @@ def test_a_trainer_argument_on_the_command_line_reaches_the_trainer(tmp_path):
     assert [c for c in trainer.callbacks if isinstance(c, Timer)]  # what max_time adds
     _, trainer = built_trainer(tmp_path, ["+trainer.limit_train_batches=7"])
     assert trainer.limit_train_batches == 7
+
+
+@pytest.mark.parametrize("bf16_instructions", [False, True])
+def test_bf16_on_a_cpu_without_bf16_instructions_is_warned_about_once(tmp_path, monkeypatch, capsys,
+                                                                     bf16_instructions):
+    """trainer.precision=bf16-mixed on such a CPU trained ~12x slower than fp32 without a word; fp32 and a CPU that
+    computes bf16 say nothing, and a stage that builds many Trainers (finetune) says it once."""
+    monkeypatch.setattr(training, "cpu_computes_bf16", lambda: bf16_instructions)
+    training.warn_if_bf16_is_emulated.cache_clear()
+    for _ in range(2):
+        _, trainer = built_trainer(tmp_path, ["trainer.precision=bf16-mixed"])
+    built_trainer(tmp_path, ["trainer.precision=32-true"])
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("WARNING: trainer.precision")]
+    assert trainer.precision == "bf16-mixed"  # warned about, not changed
+    assert warnings == [] if bf16_instructions else warnings == [
+        "WARNING: trainer.precision=bf16-mixed on a CPU without bf16 instructions (neither AMX nor AVX512-BF16): torch "
+        "emulates bf16 here, many times slower than fp32; set trainer.precision=32-true, or trainer.precision=auto, "
+        "which picks bf16 only where the CPU computes it"]
+    training.warn_if_bf16_is_emulated.cache_clear()
 
 
 def test_debug_options_set_the_trainer_arguments_they_name(tmp_path):

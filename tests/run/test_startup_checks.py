@@ -184,3 +184,10 @@ def test_a_task_data_dir_that_is_a_file_is_called_a_file(tmp_path):
     cfg.finetune.data_dir = str(train)
     _fails_before_any_stage(cfg, NotADirectoryError, rf"finetune.data_dir={train} is a file, not a directory; pass "
                                                      rf"the directory that holds .*finetune.data_dir={train.parent}\)")
+
+
+def test_fp16_autocast_on_the_cpu_fails_at_start_up_instead_of_turning_into_bf16(tmp_path):
+    """Lightning replaced trainer.precision=16-mixed on the CPU by bf16-mixed, with a warning in a stage's log."""
+    _fails_before_any_stage(tiny_config(tmp_path, ["trainer.precision=16-mixed"]), ValueError,
+                            r"^trainer\.precision=16-mixed: fp16 autocast needs a CUDA GPU, and on the CPU Lightning "
+                            r"trains in bf16-mixed in its place; set trainer\.precision=bf16-mixed, 32-true or auto$")

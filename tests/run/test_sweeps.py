@@ -123,15 +123,25 @@ def _sweep_in_process(tmp_path: Path, task_function, *overrides: str) -> Path:
     return sweep_dir
 
 
-def test_trials_run_side_by_side_where_the_cpus_allow_and_the_best_is_written(tmp_path, ray_session):
-    # the session's Ray has 2 CPUs and each trial's stages would reserve ray.num_cpus=1: two at a time
-    sweep_dir = _sweep_in_process(tmp_path, sweep_tasks.objective_and_interval, "ray.num_cpus=1",
-                                  "hydra.sweeper.n_trials=2")
+def test_trials_run_side_by_side_where_the_cpus_allow_and_the_best_is_written(tmp_path, ray_session, monkeypatch):
+    """Side by side as the sweeper hands the trials to Ray: both in flight before it waits for either (each trial's
+    task reserves no CPU; its stages reserve ray.num_cpus=1 of the session Ray's 2). Not by the trials' clocks, which
+    overlapped only where a fresh Ray worker started within a trial's patience, and not on a loaded machine."""
+    import ray
+
+    in_flight, wait = [], ray.wait
+
+    def counted_wait(refs, **kwargs):
+        in_flight.append(len(refs))
+        return wait(refs, **kwargs)
+
+    monkeypatch.setattr(ray, "wait", counted_wait)
+    sweep_dir = _sweep_in_process(tmp_path, sweep_tasks.objective, "ray.num_cpus=1", "hydra.sweeper.n_trials=2")
+    assert in_flight == [2, 1]  # both trials submitted at once, then the one left
     results = OmegaConf.load(sweep_dir / "optimization_results.yaml")
     assert sorted(t.number for t in results.trials) == [0, 1]
     best = max(results.trials, key=lambda t: t.value)
     assert (results.best_value, results.best_params) == (best.value, best.params)
-    intervals = []
     for trial in results.trials:
         params = trial.params
         assert trial.value == params["finetune.lr"] * 1e5 + params["finetune.epochs"]
@@ -139,9 +149,6 @@ def test_trials_run_side_by_side_where_the_cpus_allow_and_the_best_is_written(tm
         assert run_dir == sweep_dir / str(trial.number)
         overrides = OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")
         assert overrides[-2:] == [f"{key}={value}" for key, value in params.items()]
-        intervals.append(json.loads((run_dir / "interval.json").read_text()))
-    (_, first_end), (second_start, _) = sorted(intervals)
-    assert second_start < first_end, intervals
 
 
 @pytest.mark.parametrize("task_function, message", [
