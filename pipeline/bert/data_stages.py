@@ -82,6 +82,12 @@ def piece_vectors(ctx: StageContext) -> dict:
             "vector_size": hidden_size, "seconds": round(time.perf_counter() - started, 1)}
 
 
+def read_piece_vectors(stage_dir: Path) -> np.ndarray:
+    """The bert_piece_vectors stage's table (`stage_dir`: its output): one row per token id, NaN for a piece the corpus
+    never shows."""
+    return np.load(stage_dir / PIECE_VECTORS_FILE)
+
+
 def _tokenized_books(shard_path: Path, tok) -> list[list[list[int]]]:
     """The books of one sentence shard as lists of sentences of token ids, in shard order."""
     table = read_arrow(shard_path)

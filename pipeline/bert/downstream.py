@@ -1,7 +1,9 @@
 """BERT fine-tuned end to end on the downstream tasks (Devlin et al. 2019, §4; seed 003): each task encoded with the
-model's tokenizer, a task head on the encoder. Three kinds of `finetune.models`: `bert` (this run's encoder, of its
+model's tokenizer, a task head on the encoder. Four kinds of `finetune.models`: `bert` (this run's encoder, of its
 last pretraining phase), `bert_random` (the same architecture untrained: what pretraining must beat; fine-tuned with
-`bert` unless finetune.random_twins=false) and `bert_external` (`finetune.external_encoder`, an HF BERT directory).
+`bert` unless finetune.random_twins=false), `bert_w2v` (its control where pretraining starts from the piece vectors:
+the same architecture with those vectors as its word embeddings under random layers, no pretraining steps; fine-tuned
+with `bert` unless finetune.controls=false) and `bert_external` (`finetune.external_encoder`, an HF BERT directory).
 `bert` is also fine-tuned from each encoder snapshot of that phase (pretrain.encoder_snapshots), as `bert@<step>`."""
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 from omegaconf import DictConfig
 from safetensors.torch import load_file
 from torch import nn
@@ -18,15 +21,25 @@ from data_prep.corpus.tokenizer import checkpoint_tokenizer, encode_batch_ids, l
 from data_prep.tasks.conll import encode_tagged_sentences
 from data_prep.tasks.squad import read_squad, squad_features
 from models.bert import (
+    BertConfig,
     BertForPromptClassification,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
+    BertModel,
     load_pretrained,
 )
 from pipeline.bert.config import BertFinetuneConfig
 from pipeline.bert.data import EncodedPromptTask, EncodedTask, pad_classification_batch
-from pipeline.bert.pretrain import HEADS_FILE, encoder_stage
+from pipeline.bert.data_stages import read_piece_vectors
+from pipeline.bert.pretrain import (
+    HEADS_FILE,
+    PHASES,
+    encoder_stage,
+    pretraining_starts_from_piece_vectors,
+    scratch_encoder_config,
+    start_word_embeddings,
+)
 from pipeline.downstream.modules import (
     ClassificationModule,
     QuestionAnsweringModule,
@@ -45,17 +58,28 @@ if TYPE_CHECKING:  # the stage's typed settings; importing it at run time would 
     from pipeline.downstream.finetune import FinetuneConfig
 
 
+@dataclass(frozen=True)
+class PieceVectorStart:
+    """Where pretraining with pretrain.init_embeddings=word2vec starts, before its first step: the encoder's
+    architecture (`config`), freshly initialised, its word embeddings set to the bert_piece_vectors stage's `vectors`
+    (start_word_embeddings)."""
+    config: BertConfig
+    vectors: np.ndarray
+
+
 @dataclass
 class BertTaskModels:
     """An encoder directory and its tokenizer; `pretrained`: start from the encoder's weights, else from a fresh
-    initialisation of its architecture; `dropout`: the fine-tuned model's dropout rate (finetune.dropout), None to keep
-    the encoder's; `pooling`: what a sentence classifier reads (finetune.pooling)."""
-    encoder_dir: Path
+    initialisation of its architecture; `piece_vector_start`: instead of a directory, start where pretraining does
+    (`encoder_dir` None, `pretrained` false); `dropout`: the fine-tuned model's dropout rate (finetune.dropout), None to
+    keep the encoder's; `pooling`: what a sentence classifier reads (finetune.pooling)."""
+    encoder_dir: Path | None
     tokenizer: object
     encoding_key: str
     pretrained: bool = True
     dropout: float | None = None
     pooling: str = "cls"
+    piece_vector_start: PieceVectorStart | None = None
 
     def encode(self, task: DictConfig, data_dir: Path, finetune: FinetuneConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
@@ -63,12 +87,18 @@ class BertTaskModels:
                               seed, selection_fraction, self.pooling)
 
     def build(self, data: TaskData) -> nn.Module:
-        encoder = load_pretrained(self.encoder_dir)
+        start = self.piece_vector_start
+        # Reading an encoder builds one, which draws from the seed's random stream before the model is built; the
+        # control draws one of its architecture in that place, so that its head and layers are bert_random's at the
+        # same seed (and its head bert's): the kinds of a seed differ by where their encoder starts alone.
+        encoder = load_pretrained(self.encoder_dir) if start is None else BertModel(start.config)
         config = encoder.config
         if self.dropout is not None:
             config = replace(config, hidden_dropout_prob=self.dropout, attention_probs_dropout_prob=self.dropout)
         model = data.make_model(config)
-        if self.pretrained:
+        if start is not None:
+            start_word_embeddings(model.encoder.embeddings.word_embeddings, start.vectors)
+        elif self.pretrained:
             model.encoder.load_state_dict(encoder.state_dict())
             if isinstance(model, BertForPromptClassification):
                 model.load_prediction_head(load_file(str(self._heads_file())))
@@ -93,6 +123,46 @@ def _this_run(pretrained: bool):
     return load
 
 
+# `bert`'s control (FinetuneKind.control) where its pretraining starts from the piece vectors
+CONTROL = "bert_w2v"
+
+
+def _control(ctx: StageContext) -> BertTaskModels:
+    """bert_w2v: the start of this run's pretraining without its steps, with the tokenizer `bert` reads."""
+    tokenizer_dir = ctx.stage_dir("bert_tokenizer")
+    tokenizer = load_tokenizer(tokenizer_dir)
+    f = typed_settings(ctx.cfg.finetune, BertFinetuneConfig)
+    start = PieceVectorStart(scratch_encoder_config(ctx.cfg, tokenizer.get_vocab_size()),
+                             read_piece_vectors(ctx.stage_dir("bert_piece_vectors")))
+    return BertTaskModels(None, tokenizer, str(tokenizer_dir), pretrained=False, dropout=f.dropout,
+                          pooling=str(f.pooling), piece_vector_start=start)
+
+
+def _control_of_bert(cfg: DictConfig) -> str | None:
+    """`bert`'s control (FinetuneKind.control): bert_w2v where its pretraining starts from the piece vectors, the random
+    twin where it starts from random initialisation, none where it continues pretrain.init_from's checkpoint."""
+    if pretraining_starts_from_piece_vectors(cfg):
+        return CONTROL
+    return None if PHASES[0].settings(cfg).init_from else "bert_random"
+
+
+def check_control(cfg: DictConfig, stages: list[str]) -> None:
+    """Before any stage runs: bert_w2v only in a run whose pretraining starts from the piece vectors, where it is the
+    control; elsewhere it would be a second, mislabelled copy of what bert_random (or no kind) already is."""
+    from pipeline.downstream.finetune import finetune_settings  # at the top, it would import this module's family
+
+    if "finetune" in stages and CONTROL in finetune_settings(cfg).models and _control_of_bert(cfg) != CONTROL:
+        raise ValueError(f"finetune.models has {CONTROL}, the control of a BERT pretraining that starts from the piece "
+                         f"vectors, and this run's starts from {_pretraining_start(cfg)}, where "
+                         f"{_control_of_bert(cfg) or 'no kind'} is the control; remove {CONTROL} from finetune.models, "
+                         "or set pretrain.init_embeddings=word2vec (without pretrain.init_from)")
+
+
+def _pretraining_start(cfg: DictConfig) -> str:
+    init_from = PHASES[0].settings(cfg).init_from
+    return f"pretrain.init_from={init_from}" if init_from else "random initialisation (pretrain.init_embeddings=random)"
+
+
 def _external(ctx: StageContext) -> BertTaskModels:
     f = typed_settings(ctx.cfg.finetune, BertFinetuneConfig)
     if not f.external_encoder:
@@ -112,8 +182,10 @@ def _this_run_stages(cfg: DictConfig) -> tuple[str, ...]:
 
 
 FINETUNE_KINDS = {"bert": FinetuneKind(_this_run_stages, _this_run(pretrained=True), pretraining_stage=encoder_stage,
-                                       random_twin="bert_random"),
+                                       random_twin="bert_random", control=_control_of_bert),
                   "bert_random": FinetuneKind(_this_run_stages, _this_run(pretrained=False)),
+                  # what it reads leaves pretraining out: the control waits for no pretraining step
+                  CONTROL: FinetuneKind(lambda cfg: ("bert_tokenizer", "bert_piece_vectors"), _control),
                   "bert_external": FinetuneKind(lambda cfg: (), _external, fingerprint=_external_files)}
 
 

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import hydra
 import lightning as L
 import numpy as np
 import torch
@@ -36,7 +37,7 @@ from models.checkpoint import HF_WEIGHT_FILES, hf_weights_file
 from models.hf.bert import hf_incompatibility, to_hf
 from pipeline.bert.config import BertPretrainSettings
 from pipeline.bert.data import BertPretrainingCollator, MaskedBatches, PretrainingInstances
-from pipeline.bert.data_stages import PIECE_VECTORS_FILE
+from pipeline.bert.data_stages import read_piece_vectors
 from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import BertPretrainModule
 from pipeline.bert.settings import ExamplesConfig, TokenizerConfig
@@ -131,6 +132,12 @@ def starts_from_piece_vectors(phase: Phase, settings: BertPretrainSettings) -> b
     return not phase.init_from and not settings.init_from and settings.init_embeddings == "word2vec"
 
 
+def pretraining_starts_from_piece_vectors(cfg: DictConfig) -> bool:
+    """Whether this run's BERT pretraining starts its word embeddings from the piece vectors: phase 1's settings (a
+    phase 2 continues phase 1's weights)."""
+    return starts_from_piece_vectors(PHASES[0], PHASES[0].settings(cfg))
+
+
 def pretraining_upstream(phase: Phase, cfg: DictConfig) -> tuple[str, ...]:
     """What a phase reads: the tokenizer, its examples, the phase it continues, and the piece vectors its word
     embeddings start from (starts_from_piece_vectors)."""
@@ -156,6 +163,18 @@ def start_word_embeddings(word_embeddings: nn.Embedding, vectors: np.ndarray) ->
     return int(known.sum())
 
 
+def padded_vocab_size(vocab_size: int) -> int:
+    """The model's vocabulary for a tokenizer of `vocab_size` pieces: a multiple of 64 for matmul tiles."""
+    return -(-vocab_size // 64) * 64
+
+
+def scratch_encoder_config(cfg: DictConfig, vocab_size: int) -> BertConfig:
+    """The architecture of the encoder that phase 1 builds from `model` (not from pretrain.init_from's checkpoint) for
+    a tokenizer of `vocab_size` pieces: its encoder/ config, known without running it."""
+    config = OmegaConf.to_container(cfg.model.config, resolve=True)
+    return hydra.utils.instantiate({**config, "vocab_size": padded_vocab_size(vocab_size)})
+
+
 def encoder_stage(cfg: DictConfig) -> str:
     """The stage whose encoder the run's downstream stages read: its last pretraining phase in pipeline.stages."""
     in_run = [p.stage for p in PHASES if p.stage in stages_in_run(cfg)]
@@ -170,7 +189,7 @@ def _build_model(cfg: DictConfig, settings: BertPretrainSettings, vocab_size: in
         with open_dict(cfg):
             cfg.model._target_ = "models.electra.ElectraForPreTraining"
             cfg.model.generator_layers = settings.electra.generator_layers
-    padded = -(-vocab_size // 64) * 64  # a multiple of 64 for matmul tiles
+    padded = padded_vocab_size(vocab_size)
     if not settings.init_from:
         return instantiate_model(cfg, vocab_size=padded)
     start = Path(settings.init_from).expanduser()
@@ -260,7 +279,7 @@ class BertPretraining:
             _continue_from(model, ctx.stage_dir(self.phase.init_from))
         elif starts_from_piece_vectors(self.phase, p):
             start_word_embeddings(model.bert.embeddings.word_embeddings,
-                                  np.load(ctx.stage_dir("bert_piece_vectors") / PIECE_VECTORS_FILE))
+                                  read_piece_vectors(ctx.stage_dir("bert_piece_vectors")))
         # Kept as they start (Sentence-level transfer with frozen word2vec input layers, Kim 2014's "static" model):
         # at this compute masked LM pulls them towards what predicts a masked piece (frequency, syntax) and the
         # sentiment word2vec placed in them is lost (docs/pretraining_recipes.md)

@@ -88,6 +88,11 @@ class FinetuneConfig:
     # elmo_random, gpt_random, ...), listed or not: the gain over the same architecture untrained is what says whether
     # pretraining paid (Wieting & Kiela 2019), and the report states it. false: only the kinds listed.
     random_twins: bool = True
+    # And beside it its control where the run has one (FinetuneKind.control; bert_w2v for a BERT pretrained from the
+    # piece vectors): the same start without the pretraining steps, by the same recipe, listed or not. A start of
+    # word vectors can carry most of what the pretrained kind gains over its random twin, so only the gain over the
+    # control says what pretraining itself bought; the report states both. false: no control that is not listed.
+    controls: bool = True
     # Rows fitted beside the models (TSV classification tasks): majority_class, once; bow_logreg (TF-IDF uni+bigrams)
     # and w2v_mean (word2vec trained on this run's pretraining corpus, the `word2vec` block) with a logistic
     # regression, on the same labelled subsets as the models, at every train size and seed: a pretrained encoder
@@ -147,19 +152,28 @@ def finetune_settings(cfg: DictConfig) -> FinetuneConfig:
     return typed_settings(cfg.finetune, FinetuneConfig)
 
 
-def finetune_kinds(f: FinetuneConfig) -> dict[str, FinetuneKind]:
+def finetune_kinds(cfg: DictConfig, f: FinetuneConfig) -> dict[str, FinetuneKind]:
     """The kinds `finetune.models` names (names the config schema allows), each followed by its random-init twin
-    where it has one and finetune.random_twins is on."""
+    where it has one and finetune.random_twins is on, and by its control in a run of `cfg` where that is another kind
+    than the twin and finetune.controls is on; a kind comes once, where it first came."""
     names = []
     for name in f.models:
-        twin = MODEL_KINDS[name].random_twin if f.random_twins else None
-        names += [name, twin] if twin else [name]
-    return {name: MODEL_KINDS[name] for name in dict.fromkeys(names)}
+        kind = MODEL_KINDS[name]
+        control = kind.control(cfg) if f.controls else None
+        names += [name, kind.random_twin if f.random_twins else None,
+                  control if control != kind.random_twin else None]
+    return {name: MODEL_KINDS[name] for name in dict.fromkeys(names) if name}
+
+
+def controls_in_run(cfg: DictConfig, kinds: dict[str, FinetuneKind]) -> dict[str, str]:
+    """Each of `kinds` (those the run fine-tunes) whose control (FinetuneKind.control) is fine-tuned too -> the
+    control's name: the rows the report sets beside each other."""
+    return {name: control for name, kind in kinds.items() if (control := kind.control(cfg)) in kinds}
 
 
 def finetune_upstream(cfg: DictConfig) -> tuple[str, ...]:
     f = finetune_settings(cfg)
-    stages = [stage for kind in finetune_kinds(f).values() for stage in kind.upstream(cfg)]
+    stages = [stage for kind in finetune_kinds(cfg, f).values() for stage in kind.upstream(cfg)]
     if "w2v_mean" in f.baselines:
         stages.append(WORD2VEC.name)
     return tuple(dict.fromkeys(stages))
@@ -248,7 +262,7 @@ def model_sources(ctx: StageContext, f: FinetuneConfig) -> dict[str, tuple[TaskM
     """Each kind in finetune.models, loaded once for every task and seed, with the pretraining steps of its encoder
     where its pretraining stage wrote encoder snapshots (else None); and each of those snapshots, as <kind>@<step>."""
     sources = {}
-    for name, kind in finetune_kinds(f).items():
+    for name, kind in finetune_kinds(ctx.cfg, f).items():
         stage = kind.pretraining_stage(ctx.cfg) if kind.pretraining_stage else None
         snapshots = encoder_snapshots(ctx.stage_dir(stage)) if stage else {}
         final = steps_trained(ctx.stage_dir(stage)) if snapshots else None
@@ -277,7 +291,8 @@ def finetune_once(ctx: StageContext, f: FinetuneConfig, task: DictConfig, data: 
     prefix = f"{task.name}/{kind}/n{len(train_indices)}/seed{seed}"
     encoder = getattr(model, "encoder", None)  # None: a head on frozen features, nothing of the encoder trains
     # What keeps pretrained features (frozen embeddings, slower lower layers) is for a pretrained encoder: a random
-    # twin has nothing to keep, and frozen random vectors or slowed random layers would handicap the comparison.
+    # twin has nothing to keep, and frozen random vectors or slowed random layers would handicap the comparison. A
+    # control keeps its start as the pretrained kind does, so that the two differ by the pretraining steps alone.
     pretrained = kind not in TWINS
     frozen = word_embeddings(encoder) if f.freeze_embeddings and encoder is not None and pretrained else None
     if f.linear_probe_epochs and encoder is not None:
@@ -411,7 +426,11 @@ def finetune(ctx: StageContext) -> dict:
             rows += _subset_baseline_rows(ctx, f, task, data_dir, scored_on, task_sizes)
         if task.format == "seq2seq" and "lead_n" in f.baselines:
             rows += _lead_n_rows(task, data_dir, f, ctx.cfg.seed, scored_on)
-    results = _aggregate(rows)
+    # each pretrained kind's rows name the kind that is its control in this run: the report cannot tell from the rows
+    # whether a random twin is also the control
+    controls = controls_in_run(ctx.cfg, finetune_kinds(ctx.cfg, f))
+    results = [{**row, "control": controls[row["model"]]} if row["model"] in controls else row
+               for row in _aggregate(rows)]
     write_json_atomically(ctx.out_dir / "results.json", results)
     return {"results": headline_results(results)}
 
@@ -511,7 +530,7 @@ def _finetune_fingerprint(cfg: DictConfig) -> str:
     cache_dir = cache_dir_of(cfg)
     parts = [task_data_fingerprint(load_task(name), f.data_dir, cache_dir,
                                    allow_outside=f.allow_files_outside_data_dir) for name in task_names(f.task)]
-    parts += [kind.fingerprint(cfg) for kind in finetune_kinds(f).values()]
+    parts += [kind.fingerprint(cfg) for kind in finetune_kinds(cfg, f).values()]
     return hashlib.sha256("".join(parts).encode()).hexdigest()
 
 

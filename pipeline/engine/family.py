@@ -65,6 +65,12 @@ class FinetuneKind:
     # the kind that fine-tunes the same architecture from random initialisation: the report states what pretraining
     # gained over it
     random_twin: str | None = None
+    # The kind that is this one's control in a run of cfg: the same architecture from the same start as its
+    # pretraining (BERT's piece vectors under random layers), fine-tuned by the same recipe, with no pretraining
+    # steps. The gain over the random twin is what the start and the pretraining bought together, the gain over the
+    # control what pretraining itself bought. Where pretraining starts from random initialisation the control is the
+    # random twin, named here too; None: the run has none (a start no kind reproduces, such as a checkpoint's).
+    control: Callable[[DictConfig], str | None] = lambda cfg: None
 
 
 @dataclass(frozen=True)

@@ -149,49 +149,82 @@ def frozen_vs_random(rows: list[dict]) -> list[str]:
         if lines else []
 
 
+def _seeds_ahead(row: dict, other: dict) -> tuple[int, int]:
+    """On how many of the seeds both rows have a score `row` scored higher, and of how many."""
+    pairs = [(a, b) for a, b in zip(row.get("per_seed") or [], other.get("per_seed") or [])
+             if a is not None and b is not None]
+    return sum(a > b for a, b in pairs), len(pairs)
+
+
+# What the difference to each kind a pretrained kind is set beside measures (_compared's roles)
+COMPARISONS = {
+    "twin": "{name} is the random twin: the difference is what the start and the pretraining bought together",
+    "control": "{name} is the control, the same start without pretraining steps: the difference is what pretraining "
+               "itself bought",
+    "twin and control": "{name} is the control too: pretraining started from random initialisation",
+}
+
+
+def _compared(row: dict) -> list[tuple[str, str]]:
+    """The kinds a pretrained row is set beside, each with its role (COMPARISONS): its random twin
+    (FinetuneKind.random_twin) and its control in the run that wrote the row (the row's `control`, from
+    pipeline.downstream.finetune.controls_in_run), which may be the twin."""
+    twin = MODEL_KINDS[row["model"]].random_twin if row["model"] in MODEL_KINDS else None
+    control = row.get("control")
+    if control is not None and control == twin:
+        return [(twin, "twin and control")]
+    return [(name, role) for name, role in ((twin, "twin"), (control, "control")) if name is not None]
+
+
 def pretrained_vs_random(rows: list[dict]) -> list[str]:
-    """One line per pretrained model kind, task and metric: the mean difference to its random-init twin
-    (FinetuneKind.random_twin) and on how many seeds the pretrained one was ahead (a mean can hide one collapsed
-    seed)."""
+    """One line per pretrained model kind, task, metric and kind it is set beside (its random-init twin, and its
+    control where that is another kind): the mean difference and on how many seeds the pretrained one was ahead (a
+    mean can hide one collapsed seed); a line of a control says what it measures."""
     by_key = {(r["model"], r["task"], r["metric"]): r for r in rows}
     lines = []
     for (model, task, metric), row in by_key.items():
-        name = MODEL_KINDS[model].random_twin if model in MODEL_KINDS else None
-        twin = by_key.get((name, task, metric))
-        if twin is None or not row.get("per_seed") or not twin.get("per_seed"):
-            continue
-        if undefined := [kind for kind, r in ((model, row), (name, twin)) if r["seeds"] == 0]:
-            lines.append(f"- {task} {metric}: {model} - {name} undefined: no seed of {' or '.join(undefined)} has a "
-                         "defined score")
-            continue
-        pairs = [(a, b) for a, b in zip(row["per_seed"], twin["per_seed"]) if a is not None and b is not None]
-        ahead = sum(a > b for a, b in pairs)
-        lines.append(f"- {task} {metric}: {model} - {name} = {row['score'] - twin['score']:+.4f} "
-                     f"(mean over seeds); {model} ahead on {ahead} of {len(pairs)} seeds")
+        for name, role in _compared(row):
+            other = by_key.get((name, task, metric))
+            if other is None or not row.get("per_seed") or not other.get("per_seed"):
+                continue
+            if undefined := [kind for kind, r in ((model, row), (name, other)) if r["seeds"] == 0]:
+                lines.append(f"- {task} {metric}: {model} - {name} undefined: no seed of {' or '.join(undefined)} has "
+                             "a defined score")
+                continue
+            ahead, seeds = _seeds_ahead(row, other)
+            lines.append(f"- {task} {metric}: {model} - {name} = {row['score'] - other['score']:+.4f} "
+                         f"(mean over seeds); {model} ahead on {ahead} of {seeds} seeds"
+                         + ("" if role == "twin" else f" ({COMPARISONS[role].format(name=name)})"))
     return [""] + lines if lines else []
 
 
 def pretraining_gains(rows: list[dict]) -> list[str]:
     """One line per pretrained model kind, task, metric and number of labelled examples: its mean difference to its
-    random-init twin (and on how many seeds it was ahead) and to each baseline fitted on the same examples
-    (w2v_mean: is the pretrained encoder better than word2vec on the same text?)."""
+    random-init twin and to its control where that is another kind (each with on how many seeds it was ahead), and
+    to each baseline fitted on the same examples (w2v_mean: is the pretrained encoder better than word2vec on the
+    same text?); where a control is in the table, what the differences to it and to the twin measure."""
     by_key = {(r["model"], r["task"], r["metric"], r["train_examples"]): r for r in rows}
     baselines = [b for b in SUBSET_BASELINES if any(r["model"] == b for r in rows)]
-    lines = []
+    lines, roles = [], {}
     for (model, task, metric, examples), row in by_key.items():
-        twin_name = MODEL_KINDS[model].random_twin if model in MODEL_KINDS else None
-        twin = by_key.get((twin_name, task, metric, examples))
-        if twin is None:
+        compared = [(name, role) for name, role in _compared(row) if (name, task, metric, examples) in by_key]
+        if not compared:
             continue
-        pairs = [(a, b) for a, b in zip(row.get("per_seed") or [], twin.get("per_seed") or [])
-                 if a is not None and b is not None]
-        parts = [f"{model} - {twin_name} = {row['score'] - twin['score']:+.4f} (ahead on "
-                 f"{sum(a > b for a, b in pairs)} of {len(pairs)} seeds)"]
+        parts = []
+        for name, role in compared:
+            other = by_key[name, task, metric, examples]
+            ahead, seeds = _seeds_ahead(row, other)
+            parts.append(f"{model} - {name} = {row['score'] - other['score']:+.4f} (ahead on {ahead} of {seeds} seeds)")
+            roles[name, role] = None
         parts += [f"{model} - {b} = {row['score'] - by_key[b, task, metric, examples]['score']:+.4f}"
                   for b in baselines if (b, task, metric, examples) in by_key]
         lines.append(f"- {task} {metric}, {examples} examples: " + "; ".join(parts))
-    return ["", "What pretraining bought, at each number of labelled examples (mean over seeds):", *lines] \
-        if lines else []
+    if not lines:
+        return []
+    # a run without controls keeps the plain heading: a difference to the twin is all it states
+    told = [] if all(role == "twin" for _, role in roles) else \
+        [f"{COMPARISONS[role].format(name=name)}." for name, role in roles]
+    return ["", "What pretraining bought, at each number of labelled examples (mean over seeds):", *told, *lines]
 
 
 def _label_efficiency_section(rows: list[dict], out: Path, title: str, figures: dict[str, Path]) -> list[str]:

@@ -1,13 +1,22 @@
 """pretrain.init_embeddings=word2vec: BERT's word embeddings start from skip-gram vectors of the corpus's WordPiece
-pieces (the piece_vectors stage), and pretrain.freeze_embeddings keeps them as they start."""
+pieces (the piece_vectors stage), and pretrain.freeze_embeddings keeps them as they start; fine-tuning sets `bert`
+beside its control, bert_w2v, that start without the pretraining steps."""
+import json
+
+import lightning as L
 import numpy as np
 import pytest
 import torch
 
 from data_prep.corpus.tokenizer import load_tokenizer
 from models.bert import load_pretrained
-from pipeline.bert.data_stages import PIECE_VECTORS_FILE
+from pipeline.bert.data_stages import PIECE_VECTORS_FILE, read_piece_vectors
 from pipeline.bert.pretrain import start_word_embeddings
+from pipeline.downstream.finetune import finetune_settings, model_sources, scored_tasks
+from pipeline.downstream.tasks import resolve_task_dir
+from pipeline.engine.dag import StageContext
+from pipeline.engine.settings import cache_dir_of
+from pipeline.report.report import write_report
 from tests.helpers import TinyRun, tiny_config
 
 WORD2VEC = ["pretrain.init_embeddings=word2vec", "word2vec.epochs=50"]
@@ -60,3 +69,58 @@ def test_unfrozen_word2vec_embeddings_start_there_and_move(tmp_path, ray_session
     known = torch.from_numpy(~np.isnan(vectors).any(axis=1))
     moved = (model.embeddings.word_embeddings.weight.detach()[:len(known)] - start[:len(known)])[known].abs()
     assert moved.max() > 1e-3  # pretraining moved them from where word2vec put them
+
+
+def test_the_control_starts_where_pretraining_did_with_the_layers_and_head_of_bert_random(run, tmp_path):
+    """bert_w2v: the pretrained encoder's architecture and tokenizer, its word embeddings the piece vectors exactly as
+    pretraining set them (frozen there, so they are the pretrained encoder's too), every other weight a fresh
+    initialisation of the fine-tuning seed: bert_random's at that seed, the head bert's."""
+    run.run_stage("bert_pretrain")  # read back where a test before ran it
+    cfg, f = run.cfg, finetune_settings(run.cfg)
+    ctx = StageContext(cfg, "finetune", tmp_path, {name: run.stage_dir(name) for name in (
+        "bert_tokenizer", "bert_pretrain", "bert_piece_vectors")})
+    sources = {kind: models for kind, (models, _) in model_sources(ctx, f).items()}
+    assert list(sources) == ["bert", "bert_random", "bert_w2v"]
+    encoder = load_pretrained(run.stage_dir("bert_pretrain") / "encoder")
+    assert sources["bert_w2v"].piece_vector_start.config == encoder.config
+    assert sources["bert_w2v"].encoding_key == sources["bert"].encoding_key  # the same tokenizer: encoded once
+    task = scored_tasks(f)[0]
+    data = sources["bert"].encode(task, resolve_task_dir(task, f.data_dir, cache_dir_of(cfg)), f, cfg.seed, None)
+
+    def built(kind: str, seed: int = 1) -> dict[str, torch.Tensor]:
+        L.seed_everything(seed, workers=True, verbose=False)  # as finetune_once seeds each (kind, seed)
+        return sources[kind].build(data).state_dict()
+
+    control, twin, pretrained = built("bert_w2v"), built("bert_random"), built("bert")
+    words = "bert.embeddings.word_embeddings.weight"
+    known = torch.from_numpy(~np.isnan(read_piece_vectors(run.stage_dir("bert_piece_vectors"))).any(axis=1))
+    pieces = len(known)
+    assert torch.equal(control[words][:pieces][known], pretrained[words][:pieces][known])
+    assert not torch.equal(control[words][:pieces][known], twin[words][:pieces][known])
+    # a piece the corpus never shows, or a row of the padding to 64, keeps its fresh initialisation, as in pretraining
+    assert torch.equal(control[words][:pieces][~known], twin[words][:pieces][~known])
+    assert torch.equal(control[words][pieces:], twin[words][pieces:])
+    assert control.keys() == twin.keys() == pretrained.keys()
+    assert all(torch.equal(control[name], twin[name]) for name in control if name != words)
+    layer = "bert.encoder.layer.0.attention.self.query.weight"
+    assert not torch.equal(control[layer], pretrained[layer])  # no pretraining step
+    head = [name for name in control if not name.startswith("bert.")]
+    assert head and all(torch.equal(control[name], pretrained[name]) for name in head)
+    assert not torch.equal(built("bert_w2v", seed=2)[layer], control[layer])  # each seed draws its own layers
+
+
+def test_fine_tuning_and_the_report_set_bert_beside_its_random_twin_and_its_control(run, tmp_path):
+    for stage in ("bert_pretrain", "word2vec"):
+        run.run_stage(stage)
+    rows = run.run_stage("finetune")["results"]
+    assert [r["model"] for r in rows][:3] == ["bert", "bert_random", "bert_w2v"]
+    stored = json.loads((run.stage_dir("finetune") / "results.json").read_text())
+    assert {r["model"]: r.get("control") for r in stored}["bert"] == "bert_w2v"  # what the report pairs
+    assert not any("control" in r for r in stored if r["model"] != "bert")
+    out = tmp_path / "report"
+    out.mkdir()
+    md = write_report({"finetune": run.stage_dir("finetune")}, out, "unit")["results_md"].read_text()
+    assert "| bert_w2v | sst2 | accuracy |" in md
+    assert "- sst2 accuracy: bert - bert_random = " in md
+    assert "- sst2 accuracy: bert - bert_w2v = " in md and "(bert_w2v is the control, the same start without " \
+        "pretraining steps: the difference is what pretraining itself bought)" in md

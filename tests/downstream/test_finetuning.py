@@ -56,7 +56,8 @@ def ctx(tmp_path) -> StageContext:
             "+experiment=bert_tiny", f"paths.run_dir={tmp_path}", f"paths.cache_dir={tmp_path / 'cache'}",
             "logger=csv", "trainer.precision=32-true", "finetune.task=[sst2,stsb,conll2003]",
             f"finetune.data_dir={glue}", "finetune.models=[bert]", "finetune.seeds=[1,2]",
-            "finetune.random_twins=false",  # each test fine-tunes the kinds it names, and no others
+            # each test fine-tunes the kinds it names, and no others
+            "finetune.random_twins=false", "finetune.controls=false",
             "finetune.baselines=[majority_class,bow_logreg]",  # no word2vec stage in these contexts
             "finetune.train_sizes=[null]", "finetune.min_steps=0",
             "finetune.epochs=1", "finetune.batch_size=8", "finetune.max_seq_length=16"])
@@ -208,18 +209,71 @@ def test_train_sizes_draw_stratified_subsets_deterministic_per_seed():
     assert len(set(unlabelled.tolist())) == 10
 
 
+def _kinds(ctx) -> list[str]:
+    return list(finetuning.finetune_kinds(ctx.cfg, finetuning.finetune_settings(ctx.cfg)))
+
+
 def test_each_pretrained_kind_is_fine_tuned_beside_its_random_twin(ctx):
     ctx.cfg.finetune.random_twins = True  # the default (pipeline/config.py)
-    def kinds() -> list[str]:
-        return list(finetuning.finetune_kinds(finetuning.finetune_settings(ctx.cfg)))
+    ctx.cfg.pretrain.init_embeddings = "random"  # where the random twin is BERT's control too
 
     ctx.cfg.finetune.models = ["gpt", "bert", "bert_external", "elmo_random"]
-    assert kinds() == ["gpt", "gpt_random", "bert", "bert_random", "bert_external", "elmo_random"]
+    assert _kinds(ctx) == ["gpt", "gpt_random", "bert", "bert_random", "bert_external", "elmo_random"]
     ctx.cfg.finetune.models = ["bert_random", "bert"]  # listed already: once, where the user put it
-    assert kinds() == ["bert_random", "bert"]
+    assert _kinds(ctx) == ["bert_random", "bert"]
     ctx.cfg.finetune.random_twins = False
     ctx.cfg.finetune.models = ["gpt", "bert"]
-    assert kinds() == ["gpt", "bert"]
+    assert _kinds(ctx) == ["gpt", "bert"]
+
+
+def test_a_bert_pretrained_from_the_piece_vectors_is_fine_tuned_beside_its_control_without_pretraining(ctx):
+    """bert_tiny's pretraining starts from the piece vectors: its control bert_w2v (that start, no pretraining steps)
+    comes with `bert` like the random twin, unless finetune.controls=false; from random initialisation the twin is the
+    control, fine-tuned once, and a continued pretraining has none."""
+    ctx.cfg.finetune.random_twins = ctx.cfg.finetune.controls = True  # the defaults (pipeline/config.py)
+    ctx.cfg.finetune.models = ["bert", "gpt"]
+    assert _kinds(ctx) == ["bert", "bert_random", "bert_w2v", "gpt", "gpt_random"]
+    assert finetuning.controls_in_run(ctx.cfg, finetuning.finetune_kinds(
+        ctx.cfg, finetuning.finetune_settings(ctx.cfg))) == {"bert": "bert_w2v"}
+    # it reads the piece vectors and the tokenizer, and waits for no pretraining step
+    assert set(finetuning.finetune_upstream(ctx.cfg)) >= {"bert_pretrain", "bert_piece_vectors"}
+    ctx.cfg.finetune.models = ["bert_w2v"]
+    assert finetuning.finetune_upstream(ctx.cfg) == ("bert_tokenizer", "bert_piece_vectors")
+    ctx.cfg.finetune.models = ["bert_w2v", "bert"]  # listed already: once, where the user put it
+    assert _kinds(ctx) == ["bert_w2v", "bert", "bert_random"]
+    ctx.cfg.finetune.models = ["bert"]
+    ctx.cfg.finetune.random_twins = False
+    assert _kinds(ctx) == ["bert", "bert_w2v"]
+    ctx.cfg.finetune.controls = False
+    assert _kinds(ctx) == ["bert"]
+
+    ctx.cfg.finetune.random_twins = ctx.cfg.finetune.controls = True
+    ctx.cfg.pretrain.init_embeddings = "random"
+    kinds = finetuning.finetune_kinds(ctx.cfg, finetuning.finetune_settings(ctx.cfg))
+    assert list(kinds) == ["bert", "bert_random"] and finetuning.controls_in_run(ctx.cfg, kinds) == {
+        "bert": "bert_random"}
+    ctx.cfg.finetune.random_twins = False  # the twin comes with finetune.random_twins, control or not
+    assert _kinds(ctx) == ["bert"]
+    ctx.cfg.finetune.random_twins = True
+    ctx.cfg.pretrain.update(init_embeddings="word2vec", init_from=str(ctx.inputs["bert_pretrain"]))
+    kinds = finetuning.finetune_kinds(ctx.cfg, finetuning.finetune_settings(ctx.cfg))
+    assert list(kinds) == ["bert", "bert_random"] and finetuning.controls_in_run(ctx.cfg, kinds) == {}
+
+
+@pytest.mark.parametrize("continued", [False, True])
+def test_bert_w2v_is_refused_where_pretraining_does_not_start_from_the_piece_vectors(continued, tmp_path):
+    from pipeline.runner import validate
+
+    checkpoint = tmp_path / "hf_bert"
+    to_hf(BertModel(bert_config("bert_tiny", vocab_size=128, max_position_embeddings=128)), checkpoint)
+    override, start = ((f"pretrain.init_from={checkpoint}", f"pretrain.init_from={checkpoint}") if continued else
+                       ("pretrain.init_embeddings=random", "random initialisation"))
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["+experiment=bert_tiny", f"paths.run_dir={tmp_path}",
+                                                        "finetune.models=[bert,bert_w2v]", override])
+    with pytest.raises(ValueError, match=f"finetune.models has bert_w2v, .* starts from {re.escape(start)}.* "
+                                         "remove bert_w2v from finetune.models"):
+        validate(cfg)
 
 
 def test_small_train_sizes_get_at_least_min_steps():

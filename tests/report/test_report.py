@@ -381,6 +381,65 @@ def test_the_label_efficiency_section_says_what_pretraining_bought_against_the_t
                          "bert - w2v_mean = -0.0100"]
 
 
+def test_what_pretraining_bought_states_the_gain_over_the_twin_and_over_the_control_at_each_size():
+    """A pretraining that starts from word vectors: over the random twin, what the start and the pretraining bought
+    together; over the control (the same start, no pretraining steps), what pretraining itself bought, ahead or
+    behind, with the seeds on which it was ahead."""
+    from pipeline.report.report import pretraining_gains
+
+    def row(model, examples, per_seed, control=None):
+        return {"model": model, "task": "rt", "metric": "accuracy", "train_examples": examples,
+                "score": round(sum(per_seed) / len(per_seed), 4), "per_seed": per_seed,
+                **({"control": control} if control else {})}
+
+    lines = pretraining_gains([row("bert", 300, [0.69, 0.72, 0.69], "bert_w2v"),
+                               row("bert_random", 300, [0.62, 0.58, 0.60]),
+                               row("bert_w2v", 300, [0.70, 0.71, 0.72]),  # ahead of bert: pretraining bought nothing
+                               row("w2v_mean", 300, [0.71, 0.71, 0.71]),
+                               row("bert", 1000, [0.76, 0.75, 0.77], "bert_w2v"),
+                               row("bert_random", 1000, [0.70, 0.71, 0.72]),
+                               row("bert_w2v", 1000, [0.74, 0.76, 0.72])])
+    assert lines == [
+        "", "What pretraining bought, at each number of labelled examples (mean over seeds):",
+        "bert_random is the random twin: the difference is what the start and the pretraining bought together.",
+        "bert_w2v is the control, the same start without pretraining steps: the difference is what pretraining "
+        "itself bought.",
+        "- rt accuracy, 300 examples: bert - bert_random = +0.1000 (ahead on 3 of 3 seeds); bert - bert_w2v = "
+        "-0.0100 (ahead on 1 of 3 seeds); bert - w2v_mean = -0.0100",
+        "- rt accuracy, 1000 examples: bert - bert_random = +0.0500 (ahead on 3 of 3 seeds); bert - bert_w2v = "
+        "+0.0200 (ahead on 2 of 3 seeds)"]
+
+
+def test_where_pretraining_starts_from_random_initialisation_the_report_says_the_twin_is_the_control(tmp_path):
+    rows = [{**_row("bert", [0.75, 0.76, 0.74]), "control": "bert_random"}, _row("bert_random", [0.64, 0.75, 0.77]),
+            {**_row("gpt", [0.70, 0.71]), "control": None}, _row("gpt_random", [0.69, 0.72])]
+    (tmp_path / "finetune").mkdir()
+    (tmp_path / "finetune" / "results.json").write_text(json.dumps(rows))
+    out = tmp_path / "report"
+    out.mkdir()
+    lines = write_report({"finetune": tmp_path / "finetune"}, out, "unit")["results_md"].read_text().splitlines()
+    assert ("- rt accuracy: bert - bert_random = +0.0300 (mean over seeds); bert ahead on 2 of 3 seeds (bert_random "
+            "is the control too: pretraining started from random initialisation)") in lines
+    assert "- rt accuracy: gpt - gpt_random = +0.0000 (mean over seeds); gpt ahead on 1 of 2 seeds" in lines
+    assert not any("bert_w2v" in line for line in lines)
+
+
+def test_the_headline_sets_a_pretrained_kind_beside_its_control_ahead_or_behind(tmp_path):
+    rows = [{**_row("bert", [0.75, 0.76, 0.74]), "control": "bert_w2v"}, _row("bert_random", [0.64, 0.75, 0.77]),
+            _row("bert_w2v", [0.74, 0.77, 0.75])]
+    (tmp_path / "finetune").mkdir()
+    (tmp_path / "finetune" / "results.json").write_text(json.dumps(rows))
+    out = tmp_path / "report"
+    out.mkdir()
+    lines = write_report({"finetune": tmp_path / "finetune"}, out, "unit")["results_md"].read_text().splitlines()
+    assert "- rt accuracy: bert - bert_random = +0.0300 (mean over seeds); bert ahead on 2 of 3 seeds" in lines
+    assert ("- rt accuracy: bert - bert_w2v = -0.0033 (mean over seeds); bert ahead on 1 of 3 seeds (bert_w2v is the "
+            "control, the same start without pretraining steps: the difference is what pretraining itself bought)") \
+        in lines
+    assert [line.split(" | ")[0] for line in lines if "| rt | accuracy |" in line] == [
+        "| bert", "| bert_random", "| bert_w2v"]
+
+
 def _manifest(decontamination: dict | None) -> dict:
     totals = {"files_read": 25000, "files_kept": 24864, "files_duplicate": 98, "files_near_duplicate": 14,
               "files_rejected": 24, "sentences": 294214, "input_bytes": 33_000_000}

@@ -114,6 +114,8 @@ def test_finetune_compares_pretrained_and_random_init(ctx):
     for row in rows.values():
         assert row["task"] == "sst2" and row["metric"] == "accuracy" and 0.0 <= row["score"] <= 1.0
         assert row["dev_examples"] == 40
+    # pretrained from random initialisation (the tiny run's pretrain.init_embeddings): the twin is the control too
+    assert {model: row.get("control") for model, row in rows.items() if "control" in row} == {"bert": "bert_random"}
 
 
 def test_evaluate_probes_frozen_encoders(ctx):
