@@ -36,6 +36,7 @@ from pipeline.engine.settings import (
     Number,
     PathsConfig,
     RayConfig,
+    cache_dir_of,
     check_numbers,
     check_target_arguments,
     did_you_mean,
@@ -74,7 +75,7 @@ def validate(cfg: DictConfig) -> list[str]:
     if data.corpus_dir and not Path(data.corpus_dir).expanduser().is_dir():
         raise FileNotFoundError(f"data.corpus_dir={data.corpus_dir} is not a directory; point it at a "
                                 "directory of .txt books, or leave it null for the built-in corpus")
-    cache_dir = Path(typed_settings(cfg.paths, PathsConfig).cache_dir).expanduser()
+    cache_dir = Path(cache_dir_of(cfg)).expanduser()
     if cache_dir.exists() and not cache_dir.is_dir():
         raise NotADirectoryError(f"paths.cache_dir={cache_dir} is a file, not a directory; set paths.cache_dir to a "
                                  "directory (one that does not exist yet is made)")

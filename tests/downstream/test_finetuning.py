@@ -266,6 +266,9 @@ def test_bert_w2v_is_refused_where_pretraining_does_not_start_from_the_piece_vec
 
     checkpoint = tmp_path / "hf_bert"
     to_hf(BertModel(bert_config("bert_tiny", vocab_size=128, max_position_embeddings=128)), checkpoint)
+    # a checkpoint init_from accepts: its tokenizer beside the weights
+    (checkpoint / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+                                                    + [f"w{i}" for i in range(123)]) + "\n")
     override, start = ((f"pretrain.init_from={checkpoint}", f"pretrain.init_from={checkpoint}") if continued else
                        ("pretrain.init_embeddings=random", "random initialisation"))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
