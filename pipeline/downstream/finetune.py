@@ -103,9 +103,9 @@ class FinetuneConfig:
     # most sentences are the mean of a minority of their words, or zeros (a corpus of rare words left word2vec the
     # vocabulary ['.'], and w2v_mean scored 0.5 on zero features): the row then measures what the corpus shares with
     # the task, not word2vec, and the stage and the report say so beside it. The same bound holds for a model kind
-    # whose word embeddings start from word2vec vectors of its tokens (TaskModels.token_coverage: BERT's piece
-    # vectors, skip-gram on the same corpus): the task's tokens without one start from random rows, frozen where the
-    # embeddings are, so below it the row measures what the corpus shares with the task more than that start.
+    # whose word embeddings start from word2vec vectors of its tokens, skip-gram on the same corpus
+    # (TaskModels.token_coverage): the task's tokens without one start from random rows, frozen where the embeddings
+    # are, so below it the row measures what the corpus shares with the task more than that start.
     w2v_min_coverage: float = 0.5
     # Above this share of a task's tokens unknown to a model kind's tokenizer, the stage warns and the report marks
     # the kind's rows. A subword vocabulary spells every word of its alphabet, so its unknown tokens are characters it
@@ -426,7 +426,7 @@ def finetune(ctx: StageContext) -> dict:
             if models.encoding_key not in encoded:
                 encoded[models.encoding_key] = models.encode(task, data_dir, f, ctx.cfg.seed, selection)
             data = encoded[models.encoding_key]
-            measure = getattr(models, "token_coverage", None)  # TaskModels: a kind without a tokenizer has none
+            measure = getattr(models, "token_coverage", None)  # optional (TaskModels): a kind may have none to report
             coverage = token_coverage_fields(task.name, kind, measure(data) if measure else None, f)
             if task_sizes is None:  # the same train split for every kind: its count, whatever it was encoded for
                 task_sizes = sizes_for_task(sizes, len(data.train), task.name)

@@ -24,6 +24,7 @@ from pipeline.downstream import finetune as finetuning
 from pipeline.downstream import task_data
 from pipeline.downstream.tasks import load_task
 from pipeline.engine.dag import StageContext, plain_config
+from pipeline.engine.family import TokenCoverage
 from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, TinyRun, tiny_config, write_sentiment_task, write_stsb
 
 WORDS = SUBJECTS + OBJECTS + POSITIVE + NEGATIVE + ["peter", "paris", "went", "to", "smith", "london"]
@@ -658,6 +659,26 @@ def test_a_task_in_characters_the_tokenizer_lacks_reports_its_unknown_rate(ctx, 
     assert ("| bert ([UNK] 50.0% of the task's tokens, ABOVE finetune.max_unknown_rate; piece vectors cover 100%) "
             "| sst2 | accuracy |") in md
     assert f"**WARNING**: {warning}" in md
+
+
+@pytest.mark.parametrize("key", ["w2v_min_coverage", "max_unknown_rate"])
+def test_the_coverage_bounds_are_shares_checked_at_start_up(ctx, key):
+    from pipeline.engine.settings import check_numbers
+    from pipeline.runner import NUMBERS
+
+    ctx.cfg.finetune[key] = 5  # a percentage where a share is meant: nothing would ever warn
+    with pytest.raises(ValueError, match=rf"finetune\.{key}=5: expected"):
+        check_numbers(ctx.cfg, NUMBERS)
+
+
+def test_token_coverage_reads_the_ids_of_every_task_layout(ctx):
+    """A sentence (pair), a tagged sentence and a SQuAD window, as load_task_data encodes them (SQuAD's as (index,
+    features)): each one known piece and one [UNK], between [CLS] and [SEP], which are left out."""
+    models = finetuning.MODEL_KINDS["bert"].load(ctx)
+    example = {"input_ids": np.asarray(models.tokenizer.encode("great βασιλιάς").ids)}
+    assert len(example["input_ids"]) == 4
+    data = task_data.TaskData([example, dict(example)], [(0, dict(example))], None, None, None, None)
+    assert models.token_coverage(data) == TokenCoverage("[UNK]", 0.5, "piece vectors", 1.0)
 
 
 def test_train_sizes_of_one_example_and_one_of_each_label_fit_the_baselines_too(ctx):
