@@ -60,6 +60,7 @@ NUMBERS = {  # the engine's and every stage's settings; a family's own are in it
     "finetune.selection_fraction": Number(float, 0, 1, low_open=True, nullable=True),
     "finetune.encoder_lr_factor": Number(float, 0, low_open=True), "finetune.linear_probe_epochs": COUNT,
     "finetune.layer_lr_decay": Number(float, 0, 1, low_open=True), "finetune.w2v_min_coverage": FRACTION,
+    "finetune.max_unknown_rate": FRACTION,
     "data.decontamination_ngram": POSITIVE_INT, "word2vec.vector_size": POSITIVE_INT, "word2vec.window": POSITIVE_INT,
     "word2vec.min_count": POSITIVE_INT, "word2vec.negative": COUNT, "word2vec.epochs": POSITIVE_INT,
 }

@@ -17,7 +17,16 @@ from omegaconf import DictConfig
 from safetensors.torch import load_file
 from torch import nn
 
-from data_prep.corpus.tokenizer import checkpoint_tokenizer, encode_batch_ids, load_tokenizer
+from data_prep.corpus.tokenizer import (
+    CLS_TOKEN,
+    MASK_TOKEN,
+    PAD_TOKEN,
+    SEP_TOKEN,
+    UNK_TOKEN,
+    checkpoint_tokenizer,
+    encode_batch_ids,
+    load_tokenizer,
+)
 from data_prep.tasks.conll import encode_tagged_sentences
 from data_prep.tasks.squad import read_squad, squad_features
 from models.bert import (
@@ -51,7 +60,7 @@ from pipeline.downstream.modules import (
 from pipeline.downstream.task_data import TaskData, conll_sentences, majority_tag_scores, subsample, tsv_splits
 from pipeline.downstream.tasks import load_task, task_names
 from pipeline.engine.dag import StageContext, files_fingerprint
-from pipeline.engine.family import FinetuneKind
+from pipeline.engine.family import FinetuneKind, TokenCoverage
 from pipeline.engine.settings import cache_dir_of, typed_settings
 
 if TYPE_CHECKING:  # the stage's typed settings; importing it at run time would import every family
@@ -72,7 +81,9 @@ class BertTaskModels:
     """An encoder directory and its tokenizer; `pretrained`: start from the encoder's weights, else from a fresh
     initialisation of its architecture; `piece_vector_start`: instead of a directory, start where pretraining does
     (`encoder_dir` None, `pretrained` false); `dropout`: the fine-tuned model's dropout rate (finetune.dropout), None to
-    keep the encoder's; `pooling`: what a sentence classifier reads (finetune.pooling)."""
+    keep the encoder's; `pooling`: what a sentence classifier reads (finetune.pooling); `pieces_with_vectors`: where
+    the word embeddings start from the piece vectors (the control, or an encoder whose pretraining started there),
+    which token ids have one."""
     encoder_dir: Path | None
     tokenizer: object
     encoding_key: str
@@ -80,6 +91,21 @@ class BertTaskModels:
     dropout: float | None = None
     pooling: str = "cls"
     piece_vector_start: PieceVectorStart | None = None
+    pieces_with_vectors: np.ndarray | None = None
+
+    def token_coverage(self, data: TaskData) -> TokenCoverage:
+        """Of the task's tokens as the model reads them (train and dev, cut to finetune.max_seq_length, a prompt's
+        template included, [CLS], [SEP], [PAD] and [MASK] left out), the share that is [UNK] and, where the word
+        embeddings start from the piece vectors, the share that has one: a piece without one keeps its random
+        initialisation (start_word_embeddings), frozen where pretraining froze the embeddings."""
+        ids = np.concatenate([np.zeros(0, dtype=np.int64),
+                              *(_input_ids(split[i]) for split in (data.train, data.dev) for i in range(len(split)))])
+        ids = ids[~np.isin(ids, [self.tokenizer.token_to_id(t) for t in (PAD_TOKEN, CLS_TOKEN, SEP_TOKEN, MASK_TOKEN)])]
+        unknown_rate = float(np.mean(ids == self.tokenizer.token_to_id(UNK_TOKEN))) if len(ids) else 0.0
+        if self.pieces_with_vectors is None:
+            return TokenCoverage(UNK_TOKEN, unknown_rate)
+        covered = float(np.mean(self.pieces_with_vectors[ids])) if len(ids) else 0.0
+        return TokenCoverage(UNK_TOKEN, unknown_rate, "piece vectors", covered)
 
     def encode(self, task: DictConfig, data_dir: Path, finetune: FinetuneConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
@@ -114,12 +140,25 @@ class BertTaskModels:
         return heads
 
 
+def _input_ids(item) -> np.ndarray:
+    """The token ids of one encoded example of load_task_data's: a sentence (pair), a tagged sentence, or a SQuAD
+    window (kept as (index, features))."""
+    return np.asarray((item[1] if isinstance(item, tuple) else item)["input_ids"], dtype=np.int64)
+
+
+def _pieces_with_vectors(vectors: np.ndarray) -> np.ndarray:
+    """Which token ids have a piece vector (read_piece_vectors' table holds NaN rows for the others)."""
+    return ~np.isnan(vectors).any(axis=1)
+
+
 def _this_run(pretrained: bool):
     def load(ctx: StageContext) -> BertTaskModels:
         tokenizer_dir = ctx.stage_dir("bert_tokenizer")
         f = typed_settings(ctx.cfg.finetune, BertFinetuneConfig)  # BERT's keys of the block
+        vectors = (_pieces_with_vectors(read_piece_vectors(ctx.stage_dir("bert_piece_vectors")))
+                   if pretrained and pretraining_starts_from_piece_vectors(ctx.cfg) else None)
         return BertTaskModels(ctx.stage_dir(encoder_stage(ctx.cfg)) / "encoder", load_tokenizer(tokenizer_dir),
-                              str(tokenizer_dir), pretrained, f.dropout, str(f.pooling))
+                              str(tokenizer_dir), pretrained, f.dropout, str(f.pooling), pieces_with_vectors=vectors)
     return load
 
 
@@ -135,7 +174,8 @@ def _control(ctx: StageContext) -> BertTaskModels:
     start = PieceVectorStart(scratch_encoder_config(ctx.cfg, tokenizer.get_vocab_size()),
                              read_piece_vectors(ctx.stage_dir("bert_piece_vectors")))
     return BertTaskModels(None, tokenizer, str(tokenizer_dir), pretrained=False, dropout=f.dropout,
-                          pooling=str(f.pooling), piece_vector_start=start)
+                          pooling=str(f.pooling), piece_vector_start=start,
+                          pieces_with_vectors=_pieces_with_vectors(start.vectors))
 
 
 def _control_of_bert(cfg: DictConfig) -> str | None:
@@ -181,7 +221,12 @@ def _this_run_stages(cfg: DictConfig) -> tuple[str, ...]:
     return "bert_tokenizer", encoder_stage(cfg)
 
 
-FINETUNE_KINDS = {"bert": FinetuneKind(_this_run_stages, _this_run(pretrained=True), pretraining_stage=encoder_stage,
+def _pretrained_stages(cfg: DictConfig) -> tuple[str, ...]:
+    """`bert`'s: with the piece vectors its pretraining started from, whose coverage of a task its rows report."""
+    return _this_run_stages(cfg) + (("bert_piece_vectors",) if pretraining_starts_from_piece_vectors(cfg) else ())
+
+
+FINETUNE_KINDS = {"bert": FinetuneKind(_pretrained_stages, _this_run(pretrained=True), pretraining_stage=encoder_stage,
                                        random_twin="bert_random", control=_control_of_bert),
                   "bert_random": FinetuneKind(_this_run_stages, _this_run(pretrained=False)),
                   # what it reads leaves pretraining out: the control waits for no pretraining step

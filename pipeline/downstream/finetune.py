@@ -46,7 +46,7 @@ from pipeline.downstream.tasks import (
 )
 from pipeline.downstream.word2vec import WORD2VEC, load_word2vec
 from pipeline.engine.dag import Stage, StageContext, all_cpus
-from pipeline.engine.family import FinetuneKind, TaskModels
+from pipeline.engine.family import FinetuneKind, TaskModels, TokenCoverage
 from pipeline.engine.pretraining import encoder_snapshots, steps_trained
 from pipeline.engine.settings import cache_dir_of, typed_settings
 from pipeline.engine.training import make_trainer, one_process_trainer_keys
@@ -102,8 +102,16 @@ class FinetuneConfig:
     # w2v_mean's rows carry its coverage, the share of the task's words that word2vec kept a vector of. Below half,
     # most sentences are the mean of a minority of their words, or zeros (a corpus of rare words left word2vec the
     # vocabulary ['.'], and w2v_mean scored 0.5 on zero features): the row then measures what the corpus shares with
-    # the task, not word2vec, and the stage and the report say so beside it.
+    # the task, not word2vec, and the stage and the report say so beside it. The same bound holds for a model kind
+    # whose word embeddings start from word2vec vectors of its tokens, skip-gram on the same corpus
+    # (TaskModels.token_coverage): the task's tokens without one start from random rows, frozen where the embeddings
+    # are, so below it the row measures what the corpus shares with the task more than that start.
     w2v_min_coverage: float = 0.5
+    # Above this share of a task's tokens unknown to a model kind's tokenizer, the stage warns and the report marks
+    # the kind's rows. A subword vocabulary spells every word of its alphabet, so its unknown tokens are characters it
+    # never saw: one token in twenty (an unknown word in most sentences) says the tokenizer does not cover the task's
+    # script or register, where its own corpus warns at 0.5 % (data_prep.corpus.tokenizer).
+    max_unknown_rate: float = 0.05
     # one run per seed (head init, data order, subset drawn) -> mean ± std in the results table
     seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
     # Labelled training examples per run, drawn per seed and stratified by label from the (capped) train split; null =
@@ -340,8 +348,38 @@ def finetune_epochs(epochs: int, min_steps: int, steps_per_epoch: int) -> int:
     return max(epochs, -(-min_steps // max(1, steps_per_epoch)))
 
 
-# what a baseline's rows say of its coverage of the task (w2v_mean_coverage), kept by the rows aggregated over seeds
-COVERAGE_KEYS = ("coverage", "coverage_warning")
+# what a baseline's rows say of its coverage of the task (w2v_mean_coverage), and a model kind's of its tokens
+# (token_coverage_fields), kept by the rows aggregated over seeds
+COVERAGE_KEYS = ("coverage", "token_coverage", "coverage_warning")
+
+
+def token_coverage_fields(task: str, kind: str, coverage: TokenCoverage | None, f: FinetuneConfig) -> dict:
+    """What a kind's rows of `task` say of its inputs' coverage of the task's tokens (TaskModels.token_coverage; {}
+    for a kind without one): above finetune.max_unknown_rate of them unknown to its tokenizer, or below
+    finetune.w2v_min_coverage of them with a vector its word embeddings start from, also a warning, printed here and
+    kept beside the rows for the report."""
+    if coverage is None:
+        return {}
+    block = {"unknown_token": coverage.unknown_token, "unknown_rate": round(coverage.unknown_rate, 4),
+             "high_unknown_rate": coverage.unknown_rate > f.max_unknown_rate}
+    warnings = []
+    if block["high_unknown_rate"]:
+        warnings.append(f"{coverage.unknown_rate:.1%} of the tokens of task {task} are {coverage.unknown_token} to "
+                        f"{kind}'s tokenizer, above finetune.max_unknown_rate={f.max_unknown_rate}: the tokenizer "
+                        f"does not cover the task's script or register, and {kind} reads those words as one token; "
+                        "train the tokenizer (pretrain) on text in the task's script and register")
+    if coverage.vectors is not None:
+        block.update(vectors=coverage.vectors, vector_coverage=round(coverage.vector_coverage, 4),
+                     low_vector_coverage=coverage.vector_coverage < f.w2v_min_coverage)
+        if block["low_vector_coverage"]:
+            warnings.append(f"{kind}'s word embeddings start from {coverage.vectors} that cover "
+                            f"{coverage.vector_coverage:.1%} of the tokens of task {task}, below "
+                            f"finetune.w2v_min_coverage={f.w2v_min_coverage}: the others start from random rows, so "
+                            f"the row measures what the corpus shares with the task more than the {coverage.vectors}; "
+                            "pretrain on more text, or text nearer the task's")
+    for warning in warnings:
+        print(f"WARNING: {warning}", flush=True)
+    return {"token_coverage": block, **({"coverage_warning": " ".join(warnings)} if warnings else {})}
 
 
 def _aggregate(rows: list[dict]) -> list[dict]:
@@ -388,6 +426,8 @@ def finetune(ctx: StageContext) -> dict:
             if models.encoding_key not in encoded:
                 encoded[models.encoding_key] = models.encode(task, data_dir, f, ctx.cfg.seed, selection)
             data = encoded[models.encoding_key]
+            measure = getattr(models, "token_coverage", None)  # optional (TaskModels): a kind may have none to report
+            coverage = token_coverage_fields(task.name, kind, measure(data) if measure else None, f)
             if task_sizes is None:  # the same train split for every kind: its count, whatever it was encoded for
                 task_sizes = sizes_for_task(sizes, len(data.train), task.name)
             for size in task_sizes:
@@ -399,7 +439,7 @@ def finetune(ctx: StageContext) -> dict:
                     done = finished / (tag.replace("/", "-") + ".json")
                     if done.is_file():
                         print(f"finetune {tag}: found {done.name}, skipping")
-                        rows += json.loads(done.read_text())
+                        rows += [{**row, **coverage} for row in json.loads(done.read_text())]
                         continue
                     started = time.perf_counter()
                     scores = finetune_once(ctx, f, task, data, models, kind, seed, subset)
@@ -409,7 +449,7 @@ def finetune(ctx: StageContext) -> dict:
                                "seconds": round(time.perf_counter() - started, 1)}
                               for metric, value in scores.items()]
                     write_json_atomically(done, result)
-                    rows += result
+                    rows += [{**row, **coverage} for row in result]
                     print(f"finetune {tag}: " + ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), flush=True)
         if encoded:
             data = next(iter(encoded.values()))

@@ -39,9 +39,22 @@ class EncoderSpec:
     random_twin: str | None = None
 
 
+@dataclass(frozen=True)
+class TokenCoverage:
+    """How much of a task a model kind's inputs cover (TaskModels.token_coverage), for its rows and the report."""
+    unknown_token: str    # its tokenizer's unknown token, as the report names it ("[UNK]")
+    unknown_rate: float   # the share of the task's tokens, as the model reads them, that are that token
+    # where the kind's word embeddings start from pretrained vectors: what those are, as the report names them
+    # ("piece vectors"), and the share of the task's tokens that have one (the others start from random rows)
+    vectors: str | None = None
+    vector_coverage: float | None = None
+
+
 class TaskModels(Protocol):
     """One fine-tune model kind, loaded once per finetune stage: it encodes a task for its inputs and builds a fresh
-    model (encoder + task head) for every (task, train size, seed)."""
+    model (encoder + task head) for every (task, train size, seed). A kind with a tokenizer may also offer
+    `token_coverage(data) -> TokenCoverage` of a task it encoded: the finetune stage records it beside the kind's rows
+    and warns where the tokenizer or the vectors its embeddings start from miss much of the task."""
     encoding_key: str  # kinds with the same key read the same inputs (tokenizer): the task is encoded once for them
 
     # finetune: the stage's typed settings (pipeline.downstream.finetune.FinetuneConfig)

@@ -108,11 +108,20 @@ def _results_section(stage: str, results: list[dict]) -> list[str]:
 
 
 def _model_cell(row: dict) -> str:
-    """A row's model, with the share of the task's words a baseline covers where it reports one (w2v_mean)."""
-    if "coverage" not in row:
-        return row["model"]
-    low = "; BELOW finetune.w2v_min_coverage: not a real baseline" if row.get("coverage_warning") else ""
-    return f"{row['model']} (covers {row['coverage']:.0%} of the task's words{low})"
+    """A row's model, with the share of the task's words a baseline covers where it reports one (w2v_mean), or a
+    model kind's coverage of the task's tokens where it reports one (finetune.token_coverage_fields)."""
+    if "coverage" in row:
+        low = "; BELOW finetune.w2v_min_coverage: not a real baseline" if row.get("coverage_warning") else ""
+        return f"{row['model']} (covers {row['coverage']:.0%} of the task's words{low})"
+    if "token_coverage" in row:
+        tokens = row["token_coverage"]
+        parts = [f"{tokens['unknown_token']} {tokens['unknown_rate']:.1%} of the task's tokens"
+                 + (", ABOVE finetune.max_unknown_rate" if tokens["high_unknown_rate"] else "")]
+        if "vectors" in tokens:
+            parts.append(f"{tokens['vectors']} cover {tokens['vector_coverage']:.0%}"
+                         + (", BELOW finetune.w2v_min_coverage" if tokens["low_vector_coverage"] else ""))
+        return f"{row['model']} ({'; '.join(parts)})"
+    return row["model"]
 
 
 def pair_features_lines(results: list[dict]) -> list[str]:

@@ -2,6 +2,7 @@
 pieces (the piece_vectors stage), and pretrain.freeze_embeddings keeps them as they start; fine-tuning sets `bert`
 beside its control, bert_w2v, that start without the pretraining steps."""
 import json
+import re
 
 import lightning as L
 import numpy as np
@@ -117,10 +118,15 @@ def test_fine_tuning_and_the_report_set_bert_beside_its_random_twin_and_its_cont
     stored = json.loads((run.stage_dir("finetune") / "results.json").read_text())
     assert {r["model"]: r.get("control") for r in stored}["bert"] == "bert_w2v"  # what the report pairs
     assert not any("control" in r for r in stored if r["model"] != "bert")
+    # bert and its control start from the same piece vectors, so they cover the task's tokens alike; the twin from none
+    coverage = {r["model"]: r["token_coverage"] for r in stored if r["model"].startswith("bert")}
+    assert coverage["bert"] == coverage["bert_w2v"] and coverage["bert"]["vectors"] == "piece vectors"
+    assert 0 < coverage["bert"]["vector_coverage"] <= 1 and "vectors" not in coverage["bert_random"]
     out = tmp_path / "report"
     out.mkdir()
     md = write_report({"finetune": run.stage_dir("finetune")}, out, "unit")["results_md"].read_text()
-    assert "| bert_w2v | sst2 | accuracy |" in md
+    assert re.search(r"\| bert_w2v \(\[UNK\] \d+\.\d% of the task's tokens; piece vectors cover \d+%[^|]*\) \| sst2 "
+                     r"\| accuracy \|", md)
     assert "- sst2 accuracy: bert - bert_random = " in md
     assert "- sst2 accuracy: bert - bert_w2v = " in md and "(bert_w2v is the control, the same start without " \
         "pretraining steps: the difference is what pretraining itself bought)" in md

@@ -14,15 +14,17 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from data_prep.corpus.tokenizer import train_wordpiece
+from data_prep.corpus.tokenizer import encode_batch_ids, load_tokenizer, train_wordpiece
 from models.bert import BertModel, bert_config, save_pretrained
 from models.checkpoint import random_twin
 from models.hf.bert import to_hf
 from pipeline import CONF_DIR
+from pipeline.bert.data_stages import PIECE_VECTORS_FILE
 from pipeline.downstream import finetune as finetuning
 from pipeline.downstream import task_data
 from pipeline.downstream.tasks import load_task
 from pipeline.engine.dag import StageContext, plain_config
+from pipeline.engine.family import TokenCoverage
 from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, TinyRun, tiny_config, write_sentiment_task, write_stsb
 
 WORDS = SUBJECTS + OBJECTS + POSITIVE + NEGATIVE + ["peter", "paris", "went", "to", "smith", "london"]
@@ -39,12 +41,25 @@ def _write_conll(root: Path) -> None:
                                     + "\n".join([sentence.format("I-LOC"), sentence.format("O")] * 3))
 
 
+def _write_piece_vectors(out: Path, tokenizer_dir: Path, pieces: list[str] | None = None) -> None:
+    """A bert_piece_vectors output for the tokenizer in `tokenizer_dir`: a vector of bert_tiny's width for each of
+    `pieces` (None: every piece of the vocabulary), NaN rows for the others, as pieces the corpus never shows get."""
+    tok = load_tokenizer(tokenizer_dir)
+    rows = list(range(tok.get_vocab_size())) if pieces is None else [tok.token_to_id(piece) for piece in pieces]
+    vectors = np.full((tok.get_vocab_size(), 128), np.nan, dtype=np.float32)
+    vectors[rows] = np.random.default_rng(0).normal(size=(len(rows), 128))
+    out.mkdir(exist_ok=True)
+    np.save(out / PIECE_VECTORS_FILE, vectors)
+
+
 @pytest.fixture
 def ctx(tmp_path) -> StageContext:
     tok_dir, pretrain_dir = tmp_path / "bert_tokenizer", tmp_path / "bert_pretrain"
     rng = random.Random(0)
     train_wordpiece([" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(300)], tok_dir, vocab_size=120,
                     min_frequency=1)
+    # bert_tiny's pretraining starts from the piece vectors, which `bert` reads for its coverage of a task
+    _write_piece_vectors(tmp_path / "bert_piece_vectors", tok_dir)
     save_pretrained(BertModel(bert_config("bert_tiny", vocab_size=128, max_position_embeddings=64)),
                     pretrain_dir / "encoder")
     glue = tmp_path / "glue"
@@ -63,7 +78,8 @@ def ctx(tmp_path) -> StageContext:
             "finetune.epochs=1", "finetune.batch_size=8", "finetune.max_seq_length=16"])
     out = tmp_path / "finetune"
     out.mkdir()
-    return StageContext(plain_config(cfg), "finetune", out, {"bert_tokenizer": tok_dir, "bert_pretrain": pretrain_dir})
+    return StageContext(plain_config(cfg), "finetune", out, {"bert_tokenizer": tok_dir, "bert_pretrain": pretrain_dir,
+                                                             "bert_piece_vectors": tmp_path / "bert_piece_vectors"})
 
 
 def test_every_task_family_is_scored_with_its_metric_over_seeds_and_reruns_skip(ctx, monkeypatch, capsys):
@@ -168,7 +184,8 @@ def test_elmo_is_fine_tuned_feature_based_on_every_task_family(ctx, tmp_path):
     elmo.save_pretrained(elmo.BiLanguageModel(elmo.elmo_config("elmo_small", vocab_size=len(vocab), **tiny)),
                          tmp_path / "elmo" / "bilm")
     ctx.cfg.finetune.models = ["elmo", "bert"]
-    assert set(finetune_upstream(ctx.cfg)) == {"bert_tokenizer", "bert_pretrain", "elmo_vocab", "elmo_pretrain"}
+    assert set(finetune_upstream(ctx.cfg)) == {"bert_tokenizer", "bert_pretrain", "bert_piece_vectors", "elmo_vocab",
+                                               "elmo_pretrain"}
     ctx.cfg.finetune.models = ["elmo"]
     assert finetune_upstream(ctx.cfg) == ("elmo_vocab", "elmo_pretrain")
     ctx.cfg.finetune.seeds = [1]
@@ -308,7 +325,8 @@ def test_train_sizes_give_a_label_efficiency_curve_in_the_report(ctx, tmp_path):
     assert paths["label_efficiency_plot"].stat().st_size > 1000
     md = paths["results_md"].read_text()
     assert "## Label efficiency" in md and "| model | 8 | 16 | 32 |" in md
-    assert md.count("| bert | sst2 | accuracy |") == 1  # the headline table shows all-data rows only
+    # the headline table shows all-data rows only
+    assert md.count("| bert ([UNK] 0.0% of the task's tokens; piece vectors cover 100%) | sst2 | accuracy |") == 1
     assert md.count("| bow_logreg | sst2 | accuracy |") == 1
 
 
@@ -564,6 +582,106 @@ def test_a_word2vec_baseline_that_covers_too_few_of_the_tasks_words_says_so_besi
     assert "| w2v_mean (covers 0% of the task's words; BELOW finetune.w2v_min_coverage: not a real baseline) | sst2 |" \
         in md
     assert f"**WARNING**: {warning}" in md
+
+
+# words that are one piece each of the fixture's tokenizer
+ONE_PIECE = ["great", "wonderful", "funny", "brilliant", "bad", "captain", "doctor", "man"]
+
+
+def _write_two_word_sst2(ctx, first_words: list[str], second_words: list[str]) -> None:
+    """The fixture's SST-2 rewritten as every sentence of one of `first_words` then one of `second_words`, train and
+    dev alike, labelled by the first word (alternately 0 and 1)."""
+    rows = [f"{first} {second}\t{i % 2}" for i, first in enumerate(first_words) for second in second_words]
+    for name in ("train.tsv", "dev.tsv"):
+        (Path(ctx.cfg.finetune.data_dir) / "SST-2" / name).write_text("\n".join(["sentence\tlabel", *rows]) + "\n")
+
+
+def _report(ctx, tmp_path) -> str:
+    from pipeline.report.report import write_report
+
+    (tmp_path / "report").mkdir()
+    return write_report({"finetune": ctx.out_dir}, tmp_path / "report", "unit")["results_md"].read_text()
+
+
+def test_piece_vectors_that_miss_half_the_tasks_tokens_are_reported_beside_the_kinds_that_start_from_them(
+        ctx, tmp_path, capsys):
+    """bert_tiny's word embeddings start from the piece vectors, and a piece without one keeps its random
+    initialisation (frozen, where the embeddings are): `bert` and its control then fine-tune on noise for the task's
+    pieces the corpus never showed. Their rows carry the share of the task's tokens that have a vector, and below
+    finetune.w2v_min_coverage the stage and the report say so; bert_random starts from no vectors."""
+    with_vectors, without = ONE_PIECE[:4], ONE_PIECE[4:]
+    _write_two_word_sst2(ctx, with_vectors, without)
+    tokenizer_dir = ctx.inputs["bert_tokenizer"]
+    assert all(len(ids) == 1 for ids in encode_batch_ids(load_tokenizer(tokenizer_dir), ONE_PIECE))
+    _write_piece_vectors(ctx.inputs["bert_piece_vectors"], tokenizer_dir, with_vectors)
+    ctx.cfg.finetune.update(task="sst2", seeds=[1], baselines=["majority_class"], random_twins=True, controls=True,
+                            w2v_min_coverage=0.6)
+    rows = {r["model"]: r for r in finetuning.finetune(ctx)["results"]}
+    half = {"unknown_token": "[UNK]", "unknown_rate": 0.0, "high_unknown_rate": False, "vectors": "piece vectors",
+            "vector_coverage": 0.5, "low_vector_coverage": True}
+    assert {model: row.get("token_coverage") for model, row in rows.items()} == {
+        "bert": half, "bert_w2v": half, "majority_class": None,
+        "bert_random": {"unknown_token": "[UNK]", "unknown_rate": 0.0, "high_unknown_rate": False}}
+    warnings = {kind: (f"{kind}'s word embeddings start from piece vectors that cover 50.0% of the tokens of task "
+                       "sst2, below finetune.w2v_min_coverage=0.6: the others start from random rows, so the row "
+                       "measures what the corpus shares with the task more than the piece vectors; pretrain on more "
+                       "text, or text nearer the task's") for kind in ("bert", "bert_w2v")}
+    assert {model: row.get("coverage_warning") for model, row in rows.items() if "coverage_warning" in row} == warnings
+    out = capsys.readouterr().out
+    assert all(f"WARNING: {warning}" in out for warning in warnings.values())
+    md = _report(ctx, tmp_path)
+    for kind in ("bert", "bert_w2v"):
+        assert (f"| {kind} ([UNK] 0.0% of the task's tokens; piece vectors cover 50%, BELOW "
+                f"finetune.w2v_min_coverage) | sst2 | accuracy |") in md
+        assert f"**WARNING**: {warnings[kind]}" in md
+    assert "| bert_random ([UNK] 0.0% of the task's tokens) | sst2 | accuracy |" in md
+
+    ctx.cfg.finetune.w2v_min_coverage = 0.5  # half is not below half: the rerun, from finished/, marks nothing
+    rows = finetuning.finetune(ctx)["results"]
+    assert {r["model"]: r["token_coverage"]["low_vector_coverage"] for r in rows if "vectors" in
+            r.get("token_coverage", {})} == {"bert": False, "bert_w2v": False}
+    assert not any("coverage_warning" in r for r in rows) and "WARNING" not in capsys.readouterr().out
+
+
+def test_a_task_in_characters_the_tokenizer_lacks_reports_its_unknown_rate(ctx, tmp_path, capsys):
+    """The fixture's tokenizer knows the letters of English words: a Greek word is one [UNK] to it, so half the
+    tokens of sentences of a known word and a Greek one are [UNK], and the model reads the task without its words.
+    The rows say so, and above finetune.max_unknown_rate the stage and the report warn."""
+    _write_two_word_sst2(ctx, ONE_PIECE, ["βασιλιάς", "ωκεανός"])
+    ctx.cfg.finetune.update(task="sst2", seeds=[1], baselines=["majority_class"])
+    rows = {r["model"]: r for r in finetuning.finetune(ctx)["results"]}
+    assert rows["bert"]["token_coverage"] == {
+        "unknown_token": "[UNK]", "unknown_rate": 0.5, "high_unknown_rate": True, "vectors": "piece vectors",
+        "vector_coverage": 1.0, "low_vector_coverage": False}
+    warning = ("50.0% of the tokens of task sst2 are [UNK] to bert's tokenizer, above finetune.max_unknown_rate=0.05: "
+               "the tokenizer does not cover the task's script or register, and bert reads those words as one "
+               "token; train the tokenizer (pretrain) on text in the task's script and register")
+    assert rows["bert"]["coverage_warning"] == warning
+    assert f"WARNING: {warning}" in capsys.readouterr().out
+    md = _report(ctx, tmp_path)
+    assert ("| bert ([UNK] 50.0% of the task's tokens, ABOVE finetune.max_unknown_rate; piece vectors cover 100%) "
+            "| sst2 | accuracy |") in md
+    assert f"**WARNING**: {warning}" in md
+
+
+@pytest.mark.parametrize("key", ["w2v_min_coverage", "max_unknown_rate"])
+def test_the_coverage_bounds_are_shares_checked_at_start_up(ctx, key):
+    from pipeline.engine.settings import check_numbers
+    from pipeline.runner import NUMBERS
+
+    ctx.cfg.finetune[key] = 5  # a percentage where a share is meant: nothing would ever warn
+    with pytest.raises(ValueError, match=rf"finetune\.{key}=5: expected"):
+        check_numbers(ctx.cfg, NUMBERS)
+
+
+def test_token_coverage_reads_the_ids_of_every_task_layout(ctx):
+    """A sentence (pair), a tagged sentence and a SQuAD window, as load_task_data encodes them (SQuAD's as (index,
+    features)): each one known piece and one [UNK], between [CLS] and [SEP], which are left out."""
+    models = finetuning.MODEL_KINDS["bert"].load(ctx)
+    example = {"input_ids": np.asarray(models.tokenizer.encode("great βασιλιάς").ids)}
+    assert len(example["input_ids"]) == 4
+    data = task_data.TaskData([example, dict(example)], [(0, dict(example))], None, None, None, None)
+    assert models.token_coverage(data) == TokenCoverage("[UNK]", 0.5, "piece vectors", 1.0)
 
 
 def test_train_sizes_of_one_example_and_one_of_each_label_fit_the_baselines_too(ctx):
