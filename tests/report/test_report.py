@@ -281,13 +281,17 @@ def test_finetune_table_shows_every_seed_and_how_often_pretraining_was_ahead(tmp
              "per_seed": [0.75, 0.76, 0.74], "train_size": None, "train_examples": 100},
             {"model": "bert_random", "task": "rt", "metric": "accuracy", "score": 0.72, "std": 0.07, "seeds": 3,
              "per_seed": [0.64, 0.75, 0.77], "train_size": None, "train_examples": 100}]
-    (tmp_path / "finetune").mkdir()
-    (tmp_path / "finetune" / "results.json").write_text(json.dumps(rows))
-    out = tmp_path / "report"
-    out.mkdir()
-    md = write_report({"finetune": tmp_path / "finetune"}, out, "unit")["results_md"].read_text()
+    md = _finetune_report(tmp_path, rows)
     assert "| 0.6400 / 0.7500 / 0.7700 |" in md
     assert "bert - bert_random = +0.0300 (mean over seeds); bert ahead on 2 of 3 seeds" in md
+
+
+def _finetune_report(tmp_path: Path, rows: list[dict]) -> str:
+    """results.md of a run whose finetune stage wrote `rows`."""
+    (tmp_path / "finetune").mkdir()
+    (tmp_path / "finetune" / "results.json").write_text(json.dumps(rows))
+    (tmp_path / "report").mkdir()
+    return write_report({"finetune": tmp_path / "finetune"}, tmp_path / "report", "unit")["results_md"].read_text()
 
 
 def _row(model: str, per_seed: list[float]) -> dict:
@@ -497,11 +501,7 @@ def test_a_model_whose_every_seed_is_undefined_reads_undefined_not_nan(tmp_path)
     seeds); bert ahead on 0 of 0 seeds'."""
     rows = [{**_row("bert", [0.5, 0.5]), "score": float("nan"), "seeds": 0, "per_seed": [None, None]},
             _row("bert_random", [0.5, 0.7])]
-    (tmp_path / "finetune").mkdir()
-    (tmp_path / "finetune" / "results.json").write_text(json.dumps(rows))
-    out = tmp_path / "report"
-    out.mkdir()
-    md = write_report({"finetune": tmp_path / "finetune"}, out, "unit")["results_md"].read_text()
+    md = _finetune_report(tmp_path, rows)
     assert "| bert | rt | accuracy | undefined | 0 | – / – | 100 |" in md
     assert "- rt accuracy: bert - bert_random undefined: no seed of bert has a defined score" in md
     assert "nan" not in md
