@@ -23,6 +23,29 @@ def test_bow_logreg_learns_a_label_carried_by_words_where_majority_class_cannot(
     assert scores["accuracy"] > 0.9 > 0.7 > majority["accuracy"]
 
 
+def test_the_baselines_fit_on_one_blas_thread_whatever_the_process_has(tmp_path, monkeypatch):
+    """lbfgs's sums on two BLAS threads reached another C than on one (bow_logreg on all of Rotten Tomatoes, seed 2:
+    0.7764 against 0.7831), so a baseline's row depended on the thread count of the Ray worker that fitted it."""
+    from sklearn.linear_model import LogisticRegressionCV
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    threads_in_fit = []
+    fit = LogisticRegressionCV.fit
+
+    def recording_fit(self, *args, **kwargs):
+        threads_in_fit.append({pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"})
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(LogisticRegressionCV, "fit", recording_fit)
+    write_sentiment_task(tmp_path / "SST-2", n_train=120, n_dev=60)
+    task = load_task("sst2")
+    train, dev, _ = tsv_splits(task, tmp_path / "SST-2", None, 0)
+    with threadpool_limits(limits=2, user_api="blas"):
+        bow_logreg_scores(task, train, dev, seed=0)
+        assert {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"} == {2}
+    assert threads_in_fit == [{1}]
+
+
 def test_bow_logreg_fits_one_example_of_each_class(tmp_path):
     """Issue 55's probe: finetune.train_sizes=[2] on two labels (or such a train split) failed in StratifiedKFold,
     `n_splits=2 cannot be greater than the number of members in each class`, after every model had been fine-tuned."""
