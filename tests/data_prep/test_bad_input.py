@@ -244,7 +244,7 @@ def test_vocabulary_and_near_duplicate_messages_name_the_full_config_key():
 
 
 def test_a_book_whose_file_name_is_not_utf8_is_prepared_under_its_escaped_name(tmp_path):
-    """Defect 11 of issue 55: a book named caf\\xe9.txt (Latin-1) failed prepare: its name, the book_id, is a column
+    """A book named caf\\xe9.txt (Latin-1) failed prepare: its name, the book_id, is a column
     of the shards, which hold UTF-8 only."""
     corpus = corpus_with(tmp_path, os.fsdecode(b"caf\xe9.txt"),
                          b"A farmer ploughed the long field before the rain came.\n")

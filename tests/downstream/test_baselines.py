@@ -47,7 +47,7 @@ def test_the_baselines_fit_on_one_blas_thread_whatever_the_process_has(tmp_path,
 
 
 def test_bow_logreg_fits_one_example_of_each_class(tmp_path):
-    """Issue 55's probe: finetune.train_sizes=[2] on two labels (or such a train split) failed in StratifiedKFold,
+    """finetune.train_sizes=[2] on two labels (or such a train split) failed in StratifiedKFold,
     `n_splits=2 cannot be greater than the number of members in each class`, after every model had been fine-tuned."""
     task = load_task("sst2")
     train = TaskSplit(["a wonderful film", "an awful film"], None, [1, 0])

@@ -547,7 +547,7 @@ def test_discriminative_rates_slow_the_pretrained_encoder_and_leave_its_random_t
 
 
 def test_a_run_without_model_kinds_gives_the_baselines_alone(tmp_path):
-    """Issue 55's probe: finetune.models=[] with TSV baselines failed in the stage with a bare StopIteration."""
+    """finetune.models=[] with TSV baselines failed in the stage with a bare StopIteration."""
     run = TinyRun(tiny_config(tmp_path, ["finetune.models=[]", "finetune.baselines=[majority_class,bow_logreg]",
                                          "finetune.train_sizes=[20,null]", "pipeline.stages=[finetune]"]))
     run.run_stage("finetune")

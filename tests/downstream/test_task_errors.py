@@ -127,7 +127,7 @@ def test_score_split_test_of_a_task_without_a_test_split_fails_before_any_work(t
 @pytest.mark.parametrize("task_name, file_name, word, line", [
     ("sst2", "dev.tsv", "dull", 3), ("conll2003", "eng.testa", "London", 7), ("squad_v1", "dev-v1.1.json", "Paris", 1)])
 def test_a_task_file_not_in_utf8_names_file_and_line(task_name, file_name, word, line, encoding, tmp_path, tok):
-    """Issue 55's probe: a Latin-1 or UTF-16 file failed with the decoder's error, naming neither file nor line."""
+    """A Latin-1 or UTF-16 file failed with the decoder's error, naming neither file nor line."""
     VALID[task_name](tmp_path)
     path = tmp_path / file_name
     path.write_bytes(path.read_text().replace(word, f"{word}é", 1).encode(encoding))
@@ -139,7 +139,7 @@ def test_a_task_file_not_in_utf8_names_file_and_line(task_name, file_name, word,
 
 
 def test_a_text_of_a_megabyte_and_a_squad_file_with_a_byte_order_mark_are_read(tmp_path, tok):
-    """Issue 55's probe: csv's field limit (131,072 characters) refused the long text with `field larger than field
+    """csv's field limit (131,072 characters) refused the long text with `field larger than field
     limit`, naming no file; json refused the byte-order mark that the TSV readers accept."""
     _write_sst2(tmp_path)
     (tmp_path / "train.tsv").write_text("sentence\tlabel\n" + "a fine film " * 90_000 + "\t1\na dull film\t0\n")

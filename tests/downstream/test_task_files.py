@@ -1,5 +1,5 @@
 """The files a task's YAML names: every one of them, interpolated, in the keys of the stages that read it, and only
-inside finetune.data_dir unless a setting allows more (issue 55, defects 1 and 6); and what its splits hold together,
+inside finetune.data_dir unless a setting allows more; and what its splits hold together,
 checked at start-up (defects 9 and 16)."""
 from __future__ import annotations
 
@@ -144,7 +144,7 @@ def test_empty_generation_targets_are_counted_in_a_warning(tmp_path, capsys):
 
 
 def test_evaluation_examples_that_are_also_training_examples_are_counted_in_a_warning(tmp_path, capsys):
-    """Issue 55's probe: a dev split sharing examples with train, or the train file itself as dev_file, was scored
+    """A dev split sharing examples with train, or the train file itself as dev_file, was scored
     without a word."""
     task = _nli_task(tmp_path / "nli", ["entailment", "neutral"] * 2, ["neutral"] * 4)
     train = tmp_path / "nli" / "train.tsv"

@@ -121,7 +121,7 @@ def test_regression_label_that_is_not_a_number_names_file_and_line(tmp_path):
 
 @pytest.mark.parametrize("label", ["nan", "NaN", "inf", "-Infinity"])
 def test_a_regression_label_that_is_not_finite_names_file_and_line(tmp_path, label):
-    """Issue 55, defect 8: float() read 'nan' and 'inf', and fine-tuning then failed blaming finetune.lr."""
+    """float() read 'nan' and 'inf', and fine-tuning then failed blaming finetune.lr."""
     path = tmp_path / "dev.tsv"
     path.write_text(f"sentence1\tsentence2\tscore\na\tb\t4.5\nc\td\t{label}\n")
     with pytest.raises(ValueError, match=rf"dev.tsv:3: label '{label}' is not a finite number; task stsb is a "
@@ -215,7 +215,7 @@ def test_a_task_whose_labels_repeat_a_name_is_refused(tmp_path, monkeypatch):
 ], ids=["no-labels", "no-builtin-no-text_b", "another-name"])
 def test_a_task_yaml_without_a_key_or_under_another_name_is_refused_naming_the_file(changes, message, tmp_path,
                                                                                      monkeypatch):
-    """Issue 55's probe: without `labels` the task failed with OmegaConf's `Missing key labels`, naming no file; under
+    """Without `labels` the task failed with OmegaConf's `Missing key labels`, naming no file; under
     another name its results, and messages naming `tasks/<name>.yaml`, pointed at a file that is not there."""
     from pipeline.downstream import tasks
 
@@ -235,7 +235,7 @@ def test_a_task_yaml_that_is_a_list_is_refused_naming_the_file(tmp_path, monkeyp
 
 @pytest.mark.parametrize("name", ["../reviews", "sub/reviews"])
 def test_a_task_name_that_is_not_a_file_of_tasks_is_unknown(name, tmp_path, monkeypatch):
-    """Issue 55's probe: `finetune.task=../x` read x.yaml from beside the task directory."""
+    """`finetune.task=../x` read x.yaml from beside the task directory."""
     from pipeline.downstream import tasks
 
     task_dir = tmp_path / "tasks"

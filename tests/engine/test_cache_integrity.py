@@ -169,7 +169,7 @@ COPIER = {"copier": Stage("copier", copy_input, (), ("input_dir",),
 
 
 def test_a_read_only_cache_serves_a_run_whose_stages_are_all_cached(tmp_path, monkeypatch):
-    """Defect 12 of issue 55: a cache copied onto read-only storage (every output's stat identity new, the input files
+    """A cache copied onto read-only storage (every output's stat identity new, the input files
     now settled) failed a run with nothing to do with a traceback, `[Errno 30] Read-only file system`, from the
     digest memo writes. Tests run as root, for whom chmod does not stop a write: the memo's writer raises EROFS."""
     (tmp_path / "inputs").mkdir()

@@ -155,7 +155,7 @@ TinyRun(tiny_config(Path(sys.argv[1]), sys.argv[3:])).run_stage(sys.argv[2])
 ], ids=["word2vec", "bert_piece_vectors"])
 def test_a_stage_killed_while_training_word_vectors_leaves_no_scratch_in_the_output_a_rerun_finishes(
         tmp_path, ray_session, stage, overrides, outputs):
-    """Defect 17 of issue 55: the word2vec and piece-vector stages wrote their tokenised copy of the corpus to a
+    """The word2vec and piece-vector stages wrote their tokenised copy of the corpus to a
     temporary directory inside their output; a killed attempt left it there, and the rerun that finished the stage
     recorded it in its marker as an output."""
     from tests.helpers import TinyRun, tiny_config

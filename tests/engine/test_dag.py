@@ -232,7 +232,7 @@ def remove_the_run_directory(ctx) -> dict:
 
 
 def test_a_run_directory_removed_mid_run_is_said_in_one_line_and_the_cache_kept(tmp_path, ray_session):
-    """Defect 14 of issue 55: the driver's next write into the removed run directory (a stage's link, then
+    """The driver's next write into the removed run directory (a stage's link, then
     pipeline.json in the `finally` that was to record the run's end) failed with a FileNotFoundError traceback."""
     stages = {**FAKE, "remover": Stage("remover", remove_the_run_directory, ("source",))}
     cfg = _cfg(tmp_path, **{"pipeline.stages": ["remover"]})
@@ -246,7 +246,7 @@ def test_a_run_directory_removed_mid_run_is_said_in_one_line_and_the_cache_kept(
 
 
 def test_private_books_give_a_cache_readable_by_its_owner_alone(tmp_path, ray_session, monkeypatch):
-    """Defect 7 of issue 55: books at mode 600 became shards at mode 644 in a directory at 755 under the default umask,
+    """Books at mode 600 became shards at mode 644 in a directory at 755 under the default umask,
     readable by every user of the machine (and by anyone a copy of the cache went to)."""
     monkeypatch.setattr(fingerprints, "SETTLE_NS", 0)  # the books' digests are memoised at once
     previous_umask = os.umask(0o022)
@@ -371,7 +371,7 @@ def test_a_failed_checkpoint_save_removes_its_temporary(tmp_path, monkeypatch, f
 
 
 def test_a_stage_to_run_in_a_read_only_cache_says_so_in_one_line(tmp_path, monkeypatch):
-    """Found by issue 55's probe: on a cache mounted read-only (a real `mount -o remount,bind,ro`), a run with a stage
+    """On a cache mounted read-only (a real `mount -o remount,bind,ro`), a run with a stage
     to run failed with a traceback, `[Errno 30] Read-only file system: …/stages/sink/HASH.lock`: the stage's lock and
     marker were written outside what names a failed stage. Tests run as root: the lock's open raises EROFS here."""
     from pipeline.engine import dag
@@ -389,7 +389,7 @@ def test_a_stage_to_run_in_a_read_only_cache_says_so_in_one_line(tmp_path, monke
 
 
 def test_a_marker_that_cannot_be_written_names_the_stage(tmp_path):
-    """Found by issue 55's probe: a completion marker replaced by a directory made the stage run again (it is not
+    """A completion marker replaced by a directory made the stage run again (it is not
     complete) and then fail writing its marker with a traceback, IsADirectoryError, from outside what names a failed
     stage."""
     cfg = _cfg(tmp_path, **{"pipeline.stages": ["source"]})

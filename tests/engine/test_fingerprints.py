@@ -117,7 +117,7 @@ def _planned_within(cfg, seconds: float):
 
 
 def test_a_fifo_or_a_link_to_dev_zero_in_the_corpus_is_keyed_by_name_and_kind_never_read(tmp_path):
-    """Defect 5 of issue 55: planning (also with pipeline.dry_run=true) opened and hashed every file before prepare's
+    """Planning (also with pipeline.dry_run=true) opened and hashed every file before prepare's
     regular-file check, and hung on a FIFO (no writer) or a link to /dev/zero (no end)."""
     cfg = tiny_config(tmp_path, ["pipeline.dry_run=true", "pipeline.until=prepare"])
     corpus = Path(cfg.data.corpus_dir)
@@ -135,7 +135,7 @@ def test_a_fifo_or_a_link_to_dev_zero_in_the_corpus_is_keyed_by_name_and_kind_ne
 
 
 def test_a_book_whose_file_name_is_not_utf8_is_planned_and_its_digest_memoised(tmp_path, monkeypatch):
-    """Defect 11 of issue 55: a book named caf\\xe9.txt (Latin-1) crashed planning with UnicodeEncodeError, writing the
+    """A book named caf\\xe9.txt (Latin-1) crashed planning with UnicodeEncodeError, writing the
     digest memo, which holds the name."""
     monkeypatch.setattr(fingerprints, "SETTLE_NS", 0)  # the files just written count as settled: memoised
     corpus = _corpus(tmp_path)

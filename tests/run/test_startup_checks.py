@@ -103,7 +103,7 @@ def test_a_bad_task_file_fails_before_any_stage_naming_file_and_line(tmp_path, r
 
 
 def test_a_train_split_of_one_label_fails_before_any_stage(tmp_path):
-    """Issue 55, defect 9: it failed in scikit-learn's LogisticRegressionCV (bow_logreg) after the models trained."""
+    """It failed in scikit-learn's LogisticRegressionCV (bow_logreg) after the models trained."""
     tiny_config(tmp_path)  # writes the task
     train = tmp_path / "task" / "train.tsv"
     header, *rows = train.read_text().splitlines()
@@ -113,7 +113,7 @@ def test_a_train_split_of_one_label_fails_before_any_stage(tmp_path):
 
 
 def test_a_train_size_of_one_for_a_classification_task_fails_before_any_stage(tmp_path):
-    """Issue 55's probe: finetune.train_sizes=[1] fine-tuned every model, then bow_logreg failed on its one-label subset
+    """finetune.train_sizes=[1] fine-tuned every model, then bow_logreg failed on its one-label subset
     (`This solver needs samples of at least 2 classes`)."""
     _fails_before_any_stage(tiny_config(tmp_path, ["finetune.train_sizes=[1,null]"]), ValueError,
                             r"finetune\.train_sizes=\[1, None\]: a subset of 1 example holds a single label, .* task "
@@ -122,14 +122,14 @@ def test_a_train_size_of_one_for_a_classification_task_fails_before_any_stage(tm
 
 
 def test_a_repeated_task_fails_before_any_stage(tmp_path):
-    """Issue 55's probe: finetune.task=[sst2,sst2] counted each row twice: `seeds 2`, `per_seed [0.575, 0.575]`."""
+    """finetune.task=[sst2,sst2] counted each row twice: `seeds 2`, `per_seed [0.575, 0.575]`."""
     _fails_before_any_stage(tiny_config(tmp_path, ["finetune.task=[sst2,sst2]"]), ValueError,
                             r"finetune\.task=\['sst2', 'sst2'\] repeats \['sst2'\]: a repeated task's rows would be "
                             r"counted again, as if from more seeds; give each task once")
 
 
 def test_a_regression_label_that_is_not_finite_fails_before_any_stage(tmp_path):
-    """Issue 55, defect 8: a `nan` score was read, and fine-tuning then failed blaming finetune.lr."""
+    """A `nan` score was read, and fine-tuning then failed blaming finetune.lr."""
     write_stsb(tmp_path / "stsb")
     dev = tmp_path / "stsb" / "dev.tsv"
     lines = dev.read_text().splitlines()
@@ -166,7 +166,7 @@ def test_an_until_outside_the_runs_stages_is_warned_about(tmp_path, capsys):
 
 
 def test_a_cache_dir_that_is_a_file_is_called_a_file(tmp_path):
-    """Found by issue 55's probe: `paths.cache_dir=FILE` (also with pipeline.dry_run=true) failed with a traceback from
+    """`paths.cache_dir=FILE` (also with pipeline.dry_run=true) failed with a traceback from
     making the directory, FileExistsError, naming no setting."""
     cfg = tiny_config(tmp_path)
     (tmp_path / "cache_file").write_text("not a directory")
