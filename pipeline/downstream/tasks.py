@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from data_prep.corpus.builtin import BUILTIN_TASK_DATA
 from data_prep.tasks.encoding import not_utf8
 from pipeline import CONF_DIR
-from pipeline.engine.fingerprints import content_digests
+from pipeline.engine.fingerprints import memoised_digests
 
 # A field of csv's default limit, 131,072 characters, refused a long document (texts are cut to
 # finetune.max_seq_length tokens anyway) with an error naming no file
@@ -141,9 +141,7 @@ def task_data_fingerprint(task: DictConfig, data_dir: str | None, cache_dir: str
     if not data_dir and task.builtin:
         return definition + BUILTIN_TASK_DATA[task.builtin].fingerprint
     paths = list(task_files(task, resolve_task_dir(task, data_dir, cache_dir), allow_outside).values())
-    listed = "\0".join(map(str, paths))
-    memo = Path(cache_dir) / "file_digests" / f"{hashlib.sha256(listed.encode()).hexdigest()[:16]}.json"
-    listing = list(zip(map(str, paths), content_digests(paths, memo)))
+    listing = list(zip(map(str, paths), memoised_digests(paths, cache_dir, "\0".join(map(str, paths)))))
     return definition + hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 

@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from data_prep.corpus.prepare import list_corpus_files
 from data_prep.corpus.shards import shard_paths, write_json_atomically
 from pipeline.engine.arrow import read_arrow
-from pipeline.engine.fingerprints import code_version, content_digests
+from pipeline.engine.fingerprints import code_version, memoised_digests
 from pipeline.engine.integrity import (
     OUTPUTS_KEY,
     InputFiles,
@@ -641,7 +641,5 @@ def files_fingerprint(root: Path, pattern: str, cache_dir: str | Path) -> str:
     by its kind, unread): a changed corpus is new work, and so is a fixed one. Digests are memoised under
     `cache_dir`."""
     names = list_corpus_files(root, pattern)
-    memo_name = hashlib.sha256(f"{root}\0{pattern}".encode()).hexdigest()[:16]
-    memo = Path(cache_dir) / "file_digests" / f"{memo_name}.json"
-    listing = list(zip(names, content_digests([root / name for name in names], memo)))
+    listing = list(zip(names, memoised_digests([root / name for name in names], cache_dir, f"{root}\0{pattern}")))
     return hashlib.sha256(json.dumps([str(root), listing]).encode()).hexdigest()

@@ -61,6 +61,13 @@ def content_digest(path: Path) -> str:
         return UNREADABLE
 
 
+def memoised_digests(paths: list[Path], cache_dir: str | Path, memo_key: str) -> list[str]:
+    """content_digests of `paths`, memoised under `cache_dir`'s file_digests/ in one memo per `memo_key` (what the
+    paths are a listing of: a corpus folder and its pattern, a task's files, a checkpoint)."""
+    memo = Path(cache_dir) / "file_digests" / f"{hashlib.sha256(memo_key.encode()).hexdigest()[:16]}.json"
+    return content_digests(paths, memo)
+
+
 def content_digests(paths: list[Path], memo_file: Path) -> list[str]:
     """sha256 of each file's bytes, or UNREADABLE. Digests are memoised in `memo_file` by path and stat identity;
     the memo is rewritten with exactly `paths`, so it does not grow with files long gone. An unreadable file is

@@ -18,7 +18,6 @@ fine-tune stage compares to show what more pretraining buys downstream.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -56,7 +55,7 @@ from pipeline.engine.distributed import (
     whole_parameters,
 )
 from pipeline.engine.divergence import DivergenceMonitor, reduce_mean
-from pipeline.engine.fingerprints import content_digests
+from pipeline.engine.fingerprints import memoised_digests
 from pipeline.engine.module import PretrainModule, pretraining_advice
 from pipeline.engine.optim import sparse_gradient_parameters, use_dense_gradients
 from pipeline.engine.settings import cache_dir_of, check_target_arguments, typed_settings
@@ -165,8 +164,7 @@ def start_checkpoint_fingerprint(cfg: DictConfig) -> str:
     if not cfg.ckpt_path:
         return ""
     path = Path(cfg.ckpt_path).expanduser().resolve()
-    memo = Path(cache_dir_of(cfg)) / "file_digests" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:16]}.json"
-    return content_digests([path], memo)[0]
+    return memoised_digests([path], cache_dir_of(cfg), str(path))[0]
 
 
 def check_start_checkpoint(cfg: DictConfig) -> None:
