@@ -250,8 +250,8 @@ def check_task_files(cfg: DictConfig) -> None:
     classifying = [task.name for task in scored_tasks(f) if task.format == "tsv" and task.labels is not None]
     if classifying and 1 in train_sizes(f):
         raise ValueError(f"finetune.train_sizes={list(f.train_sizes)}: a subset of 1 example holds a single label, "
-                         f"from which no classifier learns (the baselines' logistic regression refuses it, after the "
-                         f"models have trained); task {classifying[0]} needs sizes of at least 2")
+                         f"from which no classifier learns to tell the labels apart (every model and baseline would "
+                         f"predict that label); task {classifying[0]} needs sizes of at least 2")
     if not f.data_dir:
         return
     for name in task_names(f.task):
