@@ -20,7 +20,7 @@ from data_prep.corpus.sentences import default_splitter, splitter_identity
 from data_prep.corpus.shards import MANIFEST_NAME
 from pipeline.data_settings import DataConfig
 from pipeline.downstream.task_data import evaluation_texts as task_evaluation_texts
-from pipeline.downstream.tasks import load_task, resolve_task_dir, task_data_fingerprint, task_names
+from pipeline.downstream.tasks import in_corpus_form, load_task, resolve_task_dir, task_data_fingerprint, task_names
 from pipeline.engine.dag import Stage, StageContext, files_fingerprint
 from pipeline.engine.settings import RayConfig, cache_dir_of, stages_in_run, typed_settings
 
@@ -38,6 +38,9 @@ class EvaluationSources:
     task_files_outside_data_dir: bool  # finetune.allow_files_outside_data_dir
     cache_dir: str
     senteval: SentevalConfig | None
+    # data.nfkc and data.chinese_variant: the tasks' text is compared in the corpus's form (in_corpus_form), so that
+    # a traditional-character dev sentence is found in a corpus converted to simplified ones
+    text_form: tuple[bool, str] = (False, "keep")
 
     @classmethod
     def of(cls, cfg: DictConfig) -> EvaluationSources:
@@ -48,9 +51,10 @@ class EvaluationSources:
             from pipeline.evaluation.senteval import SentevalConfig  # torch: loaded only where the probes' text is read
 
             senteval = typed_settings(cfg.senteval, SentevalConfig)
+        data = typed_settings(cfg.data, DataConfig)
         return cls(tuple(task_names(cfg.finetune.task)) if "finetune" in stages else (), cfg.finetune.data_dir,
                    cfg.finetune.allow_files_outside_data_dir, cache_dir_of(cfg),
-                   senteval if senteval and senteval.tasks else None)
+                   senteval if senteval and senteval.tasks else None, (data.nfkc, str(data.chinese_variant)))
 
 
 def corpus_dir(data: DataConfig, cache_dir: str) -> Path:
@@ -89,7 +93,7 @@ def evaluation_texts(sources: EvaluationSources) -> dict[str, list[str]]:
     scored on."""
     texts = {}
     for name in sources.tasks:
-        task = load_task(name)
+        task = in_corpus_form(load_task(name), *sources.text_form)
         splits = task_evaluation_texts(task, resolve_task_dir(task, sources.task_data_dir, sources.cache_dir))
         texts.update({f"{name} {split}": split_texts for split, split_texts in splits.items()})
     if sources.senteval is not None:

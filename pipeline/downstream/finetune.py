@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from data_prep.corpus.shards import write_json_atomically
-from pipeline.data_settings import chinese_words_of
+from pipeline.data_settings import DataConfig, chinese_words_of
 from pipeline.downstream.baselines import bow_logreg_scores, lead_n_scores, w2v_mean_coverage, w2v_mean_scores
 from pipeline.downstream.task_data import (
     LengthGroupedBatchSampler,
@@ -38,6 +38,7 @@ from pipeline.downstream.task_data import (
 from pipeline.downstream.tasks import (
     SCORE_SPLITS,
     TaskSplit,
+    in_corpus_form,
     load_task,
     resolve_task_dir,
     scored_task,
@@ -230,8 +231,9 @@ def sizes_for_task(sizes: list[int | None], train_count: int, task: str) -> list
 
 
 
-def scored_tasks(f: FinetuneConfig) -> list[DictConfig]:
-    """finetune.task's tasks as fine-tuning reads them: scored on finetune.score_split's split (scored_task)."""
+def scored_tasks(cfg: DictConfig, f: FinetuneConfig) -> list[DictConfig]:
+    """finetune.task's tasks as fine-tuning reads them: scored on finetune.score_split's split (scored_task), their
+    text in the form prepare gave the corpus (in_corpus_form)."""
     if f.selection_fraction and f.score_split != "dev":
         raise ValueError(f"finetune.selection_fraction scores a held-out part of the train split and "
                          f"finetune.score_split={f.score_split} the {f.score_split} split: set one of them")
@@ -239,7 +241,9 @@ def scored_tasks(f: FinetuneConfig) -> list[DictConfig]:
     if _repeated(names):
         raise ValueError(f"finetune.task={names} repeats {_repeated(names)}: a repeated task's rows would be counted "
                          "again, as if from more seeds; give each task once")
-    return [scored_task(load_task(name), str(f.score_split)) for name in names]
+    data = typed_settings(cfg.data, DataConfig)
+    return [in_corpus_form(scored_task(load_task(name), str(f.score_split)), data.nfkc, str(data.chinese_variant))
+            for name in names]
 
 
 def check_task_files(cfg: DictConfig) -> None:
@@ -247,7 +251,7 @@ def check_task_files(cfg: DictConfig) -> None:
     (finetune.data_dir) read as this stage will read them, so that a missing test split, a wrong label or a malformed
     row is reported before the first stage runs instead of after pretraining. Built-in data is ours."""
     f = finetune_settings(cfg)
-    classifying = [task.name for task in scored_tasks(f) if task.format == "tsv" and task.labels is not None]
+    classifying = [task.name for task in scored_tasks(cfg, f) if task.format == "tsv" and task.labels is not None]
     if classifying and 1 in train_sizes(f):
         raise ValueError(f"finetune.train_sizes={list(f.train_sizes)}: a subset of 1 example holds a single label, "
                          f"from which no classifier learns to tell the labels apart (every model and baseline would "
@@ -415,7 +419,7 @@ def finetune(ctx: StageContext) -> dict:
     finished = ctx.out_dir / "finished"
     finished.mkdir(exist_ok=True)
     rows = []
-    for task in scored_tasks(f):
+    for task in scored_tasks(ctx.cfg, f):
         if selection and task.format != "tsv":
             raise ValueError(f"finetune.selection_fraction holds out part of a TSV task's train split; task "
                              f"{task.name} is {task.format}: leave it null for this task")

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 from data_prep.tasks.conll import TaggedSentence, iob1_to_iob2, read_conll
 from data_prep.tasks.squad import read_squad
-from pipeline.downstream.tasks import TaskSplit, read_split, task_files
+from pipeline.downstream.tasks import TaskSplit, read_split, task_files, text_form
 from pipeline.evaluation.metrics import score_task
 
 
@@ -133,9 +133,9 @@ def conll_sentences(task: DictConfig, data_dir: Path, name: str) -> list[TaggedS
                          "iob for chunks (NER, chunking), none for tags without spans (POS)")
     sentences = read_conll(data_dir / name, task.labels, int(task.get("word_column", 0)),
                            int(task.get("tag_column", -1)), iob=scheme == "iob")
-    if scheme == "none":
-        return sentences
-    return [TaggedSentence(s.tokens, iob1_to_iob2(s.tags)) for s in sentences]
+    form = text_form(task)  # word by word: each keeps its tag
+    return [TaggedSentence([form(token) for token in s.tokens], s.tags if scheme == "none" else iob1_to_iob2(s.tags))
+            for s in sentences]
 
 
 def majority_tag_scores(task: DictConfig, train: list[TaggedSentence], dev: list[TaggedSentence]) -> dict[str, float]:

@@ -6,13 +6,15 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Sequence
+import unicodedata
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from data_prep.corpus.builtin import BUILTIN_TASK_DATA
+from data_prep.corpus.chinese import convert_variant
 from data_prep.tasks.encoding import not_utf8
 from pipeline import CONF_DIR
 from pipeline.engine.fingerprints import memoised_digests
@@ -64,6 +66,25 @@ def load_task(name: str) -> DictConfig:
         # a label's position is its class id: a repeat gives one name two classes, of which the second never occurs
         raise ValueError(f"{path}: labels {labels} name {repeated} more than once; list each class once")
     return task
+
+
+def in_corpus_form(task: DictConfig, nfkc: bool, chinese_variant: str) -> DictConfig:
+    """The task as a run reads it whose corpus prepare normalised (data.nfkc, data.chinese_variant): its texts are
+    given the same Unicode form and Chinese script as the pretraining text, so that a tokenizer trained on simplified
+    characters reads a task written in traditional ones (爲, 臨, 曉) as the characters it knows instead of [UNK]. The
+    task's own files are left as they are; a run whose corpus is read as it is reads its tasks as they are."""
+    if not nfkc and chinese_variant == "keep":
+        return task
+    return OmegaConf.merge(task, {"text_form": {"nfkc": nfkc, "chinese_variant": chinese_variant}})
+
+
+def text_form(task: DictConfig) -> Callable[[str], str]:
+    """What in_corpus_form gave the task to do to each of its texts (the identity where nothing)."""
+    form = task.get("text_form")
+    if form is None:
+        return lambda text: text
+    nfkc, variant = bool(form.nfkc), str(form.chinese_variant)
+    return lambda text: convert_variant(unicodedata.normalize("NFKC", text) if nfkc else text, variant)
 
 
 SCORE_SPLITS = ("dev", "test")
@@ -195,6 +216,7 @@ def _read_rows(task: DictConfig, path: Path, reader) -> TaskSplit:
     """read_split's rows of an open file, each checked as it comes."""
     label_index = None if task.labels is None else {str(label): i for i, label in enumerate(task.labels)}
     columns = [c for c in (task.text_a, task.text_b, task.label) if c is not None]
+    form = text_form(task)
     texts_a, texts_b, labels = [], [] if task.text_b is not None else None, []
     if task.get("header", True):
         header = next(reader, None)
@@ -220,10 +242,11 @@ def _read_rows(task: DictConfig, path: Path, reader) -> TaskSplit:
         if len(row) != width:
             raise ValueError(f"{path}:{line_no}: expected {width} tab-separated fields, as on the file's "
                              f"{shape_of}, got {len(row)}; fix the row (a tab inside a text must be removed)")
-        labels.append(_label(task, label_index, row[col[task.label]].strip(), f"{path}:{line_no}"))
-        texts_a.append(row[col[task.text_a]])
+        label = _label(task, label_index, row[col[task.label]].strip(), f"{path}:{line_no}")
+        labels.append(form(label) if isinstance(label, str) else label)  # a generation target is text
+        texts_a.append(form(row[col[task.text_a]]))
         if texts_b is not None:
-            texts_b.append(row[col[task.text_b]])
+            texts_b.append(form(row[col[task.text_b]]))
     if not labels:
         raise ValueError(f"{path}: no examples" + (" after the header" if task.get("header", True) else ""))
     return TaskSplit(texts_a, texts_b, labels)

@@ -85,7 +85,7 @@ def test_the_control_starts_where_pretraining_did_with_the_layers_and_head_of_be
     encoder = load_pretrained(run.stage_dir("bert_pretrain") / "encoder")
     assert sources["bert_w2v"].piece_vector_start.config == encoder.config
     assert sources["bert_w2v"].encoding_key == sources["bert"].encoding_key  # the same tokenizer: encoded once
-    task = scored_tasks(f)[0]
+    task = scored_tasks(cfg, f)[0]
     data = sources["bert"].encode(task, resolve_task_dir(task, f.data_dir, cache_dir_of(cfg)), f, cfg.seed, None)
 
     def built(kind: str, seed: int = 1) -> dict[str, torch.Tensor]:

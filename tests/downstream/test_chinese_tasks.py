@@ -21,7 +21,8 @@ from data_prep.corpus.shards import open_shards
 from data_prep.tasks.conll import TaggedSentence
 from models import IGNORE_INDEX
 from pipeline.corpus import EvaluationSources, decontamination, evaluation_texts
-from pipeline.downstream.task_data import majority_tag_scores
+from pipeline.downstream.finetune import finetune_settings, scored_tasks
+from pipeline.downstream.task_data import conll_sentences, majority_tag_scores, tsv_splits
 from pipeline.downstream.tasks import load_task
 from pipeline.evaluation.metrics import segmentation_words, word_f1
 from tests.helpers import tiny_config
@@ -197,3 +198,41 @@ def test_a_mixed_chinese_and_english_book_through_prepare(tmp_path, ray_running)
     (book,) = manifest["files"]
     # 第一章 (3 characters) is kept as a sentence of 3 tokens; nothing is too long
     assert (book["status"], book["sentences"], manifest["options"]["chinese_variant"]) == ("kept", 14, "simplified")
+
+
+def write_traditional_zh_tasks(root):
+    """zh_sentiment and zh_pos written in traditional characters, as a user's task from Taiwan or Hong Kong would be,
+    with the full-width digits and punctuation NFKC folds."""
+    root.mkdir()
+    for split, reviews in (("train", ["這本書很好看。", "質量太差了。"]), ("dev", ["物流很快，包裝也好，推薦購買。"]),
+                           ("test", ["客服態度惡劣，再也不來這家店了１２次。"])):
+        (root / f"{split}.tsv").write_text("sentence\tlabel\n" + "".join(f"{r}\t1\n" for r in reviews))
+    for split, words in (("train", ["我們", "愛", "和平"]), ("dev", ["國務院", "總理", "會見", "了"]),
+                         ("test", ["人民", "大會堂", "舉行", "了"])):
+        (root / f"pos_{split}.txt").write_text("".join(f"{w} n\n" for w in words) + "\n")
+
+
+def test_a_task_is_read_in_the_script_and_unicode_form_prepare_gave_the_corpus(tmp_path):
+    write_traditional_zh_tasks(tmp_path / "zh")
+    overrides = ["finetune.task=[zh_sentiment,zh_pos]", f"finetune.data_dir={tmp_path / 'zh'}"]
+    as_it_is = tiny_config(tmp_path, overrides)
+    converted = tiny_config(tmp_path, [*overrides, "data.chinese_variant=simplified", "data.nfkc=true"])
+    f = finetune_settings(converted)
+    sentiment, pos = scored_tasks(converted, f)
+    train, dev, _ = tsv_splits(sentiment, tmp_path / "zh", None, 0)
+    assert train.texts_a == ["这本书很好看。", "质量太差了。"] and dev.texts_a == ["物流很快,包装也好,推荐购买。"]
+    assert [s.tokens for s in conll_sentences(pos, tmp_path / "zh", pos.dev_file)] == [["国务院", "总理", "会见", "了"]]
+    # a run that reads its corpus as it is reads its tasks as they are (the English default: no conversion at all)
+    sentiment_as_it_is = scored_tasks(as_it_is, finetune_settings(as_it_is))[0]
+    assert "text_form" not in sentiment_as_it_is
+    assert tsv_splits(sentiment_as_it_is, tmp_path / "zh", None, 0)[1].texts_a == ["物流很快，包裝也好，推薦購買。"]
+    # decontamination compares the tasks' text in the corpus's form: the traditional test review is found in a corpus
+    # that prepare converted to simplified characters, with NFKC's ASCII digits and comma
+    assert evaluation_texts(EvaluationSources.of(converted))["zh_sentiment test"] == ["客服态度恶劣,再也不来这家店了12次。"]
+
+
+def test_the_chinese_experiments_read_their_tasks_in_the_corpus_script(tmp_path):
+    """zh_builtin is in simplified characters: the Chinese experiments convert every text to them, the tasks' too."""
+    cfg = tiny_config(tmp_path, experiment="bert_tiny_zh")
+    assert cfg.data.chinese_variant == "simplified"
+    assert all(task.text_form.chinese_variant == "simplified" for task in scored_tasks(cfg, finetune_settings(cfg)))
