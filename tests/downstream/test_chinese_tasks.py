@@ -228,7 +228,8 @@ def test_a_task_is_read_in_the_script_and_unicode_form_prepare_gave_the_corpus(t
     assert tsv_splits(sentiment_as_it_is, tmp_path / "zh", None, 0)[1].texts_a == ["物流很快，包裝也好，推薦購買。"]
     # decontamination compares the tasks' text in the corpus's form: the traditional test review is found in a corpus
     # that prepare converted to simplified characters, with NFKC's ASCII digits and comma
-    assert evaluation_texts(EvaluationSources.of(converted))["zh_sentiment test"] == ["客服态度恶劣,再也不来这家店了12次。"]
+    texts = evaluation_texts(EvaluationSources.of(converted))
+    assert texts["zh_sentiment test"] == ["客服态度恶劣,再也不来这家店了12次。"]
 
 
 def test_the_chinese_experiments_read_their_tasks_in_the_corpus_script(tmp_path):

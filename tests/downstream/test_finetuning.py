@@ -22,6 +22,7 @@ from pipeline import CONF_DIR
 from pipeline.bert.data_stages import PIECE_VECTORS_FILE
 from pipeline.downstream import finetune as finetuning
 from pipeline.downstream import task_data
+from pipeline.downstream.modules import FinetuneModule
 from pipeline.downstream.tasks import load_task
 from pipeline.engine.dag import StageContext, plain_config
 from pipeline.engine.family import TokenCoverage
@@ -698,3 +699,35 @@ def test_train_sizes_of_one_example_and_one_of_each_label_fit_the_baselines_too(
                                   if line)]
     # one example: its label for every dev sentence
     assert cells["bow_logreg", 1] in {dev.count("0") / len(dev), dev.count("1") / len(dev)}
+
+
+def test_the_losses_of_a_tiny_fine_tuning_run_stay_what_they_were(ctx, monkeypatch, tmp_path):
+    """What fine-tuning computes is pinned, so that a change meant for speed (the loop, the loader, batching, kernels,
+    threads) that changes the arithmetic fails here instead of moving the results table unseen: the training losses of
+    `bert` (frozen embeddings, layer-wise rates) and then of its random twin, step by step, and their dev accuracy,
+    in fp32 on one thread, from an encoder and a tokenizer drawn from fixed seeds. To 4 decimals: kernels of other
+    instruction sets round differently in the last bits."""
+    torch.manual_seed(0)
+    save_pretrained(BertModel(bert_config("bert_tiny", vocab_size=128, max_position_embeddings=64)),
+                    tmp_path / "pinned_encoder" / "encoder")
+    ctx.inputs["bert_pretrain"] = tmp_path / "pinned_encoder"
+    ctx.cfg.finetune.update(task=["sst2"], models=["bert", "bert_random"], seeds=[1], epochs=2, baselines=[])
+    losses = []
+    training_step = FinetuneModule.training_step
+
+    def recorded(module, batch, batch_idx):
+        loss = training_step(module, batch, batch_idx)
+        losses.append(loss.item())
+        return loss
+
+    monkeypatch.setattr(FinetuneModule, "training_step", recorded)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rows = finetuning.finetune(ctx)["results"]
+    finally:
+        torch.set_num_threads(threads)
+    assert losses == pytest.approx([0.6630, 0.6068, 0.6973, 0.5113, 0.6253, 0.6515, 0.5608, 0.5809,  # bert
+                                    0.6853, 0.6043, 0.8964, 0.4100, 0.7111, 0.6569, 0.5416, 0.5379],  # bert_random
+                                   abs=1e-4)
+    assert {r["model"]: r["score"] for r in rows} == {"bert": 0.5625, "bert_random": 0.5625}
