@@ -11,7 +11,7 @@ EXPERIMENT ?= bert_tiny
 ARGS ?=
 
 .PHONY: help install run test test-slow clean bench-elmo bench-skip-thought bench-data bench-stages bench-train \
-        bench-gpt bench-seq2seq bench-memory bench-gpu
+        bench-gpt bench-seq2seq bench-memory bench-gpu bench-finetune
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
@@ -54,6 +54,10 @@ bench-skip-thought: $(STAMP)  ## Skip-Thought training step vs this CPU's fp32 m
 
 bench-train: $(STAMP)  ## BERT train step, ours vs HF BertForPreTraining, fp32/bf16 (ARGS=--quick, --loss-curve 600)
 	$(PY) benchmarks/bench_train.py $(ARGS)
+
+bench-finetune: $(STAMP)  ## fine-tuning steps/s: the pipeline's vs a plain loop, HF Trainer, 2 x 1 thread (ARGS="--steps 60")
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) benchmarks/bench_finetune.py $(ARGS)
 
 bench-gpt: $(STAMP)  ## GPT train step and KV-cache generation, ours vs HF GPT2LMHeadModel (ARGS=--quick)
 	$(PY) benchmarks/bench_gpt.py $(ARGS)
