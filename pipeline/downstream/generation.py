@@ -44,10 +44,10 @@ class GenerationModule(FinetuneModule):
     def __init__(self, model, metric: str, tokenizer: Tokenizer, dev_inputs: list[list[int]],
                  dev_sources: list[str], references: list[str], samples_path: Path, max_new_tokens: int,
                  num_beams: int, length_penalty: float, no_repeat_ngram_size: int, lr: float, weight_decay: float,
-                 warmup_steps: int, total_steps: int):
+                 warmup_steps: int, total_steps: int, ignore_case: bool = False):
         super().__init__(model)
         self.save_hyperparameters("metric", "max_new_tokens", "num_beams", "length_penalty", "no_repeat_ngram_size",
-                                  "lr", "weight_decay", "warmup_steps", "total_steps")
+                                  "lr", "weight_decay", "warmup_steps", "total_steps", "ignore_case")
         self.tokenizer, self.dev_inputs, self.dev_sources = tokenizer, dev_inputs, dev_sources
         self.references, self.samples_path = references, samples_path
         self._generated: dict[int, str] = {}
@@ -64,7 +64,8 @@ class GenerationModule(FinetuneModule):
 
     def on_validation_epoch_end(self) -> None:
         predictions = [self._generated[i] for i in range(len(self.references))]
-        self._log_scores(score_task(self.hparams.metric, predictions, self.references))
+        self._log_scores(score_task(self.hparams.metric, predictions, self.references,
+                                    ignore_case=self.hparams.ignore_case))
         self.samples_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.samples_path, "w", encoding="utf-8", newline="") as f:
             writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_MINIMAL)
@@ -117,3 +118,4 @@ def generated_section(finetune_dir: Path) -> list[str]:
             lines.append(f"| {_cell(source)} | {_cell(row['reference'])} | "
                          + " | ".join(_cell(rows[i]["generated"]) for rows in kinds.values()) + " |")
     return lines
+

@@ -87,7 +87,8 @@ def test_gpt_writes_headlines_beside_its_twin_and_lead_n_scored_on_test(tmp_path
     finetune_dir = tmp_path / "run" / "finetune"
     rows = json.loads((finetune_dir / "results.json").read_text())
     assert {(r["model"], r["metric"]) for r in rows} == {(model, metric) for model in ("gpt", "gpt_random", "lead_n")
-                                                        for metric in ("rouge1", "rouge2", "rougeL", "bleu")}
+                                                        for metric in ("rouge1", "rouge2", "rougeL", "bleu",
+                                                                       "exact_match")}
     assert {r["scored_on"] for r in rows} == {"test"} and all(0 <= r["score"] <= 1 for r in rows)
     test = [line.split("\t") for line in (task_dir / "test.tsv").read_text().splitlines()[1:]]
     for kind in ("gpt", "gpt_random"):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from data_prep.corpus.builtin import bbc_headline_rows
 from data_prep.corpus.decontaminate import EvaluationOverlap
@@ -19,10 +20,10 @@ from pipeline import CONF_DIR
 from pipeline.corpus import EvaluationSources, evaluation_texts
 from pipeline.downstream.baselines import lead_n_scores
 from pipeline.downstream.finetune import finetune_upstream
-from pipeline.downstream.tasks import TaskSplit, load_task
+from pipeline.downstream.tasks import TaskSplit, load_task, scoring_options
 from pipeline.engine.dag import run_dag
 from pipeline.engine.pretraining import merged_settings
-from pipeline.evaluation.metrics import generation_scores
+from pipeline.evaluation.metrics import exact_match, exact_text, generation_scores, score_task
 from pipeline.runner import validate
 from pipeline.stages import STAGES
 from tests.helpers import ENDINGS, OBJECTS, SUBJECTS, VERBS, family_config
@@ -42,10 +43,29 @@ def test_bbc_articles_become_body_to_headline_pairs_split_80_10_10_by_a_fixed_se
 
 def test_generation_scores_are_rouge_and_bleu_fractions():
     assert generation_scores(["the cat sat"], ["the cat sat"]) == pytest.approx(
-        {"rouge1": 1.0, "rouge2": 1.0, "rougeL": 1.0, "bleu": 0.0}, abs=1e-9)  # BLEU-4 of 3 words: no 4-gram
+        {"rouge1": 1.0, "rouge2": 1.0, "rougeL": 1.0, "bleu": 0.0, "exact_match": 1.0},
+        abs=1e-9)  # BLEU-4 of 3 words: no 4-gram
     scores = generation_scores(["the cats were sitting on a mat today"], ["the cat sat on the mat today"])
     assert scores["rouge1"] == pytest.approx(2 * (5 / 8) * (5 / 7) / (5 / 8 + 5 / 7))  # stemmed: cats = cat, sat !=
     assert 0 < scores["bleu"] < 1
+
+
+def test_exact_match_counts_outputs_equal_to_their_reference_after_whitespace_and_the_tasks_case():
+    predictions = ["2004-03-01", "  2004-03-01 ", "2004 03 01", "March 1, 2004", "Blair to  face MPs"]
+    references = ["2004-03-01", "2004-03-01", "2004-03-01", "2004-03-01", "blair to face mps"]
+    assert exact_match(predictions, references) == pytest.approx(2 / 5)  # punctuation and case count
+    assert exact_match(predictions, references, ignore_case=True) == pytest.approx(3 / 5)
+    assert exact_text(" Blair\tto  face ", ignore_case=True) == "blair to face"
+    scores = score_task("rouge_bleu", predictions, references, ignore_case=True)
+    assert list(scores) == ["rouge1", "rouge2", "rougeL", "bleu", "exact_match"]  # rouge1 stays the main metric
+    assert scores["exact_match"] == pytest.approx(3 / 5) and scores["rougeL"] > scores["exact_match"]
+
+
+def test_a_tasks_yaml_says_whether_exact_match_ignores_case():
+    task = load_task("bbc_headlines")
+    assert scoring_options(task) == {"ignore_case": True}
+    assert scoring_options(OmegaConf.merge(task, {"exact_match_ignore_case": False})) == {"ignore_case": False}
+    assert scoring_options(load_task("sst2")) == {}  # other tasks' metrics take no options
 
 
 def test_lead_n_chooses_n_on_train():
@@ -55,6 +75,7 @@ def test_lead_n_chooses_n_on_train():
     dev = TaskSplit(["a b c d e"], None, ["a b"])
     n, scores = lead_n_scores(task, train, dev)
     assert n == 3 and scores["rougeL"] == pytest.approx(0.8)  # "a b c" against "a b"
+    assert scores["exact_match"] == 0.0
 
 
 def write_headline_task(root: Path, seed: int = 0) -> Path:
@@ -114,7 +135,7 @@ def test_seq2seq_tiny_is_fine_tuned_on_headlines_beside_its_twin_and_lead_n_and_
     rows = json.loads((finetune_dir / "results.json").read_text())
     scores = {(r["model"], r["metric"]): r for r in rows}
     assert set(scores) == {(model, metric) for model in ("seq2seq", "seq2seq_random", "lead_n")
-                           for metric in ("rouge1", "rouge2", "rougeL", "bleu")}
+                           for metric in ("rouge1", "rouge2", "rougeL", "bleu", "exact_match")}
     assert scores[("lead_n", "rougeL")]["score"] > 0.9  # the headline is the first three or four words
     assert scores[("seq2seq", "rougeL")]["seeds"] == 2 and scores[("seq2seq", "rougeL")]["dev_examples"] == 12
     assert all(0 <= r["score"] <= 1 for r in rows)
@@ -122,6 +143,10 @@ def test_seq2seq_tiny_is_fine_tuned_on_headlines_beside_its_twin_and_lead_n_and_
         generated = list(csv.DictReader(f, delimiter="\t"))
     dev = [line.split("\t") for line in (task_dir / "dev.tsv").read_text().splitlines()[1:]]
     assert [g["reference"] for g in generated] == [target for _, target in dev]
+    # the last seed's exact match, from its outputs: the task ignores case (exact_match_ignore_case)
+    written = scores[("seq2seq", "exact_match")]
+    assert written["per_seed"][1] == pytest.approx(sum(g["generated"].lower() == g["reference"].lower()
+                                                       for g in generated) / 12, abs=1e-4)
     report = (tmp_path / "run" / "report" / "results.md").read_text()
     assert "## Generated: bbc_headlines" in report and dev[0][1] in report and "lead_n" in report
 
