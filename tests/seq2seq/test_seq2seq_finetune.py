@@ -20,6 +20,7 @@ from pipeline import CONF_DIR
 from pipeline.corpus import EvaluationSources, evaluation_texts
 from pipeline.downstream.baselines import lead_n_scores
 from pipeline.downstream.finetune import finetune_upstream
+from pipeline.downstream.generation import output_summary
 from pipeline.downstream.tasks import TaskSplit, load_task, scoring_options
 from pipeline.engine.dag import run_dag
 from pipeline.engine.pretraining import merged_settings
@@ -66,6 +67,15 @@ def test_a_tasks_yaml_says_whether_exact_match_ignores_case():
     assert scoring_options(task) == {"ignore_case": True}
     assert scoring_options(OmegaConf.merge(task, {"exact_match_ignore_case": False})) == {"ignore_case": False}
     assert scoring_options(load_task("sst2")) == {}  # other tasks' metrics take no options
+
+
+def test_the_output_summary_makes_a_model_that_writes_one_phrase_for_every_input_visible():
+    one_phrase = output_summary(["Blair to the UK"] * 12)
+    assert one_phrase == {"outputs": 12, "distinct": 1, "distinct_share": round(1 / 12, 4), "empty": 0,
+                          "empty_share": 0.0, "top": [["Blair to the UK", 12]]}
+    summary = output_summary(["a b", "", "c", "a  b", "", "d", "e", "f", "c", "a b"], top=3)
+    assert summary["top"] == [["a b", 3], ["", 2], ["c", 2]]  # whitespace collapsed; ties as first written
+    assert (summary["distinct"], summary["distinct_share"], summary["empty_share"]) == (6, 0.6, 0.2)
 
 
 def test_lead_n_chooses_n_on_train():
@@ -143,12 +153,26 @@ def test_seq2seq_tiny_is_fine_tuned_on_headlines_beside_its_twin_and_lead_n_and_
         generated = list(csv.DictReader(f, delimiter="\t"))
     dev = [line.split("\t") for line in (task_dir / "dev.tsv").read_text().splitlines()[1:]]
     assert [g["reference"] for g in generated] == [target for _, target in dev]
-    # the last seed's exact match, from its outputs: the task ignores case (exact_match_ignore_case)
+    # every seed's finished/ file carries the summary of what that seed wrote; the samples file is the last seed's
+    last = json.loads((finetune_dir / "finished" / "bbc_headlines-seq2seq-all-seed2.json").read_text())
+    assert {json.dumps(r["output_summary"]) for r in last} == {json.dumps(output_summary(
+        [g["generated"] for g in generated]))}
     written = scores[("seq2seq", "exact_match")]
+    assert written["output_summary"]["seed"] == 1 and written["output_summary"]["outputs"] == 12
+    assert len(written["distinct_share_per_seed"]) == 2
+    assert written["distinct_share_per_seed"][1] == last[0]["output_summary"]["distinct_share"]
+    # the last seed's exact match, from its outputs: the task ignores case (exact_match_ignore_case)
     assert written["per_seed"][1] == pytest.approx(sum(g["generated"].lower() == g["reference"].lower()
                                                        for g in generated) / 12, abs=1e-4)
+    lead_n = scores[("lead_n", "rougeL")]
+    assert lead_n["output_summary"]["outputs"] == 12 and lead_n["output_summary"]["seed"] is None
+    assert lead_n["distinct_share_per_seed"] == [lead_n["output_summary"]["distinct_share"]]
     report = (tmp_path / "run" / "report" / "results.md").read_text()
     assert "## Generated: bbc_headlines" in report and dev[0][1] in report and "lead_n" in report
+    assert "## What each model writes: bbc_headlines" in report
+    section = report[report.index("## What each model writes"):report.index("## Generated")]
+    assert [line.split(" | ")[0] for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:] \
+        == ["| seq2seq", "| seq2seq_random", "| lead_n"]
 
 
 def test_seq2seq_tiny_fine_tunes_gpt_beside_it_with_gpts_own_recipe():
