@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from data_prep.corpus.chinese import CJK_IDEOGRAPHS
 from data_prep.corpus.word_vectors import WordVectors
 from data_prep.tasks.senteval_data import tokenize
-from pipeline.downstream.tasks import TaskSplit
+from pipeline.downstream.tasks import TaskSplit, scoring_options
 from pipeline.evaluation.metrics import score_task
 
 # Inverse L2 strengths tried; chosen by the mean accuracy of stratified 5-fold cross-validation on train only.
@@ -149,4 +149,5 @@ def lead_n_scores(task: DictConfig, train: TaskSplit, dev: TaskSplit) -> tuple[i
                               for source, target in zip(train.texts_a, train.labels)]))
 
     best = max(range(1, LEAD_MAX_WORDS + 1), key=train_rouge_l)
-    return best, score_task(task.metric, [lead(source, best) for source in dev.texts_a], dev.labels)
+    return best, score_task(task.metric, [lead(source, best) for source in dev.texts_a], dev.labels,
+                            **scoring_options(task))

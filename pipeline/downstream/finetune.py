@@ -27,7 +27,8 @@ from torch.utils.data import DataLoader, Subset
 
 from data_prep.corpus.shards import write_json_atomically
 from pipeline.data_settings import DataConfig, chinese_words_of
-from pipeline.downstream.baselines import bow_logreg_scores, lead_n_scores, w2v_mean_coverage, w2v_mean_scores
+from pipeline.downstream.baselines import bow_logreg_scores, lead, lead_n_scores, w2v_mean_coverage, w2v_mean_scores
+from pipeline.downstream.generation import output_summary
 from pipeline.downstream.task_data import (
     LengthGroupedBatchSampler,
     TaskData,
@@ -287,7 +288,8 @@ def model_sources(ctx: StageContext, f: FinetuneConfig) -> dict[str, tuple[TaskM
 
 
 def finetune_once(ctx: StageContext, f: FinetuneConfig, task: DictConfig, data: TaskData, models: TaskModels,
-                  kind: str, seed: int, train_indices: np.ndarray) -> dict[str, float]:
+                  kind: str, seed: int, train_indices: np.ndarray) -> tuple[dict[str, float], dict]:
+    """The dev scores of one fine-tuning run, and the fields its rows carry beside them (FinetuneModule.row_fields)."""
     # the same head initialisation and data order for every model kind; quietly, as every run sets one
     L.seed_everything(seed, workers=True, verbose=False)
     model = models.build(data)
@@ -332,7 +334,7 @@ def finetune_once(ctx: StageContext, f: FinetuneConfig, task: DictConfig, data: 
                            # dev is scored once, after the last epoch: no model is chosen by its dev score
                            check_val_every_n_epoch=epochs)
     trainer.fit(module, train_loader, dev_loader)
-    return dict(module.scores)
+    return dict(module.scores), dict(module.row_fields)
 
 
 def word_embeddings(encoder: nn.Module) -> nn.Embedding:
@@ -406,8 +408,21 @@ def _aggregate(rows: list[dict]) -> list[dict]:
                     "dev_examples": members[0]["dev_examples"], "scored_on": members[0].get("scored_on", "dev"),
                     "pretraining_steps": members[0].get("pretraining_steps"),
                     "seconds": round(sum(m["seconds"] for m in members), 1),
-                    **{key: members[0][key] for key in COVERAGE_KEYS if key in members[0]}})
+                    **{key: members[0][key] for key in COVERAGE_KEYS if key in members[0]},
+                    **_outputs_fields(members)})
     return out
+
+
+def _outputs_fields(members: list[dict]) -> dict:
+    """What a generation task's aggregated row says of the outputs (generation.output_summary): the first seed's
+    summary, with that seed, since the most frequent outputs of different seeds do not add up; and every seed's
+    distinct share, to show whether the first is typical. {} for rows without one (other tasks, or finished/ files
+    written before the summary existed)."""
+    if "output_summary" not in members[0]:
+        return {}
+    return {"output_summary": {**members[0]["output_summary"], "seed": members[0]["seed"]},
+            "distinct_share_per_seed": [m["output_summary"]["distinct_share"] for m in members
+                                        if "output_summary" in m]}
 
 
 def finetune(ctx: StageContext) -> dict:
@@ -446,11 +461,11 @@ def finetune(ctx: StageContext) -> dict:
                         rows += [{**row, **coverage} for row in json.loads(done.read_text())]
                         continue
                     started = time.perf_counter()
-                    scores = finetune_once(ctx, f, task, data, models, kind, seed, subset)
+                    scores, fields = finetune_once(ctx, f, task, data, models, kind, seed, subset)
                     result = [{"model": kind, "task": task.name, "metric": metric, "score": value, "seed": seed,
                                "train_size": size, "train_examples": len(subset), "dev_examples": len(data.dev),
                                "scored_on": scored_on, "pretraining_steps": pretraining_steps,
-                               "seconds": round(time.perf_counter() - started, 1)}
+                               "seconds": round(time.perf_counter() - started, 1), **fields}
                               for metric, value in scores.items()]
                     write_json_atomically(done, result)
                     rows += [{**row, **coverage} for row in result]
@@ -493,8 +508,10 @@ def _lead_n_rows(task: DictConfig, data_dir, f: FinetuneConfig, seed: int, score
     n, scores = lead_n_scores(task, train, dev)
     print(f"finetune {task.name}/lead_n: the first {n} words (chosen on train); "
           + ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), flush=True)
-    return _baseline_rows("lead_n", task, scores, len(train.labels), len(dev.labels), scored_on,
-                          round(time.perf_counter() - started, 1))
+    # what copying the source writes: the distinct share a model's outputs are set beside in the report
+    summary = {"output_summary": output_summary([lead(source, n) for source in dev.texts_a])}
+    return [{**row, **summary} for row in _baseline_rows("lead_n", task, scores, len(train.labels), len(dev.labels),
+                                                          scored_on, round(time.perf_counter() - started, 1))]
 
 
 def _subset(split: TaskSplit, indices: np.ndarray) -> TaskSplit:

@@ -67,6 +67,8 @@ class FinetuneModule(L.LightningModule):
         super().__init__()
         self.model = model
         self.scores: dict[str, float] = {}
+        # what the stage writes on this run's rows beside its scores (a generation task's output_summary)
+        self.row_fields: dict = {}
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss = self.model_step(batch)[0]

@@ -128,7 +128,15 @@ def resolve_task_dir(task: DictConfig, data_dir: str | None, cache_dir: str) -> 
 # Keys of a task's YAML that say how its outputs are scored, prompted or written, not which texts it holds: what reads
 # only the texts (prepare's decontamination) leaves them out of its key, so a new beam width reruns fine-tuning alone
 SCORING_KEYS = ("metric", "num_beams", "length_penalty", "no_repeat_ngram_size", "max_target_tokens",
-                "prompt_template", "prompt_label_words")
+                "exact_match_ignore_case", "prompt_template", "prompt_label_words")
+
+
+def scoring_options(task: DictConfig) -> dict:
+    """What a task's YAML says of how its metric compares outputs, as score_task's options: a generation task's
+    exact match ignores case where it sets exact_match_ignore_case (absent: case counts, an exact answer is exact)."""
+    if task.format != "seq2seq":
+        return {}
+    return {"ignore_case": bool(task.get("exact_match_ignore_case", False))}
 
 
 # Every file a task's YAML may name, read from finetune.data_dir (or the built-in data's directory)

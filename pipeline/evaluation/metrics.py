@@ -197,10 +197,32 @@ def squad_scores(predictions: Sequence[str], references: Sequence[Sequence[str]]
 
 # Task metric name (a task YAML's `metric`) -> function of (predictions, references) giving named numbers. GLUE
 # reports MRPC as accuracy and F1 and STS-B as Pearson and Spearman (Wang et al. 2019, Table 1).
-def generation_scores(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
+def exact_text(text: str, ignore_case: bool = False) -> str:
+    """A generated text as exact match compares it: whitespace collapsed (the generated side already is, by
+    generation.complete_text) and, where the task's YAML sets exact_match_ignore_case, case folded (ROUGE's tokenizer
+    lowercases too). Punctuation and every word are kept, unlike SQuAD's normalize_answer: on a task with one right
+    output, such as a date written in a fixed format, "2004-03-01" and "2004 03 01" are different answers."""
+    text = " ".join(text.split())
+    return text.casefold() if ignore_case else text
+
+
+def exact_match(predictions: Sequence[str], references: Sequence[str], ignore_case: bool = False) -> float:
+    """The share of outputs equal to their reference after exact_text's normalisation."""
+    _check_lengths(predictions, references)
+    if not references:
+        return float("nan")
+    return sum(exact_text(p, ignore_case) == exact_text(r, ignore_case)
+               for p, r in zip(predictions, references)) / len(references)
+
+
+def generation_scores(predictions: Sequence[str], references: Sequence[str],
+                      ignore_case: bool = False) -> dict[str, float]:
     """A generation task's scores from the libraries the field reports with, not hand-written: ROUGE-1, -2 and -L F1
     (Lin 2004; Google's `rouge-score`, Porter-stemmed as in its summarisation use), the mean over examples, and
-    corpus BLEU (Papineni et al. 2002; `sacrebleu`'s default 13a tokenisation, Post 2018), as fractions."""
+    corpus BLEU (Papineni et al. 2002; `sacrebleu`'s default 13a tokenisation, Post 2018), as fractions; then exact
+    match (exact_match; `ignore_case`: the task's exact_match_ignore_case), which tells a model that cannot learn a
+    task with one right output from one whose outputs are near but never right. Exact match comes last: a task's
+    main metric is the first it reports (pipeline/runner.py finetune_objective)."""
     import sacrebleu
     from rouge_score import rouge_scorer
 
@@ -208,10 +230,11 @@ def generation_scores(predictions: Sequence[str], references: Sequence[str]) -> 
     scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
     rouge = [scorer.score(reference, prediction) for prediction, reference in zip(predictions, references)]
     return {**{name: float(np.mean([r[name].fmeasure for r in rouge])) for name in ("rouge1", "rouge2", "rougeL")},
-            "bleu": sacrebleu.corpus_bleu(list(predictions), [list(references)]).score / 100}
+            "bleu": sacrebleu.corpus_bleu(list(predictions), [list(references)]).score / 100,
+            "exact_match": exact_match(predictions, references, ignore_case)}
 
 
-METRICS: dict[str, Callable[[Sequence, Sequence], dict[str, float]]] = {
+METRICS: dict[str, Callable[..., dict[str, float]]] = {
     "accuracy": lambda p, r: {"accuracy": accuracy(p, r)},
     "accuracy_f1": lambda p, r: {"accuracy": accuracy(p, r), "f1": binary_f1(p, r)},
     "matthews_corrcoef": lambda p, r: {"matthews_corrcoef": matthews_corrcoef(p, r)},
@@ -224,7 +247,8 @@ METRICS: dict[str, Callable[[Sequence, Sequence], dict[str, float]]] = {
 }
 
 
-def score_task(metric_name: str, predictions: Sequence, references: Sequence) -> dict[str, float]:
+def score_task(metric_name: str, predictions: Sequence, references: Sequence, **options) -> dict[str, float]:
+    """The task metric's numbers; `options`: what the task's YAML sets of how it scores (tasks.scoring_options)."""
     if metric_name not in METRICS:
         raise ValueError(f"unknown metric {metric_name!r} in the task YAML; known metrics: {', '.join(METRICS)}")
-    return METRICS[metric_name](predictions, references)
+    return METRICS[metric_name](predictions, references, **options)

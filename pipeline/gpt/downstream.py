@@ -32,6 +32,7 @@ from pipeline.downstream.modules import (
     pad_right,
 )
 from pipeline.downstream.task_data import TaskData, conll_sentences, majority_tag_scores, subsample, tsv_splits
+from pipeline.downstream.tasks import scoring_options
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
 
@@ -247,7 +248,7 @@ def generation_task_data(task: DictConfig, data_dir: Path, tokenizer, n_position
     module = partial(GPTGenerationModule, metric=task.metric, tokenizer=tokenizer,
                      dev_inputs=[row["prompt"] for row in dev_rows], dev_sources=list(dev.texts_a),
                      references=list(dev.labels), samples_path=samples_path, max_new_tokens=max_target,
-                     **task_decoding(task))
+                     **task_decoding(task), **scoring_options(task))
     return TaskData(train_rows, dev_rows, partial(collate_generation, pad_id=eos), GPTLMHeadModel, module, None,
                     train_lengths=[len(row["input_ids"]) for row in train_rows])
 

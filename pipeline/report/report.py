@@ -19,7 +19,7 @@ from pipeline.downstream.finetune import (
     label_efficiency,
     pretraining_scaling,
 )
-from pipeline.downstream.generation import generated_section
+from pipeline.downstream.generation import generated_section, writing_section
 from pipeline.evaluation.stage import ENCODERS
 from pipeline.report.plots import (
     Curve,
@@ -389,7 +389,7 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str,
             if stage == "finetune" and (scaling := pretraining_scaling(results)):
                 lines += _pretrain_scaling_section(scaling, results, out, title, figures)
             if stage == "finetune":
-                lines += generated_section(stage_dirs[stage])
+                lines += writing_section(headline) + generated_section(stage_dirs[stage])
     if panels:
         figures["task_scores_plot"] = out / "task_scores.png"
         plot_task_scores(panels, figures["task_scores_plot"], title=f"Task scores per model ({title})")

@@ -19,6 +19,7 @@ from data_prep.examples.seq2seq_examples import load_seq2seq_tokenizer
 from models.seq2seq import EncoderDecoder, load_pretrained
 from pipeline.downstream.generation import GENERATED_DIR, GenerationModule, WritingTaskModels, task_decoding
 from pipeline.downstream.task_data import TaskData, tsv_splits
+from pipeline.downstream.tasks import scoring_options
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
 from pipeline.seq2seq.module import PairCollator
@@ -71,8 +72,8 @@ def load_task_data(task: DictConfig, data_dir: Path, tokenizer: Tokenizer, confi
     train_rows, dev_rows = rows(train), rows(dev)
     module = partial(Seq2SeqGenerationModule, metric=task.metric, tokenizer=tokenizer,
                      dev_inputs=[row["source"].tolist() for row in dev_rows], dev_sources=list(dev.texts_a),
-                     references=list(dev.labels),
-                     samples_path=samples_path, max_new_tokens=max_target, **task_decoding(task))
+                     references=list(dev.labels), samples_path=samples_path, max_new_tokens=max_target,
+                     **task_decoding(task), **scoring_options(task))
     return TaskData(train_rows, dev_rows, IndexedPairCollator(config.pad_token_id, config.decoder_start_token_id),
                     EncoderDecoder, module, None,
                     train_lengths=[len(r["source"]) + len(r["target"]) for r in train_rows])

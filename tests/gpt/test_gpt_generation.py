@@ -14,6 +14,7 @@ from data_prep.examples.gpt_blocks import END_OF_TEXT
 from models import IGNORE_INDEX
 from models.generation import greedy
 from models.gpt import GPTLMHeadModel, gpt_config
+from pipeline.downstream.generation import output_summary
 from pipeline.engine.dag import run_dag
 from pipeline.gpt.downstream import SUMMARY_DELIMITER, collate_generation, generation_rows
 from pipeline.runner import validate
@@ -87,13 +88,18 @@ def test_gpt_writes_headlines_beside_its_twin_and_lead_n_scored_on_test(tmp_path
     finetune_dir = tmp_path / "run" / "finetune"
     rows = json.loads((finetune_dir / "results.json").read_text())
     assert {(r["model"], r["metric"]) for r in rows} == {(model, metric) for model in ("gpt", "gpt_random", "lead_n")
-                                                        for metric in ("rouge1", "rouge2", "rougeL", "bleu")}
+                                                        for metric in ("rouge1", "rouge2", "rougeL", "bleu",
+                                                                       "exact_match")}
     assert {r["scored_on"] for r in rows} == {"test"} and all(0 <= r["score"] <= 1 for r in rows)
     test = [line.split("\t") for line in (task_dir / "test.tsv").read_text().splitlines()[1:]]
     for kind in ("gpt", "gpt_random"):
         with open(finetune_dir / "generated" / f"bbc_headlines-{kind}.tsv", encoding="utf-8", newline="") as f:
             generated = list(csv.DictReader(f, delimiter="\t"))
         assert [(g["source"], g["reference"]) for g in generated] == [(s, t) for s, t in test]
+        # the summary on its rows counts what it wrote (one seed: the outputs the samples file keeps)
+        summary = next(r for r in rows if r["model"] == kind)["output_summary"]
+        assert summary == {**output_summary([g["generated"] for g in generated]), "seed": 1}
     report = (tmp_path / "run" / "report" / "results.md").read_text()
     assert "Fine-tuning (test set, finetune.score_split=test)" in report
     assert "## Generated: bbc_headlines" in report and "| source | reference | gpt | gpt_random |" in report
+    assert "## What each model writes: bbc_headlines" in report

@@ -505,3 +505,31 @@ def test_a_model_whose_every_seed_is_undefined_reads_undefined_not_nan(tmp_path)
     assert "| bert | rt | accuracy | undefined | 0 | – / – | 100 |" in md
     assert "- rt accuracy: bert - bert_random undefined: no seed of bert has a defined score" in md
     assert "nan" not in md
+
+
+def test_the_report_shows_what_each_model_writes_on_a_generation_task(tmp_path):
+    """A model writing one stock phrase for every article scored ROUGE above 0 while nothing in the report showed it:
+    the section gives each model's distinct and empty shares and its most frequent outputs, lead_n's beside them."""
+    long = "Broadband economy in a record year for the technology firms of the whole wide world today"
+    summaries = {
+        "seq2seq": ({"outputs": 209, "distinct": 1, "distinct_share": 0.0048, "empty": 0, "empty_share": 0.0,
+                     "top": [["Blair to the UK", 209]], "seed": 1}, [0.0048, 0.0144]),
+        "gpt": ({"outputs": 209, "distinct": 60, "distinct_share": 0.2871, "empty": 96, "empty_share": 0.4593,
+                 "top": [["", 96], [long, 21], ["Budo | to make", 3]], "seed": 1}, [0.2871]),
+        "lead_n": ({"outputs": 209, "distinct": 209, "distinct_share": 1.0, "empty": 0, "empty_share": 0.0,
+                    "top": [["Ad sales boost Time Warner profit Quarterly", 1]], "seed": None}, [1.0]),
+    }
+    rows = [{"model": model, "task": "bbc_headlines", "metric": metric, "score": 0.1, "std": 0.0, "seeds": 1,
+             "per_seed": [0.1], "train_size": None, "train_examples": 1670, "output_summary": summary,
+             "distinct_share_per_seed": shares}
+            for model, (summary, shares) in summaries.items() for metric in ("rougeL", "exact_match")]
+    rows.append(_row("bert", [0.7]))  # a classification task's rows carry no summary: no section of theirs
+    md = _finetune_report(tmp_path, rows)
+    section = md[md.index("## What each model writes: bbc_headlines"):].split("\n\n## ")[0].splitlines()
+    table = [line for line in section if line.startswith("| ") and not line.startswith("| model")]
+    assert table == [
+        "| seq2seq | 1 | 0.005 = 1 of 209 (per seed 0.005 / 0.014) | 0.000 = 0 | “Blair to the UK” ×209 |",
+        "| gpt | 1 | 0.287 = 60 of 209 | 0.459 = 96 | (empty) ×96; “Broadband economy in a record year for the "
+        "technology firms…” ×21; “Budo \\| to make” ×3 |",  # cut to 60 characters; the cell's bar escaped
+        "| lead_n | – | 1.000 = 209 of 209 | 0.000 = 0 | “Ad sales boost Time Warner profit Quarterly” ×1 |"]
+    assert "What each model writes: rt" not in md

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from data_prep.corpus.builtin import bbc_headline_rows
 from data_prep.corpus.decontaminate import EvaluationOverlap
@@ -19,10 +20,11 @@ from pipeline import CONF_DIR
 from pipeline.corpus import EvaluationSources, evaluation_texts
 from pipeline.downstream.baselines import lead_n_scores
 from pipeline.downstream.finetune import finetune_upstream
-from pipeline.downstream.tasks import TaskSplit, load_task
+from pipeline.downstream.generation import output_summary
+from pipeline.downstream.tasks import TaskSplit, load_task, scoring_options
 from pipeline.engine.dag import run_dag
 from pipeline.engine.pretraining import merged_settings
-from pipeline.evaluation.metrics import generation_scores
+from pipeline.evaluation.metrics import exact_match, exact_text, generation_scores, score_task
 from pipeline.runner import validate
 from pipeline.stages import STAGES
 from tests.helpers import ENDINGS, OBJECTS, SUBJECTS, VERBS, family_config
@@ -42,10 +44,38 @@ def test_bbc_articles_become_body_to_headline_pairs_split_80_10_10_by_a_fixed_se
 
 def test_generation_scores_are_rouge_and_bleu_fractions():
     assert generation_scores(["the cat sat"], ["the cat sat"]) == pytest.approx(
-        {"rouge1": 1.0, "rouge2": 1.0, "rougeL": 1.0, "bleu": 0.0}, abs=1e-9)  # BLEU-4 of 3 words: no 4-gram
+        {"rouge1": 1.0, "rouge2": 1.0, "rougeL": 1.0, "bleu": 0.0, "exact_match": 1.0},
+        abs=1e-9)  # BLEU-4 of 3 words: no 4-gram
     scores = generation_scores(["the cats were sitting on a mat today"], ["the cat sat on the mat today"])
     assert scores["rouge1"] == pytest.approx(2 * (5 / 8) * (5 / 7) / (5 / 8 + 5 / 7))  # stemmed: cats = cat, sat !=
     assert 0 < scores["bleu"] < 1
+
+
+def test_exact_match_counts_outputs_equal_to_their_reference_after_whitespace_and_the_tasks_case():
+    predictions = ["2004-03-01", "  2004-03-01 ", "2004 03 01", "March 1, 2004", "Blair to  face MPs"]
+    references = ["2004-03-01", "2004-03-01", "2004-03-01", "2004-03-01", "blair to face mps"]
+    assert exact_match(predictions, references) == pytest.approx(2 / 5)  # punctuation and case count
+    assert exact_match(predictions, references, ignore_case=True) == pytest.approx(3 / 5)
+    assert exact_text(" Blair\tto  face ", ignore_case=True) == "blair to face"
+    scores = score_task("rouge_bleu", predictions, references, ignore_case=True)
+    assert list(scores) == ["rouge1", "rouge2", "rougeL", "bleu", "exact_match"]  # rouge1 stays the main metric
+    assert scores["exact_match"] == pytest.approx(3 / 5) and scores["rougeL"] > scores["exact_match"]
+
+
+def test_a_tasks_yaml_says_whether_exact_match_ignores_case():
+    task = load_task("bbc_headlines")
+    assert scoring_options(task) == {"ignore_case": True}
+    assert scoring_options(OmegaConf.merge(task, {"exact_match_ignore_case": False})) == {"ignore_case": False}
+    assert scoring_options(load_task("sst2")) == {}  # other tasks' metrics take no options
+
+
+def test_the_output_summary_makes_a_model_that_writes_one_phrase_for_every_input_visible():
+    one_phrase = output_summary(["Blair to the UK"] * 12)
+    assert one_phrase == {"outputs": 12, "distinct": 1, "distinct_share": round(1 / 12, 4), "empty": 0,
+                          "empty_share": 0.0, "top": [["Blair to the UK", 12]]}
+    summary = output_summary(["a b", "", "c", "a  b", "", "d", "e", "f", "c", "a b"], top=3)
+    assert summary["top"] == [["a b", 3], ["", 2], ["c", 2]]  # whitespace collapsed; ties as first written
+    assert (summary["distinct"], summary["distinct_share"], summary["empty_share"]) == (6, 0.6, 0.2)
 
 
 def test_lead_n_chooses_n_on_train():
@@ -55,6 +85,7 @@ def test_lead_n_chooses_n_on_train():
     dev = TaskSplit(["a b c d e"], None, ["a b"])
     n, scores = lead_n_scores(task, train, dev)
     assert n == 3 and scores["rougeL"] == pytest.approx(0.8)  # "a b c" against "a b"
+    assert scores["exact_match"] == 0.0
 
 
 def write_headline_task(root: Path, seed: int = 0) -> Path:
@@ -114,7 +145,7 @@ def test_seq2seq_tiny_is_fine_tuned_on_headlines_beside_its_twin_and_lead_n_and_
     rows = json.loads((finetune_dir / "results.json").read_text())
     scores = {(r["model"], r["metric"]): r for r in rows}
     assert set(scores) == {(model, metric) for model in ("seq2seq", "seq2seq_random", "lead_n")
-                           for metric in ("rouge1", "rouge2", "rougeL", "bleu")}
+                           for metric in ("rouge1", "rouge2", "rougeL", "bleu", "exact_match")}
     assert scores[("lead_n", "rougeL")]["score"] > 0.9  # the headline is the first three or four words
     assert scores[("seq2seq", "rougeL")]["seeds"] == 2 and scores[("seq2seq", "rougeL")]["dev_examples"] == 12
     assert all(0 <= r["score"] <= 1 for r in rows)
@@ -122,8 +153,26 @@ def test_seq2seq_tiny_is_fine_tuned_on_headlines_beside_its_twin_and_lead_n_and_
         generated = list(csv.DictReader(f, delimiter="\t"))
     dev = [line.split("\t") for line in (task_dir / "dev.tsv").read_text().splitlines()[1:]]
     assert [g["reference"] for g in generated] == [target for _, target in dev]
+    # every seed's finished/ file carries the summary of what that seed wrote; the samples file is the last seed's
+    last = json.loads((finetune_dir / "finished" / "bbc_headlines-seq2seq-all-seed2.json").read_text())
+    assert {json.dumps(r["output_summary"]) for r in last} == {json.dumps(output_summary(
+        [g["generated"] for g in generated]))}
+    written = scores[("seq2seq", "exact_match")]
+    assert written["output_summary"]["seed"] == 1 and written["output_summary"]["outputs"] == 12
+    assert len(written["distinct_share_per_seed"]) == 2
+    assert written["distinct_share_per_seed"][1] == last[0]["output_summary"]["distinct_share"]
+    # the last seed's exact match, from its outputs: the task ignores case (exact_match_ignore_case)
+    assert written["per_seed"][1] == pytest.approx(sum(g["generated"].lower() == g["reference"].lower()
+                                                       for g in generated) / 12, abs=1e-4)
+    lead_n = scores[("lead_n", "rougeL")]
+    assert lead_n["output_summary"]["outputs"] == 12 and lead_n["output_summary"]["seed"] is None
+    assert lead_n["distinct_share_per_seed"] == [lead_n["output_summary"]["distinct_share"]]
     report = (tmp_path / "run" / "report" / "results.md").read_text()
     assert "## Generated: bbc_headlines" in report and dev[0][1] in report and "lead_n" in report
+    assert "## What each model writes: bbc_headlines" in report
+    section = report[report.index("## What each model writes"):report.index("## Generated")]
+    assert [line.split(" | ")[0] for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:] \
+        == ["| seq2seq", "| seq2seq_random", "| lead_n"]
 
 
 def test_seq2seq_tiny_fine_tunes_gpt_beside_it_with_gpts_own_recipe():
