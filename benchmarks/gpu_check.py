@@ -16,7 +16,7 @@ crashing part costs only its own row; what was skipped, and why, is printed and 
   decode            GPT-small greedy and beam-4 decoding, ours (models.generation) against HF `generate`
   bert_compile      ours with torch.compile (what trainer.compile=true does)
   gpt_compile       the same for GPT
-  harness_deepspeed the bert_pretrain stage under trainer=deepspeed_stage_2
+  harness_deepspeed the bert_pretrain stage under trainer=deepspeed
   elmo              ELMo biLM step at bilm-tf's shape (batch 128 x 20 tokens, 4096-cell LSTMs, sampled softmax)
   skip_thought      Skip-Thought step at the paper's shape (2400-d uni-skip, 20k vocabulary, batch 128 x 30)
 
@@ -647,9 +647,9 @@ def phase_harness_deepspeed(ctx: PhaseContext) -> list[dict]:
         raise SkipPhase("DeepSpeed on a CPU trains in Ray Train workers by deepspeed.initialize, without a Lightning "
                         "Trainer to run the step clock (pipeline/engine/distributed.py); on a GPU this phase runs "
                         "Lightning's DeepSpeedStrategy in its own process")
-    trainer = ["trainer=deepspeed_stage_2", "trainer.accelerator=gpu", "distributed.num_workers=1",
+    trainer = ["trainer=deepspeed", "trainer.accelerator=gpu", "distributed.num_workers=1",
                "trainer.precision=bf16-mixed"]
-    return run_harness(ctx, trainer, "trainer=deepspeed_stage_2")
+    return run_harness(ctx, trainer, "trainer=deepspeed")
 
 
 class SkipPhase(Exception):

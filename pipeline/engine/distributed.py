@@ -106,17 +106,17 @@ def validate_distributed(cfg: DictConfig) -> None:
     if (s.zero_stage is not None or s.offload_optimizer or s.offload_parameters) and s.strategy != "deepspeed":
         raise ValueError(f"distributed.deepspeed (ZeRO stage {s.zero_stage}, offload_optimizer={s.offload_optimizer}, "
                          f"offload_parameters={s.offload_parameters}) needs trainer.strategy=deepspeed, not "
-                         f"{s.strategy!r}; pick trainer=deepspeed_stage_1|2|3 (or _offload) instead of adding ZeRO "
-                         "settings to another trainer")
+                         f"{s.strategy!r}; pick trainer=deepspeed (distributed.deepspeed.stage=1|2|3) instead of "
+                         "adding ZeRO settings to another trainer")
     if s.strategy == "deepspeed":
         if s.zero_stage not in ZERO_STAGES:
             raise ValueError(f"distributed.deepspeed.stage={s.zero_stage}; use one of {ZERO_STAGES}")
         if s.offload_parameters and s.zero_stage != 3:
             raise ValueError(f"distributed.deepspeed.offload_parameters needs ZeRO stage 3 (got stage {s.zero_stage}):"
-                             " only stage 3 partitions the parameters; use trainer=deepspeed_stage_3_offload")
+                             " only stage 3 partitions the parameters; set distributed.deepspeed.stage=3")
         if s.offload_optimizer and s.zero_stage == 1:
             raise ValueError("distributed.deepspeed.offload_optimizer needs ZeRO stage 2 or 3; "
-                             "use trainer=deepspeed_stage_2_offload")
+                             "set distributed.deepspeed.stage=2 or 3")
         if s.precision.startswith("16") and not s.uses_cuda:
             raise ValueError(f"trainer.precision={s.precision}: DeepSpeed on the CPU trains in fp32 or bf16; "
                              "use trainer.precision=32-true or bf16-mixed")

@@ -81,7 +81,7 @@ def test_every_snapshot_is_fine_tuned_with_its_pretraining_steps_and_reported(ru
     (["pretrain.encoder_snapshots=[31]"], "each must be a whole number from 1 to pretrain.max_steps=30"),
     (["pipeline.stages=[bert_pretrain_phase2]", "pretrain_phase2.encoder_snapshots=[101]"],
      "pretrain_phase2.encoder_snapshots=[101]"),  # phase 2 counts its own 100 steps
-    (["trainer=deepspeed_stage_2", "trainer.accelerator=cpu", "pretrain.encoder_snapshots=[10]"],
+    (["trainer=deepspeed", "trainer.accelerator=cpu", "pretrain.encoder_snapshots=[10]"],
      "pretrain with trainer=cpu or trainer=ddp_cpu to keep snapshots"),
 ])
 def test_snapshot_steps_the_run_cannot_write_are_refused_at_start_up(root, overrides, message):

@@ -58,16 +58,29 @@ def train_losses(out_dir: Path) -> list[float]:
     (["trainer=ddp_cpu", "distributed.deepspeed={stage: 3, offload_optimizer: false, offload_parameters: false}"],
      "needs trainer.strategy=deepspeed"),
     (["distributed.deepspeed.offload_optimizer=true"], "needs trainer.strategy=deepspeed"),  # not ignored: trainer=cpu
-    (["trainer=deepspeed_stage_2", "distributed.deepspeed.offload_parameters=true"], "needs ZeRO stage 3"),
-    (["trainer=deepspeed_stage_1", "trainer.devices=4"], "set distributed.num_workers"),
+    (["trainer=deepspeed", "distributed.deepspeed.offload_parameters=true"], "needs ZeRO stage 3"),
+    (["trainer=deepspeed", "distributed.deepspeed.stage=1", "trainer.devices=4"], "set distributed.num_workers"),
     # DeepSpeed on the CPU trains without a Lightning Trainer: what only a Trainer applies would be ignored
-    (["trainer=deepspeed_stage_2", "trainer.accelerator=cpu", "+debug=fdr"], "trainer.fast_dev_run: DeepSpeed on"),
-    (["trainer=deepspeed_stage_2", "trainer.accelerator=cpu", "callbacks=lr_monitor"], "callbacks.lr_monitor"),
+    (["trainer=deepspeed", "trainer.accelerator=cpu", "+debug=fdr"], "trainer.fast_dev_run: DeepSpeed on"),
+    (["trainer=deepspeed", "trainer.accelerator=cpu", "callbacks=lr_monitor"], "callbacks.lr_monitor"),
     (["trainer=ddp_cpu", "ray.num_cpus=1"], "need a CPU each, and this run's Ray has ray.num_cpus=1"),
 ])
 def test_impossible_trainer_settings_fail_before_any_work(tmp_root, overrides, message):
     with pytest.raises(ValueError, match=message):
         validate(tiny_config(tmp_root, overrides))
+
+
+@pytest.mark.parametrize("stage, offload_optimizer, offload_parameters", [
+    (1, False, False), (2, False, False), (2, True, False), (3, False, False), (3, True, True)])
+def test_one_deepspeed_trainer_config_gives_every_zero_stage_and_offload(tmp_root, stage, offload_optimizer,
+                                                                          offload_parameters):
+    cfg = tiny_config(tmp_root, ["trainer=deepspeed", "trainer.accelerator=cpu", f"distributed.deepspeed.stage={stage}",
+                                 f"distributed.deepspeed.offload_optimizer={offload_optimizer}",
+                                 f"distributed.deepspeed.offload_parameters={offload_parameters}"])
+    validate(cfg)
+    assert cfg.trainer.strategy == "deepspeed" and cfg.distributed.num_workers == 2
+    assert dict(cfg.distributed.deepspeed) == {"stage": stage, "offload_optimizer": offload_optimizer,
+                                               "offload_parameters": offload_parameters}
 
 
 def _settings(precision: str, strategy: str = "deepspeed", zero_stage: int | None = 2) -> DistributedSettings:
@@ -133,8 +146,9 @@ def test_only_zero3_gathers_the_whole_parameters_before_the_encoder_is_written(m
 def test_lightning_deepspeed_on_a_gpu_writes_whole_weights_and_prunes_its_checkpoints(tmp_path, ray_session,
                                                                                        zero_stage):
     run = TinyRun(tiny_config(tmp_path, ["++pretrain.checkpoint_every_steps=5", "pretrain.max_steps=20",
-                                         f"trainer=deepspeed_stage_{zero_stage}", "trainer.accelerator=gpu",
-                                         "distributed.num_workers=1", "trainer.precision=auto"]))
+                                         "trainer=deepspeed", f"distributed.deepspeed.stage={zero_stage}",
+                                         "trainer.accelerator=gpu", "distributed.num_workers=1",
+                                         "trainer.precision=auto"]))
     for name in ("prepare", "bert_tokenizer", "bert_examples"):
         run.run_stage(name)
     summary = run.run_stage("bert_pretrain")
@@ -182,7 +196,7 @@ def test_ddp_in_two_ray_train_workers(tmp_root, ray_session):
 
 @pytest.mark.slow  # Ray Train start-up plus DeepSpeed import in 2 workers: 2-4 min on 2 cores
 def test_deepspeed_zero2_on_cpu_consolidates_and_fine_tunes(tmp_root, ray_session):
-    run = tiny_run(tmp_root, ["trainer=deepspeed_stage_2", "trainer.accelerator=cpu"])
+    run = tiny_run(tmp_root, ["trainer=deepspeed", "trainer.accelerator=cpu"])
     summary = run.run_stage("bert_pretrain")
     out = run.stage_dir("bert_pretrain")
     assert summary["workers"] == 2 and summary["zero_stage"] == 2 and math.isfinite(summary["final_val_loss"])
@@ -214,7 +228,7 @@ def test_deepspeed_zero2_on_cpu_consolidates_and_fine_tunes(tmp_root, ray_sessio
 def test_deepspeed_zero3_on_cpu_trains_the_tied_word_matrix(tmp_root, ray_session):
     """ZeRO-3 partitions every parameter and gathers it around each module's forward and backward: the word matrix
     that the lookup and the MLM decoder share (models.kernels.TiedWordGradient) must still train."""
-    run = tiny_run(tmp_root, ["trainer=deepspeed_stage_3", "trainer.accelerator=cpu"])
+    run = tiny_run(tmp_root, ["trainer=deepspeed", "distributed.deepspeed.stage=3", "trainer.accelerator=cpu"])
     summary = run.run_stage("bert_pretrain")
     losses = train_losses(run.stage_dir("bert_pretrain"))
     assert summary["zero_stage"] == 3 and len(losses) == 20 and all(math.isfinite(x) for x in losses)
@@ -225,7 +239,7 @@ def test_deepspeed_zero3_on_cpu_trains_the_tied_word_matrix(tmp_root, ray_sessio
 
 
 @pytest.mark.slow  # two Ray Train start-ups in 2 workers: 1-2 min each on 2 cores
-@pytest.mark.parametrize("trainer", [["trainer=ddp_cpu"], ["trainer=deepspeed_stage_2", "trainer.accelerator=cpu"]],
+@pytest.mark.parametrize("trainer", [["trainer=ddp_cpu"], ["trainer=deepspeed", "trainer.accelerator=cpu"]],
                          ids=["ddp", "zero2"])
 def test_phase2_in_two_workers_starts_from_phase1(tmp_root, ray_session, trainer):
     """Phase 2 loads phase 1's encoder and heads in every worker (before DeepSpeed partitions the optimizer state):
@@ -268,7 +282,7 @@ def evaluated_weights(run: TinyRun, family: str) -> dict[str, torch.Tensor]:
 # ELMo with the sampled softmax: its sparse gradient averaged over gloo under DDP, made dense for DeepSpeed
 @pytest.mark.slow  # Ray Train start-up of 2 workers (plus DeepSpeed's import): 1-4 min each on 2 cores
 @pytest.mark.parametrize("family", ["elmo", "skip_thought", "gpt", "seq2seq"])
-@pytest.mark.parametrize("trainer", [["trainer=ddp_cpu"], ["trainer=deepspeed_stage_2", "trainer.accelerator=cpu"]],
+@pytest.mark.parametrize("trainer", [["trainer=ddp_cpu"], ["trainer=deepspeed", "trainer.accelerator=cpu"]],
                          ids=["ddp", "zero2"])
 def test_families_train_in_two_workers_and_evaluate_their_final_weights(tmp_root, ray_session, family, trainer):
     run = TinyRun(family_config(tmp_root / family, family, [*TWO_WORKER_OVERRIDES, *trainer]))
