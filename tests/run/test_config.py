@@ -310,3 +310,13 @@ def test_a_whole_map_override_names_the_overrides_that_replace_it():
 
     with pytest.raises(SystemExit, match=re.escape(drop)):  # before, it kept the other three tasks
         check_whole_map_overrides(["+experiment=bert_tiny", "senteval.tasks={MR: {kind: mr, path: MR}}"], _compose)
+
+
+@pytest.mark.parametrize("experiment, block", [("gpt_tiny", "pretrain"), ("gpt_tiny_zh", "pretrain"),
+                                               ("bert_vs_gpt", "gpt.pretrain"), ("seq2seq_tiny", "gpt.pretrain")])
+def test_gpts_pretraining_recipe_is_stated_once_and_reaches_every_block_that_pretrains_a_gpt(experiment, block):
+    recipe = OmegaConf.load(CONF_DIR / "recipe" / "gpt_pretrain.yaml")
+    settings = OmegaConf.select(_compose([f"+experiment={experiment}"]), block)
+    assert {key: settings[key] for key in recipe} == {"lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.95]}
+    restated = [p.name for p in (CONF_DIR / "experiment").glob("*.yaml") if "0.95]" in p.read_text()]
+    assert restated == [], f"{restated} restate GPT's betas: pick /recipe@<block>: gpt_pretrain instead"
