@@ -49,7 +49,7 @@ from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import FinetuneKind, TaskModels, TokenCoverage
 from pipeline.engine.pretraining import encoder_snapshots, steps_trained
 from pipeline.engine.settings import cache_dir_of, typed_settings
-from pipeline.engine.training import make_trainer, one_process_trainer_keys
+from pipeline.engine.training import make_trainer, one_process_trainer_keys, with_fast_kernels
 from pipeline.families import FAMILIES
 
 MODEL_KINDS: dict[str, FinetuneKind] = {name: kind for family in FAMILIES
@@ -286,7 +286,7 @@ def finetune_once(ctx: StageContext, f: FinetuneConfig, task: DictConfig, data: 
                   kind: str, seed: int, train_indices: np.ndarray) -> dict[str, float]:
     # the same head initialisation and data order for every model kind; quietly, as every run sets one
     L.seed_everything(seed, workers=True, verbose=False)
-    model = models.build(data)
+    model = with_fast_kernels(models.build(data), ctx.cfg)  # every kind's model, the kernels applied here alone
     train = Subset(data.train, train_indices.tolist())
     if f.group_by_length and data.train_lengths is not None:
         lengths = np.asarray(data.train_lengths)[train_indices]

@@ -50,7 +50,9 @@ def evaluate(ctx: StageContext) -> dict:
     return {"results": rows}
 
 
-EVALUATE = Stage("evaluate", evaluate, evaluate_upstream, ("evaluate", "senteval", "seed"),
+# trainer.fast_kernels: the encoders run with models/kernels.py's modules where it is on (the same vectors to float
+# rounding), a key of the stage as of every other stage that reads it
+EVALUATE = Stage("evaluate", evaluate, evaluate_upstream, ("evaluate", "senteval", "seed", "trainer.fast_kernels"),
                  fingerprint=lambda cfg: senteval_files_fingerprint(typed_settings(cfg.senteval, SentevalConfig),
                                                                     cache_dir_of(cfg)),
                  num_cpus=all_cpus)
