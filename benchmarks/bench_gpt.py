@@ -39,6 +39,7 @@ from bench_train import bf16_supported, matmul_flops_per_s
 
 from models.generation import greedy
 from models.gpt import GPTConfig, GPTLMHeadModel, gpt_config, to_hf
+from models.kernels import use_fast_kernels
 from pipeline.engine.training import keep_freed_memory_for_reuse
 
 
@@ -49,7 +50,7 @@ def config(args):
 def ours_and_hf(args) -> tuple[GPTLMHeadModel, transformers.GPT2LMHeadModel]:
     """Ours from the seed and HF's sdpa model with the same weights."""
     torch.manual_seed(0)
-    ours = GPTLMHeadModel(config(args))
+    ours = use_fast_kernels(GPTLMHeadModel(config(args)))  # as the pipeline runs it (trainer.fast_kernels)
     with tempfile.TemporaryDirectory() as hf_dir:
         to_hf(ours, hf_dir)
         hf = transformers.GPT2LMHeadModel.from_pretrained(hf_dir, attn_implementation="sdpa")

@@ -37,6 +37,7 @@ from bench_gpt import interleaved
 
 from models.generation import beam_search
 from models.hf.seq2seq import to_hf
+from models.kernels import use_fast_kernels
 from models.seq2seq import EncoderDecoder, bart_config
 from pipeline.engine.training import keep_freed_memory_for_reuse
 
@@ -49,7 +50,7 @@ def config(args):
 def ours_and_hf(args) -> tuple[EncoderDecoder, transformers.BartForConditionalGeneration]:
     """Ours from the seed and HF's sdpa model with the same weights."""
     torch.manual_seed(0)
-    ours = EncoderDecoder(config(args))
+    ours = use_fast_kernels(EncoderDecoder(config(args)))  # as the pipeline runs it (trainer.fast_kernels)
     with tempfile.TemporaryDirectory() as hf_dir:
         to_hf(ours, hf_dir)
         hf = transformers.BartForConditionalGeneration.from_pretrained(hf_dir, attn_implementation="sdpa")

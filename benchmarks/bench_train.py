@@ -24,7 +24,7 @@ parameters, per sequence 12 L T^2 H for attention. HF computes the MLM head at a
 not counted, so skipping it shows up as speed, not as a higher fraction of peak. With --short-seq-prob some sequences
 are shorter than T and padded, as in real pretraining batches: then B*T counts the real tokens only (attention is
 still counted over T^2), tokens/s are real tokens per second, and ours skipping the padding outside attention
-(models.kernels.RealTokens) is speed too. "ours, kernels off" is the same model with config.fast_kernels=False: what
+(models.kernels.RealTokens) is speed too. "ours, kernels off" is the same model without use_fast_kernels: what
 models/kernels.py buys.
 """
 from __future__ import annotations
@@ -40,6 +40,7 @@ import torch
 
 from models import IGNORE_INDEX
 from models.bert import BertForPreTraining, bert_config
+from models.kernels import use_fast_kernels
 from pipeline.bert.module import BertPretrainModule
 from pipeline.engine.module import OptimizerSettings
 from pipeline.engine.training import keep_freed_memory_for_reuse
@@ -108,7 +109,9 @@ def make_batch(batch_size: int, seq_len: int, seed: int = 0, short_seq_prob: flo
 
 
 def ours(size: str, compiled: bool, fast_kernels: bool = True):
-    model = BertForPreTraining(bert_config(size, vocab_size=VOCAB_SIZE, fast_kernels=fast_kernels))
+    model = BertForPreTraining(bert_config(size, vocab_size=VOCAB_SIZE))
+    if fast_kernels:  # as the pipeline builds it (trainer.fast_kernels); without: the model as models/bert.py writes it
+        use_fast_kernels(model)
     objective = BertPretrainModule(model, OptimizerSettings("pretrain", "adamw", lr=1e-4, weight_decay=0.01,
                                                             betas=(0.9, 0.999), warmup_steps=1, max_steps=1,
                                                             lr_decay="linear"))
@@ -245,7 +248,8 @@ def loss_curve(args) -> None:
         torch.manual_seed(0)
         settings = OptimizerSettings("pretrain", "adamw", lr=1e-3, weight_decay=0.01, betas=(0.9, 0.999),
                                      warmup_steps=args.loss_curve // 10, max_steps=args.loss_curve, lr_decay="linear")
-        module = BertPretrainModule(BertForPreTraining(bert_config("bert_mini", vocab_size=vocab)), settings)
+        module = BertPretrainModule(use_fast_kernels(BertForPreTraining(bert_config("bert_mini", vocab_size=vocab))),
+                                    settings)
         if dropout_seed is not None:
             torch.manual_seed(dropout_seed)  # same initial weights and batches, other dropout masks
         optimization = module.configure_optimizers()
@@ -306,7 +310,8 @@ def sentence_batches(args) -> None:
         kernels.PACKED_ROW_MULTIPLE, kernels.PADDED_LENGTH_MULTIPLE = multiples
         torch.manual_seed(0)
         config = bert_config("bert_tiny", vocab_size=8000, position_embedding_type="relative", pre_layer_norm=True)
-        model = BertForSequenceClassification(config, num_labels=2, pooling="mean").to(device).train()
+        model = kernels.use_fast_kernels(BertForSequenceClassification(config, num_labels=2, pooling="mean"))
+        model = model.to(device).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=True)
         times = []
         for epoch in range(2):  # the first pass over the batches meets every shape once: timed, not the reference

@@ -277,6 +277,7 @@ def phase_bert(ctx: PhaseContext, compiled: bool = False) -> list[dict]:
 
     from models import IGNORE_INDEX
     from models.bert import BertForPreTraining, bert_config
+    from models.kernels import use_fast_kernels
     from pipeline.bert.module import bert_pretraining_losses
 
     transformers.logging.set_verbosity_error()
@@ -286,7 +287,7 @@ def phase_bert(ctx: PhaseContext, compiled: bool = False) -> list[dict]:
 
     def ours(batch_size: int):
         torch.manual_seed(0)
-        model = BertForPreTraining(c).to(ctx.device)
+        model = use_fast_kernels(BertForPreTraining(c)).to(ctx.device)  # as the pipeline builds it
         if compiled:
             model.compile()  # what trainer.compile=true does (pipeline.engine.training.compile_network)
         batch = {k: v.to(ctx.device) for k, v in make_batch(batch_size, s.bert_seq).items()}
@@ -330,11 +331,13 @@ def _gpt_models(ctx: PhaseContext, with_hf: bool = True):
     import transformers
 
     from models.gpt import GPTLMHeadModel, gpt_config, to_hf
+    from models.kernels import use_fast_kernels
 
     transformers.logging.set_verbosity_error()  # its notes on loading and generation settings
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(0)
-    ours = GPTLMHeadModel(gpt_config(ctx.sizes.gpt, vocab_size=ctx.sizes.gpt_vocab, eos_token_id=None))
+    ours = use_fast_kernels(GPTLMHeadModel(gpt_config(ctx.sizes.gpt, vocab_size=ctx.sizes.gpt_vocab,
+                                                      eos_token_id=None)))  # as the pipeline runs it
     hf = None
     if with_hf:
         with tempfile.TemporaryDirectory() as hf_dir:
@@ -595,6 +598,7 @@ def bare_step(ctx: PhaseContext, cfg_trainer: list[str]) -> dict:
     from models import IGNORE_INDEX
     from pipeline.bert.pretrain import PRETRAINING
     from pipeline.engine.dag import StageContext, plain_config
+    from pipeline.engine.pretraining import built_module
 
     run_dir = Path(tempfile.mkdtemp(dir=ctx.work_dir, prefix="bare"))
     cfg = harness_config(ctx, cfg_trainer, run_dir, run_dir / "unused.json")
@@ -602,7 +606,7 @@ def bare_step(ctx: PhaseContext, cfg_trainer: list[str]) -> dict:
     stage_ctx = StageContext(plain_config(cfg), "bert_pretrain", run_dir, inputs)
     task = PRETRAINING["bert_pretrain"]
     settings = task.settings(stage_ctx.cfg)
-    module = task.build_module(stage_ctx, settings).to(ctx.device).train()
+    module = built_module(task, stage_ctx, settings).to(ctx.device).train()  # with the run's kernels
     data = task.data(stage_ctx, module, settings, 0, 1)
     batch = {k: v.to(ctx.device) for k, v in next(iter(data.train_loader)).items()}
     optimization = module.configure_optimizers()

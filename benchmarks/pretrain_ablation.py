@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from data_prep.corpus.tokenizer import MASK_ID, PAD_ID, SPECIAL_TOKENS, load_tokenizer  # noqa: E402
 from models.bert import BertForPreTraining, bert_config  # noqa: E402
+from models.kernels import use_fast_kernels  # noqa: E402
 from pipeline.bert.data import BertPretrainingCollator, PretrainingInstances  # noqa: E402
 from pipeline.bert.module import bert_pretraining_losses  # noqa: E402
 from pipeline.engine.arrow import read_arrow  # noqa: E402
@@ -84,6 +85,7 @@ def main() -> None:
                                            pre_layer_norm=bool(a.preln), hidden_dropout_prob=a.dropout,
                                            attention_probs_dropout_prob=a.dropout, position_embedding_type=a.pos,
                                            **shape))
+    use_fast_kernels(model)  # as the pipeline builds it (trainer.fast_kernels)
     optimization = adamw_with_schedule(model, a.lr, 0.01, (0.9, 0.999), a.warmup, a.steps, decay=a.sched)
     optimizer, schedule = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
 

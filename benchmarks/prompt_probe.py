@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from data_prep.corpus.tokenizer import MASK_ID, PAD_ID, UNK_ID, encode_batch_ids, load_tokenizer  # noqa: E402
 from models.bert import BertForPreTraining, load_pretrained  # noqa: E402
 from models.checkpoint import random_twin  # noqa: E402
+from models.kernels import use_fast_kernels  # noqa: E402
 from pipeline.bert.data import prompt_ids  # noqa: E402
 from pipeline.bert.pretrain import HEADS_FILE  # noqa: E402
 from pipeline.downstream.task_data import split_off  # noqa: E402
@@ -88,7 +89,7 @@ def label_words(tokenizer, candidates=CANDIDATES) -> tuple[dict[str, int], list[
 def load_pretraining_model(pretrain_dir: Path) -> BertForPreTraining:
     """The stage's encoder under its MLM and NSP heads, as a later pretraining phase continues from them."""
     encoder = load_pretrained(Path(pretrain_dir) / "encoder")
-    model = BertForPreTraining(encoder.config)
+    model = use_fast_kernels(BertForPreTraining(encoder.config))  # as the pretraining stage builds it
     model.load_encoder_and_heads(encoder, load_file(str(Path(pretrain_dir) / HEADS_FILE)))
     return model.eval()
 
@@ -142,7 +143,8 @@ def main(argv: list[str] | None = None) -> dict:
     # models.checkpoint.random_twin draws the evaluate stage's bert_*_random: the class and config under
     # torch.manual_seed. The fine-tune stage's random_init has no MLM head (a classifier built under seed_everything);
     # at the same seed its encoder is this twin's but for the word embeddings, which the tied MLM decoder redraws.
-    encoders = {"pretrained": pretrained, "random init": random_twin(pretrained, a.random_seed).eval()}
+    twin = use_fast_kernels(random_twin(pretrained, a.random_seed))  # as the evaluate stage builds it
+    encoders = {"pretrained": pretrained, "random init": twin.eval()}
     sequences = {template: prompt_ids(tokenizer, template, split.texts_a, MAX_LENGTH) for template in TEMPLATES}
 
     results = {}

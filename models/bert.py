@@ -10,8 +10,9 @@ nothing. Beyond the original model we support two other position schemes (fixed 
 positions) and pre-LayerNorm blocks.
 
 This file is the model as the papers write it. The speed work (a cheaper CPU dropout mask, one matmul for q/k/v, layers
-that skip the padding, a hand-written gradient of the tied word embeddings) lives in models/kernels.py, which swaps its
-modules in at the end of every model's constructor where `config.fast_kernels` (the default).
+that skip the padding, a hand-written gradient of the tied word embeddings) lives in models/kernels.py, whose
+use_fast_kernels(model) swaps its modules into a built model from outside: the pipeline does, where it builds a model
+to train or run (trainer.fast_kernels); a model built here is the plain one.
 """
 
 import json
@@ -52,9 +53,6 @@ class BertConfig:
     # False: post-LN, LayerNorm after each residual add (original BERT). True: pre-LN, LayerNorm on each sublayer's
     # input (Annotated Transformer; Xiong et al. 2020 show it trains stably without learning-rate warm-up).
     pre_layer_norm: bool = False
-    # models/kernels.py's faster modules in place of this file's (the same function and gradients to float
-    # rounding; dropout draws its masks differently). False: the model exactly as written here.
-    fast_kernels: bool = True
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads != 0:
@@ -357,13 +355,6 @@ class BertPreTrainedModel(nn.Module):
     def init_weights(self):
         self.apply(self._init_weights)
 
-    def post_init(self):
-        """The last step of every model's constructor: models/kernels.py's faster modules where config.fast_kernels."""
-        if self.config.fast_kernels:
-            from models.kernels import use_fast_kernels  # imported here: kernels.py subclasses this file's modules
-
-            use_fast_kernels(self)
-
     @torch.no_grad()
     def _init_weights(self, module):
         # Google's BERT: every weight matrix and embedding ~ N(0, 0.02) (truncated there; plain normal here, as in HF),
@@ -391,7 +382,6 @@ class BertModel(BertPreTrainedModel):
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config)
         self.init_weights()
-        self.post_init()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, output_attentions=False):
         """input_ids (B, T); token_type_ids (B, T), default all segment 0; attention_mask (B, T), 1 = token, 0 = pad.
@@ -480,7 +470,6 @@ class BertForPreTraining(BertPretrainingModel):
         # Only the heads: .bert initialised itself. (The tied decoder redraws the word embeddings from the same
         # N(0, std).)
         self.cls.apply(self._init_weights)
-        self.post_init()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None):
         """Returns (mlm_logits, nsp_logits (B, 2)). mlm_logits is (B, T, V), or (B, P, V) for mlm_positions (B, P).
@@ -527,7 +516,6 @@ class BertForSequenceClassification(BertTaskModel):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.classifier.apply(self._init_weights)  # only the head: .bert is initialised (or about to be loaded)
-        self.post_init()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None):
         sequence_output, pooled_output = self.bert(input_ids, token_type_ids, attention_mask)
@@ -551,7 +539,6 @@ class BertForPromptClassification(BertTaskModel):
         self.register_buffer("label_word_ids", torch.tensor(label_word_ids, dtype=torch.long), persistent=False)
         self.predictions = BertLMPredictionHead(config, self.bert.embeddings.word_embeddings)
         self.predictions.transform.apply(self._init_weights)
-        self.post_init()
 
     def load_prediction_head(self, heads: dict[str, torch.Tensor]) -> None:
         """The masked-LM head of a pretraining checkpoint (BertPretrainingModel.heads_state_dict's tensors)."""
@@ -581,7 +568,6 @@ class BertForTokenClassification(BertTaskModel):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.classifier.apply(self._init_weights)
-        self.post_init()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None):
         sequence_output, _ = self.bert(input_ids, token_type_ids, attention_mask)
@@ -595,7 +581,6 @@ class BertForQuestionAnswering(BertTaskModel):
         super().__init__(config)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.qa_outputs.apply(self._init_weights)
-        self.post_init()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None):
         sequence_output, _ = self.bert(input_ids, token_type_ids, attention_mask)

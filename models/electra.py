@@ -68,7 +68,6 @@ class ElectraForPreTraining(BertPretrainingModel):
         self.discriminator_predictions = ElectraDiscriminatorPredictions(config)
         for module in (self.generator, self.generator_predictions, self.discriminator_predictions):
             module.apply(self._init_weights)
-        self.post_init()
 
     def forward(self, input_ids, token_type_ids, attention_mask, mlm_positions, mlm_labels):
         """input_ids (B, T) with the masked-LM corruption applied; mlm_positions/mlm_labels (B, P): the corrupted

@@ -10,7 +10,8 @@ The layout is GPT-2's as in nanoGPT and HuggingFace's `GPT2LMHeadModel` (`transf
 as `Conv1D` with the weight transposed relative to nn.Linear, so converting weights is renaming plus four transposes.
 
 The speed work (a cheaper CPU dropout mask, a kernel of our own for the few-row products of a decoding step) lives in
-models/kernels.py, swapped in at the end of the constructor where `config.fast_kernels` (the default).
+models/kernels.py, whose use_fast_kernels(model) swaps it into a built model from outside (the pipeline does, where
+it builds a model to train or run: trainer.fast_kernels).
 """
 
 import json
@@ -48,9 +49,6 @@ class GPTConfig:
     # Label smoothing (Szegedy et al. 2016) of the loss in training mode; Vaswani et al. 2017 used 0.1 (the Annotated
     # Transformer's LabelSmoothing, seed 000). GPT-2 uses none, hence off. The eval-mode loss is never smoothed.
     label_smoothing: float = 0.0
-    # models/kernels.py's faster modules in place of this file's (the same function to float rounding; dropout draws its
-    # masks differently). False: the model exactly as written here.
-    fast_kernels: bool = True
 
     def __post_init__(self):
         if self.n_embd % self.n_head != 0:
@@ -254,10 +252,6 @@ class GPTLMHeadModel(nn.Module):
         self.config = config
         self.transformer = GPTModel(config)
         self.init_weights()
-        if config.fast_kernels:
-            from models.kernels import use_fast_kernels  # imported here: kernels.py subclasses this file's modules
-
-            use_fast_kernels(self)
 
     @torch.no_grad()
     def init_weights(self):

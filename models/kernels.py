@@ -1,6 +1,9 @@
 """The speed work of models/bert.py, models/gpt.py and models/seq2seq.py, apart from the architecture: faster modules
-that compute what those files' modules compute, swapped in by one switch, `config.fast_kernels` (on by default; each
-model's constructor ends with use_fast_kernels(self) where it is set).
+that compute what those files' modules compute, swapped into a built model from outside by use_fast_kernels(model)
+(as torchtitan's `parallelize` applies its speed work to a plain model). The models never import this file: the
+pipeline calls it where it builds a model to train or run (the pretraining harness, the fine-tune stage, the frozen
+encoders, decoding), where its runtime setting `trainer.fast_kernels` is on (the default), and never saves it with
+the weights: a model's config says what it computes, not how fast.
 
     CPUDropout                 nn.Dropout with a mask drawn 16 bits per element instead of a float
     FusedBertSelfAttention     one matmul for q, k and v; on the CPU, dropout on the explicit softmax path
@@ -24,15 +27,34 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models import gemv
-from models.bert import BertEncoder, BertSelfAttention, additive_attention_mask
+from models.bert import BertEncoder, BertPreTrainedModel, BertSelfAttention, additive_attention_mask
 from models.gpt import MLP, CausalSelfAttention, GPTLMHeadModel, KVCache
+from models.rnn_seq2seq import RNNEncoderDecoder
 from models.seq2seq import Attention as Seq2SeqAttention
-from models.seq2seq import Generator, Layer
+from models.seq2seq import EncoderDecoder, Generator, Layer
+
+# The models whose modules get the fast twins: every BERT model (the encoder, the pretraining models, ELECTRA, the task
+# models with their heads), the GPT language model (not a task head on it), the encoder-decoders. Modules outside
+# them keep their classes: ELMo's and Skip-Thought's, a GPT task head's, whatever holds the model (a LightningModule).
+FAST_MODELS = (BertPreTrainedModel, GPTLMHeadModel, EncoderDecoder, RNNEncoderDecoder)
 
 
 def use_fast_kernels(model: nn.Module) -> nn.Module:
-    """Swap every module of `model` that has a fast twin here for it, in place; modules already swapped are left as
-    they are, so a model may call it again after adding modules (a head on an encoder). Returns `model`."""
+    """Swap, in place, every module that has a fast twin here for it, inside each of FAST_MODELS that `model` is or
+    holds (its outermost ones); modules already swapped are left as they are, so a model may be given again after
+    modules were added to it. Returns `model`."""
+    for fast_model in _outermost(model, FAST_MODELS):
+        _swap(fast_model)
+    return model
+
+
+def _outermost(model: nn.Module, kinds: tuple[type, ...]) -> list[nn.Module]:
+    if isinstance(model, kinds):
+        return [model]
+    return [found for child in model.children() for found in _outermost(child, kinds)]
+
+
+def _swap(model: nn.Module) -> None:
     for module in model.modules():
         fast = FAST_TWINS.get(type(module))
         if fast is not None:
@@ -42,7 +64,6 @@ def use_fast_kernels(model: nn.Module) -> nn.Module:
                 if type(linear) is nn.Linear:
                     linear.__class__ = DecodingLinear
     _tie_word_gradients(model)
-    return model
 
 
 # -----------------------------------------------------------------------------

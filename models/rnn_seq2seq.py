@@ -49,7 +49,6 @@ class RNNSeq2SeqConfig:
     decoder_start_token_id: int = 1
     eos_token_id: int | None = 2
     label_smoothing: float = 0.0  # LabelSmoothing's eps in training mode (none in the RNN papers)
-    fast_kernels: bool = True  # models/kernels.py's CPU dropout masks in place of nn.Dropout's (models.seq2seq's)
 
     def __post_init__(self):
         if self.cell not in CELLS:
@@ -205,10 +204,6 @@ class RNNEncoderDecoder(nn.Module):
         with torch.no_grad():
             for p in self.parameters():
                 p.uniform_(-config.init_range, config.init_range)
-        if config.fast_kernels:
-            from models.kernels import use_fast_kernels
-
-            use_fast_kernels(self)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embedding_dropout(self.shared(ids))

@@ -15,8 +15,8 @@ embeddings scaled by sqrt(d_model), ReLU. BART (Lewis et al. 2020) is the same a
 LayerNorm on the embeddings, learned positions offset by 2 and GELU: `bart_config` gives those options.
 
 The speed work (one matmul for several projections of one input, CPU dropout masks, a kernel of our own for the few-row
-products of a decoding step) lives in models/kernels.py, swapped in at the end of the constructor where
-`config.fast_kernels` (the default).
+products of a decoding step) lives in models/kernels.py, whose use_fast_kernels(model) swaps it into a built model
+from outside (the pipeline does, where it builds a model to train or run: trainer.fast_kernels).
 """
 
 import math
@@ -71,9 +71,6 @@ class Seq2SeqConfig:
     # Label smoothing (Szegedy et al. 2016) of the training loss: seed 000's LabelSmoothing with Vaswani et al.'s 0.1.
     # The eval-mode loss is never smoothed
     label_smoothing: float = 0.1
-    # models/kernels.py's faster modules in place of this file's (the same function to float rounding; dropout draws its
-    # masks differently). False: the model exactly as written here.
-    fast_kernels: bool = True
 
     def __post_init__(self):
         if self.d_model % self.n_head != 0:
@@ -388,10 +385,6 @@ class EncoderDecoder(nn.Module):
         self.generator = Generator(config)
         self.criterion = LabelSmoothing(config.label_smoothing)
         self.init_weights()
-        if config.fast_kernels:
-            from models.kernels import use_fast_kernels  # imported here: kernels.py subclasses this file's modules
-
-            use_fast_kernels(self)
 
     @torch.no_grad()
     def init_weights(self):

@@ -20,18 +20,24 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.data_settings import DataConfig
-from pipeline.downstream.finetune import FinetuneConfig
+from pipeline.downstream.finetune import MODEL_KINDS
+from pipeline.downstream.settings import FinetuneConfig
 from pipeline.downstream.word2vec import Word2VecConfig
 from pipeline.engine.distributed import DistributedConfig
 from pipeline.engine.settings import PathsConfig, RayConfig, did_you_mean
 from pipeline.engine.training import TrainerConfig
 from pipeline.evaluation.senteval import SentevalConfig
-from pipeline.evaluation.stage import EvaluateConfig
+from pipeline.evaluation.settings import EvaluateConfig
+from pipeline.evaluation.stage import ENCODERS
 from pipeline.families import FAMILIES
 from pipeline.schema import NULL_MEANS, OPEN_BLOCKS, ModelConfig, PretrainConfig, TargetConfig
 from pipeline.stages import STAGES
 
 StageName = StrEnum("StageName", {name: name for name in STAGES}, module=__name__)
+# The kinds and encoders the families offer, narrowed here, where the root schema is built: the blocks' own schemas
+# (pipeline/downstream/settings.py, pipeline/evaluation/settings.py) import no registry, as the families import them
+FinetuneModel = StrEnum("FinetuneModel", {name: name for name in MODEL_KINDS}, module=__name__)
+EncoderName = StrEnum("EncoderName", {name: name for name in ENCODERS}, module=__name__)
 
 
 @dataclass
@@ -50,20 +56,28 @@ class ReportConfig:
     """The report's own settings are its sections' (Family.report_section), which the families add."""
 
 
-ENGINE_BLOCKS: dict[str, type] = {
-    "paths": PathsConfig, "ray": RayConfig, "pipeline": PipelineConfig, "data": DataConfig,
-    "pretrain": PretrainConfig, "finetune": FinetuneConfig, "evaluate": EvaluateConfig, "report": ReportConfig,
-    "trainer": TrainerConfig, "distributed": DistributedConfig, "logger": TargetConfig, "model": ModelConfig,
-    "senteval": SentevalConfig, "word2vec": Word2VecConfig,
-}
-
-
 def _module_class(cls: type) -> type:
     """`cls`, made during import, findable by name in this module: what pickle needs to send a typed config to
     another process (a sweep's trial, a Ray task)."""
     cls.__module__, cls.__qualname__ = __name__, cls.__name__
     globals()[cls.__name__] = cls
     return cls
+
+
+def _narrowed(schema: type, name: str, key: str, enum: type[StrEnum]) -> type:
+    """`schema` with its list of names `key` typed as a list of `enum`, the default kept."""
+    default = next(f for f in dataclasses.fields(schema) if f.name == key).default_factory
+    return _module_class(make_dataclass(name, [(key, list[enum], field(default_factory=lambda: [
+        enum(value) for value in default()]))], bases=(schema,)))
+
+
+ENGINE_BLOCKS: dict[str, type] = {
+    "paths": PathsConfig, "ray": RayConfig, "pipeline": PipelineConfig, "data": DataConfig,
+    "pretrain": PretrainConfig, "finetune": _narrowed(FinetuneConfig, "FinetuneSchema", "models", FinetuneModel),
+    "evaluate": _narrowed(EvaluateConfig, "EvaluateSchema", "encoders", EncoderName), "report": ReportConfig,
+    "trainer": TrainerConfig, "distributed": DistributedConfig, "logger": TargetConfig, "model": ModelConfig,
+    "senteval": SentevalConfig, "word2vec": Word2VecConfig,
+}
 
 
 def block_schemas() -> dict[str, type]:

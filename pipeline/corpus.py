@@ -19,6 +19,7 @@ from data_prep.corpus.prepare import prepare_corpus
 from data_prep.corpus.sentences import default_splitter, splitter_identity
 from data_prep.corpus.shards import MANIFEST_NAME
 from pipeline.data_settings import DataConfig
+from pipeline.downstream.settings import finetune_settings
 from pipeline.downstream.task_data import evaluation_texts as task_evaluation_texts
 from pipeline.downstream.tasks import in_corpus_form, load_task, resolve_task_dir, task_data_fingerprint, task_names
 from pipeline.engine.dag import Stage, StageContext, files_fingerprint
@@ -44,16 +45,15 @@ class EvaluationSources:
 
     @classmethod
     def of(cls, cfg: DictConfig) -> EvaluationSources:
-        """Made where prepare (or its cache key) begins. The finetune block is read by key: its schema imports every
-        family, torch with them, which prepare's workers do without."""
+        """Made where prepare (or its cache key) begins."""
         stages, senteval = stages_in_run(cfg), None
         if "evaluate" in stages:
             from pipeline.evaluation.senteval import SentevalConfig  # torch: loaded only where the probes' text is read
 
             senteval = typed_settings(cfg.senteval, SentevalConfig)
-        data = typed_settings(cfg.data, DataConfig)
-        return cls(tuple(task_names(cfg.finetune.task)) if "finetune" in stages else (), cfg.finetune.data_dir,
-                   cfg.finetune.allow_files_outside_data_dir, cache_dir_of(cfg),
+        finetune, data = finetune_settings(cfg), typed_settings(cfg.data, DataConfig)  # schemas without a family
+        return cls(tuple(task_names(finetune.task)) if "finetune" in stages else (), finetune.data_dir,
+                   finetune.allow_files_outside_data_dir, cache_dir_of(cfg),
                    senteval if senteval and senteval.tasks else None, (data.nfkc, str(data.chinese_variant)))
 
 

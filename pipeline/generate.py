@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from data_prep.examples.seq2seq_examples import load_seq2seq_tokenizer
+from models.kernels import use_fast_kernels
 from models.seq2seq import load_pretrained as load_seq2seq
 from pipeline.engine.dag import MARKER, is_complete
 from pipeline.gpt.samples import (
@@ -29,11 +30,14 @@ from pipeline.gpt.samples import (
 SEQ2SEQ_STAGE = "seq2seq_pretrain"
 
 
-def seq2seq_outputs(model_dir: Path, text: str, request: Request) -> list[str]:
-    """The pretrained encoder-decoder's outputs for the source `text` (ended by the end token, as its sources are)."""
+def seq2seq_outputs(model_dir: Path, text: str, request: Request, fast_kernels: bool = True) -> list[str]:
+    """The pretrained encoder-decoder's outputs for the source `text` (ended by the end token, as its sources are),
+    decoded with models/kernels.py's kernels where `fast_kernels`."""
     if not text.strip():
         raise ValueError("the input is empty: give some text to generate from")
     model, tokenizer = load_seq2seq(model_dir).eval(), load_seq2seq_tokenizer(model_dir)
+    if fast_kernels:
+        use_fast_kernels(model)
     eos = model.config.eos_token_id
     ids = [*tokenizer.encode(text).ids[: model.config.max_positions - 1], eos]
     return [complete_characters(tokenizer.decode([t for t in tokens if t != eos]))
@@ -54,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-fast-kernels", dest="fast_kernels", action="store_false",
+                        help="decode with the model as models/ writes it, without models/kernels.py's kernels (the "
+                             "same outputs to float rounding, slower)")
     args = parser.parse_args(argv)
     stage = STAGE if args.prompt is not None else SEQ2SEQ_STAGE
     model_dir = args.run_dir / stage / "model"
@@ -72,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         request = Request(args.strategy, args.max_new_tokens, args.beams, args.temperature, args.top_k, args.top_p,
                           args.seed)
         if stage == STAGE:
-            model, tokenizer = load_model(model_dir)
+            model, tokenizer = load_model(model_dir, args.fast_kernels)
             texts = continuations(model, tokenizer, args.prompt, request)
         else:
-            texts = seq2seq_outputs(model_dir, args.input, request)
+            texts = seq2seq_outputs(model_dir, args.input, request, args.fast_kernels)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 from pipeline.bert.config import AttentionReportConfig
 from pipeline.bert.pretrain import encoder_stage
 from pipeline.engine.settings import cache_dir_of, stages_in_run, typed_settings
+from pipeline.engine.training import TrainerConfig
 from pipeline.report.fonts import font_for
 from pipeline.report.plots import plot_attention
 
@@ -33,15 +34,19 @@ class AttentionMap:
     truncated: bool = False  # the sentence had more tokens than the encoder has positions
 
 
-def attention_matrix(encoder_dir: Path, tokenizer_dir: Path, request: AttentionRequest) -> AttentionMap:
+def attention_matrix(encoder_dir: Path, tokenizer_dir: Path, request: AttentionRequest,
+                     fast_kernels: bool = True) -> AttentionMap:
     """The attention probabilities of the requested layer and head of the encoder on the sentence, in eval mode
-    (no dropout)."""
+    (no dropout); with models/kernels.py's modules where `fast_kernels` (trainer.fast_kernels)."""
     import torch
 
     from data_prep.corpus.tokenizer import load_tokenizer
     from models.bert import load_pretrained
+    from models.kernels import use_fast_kernels
 
     model = load_pretrained(encoder_dir).eval()
+    if fast_kernels:
+        use_fast_kernels(model)
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
     if not -layers <= request.layer < layers:
         raise ValueError(f"report.attention_layer={request.layer}, but the encoder has {layers} layers; use "
@@ -82,7 +87,8 @@ def report_section(cfg: DictConfig, stage_dirs: dict[str, Path], out: Path, figu
     request = _attention_request(cfg)
     if request is None or not report_upstream(cfg):
         return []
-    heat = attention_matrix(stage_dirs[encoder_stage(cfg)] / "encoder", stage_dirs["bert_tokenizer"], request)
+    heat = attention_matrix(stage_dirs[encoder_stage(cfg)] / "encoder", stage_dirs["bert_tokenizer"], request,
+                            typed_settings(cfg.trainer, TrainerConfig).fast_kernels)
     where = f"layer {heat.layer} of {heat.num_layers} (0-based), head {heat.head}"
     figures["attention_plot"] = out / "attention.png"
     font = font_for("".join(heat.tokens), cache_dir_of(cfg))

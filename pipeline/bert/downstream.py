@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from omegaconf import DictConfig
@@ -57,14 +56,12 @@ from pipeline.downstream.modules import (
     collate_question_answering,
     collate_token_classification,
 )
+from pipeline.downstream.settings import FinetuneConfig, finetune_settings
 from pipeline.downstream.task_data import TaskData, conll_sentences, majority_tag_scores, subsample, tsv_splits
 from pipeline.downstream.tasks import load_task, task_names
 from pipeline.engine.dag import StageContext, files_fingerprint
 from pipeline.engine.family import FinetuneKind, TokenCoverage
 from pipeline.engine.settings import cache_dir_of, typed_settings
-
-if TYPE_CHECKING:  # the stage's typed settings; importing it at run time would import every family
-    from pipeline.downstream.finetune import FinetuneConfig
 
 
 @dataclass(frozen=True)
@@ -189,8 +186,6 @@ def _control_of_bert(cfg: DictConfig) -> str | None:
 def check_control(cfg: DictConfig, stages: list[str]) -> None:
     """Before any stage runs: bert_w2v only in a run whose pretraining starts from the piece vectors, where it is the
     control; elsewhere it would be a second, mislabelled copy of what bert_random (or no kind) already is."""
-    from pipeline.downstream.finetune import finetune_settings  # at the top, it would import this module's family
-
     if "finetune" in stages and CONTROL in finetune_settings(cfg).models and _control_of_bert(cfg) != CONTROL:
         raise ValueError(f"finetune.models has {CONTROL}, the control of a BERT pretraining that starts from the piece "
                          f"vectors, and this run's starts from {_pretraining_start(cfg)}, where "
@@ -262,8 +257,6 @@ def prompt_of(task: DictConfig, tok) -> tuple[str, list[int]]:
 def check_prompts(cfg: DictConfig, stages: list[str]) -> None:
     """Before any stage runs: with finetune.pooling=prompt, every task the BERT rows fine-tune on has a prompt (a
     task without one failed only in fine-tuning, after pretraining)."""
-    from pipeline.downstream.finetune import finetune_settings  # at the top, it would import this module's family
-
     f, bert = finetune_settings(cfg), typed_settings(cfg.finetune, BertFinetuneConfig)
     if "finetune" in stages and bert.pooling == "prompt" and any(str(m) in FINETUNE_KINDS for m in f.models):
         for name in task_names(f.task):

@@ -10,6 +10,8 @@ from pipeline.bert.config import BERT_POOLINGS
 from pipeline.bert.pretrain import encoder_stage
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec
+from pipeline.engine.settings import typed_settings
+from pipeline.engine.training import TrainerConfig
 
 
 class BertEncoder:
@@ -34,16 +36,20 @@ class BertEncoder:
 
     @classmethod
     def from_directories(cls, encoder_dir, tokenizer_dir, random_init_seed: int | None = None,
-                         **kwargs) -> "BertEncoder":
+                         fast_kernels: bool = True, **kwargs) -> "BertEncoder":
         """From a bert_pretrain stage's encoder/ (or a HuggingFace BERT directory) and a bert_tokenizer stage's
-        directory; with `random_init_seed`, its architecture freshly initialised instead of its weights."""
+        directory; with `random_init_seed`, its architecture freshly initialised instead of its weights; with
+        models/kernels.py's modules where `fast_kernels` (trainer.fast_kernels)."""
         from data_prep.corpus.tokenizer import load_tokenizer
         from models.bert import load_pretrained
         from models.checkpoint import random_twin
+        from models.kernels import use_fast_kernels
 
         model = load_pretrained(encoder_dir)
         if random_init_seed is not None:
             model = random_twin(model, random_init_seed)
+        if fast_kernels:
+            use_fast_kernels(model)
         return cls(model, load_tokenizer(tokenizer_dir), **kwargs)
 
     def prepare(self, samples: list[list[str]]) -> None:
@@ -79,7 +85,8 @@ def _this_run(pooling: str, random_init: bool = False) -> EncoderSpec:
         return BertEncoder.from_directories(ctx.stage_dir(encoder_stage(ctx.cfg)) / "encoder",
                                             ctx.stage_dir("bert_tokenizer"), pooling=pooling,
                                             random_init_seed=ctx.cfg.seed if random_init else None,
-                                            name=f"bert_{pooling}" + ("_random" if random_init else ""))
+                                            name=f"bert_{pooling}" + ("_random" if random_init else ""),
+                                            fast_kernels=typed_settings(ctx.cfg.trainer, TrainerConfig).fast_kernels)
     return EncoderSpec(_encoder_stages, build, random_twin=None if random_init else f"bert_{pooling}_random")
 
 

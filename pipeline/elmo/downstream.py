@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,7 @@ from models.checkpoint import random_twin
 from models.elmo import ElmoEmbedder, ElmoSentenceClassifier, ElmoTokenTagger, load_pretrained
 from pipeline.data_settings import chinese_words_of
 from pipeline.downstream.modules import FinetuneModule
+from pipeline.downstream.settings import FinetuneConfig
 from pipeline.downstream.task_data import TaskData, conll_sentences, majority_tag_scores, subsample, tsv_splits
 from pipeline.downstream.tasks import TaskSplit
 from pipeline.elmo.settings import ElmoFinetuneConfig
@@ -26,9 +27,6 @@ from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
 from pipeline.engine.settings import typed_settings
 from pipeline.evaluation.metrics import score_task
-
-if TYPE_CHECKING:  # the stage's typed settings; importing it at run time would import every family
-    from pipeline.downstream.finetune import FinetuneConfig
 
 
 @dataclass

@@ -71,6 +71,7 @@ from pipeline.engine.training import (
     progress_line,
     release_freed_memory,
     resolve_precision,
+    with_fast_kernels,
 )
 from pipeline.schema import PretrainConfig
 
@@ -147,6 +148,12 @@ class PretrainingTask(Protocol):
     def write(self, ctx: StageContext, module: PretrainModule) -> None: ...  # what later stages read, in out_dir
 
     def summary(self, module: PretrainModule, data: PretrainingData, run: TrainingRun) -> dict: ...
+
+
+def built_module(task: PretrainingTask, ctx: StageContext, p: PretrainConfig) -> PretrainModule:
+    """The family's module (task.build_module), with the run's kernels (trainer.fast_kernels) applied from outside:
+    every module the harness trains or validates is built here, whichever family."""
+    return with_fast_kernels(task.build_module(ctx, p), ctx.cfg)
 
 
 def pretraining_stage(name: str, task: PretrainingTask,
@@ -442,7 +449,7 @@ def _train_with_lightning(ctx: StageContext, task: PretrainingTask, p: PretrainC
                           rank: int,
                           world_size: int, plugins: tuple = ()) -> dict:
     out = ctx.out_dir
-    module = task.build_module(ctx, p)
+    module = built_module(task, ctx, p)
     data = task.data(ctx, module, p, rank, world_size)
     if settings.uses_cuda:
         pin_batches(data.train_loader)
@@ -511,7 +518,7 @@ def _validate_last_step(task: PretrainingTask, ctx: StageContext, p: PretrainCon
     Not `trainer.validate`: its second strategy set-up of the module that `fit` had set up left the word embeddings on
     the CPU under DeepSpeed ZeRO-3 on a GPU (tests/engine/test_distributed.py; docs/gpu.md)."""
     with whole_parameters(module, settings):  # every rank enters: under ZeRO-3 gathering is a collective
-        final = task.build_module(ctx, p)
+        final = built_module(task, ctx, p)
         final.load_state_dict(module.state_dict())
     metrics = _validate(final, val_loader, trainer.precision, trainer.strategy.root_device)
     history.record_validation(trainer.global_step, metrics)
@@ -561,7 +568,7 @@ def _deepspeed_cpu_worker(config: dict) -> None:
     out, p = ctx.out_dir, task.settings(ctx.cfg)  # this worker's process begins here
     settings = DistributedSettings.from_config(ctx.cfg, p)
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    module = task.build_module(ctx, p)
+    module = built_module(task, ctx, p)
     use_dense_gradients(module, DEEPSPEED_DENSE)
     if typed_settings(ctx.cfg.trainer, TrainerConfig).compile:  # no Trainer here to run CompileNetwork
         compile_network(module)
@@ -600,7 +607,7 @@ def _deepspeed_cpu_worker(config: dict) -> None:
         return
     tag = checkpoint_tags(checkpoint_dir)[-1]
     # the fp32 weights of every partition, in a fresh module: what the encoder is written from, and validated
-    final = task.build_module(ctx, p)
+    final = built_module(task, ctx, p)
     final.load_state_dict(consolidated_state_dict(checkpoint_dir, tag))
     metrics = _validate(final, data.val_loader, resolve_precision(settings.precision))
     history.record_validation(p.max_steps, metrics)

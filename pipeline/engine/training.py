@@ -16,7 +16,7 @@ import warnings
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import hydra
 import lightning as L
@@ -25,10 +25,12 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.loggers import CSVLogger
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from models.kernels import use_fast_kernels
 from pipeline.engine.dag import StageContext
 from pipeline.engine.settings import check_target_arguments, typed_settings
 from pipeline.engine.tracking import uses_wandb
 
+ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
 Accelerator = StrEnum("Accelerator", {name: name for name in ("auto", "cpu", "gpu", "cuda")}, module=__name__)
 # auto: resolve_precision's choice where the run trains; the rest are Lightning's
@@ -51,9 +53,14 @@ class TrainerConfig:
     deterministic: bool = MISSING
     enable_model_summary: bool = MISSING
     compile: bool = MISSING  # the pipeline's, not a Trainer argument (PIPELINE_SETTINGS)
+    # models/kernels.py's faster modules in every model the pipeline builds to train or run (with_fast_kernels): a
+    # speed setting of the run, not of the model, so it is not saved with the weights. They compute what the plain
+    # modules compute to float rounding (dropout draws its masks otherwise), so the stages that read it keep it in
+    # their cache keys, as trainer.compile. The pipeline's, not a Trainer argument (PIPELINE_SETTINGS).
+    fast_kernels: bool = True
 
 # Keys of the `trainer` block that the pipeline reads itself and does not hand to the Trainer
-PIPELINE_SETTINGS = ("compile",)
+PIPELINE_SETTINGS = ("compile", "fast_kernels")
 
 # Trainer arguments the pipeline sets itself, and from what: a `trainer` block that set one would be overridden unseen,
 # so it is refused at start-up (check_trainer_arguments)
@@ -198,6 +205,16 @@ def make_trainer(ctx: StageContext, callbacks: list, prefix: str = "", one_proce
 def trainer_arguments(cfg: DictConfig) -> DictConfig:
     """The `trainer` block as the Trainer takes it: without PIPELINE_SETTINGS."""
     return OmegaConf.masked_copy(cfg.trainer, [key for key in cfg.trainer if key not in PIPELINE_SETTINGS])
+
+
+def with_fast_kernels(model: ModuleT, cfg: DictConfig) -> ModuleT:
+    """`model` (a network, or what holds one: a LightningModule, a task model) with models/kernels.py's faster
+    modules swapped in where trainer.fast_kernels is on, applied from outside as torchtitan's `parallelize` applies its
+    own: the one call of every place that builds a model to train or run it (pretraining's build_module, the fine-tune
+    stage, the frozen encoders, decoding), right after building it and before anything compiles or wraps it."""
+    if typed_settings(cfg.trainer, TrainerConfig).fast_kernels:
+        use_fast_kernels(model)
+    return model
 
 
 def compile_network(module: L.LightningModule) -> None:

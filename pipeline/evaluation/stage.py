@@ -3,9 +3,6 @@ row per encoder and task, comparing the families' encoders (pipeline/families.py
 the seed."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import StrEnum
-
 from omegaconf import DictConfig
 
 from data_prep.corpus.shards import write_json_atomically
@@ -14,6 +11,7 @@ from pipeline.engine.dag import Stage, StageContext, all_cpus
 from pipeline.engine.family import EncoderSpec
 from pipeline.engine.settings import cache_dir_of, typed_settings
 from pipeline.evaluation.senteval import GloveBagOfWords, SentevalConfig, run_senteval, senteval_files_fingerprint
+from pipeline.evaluation.settings import EvaluateConfig
 from pipeline.families import FAMILIES
 
 # evaluate.encoders name -> its spec. Each family's `*_random` is its architecture freshly initialised and frozen:
@@ -25,15 +23,6 @@ ENCODERS: dict[str, EncoderSpec] = {
 }
 
 
-EncoderName = StrEnum("EncoderName", {name: name for name in ENCODERS}, module=__name__)
-
-
-@dataclass
-class EvaluateConfig:
-    # frozen encoders compared by the SentEval-style probes (the `senteval` block); *_random: the same architecture,
-    # untrained
-    encoders: list[EncoderName] = field(default_factory=lambda: [EncoderName(name) for name in (
-        "bert_cls", "bert_mean", "bert_cls_random", "bert_mean_random", "glove_bow")])
 
 
 def evaluate_upstream(cfg: DictConfig) -> tuple[str, ...]:
@@ -50,7 +39,9 @@ def evaluate(ctx: StageContext) -> dict:
     return {"results": rows}
 
 
-EVALUATE = Stage("evaluate", evaluate, evaluate_upstream, ("evaluate", "senteval", "seed"),
+# trainer.fast_kernels: the encoders run with models/kernels.py's modules where it is on (the same vectors to float
+# rounding), a key of the stage as of every other stage that reads it
+EVALUATE = Stage("evaluate", evaluate, evaluate_upstream, ("evaluate", "senteval", "seed", "trainer.fast_kernels"),
                  fingerprint=lambda cfg: senteval_files_fingerprint(typed_settings(cfg.senteval, SentevalConfig),
                                                                     cache_dir_of(cfg)),
                  num_cpus=all_cpus)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,13 +30,11 @@ from pipeline.downstream.modules import (
     collate_token_classification,
     pad_right,
 )
+from pipeline.downstream.settings import FinetuneConfig
 from pipeline.downstream.task_data import TaskData, conll_sentences, majority_tag_scores, subsample, tsv_splits
 from pipeline.downstream.tasks import scoring_options
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
-
-if TYPE_CHECKING:  # the stage's typed settings; importing it at run time would import every family
-    from pipeline.downstream.finetune import FinetuneConfig
 
 # GPT-1 Sec. 3.3: similarity has no inherent order, so both orders are encoded and their extract states summed: for
 # regression pairs (STS-B) and GPT-1's other similarity tasks, MRPC and QQP.

@@ -9,8 +9,11 @@ import torch
 from data_prep.examples.gpt_blocks import load_gpt_tokenizer
 from models.checkpoint import random_twin
 from models.gpt import load_pretrained
+from models.kernels import use_fast_kernels
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec
+from pipeline.engine.settings import typed_settings
+from pipeline.engine.training import TrainerConfig
 
 
 class GPTMeanEncoder:
@@ -18,10 +21,11 @@ class GPTMeanEncoder:
     each state a summary of its prefix only, so the mean (rather than the last state, which GPT-1 fine-tunes a head
     on) is the frozen probe that does not favour the sentence's end."""
 
-    def __init__(self, model_dir: Path, name: str, random_init_seed: int | None = None):
+    def __init__(self, model_dir: Path, name: str, random_init_seed: int | None = None, fast_kernels: bool = True):
         self.name = name
         model = load_pretrained(model_dir)
-        self.model = (model if random_init_seed is None else random_twin(model, random_init_seed)).eval()
+        model = model if random_init_seed is None else random_twin(model, random_init_seed)
+        self.model = (use_fast_kernels(model) if fast_kernels else model).eval()  # trainer.fast_kernels
         self.tokenizer = load_gpt_tokenizer(model_dir)
 
     def prepare(self, samples: list[list[str]]) -> None:
@@ -46,7 +50,8 @@ def gpt_encoder(random_init: bool):
     def build(ctx: StageContext) -> GPTMeanEncoder:
         return GPTMeanEncoder(ctx.stage_dir("gpt_pretrain") / "model",
                               name="gpt_mean_random" if random_init else "gpt_mean",
-                              random_init_seed=ctx.cfg.seed if random_init else None)
+                              random_init_seed=ctx.cfg.seed if random_init else None,
+                              fast_kernels=typed_settings(ctx.cfg.trainer, TrainerConfig).fast_kernels)
     return build
 
 

@@ -13,7 +13,9 @@ from tokenizers import Tokenizer
 from data_prep.examples.gpt_blocks import load_gpt_tokenizer
 from models.generation import beam_search, greedy, sample
 from models.gpt import GPTLMHeadModel, load_pretrained
+from models.kernels import use_fast_kernels
 from pipeline.engine.settings import stages_in_run, typed_settings
+from pipeline.engine.training import TrainerConfig
 from pipeline.gpt.settings import GptReportConfig
 
 STAGE = "gpt_pretrain"
@@ -32,8 +34,11 @@ class Request:
     seed: int = 0
 
 
-def load_model(model_dir: Path) -> tuple[GPTLMHeadModel, Tokenizer]:
-    return load_pretrained(model_dir).eval(), load_gpt_tokenizer(model_dir)
+def load_model(model_dir: Path, fast_kernels: bool = True) -> tuple[GPTLMHeadModel, Tokenizer]:
+    """The GPT to decode with, with models/kernels.py's decoding kernels where `fast_kernels` (trainer.fast_kernels
+    in a run, --no-fast-kernels of pipeline.generate)."""
+    model = load_pretrained(model_dir).eval()
+    return use_fast_kernels(model) if fast_kernels else model, load_gpt_tokenizer(model_dir)
 
 
 def generate_tokens(model, ids: list[int], request: Request) -> list[list[int]]:
@@ -76,7 +81,7 @@ def report_upstream(cfg: DictConfig) -> tuple[str, ...]:
 def report_section(cfg: DictConfig, stage_dirs: dict[str, Path], out: Path, figures: dict[str, Path]) -> list[str]:
     if not report_upstream(cfg):
         return []
-    model, tokenizer = load_model(stage_dirs[STAGE] / "model")
+    model, tokenizer = load_model(stage_dirs[STAGE] / "model", typed_settings(cfg.trainer, TrainerConfig).fast_kernels)
     lines = ["", "## GPT samples", "", f"Greedy continuations ({REPORT_NEW_TOKENS} tokens at most) by the pretrained "
              "GPT; `python -m pipeline.generate RUN_DIR --prompt ...` for more.", ""]
     for prompt in typed_settings(cfg.report, GptReportConfig).gpt_prompts:

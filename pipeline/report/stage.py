@@ -35,4 +35,6 @@ def report(ctx: StageContext) -> dict:
     return {k: str(v) for k, v in paths.items()}
 
 
-REPORT = Stage("report", report, report_upstream, ("experiment_name", "report"))
+# trainer.fast_kernels: the families' sections run their models (GPT's samples, BERT's attention heat-map) with
+# models/kernels.py's modules where it is on
+REPORT = Stage("report", report, report_upstream, ("experiment_name", "report", "trainer.fast_kernels"))

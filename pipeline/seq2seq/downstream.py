@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,14 +17,12 @@ from torch import nn
 from data_prep.examples.seq2seq_examples import load_seq2seq_tokenizer
 from models.seq2seq import EncoderDecoder, load_pretrained
 from pipeline.downstream.generation import GENERATED_DIR, GenerationModule, WritingTaskModels, task_decoding
+from pipeline.downstream.settings import FinetuneConfig
 from pipeline.downstream.task_data import TaskData, tsv_splits
 from pipeline.downstream.tasks import scoring_options
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
 from pipeline.seq2seq.module import PairCollator
-
-if TYPE_CHECKING:  # the stage's typed settings; importing it at run time would import every family
-    from pipeline.downstream.finetune import FinetuneConfig
 
 
 def encode_texts(tokenizer: Tokenizer, texts: list[str], max_len: int, eos: int) -> list[np.ndarray]:

@@ -9,19 +9,23 @@ import torch
 
 from data_prep.examples.seq2seq_examples import load_seq2seq_tokenizer
 from models.checkpoint import random_twin
+from models.kernels import use_fast_kernels
 from models.seq2seq import load_pretrained, pad_sources, padding_mask
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec
+from pipeline.engine.settings import typed_settings
+from pipeline.engine.training import TrainerConfig
 
 
 class Seq2SeqMeanEncoder:
     """SentEval encoder: the mean of the encoder's final states over a sentence's tokens (bidirectional attention:
     every state has read the whole sentence), the memory the decoder attends to."""
 
-    def __init__(self, model_dir: Path, name: str, random_init_seed: int | None = None):
+    def __init__(self, model_dir: Path, name: str, random_init_seed: int | None = None, fast_kernels: bool = True):
         self.name = name
         model = load_pretrained(model_dir)
-        self.model = (model if random_init_seed is None else random_twin(model, random_init_seed)).eval()
+        model = model if random_init_seed is None else random_twin(model, random_init_seed)
+        self.model = (use_fast_kernels(model) if fast_kernels else model).eval()  # trainer.fast_kernels
         self.tokenizer = load_seq2seq_tokenizer(model_dir)
 
     def prepare(self, samples: list[list[str]]) -> None:
@@ -42,7 +46,8 @@ def seq2seq_encoder(random_init: bool):
     def build(ctx: StageContext) -> Seq2SeqMeanEncoder:
         return Seq2SeqMeanEncoder(ctx.stage_dir("seq2seq_pretrain") / "model",
                                   name="seq2seq_mean_random" if random_init else "seq2seq_mean",
-                                  random_init_seed=ctx.cfg.seed if random_init else None)
+                                  random_init_seed=ctx.cfg.seed if random_init else None,
+                                  fast_kernels=typed_settings(ctx.cfg.trainer, TrainerConfig).fast_kernels)
     return build
 
 

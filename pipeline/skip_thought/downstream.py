@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,15 +17,13 @@ from torch import nn
 
 from models.skip_thought import SkipThoughtClassifier
 from pipeline.downstream.modules import ClassificationModule, RegressionModule
+from pipeline.downstream.settings import FinetuneConfig
 from pipeline.downstream.task_data import TaskData, tsv_splits
 from pipeline.downstream.tasks import TaskSplit
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec, FinetuneKind
 from pipeline.evaluation.senteval import pair_features
 from pipeline.skip_thought.encoder import ENCODERS, SkipThoughtSentenceEncoder
-
-if TYPE_CHECKING:  # the stage's typed settings; importing it at run time would import every family
-    from pipeline.downstream.finetune import FinetuneConfig
 
 ENCODE_BATCH = 256  # sentences per forward pass of the frozen encoder
 

@@ -295,6 +295,7 @@ def test_bf16_autocast_runs_every_matmul_of_a_training_step_in_bf16():
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from models.gpt import GPTLMHeadModel, gpt_config
+    from models.kernels import use_fast_kernels
     from pipeline.bert.module import bert_pretraining_losses
     from tests.benchmarks.test_gpu_check import bench_train
 
@@ -312,13 +313,13 @@ def test_bf16_autocast_runs_every_matmul_of_a_training_step_in_bf16():
             return func(*args, **(kwargs or {}))
 
     torch.manual_seed(0)
-    bert = BertForPreTraining(bert_config("bert_tiny", vocab_size=512))
+    bert = use_fast_kernels(BertForPreTraining(bert_config("bert_tiny", vocab_size=512)))  # as the pipeline trains it
     batch = bench_train.make_batch(2, 16)
     batch["input_ids"] %= 512
     batch["mlm_labels"] = torch.where(batch["mlm_labels"] >= 0, batch["mlm_labels"] % 512, batch["mlm_labels"])
     # attention dropout off: with it torch's CPU attention falls back to its math kernel, which computes bf16 inputs in
     # fp32 inside the kernel (not a cast of ours; CUDA's kernels take dropout in bf16)
-    gpt = GPTLMHeadModel(gpt_config("gpt_tiny", vocab_size=512, n_positions=32, attn_pdrop=0.0))
+    gpt = use_fast_kernels(GPTLMHeadModel(gpt_config("gpt_tiny", vocab_size=512, n_positions=32, attn_pdrop=0.0)))
     ids = torch.randint(0, 512, (2, 17))
     steps = {"bert": lambda: bert_pretraining_losses(bert, batch)["loss"],
              "gpt": lambda: gpt(ids[:, :-1], ids[:, 1:]).loss}

@@ -1,8 +1,11 @@
-"""models/kernels.py: the switch `config.fast_kernels` swaps in faster modules that compute what the plain models
-compute. Every model class is built fast by default, and with the kernels on and off gives the same outputs and the same
-gradients (to float rounding) from the same weights; each kernel's own contract is tested below."""
+"""models/kernels.py: use_fast_kernels(model), applied from outside to a built model, swaps in faster modules that
+compute what the plain models compute. A model is built plain; with the kernels applied it gives the same outputs and
+the same gradients (to float rounding) from the same weights; each kernel's own contract is tested below. The pipeline
+applies them where trainer.fast_kernels is on (the default), and an old config.json that still says fast_kernels
+loads."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import replace
 
@@ -23,7 +26,7 @@ from models.bert import (
 from models.checkpoint import random_twin
 from models.electra import ElectraForPreTraining
 from models.gpt import GPTConfig, GPTForSequenceClassification, GPTForTokenClassification, GPTLMHeadModel
-from models.kernels import CPUDropout, DecodingLinear, RealTokens
+from models.kernels import CPUDropout, DecodingLinear, RealTokens, use_fast_kernels
 
 V = 101
 BERT = BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
@@ -47,11 +50,11 @@ def on_and_off(build, config):
     """The model `build(config)` makes, with the kernels on and off, holding the same weights (perturbed from the init,
     so that no LayerNorm is the identity and no bias zero)."""
     torch.manual_seed(0)
-    fast = build(replace(config, fast_kernels=True))
+    fast = use_fast_kernels(build(config))
     with torch.no_grad():
         for p in fast.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    plain = build(replace(config, fast_kernels=False))
+    plain = build(config)
     plain.load_state_dict(fast.state_dict())
     return fast, plain
 
@@ -188,13 +191,12 @@ MODELS = {
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_every_model_is_built_fast_by_default_and_plain_when_switched_off(name):
-    """By default every module with a fast twin has become it (a head added after the encoder too: the training path
-    is the fast one); with fast_kernels=False none has. State-dict keys are the same either way."""
+def test_every_model_is_built_plain_and_made_fast_from_outside(name):
+    """Built, no module has a fast twin's class; after use_fast_kernels every module with a fast twin has become it
+    (a BERT task model's head too: the training path is the fast one). State-dict keys are the same either way."""
     config = BERT if name.startswith(("Bert", "Electra")) else GPT
-    assert config.fast_kernels
-    fast = MODELS[name](config)
-    plain = MODELS[name](replace(config, fast_kernels=False))
+    plain = MODELS[name](config)
+    fast = use_fast_kernels(MODELS[name](config))
     fast_classes = set(kernels.FAST_TWINS.values()) | {DecodingLinear, kernels.TiedWordEmbedding, kernels.TiedDecoder}
     assert not any(type(m) in kernels.FAST_TWINS for m in fast.modules())
     assert not any(type(m) in fast_classes for m in plain.modules())
@@ -204,7 +206,18 @@ def test_every_model_is_built_fast_by_default_and_plain_when_switched_off(name):
         assert sum(type(m) in (kernels.TiedWordEmbedding, kernels.TiedDecoder) for m in fast.modules()) == 2
     assert fast.state_dict().keys() == plain.state_dict().keys()
     if name in ("BertModel", "GPTLMHeadModel"):  # the random-init baseline: the same class and config again
-        assert [type(m) for m in random_twin(fast, seed=0).modules()] == [type(m) for m in fast.modules()]
+        twin = use_fast_kernels(random_twin(fast, seed=0))  # as the evaluate stage's encoders build it
+        assert [type(m) for m in twin.modules()] == [type(m) for m in fast.modules()]
+
+
+def test_what_holds_a_model_keeps_its_own_modules():
+    """use_fast_kernels reaches the BERT, GPT and encoder-decoder models inside what it is given (a LightningModule, a
+    task model), and nothing else: the holder's own modules and ELMo's or Skip-Thought's keep their classes."""
+    holder = torch.nn.ModuleDict({"bert": BertForPreTraining(replace(BERT, hidden_dropout_prob=0.1)),
+                                  "other": torch.nn.Sequential(torch.nn.Dropout(0.1), torch.nn.Linear(4, 4))})
+    assert use_fast_kernels(holder) is holder
+    assert type(holder["bert"].bert.encoder) is kernels.PackedBertEncoder
+    assert [type(m) for m in holder["other"]] == [torch.nn.Dropout, torch.nn.Linear]
 
 
 # -----------------------------------------------------------------------------
@@ -212,7 +225,7 @@ def test_every_model_is_built_fast_by_default_and_plain_when_switched_off(name):
 
 
 def test_packed_layers_see_only_the_real_tokens():
-    model = BertModel(BERT)
+    model = use_fast_kernels(BertModel(BERT))
     rows_seen = []
     model.encoder.layer[0].intermediate.dense.register_forward_hook(lambda m, inputs, out: rows_seen.append(inputs[0]))
     input_ids, token_type_ids, attention_mask = bert_batch()
@@ -228,7 +241,7 @@ def test_under_autocast_the_layers_see_few_shapes_and_the_outputs_are_unchanged(
     batches are padded to a multiple of PADDED_LENGTH_MULTIPLE positions, the extra rows' results dropped. Outputs,
     attention probabilities and gradients are those of the exact shapes."""
     torch.manual_seed(0)
-    model = BertModel(replace(BERT, position_embedding_type=position_embedding_type))
+    model = use_fast_kernels(BertModel(replace(BERT, position_embedding_type=position_embedding_type)))
     input_ids, token_type_ids, attention_mask = bert_batch(B=3, T=11)
     attention_mask[2, 5:] = 0
     real = attention_mask.bool()
@@ -333,7 +346,7 @@ def test_decoding_steps_multiply_their_rows_by_models_gemv_and_a_prompt_by_f_lin
     prompt of more than gemv.MAX_ROWS tokens and training go through F.linear."""
     calls = count_gemv_calls(monkeypatch)
     torch.manual_seed(0)
-    model = GPTLMHeadModel(GPT).eval()
+    model = use_fast_kernels(GPTLMHeadModel(GPT)).eval()
     prompt = torch.randint(0, V, (1, gemv.MAX_ROWS + 1))
     with torch.no_grad():
         cache = model.new_cache(1, prompt.size(1) + 1)
@@ -349,17 +362,24 @@ def test_decoding_steps_multiply_their_rows_by_models_gemv_and_a_prompt_by_f_lin
     assert calls == [] and layer.weight.grad is not None
 
 
-def test_the_pipeline_switches_them_off_with_one_override():
-    """`+model.config.fast_kernels=false` reaches the model the pretraining stage builds (and is saved with it, so
-    fine-tuning its encoder keeps it)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
+def test_the_pipeline_applies_them_where_trainer_fast_kernels_is_on(tmp_path):
+    """trainer.fast_kernels (on by default) decides whether the module the pretraining harness builds, whichever
+    family's, gets the kernels; the model config no longer has the switch, and a model saved with it under an earlier
+    version (config.json with "fast_kernels") still loads."""
+    from types import SimpleNamespace
 
-    from pipeline import CONF_DIR
+    from models.bert import BertConfig, load_pretrained, save_pretrained
+    from pipeline.engine.dag import StageContext
+    from pipeline.engine.pretraining import built_module
+    from tests.helpers import tiny_config
 
-    with initialize_config_dir(config_dir=str(CONF_DIR / "model"), version_base="1.3"):
-        cfg = compose(config_name="bert_tiny", overrides=["config.vocab_size=64", "config.max_position_embeddings=16",
-                                                          "+config.fast_kernels=false"])
-    model = instantiate(OmegaConf.to_container(cfg, resolve=True), _convert_="all")
-    assert not model.config.fast_kernels and type(model.bert.encoder) is not kernels.PackedBertEncoder
+    task = SimpleNamespace(build_module=lambda ctx, p: torch.nn.ModuleDict({"model": BertForPreTraining(BERT)}))
+    for override, fast in (([], True), (["trainer.fast_kernels=false"], False)):
+        ctx = StageContext(tiny_config(tmp_path, override), "bert_pretrain", tmp_path / "out")
+        module = built_module(task, ctx, None)
+        assert (type(module["model"].bert.encoder) is kernels.PackedBertEncoder) is fast
+    assert "fast_kernels" not in {f.name for f in dataclasses.fields(BertConfig)}
+    save_pretrained(BertModel(BERT), tmp_path / "encoder")
+    config = tmp_path / "encoder" / "config.json"
+    config.write_text(config.read_text().replace('{', '{"fast_kernels": false, ', 1))
+    assert type(load_pretrained(tmp_path / "encoder").encoder) is not kernels.PackedBertEncoder  # built plain

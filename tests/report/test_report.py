@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from data_prep.corpus.tokenizer import train_wordpiece
 from models.bert import BertModel, bert_config, save_pretrained
+from pipeline import CONF_DIR
 from pipeline.bert.attention import AttentionRequest, attention_matrix
 from pipeline.bert.attention import report_section as attention_section
 from pipeline.report.plots import plot_attention, plot_pretraining, plot_task_scores
@@ -104,7 +105,9 @@ def write_report(stage_dirs: dict, out: Path, title: str, attention: AttentionRe
     if attention is not None:
         cfg = OmegaConf.create({"pipeline": {"stages": ["bert_pretrain"]}, "paths": {"cache_dir": str(out / "cache")},
                                 "report": {"attention_sentence": attention.sentence,
-                                           "attention_layer": attention.layer, "attention_head": attention.head}})
+                                           "attention_layer": attention.layer, "attention_head": attention.head},
+                                # the run's trainer block: trainer.fast_kernels
+                                "trainer": OmegaConf.load(CONF_DIR / "trainer" / "cpu.yaml").trainer})
         sections = (partial(attention_section, cfg),)
     return write_report_sections(stage_dirs, out, title, pretraining_stages(), sections, **kwargs)
 

@@ -26,11 +26,6 @@ ALLOWED = Counter({
     ("pipeline/bert/pretrain.py", "cfg.model._target_"): 1,
     ("pipeline/bert/pretrain.py", "cfg.model.generator_layers"): 1,
     ("pipeline/skip_thought/stages.py", "cfg.model.config"): 2,
-    # prepare's view of the evaluation text (EvaluationSources.of, made where prepare begins): the finetune block's
-    # schema imports every family, torch with them, which prepare's Ray workers must not load (test_layering.py)
-    ("pipeline/corpus.py", "cfg.finetune.task"): 1,
-    ("pipeline/corpus.py", "cfg.finetune.data_dir"): 1,
-    ("pipeline/corpus.py", "cfg.finetune.allow_files_outside_data_dir"): 1,
     # the one accessor of paths.cache_dir (cache_dir_of: paths.run_dir needs Hydra's runtime to resolve) and of
     # pipeline.stages outside planning (stages_in_run: a config made for one stage need not plan a run)
     ("pipeline/engine/settings.py", "cfg.paths.cache_dir"): 1,

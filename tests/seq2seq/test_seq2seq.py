@@ -438,7 +438,7 @@ def test_the_transformer_is_the_same_with_the_kernels_on_and_off(variant):
 
 
 def test_the_rnn_takes_the_cpu_dropout_and_nothing_else():
-    fast, plain = rnn(dropout=0.2), rnn(dropout=0.2, fast_kernels=False)
+    fast, plain = kernels.use_fast_kernels(rnn(dropout=0.2)), rnn(dropout=0.2)
     assert {type(m) for m in fast.modules() if isinstance(m, torch.nn.Dropout)} == {kernels.CPUDropout}
     assert {type(m) for m in plain.modules() if isinstance(m, torch.nn.Dropout)} == {torch.nn.Dropout}
     assert fast.state_dict().keys() == plain.state_dict().keys()
@@ -451,7 +451,7 @@ def test_a_decoding_step_multiplies_its_rows_by_models_gemv(monkeypatch):
     output of self-attention, q and the output of attention over the memory, the two of the feed-forward; then the
     Generator. The source's encoding and the memory's keys and values (more than gemv.MAX_ROWS rows) do not."""
     calls = count_gemv_calls(monkeypatch)
-    model = transformer().eval()
+    model = kernels.use_fast_kernels(transformer()).eval()
     source = list(range(3, 13)) * 2  # 20 tokens: more rows than gemv.MAX_ROWS
     with torch.no_grad():
         decoding, first = model.start_decoding([source], 2, 1)
