@@ -49,6 +49,10 @@ class RNNSeq2SeqConfig:
     decoder_start_token_id: int = 1
     eos_token_id: int | None = 2
     label_smoothing: float = 0.0  # LabelSmoothing's eps in training mode (none in the RNN papers)
+    # Not read by the model (an RNN has no positions): the longest source and target the pipeline pretrained it on,
+    # to which fine-tuning and the frozen encoder cut theirs as they do to the Transformer's max_positions, so the two
+    # read the same text. None: no limit
+    max_positions: int | None = None
 
     def __post_init__(self):
         if self.cell not in CELLS:
@@ -59,6 +63,10 @@ class RNNSeq2SeqConfig:
             raise ValueError(f"hidden_size must be even (half per encoder direction), got {self.hidden_size}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        for name in ("pad_token_id", "decoder_start_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ValueError(f"{name} {value} is outside the vocabulary of {self.vocab_size}")
 
 
 RNN_SEQ2SEQ_SIZES: dict[str, dict] = {
@@ -218,6 +226,19 @@ class RNNEncoderDecoder(nn.Module):
         memory = Memory(self.decoder.attention.keys(states), states, attention_mask.bool())
         first = DecoderState(final, states.new_zeros(input_ids.size(0), self.config.embedding_dim))
         return memory, first
+
+    def encoder_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Source ids and attention_mask (B, S) -> the encoder's states (B, S, H), zero at padding: what the decoder
+        attends to, and what a frozen sentence encoder averages (models.seq2seq.EncoderDecoder has the same method)."""
+        return self.encoder(self.embed(input_ids), attention_mask)[0]
+
+    def describe(self) -> str:
+        """The architecture in a line, for a run's report."""
+        c = self.config
+        return (f"RNN encoder-decoder with attention (seed 001; Luong et al. 2015): bidirectional {c.cell.upper()} "
+                f"encoder, {c.cell.upper()} decoder, {c.num_layers} + {c.num_layers} layers, hidden {c.hidden_size}, "
+                f"embeddings {c.embedding_dim}, {c.attention} attention"
+                + (", input feeding" if c.input_feeding else ""))
 
     def logits(self, attentional: torch.Tensor) -> torch.Tensor:
         return F.linear(attentional, self.shared.weight, self.output_bias)  # (..., V)

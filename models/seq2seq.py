@@ -405,6 +405,18 @@ class EncoderDecoder(nn.Module):
         mask = padding_mask(attention_mask)
         return self.decoder.memory(self.encoder(self.shared(input_ids), mask), mask)
 
+    def encoder_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Source ids and attention_mask (B, S) -> the encoder's final states (B, S, d): the memory before the decoder
+        layers project it, and what a frozen sentence encoder averages (models.rnn_seq2seq has the same method)."""
+        return self.encoder(self.shared(input_ids), padding_mask(attention_mask))
+
+    def describe(self) -> str:
+        """The architecture in a line, for a run's report."""
+        c = self.config
+        return (f"Transformer encoder-decoder (seed 000; Vaswani et al. 2017): {c.encoder_layers} + "
+                f"{c.decoder_layers} layers, d_model {c.d_model}, {c.n_head} heads, d_ff {c.d_ff}, "
+                f"{'pre' if c.pre_layer_norm else 'post'}-LN, {c.position_embedding_type} positions")
+
     def decode(self, decoder_input_ids: torch.Tensor, memory: Memory, cache: KVCache | None = None) -> torch.Tensor:
         """Decoder input ids (B, T) (see Decoder.forward for `cache`) -> the decoder's final states (B, T, d)."""
         return self.decoder(self.shared(decoder_input_ids), memory, cache)

@@ -143,6 +143,9 @@ def export(run_dir: Path, to: Path, overwrite: bool = False) -> list[Path]:
     recorded = {}
     for model in models:
         if not (model.output / HF_DIR / "config.json").is_file():
+            why = (read_marker(model.output) or {}).get(HF_DIR)
+            if isinstance(why, str) and why != HF_DIR:  # the stage's summary says why it wrote none (seq2seq_pretrain)
+                raise ExportError(f"stage {model.stage} of {run_dir} wrote no {HF_DIR}/: {why}")
             raise ExportError(f"stage {model.stage} of {run_dir} has no {HF_DIR}/ (it ran before stages wrote one); "
                               f"rerun the run's command with pipeline.force=[{model.stage}] to write it")
         if (to / model.name).exists() and not overwrite:

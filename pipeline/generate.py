@@ -15,7 +15,6 @@ from pathlib import Path
 
 from data_prep.examples.seq2seq_examples import load_seq2seq_tokenizer
 from models.kernels import use_fast_kernels
-from models.seq2seq import load_pretrained as load_seq2seq
 from pipeline.engine.dag import MARKER, is_complete
 from pipeline.gpt.samples import (
     STAGE,
@@ -26,6 +25,7 @@ from pipeline.gpt.samples import (
     generate_tokens,
     load_model,
 )
+from pipeline.seq2seq.architectures import load_model as load_seq2seq
 
 SEQ2SEQ_STAGE = "seq2seq_pretrain"
 

@@ -22,8 +22,11 @@ BART_LAYER_NORM_EPS = 1e-5  # BART's nn.LayerNorm default, which its config cann
 TIED = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight")
 
 
-def hf_incompatibility(config: Seq2SeqConfig) -> str:
+def hf_incompatibility(config) -> str:
     """Why BartForConditionalGeneration cannot compute what a model of `config` does, or "" when it can."""
+    if not isinstance(config, Seq2SeqConfig):  # models/rnn_seq2seq.py's RNN encoder-decoder
+        return (f"not exportable as BART: HuggingFace's BartForConditionalGeneration is a Transformer "
+                f"(models.seq2seq.Seq2SeqConfig); this model's config is {type(config).__name__}")
     bart = dict(pre_layer_norm=False, layernorm_embedding=True, position_embedding_type="learned",
                 learned_position_offset=2, layer_norm_eps=BART_LAYER_NORM_EPS)
     differ = [f"{key}={getattr(config, key)!r}" for key, value in bart.items() if getattr(config, key) != value]

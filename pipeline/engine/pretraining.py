@@ -18,6 +18,7 @@ fine-tune stage compares to show what more pretraining buys downstream.
 from __future__ import annotations
 
 import errno
+import inspect
 import json
 import os
 import shutil
@@ -222,6 +223,24 @@ def check_model_config(cfg: DictConfig, key: str = "model") -> None:
     target = hydra.utils.get_object(config._target_)
     built = get_type_hints(target).get("return")
     check_target_arguments(config, f"{key}.config", [target, built] if built else None)
+    check_model_config_values(config, f"{key}.config", target)
+
+
+def check_model_config_values(config: DictConfig, key: str, target: Callable) -> None:
+    """Build `<key>` from the values a run knows before any work, those its stages set from the data (`???`: the
+    vocabulary size) left at their defaults: a value the config refuses (`model.config.attention=bahdanau`, an unknown
+    size name) fails here, with the config's own message, not when pretraining first builds the model. A target whose
+    required arguments wait on the data is not built."""
+    values = {name: value for name, value in OmegaConf.to_container(config, resolve=True).items()
+              if not name.startswith("_") and not OmegaConf.is_missing(config, name)}
+    required = [p.name for p in inspect.signature(target).parameters.values()
+                if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if any(name not in values for name in required):
+        return
+    try:
+        target(**values)
+    except (ValueError, KeyError) as err:
+        raise ValueError(f"{key}: {err.args[0] if err.args else err}") from None
 
 
 def encoder_snapshot_steps(cfg: DictConfig, settings: PretrainConfig, key: str) -> list[int]:

@@ -324,6 +324,16 @@ def pretraining_budget(summaries: dict[str, dict[str, dict]]) -> list[str]:
                         f"{shortest}'s ({', '.join(f'{f} {t:.0f} s' for f, t in totals.items())})"]
 
 
+def models_section(ran: dict[str, list[str]], stage_dirs: dict[str, Path]) -> list[str]:
+    """The architecture each pretraining stage trained, where its summary names one (`model`: the seq2seq family's,
+    whose rows are named by kind whichever encoder-decoder the run's `model` built), ahead of the results."""
+    described = [(family, stage, info["model"]) for family, stages in ran.items() for stage in stages
+                 if "model" in (info := json.loads((stage_dirs[stage] / "stage.json").read_text()))]
+    if not described:
+        return []
+    return ["", "## Models", "", *(f"- {family} ({stage}): {model}" for family, stage, model in described)]
+
+
 def learning_lines(summary: dict) -> list[str]:
     """Markdown lines: the final held-out MLM loss against the unigram baseline, the accuracies, and the plateau
     warning of a run that has not learned more than token frequencies (pipeline/bert/diagnostics.py)."""
@@ -377,6 +387,9 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str,
     `wandb_run`: the stage's W&B run, or None."""
     lines, rows, figures = [f"# Results: {title}"], [], {}
     panels = {}
+    ran = {family: in_run for family, stages in (pretraining_stages or {}).items()
+           if (in_run := [stage for stage in stages if stage in stage_dirs])}
+    lines += models_section(ran, stage_dirs)
     for stage in RESULT_STAGES:
         if stage in stage_dirs:
             results = json.loads((stage_dirs[stage] / "results.json").read_text())
@@ -394,8 +407,6 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str,
         figures["task_scores_plot"] = out / "task_scores.png"
         plot_task_scores(panels, figures["task_scores_plot"], title=f"Task scores per model ({title})")
         lines += ["", "![task scores per model](task_scores.png)"]
-    ran = {family: in_run for family, stages in (pretraining_stages or {}).items()
-           if (in_run := [stage for stage in stages if stage in stage_dirs])}
     if len(ran) > 1:
         lines += pretraining_budget({family: {stage: json.loads((stage_dirs[stage] / "stage.json").read_text())
                                               for stage in stages} for family, stages in ran.items()})

@@ -15,13 +15,13 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from data_prep.examples.seq2seq_examples import load_seq2seq_tokenizer
-from models.seq2seq import EncoderDecoder, load_pretrained
 from pipeline.downstream.generation import GENERATED_DIR, GenerationModule, WritingTaskModels, task_decoding
 from pipeline.downstream.settings import FinetuneConfig
 from pipeline.downstream.task_data import TaskData, tsv_splits
 from pipeline.downstream.tasks import scoring_options
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
+from pipeline.seq2seq.architectures import load_model
 from pipeline.seq2seq.module import PairCollator
 
 
@@ -47,11 +47,13 @@ class Seq2SeqGenerationModule(GenerationModule):
         return out.loss, None
 
 
-def load_task_data(task: DictConfig, data_dir: Path, tokenizer: Tokenizer, config, max_seq_length: int,
+def load_task_data(task: DictConfig, data_dir: Path, tokenizer: Tokenizer, pretrained: nn.Module, max_seq_length: int,
                    max_train_examples: int | None, seed: int, samples_path: Path,
                    selection_fraction: float | None = None) -> TaskData:
     """A seq2seq task's pairs encoded with the pretraining tokenizer, sources cut to the model's positions (and
-    finetune.max_seq_length), targets to the task's max_target_tokens; make_model takes the pretrained config."""
+    finetune.max_seq_length), targets to the task's max_target_tokens; make_model, the pretrained model's class
+    (either architecture, pipeline/seq2seq/architectures.py), takes its config."""
+    config = pretrained.config
     if task.format != "seq2seq":
         raise ValueError(f"task {task.name}: {task.format} tasks are not supported for seq2seq (it fine-tunes on "
                          "generation tasks, format: seq2seq); drop seq2seq and seq2seq_random from finetune.models "
@@ -72,7 +74,7 @@ def load_task_data(task: DictConfig, data_dir: Path, tokenizer: Tokenizer, confi
                      references=list(dev.labels), samples_path=samples_path, max_new_tokens=max_target,
                      **task_decoding(task), **scoring_options(task))
     return TaskData(train_rows, dev_rows, IndexedPairCollator(config.pad_token_id, config.decoder_start_token_id),
-                    EncoderDecoder, module, None,
+                    type(pretrained), module, None,
                     train_lengths=[len(r["source"]) + len(r["target"]) for r in train_rows])
 
 
@@ -81,12 +83,12 @@ class Seq2SeqTaskModels(WritingTaskModels):
 
     def encode(self, task: DictConfig, data_dir: Path, finetune: FinetuneConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
-        return load_task_data(task, data_dir, self.tokenizer, load_pretrained(self.model_dir).config,
+        return load_task_data(task, data_dir, self.tokenizer, load_model(self.model_dir),
                               finetune.max_seq_length, finetune.max_train_examples, seed,
                               self.samples_path(task.name), selection_fraction)
 
     def build(self, data: TaskData) -> nn.Module:
-        pretrained = load_pretrained(self.model_dir)
+        pretrained = load_model(self.model_dir)
         model = data.make_model(pretrained.config)  # seeded by the fine-tuning run: the twin's initialisation
         if self.pretrained:
             model.load_state_dict(pretrained.state_dict())

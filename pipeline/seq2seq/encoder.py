@@ -10,20 +10,22 @@ import torch
 from data_prep.examples.seq2seq_examples import load_seq2seq_tokenizer
 from models.checkpoint import random_twin
 from models.kernels import use_fast_kernels
-from models.seq2seq import load_pretrained, pad_sources, padding_mask
+from models.seq2seq import pad_sources
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec
 from pipeline.engine.settings import typed_settings
 from pipeline.engine.training import TrainerConfig
+from pipeline.seq2seq.architectures import load_model
 
 
 class Seq2SeqMeanEncoder:
     """SentEval encoder: the mean of the encoder's final states over a sentence's tokens (bidirectional attention:
-    every state has read the whole sentence), the memory the decoder attends to."""
+    every state has read the whole sentence: the Transformer's self-attention, the RNN's two directions), the memory
+    the decoder attends to."""
 
     def __init__(self, model_dir: Path, name: str, random_init_seed: int | None = None, fast_kernels: bool = True):
         self.name = name
-        model = load_pretrained(model_dir)
+        model = load_model(model_dir)
         model = model if random_init_seed is None else random_twin(model, random_init_seed)
         self.model = (use_fast_kernels(model) if fast_kernels else model).eval()  # trainer.fast_kernels
         self.tokenizer = load_seq2seq_tokenizer(model_dir)
@@ -37,7 +39,7 @@ class Seq2SeqMeanEncoder:
         ids = [[*e.ids[: config.max_positions - 1], config.eos_token_id]  # an empty sentence is its end token
                for e in self.tokenizer.encode_batch([" ".join(tokens) for tokens in batch])]
         input_ids, attention_mask = pad_sources(ids, config.pad_token_id)
-        states = self.model.encoder(self.model.shared(input_ids), padding_mask(attention_mask))  # (B, S, d)
+        states = self.model.encoder_states(input_ids, attention_mask)  # (B, S, d)
         mask = attention_mask[..., None].float()
         return ((states * mask).sum(1) / mask.sum(1)).numpy()
 

@@ -1,10 +1,11 @@
 """The seq2seq family's stages: its tokenizer (GPT-2's byte-level BPE with padding, start, end, mask and sentinel
 tokens), the source/target pairs of each shard (BART's noising, or T5's span corruption with
-seq2seq.objective=span_corruption), then denoising pretraining of the encoder-decoder (models/seq2seq.py) on the
-shared harness. The model is written in our format (`model/`, with its tokenizer.json), read by evaluate, fine-tuning,
-the report and pipeline.generate, and, where its config is BART's (models.seq2seq.bart_config: post-LN, learned
-positions), as a HuggingFace BartForConditionalGeneration directory (`hf/`, models/hf/seq2seq.py), as BERT's and GPT's
-stages write theirs."""
+seq2seq.objective=span_corruption), then denoising pretraining of the encoder-decoder (models/seq2seq.py's
+Transformer, or models/rnn_seq2seq.py's RNN with attention: pipeline/seq2seq/architectures.py) on the shared harness.
+The model is written in our format (`model/`, with its tokenizer.json), read by evaluate, fine-tuning, the report and
+pipeline.generate, and, where its config is BART's (models.seq2seq.bart_config: post-LN, learned positions), as a
+HuggingFace BartForConditionalGeneration directory (`hf/`, models/hf/seq2seq.py), as BERT's and GPT's stages write
+theirs; the RNN has no HF equivalent, and the stage's summary says so in its `hf` field."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,6 @@ from omegaconf import DictConfig
 from data_prep.examples.gpt_blocks import TOKENIZER_FILE
 from data_prep.examples.seq2seq_examples import BOS, EOS, MASK, PAD, load_seq2seq_tokenizer, special_ids
 from models.hf.seq2seq import hf_incompatibility, to_hf
-from models.seq2seq import save_pretrained
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.loaders import ArrowRows, pretraining_loaders
@@ -24,6 +24,7 @@ from pipeline.engine.module import OptimizerSettings
 from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretraining_stage
 from pipeline.engine.settings import typed_settings
 from pipeline.schema import PretrainConfig
+from pipeline.seq2seq.architectures import save_model
 from pipeline.seq2seq.data_stages import seq2seq_examples, seq2seq_tokenizer
 from pipeline.seq2seq.module import SOURCE_COLUMN, TARGET_COLUMN, PairCollator, Seq2SeqPretrainModule
 from pipeline.seq2seq.settings import Seq2SeqBlockConfig
@@ -44,7 +45,8 @@ class Seq2SeqPretraining:
     def build_module(self, ctx: StageContext, settings: PretrainConfig) -> Seq2SeqPretrainModule:
         tok = load_seq2seq_tokenizer(ctx.stage_dir("seq2seq_tokenizer"))
         ids = special_ids(tok)
-        # positions for a block and its end token; a source may run one past (data_prep/examples/seq2seq_examples.py)
+        # positions for a block and its end token; a source may run one past (data_prep/examples/seq2seq_examples.py).
+        # The RNN has no positions: its max_positions is the length fine-tuning cuts to, as the Transformer's
         model = instantiate_model(ctx.cfg, vocab_size=tok.get_vocab_size(), pad_token_id=ids.pad,
                                   decoder_start_token_id=ids.bos, eos_token_id=ids.eos,
                                   max_positions=typed_settings(ctx.cfg.seq2seq, Seq2SeqBlockConfig).block_size + 1)
@@ -65,7 +67,7 @@ class Seq2SeqPretraining:
 
     def write(self, ctx: StageContext, module: Seq2SeqPretrainModule) -> None:
         tokenizer = ctx.stage_dir("seq2seq_tokenizer") / TOKENIZER_FILE
-        save_pretrained(module.model, ctx.out_dir / "model")
+        save_model(module.model, ctx.out_dir / "model")
         shutil.copy(tokenizer, ctx.out_dir / "model" / TOKENIZER_FILE)
         if not hf_incompatibility(module.model.config):
             hf = ctx.out_dir / HF_DIR
@@ -77,9 +79,9 @@ class Seq2SeqPretraining:
                 "bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "mask_token": MASK}, indent=2) + "\n")
 
     def summary(self, module: Seq2SeqPretrainModule, data: PretrainingData, run: TrainingRun) -> dict:
-        # why no hf/ was written, where none was
+        # why no hf/ was written, where none was; `model`: which architecture the report's seq2seq rows are
         return {"pairs_seen": run.rows_seen(data.batch_size),
-                "hf": hf_incompatibility(module.model.config) or HF_DIR}
+                "hf": hf_incompatibility(module.model.config) or HF_DIR, "model": module.model.describe()}
 
 
 SEQ2SEQ_STAGES = (
