@@ -78,9 +78,9 @@ def test_rnn_attn_pretrains_fine_tunes_decodes_and_is_reported(tmp_path, ray_ses
     assert len(beam_search(model.eval(), [5, 6, 7, c.eos_token_id], 5, num_beams=2)) == 2
 
     rows = json.loads((tmp_path / "run" / "finetune" / "results.json").read_text())
+    metrics = ("rouge1", "rouge2", "rougeL", "bleu", "exact_match")
     assert {(r["model"], r["metric"]) for r in rows} == {(model, metric) for model in ("seq2seq", "seq2seq_random",
-                                                                                       "lead_n")
-                                                         for metric in ("rouge1", "rouge2", "rougeL", "bleu")}
+                                                                                       "lead_n") for metric in metrics}
     assert all(0 <= r["score"] <= 1 and r["seeds"] == 1 for r in rows)
     with open(tmp_path / "run" / "finetune" / "generated" / "bbc_headlines-seq2seq.tsv", newline="") as f:
         generated = list(csv.DictReader(f, delimiter="\t"))
