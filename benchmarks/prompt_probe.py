@@ -1,5 +1,6 @@
-"""A zero-shot prompt probe of docs/pretraining_recipes.md: does a pretrain stage's masked-LM head rank sentiment words
-by a review sentence's sentiment better than the same architecture randomly initialised? No training at all.
+"""A zero-shot prompt probe: does a pretrain stage's masked-LM head rank sentiment words by a review sentence's
+sentiment better than the same architecture randomly initialised? No training at all
+(docs/history/pretraining_recipes_log.md, "Does the masked LM know what a review says?").
 
 Prompt-based fine-tuning (PET, Schick & Schütze 2021; LM-BFF, Gao et al. 2021) adds no new head: it reads the
 pretrained MLM head at a [MASK] in a template ("... it was [MASK] .") and compares label words ("great" against

@@ -38,8 +38,8 @@ class PretrainConfig:
     batch_size: int = 32
     lr: float = 2e-3  # docs/pretraining_recipes.md: 1e-3 stays on the plateau longer, 5e-3 diverges to it
     warmup_steps: int = 100
-    # linear | cosine: the decay to 0 after the warmup (docs/pretraining_recipes.md, table 3); noam: seed 000's
-    # inverse square root, peaking at lr (pipeline/engine/optim.py)
+    # linear | cosine: the decay to 0 after the warmup (docs/pretraining_recipes.md, "The shape, the masking rate, the
+    # schedule"); noam: seed 000's inverse square root, peaking at lr (pipeline/engine/optim.py)
     lr_decay: LrDecay = LrDecay.linear
     weight_decay: float = 0.01
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])

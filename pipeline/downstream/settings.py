@@ -71,7 +71,8 @@ class FinetuneConfig:
     # Batches of sentences of similar length (pipeline/downstream/task_data.py): a batch pads to its longest sentence.
     # Rotten Tomatoes' sentences average 31 tokens, while random batches of 32 pad to 59; grouped, to 33. bert_tiny's
     # matmuls already skip the padding, its attention does not: its fine-tune stage ran 1.05x as fast, with accuracy
-    # unchanged within the seeds' spread (selection split, docs/pretraining_recipes.md)
+    # unchanged within the seeds' spread (selection split, docs/history/pretraining_recipes_log.md,
+    # "Batches of similar length")
     group_by_length: bool = True
     eval_batch_size: int = 128
     # docs/pretraining_recipes.md, chosen on a held-out tenth of the train split: at BERT-base's 1e-4 for 2 epochs a

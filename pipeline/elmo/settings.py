@@ -19,5 +19,6 @@ class ElmoFinetuneConfig:
     """What ELMo's feature-based fine-tuning adds to `finetune` (a key of that block, so that changing it reruns
     fine-tuning only, not the biLM's pretraining)."""
     # Dropout on the mixed ELMo vectors and in the task head. Peters et al. (2018) use 0.5 with tens of thousands of
-    # labels; with 300 the head then cannot fit its own training sentences (docs/pretraining_recipes.md, ELMo)
+    # labels; with 300 the head then cannot fit its own training sentences (docs/history/pretraining_recipes_log.md,
+    # "Every family on the reviews")
     elmo_dropout: float = 0.5

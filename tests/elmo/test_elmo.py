@@ -327,8 +327,9 @@ def test_downstream_models_train_only_the_mix_and_the_head(pair):
 
 @pytest.mark.parametrize("kind", ["elmo", "elmo_random"])
 def test_finetune_elmo_dropout_is_the_dropout_of_both_rows_heads(tmp_path, kind):
-    """The paper's 0.5 kept the head from fitting 300 sentences (docs/pretraining_recipes.md): the rate is a setting,
-    read once where the fine-tune kind loads, and every dropout of the task model uses it."""
+    """The paper's 0.5 kept the head from fitting 300 sentences
+    (docs/history/pretraining_recipes_log.md, "Every family on the reviews"): the rate is a setting, read once where the
+    fine-tune kind loads, and every dropout of the task model uses it."""
     vocab = [*SPECIAL_WORDS, "the", "found", "good", "bad"]
     save_pretrained(tiny_bilm(vocab_size=len(vocab)), tmp_path / "elmo_pretrain" / "bilm")
     (tmp_path / "elmo_vocab").mkdir()
