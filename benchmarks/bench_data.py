@@ -16,7 +16,7 @@ to compare, not absolute rates.
     python benchmarks/bench_data.py --scale 1GB [--scale-dir /tmp/scale-1GB] [--repeat 3]
 
 runs the same interleaved comparison on a synthetic tree of that size built from the books of --corpus by
-make_scale_corpus.py (issue 19's targets: >= 2.5x HF, 1 -> 2 workers >= 1.8x, each with Ray's start-up included and
+make_scale_corpus.py (the targets: >= 2.5x HF, 1 -> 2 workers >= 1.8x, each with Ray's start-up included and
 after it). The tree is kept and reused by the next run with the same size and seed. The memory rows are left out
 there: benchmarks/bench_stages.py measures each stage's memory on such a tree.
 """
@@ -47,7 +47,7 @@ SHARD_BYTES = 8 << 20  # several shards, so tokenizing them is parallel across w
 # The shared tokenizer is trained on the first books up to this size: all of the 66 MB default corpus, and a scale
 # tree's first ones, whose paragraphs are drawn from those same books.
 TOKENIZER_SAMPLE_BYTES = 128 << 20
-# issue 19 at 1-2 GB: ours with 2 workers against HF's map(num_proc=2), and what a second worker buys
+# At 1-2 GB: ours with 2 workers against HF's map(num_proc=2), and what a second worker buys
 SCALE_TARGET_VS_HF = 2.5
 SCALE_TARGET_SPEEDUP = 1.8
 # The sampler runs on the machine it measures. Finding a tree's processes scans all of /proc (~2 ms); done every 50 ms
@@ -228,7 +228,7 @@ def speed_runs(corpus: Path, tmp: Path, tokenizer_file: str, repeat: int) -> tup
 
 def scale_rows(megabytes: float, hf: dict, ours2: dict, ours1: dict) -> list[tuple[str, str, str, str]]:
     """The rows of a --scale run: ours with 2 and 1 workers against HF, and the speed-up of the second worker, each
-    with Ray's start-up included (a run's cost) and after it (the stages' own work), against issue 19's targets."""
+    with Ray's start-up included (a run's cost) and after it (the stages' own work), against the targets."""
     rate = {"HF": megabytes / hf["seconds"]}
     for workers, result in ((2, ours2), (1, ours1)):
         rate[workers, "with"] = megabytes / result["seconds"]

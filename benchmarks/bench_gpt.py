@@ -186,7 +186,7 @@ def main() -> None:
             print("", *benchmark(args, dtype), sep="\n", flush=True)
     print(f"\n{torch.get_num_threads()} threads, median of {args.repeats} repeats after {args.warmup} warm-up; load "
           f"average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print("targets (issue 17): train >= 1.3x HF sdpa and >= 75% of the fp32 matmul peak; generation >= 1.3x HF "
+    print("targets: train >= 1.3x HF sdpa and >= 75% of the fp32 matmul peak; generation >= 1.3x HF "
           "generate")
 
 

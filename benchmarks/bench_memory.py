@@ -6,7 +6,7 @@ stage process's RSS every 10 steps; the growth per step is the least-squares slo
     python benchmarks/bench_memory.py --families bert --batch-sizes 128 --steps 600
     python benchmarks/bench_memory.py --precision auto      # bf16 autocast where this CPU has it
 
-Target (issue 39, defect 0): <= 0.1 MB per step after warm-up. fp32 is the default because that is where batches of
+Target: <= 0.1 MB per step after warm-up. fp32 is the default because that is where batches of
 changing shapes grew the heap (~4.5 MB per step for bert_tiny at batch 32, docs/reliability.md); under bf16 autocast
 BERT rounds its shapes. The data stages run once on the built-in corpus, in a cache of the benchmark's own
 (`--cache-dir`), and are reused by every row.

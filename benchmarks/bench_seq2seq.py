@@ -161,7 +161,7 @@ def main() -> None:
         print("", *benchmark(args), sep="\n", flush=True)
     print(f"\n{torch.get_num_threads()} threads, median of {args.repeats} repeats after {args.warmup} warm-up; load "
           f"average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print("targets (issue 40): train >= 1.1x HF BART and >= 70% of the fp32 matmul peak; beam-4 generation >= 1.3x "
+    print("targets: train >= 1.1x HF BART and >= 70% of the fp32 matmul peak; beam-4 generation >= 1.3x "
           "HF generate")
 
 

@@ -1,4 +1,4 @@
-"""Time and memory of each data stage of the real pipeline on a corpus (issue 19: at 1 GB and 2 GB, the whole process
+"""Time and memory of each data stage of the real pipeline on a corpus (at 1 GB and 2 GB, the whole process
 tree under 3 GB, no stage's memory growing with the corpus, throughput per worker near the 66 MB figure).
 
     python benchmarks/bench_stages.py --corpus /tmp/scale-1GB [--families bert elmo skip_thought] [--json-out F]

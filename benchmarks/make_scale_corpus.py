@@ -1,5 +1,5 @@
 """Build an N-GB tree of synthetic raw Gutenberg books from a directory of real ones, for measuring the data stages
-at book-corpus scale (issue 19; BookCorpus is ~4.5 GB).
+at book-corpus scale (BookCorpus is ~4.5 GB).
 
     python benchmarks/make_scale_corpus.py --source ../shared/data/books/gutenberg-raw --out /tmp/scale1g --size 1GB
 

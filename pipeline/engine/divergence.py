@@ -1,6 +1,6 @@
 """Pretraining that has diverged fails its stage instead of being saved as complete.
 
-Gradient clipping keeps a diverged run's loss finite (issue 21: `pretrain.lr=1e3` took BERT's loss from 9.7 to
+Gradient clipping keeps a diverged run's loss finite (`pretrain.lr=1e3` took BERT's loss from 9.7 to
 689,714 in 20 steps, held-out perplexity 5e21), so a check for NaN alone lets it through. Two signs, both far from
 anything healthy training shows:
 - the training loss, averaged over the last `WINDOW` steps, is back above the first step's (an untrained model's)

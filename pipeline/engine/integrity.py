@@ -4,11 +4,11 @@ Two checks the content-addressed cache (engine/dag.py) needs besides its keys:
 - inputs: a stage's key covers the digests of the files it reads from outside the cache, taken when the run is
   planned; the stage reads them later. The digests are taken again just before the stage starts and once it has
   finished, and a stage whose files changed in between is refused, not marked complete under a key they no longer
-  match (issue 39: a book overwritten while `prepare` ran was served, restored, as `stage prepare: cached`);
+  match (a book overwritten while `prepare` ran was served, restored, as `stage prepare: cached`);
 - outputs: a finished stage records every file it wrote (size, sha256, and the stat identity that lets a later check
   skip the hashing, as git's index does) in its completion marker. Before a stage's outputs are used again, as
   cached or as another stage's input, they are checked against that record: a deleted, truncated, edited or added
-  file is named, with the `pipeline.force` that rebuilds the stage (issue 39: a deleted examples file trained on 188
+  file is named, with the `pipeline.force` that rebuilds the stage (a deleted examples file trained on 188
   of 401 instances, exit 0).
 """
 from __future__ import annotations

@@ -317,7 +317,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.replace(tmp, path)
         except BaseException as err:
             # Measured before the temporary file gives its space back. A failed save used to leave it: 7.6 MB on a
-            # 20 MiB volume, and every rerun added another, so that a rerun which would fit failed again (issue 39).
+            # 20 MiB volume, and every rerun added another, so that a rerun which would fit failed again.
             free = shutil.disk_usage(path.parent).free
             written = tmp.stat().st_size if tmp.exists() else 0
             tmp.unlink(missing_ok=True)
@@ -334,8 +334,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 class CheckpointAfterValidation(ModelCheckpoint):
     """ModelCheckpoint every n training steps, where a step that also validates is saved once that validation has run
     (Lightning's own deferral, which it uses for a monitored metric). Saved before it, as Lightning orders the two, a
-    checkpoint lacked its step's held-out point, and a run resumed from it had none at the step it resumed at (issue
-    39). A kill during the validation leaves the checkpoint before, from which the step and its validation are done
+    checkpoint lacked its step's held-out point, and a run resumed from it had none at the step it resumed at. A
+    kill during the validation leaves the checkpoint before, from which the step and its validation are done
     again."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
