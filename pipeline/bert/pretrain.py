@@ -42,7 +42,8 @@ from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import BertPretrainModule
 from pipeline.bert.settings import ExamplesConfig, TokenizerConfig
 from pipeline.engine.arrow import read_arrow
-from pipeline.engine.dag import StageContext, files_fingerprint
+from pipeline.engine.dag import StageContext
+from pipeline.engine.fingerprints import files_fingerprint
 from pipeline.engine.loaders import held_out_split, seeded_train_loader
 from pipeline.engine.module import OptimizerSettings
 from pipeline.engine.pretraining import (

@@ -45,10 +45,10 @@ from pipeline.downstream.tasks import (
     task_names,
 )
 from pipeline.downstream.word2vec import WORD2VEC, load_word2vec
-from pipeline.engine.dag import Stage, StageContext, all_cpus
+from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.family import FinetuneKind, TaskModels, TokenCoverage
 from pipeline.engine.pretraining import encoder_snapshots, steps_trained
-from pipeline.engine.settings import cache_dir_of, typed_settings
+from pipeline.engine.settings import all_cpus, cache_dir_of, typed_settings
 from pipeline.engine.training import make_trainer, one_process_trainer_keys, with_fast_kernels
 from pipeline.families import FAMILIES
 

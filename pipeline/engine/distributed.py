@@ -25,9 +25,8 @@ import torch
 from omegaconf import MISSING, DictConfig, OmegaConf
 from torch import nn
 
-from pipeline.engine.dag import all_cpus
 from pipeline.engine.module import PretrainModule, check_finite_loss
-from pipeline.engine.settings import RayConfig, typed_settings
+from pipeline.engine.settings import RayConfig, all_cpus, typed_settings
 from pipeline.engine.training import TrainerConfig, resolve_precision, trains_on_cuda, warn_if_bf16_is_emulated
 from pipeline.schema import PretrainConfig
 

@@ -60,8 +60,8 @@ from data_prep.tasks.senteval_data import (
     read_subj,
     read_trec,
 )
-from pipeline.engine.dag import files_fingerprint
 from pipeline.engine.family import Encoder
+from pipeline.engine.fingerprints import files_fingerprint
 from pipeline.evaluation.metrics import accuracy, binary_f1, pearson, spearman
 
 # -----------------------------------------------------------------------------

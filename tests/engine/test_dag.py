@@ -22,7 +22,6 @@ from pipeline.engine.dag import (
     MARKER,
     Stage,
     StageFailed,
-    _captured_output,
     _config_subset,
     check_outputs_intact,
     execute_stage,
@@ -30,6 +29,7 @@ from pipeline.engine.dag import (
     run_dag,
     stage_hashes,
 )
+from pipeline.engine.stage_log import captured_output
 from pipeline.stages import STAGES
 from tests.helpers import TinyRun, tiny_config
 
@@ -451,7 +451,7 @@ def test_a_stream_a_library_kept_from_a_stage_still_writes_and_closes_after_it(t
     Hydra job in the same Ray worker reconfigured logging, which closes every handler's stream, and failed on the
     tee (AttributeError: '_Tee' object has no attribute 'close'); writes after the stage went to its closed log."""
     log = tmp_path / "stage.log"
-    with _captured_output(log):
+    with captured_output(log):
         kept = sys.stderr
         print("during the stage", file=sys.stderr)
     handler = logging.StreamHandler(kept)
