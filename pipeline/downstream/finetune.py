@@ -47,8 +47,8 @@ from pipeline.downstream.tasks import (
 from pipeline.downstream.word2vec import WORD2VEC, load_word2vec
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.family import FinetuneKind, TaskModels, TokenCoverage
-from pipeline.engine.pretraining import encoder_snapshots, steps_trained
 from pipeline.engine.settings import all_cpus, cache_dir_of, typed_settings
+from pipeline.engine.snapshots import encoder_snapshots, steps_trained
 from pipeline.engine.training import make_trainer, one_process_trainer_keys, with_fast_kernels
 from pipeline.families import FAMILIES
 

@@ -328,7 +328,7 @@ def test_a_full_disk_names_the_cache_directory(small_disk, fill, says):
 def save_a_checkpoint(ctx) -> dict:
     import torch
 
-    from pipeline.engine.pretraining import AtomicCheckpointIO
+    from pipeline.engine.checkpoints import AtomicCheckpointIO
 
     AtomicCheckpointIO(keep=2).save_checkpoint({"weights": torch.zeros(1 << 19)},
                                                ctx.out_dir / "checkpoints" / "step-00000010.ckpt")
@@ -354,17 +354,17 @@ def test_a_failed_checkpoint_save_removes_its_temporary(tmp_path, monkeypatch, f
     so (errno ENOSPC, which the engine's message turns into paths.cache_dir), else the error is torch's own."""
     import torch
 
-    from pipeline.engine import pretraining
+    from pipeline.engine import checkpoints
 
     def half_written(obj, f):
         f.write(b"x" * 4096)
         raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4096 vs 4000")
 
     monkeypatch.setattr(torch, "save", half_written)
-    monkeypatch.setattr(pretraining.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 0, free))
+    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 0, free))
     path = tmp_path / "checkpoints" / "step-00000010.ckpt"
     with pytest.raises(raised) as err:
-        pretraining.AtomicCheckpointIO(keep=2).save_checkpoint({"weights": 1}, path)
+        checkpoints.AtomicCheckpointIO(keep=2).save_checkpoint({"weights": 1}, path)
     assert list(path.parent.iterdir()) == []
     if raised is OSError:
         assert err.value.errno == errno.ENOSPC and str(path) in str(err.value)
