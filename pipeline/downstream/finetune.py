@@ -7,7 +7,11 @@ A kind read from this run's pretraining is also fine-tuned from each encoder sna
 (pretrain.encoder_snapshots), as `<kind>@<step>`; rows of a run with snapshots carry the `pretraining_steps` of their
 encoder (the kind's own row: the stage's last step), which the report plots (pretrain_scaling.png).
 
-One finished (task, model, size, seed) is one small JSON file, so a run killed half-way skips what it had finished."""
+One finished (task, model, size, seed) is one small JSON file, so a run killed half-way skips what it had finished.
+
+One file of ~500 lines: the grid, its resumable per-cell rows and the summaries the report reads over them
+(headline_results, label_efficiency, pretraining_scaling) share the row format written here; the summaries could move
+beside the report, and were left here when the engine was split."""
 from __future__ import annotations
 
 import hashlib
