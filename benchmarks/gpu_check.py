@@ -598,7 +598,7 @@ def bare_step(ctx: PhaseContext, cfg_trainer: list[str]) -> dict:
     from models import IGNORE_INDEX
     from pipeline.bert.pretrain import PRETRAINING
     from pipeline.engine.dag import StageContext, plain_config
-    from pipeline.engine.pretraining import built_module
+    from pipeline.engine.pretraining_task import built_module
 
     run_dir = Path(tempfile.mkdtemp(dir=ctx.work_dir, prefix="bare"))
     cfg = harness_config(ctx, cfg_trainer, run_dir, run_dir / "unused.json")
@@ -649,7 +649,7 @@ def phase_harness(ctx: PhaseContext) -> list[dict]:
 def phase_harness_deepspeed(ctx: PhaseContext) -> list[dict]:
     if not ctx.cuda:
         raise SkipPhase("DeepSpeed on a CPU trains in Ray Train workers by deepspeed.initialize, without a Lightning "
-                        "Trainer to run the step clock (pipeline/engine/distributed.py); on a GPU this phase runs "
+                        "Trainer to run the step clock (pipeline/engine/deepspeed_loop.py); on a GPU this phase runs "
                         "Lightning's DeepSpeedStrategy in its own process")
     trainer = ["trainer=deepspeed", "trainer.accelerator=gpu", "distributed.num_workers=1",
                "trainer.precision=bf16-mixed"]

@@ -1,14 +1,16 @@
 """The stage every family starts from: the corpus (the configured directory of books, or a built-in one) cleaned,
 deduplicated, decontaminated against the run's evaluation text and split into sentence shards
-(data_prep/corpus/prepare.py).
+(data_prep/corpus/prepare.py), and how a later stage counts over those shards' texts, one Ray task per shard
+(`count_over_shards`).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from omegaconf import DictConfig
 
@@ -17,12 +19,14 @@ from data_prep.corpus.decontaminate import EvaluationOverlap
 from data_prep.corpus.dedup import NearDuplicateOptions
 from data_prep.corpus.prepare import prepare_corpus
 from data_prep.corpus.sentences import default_splitter, splitter_identity
-from data_prep.corpus.shards import MANIFEST_NAME
+from data_prep.corpus.shards import MANIFEST_NAME, shard_paths
 from pipeline.data_settings import DataConfig
 from pipeline.downstream.settings import finetune_settings
 from pipeline.downstream.task_data import evaluation_texts as task_evaluation_texts
 from pipeline.downstream.tasks import in_corpus_form, load_task, resolve_task_dir, task_data_fingerprint, task_names
-from pipeline.engine.dag import Stage, StageContext, files_fingerprint
+from pipeline.engine.arrow import read_arrow
+from pipeline.engine.dag import Stage, StageContext
+from pipeline.engine.fingerprints import files_fingerprint
 from pipeline.engine.settings import RayConfig, cache_dir_of, stages_in_run, typed_settings
 
 if TYPE_CHECKING:  # with torch, which prepare loads only where the probes' text is read
@@ -139,6 +143,19 @@ def require_books(prepare_dir: Path, needed: int, purpose: str) -> None:
                      f"duplicates (data.near_duplicate_threshold) and rejecting {totals['files_rejected']}"
                      f"{': ' + listed if listed else ''} (every file's fate: {manifest_path}). Add books that are not "
                      "copies of one another to data.corpus_dir")
+
+
+def count_shard_texts(index: int, shard_path: Path, count_texts: Callable[[list[str]], Counter]) -> Counter:
+    return count_texts(read_arrow(shard_path).column("text").to_pylist())
+
+
+def count_over_shards(ctx: StageContext, count_texts: Callable[[list[str]], Counter]) -> Counter:
+    """count_texts (a word count) of every sentence shard's texts, one Ray task per shard, the counts added up as
+    each arrives: one shard's counts held at a time, not one per shard (a thousand at 1 GB of books)."""
+    counts = Counter()
+    for _, shard_counts in ctx.shard_results(count_shard_texts, shard_paths(ctx.stage_dir("prepare")), count_texts):
+        counts.update(shard_counts)
+    return counts
 
 
 def _fate(entry: dict) -> str:

@@ -16,6 +16,9 @@ code, weights or vocabulary changed since, or a copy cut short (a full disk, a k
 
 Exit status 2, with a one-line error, for a directory that is no finished run or holds no model to export, a model
 whose files are not what its stage wrote, or a --to that cannot take the export; 130 for Ctrl-C.
+
+One file of ~450 lines: one command, whose parts (finding the models, the verified staged copy, the model card) all
+read the same run directory.
 """
 from __future__ import annotations
 

@@ -24,9 +24,10 @@ from pipeline.downstream.finetune import (
     train_sizes,
 )
 from pipeline.downstream.tasks import load_task
+from pipeline.engine.checkpoints import check_start_checkpoint
 from pipeline.engine.dag import StageFailed, plan, resolve_upstream, run_dag, select_stages
 from pipeline.engine.distributed import validate_distributed
-from pipeline.engine.pretraining import check_model_config, check_start_checkpoint, encoder_snapshot_steps, model_key
+from pipeline.engine.pretraining import check_model_config, model_key
 from pipeline.engine.settings import (
     COUNT,
     FRACTION,
@@ -42,6 +43,7 @@ from pipeline.engine.settings import (
     did_you_mean,
     typed_settings,
 )
+from pipeline.engine.snapshots import encoder_snapshot_steps
 from pipeline.engine.tracking import check_logger, uses_wandb
 from pipeline.engine.training import check_trainer_arguments
 from pipeline.families import FAMILIES

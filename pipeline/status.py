@@ -24,8 +24,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.engine.dag import LOG_FILE, MARKER, directory_size, output_damage, process_start
+from pipeline.engine.dag import MARKER, directory_size, output_damage
 from pipeline.engine.integrity import damage_message
+from pipeline.engine.run_directory import process_start
+from pipeline.engine.stage_log import LOG_FILE
 
 PIPELINE_FILE = "pipeline.json"
 FINISHED = ("complete", "cached")

@@ -185,7 +185,7 @@ class OptunaRaySweeper(Sweeper):
 
     def _concurrency(self) -> int:
         """As many trials as the cluster holds at once: each trial's training stages reserve ray.num_cpus CPUs
-        (pipeline/engine/dag.py all_cpus), so a local Ray of ray.num_cpus CPUs runs one trial at a time."""
+        (pipeline/engine/settings.py all_cpus), so a local Ray of ray.num_cpus CPUs runs one trial at a time."""
         import ray
 
         cpus = ray.cluster_resources().get("CPU", 0)

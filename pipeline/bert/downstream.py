@@ -59,8 +59,9 @@ from pipeline.downstream.modules import (
 from pipeline.downstream.settings import FinetuneConfig, finetune_settings
 from pipeline.downstream.task_data import TaskData, conll_sentences, majority_tag_scores, subsample, tsv_splits
 from pipeline.downstream.tasks import load_task, task_names
-from pipeline.engine.dag import StageContext, files_fingerprint
+from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind, TokenCoverage
+from pipeline.engine.fingerprints import files_fingerprint
 from pipeline.engine.settings import cache_dir_of, typed_settings
 
 

@@ -42,17 +42,14 @@ from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import BertPretrainModule
 from pipeline.bert.settings import ExamplesConfig, TokenizerConfig
 from pipeline.engine.arrow import read_arrow
-from pipeline.engine.dag import StageContext, files_fingerprint
+from pipeline.engine.dag import StageContext
+from pipeline.engine.fingerprints import files_fingerprint
 from pipeline.engine.loaders import held_out_split, seeded_train_loader
 from pipeline.engine.module import OptimizerSettings
-from pipeline.engine.pretraining import (
-    PretrainingData,
-    TrainingRun,
-    encoder_snapshot_steps,
-    instantiate_model,
-    merged_settings,
-)
+from pipeline.engine.pretraining import instantiate_model, merged_settings
+from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
 from pipeline.engine.settings import cache_dir_of, stages_in_run, typed_settings
+from pipeline.engine.snapshots import encoder_snapshot_steps
 
 # The MLM and NSP heads, beside encoder/: what a later phase needs, besides the encoder, to continue pretraining.
 HEADS_FILE = "pretraining_heads.safetensors"

@@ -7,7 +7,11 @@ A kind read from this run's pretraining is also fine-tuned from each encoder sna
 (pretrain.encoder_snapshots), as `<kind>@<step>`; rows of a run with snapshots carry the `pretraining_steps` of their
 encoder (the kind's own row: the stage's last step), which the report plots (pretrain_scaling.png).
 
-One finished (task, model, size, seed) is one small JSON file, so a run killed half-way skips what it had finished."""
+One finished (task, model, size, seed) is one small JSON file, so a run killed half-way skips what it had finished.
+
+One file of ~500 lines: the grid, its resumable per-cell rows and the summaries the report reads over them
+(headline_results, label_efficiency, pretraining_scaling) share the row format written here; the summaries could move
+beside the report, and were left here when the engine was split."""
 from __future__ import annotations
 
 import hashlib
@@ -45,10 +49,10 @@ from pipeline.downstream.tasks import (
     task_names,
 )
 from pipeline.downstream.word2vec import WORD2VEC, load_word2vec
-from pipeline.engine.dag import Stage, StageContext, all_cpus
+from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.family import FinetuneKind, TaskModels, TokenCoverage
-from pipeline.engine.pretraining import encoder_snapshots, steps_trained
-from pipeline.engine.settings import cache_dir_of, typed_settings
+from pipeline.engine.settings import all_cpus, cache_dir_of, typed_settings
+from pipeline.engine.snapshots import encoder_snapshots, steps_trained
 from pipeline.engine.training import make_trainer, one_process_trainer_keys, with_fast_kernels
 from pipeline.families import FAMILIES
 

@@ -15,7 +15,7 @@ from data_prep.examples.elmo_examples import (
     write_token_streams,
     write_word_vocab,
 )
-from pipeline.corpus import require_books
+from pipeline.corpus import count_over_shards, require_books
 from pipeline.data_settings import chinese_words_of
 from pipeline.elmo.settings import ElmoConfig
 from pipeline.engine.arrow import read_arrow
@@ -28,7 +28,7 @@ def elmo_vocab(ctx: StageContext) -> dict:
     # where the per-shard Skip-Thought vocabulary took 74 s) and the one that no number of workers would speed up
     # (docs/scaling.md)
     settings = typed_settings(ctx.cfg.elmo, ElmoConfig)
-    counts = ctx.count_over_shards(partial(count_words, chinese_words=chinese_words_of(ctx.cfg)))
+    counts = count_over_shards(ctx, partial(count_words, chinese_words=chinese_words_of(ctx.cfg)))
     vocab = vocab_from_counts(counts, settings.vocab_size, settings.min_count)
     write_word_vocab(vocab, ctx.out_dir / "vocab.txt")
     return {"vocab_size": len(vocab),

@@ -18,7 +18,8 @@ from pipeline.elmo.module import ElmoPretrainModule, WindowPosition, build_elmo_
 from pipeline.elmo.settings import ElmoConfig
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.module import OptimizerSettings
-from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretraining_stage
+from pipeline.engine.pretraining import instantiate_model, pretraining_stage
+from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
 from pipeline.engine.settings import typed_settings
 from pipeline.schema import PretrainConfig
 

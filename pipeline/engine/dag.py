@@ -13,31 +13,34 @@ the stage's source code, not bumped by hand):
   checked against the files its marker records before they are used again (pipeline/engine/integrity.py);
 - a per-output file lock makes two concurrent runs of the same experiment wait for, then reuse, each other's work;
 - a stage's output is readable by its owner alone (directories 700, files 600 or 700), whatever its inputs' modes.
+
+What a stage prints is teed into its log (pipeline/engine/stage_log.py), a failure caused by the cache's disk says so
+(pipeline/engine/disk_errors.py), and pipeline/engine/run_directory.py writes the run directory's links and
+pipeline.json.
+One file of ~500 lines because the graph, its keys, the markers and the execution share one contract (a stage is
+complete only once its marker is written, under its lock, after outputs checked against its key), which reads best in
+one place.
 """
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
 import os
 import shutil
-import socket
 import sys
 import time
 import traceback
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from data_prep.corpus.prepare import list_corpus_files
-from data_prep.corpus.shards import shard_paths, write_json_atomically
-from pipeline.engine.arrow import read_arrow
-from pipeline.engine.fingerprints import code_version, memoised_digests
+from data_prep.corpus.shards import write_json_atomically
+from pipeline.engine.disk_errors import failure_message
+from pipeline.engine.fingerprints import code_version
 from pipeline.engine.integrity import (
     OUTPUTS_KEY,
     InputFiles,
@@ -47,8 +50,10 @@ from pipeline.engine.integrity import (
     damaged_outputs,
     record_outputs,
 )
-from pipeline.engine.settings import RayConfig, StageSelection, cache_dir_of, typed_settings
+from pipeline.engine.run_directory import link_stage, write_pipeline_file
+from pipeline.engine.settings import StageSelection, cache_dir_of
 from pipeline.engine.shard_tasks import shard_results
+from pipeline.engine.stage_log import LOG_FILE, captured_output
 
 T = TypeVar("T")
 
@@ -56,12 +61,8 @@ MARKER = "_COMPLETE.json"
 # A stage's output directory and what is in it are its owner's alone, whatever the inputs' modes and the umask: outputs
 # hold what their inputs hold (books at mode 600 became shards at 644). Files keep only their owner's bits.
 OWNER_ONLY_BITS = 0o700
-LOG_FILE = "stage.log"
 
 
-def all_cpus(cfg: DictConfig) -> float:
-    """A training stage's reservation: every CPU the run was given, for its torch threads."""
-    return float(typed_settings(cfg.ray, RayConfig).num_cpus)
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,6 @@ class Stage:
     num_cpus: Callable[[DictConfig], float] = lambda cfg: 1
 
 
-def count_shard_texts(index: int, shard_path: Path, count_texts: Callable[[list[str]], Counter]) -> Counter:
-    return count_texts(read_arrow(shard_path).column("text").to_pylist())
 
 
 @dataclass
@@ -98,15 +97,6 @@ class StageContext:
         for i, result, node in shard_results(fn, shards, *args, **kwargs):
             self.shard_nodes[i] = node
             yield i, result
-
-    def count_over_shards(self, count_texts: Callable[[list[str]], Counter]) -> Counter:
-        """count_texts (a word count) of every sentence shard's texts, one Ray task per shard, the counts added up as
-        each arrives: one shard's counts held at a time, not one per shard (a thousand at 1 GB of books)."""
-        counts = Counter()
-        for _, shard_counts in self.shard_results(count_shard_texts, shard_paths(self.stage_dir("prepare")),
-                                                  count_texts):
-            counts.update(shard_counts)
-        return counts
 
     def map_shards(self, fn: Callable[..., T], shards: Sequence, *args, **kwargs) -> list[T]:
         """[fn(i, shard, *args, **kwargs) for i, shard in enumerate(shards)], one Ray task per shard."""
@@ -285,79 +275,14 @@ def exclusive_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-class _Tee:
-    """sys.stdout or sys.stderr while a stage runs: the console and the stage's log. A library may keep the stream it
-    found (absl's log handler, made when absl is first imported during a stage, holds sys.stderr for good), so the tee
-    outlives the stage: then it writes to the console alone, past the closed log, and its close() leaves both streams
-    to their owners (logging's reconfiguration, as a later Hydra job in the same Ray worker does, closes every
-    handler's stream: a tee without close() failed that job)."""
-
-    def __init__(self, *streams):
-        self.streams = streams
-
-    def write(self, data):
-        for s in self.streams:
-            if not s.closed:
-                s.write(data)
-        return len(data)
-
-    def flush(self):
-        for s in self.streams:
-            if not s.closed:
-                s.flush()
-
-    def close(self):
-        pass
-
-    def isatty(self):
-        return False
 
 
-@contextlib.contextmanager
-def _captured_output(log_path: Path) -> Iterator[None]:
-    with open(log_path, "a", buffering=1) as log:
-        out, err = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = _Tee(out, log), _Tee(err, log)
-        try:
-            yield
-        finally:
-            sys.stdout, sys.stderr = out, err
 
 
-# With this little space left on the cache directory's disk, a failed stage has likely failed for want of more:
-# torch.save reports a full disk only as "RuntimeError: [enforce fail at inline_container.cc] unexpected pos".
-_NEARLY_FULL_BYTES = 64 << 20
 
 
-def _caused_by(err: BaseException | None, error_number: int) -> bool:
-    """Whether `err` is an OSError of `error_number` (ENOSPC: a full disk), or was raised from one or while handling
-    one (a log that could not take the traceback, a Ray task's error wrapping its cause)."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, OSError) and err.errno == error_number:
-            return True
-        cause = getattr(err, "cause", None)
-        err = cause if isinstance(cause, BaseException) else err.__cause__ or err.__context__
-    return False
 
 
-def _failure_message(cfg: DictConfig, name: str, err: BaseException, log_path: Path) -> str:
-    cache_dir = Path(cache_dir_of(cfg)).resolve()
-    free = shutil.disk_usage(cache_dir).free
-    full = f"the cache directory paths.cache_dir={cache_dir} is full ({free / 1e6:.0f} MB free now)"
-    advice = ("free space there or set paths.cache_dir to a bigger disk, then rerun the same command (finished stages "
-              "are reused)")
-    if _caused_by(err, errno.ENOSPC):
-        return f"stage {name} failed: no space left on device: {full}; {advice} (full log: {log_path})"
-    if _caused_by(err, errno.EROFS):
-        return (f"stage {name} failed: the cache directory paths.cache_dir={cache_dir} is read-only: it serves the "
-                "stages it has finished, but a stage to run writes there; set paths.cache_dir to a writable directory "
-                "(a copy of this one keeps its finished stages), then rerun the same command")
-    message = f"stage {name} failed: {type(err).__name__}: {err}"
-    if free < _NEARLY_FULL_BYTES:
-        message += f"; perhaps for want of space: {full}; {advice}"
-    return f"{message} (full log: {log_path})"
 
 
 @contextlib.contextmanager
@@ -365,7 +290,7 @@ def _failure_names_the_stage(cfg: DictConfig, name: str, log_path: Path) -> Iter
     try:
         yield
     except BaseException as err:
-        raise StageFailed(_failure_message(cfg, name, err, log_path)) from err
+        raise StageFailed(failure_message(cfg, name, err, log_path)) from err
 
 
 def plain_config(cfg: DictConfig) -> DictConfig:
@@ -425,7 +350,7 @@ def execute_stage_function(fn: Callable[[StageContext], dict], cfg: DictConfig, 
             shutil.rmtree(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         make_private(out_dir, recursive=False)  # also an attempt's directory made before the cache was private
-        with _captured_output(log_path):
+        with captured_output(log_path):
             print(f"stage {name}: running ({digest}) → {out_dir}", flush=True)
             try:
                 # the finished ones: run_dag starts a stage only after its upstream stages finished
@@ -537,33 +462,10 @@ def plan(cfg: DictConfig, stages: dict[str, Stage]) -> Plan:
     return Plan(stages, order, hashes, dirs, cached, forced, {n: input_files[n] for n in order}, p)
 
 
-def _link(run_dir: Path, name: str, target: Path) -> None:
-    link = run_dir / name
-    if link.is_symlink() or link.exists():
-        if link.is_symlink() and link.resolve() == target.resolve():
-            return
-        link.unlink()
-    link.symlink_to(target, target_is_directory=True)
 
 
-def process_start(pid: int) -> str | None:
-    """When process `pid` started (Linux: clock ticks since boot, /proc/PID/stat's 22nd field), which tells a pid that
-    was reused apart; None where it is not running or this cannot be read."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
 
 
-def _write_pipeline_file(run_dir: Path, the_plan: Plan, results: dict[str, dict], ended: bool = False) -> None:
-    """`ended`: the driver got to the end of the run (finished, failed or interrupted by a signal it caught); without
-    it, and with the driver gone, `python -m pipeline.status` knows the run was killed (SIGKILL) mid-way."""
-    write_json_atomically(run_dir / "pipeline.json", {
-        "driver": {"host": socket.gethostname(), "pid": os.getpid(), "started": process_start(os.getpid())},
-        "ended": ended,
-        "stages": {n: {"hash": the_plan.hashes[n], "output": str(the_plan.dirs[n]),
-                       "state": results.get(n, {}).get("state", "not run"),
-                       "duration_s": results.get(n, {}).get("duration_s")} for n in the_plan.order}})
 
 
 def _run_directory_removed(run_dir: Path, cfg: DictConfig, err: BaseException) -> str:
@@ -595,9 +497,9 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
         if the_plan.cached[name]:
             print(f"stage {name}: cached ({the_plan.hashes[name]})", flush=True)
             results[name] = cached_summary(the_plan.dirs[name])
-            _link(run_dir, name, the_plan.dirs[name])
+            link_stage(run_dir, name, the_plan.dirs[name])
     # before any work: `python -m pipeline.status` sees a running run, whose reused stages are cached, not complete
-    _write_pipeline_file(run_dir, the_plan, results)
+    write_pipeline_file(run_dir, the_plan.order, the_plan.hashes, the_plan.dirs, results)
     pending = [n for n in the_plan.order if n not in results]
     running: dict = {}
     try:
@@ -622,7 +524,7 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
                 if isinstance(err.cause, StageFailed):  # its message names the stage and its log: enough
                     raise StageFailed(str(err.cause)) from None
                 raise
-            _link(run_dir, name, the_plan.dirs[name])
+            link_stage(run_dir, name, the_plan.dirs[name])
     except (FileNotFoundError, StageFailed) as err:
         if run_dir.is_dir():
             raise
@@ -631,15 +533,6 @@ def run_dag(cfg: DictConfig, stages: dict[str, Stage], run_dir: Path) -> dict[st
         for ref in running:
             ray.cancel(ref, force=True)
         if run_dir.is_dir():  # one removed mid-run is said so above
-            _write_pipeline_file(run_dir, the_plan, results, ended=True)
+            write_pipeline_file(run_dir, the_plan.order, the_plan.hashes, the_plan.dirs, results,
+                                ended=True)
     return results
-
-
-def files_fingerprint(root: Path, pattern: str, cache_dir: str | Path) -> str:
-    """Names and contents of the input files, listed as prepare lists them (pipeline/engine/fingerprints.py; a file
-    that cannot be read, e.g. a broken link, counts as such, and one that is not a regular file, a FIFO or a device,
-    by its kind, unread): a changed corpus is new work, and so is a fixed one. Digests are memoised under
-    `cache_dir`."""
-    names = list_corpus_files(root, pattern)
-    listing = list(zip(names, memoised_digests([root / name for name in names], cache_dir, f"{root}\0{pattern}")))
-    return hashlib.sha256(json.dumps([str(root), listing]).encode()).hexdigest()

@@ -7,32 +7,30 @@
   stage already runs inside a Ray task: Lightning's DDP launcher re-executes `sys.argv` (a Ray worker's, there),
   while Ray Train places the processes, sets up the gloo/NCCL process group, and scales out to a cluster unchanged;
 - DeepSpeed without CUDA: Lightning's DeepSpeedStrategy refuses a CPU accelerator, so each Ray Train worker drives
-  `deepspeed.initialize` itself (`train_deepspeed`), over gloo, with DeepSpeed's CPU accelerator.
+  `deepspeed.initialize` itself (pipeline/engine/deepspeed_loop.py), over gloo, with DeepSpeed's CPU accelerator.
 
 The `distributed` block holds what no Trainer argument says here: `num_workers` and the ZeRO settings (`deepspeed`).
 """
 from __future__ import annotations
 
-import os
-import shutil
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Optional
 
 import torch
 from omegaconf import MISSING, DictConfig, OmegaConf
 from torch import nn
 
-from pipeline.engine.dag import all_cpus
-from pipeline.engine.module import PretrainModule, check_finite_loss
-from pipeline.engine.settings import RayConfig, typed_settings
+from pipeline.engine.settings import RayConfig, all_cpus, typed_settings
 from pipeline.engine.training import TrainerConfig, resolve_precision, trains_on_cuda, warn_if_bf16_is_emulated
 from pipeline.schema import PretrainConfig
 
 ZERO_STAGES = (1, 2, 3)
-CHECKPOINT_TAG_PREFIX = "step-"
+# DeepSpeed's ZeRO stages leave sparse gradients out of their reduction buckets (split_half_float_double in
+# deepspeed/runtime/zero/stage_1_and_2.py; its `sparse_gradients` option is for training without ZeRO), so each rank
+# would step with its own
+DEEPSPEED_DENSE = "DeepSpeed's ZeRO cannot reduce sparse ones"
 # The `trainer` settings of the schema (conf/trainer/cpu.yaml's), which the DeepSpeed CPU loop (no Lightning Trainer)
 # reads or has no use for; a Trainer argument beyond them would be ignored there, so it is refused
 DEEPSPEED_CPU_TRAINER_KEYS = tuple(f.name for f in fields(TrainerConfig))
@@ -236,19 +234,6 @@ def run_on_ray_workers(train_fn: Callable[[dict], None], config: dict, s: Distri
         raise getattr(failure, "_base_exc", failure) from err  # Ray wraps it to carry the worker's traceback
 
 
-def use_deepspeed_cpu_accelerator() -> None:
-    """Before deepspeed is first imported: its CPU accelerator, and a persistent cache for any JIT-built op."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR",
-                          str(Path.home() / ".cache" / "textrep" / "torch_extensions"))
-
-
-def checkpoint_tags(checkpoint_dir: Path) -> list[str]:
-    """Complete DeepSpeed checkpoints in `checkpoint_dir`, oldest first."""
-    tags = [p.name for p in checkpoint_dir.glob(f"{CHECKPOINT_TAG_PREFIX}*") if (p / "complete").is_file()]
-    return sorted(tags, key=lambda tag: int(tag.removeprefix(CHECKPOINT_TAG_PREFIX)))
-
-
 def gather_from_ranks(local: dict) -> list[dict]:
     """Every rank's `local`, in rank order ([local] in one process): for checkpoints, which rank 0 alone writes, of
     what differs between ranks (each one's data position, carried state, RNG). Every rank must call it."""
@@ -271,88 +256,3 @@ def this_ranks_state(ranks: list[dict]) -> dict:
                          f"{world_size}; resume with distributed.num_workers={len(ranks)}, or start the stage over "
                          "with pipeline.force")
     return ranks[rank]
-
-
-def set_sampler_epoch(loader, epoch: int) -> None:
-    """What Lightning does before each epoch: tell the loader's sampler which epoch's order to draw."""
-    set_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
-    if callable(set_epoch):
-        set_epoch(epoch)
-
-
-def train_deepspeed(module: nn.Module, optimizer: torch.optim.Optimizer, scheduler, ds_config: dict,
-                    loader: Iterable[dict], max_steps: int, checkpoint_dir: Path, checkpoint_every_steps: int,
-                    keep_checkpoints: int, rank_state: Callable[[int], dict], load_rank_state: Callable[[dict], None],
-                    advice: str, on_step: Callable[[int, float, float, float], None] = lambda *step: None):
-    """Train `module` (whose forward returns {"loss": ...}) with a DeepSpeed engine; returns the engine. A loss that
-    is not finite stops it, saying `advice` (pipeline/engine/module.py's check, as in the Lightning loop). After each
-    optimizer step, `on_step(step, loss, lr, rows_per_s)`: the mean loss of its micro-batches, the rate it took, and
-    the rows it trained per second of forward, backward and step (what the Lightning loop logs).
-
-    A pass over `loader` is an epoch (its sampler's `set_epoch` is called before each, as Lightning does); an endless
-    loader is one long epoch. Besides DeepSpeed's own state every checkpoint holds, per rank, `rank_state(n)` (`n`:
-    batches consumed this epoch) and the torch RNG; a run resumes from the newest complete checkpoint in
-    `checkpoint_dir`, handing each rank its own state (`load_rank_state`). Keeps the newest `keep_checkpoints`."""
-    import deepspeed
-    import torch.distributed as dist
-
-    engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler,
-                                           config=ds_config)
-    epoch = consumed = 0
-    if tags := checkpoint_tags(checkpoint_dir):
-        _, client_state = engine.load_checkpoint(str(checkpoint_dir), tag=tags[-1])
-        epoch, consumed = client_state["epoch"], client_state["batches_consumed"]
-        own = this_ranks_state(client_state["ranks"])
-        load_rank_state(own["state"])
-        torch.set_rng_state(own["rng"])
-        print(f"resumed from DeepSpeed checkpoint {checkpoint_dir / tags[-1]}", flush=True)
-    micro_losses, rows, busy = [], 0, 0.0
-    while engine.global_steps < max_steps:
-        set_sampler_epoch(loader, epoch)
-        for batch in loader:
-            started = time.perf_counter()
-            lr = optimizer.param_groups[0]["lr"]  # before engine.step(), which steps the schedule too
-            loss = engine(batch)["loss"]
-            check_finite_loss(loss, engine.global_steps,
-                              f"{advice} (the last good checkpoint is kept in {checkpoint_dir})")
-            engine.backward(loss)
-            step_before = engine.global_steps
-            engine.step()  # an optimizer step only at the last micro-batch of gradient accumulation
-            consumed += 1
-            micro_losses.append(float(loss.detach()))
-            rows, busy = rows + PretrainModule.rows(batch), busy + time.perf_counter() - started
-            if engine.global_steps == step_before:
-                continue
-            step = engine.global_steps
-            on_step(step, sum(micro_losses) / len(micro_losses), lr, rows / max(busy, 1e-9))
-            micro_losses, rows, busy = [], 0, 0.0
-            if step % checkpoint_every_steps == 0 or step == max_steps:
-                ranks = gather_from_ranks({"state": rank_state(consumed), "rng": torch.get_rng_state()})
-                _save_checkpoint(engine, checkpoint_dir, step, keep_checkpoints,
-                                 {"epoch": epoch, "batches_consumed": consumed, "ranks": ranks})
-            if step >= max_steps:
-                break
-        else:
-            epoch, consumed = epoch + 1, 0
-    dist.barrier()
-    return engine
-
-
-def _save_checkpoint(engine, checkpoint_dir: Path, step: int, keep: int, client_state: dict) -> None:
-    import torch.distributed as dist
-
-    tag = f"{CHECKPOINT_TAG_PREFIX}{step}"
-    engine.save_checkpoint(str(checkpoint_dir), tag=tag, client_state=client_state)
-    dist.barrier()  # every rank's shard is written before the checkpoint counts as complete
-    if dist.get_rank() == 0:
-        (checkpoint_dir / tag / "complete").touch()
-        for old in checkpoint_tags(checkpoint_dir)[:-keep]:
-            shutil.rmtree(checkpoint_dir / old)
-
-
-def consolidated_state_dict(checkpoint_dir: Path, tag: str) -> dict[str, torch.Tensor]:
-    """One fp32 state dict from a ZeRO checkpoint's partitions (any stage), loadable without DeepSpeed."""
-    use_deepspeed_cpu_accelerator()
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag=tag)

@@ -72,7 +72,7 @@ class FinetuneKind:
     load: Callable[[StageContext], TaskModels]
     fingerprint: Callable[[DictConfig], str] = lambda cfg: ""  # identity of files it reads outside the cache
     # The pretraining stage whose output `load` reads the encoder from. Where that stage wrote encoder snapshots
-    # (pipeline/engine/pretraining.py), the kind is fine-tuned from each too, loaded by `load` with the snapshot's
+    # (pipeline/engine/snapshots.py), the kind is fine-tuned from each too, loaded by `load` with the snapshot's
     # directory in that stage's place.
     pretraining_stage: Callable[[DictConfig], str] | None = None
     # the kind that fine-tunes the same architecture from random initialisation: the report states what pretraining

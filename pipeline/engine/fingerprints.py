@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from data_prep.corpus.prepare import special_file_kind
+from data_prep.corpus.prepare import list_corpus_files, special_file_kind
 from data_prep.corpus.shards import write_json_atomically
 
 UNREADABLE = "unreadable"
@@ -104,6 +104,17 @@ def content_digests(paths: list[Path], memo_file: Path) -> list[str]:
     if recording is not None:
         recording.update(zip(map(str, paths), digests))
     return digests
+
+
+def files_fingerprint(root: Path, pattern: str, cache_dir: str | Path) -> str:
+    """Names and contents of the input files, listed as prepare lists them (pipeline/engine/fingerprints.py; a file
+    that cannot be read, e.g. a broken link, counts as such, and one that is not a regular file, a FIFO or a device,
+    by its kind, unread): a changed corpus is new work, and so is a fixed one. Digests are memoised under
+    `cache_dir`."""
+    names = list_corpus_files(root, pattern)
+    listing = list(zip(names, memoised_digests([root / name for name in names], cache_dir, f"{root}\0{pattern}")))
+    return hashlib.sha256(json.dumps([str(root), listing]).encode()).hexdigest()
+
 
 
 _recording: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("recorded_digests", default=None)

@@ -1,7 +1,7 @@
 """The training contract of every family: a family's LightningModule subclasses `PretrainModule` and supplies only
 `model_step` (its forward and loss; held-out scoring where a mean of batch losses is not the figure), and the engine
 does the rest, the same for every family and in both training loops (Lightning's, and the DeepSpeed CPU loop of
-pipeline/engine/distributed.py, which trains the module through `forward`):
+pipeline/engine/deepspeed_loop.py, which trains the module through `forward`):
 - the optimizer and its schedule, built from the settings block (`OptimizerSettings`: `pretrain`, or a block over it
   such as `pretrain_phase2` or `gpt.pretrain`), with no weight decay on biases and LayerNorm (pipeline/engine/optim.py);
 - gradient clipping by norm (`<block>.grad_clip`), sparse gradients (ELMo's sampled softmax) included;
@@ -69,7 +69,7 @@ class OptimizerSettings:
 
     @classmethod
     def of(cls, s: PretrainConfig, block: str) -> "OptimizerSettings":
-        """Those of a PretrainingTask's settings (pipeline/engine/pretraining.py), whose block `block` names."""
+        """Those of a PretrainingTask's settings (pipeline/engine/pretraining_task.py), whose block `block` names."""
         return cls(block=block, optimizer=str(s.optimizer), lr=float(s.lr), weight_decay=float(s.weight_decay),
                    betas=(float(s.betas[0]), float(s.betas[1])), warmup_steps=int(s.warmup_steps),
                    max_steps=int(s.max_steps), lr_decay=str(s.lr_decay))

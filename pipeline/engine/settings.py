@@ -55,6 +55,12 @@ class RayConfig:
     address: Optional[str] = None  # null: start a local Ray; "auto" or "ray://host:port" joins a cluster
 
 
+def all_cpus(cfg: DictConfig) -> float:
+    """A training stage's reservation: every CPU the run was given, for its torch threads."""
+    return float(typed_settings(cfg.ray, RayConfig).num_cpus)
+
+
+
 T = TypeVar("T")
 
 

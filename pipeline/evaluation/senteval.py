@@ -32,6 +32,10 @@ The pair features are senteval.pair_features: [abs_diff, product] = [|u-v|, u*v]
 product] is InferSent's set (Conneau et al. 2017). Each pair-task row names the set it was scored with.
 The L2 strength is always chosen on data the reported score never sees: inner stratified k-fold on the training part
 (SentEval's InnerKFoldClassifier), or the task's own validation split when it has one (SplitClassifier).
+
+One file of ~560 lines: the protocol table above, each kind's features, model selection and metrics, is one unit
+that keeps the scores comparable with SentEval's; its data readers are apart (data_prep/tasks/senteval_data.py),
+and so is the stage (pipeline/evaluation/stage.py).
 """
 from __future__ import annotations
 
@@ -60,8 +64,8 @@ from data_prep.tasks.senteval_data import (
     read_subj,
     read_trec,
 )
-from pipeline.engine.dag import files_fingerprint
 from pipeline.engine.family import Encoder
+from pipeline.engine.fingerprints import files_fingerprint
 from pipeline.evaluation.metrics import accuracy, binary_f1, pearson, spearman
 
 # -----------------------------------------------------------------------------

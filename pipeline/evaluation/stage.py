@@ -7,9 +7,9 @@ from omegaconf import DictConfig
 
 from data_prep.corpus.shards import write_json_atomically
 from data_prep.corpus.word_vectors import load_glove
-from pipeline.engine.dag import Stage, StageContext, all_cpus
+from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.family import EncoderSpec
-from pipeline.engine.settings import cache_dir_of, typed_settings
+from pipeline.engine.settings import all_cpus, cache_dir_of, typed_settings
 from pipeline.evaluation.senteval import GloveBagOfWords, SentevalConfig, run_senteval, senteval_files_fingerprint
 from pipeline.evaluation.settings import EvaluateConfig
 from pipeline.families import FAMILIES

@@ -1,6 +1,9 @@
 """The run's report: results.md / results.csv / results.json (one row per model, task and metric), pretraining
 loss and perplexity curves, a bar chart of task scores per model and the sections the families add (BERT's attention
-heat-map); all logged to the report stage's W&B run as well when it has one."""
+heat-map); all logged to the report stage's W&B run as well when it has one.
+
+One file of ~430 lines: one stage's tables and the sections they share; its plots are already apart
+(pipeline/report/plots.py)."""
 from __future__ import annotations
 
 import csv

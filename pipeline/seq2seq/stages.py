@@ -21,7 +21,8 @@ from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.loaders import ArrowRows, pretraining_loaders
 from pipeline.engine.module import OptimizerSettings
-from pipeline.engine.pretraining import PretrainingData, TrainingRun, instantiate_model, pretraining_stage
+from pipeline.engine.pretraining import instantiate_model, pretraining_stage
+from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
 from pipeline.engine.settings import typed_settings
 from pipeline.schema import PretrainConfig
 from pipeline.seq2seq.architectures import save_model

@@ -15,6 +15,7 @@ from data_prep.examples.skip_thought_examples import (
     triples_from_shard,
     write_triples,
 )
+from pipeline.corpus import count_over_shards
 from pipeline.data_settings import chinese_words_of
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
@@ -25,7 +26,7 @@ from pipeline.skip_thought.settings import SkipThoughtConfig
 def skip_thought_vocab(ctx: StageContext) -> dict:
     chinese_words = chinese_words_of(ctx.cfg)
     settings = typed_settings(ctx.cfg.skip_thought, SkipThoughtConfig)
-    counts = ctx.count_over_shards(partial(count_words, chinese_words=chinese_words))
+    counts = count_over_shards(ctx, partial(count_words, chinese_words=chinese_words))
     vocab = build_word_vocab(counts, settings.vocab_size, settings.min_count, chinese_words)
     vocab.save(ctx.out_dir / "vocab.txt")
     return {"vocab_size": len(vocab), "distinct_words": len(counts),

@@ -12,7 +12,7 @@ import pytest
 from pipeline.bert.pretrain import HEADS_FILE
 from pipeline.downstream.finetune import finetune_settings, model_sources
 from pipeline.engine.dag import StageContext, StageFailed
-from pipeline.engine.pretraining import encoder_snapshots, snapshot_dir
+from pipeline.engine.snapshots import encoder_snapshots, snapshot_dir
 from pipeline.report.plots import plot_pretrain_scaling
 from pipeline.runner import validate
 from tests.helpers import TinyRun, file_bytes, tiny_config

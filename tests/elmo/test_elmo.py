@@ -111,7 +111,7 @@ def test_vocabulary_counted_per_shard_equals_the_one_counted_over_the_whole_corp
     import pyarrow as pa
 
     from data_prep.examples.elmo_examples import count_words, vocab_from_counts
-    from pipeline.engine.dag import count_shard_texts
+    from pipeline.corpus import count_shard_texts
 
     shards = [["b a b, c", "b a d"], ["d d e", "a"], ["e, b"]]
     counts = Counter()
@@ -477,7 +477,7 @@ def _ddp_step(rank: int, port: int, batch: dict, out: str) -> None:
     """One DDP step on rank `rank`'s half of `batch`, in a process of its own (torch.multiprocessing.spawn)."""
     from lightning.pytorch.strategies import DDPStrategy
 
-    from pipeline.engine.pretraining import SparseGradientSync
+    from pipeline.engine.callbacks import SparseGradientSync
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0",
                       LOCAL_RANK=str(rank), RANK=str(rank))  # launched here, not by Lightning

@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 
 from pipeline import status
 from pipeline.engine import fingerprints
-from pipeline.engine.dag import MARKER, Stage, StageFailed, execute_stage, files_fingerprint, plan, run_dag
+from pipeline.engine.dag import MARKER, Stage, StageFailed, execute_stage, plan, run_dag
+from pipeline.engine.fingerprints import files_fingerprint
 from pipeline.stages import STAGES
 from tests.helpers import TinyRun, tiny_config, write_books, write_sentiment_task
 

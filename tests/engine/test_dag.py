@@ -22,7 +22,6 @@ from pipeline.engine.dag import (
     MARKER,
     Stage,
     StageFailed,
-    _captured_output,
     _config_subset,
     check_outputs_intact,
     execute_stage,
@@ -30,6 +29,7 @@ from pipeline.engine.dag import (
     run_dag,
     stage_hashes,
 )
+from pipeline.engine.stage_log import captured_output
 from pipeline.stages import STAGES
 from tests.helpers import TinyRun, tiny_config
 
@@ -328,7 +328,7 @@ def test_a_full_disk_names_the_cache_directory(small_disk, fill, says):
 def save_a_checkpoint(ctx) -> dict:
     import torch
 
-    from pipeline.engine.pretraining import AtomicCheckpointIO
+    from pipeline.engine.checkpoints import AtomicCheckpointIO
 
     AtomicCheckpointIO(keep=2).save_checkpoint({"weights": torch.zeros(1 << 19)},
                                                ctx.out_dir / "checkpoints" / "step-00000010.ckpt")
@@ -354,17 +354,17 @@ def test_a_failed_checkpoint_save_removes_its_temporary(tmp_path, monkeypatch, f
     so (errno ENOSPC, which the engine's message turns into paths.cache_dir), else the error is torch's own."""
     import torch
 
-    from pipeline.engine import pretraining
+    from pipeline.engine import checkpoints
 
     def half_written(obj, f):
         f.write(b"x" * 4096)
         raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4096 vs 4000")
 
     monkeypatch.setattr(torch, "save", half_written)
-    monkeypatch.setattr(pretraining.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 0, free))
+    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 0, free))
     path = tmp_path / "checkpoints" / "step-00000010.ckpt"
     with pytest.raises(raised) as err:
-        pretraining.AtomicCheckpointIO(keep=2).save_checkpoint({"weights": 1}, path)
+        checkpoints.AtomicCheckpointIO(keep=2).save_checkpoint({"weights": 1}, path)
     assert list(path.parent.iterdir()) == []
     if raised is OSError:
         assert err.value.errno == errno.ENOSPC and str(path) in str(err.value)
@@ -451,7 +451,7 @@ def test_a_stream_a_library_kept_from_a_stage_still_writes_and_closes_after_it(t
     Hydra job in the same Ray worker reconfigured logging, which closes every handler's stream, and failed on the
     tee (AttributeError: '_Tee' object has no attribute 'close'); writes after the stage went to its closed log."""
     log = tmp_path / "stage.log"
-    with _captured_output(log):
+    with captured_output(log):
         kept = sys.stderr
         print("during the stage", file=sys.stderr)
     handler = logging.StreamHandler(kept)

@@ -15,16 +15,11 @@ import torch
 
 from models.bert import BertConfig, BertForPreTraining, load_pretrained
 from pipeline.engine import distributed
+from pipeline.engine.checkpoints import KEEP_CHECKPOINTS
 from pipeline.engine.dag import MARKER, StageContext, StageFailed, execute_stage
-from pipeline.engine.distributed import (
-    DistributedSettings,
-    checkpoint_tags,
-    consolidated_state_dict,
-    deepspeed_config,
-    lightning_strategy,
-    whole_parameters,
-)
-from pipeline.engine.pretraining import KEEP_CHECKPOINTS, pretrain
+from pipeline.engine.deepspeed_loop import checkpoint_tags, consolidated_state_dict
+from pipeline.engine.distributed import DistributedSettings, deepspeed_config, lightning_strategy, whole_parameters
+from pipeline.engine.pretraining import pretrain
 from pipeline.families import FAMILIES
 from pipeline.runner import validate
 from pipeline.stages import STAGES

@@ -16,7 +16,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipeline.engine import fingerprints
-from pipeline.engine.dag import Stage, execute_stage, files_fingerprint, plan, stage_hashes
+from pipeline.engine.dag import Stage, execute_stage, plan, stage_hashes
+from pipeline.engine.fingerprints import files_fingerprint
 from pipeline.stages import STAGES
 from tests.helpers import tiny_config
 

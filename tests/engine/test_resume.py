@@ -18,8 +18,8 @@ import torch
 
 from pipeline.engine.dag import MARKER, StageFailed, execute_stage
 from pipeline.engine.divergence import DivergenceMonitor, PretrainingDiverged
-from pipeline.engine.pretraining import encoder_snapshots
 from pipeline.engine.sampler import ResumableRandomSampler, SeededBatchSampler
+from pipeline.engine.snapshots import encoder_snapshots
 from pipeline.engine.training import LossHistory
 from pipeline.stages import STAGES
 from tests.helpers import RESUME_OVERRIDES, TINY_FAMILIES, TinyRun, family_config, file_bytes

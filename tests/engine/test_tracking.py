@@ -107,11 +107,12 @@ def test_pretraining_in_ray_train_workers_logs_rank_0s_curves_to_the_stage_run(t
     from pipeline.bert.pretrain import PRETRAINING
     from pipeline.engine import pretraining
     from pipeline.engine.dag import StageContext
+    from pipeline.engine.pretraining_outputs import LOSS_CURVE, WORKER_SUMMARY
     from tests.helpers import tiny_config
 
     def fake_workers(worker, config, settings, out_dir):
-        (out_dir / pretraining.LOSS_CURVE).write_text("step,split,name,value\n1,train,train/loss,7.0\n")
-        (out_dir / pretraining.WORKER_SUMMARY).write_text(json.dumps({"steps": 1}))
+        (out_dir / LOSS_CURVE).write_text("step,split,name,value\n1,train,train/loss,7.0\n")
+        (out_dir / WORKER_SUMMARY).write_text(json.dumps({"steps": 1}))
 
     monkeypatch.setattr(pretraining, "run_on_ray_workers", fake_workers)
     ctx = StageContext(tiny_config(tmp_path, ["trainer=ddp_cpu"]), "bert_pretrain", tmp_path, {})

@@ -194,12 +194,13 @@ def test_trainer_compile_compiles_the_network_in_place_on_the_cpu(tmp_path):
 
 def test_a_gpu_run_pins_the_batches_of_its_train_loader():
     """The families build their loaders without knowing the device; the harness sets pin_memory on a GPU run's
-    (pipeline.engine.pretraining.pin_batches, called when the run uses CUDA), read as each epoch's iterator starts."""
+    (pipeline.engine.lightning_loop.pin_batches, called when the run uses CUDA), read as each epoch's iterator
+    starts."""
     import warnings
 
     from torch.utils.data import DataLoader
 
-    from pipeline.engine.pretraining import pin_batches
+    from pipeline.engine.lightning_loop import pin_batches
 
     loader = DataLoader(list(range(6)), batch_size=2)
     assert loader.pin_memory is False

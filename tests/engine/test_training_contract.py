@@ -112,7 +112,7 @@ def _gpt_under_fake_deepspeed(family_data, monkeypatch, engine):
 def test_the_deepspeed_loop_stops_on_a_non_finite_loss_with_the_same_check(family_data, tmp_path, monkeypatch):
     """The DeepSpeed CPU loop (no Lightning) trains the same module through its forward, and checks its loss with
     the check the Lightning loop runs: the same error, the last good checkpoint named."""
-    from pipeline.engine.distributed import train_deepspeed
+    from pipeline.engine.deepspeed_loop import train_deepspeed
     from pipeline.engine.module import pretraining_advice
 
     task, ctx, module, data, optimization = _gpt_under_fake_deepspeed(
@@ -147,7 +147,7 @@ class _Stop(Exception):
 def test_the_deepspeed_loop_reports_each_steps_loss_learning_rate_and_throughput(family_data, monkeypatch):
     """What the Lightning loop logs per step, the DeepSpeed CPU loop hands its on_step: the loss, the rate the step
     took (the schedule's, before it moves on) and the rows trained per second."""
-    from pipeline.engine.distributed import train_deepspeed
+    from pipeline.engine.deepspeed_loop import train_deepspeed
 
     _, ctx, module, data, optimization = _gpt_under_fake_deepspeed(family_data, monkeypatch, _SteppingFakeEngine)
     optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]

@@ -370,7 +370,7 @@ def test_the_pipeline_applies_them_where_trainer_fast_kernels_is_on(tmp_path):
 
     from models.bert import BertConfig, load_pretrained, save_pretrained
     from pipeline.engine.dag import StageContext
-    from pipeline.engine.pretraining import built_module
+    from pipeline.engine.pretraining_task import built_module
     from tests.helpers import tiny_config
 
     task = SimpleNamespace(build_module=lambda ctx, p: torch.nn.ModuleDict({"model": BertForPreTraining(BERT)}))
