@@ -66,3 +66,29 @@ def test_bench_seq2seq_refuses_to_time_beam_searches_that_differ(monkeypatch):
     monkeypatch.setattr(bench_seq2seq, "beam_search", last_token_changed)
     with pytest.raises(SystemExit, match=r"ours and HF generate differ from new token 5 on"):
         bench_seq2seq.generation_benchmark(bench_seq2seq.parse_args(["--smoke"]))
+
+
+def test_bench_finetune_prints_each_rows_steps_and_its_ratio_to_the_pipelines_fine_tuning():
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_finetune.py"), "--steps", "36",
+                          "--threads", "1", "--precision", "32-true", "--rows", "pipeline", "plain loop",
+                          "2 x 1 thread"], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert re.search(r"^bert_tiny classifier, 36 batches of 32 sentences .* 32-true, 1 threads, .* GFLOP a step; "
+                     r"matmul peak \d+ GFLOP/s", out, re.M), out
+    assert re.search(r"^pipeline +\d+\.\d +\d+ +\d+% +1\.00x$", out, re.M), out
+    for row in ("plain loop", "2 x 1 thread"):
+        assert re.search(rf"^{row} +\d+\.\d +\d+ +\d+% +\d+\.\d\dx$", out, re.M), out
+
+
+def test_bench_finetunes_batches_are_grouped_by_length_around_rotten_tomatoes_mean():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import bench_finetune
+
+    batches = bench_finetune.sentence_batches(60)
+    assert len(batches) == 60 and all(b["input_ids"].shape[0] == 32 for b in batches)
+    lengths = [int(n) for b in batches for n in b["attention_mask"].sum(1)]
+    assert 28 <= sum(lengths) / len(lengths) <= 34 and max(lengths) <= bench_finetune.MAX_LENGTH
+    padded = sum(b["input_ids"].numel() for b in batches)
+    assert sum(lengths) / padded > 0.9  # grouped: a batch pads to its longest sentence and little more
