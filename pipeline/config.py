@@ -176,6 +176,10 @@ def check_renamed_names(overrides: list[str]) -> None:
     ("Invalid value 'pretrain', expected one of [...]") lists every name without saying which one was meant."""
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")
+        if key.split(".")[-2:] == ["config", "fast_kernels"]:  # model.config.* or gpt.model.config.*
+            raise SystemExit(f"error: {override}: the kernels are no longer a model setting saved with the weights but "
+                             f"one of the run, applied where the pipeline builds a model; write "
+                             f"trainer.fast_kernels={value}")
         if key not in RENAMED:
             continue
         what, renamed = RENAMED[key]

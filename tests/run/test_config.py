@@ -259,6 +259,15 @@ def test_an_old_bert_name_fails_naming_the_new_one(override, message):
     check_renamed_names(["pipeline.stages=[prepare,bert_pretrain]", "finetune.models=[bert,elmo]", "pretrain.lr=1"])
 
 
+@pytest.mark.parametrize("override", ["+model.config.fast_kernels=false", "gpt.model.config.fast_kernels=false"])
+def test_the_kernels_switch_that_was_a_model_setting_names_the_runs_setting(override):
+    from pipeline.config import check_renamed_names
+
+    with pytest.raises(SystemExit, match=re.escape("write trainer.fast_kernels=false")):
+        check_renamed_names(["+experiment=bert_tiny", override])
+    assert _compose(["+experiment=bert_tiny", "trainer.fast_kernels=false"]).trainer.fast_kernels is False
+
+
 def test_the_old_names_are_gone_and_the_new_ones_are_the_graphs():
     from pipeline.config import RENAMED_KINDS, RENAMED_STAGES
     from pipeline.downstream.finetune import MODEL_KINDS
