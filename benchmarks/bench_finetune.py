@@ -33,6 +33,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
+from bench_train import matmul_flops_per_s  # benchmarks/ is the script's directory, first on sys.path
 
 from models.bert import BertForSequenceClassification, bert_config
 from pipeline.downstream.modules import ClassificationModule
@@ -200,18 +201,6 @@ def two_processes_row(steps: int, precision: str, frozen: bool) -> float:
     return max(per_step) / 2
 
 
-def matmul_peak(dtype: torch.dtype, seconds: float = 3.0, n: int = 2048) -> float:
-    """Best torch.mm FLOP/s on n x n matrices of `dtype`: this CPU's matmul throughput, at this run's threads."""
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    torch.mm(a, b)
-    best, deadline = 0.0, time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = max(best, 2 * n ** 3 / (time.perf_counter() - start))
-    return best
-
-
 ROWS = {"pipeline": pipeline_row, "plain loop": plain_loop_row, "HF Trainer": hf_trainer_row}
 
 
@@ -232,7 +221,7 @@ def main() -> None:
     frozen = args.embeddings == "frozen"
     batches = sentence_batches(args.steps)
     flops = statistics.mean(step_flops(b) for b in batches[WARMUP_STEPS:])
-    peak = matmul_peak(torch.bfloat16 if precision == "bf16-mixed" else torch.float32)
+    peak = matmul_flops_per_s(torch.bfloat16 if precision == "bf16-mixed" else torch.float32, 3.0)
     isa = os.environ.get("ATEN_CPU_CAPABILITY", "default")
     print(f"bert_tiny classifier, {len(batches)} batches of {BATCH_SIZE} sentences (mean {MEAN_LENGTH} tokens, grouped "
           f"by length), embeddings {args.embeddings}, {precision}, {args.threads} threads, ATEN_CPU_CAPABILITY={isa}; "
