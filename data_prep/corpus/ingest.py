@@ -311,6 +311,12 @@ def clean_text(text: str, nfkc: bool) -> str:
     return unicodedata.normalize("NFKC", text) if nfkc else text
 
 
+def corpus_form(text: str, nfkc: bool, chinese_variant: str) -> str:
+    """`text` in the form prepare gives a book's body (data.nfkc, data.chinese_variant), which the run's tasks are read
+    in too (pipeline/downstream/tasks.py in_corpus_form)."""
+    return convert_variant(clean_text(text, nfkc), chinese_variant)
+
+
 def book_fingerprint(paragraphs: Sequence[str]) -> str:
     """Exact-duplicate key: sha256 of the cleaned, whitespace-collapsed paragraphs, so copies that differ
     only in encoding, line endings, wrapping or Gutenberg boilerplate collide. Near duplicates are
@@ -353,7 +359,7 @@ def process_book(path: str | PurePath, raw: bytes, options: IngestOptions, book_
     del text  # a book can be large; the body is all that is needed from here on
     title = header_field(header, "Title") or PurePath(book_id).stem
     author = header_field(header, "Author")
-    body = convert_variant(clean_text(body, options.nfkc), options.chinese_variant)
+    body = corpus_form(body, options.nfkc, options.chinese_variant)
     chinese = has_cjk(body)
     if options.input_format == "raw":
         paragraphs = reflow_paragraphs(body)  # a hard-wrapped paragraph is one run of text

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from models.generation import beam_search
 from pipeline.downstream.modules import FinetuneModule
-from pipeline.evaluation.metrics import score_task
+from pipeline.evaluation.metrics import exact_text, score_task
 
 GENERATED_DIR = "generated"
 SAMPLE_COLUMNS = ("source", "reference", "generated")
@@ -46,7 +46,7 @@ def output_summary(outputs: Sequence[str], top: int = TOP_OUTPUTS) -> dict:
     many distinct and empty ones and their shares, and the `top` most frequent with their counts (ties in the order
     first written). A model that writes one phrase for every input has a distinct share of 1/n and that phrase first,
     whatever its ROUGE."""
-    counts = Counter(" ".join(text.split()) for text in outputs)
+    counts = Counter(exact_text(text) for text in outputs)  # as exact match compares them
     n = len(outputs)
     return {"outputs": n, "distinct": len(counts), "distinct_share": round(len(counts) / n, 4) if n else 0.0,
             "empty": counts.get("", 0), "empty_share": round(counts.get("", 0) / n, 4) if n else 0.0,

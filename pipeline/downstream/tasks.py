@@ -6,7 +6,6 @@ import hashlib
 import json
 import math
 import os
-import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from data_prep.corpus.builtin import BUILTIN_TASK_DATA
-from data_prep.corpus.chinese import convert_variant
+from data_prep.corpus.ingest import corpus_form
 from data_prep.tasks.encoding import not_utf8
 from pipeline import CONF_DIR
 from pipeline.engine.fingerprints import memoised_digests
@@ -84,7 +83,7 @@ def text_form(task: DictConfig) -> Callable[[str], str]:
     if form is None:
         return lambda text: text
     nfkc, variant = bool(form.nfkc), str(form.chinese_variant)
-    return lambda text: convert_variant(unicodedata.normalize("NFKC", text) if nfkc else text, variant)
+    return lambda text: corpus_form(text, nfkc, variant)
 
 
 SCORE_SPLITS = ("dev", "test")
