@@ -27,6 +27,9 @@ def hf_incompatibility(config) -> str:
     if not isinstance(config, Seq2SeqConfig):  # models/rnn_seq2seq.py's RNN encoder-decoder
         return (f"not exportable as BART: HuggingFace's BartForConditionalGeneration is a Transformer "
                 f"(models.seq2seq.Seq2SeqConfig); this model's config is {type(config).__name__}")
+    if config.copy_attention:
+        return ("not exportable as BART: HuggingFace's BART writes from its vocabulary distribution alone, and this "
+                "model mixes in copying from the source (copy_attention=True, See et al.'s pointer-generator)")
     bart = dict(pre_layer_norm=False, layernorm_embedding=True, position_embedding_type="learned",
                 learned_position_offset=2, layer_norm_eps=BART_LAYER_NORM_EPS)
     differ = [f"{key}={getattr(config, key)!r}" for key, value in bart.items() if getattr(config, key) != value]
@@ -42,7 +45,8 @@ def to_hf(model: EncoderDecoder, path) -> None:
     c, path = model.config, Path(path)
     why = hf_incompatibility(c)
     if why:
-        raise ValueError(f"{why}; build the model with models.seq2seq.bart_config to export it")
+        raise ValueError(f"{why}; build the model with models.seq2seq.bart_config and copy_attention=False to export "
+                         "it")
     write_config(path, {
         "architectures": ["BartForConditionalGeneration"], "model_type": "bart", "is_encoder_decoder": True,
         "vocab_size": c.vocab_size, "d_model": c.d_model, "max_position_embeddings": c.max_positions,
