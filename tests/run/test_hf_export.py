@@ -250,7 +250,8 @@ def test_the_directories_run_without_the_repository(exported):
 @pytest.mark.parametrize("stage, code", [
     ("bert_pretrain", "modeling_textrep_bert"), ("bert_pretrain_phase2", "modeling_textrep_bert"),
     ("elmo_pretrain", "modeling_textrep_elmo"), ("skip_thought_pretrain", "modeling_textrep_skip_thought"),
-    ("skip_thought_bi_pretrain", "modeling_textrep_skip_thought")])
+    ("skip_thought_bi_pretrain", "modeling_textrep_skip_thought"), ("seq2seq_pretrain", "modeling_textrep_seq2seq"),
+    ("seq2seq_pretrain", "modeling_textrep_rnn_seq2seq")])
 def test_the_modelling_code_a_stage_copies_is_part_of_its_cache_key(stage, code):
     """The file is copied, never imported by the pipeline: an edit to it must still rerun the stages that copy it."""
     files = {path for module in _modules_of(STAGES[stage].fn)
