@@ -56,8 +56,19 @@ def hf_incompatibility(config) -> str:
     return ""
 
 
-def hf_architecture(model: nn.Module) -> str:
-    """The class AutoModelForSeq2SeqLM builds from the directory to_hf writes of `model`."""
+def not_exportable(config) -> str:
+    """Why no HuggingFace directory can compute what a model of `config` does, or "" when to_hf can write one."""
+    if getattr(config, "copy_attention", False):
+        return ("copy_attention=True: neither BART nor our HuggingFace modelling code (modeling_textrep_seq2seq.py, "
+                "modeling_textrep_rnn_seq2seq.py) mixes in copying from the source (See et al.'s pointer-generator); "
+                "use the stage's model/ directory with pipeline.generate")
+    return ""
+
+
+def hf_architecture(model: nn.Module) -> str | None:
+    """The class AutoModelForSeq2SeqLM builds from the directory to_hf writes of `model`; None if it writes none."""
+    if not_exportable(model.config):
+        return None
     if isinstance(model, EncoderDecoder) and not hf_incompatibility(model.config):
         return "BartForConditionalGeneration"
     return f"{CUSTOM[type(model)][2]}ForConditionalGeneration"
@@ -66,6 +77,8 @@ def hf_architecture(model: nn.Module) -> str:
 def to_hf(model: nn.Module, path) -> str:
     """Write the encoder-decoder `model` as a directory transformers loads: BART where hf_incompatibility finds
     nothing, else our layout with our modelling code (models/hf/__init__.py); returns hf_architecture(model)."""
+    if not_exportable(model.config):
+        raise ValueError(f"not exportable to HuggingFace: {not_exportable(model.config)}")
     architecture = hf_architecture(model)
     if architecture == "BartForConditionalGeneration":
         to_bart(model, path)

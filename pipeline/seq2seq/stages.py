@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from data_prep.examples.gpt_blocks import TOKENIZER_FILE
 from data_prep.examples.seq2seq_examples import BOS, EOS, MASK, PAD, load_seq2seq_tokenizer, special_ids
-from models.hf.seq2seq import hf_architecture, to_hf
+from models.hf.seq2seq import hf_architecture, not_exportable, to_hf
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.loaders import ArrowRows, pretraining_loaders
@@ -72,6 +72,9 @@ class Seq2SeqPretraining:
         save_model(module.model, ctx.out_dir / "model")
         shutil.copy(tokenizer, ctx.out_dir / "model" / TOKENIZER_FILE)
         hf = ctx.out_dir / HF_DIR
+        if not_exportable(module.model.config):
+            print(f"stage {ctx.name}: no {HF_DIR}/: {not_exportable(module.model.config)}", flush=True)
+            return
         to_hf(module.model, hf)
         shutil.copy(tokenizer, hf / TOKENIZER_FILE)
         # what lets transformers' AutoTokenizer load tokenizer.json with the model's special tokens
@@ -82,6 +85,7 @@ class Seq2SeqPretraining:
     def summary(self, module: Seq2SeqPretrainModule, data: PretrainingData, run: TrainingRun) -> dict:
         # `hf`: the class transformers builds from hf/; `model`: which architecture the report's seq2seq rows are
         return {"pairs_seen": run.rows_seen(data.batch_size), "hf": hf_architecture(module.model),
+                "not_exportable": not_exportable(module.model.config) or None,
                 "model": module.model.describe()}
 
 
