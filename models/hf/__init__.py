@@ -2,7 +2,7 @@
 safetensors alone (transformers is needed to load them, never to write them).
 
 A model transformers has classes for is written in their layout (BERT with learned positions and post-LN blocks as
-BertForMaskedLM, GPT as GPT2LMHeadModel: models/bert.py and models/gpt.py). Any other gets its modelling code beside
+BertForMaskedLM, GPT as GPT2LMHeadModel: models/hf/bert.py and models/hf/gpt.py). Any other gets its modelling code beside
 the weights: one `modeling_textrep_<family>.py` of this folder, which imports only torch and transformers, named in
 config.json's `auto_map`, so that `AutoModel.from_pretrained(dir, trust_remote_code=True)` builds it on a machine
 without this project (as MosaicBERT, Nomic BERT and Jina BERT ship theirs). Those files are the models' computation

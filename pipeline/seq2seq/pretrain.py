@@ -1,8 +1,8 @@
-"""The seq2seq family's stages: its tokenizer (GPT-2's byte-level BPE with padding, start, end, mask and sentinel
-tokens), the source/target pairs of each shard (BART's noising, or T5's span corruption with
-seq2seq.objective=span_corruption), then denoising pretraining of the encoder-decoder (models/seq2seq.py's
-Transformer, or models/rnn_seq2seq.py's RNN with attention: pipeline/seq2seq/architectures.py) on the shared harness.
-The model is written in our format (`model/`, with its tokenizer.json), read by evaluate, fine-tuning, the report and
+"""The seq2seq family's pretraining and stages: its tokenizer (GPT-2's byte-level BPE with padding, start, end, mask and
+sentinel tokens), the source/target pairs of each shard (BART's noising, or T5's span corruption with
+seq2seq.objective=span_corruption), then denoising pretraining of the encoder-decoder (models/seq2seq.py's Transformer,
+or models/rnn_seq2seq.py's RNN with attention: pipeline/seq2seq/architectures.py) on the shared harness. The model is
+written in our format (`model/`, with its tokenizer.json), read by evaluate, fine-tuning, the report and
 pipeline.generate, and, where its config is BART's (models.seq2seq.bart_config: post-LN, learned positions), as a
 HuggingFace BartForConditionalGeneration directory (`hf/`, models/hf/seq2seq.py), as BERT's and GPT's stages write
 theirs; the RNN has no HF equivalent, and the stage's summary says so in its `hf` field."""
