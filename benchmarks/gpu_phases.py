@@ -233,7 +233,8 @@ def _gpt_models(ctx: PhaseContext, with_hf: bool = True):
     """Ours from the seed and, with_hf, HF's GPT2LMHeadModel (sdpa) holding the same weights."""
     import transformers
 
-    from models.gpt import GPTLMHeadModel, gpt_config, to_hf
+    from models.gpt import GPTLMHeadModel, gpt_config
+    from models.hf.gpt import to_hf
     from models.kernels import use_fast_kernels
 
     transformers.logging.set_verbosity_error()  # its notes on loading and generation settings

@@ -1,6 +1,6 @@
 """BERT's data stages: a WordPiece vocabulary trained on the sentence shards, then sentence-pair instances per
 shard (google-research/bert's create_pretraining_data), one Ray task per shard. Nothing here imports torch: the Ray
-workers these stages run in stay at the size of the data they hold (pipeline/bert/stages.py lists the stages)."""
+workers these stages run in stay at the size of the data they hold (pipeline/bert/pretrain.py lists the stages)."""
 from __future__ import annotations
 
 import json

@@ -6,11 +6,10 @@ from data_prep.corpus.tokenizer import SPECIAL_TOKENS
 from data_prep.examples.bert_examples import NUM_SPECIAL_TOKENS_IN_PAIR
 from models.hf.bert import describe
 from pipeline.bert import attention
-from pipeline.bert.config import CONFIG
 from pipeline.bert.downstream import FINETUNE_KINDS, check_control, check_prompts
 from pipeline.bert.encoder import ENCODERS
-from pipeline.bert.pretrain import PHASES, validate_pretraining
-from pipeline.bert.stages import BERT_STAGES
+from pipeline.bert.pretrain import BERT_STAGES, PHASES, validate_pretraining
+from pipeline.bert.settings import CONFIG
 from pipeline.engine.family import Family, Tiny
 from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, RATE, Number
 

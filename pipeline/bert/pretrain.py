@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import hydra
@@ -26,27 +27,20 @@ from torch.utils.data import DataLoader, Subset
 from data_prep.corpus.tokenizer import SPECIAL_TOKENS, checkpoint_tokenizer, load_tokenizer, save_hf_tokenizer
 from data_prep.examples.bert_examples import continuation_mask_from_vocab
 from models import IGNORE_INDEX
-from models.bert import (
-    BertConfig,
-    config_from_hf,
-    continue_from_hf,
-    load_pretrained,
-    save_pretrained,
-)
+from models.bert import BertConfig, load_pretrained, save_pretrained
 from models.checkpoint import HF_WEIGHT_FILES, hf_weights_file
-from models.hf.bert import hf_incompatibility, to_hf
-from pipeline.bert.config import BertPretrainSettings
+from models.hf.bert import config_from_hf, continue_from_hf, hf_incompatibility, to_hf
 from pipeline.bert.data import BertPretrainingCollator, MaskedBatches, PretrainingInstances
-from pipeline.bert.data_stages import read_piece_vectors
+from pipeline.bert.data_stages import examples, piece_vectors, read_piece_vectors, tokenizer
 from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import BertPretrainModule
-from pipeline.bert.settings import ExamplesConfig, TokenizerConfig
+from pipeline.bert.settings import BertPretrainSettings, ExamplesConfig, TokenizerConfig
 from pipeline.engine.arrow import read_arrow
-from pipeline.engine.dag import StageContext
+from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.fingerprints import files_fingerprint
 from pipeline.engine.loaders import held_out_split, seeded_train_loader
 from pipeline.engine.module import OptimizerSettings
-from pipeline.engine.pretraining import instantiate_model, merged_settings
+from pipeline.engine.pretraining import instantiate_model, merged_settings, pretraining_stage
 from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
 from pipeline.engine.settings import cache_dir_of, stages_in_run, typed_settings
 from pipeline.engine.snapshots import encoder_snapshot_steps
@@ -366,3 +360,23 @@ def _learning_summary(mlm_loss: float | None, mlm_acc: float | None, nsp_acc: fl
 
 
 PRETRAINING = {phase.stage: BertPretraining(phase) for phase in PHASES}
+
+# BERT's stages: its data stages (pipeline/bert/data_stages.py), then pretraining in one or two phases
+PHASE_1, PHASE_2 = PHASES
+BERT_STAGES = (
+    # with pretrain.init_from, the checkpoint's tokenizer: its files are the stage's input (and, through this stage,
+    # the weights pretrain reads from the same directory)
+    Stage("bert_tokenizer", tokenizer, ("prepare",), ("tokenizer", "pretrain.init_from"),
+          fingerprint=init_from_fingerprint),
+    Stage(PHASE_1.examples, partial(examples, length_key=PHASE_1.length_key), ("prepare", "bert_tokenizer"),
+          ("examples", "seed")),
+    # pretrain.init_embeddings=word2vec: skip-gram vectors of the WordPiece pieces, the word embeddings' start
+    Stage("bert_piece_vectors", piece_vectors, ("prepare", "bert_tokenizer"), ("word2vec", "model", "seed")),
+    # phase 2 (Devlin et al. §A.2; PHASES above): its own examples, and phase 1's weights
+    Stage(PHASE_2.examples, partial(examples, length_key=PHASE_2.length_key), ("prepare", "bert_tokenizer"),
+          ("examples", PHASE_2.length_key, "seed")),
+    pretraining_stage(PHASE_1.stage, PRETRAINING[PHASE_1.stage], partial(pretraining_upstream, PHASE_1),
+                      ("pretrain",)),
+    pretraining_stage(PHASE_2.stage, PRETRAINING[PHASE_2.stage], partial(pretraining_upstream, PHASE_2),
+                      ("pretrain", "pretrain_phase2")),
+)

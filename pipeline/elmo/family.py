@@ -3,8 +3,8 @@ from data_prep.examples.elmo_examples import SPECIAL_WORDS
 from models.hf.elmo import describe
 from pipeline.elmo.downstream import FINETUNE_KINDS
 from pipeline.elmo.encoder import ENCODERS
+from pipeline.elmo.pretrain import ELMO_STAGES
 from pipeline.elmo.settings import ElmoConfig, ElmoFinetuneConfig
-from pipeline.elmo.stages import ELMO_STAGES
 from pipeline.engine.family import Family, Tiny
 from pipeline.engine.settings import POSITIVE_INT, Number
 

@@ -1,7 +1,7 @@
 """GPT's data stages: a byte-level BPE trained on the sentence shards, then the books of each shard packed into
 fixed-length blocks (data_prep/examples/gpt_blocks.py), one Ray task per shard. Nothing here imports torch: the Ray
 workers
-these stages run in stay at the size of the data they hold (pipeline/gpt/stages.py lists the stages)."""
+these stages run in stay at the size of the data they hold (pipeline/gpt/pretrain.py lists the stages)."""
 from __future__ import annotations
 
 from pathlib import Path

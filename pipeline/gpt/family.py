@@ -1,14 +1,29 @@
 """GPT (Radford et al. 2018; GPT-2): byte-level BPE, packed blocks and causal-LM pretraining, the frozen LM for
 `evaluate`, GPT-1-style fine-tuning, and greedy samples in the report."""
+from omegaconf import DictConfig
+
 from data_prep.examples.gpt_blocks import MIN_VOCAB_SIZE
 from models.hf.gpt import describe
 from pipeline.engine.family import Family, Generation, Tiny
-from pipeline.engine.settings import POSITIVE_INT, Number
+from pipeline.engine.settings import POSITIVE_INT, PRETRAINING_NUMBERS, Number, check_numbers
+from pipeline.engine.snapshots import encoder_snapshot_steps
 from pipeline.gpt import samples
 from pipeline.gpt.downstream import FINETUNE_KINDS
 from pipeline.gpt.encoder import ENCODERS
-from pipeline.gpt.settings import GptReportConfig
-from pipeline.gpt.stages import GPT_STAGES, GptConfig, validate
+from pipeline.gpt.pretrain import GPT_STAGES, GPTPretraining, own_pretraining_settings
+from pipeline.gpt.settings import GptConfig, GptReportConfig
+
+
+def validate(cfg: DictConfig, stages: list[str]) -> None:
+    """gpt.pretrain's numbers checked as pretrain's (its keys and types are the schema's, GptConfig); a run that
+    pretrains GPT snapshots it at steps GPT takes (pretrain.encoder_snapshots is checked against pretrain.max_steps,
+    which in a run with BERT is BERT's)."""
+    own = own_pretraining_settings(cfg)
+    check_numbers(cfg, {f"gpt.pretrain.{key}": n for key, n in PRETRAINING_NUMBERS.items() if key in own})
+    if "gpt_pretrain" in stages:
+        task = GPTPretraining()
+        encoder_snapshot_steps(cfg, task.settings(cfg), task.settings_key(cfg))
+
 
 FAMILY = Family("gpt", stages=GPT_STAGES, pretraining_stages=("gpt_pretrain",), encoders=ENCODERS,
                 finetune_kinds=FINETUNE_KINDS, report_upstream=samples.report_upstream,

@@ -9,7 +9,8 @@ from omegaconf import DictConfig
 from tokenizers import Tokenizer
 
 from data_prep.examples.gpt_blocks import load_gpt_tokenizer
-from models.gpt import GPTLMHeadModel, load_pretrained
+from models.gpt import GPTLMHeadModel
+from models.hf.gpt import load_ours_or_hf
 from models.kernels import use_fast_kernels
 from pipeline.engine.generation import Request, complete_characters, generate_tokens
 from pipeline.engine.settings import stages_in_run, typed_settings
@@ -23,7 +24,7 @@ REPORT_NEW_TOKENS = 30  # of each of report.gpt_prompts' continuations
 def load_model(model_dir: Path, fast_kernels: bool = True) -> tuple[GPTLMHeadModel, Tokenizer]:
     """The GPT to decode with, with models/kernels.py's decoding kernels where `fast_kernels` (trainer.fast_kernels
     in a run, --no-fast-kernels of pipeline.generate)."""
-    model = load_pretrained(model_dir).eval()
+    model = load_ours_or_hf(model_dir).eval()
     return use_fast_kernels(model) if fast_kernels else model, load_gpt_tokenizer(model_dir)
 
 

@@ -9,8 +9,8 @@ from pipeline.engine.settings import POSITIVE_INT, Number
 from pipeline.seq2seq.downstream import FINETUNE_KINDS
 from pipeline.seq2seq.encoder import ENCODERS
 from pipeline.seq2seq.outputs import write_outputs
+from pipeline.seq2seq.pretrain import SEQ2SEQ_STAGES
 from pipeline.seq2seq.settings import Seq2SeqBlockConfig
-from pipeline.seq2seq.stages import SEQ2SEQ_STAGES
 
 FAMILY = Family("seq2seq", stages=SEQ2SEQ_STAGES, pretraining_stages=("seq2seq_pretrain",), encoders=ENCODERS,
                 finetune_kinds=FINETUNE_KINDS, config={"seq2seq": Seq2SeqBlockConfig}, describe_export=describe,

@@ -1,13 +1,29 @@
 """Skip-Thought (Kiros et al. 2015): its stages, uni-skip's and bi-skip's pretraining among them, and the trained
 encoders, combine-skip too, for `evaluate` and, frozen under a linear model, for `finetune`."""
+from omegaconf import DictConfig
+
 from data_prep.examples.skip_thought_examples import SPECIAL_WORDS
 from models.hf.skip_thought import describe
 from pipeline.engine.family import Family, Tiny
 from pipeline.engine.settings import POSITIVE_INT, Number
 from pipeline.skip_thought.downstream import FINETUNE_KINDS
 from pipeline.skip_thought.encoder import ENCODERS
+from pipeline.skip_thought.pretrain import PRETRAINING_STAGES, SKIP_THOUGHT_STAGES
 from pipeline.skip_thought.settings import SkipThoughtConfig
-from pipeline.skip_thought.stages import PRETRAINING_STAGES, SKIP_THOUGHT_STAGES, validate
+
+
+def validate(cfg: DictConfig, stages: list[str]) -> None:
+    """Before any stage runs: an encoder kind in the model config would be overridden by the stage's, unseen; one
+    checkpoint (ckpt_path) cannot start both encoders' training."""
+    in_run = [stage for stage in PRETRAINING_STAGES.values() if stage in stages]
+    if cfg.ckpt_path and len(in_run) > 1:
+        raise ValueError(f"ckpt_path={cfg.ckpt_path} would start both {', '.join(in_run)}, which train different "
+                         "models; run the stage it belongs to alone (pipeline.stages), or leave ckpt_path null")
+    if in_run and "encoder" in cfg.model.config:
+        raise ValueError(f"model.config.encoder={cfg.model.config.encoder}: each Skip-Thought pretraining stage trains "
+                         f"its own encoder ({', '.join(f'{s}: {e}' for e, s in PRETRAINING_STAGES.items())}); drop "
+                         "the setting and put the stage you want in pipeline.stages")
+
 
 FAMILY = Family("skip_thought", stages=tuple(SKIP_THOUGHT_STAGES),
                 pretraining_stages=tuple(PRETRAINING_STAGES.values()), encoders=ENCODERS,

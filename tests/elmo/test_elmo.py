@@ -47,8 +47,9 @@ from models.elmo import (
 from pipeline import CONF_DIR
 from pipeline.downstream.finetune import finetune_settings
 from pipeline.downstream.tasks import load_task
+from pipeline.elmo.data import LMWindowBatches, build_elmo_datasets
 from pipeline.elmo.downstream import FINETUNE_KINDS, ElmoTaskModule, make_elmo_task_collate
-from pipeline.elmo.module import ElmoPretrainModule, LMWindowBatches, build_elmo_datasets
+from pipeline.elmo.module import ElmoPretrainModule
 from pipeline.engine.dag import StageContext
 from tests.helpers import ENDINGS, OBJECTS, SUBJECTS, VERBS, optimizer_settings, tiny_config
 

@@ -1,12 +1,12 @@
-"""The seq2seq family's stages: its tokenizer (GPT-2's byte-level BPE with padding, start, end, mask and sentinel
-tokens), the source/target pairs of each shard (BART's noising, or T5's span corruption with
-seq2seq.objective=span_corruption), then denoising pretraining of the encoder-decoder (models/seq2seq.py's
-Transformer, or models/rnn_seq2seq.py's RNN with attention: pipeline/seq2seq/architectures.py) on the shared harness.
-The model is written in our format (`model/`, with its tokenizer.json), read by evaluate, fine-tuning, the report and
-pipeline.generate, and as a HuggingFace directory (`hf/`, models/hf/seq2seq.py), as every family's pretraining stage
-writes one: BartForConditionalGeneration where its config is BART's (models.seq2seq.bart_config: post-LN, learned
-positions), else our modelling code beside the weights (seed 000's pre-LN Transformer, the RNN); the stage's summary
-names the class in its `hf` field."""
+"""The seq2seq family's pretraining and stages: its tokenizer (GPT-2's byte-level BPE with padding, start, end, mask and
+sentinel tokens), the source/target pairs of each shard (BART's noising, or T5's span corruption with
+seq2seq.objective=span_corruption), then denoising pretraining of the encoder-decoder (models/seq2seq.py's Transformer,
+or models/rnn_seq2seq.py's RNN with attention: pipeline/seq2seq/architectures.py) on the shared harness. The model is
+written in our format (`model/`, with its tokenizer.json), read by evaluate, fine-tuning, the report and
+pipeline.generate, and as a HuggingFace directory (`hf/`, models/hf/seq2seq.py): BartForConditionalGeneration where its
+config is BART's (models.seq2seq.bart_config: post-LN, learned positions), else our modelling code beside the weights
+(seed 000's pre-LN Transformer, the RNN), none with copy attention, which no HuggingFace form computes; the stage's
+summary names the class in its `hf` field, or why there is none in `not_exportable`."""
 from __future__ import annotations
 
 import json

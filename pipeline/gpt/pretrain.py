@@ -1,44 +1,30 @@
-"""GPT's stages (Radford et al. 2018; GPT-2): a byte-level BPE trained on the sentence shards, the books of each
-shard packed into fixed-length blocks (data_prep/examples/gpt_blocks.py), then causal-LM pretraining on the shared
-harness.
+"""GPT's pretraining (Radford et al. 2018; GPT-2): causal-LM pretraining on the shared harness, and GPT's stages: a
+byte-level BPE trained on the sentence shards, the books of each shard packed into fixed-length blocks
+(data_prep/examples/gpt_blocks.py, pipeline/gpt/data_stages.py), then that pretraining.
 The pretrained LM is written in our format (`model/`, read by evaluate, fine-tuning and pipeline.generate) and as a
 HuggingFace GPT-2 directory (`hf/`)."""
 from __future__ import annotations
 
 import math
 import shutil
-from dataclasses import dataclass, field, fields
-from typing import Optional
+from dataclasses import fields
 
 from omegaconf import DictConfig
 
 from data_prep.examples.gpt_blocks import TOKENIZER_FILE, end_of_text_id, load_gpt_tokenizer, write_hf_tokenizer_config
-from models.gpt import save_pretrained, to_hf
+from models.gpt import save_pretrained
+from models.hf.gpt import to_hf
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.loaders import ArrowRows, pretraining_loaders
 from pipeline.engine.module import OptimizerSettings
 from pipeline.engine.pretraining import instantiate_model, merged_settings, model_key, pretraining_stage
 from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
-from pipeline.engine.settings import PRETRAINING_NUMBERS, check_numbers, typed_settings
-from pipeline.engine.snapshots import encoder_snapshot_steps
+from pipeline.engine.settings import typed_settings
 from pipeline.gpt.data_stages import gpt_blocks, gpt_tokenizer
 from pipeline.gpt.module import BLOCK_COLUMN, GPTPretrainModule, collate_blocks
-from pipeline.gpt.settings import GptDataConfig
-from pipeline.schema import NULL_MEANS, ModelConfig, PretrainConfig, override_block
-
-# GPT's own pretraining settings, gpt.pretrain: pretrain's keys, null where GPT keeps pretrain's value. What a run that
-# pretrains BERT too gives GPT alone (experiment=bert_vs_gpt: gpt.pretrain.lr=1e-3).
-GptPretrainConfig = override_block("GptPretrainConfig", __name__, (PretrainConfig,))
-
-
-@dataclass
-class GptConfig(GptDataConfig):
-    """The `gpt` block (experiment=gpt_*): its data stages' keys, GPT's own pretraining settings and model."""
-    pretrain: GptPretrainConfig = field(default_factory=GptPretrainConfig)
-    # A run that pretrains BERT too gives GPT its own model config here (defaults: /model@gpt.model: gpt_tiny), where
-    # `model` holds BERT's; null: GPT's is `model`
-    model: Optional[ModelConfig] = field(default=None, metadata={NULL_MEANS: "model"})
+from pipeline.gpt.settings import GptDataConfig, GptPretrainConfig
+from pipeline.schema import PretrainConfig
 
 
 class GPTPretraining:
@@ -93,17 +79,6 @@ def own_pretraining_settings(cfg: DictConfig) -> list[str]:
     """The keys gpt.pretrain sets (not null): where GPT's pretraining differs from `pretrain`."""
     own = typed_settings(cfg.gpt.pretrain, GptPretrainConfig)
     return [entry.name for entry in fields(own) if getattr(own, entry.name) is not None]
-
-
-def validate(cfg: DictConfig, stages: list[str]) -> None:
-    """gpt.pretrain's numbers checked as pretrain's (its keys and types are the schema's, pipeline/gpt/family.py); a
-    run that pretrains GPT snapshots it at steps GPT takes (pretrain.encoder_snapshots is checked against
-    pretrain.max_steps, which in a run with BERT is BERT's)."""
-    own = own_pretraining_settings(cfg)
-    check_numbers(cfg, {f"gpt.pretrain.{key}": n for key, n in PRETRAINING_NUMBERS.items() if key in own})
-    if "gpt_pretrain" in stages:
-        task = GPTPretraining()
-        encoder_snapshot_steps(cfg, task.settings(cfg), task.settings_key(cfg))
 
 
 GPT_STAGES = (
