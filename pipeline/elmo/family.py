@@ -1,7 +1,8 @@
-"""ELMo (Peters et al. 2018): its stages, the frozen biLM for `evaluate`, and feature-based fine-tuning."""
+"""ELMo (Peters et al. 2018): its stages, the frozen biLM for `evaluate`, and feature-based fine-tuning beside its
+control without ELMo."""
 from data_prep.examples.elmo_examples import SPECIAL_WORDS
 from models.hf.elmo import describe
-from pipeline.elmo.downstream import FINETUNE_KINDS
+from pipeline.elmo.downstream import FINETUNE_KINDS, check_control
 from pipeline.elmo.encoder import ENCODERS
 from pipeline.elmo.pretrain import ELMO_STAGES
 from pipeline.elmo.settings import ElmoConfig, ElmoFinetuneConfig
@@ -10,7 +11,7 @@ from pipeline.engine.settings import POSITIVE_INT, Number
 
 FAMILY = Family("elmo", stages=tuple(ELMO_STAGES), pretraining_stages=("elmo_pretrain",), encoders=ENCODERS,
                 finetune_kinds=FINETUNE_KINDS, config={"elmo": ElmoConfig, "finetune": ElmoFinetuneConfig},
-                describe_export=describe,
+                describe_export=describe, validate=check_control,
                 # the sampled softmax: its gradient is sparse
                 tiny=Tiny("elmo_small", ("prepare", "elmo_vocab", "elmo_streams"), (
                     "elmo.vocab_size=200", "elmo.min_count=1", "elmo.batch_size=4", "elmo.window=8",
