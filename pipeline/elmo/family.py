@@ -1,5 +1,7 @@
 """ELMo (Peters et al. 2018): its stages, the frozen biLM for `evaluate`, and feature-based fine-tuning beside its
 control without ELMo."""
+from omegaconf import DictConfig
+
 from data_prep.examples.elmo_examples import SPECIAL_WORDS
 from models.hf.elmo import describe
 from pipeline.elmo.downstream import FINETUNE_KINDS, check_control
@@ -9,9 +11,15 @@ from pipeline.elmo.settings import ElmoConfig, ElmoFinetuneConfig
 from pipeline.engine.family import Family, Tiny
 from pipeline.engine.settings import POSITIVE_INT, Number
 
+
+def validate(cfg: DictConfig, stages: list[str]) -> None:
+    """Before any stage runs: elmo_w2v, the control, only where the heads read word vectors."""
+    check_control(cfg, stages)
+
+
 FAMILY = Family("elmo", stages=tuple(ELMO_STAGES), pretraining_stages=("elmo_pretrain",), encoders=ENCODERS,
                 finetune_kinds=FINETUNE_KINDS, config={"elmo": ElmoConfig, "finetune": ElmoFinetuneConfig},
-                describe_export=describe, validate=check_control,
+                describe_export=describe, validate=validate,
                 # the sampled softmax: its gradient is sparse
                 tiny=Tiny("elmo_small", ("prepare", "elmo_vocab", "elmo_streams"), (
                     "elmo.vocab_size=200", "elmo.min_count=1", "elmo.batch_size=4", "elmo.window=8",
