@@ -32,8 +32,8 @@ def contrastive_pretraining_losses(model: nn.Module, batch: dict, weight: float,
     """Masked LM plus `weight` times a contrastive loss between the segments of each pair, encoded apart (the
     collator's split_segments: rows 0..n-1 the first segments, n..2n-1 the second): each first segment's mean-pooled
     state, cosine-compared at `temperature`, must pick its own second segment among the batch's, and back (InfoNCE,
-    symmetric as in CLIP). Only pairs whose second segment continues the first (next_sentence_label 1) are positives;
-    the random ones still serve as negatives."""
+    symmetric as in CLIP). Only pairs whose second segment continues the first (next_sentence_label 0, HF's
+    convention) are positives; the random ones still serve as negatives."""
     sequence_output, _ = model.bert(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])  # (2n, T, H)
     index = batch["mlm_positions"].unsqueeze(-1).expand(-1, -1, sequence_output.size(-1))  # (2n, P, H)
     mlm_logits = model.cls.predictions(sequence_output.gather(1, index))  # (2n, P, V)
@@ -43,7 +43,7 @@ def contrastive_pretraining_losses(model: nn.Module, batch: dict, weight: float,
     pooled = F.normalize((sequence_output.float() * mask).sum(1) / mask.sum(1), dim=-1)  # (2n, H), the mean pooling
     first, second = pooled.chunk(2)  # (n, H) each
     similarity = first @ second.T / temperature  # (n, n)
-    positive = batch["next_sentence_label"].bool()
+    positive = batch["next_sentence_label"] == 0
     targets = torch.arange(len(first), device=similarity.device)[positive]
     if not positive.any():  # a batch of random pairs only (e.g. a short last held-out batch) has nothing to find
         return {"loss": mlm_loss, "mlm_loss": mlm_loss, "mlm_acc": _accuracy(mlm_logits, labels)}

@@ -16,10 +16,10 @@ CONFIG = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_atte
                     max_position_embeddings=32)
 
 
-def _pair(first: list[int], second: list[int], next_sentence: int) -> dict:
+def _pair(first: list[int], second: list[int], is_random_next: int) -> dict:
     ids = [CLS, *first, SEP, *second, SEP]
     return {"input_ids": np.array(ids), "token_type_ids": np.array([0] * (len(first) + 2) + [1] * (len(second) + 1)),
-            "next_sentence_label": next_sentence}
+            "next_sentence_label": is_random_next}  # HF's convention: 0 = B continues A
 
 
 def _collator(**kwargs) -> BertPretrainingCollator:
@@ -28,13 +28,13 @@ def _collator(**kwargs) -> BertPretrainingCollator:
 
 
 def test_each_pair_becomes_its_two_segments_each_under_its_own_cls():
-    row = _pair([10, 11, 12], [20, 21], 1)
+    row = _pair([10, 11, 12], [20, 21], 0)
     assert segment_apart(row, 0)["input_ids"].tolist() == [CLS, 10, 11, 12, SEP]
     assert segment_apart(row, 1)["input_ids"].tolist() == [CLS, 20, 21, SEP]
-    batch = _collator()([row, _pair([13], [22, 23, 24, 25], 0)])
+    batch = _collator()([row, _pair([13], [22, 23, 24, 25], 1)])
     # rows: both first segments, then both second segments; one next-sentence label per pair
     assert batch["attention_mask"].sum(1).tolist() == [5, 3, 4, 6]
-    assert batch["next_sentence_label"].tolist() == [1, 0]
+    assert batch["next_sentence_label"].tolist() == [0, 1]
     assert not batch["token_type_ids"].any()
     with pytest.raises(ValueError, match="examples.packing=sentence_pairs"):
         segment_apart({"input_ids": np.array([CLS, 10, SEP]), "token_type_ids": np.zeros(3, int)}, 0)
@@ -51,12 +51,12 @@ def test_a_second_segment_equal_to_its_first_is_found_among_the_batch():
         masked["input_ids"][len(rows):] = masked["input_ids"][:len(rows)]
         return masked
 
-    out = contrastive_pretraining_losses(model, batch([_pair(s, s, 1) for s in segments]), 1.0, 0.05)
+    out = contrastive_pretraining_losses(model, batch([_pair(s, s, 0) for s in segments]), 1.0, 0.05)
     assert out["contrastive_acc"] == 1.0
     assert torch.isclose(out["loss"], out["mlm_loss"] + out["contrastive_loss"])
     # a random pair is a negative only: swapping its second segment for another row's costs nothing
-    rows = [_pair(s, s, 1) for s in segments]
-    rows[0]["next_sentence_label"] = 0
+    rows = [_pair(s, s, 0) for s in segments]
+    rows[0]["next_sentence_label"] = 1
     masked = batch(rows)
     masked["input_ids"][len(rows)] = masked["input_ids"][1]
     out = contrastive_pretraining_losses(model, masked, 1.0, 0.05)
@@ -74,7 +74,7 @@ def test_the_segments_of_one_document_learn_to_find_each_other():
 
     def batch():
         topics = g.permutation(12)  # one document (and pool of 4 tokens) per pair
-        rows = [_pair(list(g.choice(np.arange(4) + 10 + 4 * t, 6)), list(g.choice(np.arange(4) + 10 + 4 * t, 5)), 1)
+        rows = [_pair(list(g.choice(np.arange(4) + 10 + 4 * t, 6)), list(g.choice(np.arange(4) + 10 + 4 * t, 5)), 0)
                 for t in topics]
         return collator(rows)
 
