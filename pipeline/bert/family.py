@@ -37,6 +37,8 @@ FAMILY = Family("bert", stages=BERT_STAGES, pretraining_stages=tuple(p.stage for
                     "examples.max_seq_length": PAIR_LENGTH,
                     "examples.dupe_factor": POSITIVE_INT, "examples.short_seq_prob": FRACTION,
                     "pretrain.mlm_probability": Number(float, 0, 1, low_open=True),
+                    "pretrain.contrastive_weight": Number(float, 0),
+                    "pretrain.contrastive_temperature": Number(float, 0, low_open=True),
                     "pretrain.max_predictions_per_seq": POSITIVE_INT, "pretrain_phase2.max_seq_length": PAIR_LENGTH,
                     "pretrain_phase2.max_steps": POSITIVE_INT, "pretrain_phase2.batch_size": POSITIVE_INT,
                     "pretrain_phase2.lr": RATE, "pretrain_phase2.warmup_steps": COUNT})

@@ -97,6 +97,11 @@ def check_objective(settings: BertPretrainSettings, key: str, packing: str = "se
     if settings.objective == "electra" and settings.next_sentence_prediction:
         raise ValueError(f"{key}.objective=electra has no next-sentence task (Clark et al. 2020); set "
                          f"{key}.next_sentence_prediction=false")
+    if settings.contrastive_weight > 0 and (settings.next_sentence_prediction or settings.objective != "mlm"
+                                            or packing != "sentence_pairs"):
+        raise ValueError(f"{key}.contrastive_weight > 0 encodes the two segments of a sentence pair apart, beside "
+                         f"masked LM: set {key}.next_sentence_prediction=false, {key}.objective=mlm and "
+                         f"examples.packing=sentence_pairs, or {key}.contrastive_weight=0")
     if packing == "doc_sentences" and settings.next_sentence_prediction:
         raise ValueError(f"examples.packing=doc_sentences has no second segment to predict; set "
                          f"{key}.next_sentence_prediction=false (RoBERTa's masked LM alone), or "
@@ -278,7 +283,9 @@ class BertPretraining:
         # plain Python values: a checkpoint's hyperparameters must load with torch.load(weights_only=True)
         return BertPretrainModule(model, OptimizerSettings.of(p, self.settings_key(ctx.cfg)),
                                   next_sentence_prediction=bool(p.next_sentence_prediction), objective=str(p.objective),
-                                  discriminator_weight=float(p.electra.discriminator_weight))
+                                  discriminator_weight=float(p.electra.discriminator_weight),
+                                  contrastive_weight=float(p.contrastive_weight),
+                                  contrastive_temperature=float(p.contrastive_temperature))
 
     def data(self, ctx: StageContext, module: BertPretrainModule, p: BertPretrainSettings, rank: int,
              world_size: int) -> BertData:
@@ -295,7 +302,7 @@ class BertPretraining:
                                            max_predictions_per_seq=p.max_predictions_per_seq,
                                            generator=torch.Generator().manual_seed(cfg.seed + 1),
                                            continuation=continuation_mask_from_vocab(tok) if p.whole_word_masking
-                                           else None)
+                                           else None, split_segments=p.contrastive_weight > 0)
         train_loader = seeded_train_loader(MaskedBatches(train_set, collator), len(train_set), p.batch_size, cfg.seed,
                                            p.num_workers, rank, world_size)
         # Held-out batches are masked once, so every evaluation scores the same predictions.
@@ -308,7 +315,9 @@ class BertPretraining:
         # ELECTRA's weighted replaced/original guess for every token
         binary_weight = (p.electra.discriminator_weight if p.objective == "electra"
                          else float(p.next_sentence_prediction))
-        uniform = np.log(module.model.config.vocab_size) + binary_weight * np.log(2)
+        # and the contrastive loss's uniform pick among the batch's second segments
+        uniform = (np.log(module.model.config.vocab_size) + binary_weight * np.log(2)
+                   + p.contrastive_weight * np.log(p.batch_size))
         phase_summary = {"max_seq_length": phase.max_seq_length(cfg),
                          "initialised_from": str(ctx.stage_dir(phase.init_from)) if phase.init_from else None}
         return BertData(train_loader, train_loader.sampler, DataLoader(val_batches, batch_size=None), p.batch_size,
@@ -337,12 +346,13 @@ class BertPretraining:
         history = run.history
         nsp_acc = history.last("val/nsp_acc") if module.hparams.next_sentence_prediction else None
         return {"train_instances": data.train_instances,
-                "val_instances": sum(len(b["input_ids"]) for b in data.val_batches),
+                "val_instances": sum(len(b["next_sentence_label"]) for b in data.val_batches),
                 "padded_tokens_per_s": round(run.batches_per_s * data.batch_size
                                              * data.phase_summary["max_seq_length"], 1),
                 "tokens_seen": round(run.rows_seen(data.batch_size) * data.mean_instance_length),
                 **_learning_summary(history.last("val/mlm_loss"), history.last("val/mlm_acc"), nsp_acc, data),
                 "objective": module.hparams.objective, "final_val_rtd_acc": history.last("val/rtd_acc"),
+                "final_val_contrastive_acc": history.last("val/contrastive_acc"),
                 **data.phase_summary, "hf": f"{HF_DIR}/"}
 
 

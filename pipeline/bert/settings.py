@@ -68,6 +68,13 @@ class BertPretrainConfig:
     # were replaced; needs next_sentence_prediction=false
     objective: Objective = Objective.mlm
     electra: ElectraConfig = field(default_factory=ElectraConfig)
+    # > 0: the two segments of each instance are encoded apart, and their mean-pooled states learn, beside masked LM,
+    # to find each other among the batch's other segments (in-batch InfoNCE; DeCLUTR, Giorgi et al. 2021, whose
+    # positives are spans of one document; Quick-Thoughts, Logeswaran & Lee 2018): what a review's sentences share
+    # (its topic, its opinion) is pulled into the pooled vector a classifier reads. The loss's weight against MLM's;
+    # needs next_sentence_prediction=false, as NSP reads the segments together
+    contrastive_weight: float = 0.0
+    contrastive_temperature: float = 0.05  # SimCSE's (Gao et al. 2021), on cosine similarities
     # Continued pretraining (Gururangan et al. 2020's domain-adaptive pretraining; HF run_mlm's --model_name_or_path):
     # a HuggingFace BERT directory (config.json, model.safetensors or pytorch_model.bin, tokenizer files) whose
     # architecture, weights and tokenizer the bert_pretrain stage starts from, instead of `model` from scratch and a
