@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 
 from pipeline.engine.dag import MARKER, is_complete
-from pipeline.engine.family import Family
-from pipeline.engine.generation import STRATEGIES, Request
+from pipeline.engine.family import STRATEGIES, Family, Request
 from pipeline.families import FAMILIES
 
 WRITERS = {family.name: family for family in FAMILIES if family.generation}

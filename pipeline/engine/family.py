@@ -13,10 +13,24 @@ from omegaconf import DictConfig
 from torch import nn
 
 from pipeline.engine.dag import Stage, StageContext
-from pipeline.engine.generation import Request
 from pipeline.engine.settings import Number
 
 Upstream = Callable[[DictConfig], tuple[str, ...]]  # the stages a consumer reads, given the run's config
+
+STRATEGIES = ("greedy", "sample", "beam")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What `python -m pipeline.generate` asks of a family's model: the decoding strategy and its settings (defined
+    here, beside Generation, so that the record's module loads no model code: every stage's fingerprint reads it)."""
+    strategy: str = "greedy"
+    max_new_tokens: int = 50
+    beams: int = 4
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
 
 
 @runtime_checkable

@@ -3,24 +3,10 @@
 GPT's prompt or an encoder-decoder's source."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from models.generation import beam_search, greedy, sample
-
-STRATEGIES = ("greedy", "sample", "beam")
-
-
-@dataclass(frozen=True)
-class Request:
-    strategy: str = "greedy"
-    max_new_tokens: int = 50
-    beams: int = 4
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int = 0
+from pipeline.engine.family import STRATEGIES, Request
 
 
 def generate_tokens(model, ids: list[int], request: Request) -> list[list[int]]:

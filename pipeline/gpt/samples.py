@@ -12,7 +12,8 @@ from data_prep.examples.gpt_blocks import load_gpt_tokenizer
 from models.gpt import GPTLMHeadModel
 from models.hf.gpt import load_ours_or_hf
 from models.kernels import use_fast_kernels
-from pipeline.engine.generation import Request, complete_characters, generate_tokens
+from pipeline.engine.family import Request
+from pipeline.engine.generation import complete_characters, generate_tokens
 from pipeline.engine.settings import stages_in_run, typed_settings
 from pipeline.engine.training import TrainerConfig
 from pipeline.gpt.settings import GptReportConfig

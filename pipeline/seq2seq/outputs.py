@@ -5,7 +5,8 @@ from pathlib import Path
 
 from data_prep.examples.seq2seq_examples import load_seq2seq_tokenizer
 from models.kernels import use_fast_kernels
-from pipeline.engine.generation import Request, complete_characters, generate_tokens
+from pipeline.engine.family import Request
+from pipeline.engine.generation import complete_characters, generate_tokens
 from pipeline.seq2seq.architectures import load_model
 
 
