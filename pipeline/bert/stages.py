@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from functools import partial
 
-from pipeline.bert.data_stages import examples, piece_vectors, tokenizer
+from data_prep.corpus.tokenizer import load_tokenizer
+from pipeline.bert.data_stages import embedding_width, examples, tokenizer, wordpiece_ids
 from pipeline.bert.pretrain import PHASES, PRETRAINING, init_from_fingerprint, pretraining_upstream
 from pipeline.engine.dag import Stage
 from pipeline.engine.pretraining import pretraining_stage
+from pipeline.piece_vectors import piece_vectors
 
 PHASE_1, PHASE_2 = PHASES
 BERT_STAGES = (
@@ -17,7 +19,9 @@ BERT_STAGES = (
     Stage(PHASE_1.examples, partial(examples, length_key=PHASE_1.length_key), ("prepare", "bert_tokenizer"),
           ("examples", "seed")),
     # pretrain.init_embeddings=word2vec: skip-gram vectors of the WordPiece pieces, the word embeddings' start
-    Stage("bert_piece_vectors", piece_vectors, ("prepare", "bert_tokenizer"), ("word2vec", "model", "seed")),
+    Stage("bert_piece_vectors", partial(piece_vectors, tokenizer_stage="bert_tokenizer", load_tokenizer=load_tokenizer,
+                                        encode=wordpiece_ids, width=embedding_width),
+          ("prepare", "bert_tokenizer"), ("word2vec", "model", "seed")),
     # phase 2 (Devlin et al. §A.2; PHASES in pipeline/bert/pretrain.py): its own examples, and phase 1's weights
     Stage(PHASE_2.examples, partial(examples, length_key=PHASE_2.length_key), ("prepare", "bert_tokenizer"),
           ("examples", PHASE_2.length_key, "seed")),

@@ -18,9 +18,9 @@ from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.loaders import ArrowRows, pretraining_loaders
 from pipeline.engine.module import OptimizerSettings
-from pipeline.engine.pretraining import instantiate_model, merged_settings, model_key, pretraining_stage
+from pipeline.engine.pretraining import instantiate_model, merged_settings, pretraining_stage
 from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
-from pipeline.engine.settings import PRETRAINING_NUMBERS, check_numbers, typed_settings
+from pipeline.engine.settings import PRETRAINING_NUMBERS, check_numbers, model_key, typed_settings
 from pipeline.engine.snapshots import encoder_snapshot_steps
 from pipeline.gpt.data_stages import gpt_blocks, gpt_tokenizer
 from pipeline.gpt.module import BLOCK_COLUMN, GPTPretrainModule, collate_blocks

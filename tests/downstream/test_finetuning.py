@@ -19,13 +19,13 @@ from models.bert import BertModel, bert_config, save_pretrained
 from models.checkpoint import random_twin
 from models.hf.bert import to_hf
 from pipeline import CONF_DIR
-from pipeline.bert.data_stages import PIECE_VECTORS_FILE
 from pipeline.downstream import finetune as finetuning
 from pipeline.downstream import task_data
 from pipeline.downstream.modules import FinetuneModule
 from pipeline.downstream.tasks import load_task
 from pipeline.engine.dag import StageContext, plain_config
 from pipeline.engine.family import TokenCoverage
+from pipeline.piece_vectors import PIECE_VECTORS_FILE
 from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, TinyRun, tiny_config, write_sentiment_task, write_stsb
 
 WORDS = SUBJECTS + OBJECTS + POSITIVE + NEGATIVE + ["peter", "paris", "went", "to", "smith", "london"]
@@ -287,12 +287,12 @@ def test_bert_w2v_is_refused_where_pretraining_does_not_start_from_the_piece_vec
     # a checkpoint init_from accepts: its tokenizer beside the weights
     (checkpoint / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
                                                     + [f"w{i}" for i in range(123)]) + "\n")
-    override, start = ((f"pretrain.init_from={checkpoint}", f"pretrain.init_from={checkpoint}") if continued else
-                       ("pretrain.init_embeddings=random", "random initialisation"))
+    override, control = ((f"pretrain.init_from={checkpoint}", "no kind") if continued else
+                         ("pretrain.init_embeddings=random", "bert_random"))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["+experiment=bert_tiny", f"paths.run_dir={tmp_path}",
                                                         "finetune.models=[bert,bert_w2v]", override])
-    with pytest.raises(ValueError, match=f"finetune.models has bert_w2v, .* starts from {re.escape(start)}.* "
+    with pytest.raises(ValueError, match=f"finetune.models has bert_w2v, .* in this run {control} is bert's control; "
                                          "remove bert_w2v from finetune.models"):
         validate(cfg)
 
