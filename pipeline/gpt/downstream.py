@@ -5,9 +5,12 @@ Tagging tasks (CoNLL) read each word's tag at its last token and the token after
 (models.gpt.GPTForTokenClassification); generation tasks (bbc_headlines) fine-tune the LM to continue "source TL;DR:"
 with the target, as GPT-2 summarised.
 `finetune.models=[gpt]`: this run's pretrained GPT, and with it (finetune.random_twins) `gpt_random`, its
-architecture untrained."""
+architecture untrained, and (finetune.controls) its control where pretraining starts from the piece vectors,
+`gpt_w2v`: the same architecture with those vectors as its token embeddings under random layers, no pretraining steps.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -17,7 +20,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from data_prep.examples.gpt_blocks import END_OF_TEXT
+from data_prep.examples.gpt_blocks import END_OF_TEXT, load_gpt_tokenizer
 from data_prep.tasks.conll import TaggedSentence
 from models import IGNORE_INDEX
 from models.checkpoint import read_config
@@ -35,6 +38,9 @@ from pipeline.downstream.task_data import TaskData, conll_sentences, majority_ta
 from pipeline.downstream.tasks import scoring_options
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
+from pipeline.engine.pretraining import start_word_embeddings
+from pipeline.gpt.stages import pretraining_starts_from_piece_vectors, scratch_config
+from pipeline.piece_vectors import PieceVectorStart, read_piece_vectors
 
 # GPT-1 Sec. 3.3: similarity has no inherent order, so both orders are encoded and their extract states summed: for
 # regression pairs (STS-B) and GPT-1's other similarity tasks, MRPC and QQP.
@@ -250,20 +256,33 @@ def generation_task_data(task: DictConfig, data_dir: Path, tokenizer, n_position
                     train_lengths=[len(row["input_ids"]) for row in train_rows])
 
 
+@dataclass
 class GPTTaskModels(WritingTaskModels):
-    """A gpt_pretrain model directory and its tokenizer."""
+    """A gpt_pretrain model directory and its tokenizer; `piece_vector_start`: instead of the directory's weights or
+    their fresh initialisation, start where pretraining does (the control; `model_dir` is then the tokenizer's, whose
+    weights are not read)."""
+    piece_vector_start: PieceVectorStart | None = None
 
     def encode(self, task: DictConfig, data_dir: Path, finetune: FinetuneConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
-        return load_task_data(task, data_dir, self.tokenizer, read_config(self.model_dir)["n_positions"],
-                              finetune.max_seq_length, finetune.max_train_examples, seed, selection_fraction,
-                              self.samples_path(task.name))
+        start = self.piece_vector_start
+        n_positions = read_config(self.model_dir)["n_positions"] if start is None else start.config.n_positions
+        return load_task_data(task, data_dir, self.tokenizer, n_positions, finetune.max_seq_length,
+                              finetune.max_train_examples, seed, selection_fraction, self.samples_path(task.name))
 
     def build(self, data: TaskData) -> nn.Module:
-        lm = load_pretrained(self.model_dir)
+        start = self.piece_vector_start
+        # Reading the LM builds one, which draws from the seed's random stream before the task model is built; the
+        # control draws one of its architecture in that place, so that its head and layers are gpt_random's at the
+        # same seed: the kinds of a seed differ by where their weights start alone.
+        lm = load_pretrained(self.model_dir) if start is None else GPTLMHeadModel(start.config)
         model = data.make_model(lm.config)  # seeded by the fine-tuning run: the twin's initialisation
-        if self.pretrained:
-            if isinstance(model, GPTLMHeadModel):  # a generation task fine-tunes the LM itself
+        if start is not None:
+            # a generation task fine-tunes the LM itself; the task's new tokens keep their fresh rows
+            start_word_embeddings((model if isinstance(model, GPTLMHeadModel) else model.lm).transformer.wte,
+                                  start.vectors)
+        elif self.pretrained:
+            if isinstance(model, GPTLMHeadModel):
                 model.load_state_dict(lm.state_dict())
             else:
                 model.load_lm(lm)
@@ -280,6 +299,28 @@ def _load(kind: str, pretrained: bool):
     return load
 
 
+# `gpt`'s control (FinetuneKind.control) where its pretraining starts from the piece vectors
+CONTROL = "gpt_w2v"
+
+
+def _control(ctx: StageContext) -> GPTTaskModels:
+    """gpt_w2v: the start of this run's pretraining without its steps, with the tokenizer `gpt` reads."""
+    tokenizer_dir = ctx.stage_dir("gpt_tokenizer")
+    tokenizer = load_gpt_tokenizer(tokenizer_dir)
+    start = PieceVectorStart(scratch_config(ctx.cfg, tokenizer), read_piece_vectors(ctx.stage_dir("gpt_piece_vectors")))
+    return GPTTaskModels(tokenizer_dir, tokenizer, CONTROL, ctx.out_dir / GENERATED_DIR, pretrained=False,
+                         piece_vector_start=start)
+
+
+def _control_of_gpt(cfg: DictConfig) -> str:
+    """`gpt`'s control (FinetuneKind.control): gpt_w2v where its pretraining starts from the piece vectors, else the
+    random twin."""
+    return CONTROL if pretraining_starts_from_piece_vectors(cfg) else "gpt_random"
+
+
 FINETUNE_KINDS = {"gpt": FinetuneKind(lambda cfg: ("gpt_pretrain",), _load("gpt", pretrained=True),
-                                      random_twin="gpt_random"),
-                  "gpt_random": FinetuneKind(lambda cfg: ("gpt_pretrain",), _load("gpt_random", pretrained=False))}
+                                      random_twin="gpt_random", control=_control_of_gpt),
+                  "gpt_random": FinetuneKind(lambda cfg: ("gpt_pretrain",), _load("gpt_random", pretrained=False)),
+                  # what it reads leaves pretraining out: the control waits for no pretraining step
+                  CONTROL: FinetuneKind(lambda cfg: ("gpt_tokenizer", "gpt_piece_vectors"), _control,
+                                        control_of="gpt")}

@@ -133,7 +133,8 @@ def ctx(tmp_path) -> StageContext:
             "logger=csv", "trainer.precision=32-true", "finetune.task=[sst2]", f"finetune.data_dir={glue}",
             "finetune.models=[gpt,gpt_random]", "finetune.seeds=[1]", "finetune.train_sizes=[null]",
             "finetune.min_steps=0", "finetune.epochs=8", "finetune.batch_size=16", "finetune.max_seq_length=32",
-            "finetune.lr=2e-3", "finetune.baselines=[majority_class,bow_logreg]"])
+            "finetune.lr=2e-3", "finetune.baselines=[majority_class,bow_logreg]",
+            "pretrain.init_embeddings=random"])  # bert_tiny's piece vectors would be GPT's start too
     out = tmp_path / "finetune"
     out.mkdir()
     return StageContext(cfg, "finetune", out, {"gpt_pretrain": tmp_path / "gpt_pretrain"})
