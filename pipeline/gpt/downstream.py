@@ -1,6 +1,7 @@
 """GPT fine-tuned end to end on the downstream tasks as in GPT-1 (Radford et al. 2018, Sec. 3.2-3.3; seed 004): each
 example becomes one token sequence (two for a similarity pair) framed by start, delimiter and extract tokens, a linear
-head reads the extract token's final state, and the loss is the task's plus 0.5 x the LM loss on the same tokens.
+head reads the extract token's final state, and the loss is the task's plus λ x the LM loss on the same tokens
+(finetune.lm_loss_weight, GPT-1's 0.5 by default).
 Tagging tasks (CoNLL) read each word's tag at its last token and the token after it
 (models.gpt.GPTForTokenClassification); generation tasks (bbc_headlines) fine-tune the LM to continue "source TL;DR:"
 with the target, as GPT-2 summarised.
@@ -39,13 +40,14 @@ from pipeline.downstream.tasks import scoring_options
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
 from pipeline.engine.pretraining import start_word_embeddings
+from pipeline.engine.settings import typed_settings
+from pipeline.gpt.settings import GptFinetuneConfig
 from pipeline.gpt.stages import pretraining_starts_from_piece_vectors, scratch_config
 from pipeline.piece_vectors import PieceVectorStart, read_piece_vectors
 
 # GPT-1 Sec. 3.3: similarity has no inherent order, so both orders are encoded and their extract states summed: for
 # regression pairs (STS-B) and GPT-1's other similarity tasks, MRPC and QQP.
 SIMILARITY_TASKS = ("mrpc", "qqp")
-LM_WEIGHT = 0.5  # GPT-1 Sec. 3.2 / 4.1: λ of the auxiliary LM loss
 
 
 def transform(tokens_a: list[int], tokens_b: list[int] | None, special: tuple[int, int, int], max_len: int,
@@ -78,14 +80,18 @@ def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
 
 
 class GPTObjective:
-    """GPT-1's fine-tuning loss L3 = L2 (task) + λ L1 (LM on the task's tokens) for ClassificationModule's and
-    RegressionModule's dev scoring; `task_loss` is theirs: (logits, labels) -> (loss, predictions)."""
-    lm_weight: float = LM_WEIGHT
+    """GPT-1's fine-tuning loss L3 = L2 (task) + λ L1 (LM on the task's tokens; λ = lm_loss_weight, L2 alone at 0)
+    for ClassificationModule's and RegressionModule's dev scoring; `task_loss` is theirs: (logits, labels) -> (loss,
+    predictions)."""
+
+    def __init__(self, *args, lm_loss_weight: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lm_loss_weight = lm_loss_weight
 
     def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, lm_loss = self.model(batch["input_ids"], batch["last"])
+        logits, lm_loss = self.model(batch["input_ids"], batch["last"], lm_loss=self.lm_loss_weight > 0)
         loss, predictions = self.task_loss(logits, batch["labels"])
-        return loss + self.lm_weight * lm_loss, predictions
+        return (loss if lm_loss is None else loss + self.lm_loss_weight * lm_loss), predictions
 
 
 class GPTClassificationModule(GPTObjective, ClassificationModule):
@@ -103,10 +109,12 @@ class GPTRegressionModule(GPTObjective, RegressionModule):
 
 def load_task_data(task: DictConfig, data_dir: Path, tokenizer, n_positions: int, max_seq_length: int,
                    max_train_examples: int | None, seed: int, selection_fraction: float | None = None,
-                   samples_path: Path | None = None) -> TaskData:
-    """One TSV task (classification, pair, regression) encoded with GPT-1's input transformations, a CoNLL tagging
-    task (tagging_task_data) or a generation task (generation_task_data, its generations written to samples_path);
-    make_model takes the pretrained GPTConfig."""
+                   samples_path: Path | None = None,
+                   lm_loss_weight: float = GptFinetuneConfig.lm_loss_weight) -> TaskData:
+    """One TSV task (classification, pair, regression) encoded with GPT-1's input transformations, trained with
+    `lm_loss_weight` x the LM loss beside the task's (GPTObjective), a CoNLL tagging task (tagging_task_data) or a
+    generation task (generation_task_data, its generations written to samples_path); make_model takes the pretrained
+    GPTConfig."""
     if task.format == "conll":
         return tagging_task_data(task, data_dir, tokenizer, min(max_seq_length, n_positions), max_train_examples, seed)
     if task.format == "seq2seq":
@@ -142,8 +150,10 @@ def load_task_data(task: DictConfig, data_dir: Path, tokenizer, n_positions: int
     train_rows = rows(train)
     lengths = [max(len(sequence) for sequence in row["sequences"]) for row in train_rows]
     if regression:
-        return TaskData(train_rows, rows(dev), collate, make_model, GPTRegressionModule, None, train_lengths=lengths)
-    return TaskData(train_rows, rows(dev), collate, make_model, partial(GPTClassificationModule, metric=task.metric),
+        return TaskData(train_rows, rows(dev), collate, make_model,
+                        partial(GPTRegressionModule, lm_loss_weight=lm_loss_weight), None, train_lengths=lengths)
+    return TaskData(train_rows, rows(dev), collate, make_model,
+                    partial(GPTClassificationModule, metric=task.metric, lm_loss_weight=lm_loss_weight),
                     majority_scores, train.labels, lengths)
 
 
@@ -260,15 +270,17 @@ def generation_task_data(task: DictConfig, data_dir: Path, tokenizer, n_position
 class GPTTaskModels(WritingTaskModels):
     """A gpt_pretrain model directory and its tokenizer; `piece_vector_start`: instead of the directory's weights or
     their fresh initialisation, start where pretraining does (the control; `model_dir` is then the tokenizer's, whose
-    weights are not read)."""
+    weights are not read); `lm_loss_weight`: finetune.lm_loss_weight."""
     piece_vector_start: PieceVectorStart | None = None
+    lm_loss_weight: float = GptFinetuneConfig.lm_loss_weight
 
     def encode(self, task: DictConfig, data_dir: Path, finetune: FinetuneConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
         start = self.piece_vector_start
         n_positions = read_config(self.model_dir)["n_positions"] if start is None else start.config.n_positions
         return load_task_data(task, data_dir, self.tokenizer, n_positions, finetune.max_seq_length,
-                              finetune.max_train_examples, seed, selection_fraction, self.samples_path(task.name))
+                              finetune.max_train_examples, seed, selection_fraction, self.samples_path(task.name),
+                              self.lm_loss_weight)
 
     def build(self, data: TaskData) -> nn.Module:
         start = self.piece_vector_start
@@ -295,7 +307,8 @@ def _load(kind: str, pretrained: bool):
 
         model_dir = ctx.stage_dir("gpt_pretrain") / "model"
         return GPTTaskModels(model_dir, Tokenizer.from_file(str(model_dir / "tokenizer.json")), kind,
-                             ctx.out_dir / GENERATED_DIR, pretrained)
+                             ctx.out_dir / GENERATED_DIR, pretrained,
+                             lm_loss_weight=typed_settings(ctx.cfg.finetune, GptFinetuneConfig).lm_loss_weight)
     return load
 
 
@@ -309,7 +322,8 @@ def _control(ctx: StageContext) -> GPTTaskModels:
     tokenizer = load_gpt_tokenizer(tokenizer_dir)
     start = PieceVectorStart(scratch_config(ctx.cfg, tokenizer), read_piece_vectors(ctx.stage_dir("gpt_piece_vectors")))
     return GPTTaskModels(tokenizer_dir, tokenizer, CONTROL, ctx.out_dir / GENERATED_DIR, pretrained=False,
-                         piece_vector_start=start)
+                         piece_vector_start=start,
+                         lm_loss_weight=typed_settings(ctx.cfg.finetune, GptFinetuneConfig).lm_loss_weight)
 
 
 def _control_of_gpt(cfg: DictConfig) -> str:
