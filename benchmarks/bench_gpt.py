@@ -6,7 +6,7 @@ bf16, where native) matmul throughput measured in the same run.
     python benchmarks/bench_gpt.py --quick    # 2 repeats
     python benchmarks/bench_gpt.py --smoke    # gpt_tiny at toy sizes, 1 repeat: checks the script, measures nothing
 
-Both models hold the same weights: ours from the seed, HF's read from the directory models.gpt.to_hf writes of it.
+Both models hold the same weights: ours from the seed, HF's read from the directory models.hf.gpt.to_hf writes of it.
 Train step: forward + next-token loss over every position + backward + fused AdamW update + zero_grad. Generation:
 greedy decoding of `--new-tokens` tokens after a `--prompt-len`-token prompt at batch 1, ours (models.generation.greedy,
 KV cache) against HF's `generate` (do_sample=False, its default dynamic KV cache); in fp32 the two must produce the
@@ -38,7 +38,8 @@ import transformers
 from bench_train import bf16_supported, matmul_flops_per_s
 
 from models.generation import greedy
-from models.gpt import GPTConfig, GPTLMHeadModel, gpt_config, to_hf
+from models.gpt import GPTConfig, GPTLMHeadModel, gpt_config
+from models.hf.gpt import to_hf
 from models.kernels import use_fast_kernels
 from pipeline.engine.training import keep_freed_memory_for_reuse
 

@@ -49,7 +49,7 @@ import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_SECONDS = 0.2
-# each family's stages between prepare and pretraining (pipeline/<family>/stages.py)
+# each family's stages between prepare and pretraining (pipeline/<family>/pretrain.py lists them)
 DATA_STAGES = {"bert": ("bert_tokenizer", "bert_examples"), "elmo": ("elmo_vocab", "elmo_streams"),
                "skip_thought": ("skip_thought_vocab", "skip_thought_examples"),
                "gpt": ("gpt_tokenizer", "gpt_blocks")}

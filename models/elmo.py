@@ -3,7 +3,8 @@ ELMo (Peters et al. 2018, "Deep contextualized word representations", https://ar
 
 Read top to bottom: config -> input encoding (bilm-tf's character ids) -> token encoders (character CNN or word
 embeddings) -> one direction's LSTM stack -> shared softmax (full, adaptive or sampled) -> the biLM and its loss ->
-ScalarMix -> feature-based downstream models (frozen biLM + scalar mix + small task head) -> checkpoint I/O.
+ScalarMix -> feature-based downstream models (frozen word vectors and frozen biLM + scalar mix + small task head) ->
+checkpoint I/O.
 
 Sizes and details follow the paper's §3 and AllenAI's bilm-tf (`bilm/model.py`, options of the released 5.5B/original
 model): a char-CNN over UTF-8 bytes with 2048 filters, 2 highway layers and a projection to 512; two layers of LSTMs
@@ -520,7 +521,8 @@ class ScalarMix(nn.Module):
 
 
 # -----------------------------------------------------------------------------
-# Feature-based downstream use: a frozen biLM, one trainable ScalarMix per task, a small head
+# Feature-based downstream use: a frozen biLM, one trainable ScalarMix per task, a small head over the mix and the task
+# model's own frozen word vectors
 
 
 class ElmoEmbedder(nn.Module):
@@ -589,59 +591,83 @@ class BiLSTMHead(nn.Module):
 
 
 class ElmoTaskModel(nn.Module):
-    """ELMo features and a BiLSTM over them, under a task's output layers (the subclasses add them)."""
+    """A BiLSTM over each word's [word vector; ELMo], under a task's output layers (the subclasses add them). Peters
+    et al. (2018, §3.3) add ELMo to a task model that already reads pretrained word vectors (GloVe there), by
+    concatenating the two at its input, and measure ELMo's gain against that model without it: `word_vectors` (V, d),
+    one frozen row per word of the biLM's vocabulary (None: ELMo alone), and `bilm` (None: the word vectors alone, the
+    task model without ELMo). Only the mix, the BiLSTM and the output layers train."""
 
-    def __init__(self, bilm: BiLanguageModel, hidden_size: int, vocab: list[str] | None, do_layer_norm: bool,
-                 dropout: float):
+    def __init__(self, bilm: BiLanguageModel | None, hidden_size: int, vocab: list[str] | None, do_layer_norm: bool,
+                 dropout: float, word_vectors: torch.Tensor | None = None):
         super().__init__()
-        self.features = ElmoFeatures(bilm, vocab, do_layer_norm, dropout)
-        self.bilstm = BiLSTMHead(self.features.output_dim, hidden_size)
+        if bilm is None and word_vectors is None:
+            raise ValueError("a task model reads ELMo (bilm), word vectors, or both; it was given neither")
+        self.features = None if bilm is None else ElmoFeatures(bilm, vocab, do_layer_norm, dropout)
+        self.word_vectors = None if word_vectors is None else nn.Embedding.from_pretrained(word_vectors, freeze=True)
+        self.input_dim = ((0 if word_vectors is None else word_vectors.shape[1])
+                          + (0 if bilm is None else self.features.output_dim))
+        self.bilstm = BiLSTMHead(self.input_dim, hidden_size)
 
     @property
-    def encoder(self) -> BiLanguageModel:
-        """The pretrained encoder under the task layers, whatever the family calls it (frozen here)."""
-        return self.features.embedder.bilm
+    def encoder(self) -> BiLanguageModel | None:
+        """The pretrained encoder under the task layers, whatever the family calls it (frozen here); None without."""
+        return None if self.features is None else self.features.embedder.bilm
+
+    def word_representations(self, inputs: torch.Tensor | None, word_ids: torch.Tensor | None,
+                             mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T, input_dim) [word vector; ELMo] of every word and the (B, T) word mask, from a batch of sentences
+        wrapped in <S> ... </S>: the biLM's `inputs` (ElmoEmbedder.batch_inputs), the vocabulary ids `word_ids`
+        (B, T + 2) of the word vectors' rows, and `mask` (B, T + 2)."""
+        word_mask = mask[:, 2:]  # a row of n words has n + 2 valid positions; words sit at 1..n
+        parts = [] if self.word_vectors is None else [self.word_vectors(word_ids[:, 1:-1])]  # (B, T, d)
+        if self.features is not None:
+            parts.append(self.features(inputs, mask)[0])  # (B, T, 2P)
+        return torch.cat(parts, -1), word_mask
 
 
 class ElmoSentenceClassifier(ElmoTaskModel):
-    """Single sentences or pairs: ELMo -> BiLSTM -> max-pool to u (InferSent, Conneau et al. 2017); a pair is
-    classified from [u, v, |u - v|, u * v]. Only the mix, the BiLSTM and the output layers train."""
+    """Single sentences or pairs: [word vectors; ELMo] -> BiLSTM -> max-pool to u (InferSent, Conneau et al. 2017); a
+    pair is classified from [u, v, |u - v|, u * v]."""
 
-    def __init__(self, bilm: BiLanguageModel, num_labels: int, hidden_size: int = 256, pair: bool = False,
-                 vocab: list[str] | None = None, do_layer_norm: bool = False, dropout: float = 0.5):
-        super().__init__(bilm, hidden_size, vocab, do_layer_norm, dropout)
+    def __init__(self, bilm: BiLanguageModel | None, num_labels: int, hidden_size: int = 256, pair: bool = False,
+                 vocab: list[str] | None = None, do_layer_norm: bool = False, dropout: float = 0.5,
+                 word_vectors: torch.Tensor | None = None):
+        super().__init__(bilm, hidden_size, vocab, do_layer_norm, dropout, word_vectors)
         self.pair = pair
         self.classifier = nn.Sequential(nn.Linear((4 if pair else 1) * 2 * hidden_size, hidden_size), nn.ReLU(),
                                         nn.Dropout(dropout), nn.Linear(hidden_size, num_labels))
 
-    def encode(self, inputs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x, word_mask = self.features(inputs, mask)
+    def encode(self, inputs: torch.Tensor | None, word_ids: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
+        x, word_mask = self.word_representations(inputs, word_ids, mask)
         h = self.bilstm(x, word_mask)  # (B, T, 2H)
         h = h.masked_fill(~word_mask.bool()[:, :, None], float("-inf")).amax(1)  # (B, 2H)
         return torch.where(torch.isinf(h), torch.zeros_like(h), h)  # an empty sentence pools to zeros
 
-    def forward(self, inputs: torch.Tensor, mask: torch.Tensor, pair_inputs: torch.Tensor | None = None,
-                pair_mask: torch.Tensor | None = None) -> torch.Tensor:
-        u = self.encode(inputs, mask)
-        if self.pair != (pair_inputs is not None):
-            raise ValueError(f"this classifier was built with pair={self.pair}; pass pair_inputs/pair_mask "
+    def forward(self, inputs: torch.Tensor | None, mask: torch.Tensor, pair_inputs: torch.Tensor | None = None,
+                pair_mask: torch.Tensor | None = None, word_ids: torch.Tensor | None = None,
+                pair_word_ids: torch.Tensor | None = None) -> torch.Tensor:
+        u = self.encode(inputs, word_ids, mask)
+        if self.pair != (pair_mask is not None):
+            raise ValueError(f"this classifier was built with pair={self.pair}; pass pair_mask (and its inputs) "
                              "exactly when it is a sentence-pair classifier")
         if self.pair:
-            v = self.encode(pair_inputs, pair_mask)
+            v = self.encode(pair_inputs, pair_word_ids, pair_mask)
             u = torch.cat([u, v, (u - v).abs(), u * v], -1)
         return self.classifier(u)  # (B, num_labels)
 
 
 class ElmoTokenTagger(ElmoTaskModel):
-    """Token tagging (NER, POS): ELMo -> BiLSTM -> a label per word, (B, T_words, num_tags)."""
+    """Token tagging (NER, POS): [word vectors; ELMo] -> BiLSTM -> a label per word, (B, T_words, num_tags)."""
 
-    def __init__(self, bilm: BiLanguageModel, num_tags: int, hidden_size: int = 256,
-                 vocab: list[str] | None = None, do_layer_norm: bool = False, dropout: float = 0.5):
-        super().__init__(bilm, hidden_size, vocab, do_layer_norm, dropout)
+    def __init__(self, bilm: BiLanguageModel | None, num_tags: int, hidden_size: int = 256,
+                 vocab: list[str] | None = None, do_layer_norm: bool = False, dropout: float = 0.5,
+                 word_vectors: torch.Tensor | None = None):
+        super().__init__(bilm, hidden_size, vocab, do_layer_norm, dropout, word_vectors)
         self.output = nn.Linear(2 * hidden_size, num_tags)
 
-    def forward(self, inputs: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x, word_mask = self.features(inputs, mask)
+    def forward(self, inputs: torch.Tensor | None, mask: torch.Tensor,
+                word_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        x, word_mask = self.word_representations(inputs, word_ids, mask)
         return self.output(self.bilstm(x, word_mask)), word_mask
 
 

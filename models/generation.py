@@ -28,7 +28,8 @@ class Decoding(Protocol):
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, T): each row's next tokens, appended to its state (its KV cache). Returns the scores (B, V) of
-        the token after them."""
+        the token after them: logits, whose log_softmax the loops take, or log-probabilities, their own log_softmax (a
+        copying encoder-decoder's mixture, models.seq2seq.PointerGenerator)."""
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Row i becomes the old row rows[i] (beam search keeping, and duplicating, the surviving beams' pasts)."""

@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.checkpoint import load_checkpoint, save_checkpoint
-from models.seq2seq import LabelSmoothing, Seq2SeqOutput, decoder_start, pad_sources
+from models.seq2seq import LabelSmoothing, PointerGenerator, Seq2SeqOutput, decoder_start, last_position, pad_sources
 
 CELLS = {"gru": nn.GRU, "lstm": nn.LSTM}
 ATTENTIONS = ("additive", "dot", "general")
@@ -49,6 +49,9 @@ class RNNSeq2SeqConfig:
     decoder_start_token_id: int = 1
     eos_token_id: int | None = 2
     label_smoothing: float = 0.0  # LabelSmoothing's eps in training mode (none in the RNN papers)
+    # See et al. 2017's pointer-generator (models.seq2seq.PointerGenerator) on the decoder's attention: the output also
+    # copies source tokens, for targets that repeat words of their source (headlines, names, numbers)
+    copy_attention: bool = False
     # Not read by the model (an RNN has no positions): the longest source and target the pipeline pretrained it on,
     # to which fine-tuning and the frozen encoder cut theirs as they do to the Transformer's max_positions, so the two
     # read the same text. None: no limit
@@ -91,6 +94,7 @@ class Memory(NamedTuple):
     keys: torch.Tensor  # (B, S, H): the encoder states as scored (projected once per source for additive, general)
     values: torch.Tensor  # (B, S, H): the encoder states
     mask: torch.Tensor  # (B, S), True = source token
+    input_ids: torch.Tensor  # (B, S): the source's ids, what copy_attention copies
 
 
 class Attention(nn.Module):
@@ -111,15 +115,15 @@ class Attention(nn.Module):
     def keys(self, states: torch.Tensor) -> torch.Tensor:
         return states if self.kind == "dot" else self.key(states)  # (B, S, H)
 
-    def forward(self, query: torch.Tensor, memory: Memory) -> torch.Tensor:
-        """query (B, T, H) -> context (B, T, H)."""
+    def forward(self, query: torch.Tensor, memory: Memory) -> tuple[torch.Tensor, torch.Tensor]:
+        """query (B, T, H) -> context (B, T, H) and the attention probabilities (B, T, S), zero at padding."""
         if self.kind == "additive":
             hidden = torch.tanh(self.query(query)[:, :, None] + memory.keys[:, None])  # (B, T, S, H)
             scores = self.v(hidden).squeeze(-1)  # (B, T, S)
         else:
             scores = query @ memory.keys.transpose(1, 2)  # (B, T, S)
-        scores = scores.masked_fill(~memory.mask[:, None], float("-inf"))
-        return scores.softmax(-1) @ memory.values  # (B, T, H)
+        weights = scores.masked_fill(~memory.mask[:, None], float("-inf")).softmax(-1)
+        return weights @ memory.values, weights
 
 
 # -----------------------------------------------------------------------------
@@ -167,24 +171,35 @@ class Decoder(nn.Module):
         self.combine = nn.Linear(2 * H, E, bias=False)  # W_c, to the embedding width: the output layer is tied
         self.dropout = nn.Dropout(config.dropout)
 
-    def attend(self, h: torch.Tensor, memory: Memory) -> torch.Tensor:
-        """RNN outputs h (B, T, H) -> attentional states h~ (B, T, E)."""
-        context = self.attention(h, memory)
-        return self.dropout(torch.tanh(self.combine(torch.cat([context, h], dim=-1))))
+    def attend(self, x: torch.Tensor, h: torch.Tensor, memory: Memory) -> "DecoderOutput":
+        """Embedded inputs x (B, T, E) and the RNN's outputs h (B, T, H) for them -> the DecoderOutput."""
+        context, attention = self.attention(h, memory)
+        attentional = self.dropout(torch.tanh(self.combine(torch.cat([context, h], dim=-1))))
+        return DecoderOutput(attentional, x, h, context, attention)
 
-    def forward(self, x: torch.Tensor, memory: Memory, state: "DecoderState") -> tuple[torch.Tensor, "DecoderState"]:
-        """The embedded target tokens x (B, T, E) after `state` -> attentional states (B, T, E) and the state after
-        them."""
+    def forward(self, x: torch.Tensor, memory: Memory,
+                state: "DecoderState") -> tuple["DecoderOutput", "DecoderState"]:
+        """The embedded target tokens x (B, T, E) after `state` -> the DecoderOutput and the state after them."""
         if not self.input_feeding:  # no step waits for an attention: the RNN runs over all T in one call
             h, rnn_state = self.rnn(x, state.rnn)
-            attentional = self.attend(h, memory)
-            return attentional, DecoderState(rnn_state, attentional[:, -1])
-        outputs = []
+            out = self.attend(x, h, memory)
+            return out, DecoderState(rnn_state, out.attentional[:, -1])
+        steps = []
         for t in range(x.size(1)):
             h, rnn_state = self.rnn(torch.cat([x[:, t: t + 1], state.attentional[:, None]], dim=-1), state.rnn)
-            state = DecoderState(rnn_state, self.attend(h, memory)[:, 0])
-            outputs.append(state.attentional)
-        return torch.stack(outputs, 1), state
+            steps.append(self.attend(x[:, t: t + 1], h, memory))
+            state = DecoderState(rnn_state, steps[-1].attentional[:, 0])
+        return DecoderOutput(*(torch.cat(parts, 1) for parts in zip(*steps))), state
+
+
+class DecoderOutput(NamedTuple):
+    """What the decoder gives for T target positions: h~, which the output layer scores, and what the
+    pointer-generator reads besides (See et al.'s decoder input x_t, state s_t, context h*_t and attention a_t)."""
+    attentional: torch.Tensor  # (B, T, E): h~
+    inputs: torch.Tensor  # (B, T, E): the embedded target tokens
+    hidden: torch.Tensor  # (B, T, H): the RNN's outputs h_t
+    context: torch.Tensor  # (B, T, H): c_t
+    attention: torch.Tensor  # (B, T, S): the attention probabilities
 
 
 class DecoderState(NamedTuple):
@@ -208,6 +223,8 @@ class RNNEncoderDecoder(nn.Module):
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size))
+        width = 2 * config.hidden_size + config.embedding_dim  # [context; RNN output; embedded input]
+        self.pointer = PointerGenerator(width) if config.copy_attention else None
         self.criterion = LabelSmoothing(config.label_smoothing)
         with torch.no_grad():
             for p in self.parameters():
@@ -223,7 +240,7 @@ class RNNEncoderDecoder(nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         states, final = self.encoder(self.embed(input_ids), attention_mask)
-        memory = Memory(self.decoder.attention.keys(states), states, attention_mask.bool())
+        memory = Memory(self.decoder.attention.keys(states), states, attention_mask.bool(), input_ids)
         first = DecoderState(final, states.new_zeros(input_ids.size(0), self.config.embedding_dim))
         return memory, first
 
@@ -238,17 +255,23 @@ class RNNEncoderDecoder(nn.Module):
         return (f"RNN encoder-decoder with attention (seed 001; Luong et al. 2015): bidirectional {c.cell.upper()} "
                 f"encoder, {c.cell.upper()} decoder, {c.num_layers} + {c.num_layers} layers, hidden {c.hidden_size}, "
                 f"embeddings {c.embedding_dim}, {c.attention} attention"
-                + (", input feeding" if c.input_feeding else ""))
+                + (", input feeding" if c.input_feeding else "") + (", copy attention" if c.copy_attention else ""))
 
-    def logits(self, attentional: torch.Tensor) -> torch.Tensor:
-        return F.linear(attentional, self.shared.weight, self.output_bias)  # (..., V)
+    def scores(self, out: DecoderOutput, memory: Memory) -> torch.Tensor:
+        """The decoder's output for T positions -> scores (B, T, V) of the next token at each: the output layer's
+        logits, or with copy_attention the pointer-generator's log-probabilities."""
+        logits = F.linear(out.attentional, self.shared.weight, self.output_bias)
+        if self.pointer is None:
+            return logits
+        return self.pointer(logits, torch.cat([out.context, out.hidden, out.inputs], dim=-1), out.attention,
+                            memory.input_ids)
 
     def forward(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, targets: torch.Tensor | None = None) -> Seq2SeqOutput:
         """The arguments and result of models.seq2seq.EncoderDecoder.forward."""
         memory, state = self.encode(input_ids, attention_mask)
-        attentional, _ = self.decoder(self.embed(decoder_input_ids), memory, state)
-        logits = self.logits(attentional)  # (B, T, V)
+        out, _ = self.decoder(self.embed(decoder_input_ids), memory, state)
+        logits = self.scores(out, memory)  # (B, T, V)
         loss = None
         if targets is not None:
             loss = self.criterion(logits.flatten(0, 1), targets.flatten(), smoothed=self.training)
@@ -270,8 +293,8 @@ class RNNDecoding:
         self.eos_token_id = model.config.eos_token_id
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        attentional, self.state = self.model.decoder(self.model.embed(tokens), self.memory, self.state)
-        return self.model.logits(attentional[:, -1])  # (B, V)
+        out, self.state = self.model.decoder(self.model.embed(tokens), self.memory, self.state)
+        return self.model.scores(last_position(out), self.memory)[:, 0]  # (B, V)
 
     def reorder(self, rows: torch.Tensor) -> None:
         # the beams of one source share its Memory (broadcast in Attention), so only the decoder's state moves

@@ -2,11 +2,13 @@
 The Transformer encoder-decoder (Vaswani et al. 2017) in one file of plain PyTorch, as seed 000 (the Annotated
 Transformer) builds it: an encoder stack of self-attention and feed-forward layers, a decoder stack whose layers add
 attention over the encoder's output (the "memory") to masked self-attention, shared source/target/output embeddings,
-a Generator, the label-smoothed loss, and seed 000's greedy_decode.
+a Generator, the label-smoothed loss, and seed 000's greedy_decode; with copy_attention, See et al. 2017's
+pointer-generator mixes copying from the source into the Generator's distribution.
 
-Read top to bottom: config -> masks -> positions -> attention -> layers -> Encoder, Decoder -> Generator ->
-EncoderDecoder -> label smoothing -> decoding state -> greedy_decode -> checkpoint I/O. Greedy, sampling and beam
-search are models/generation.py's, shared with GPT; HuggingFace BART conversion is models/hf/seq2seq.py's.
+Read top to bottom: config -> masks -> positions -> attention -> layers -> Encoder, Decoder -> Generator,
+PointerGenerator -> EncoderDecoder -> label smoothing -> decoding state -> greedy_decode -> checkpoint I/O. Greedy,
+sampling and beam search are models/generation.py's, shared with GPT; HuggingFace BART conversion is
+models/hf/seq2seq.py's.
 
 Module and parameter names are those of HF's BartForConditionalGeneration (`encoder.layers.0.self_attn.q_proj`,
 `self_attn_layer_norm`, `encoder_attn`, `fc1`, `final_layer_norm`, `shared`), so converting is renaming prefixes.
@@ -71,6 +73,9 @@ class Seq2SeqConfig:
     # Label smoothing (Szegedy et al. 2016) of the training loss: seed 000's LabelSmoothing with Vaswani et al.'s 0.1.
     # The eval-mode loss is never smoothed
     label_smoothing: float = 0.1
+    # See et al. 2017's pointer-generator (PointerGenerator): the output also copies source tokens by the last decoder
+    # layer's attention over the memory, for targets that repeat words of their source (headlines, names, numbers)
+    copy_attention: bool = False
 
     def __post_init__(self):
         if self.d_model % self.n_head != 0:
@@ -204,17 +209,26 @@ class Attention(nn.Module):
         k, v = self.project(memory, self.k_proj, self.v_proj)
         return self._heads(k), self._heads(v)
 
-    def cross(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """Attention of x (B, T, d) over the memory's keys and values (keys_values) under its padding mask. Memory of
-        one source under B > 1 rows (the beams of beam search): the B x T queries attend as one row's, so the source's
-        keys and values are neither copied per beam nor reordered with them."""
+    def cross(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention of x (B, T, d) over the memory's keys and values (keys_values) under its padding mask -> its output
+        (B, T, d) and, with need_weights, the attention probabilities averaged over heads (B, T, S), zero at padding,
+        before dropout (what the pointer-generator copies by). Memory of one source under B > 1 rows (the beams of
+        beam search): the B x T queries attend as one row's, so the source's keys and values are neither copied per
+        beam nor reordered with them."""
         q = self._heads(self.q_proj(x))  # (B, nh, T, hs)
         B, nh, T, hs = q.shape
+        weights = None
+        if need_weights:  # SDPA does not return its probabilities: recomputed, a (B, nh, T, S) product
+            scores = (q @ k.transpose(-1, -2)) * hs ** -0.5  # k of one source broadcasts over the beams
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            weights = scores.softmax(-1).mean(1)  # (B, T, S)
         if k.size(0) == 1 < B:
             q = q.transpose(0, 1).reshape(1, nh, B * T, hs)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # eval only: beam search
-            return self.out_proj(y.view(nh, B, T, hs).permute(1, 2, 0, 3).reshape(B, T, nh * hs))
-        return self._attend(q, k, v, mask)
+            return self.out_proj(y.view(nh, B, T, hs).permute(1, 2, 0, 3).reshape(B, T, nh * hs)), weights
+        return self._attend(q, k, v, mask), weights
 
 
 # -----------------------------------------------------------------------------
@@ -237,9 +251,14 @@ class Layer(nn.Module):
 
     def sublayer(self, x: torch.Tensor, norm: nn.LayerNorm, fn) -> torch.Tensor:
         """Pre-LN: x + dropout(fn(norm(x))) (seed 000). Post-LN: norm(x + dropout(fn(x))) (Vaswani et al., BART)."""
-        if self.pre_layer_norm:
-            return x + self.dropout(fn(norm(x)))
-        return norm(x + self.dropout(fn(x)))
+        return self.residual(x, fn(self.sublayer_input(x, norm)), norm)
+
+    def sublayer_input(self, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+        return norm(x) if self.pre_layer_norm else x
+
+    def residual(self, x: torch.Tensor, y: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+        """x and the sublayer's output y of it added (sublayer)."""
+        return x + self.dropout(y) if self.pre_layer_norm else norm(x + self.dropout(y))
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.activation_dropout(self.activation(self.fc1(x))))
@@ -269,11 +288,14 @@ class DecoderLayer(Layer):
         self.encoder_attn = Attention(config, layer)
         self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
-    def forward(self, x, mask, memory_kv, memory_mask, cache=None) -> torch.Tensor:
+    def forward(self, x, mask, memory_kv, memory_mask, cache=None, need_weights: bool = False):
+        """x (B, T, d) -> the layer's output (B, T, d), its attention over the memory's output (the context, (B, T, d))
+        and, with need_weights, that attention's probabilities (B, T, S) (Attention.cross)."""
         x = self.sublayer(x, self.self_attn_layer_norm, lambda h: self.self_attn(h, mask, cache))
-        x = self.sublayer(x, self.encoder_attn_layer_norm, lambda h: self.encoder_attn.cross(h, *memory_kv,
-                                                                                              memory_mask))
-        return self.sublayer(x, self.final_layer_norm, self.feed_forward)
+        context, weights = self.encoder_attn.cross(self.sublayer_input(x, self.encoder_attn_layer_norm), *memory_kv,
+                                                   memory_mask, need_weights)
+        x = self.residual(x, context, self.encoder_attn_layer_norm)
+        return self.sublayer(x, self.final_layer_norm, self.feed_forward), context, weights
 
 
 # -----------------------------------------------------------------------------
@@ -322,31 +344,49 @@ class Encoder(Stack):
 
 class Memory(NamedTuple):
     """The encoder's output as the decoder reads it: each decoder layer's keys and values of it, computed once per
-    source however many tokens are decoded, and the source's padding mask."""
+    source however many tokens are decoded, the source's padding mask, and its ids (what copy_attention copies)."""
     keys_values: list[tuple[torch.Tensor, torch.Tensor]]  # per decoder layer, (B, nh, S, hs) each
     mask: torch.Tensor | None  # (B, 1, 1, S), True = source token
+    input_ids: torch.Tensor  # (B, S)
+
+
+class DecoderOutput(NamedTuple):
+    """What the decoder gives for T target positions: the states the Generator scores, and what the pointer-generator
+    reads besides."""
+    states: torch.Tensor  # (B, T, d): the final states
+    inputs: torch.Tensor  # (B, T, d): the embedded decoder inputs, the first layer's input
+    context: torch.Tensor  # (B, T, d): the last layer's attention over the memory, its output
+    attention: torch.Tensor | None  # (B, T, S): that attention's probabilities averaged over heads (copy_attention)
+
+
+def last_position(out: NamedTuple) -> NamedTuple:
+    """A decoder's output (either model's DecoderOutput) at its last position, each field (B, 1, ...): what a decoding
+    step scores."""
+    return type(out)(*(None if t is None else t[:, -1:] for t in out))
 
 
 class Decoder(Stack):
     def __init__(self, config: Seq2SeqConfig):
         super().__init__(config, [DecoderLayer(config, layer) for layer in range(config.decoder_layers)])
+        self.copy_attention = config.copy_attention
 
-    def memory(self, states: torch.Tensor, mask: torch.Tensor | None) -> Memory:
-        return Memory([layer.encoder_attn.keys_values(states) for layer in self.layers], mask)
+    def memory(self, states: torch.Tensor, mask: torch.Tensor | None, input_ids: torch.Tensor) -> Memory:
+        return Memory([layer.encoder_attn.keys_values(states) for layer in self.layers], mask, input_ids)
 
-    def forward(self, token_embeddings: torch.Tensor, memory: Memory, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, token_embeddings: torch.Tensor, memory: Memory, cache: KVCache | None = None) -> DecoderOutput:
         """The target's embedded tokens (B, T, d), or with `cache` the T after those it holds (then appended to it)
-        -> the final states (B, T, d)."""
+        -> the DecoderOutput, whose attention is the last layer's with copy_attention, else None."""
         past, T = (0 if cache is None else cache.length), token_embeddings.size(1)
         if cache is not None and past + T > cache.max_len:
             raise ValueError(f"the KV cache holds {cache.max_len} positions, {past + T} needed; allocate it longer")
-        x = self.embed(token_embeddings, past)
+        x = inputs = self.embed(token_embeddings, past)
         mask = subsequent_mask(T, past, x.device) if T > 1 else None  # one newest query may see every key
-        for layer, memory_kv in zip(self.layers, memory.keys_values):
-            x = layer(x, mask, memory_kv, memory.mask, cache)
+        last = len(self.layers) - 1
+        for i, (layer, memory_kv) in enumerate(zip(self.layers, memory.keys_values)):
+            x, context, attention = layer(x, mask, memory_kv, memory.mask, cache, self.copy_attention and i == last)
         if cache is not None:
             cache.length += T
-        return self.layer_norm(x)
+        return DecoderOutput(self.layer_norm(x), inputs, context, attention)
 
 
 # -----------------------------------------------------------------------------
@@ -367,8 +407,36 @@ class Generator(nn.Module):
         return F.linear(x, weight, self.bias)  # (..., V)
 
 
+class PointerGenerator(nn.Module):
+    """See et al. 2017's pointer-generator over one vocabulary shared by source and target: a gate
+    p_gen = sigmoid(w . [context; decoder state; decoder input] + b) mixes the vocabulary distribution with the
+    attention over the source scattered onto the source's token ids,
+        P(w) = p_gen P_vocab(w) + (1 - p_gen) sum_{s: x_s = w} a_s,
+    so a source token can be written however unlikely the Generator finds it. Padding has zero attention, so it gets
+    no copy mass; a shared vocabulary needs no extension for out-of-vocabulary words (See et al.'s extended one).
+    Both encoder-decoders use it (models/rnn_seq2seq.py too)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.p_gen = nn.Linear(width, 1)  # width: that of [context; decoder state; decoder input]
+
+    def forward(self, logits: torch.Tensor, features: torch.Tensor, attention: torch.Tensor,
+                source_ids: torch.Tensor) -> torch.Tensor:
+        """logits (B, T, V) of the vocabulary, features (B, T, width), attention (B, T, S) over source_ids (B, S), or
+        (1, S) under B beams of one source -> the mixture's log-probabilities (B, T, V) in fp32, as the logaddexp of
+        the two terms' logs, so the vocabulary's term never underflows to log 0."""
+        gate = self.p_gen(features).float()  # (B, T, 1)
+        copy = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_add_(
+            -1, source_ids[:, None].expand(attention.shape), attention.float())  # (B, T, V)
+        # the tokens outside the source have log 0: clamped, so that their gradient is 0 rather than 0 * inf
+        log_copy = copy.clamp_min(torch.finfo(torch.float32).tiny).log()
+        return torch.logaddexp(F.logsigmoid(gate) + logits.float().log_softmax(-1), F.logsigmoid(-gate) + log_copy)
+
+
 class Seq2SeqOutput(NamedTuple):
-    logits: torch.Tensor  # (B, T, V): scores of the target token at each decoder position
+    # (B, T, V): scores of the target token at each decoder position; with copy_attention the mixture's
+    # log-probabilities, which are their own log_softmax, so the loss and the decoding read them as logits
+    logits: torch.Tensor
     loss: torch.Tensor | None  # the label-smoothed loss against `targets` (LabelSmoothing), when given
 
 
@@ -383,6 +451,7 @@ class EncoderDecoder(nn.Module):
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
         self.generator = Generator(config)
+        self.pointer = PointerGenerator(3 * config.d_model) if config.copy_attention else None
         self.criterion = LabelSmoothing(config.label_smoothing)
         self.init_weights()
 
@@ -403,7 +472,7 @@ class EncoderDecoder(nn.Module):
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Memory:
         """Source ids (B, S) and attention_mask (B, S) (1 = token, 0 = padding; None: no padding) -> the Memory."""
         mask = padding_mask(attention_mask)
-        return self.decoder.memory(self.encoder(self.shared(input_ids), mask), mask)
+        return self.decoder.memory(self.encoder(self.shared(input_ids), mask), mask, input_ids)
 
     def encoder_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Source ids and attention_mask (B, S) -> the encoder's final states (B, S, d): the memory before the decoder
@@ -415,11 +484,21 @@ class EncoderDecoder(nn.Module):
         c = self.config
         return (f"Transformer encoder-decoder (seed 000; Vaswani et al. 2017): {c.encoder_layers} + "
                 f"{c.decoder_layers} layers, d_model {c.d_model}, {c.n_head} heads, d_ff {c.d_ff}, "
-                f"{'pre' if c.pre_layer_norm else 'post'}-LN, {c.position_embedding_type} positions")
+                f"{'pre' if c.pre_layer_norm else 'post'}-LN, {c.position_embedding_type} positions"
+                + (", copy attention" if c.copy_attention else ""))
 
-    def decode(self, decoder_input_ids: torch.Tensor, memory: Memory, cache: KVCache | None = None) -> torch.Tensor:
-        """Decoder input ids (B, T) (see Decoder.forward for `cache`) -> the decoder's final states (B, T, d)."""
+    def decode(self, decoder_input_ids: torch.Tensor, memory: Memory, cache: KVCache | None = None) -> DecoderOutput:
+        """Decoder input ids (B, T) (see Decoder.forward for `cache`) -> the DecoderOutput."""
         return self.decoder(self.shared(decoder_input_ids), memory, cache)
+
+    def scores(self, out: DecoderOutput, memory: Memory) -> torch.Tensor:
+        """The decoder's output for T positions -> scores (B, T, V) of the next token at each: the Generator's logits,
+        or with copy_attention the pointer-generator's log-probabilities."""
+        logits = self.generator(out.states, self.shared.weight)
+        if self.pointer is None:
+            return logits
+        return self.pointer(logits, torch.cat([out.context, out.states, out.inputs], dim=-1), out.attention,
+                            memory.input_ids)
 
     def forward(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, targets: torch.Tensor | None = None) -> Seq2SeqOutput:
@@ -427,8 +506,8 @@ class EncoderDecoder(nn.Module):
         after the decoder start token (shift_right); targets (B, T) the target token at each decoder position
         (IGNORE_INDEX = not scored, e.g. padding). The loss is label-smoothed in training mode only, so that in eval
         mode exp(loss) is the perplexity."""
-        states = self.decode(decoder_input_ids, self.encode(input_ids, attention_mask))
-        logits = self.generator(states, self.shared.weight)  # (B, T, V)
+        memory = self.encode(input_ids, attention_mask)
+        logits = self.scores(self.decode(decoder_input_ids, memory), memory)  # (B, T, V)
         loss = None
         if targets is not None:
             loss = self.criterion(logits.flatten(0, 1), targets.flatten(), smoothed=self.training)
@@ -436,7 +515,7 @@ class EncoderDecoder(nn.Module):
 
     def next_token_logits(self, tokens: torch.Tensor, memory: Memory, cache: KVCache) -> torch.Tensor:
         """Scores (B, V) of the token after the last of `tokens` (B, T), which are appended to `cache`."""
-        return self.generator(self.decode(tokens, memory, cache)[:, -1], self.shared.weight)
+        return self.scores(last_position(self.decode(tokens, memory, cache)), memory)[:, 0]
 
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:
         """An empty KV cache of the decoder's self-attention on this model's device and in its dtype (GPT's KVCache,
@@ -546,7 +625,7 @@ def greedy_decode(model: EncoderDecoder, src: torch.Tensor, src_mask: torch.Tens
     memory = model.encode(src, src_mask)
     ys = decoder_start(src.size(0), start_symbol, src.device)
     for _ in range(max_len - 1):
-        prob = model.generator(model.decode(ys, memory)[:, -1], model.shared.weight)  # (B, V)
+        prob = model.scores(last_position(model.decode(ys, memory)), memory)[:, 0]  # (B, V)
         ys = torch.cat([ys, prob.argmax(-1, keepdim=True)], dim=1)
     return ys
 

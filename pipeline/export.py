@@ -5,9 +5,10 @@ A run's final models are the last pretraining stage of each family it trained (B
 both of Skip-Thought's encoders where it trains both, as `skip_thought` and `skip_thought_bi`). Each stage wrote its
 model as transformers loads it (`hf/`: weights, config, tokenizer, and our modelling code where transformers has no
 class for the model: models/hf/); that directory is copied, and the card is written from what the run directory
-holds: the model's config, the stage's summary (steps, tokens, held-out loss against its baselines), the prepared
-corpus's manifest (its size, what decontamination removed) and provenance, the run's fine-tuning and probing results
-next to the random twin's, and the command (Hydra's `.hydra/overrides.yaml`) that ran it. A stage's own `hf/` is shared
+holds: the model's config, described by its family (Family.describe_export), the stage's summary (steps, tokens,
+held-out loss against its baselines), the prepared corpus's manifest (its size, what decontamination removed) and
+provenance, the run's fine-tuning and probing results next to the random twin's, and the command (Hydra's
+`.hydra/overrides.yaml`) that ran it. A stage's own `hf/` is shared
 by every run that reuses it, so only an export knows the run's downstream results.
 
 Each model is copied into a hidden staging folder of DIR, checked file by file against the sha256 its stage recorded
@@ -39,7 +40,6 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors import safe_open
 
 from data_prep.corpus.shards import MANIFEST_NAME
-from models.hf import bert, elmo, gpt, skip_thought
 from pipeline.data_settings import DataConfig
 from pipeline.downstream.finetune import BASELINES, MODEL_KINDS, is_snapshot
 from pipeline.engine.dag import read_marker, resolve_upstream
@@ -53,11 +53,10 @@ from pipeline.status import FINISHED, StageStatus, human_bytes, read_status
 
 HF_DIR = "hf"  # what every family's pretraining stage writes its model into
 CARD = "README.md"
-DESCRIBE = {"bert": bert.describe, bert.CUSTOM_MODEL_TYPE: bert.describe, "gpt2": gpt.describe,
-            "textrep_elmo": elmo.describe, "textrep_skip_thought": skip_thought.describe}
+FAMILY = {family.name: family for family in FAMILIES}
 # The task an Auto class serves, as the Hub's pipeline_tag names it
 PIPELINE_TAGS = {"AutoModelForMaskedLM": "fill-mask", "AutoModelForCausalLM": "text-generation",
-                 "AutoModel": "feature-extraction"}
+                 "AutoModelForSeq2SeqLM": "text2text-generation", "AutoModel": "feature-extraction"}
 # What the Hub's metadata can say of the built-in corpora (data.corpus): their language and the Hub's copy of the data
 BUILTIN_CORPUS_METADATA = {"imdb_reviews": {"language": ["en"], "datasets": ["stanfordnlp/imdb"]},
                            "books_builtin": {"language": ["en"]}}
@@ -145,10 +144,13 @@ def export(run_dir: Path, to: Path, overwrite: bool = False) -> list[Path]:
                               "stage wrote it; pass a --to outside the cache")
     recorded = {}
     for model in models:
+        if FAMILY[model.family].describe_export is None:
+            raise ExportError(f"{run_dir} trained {model.family} ({model.stage}), whose models cannot be exported: "
+                              f"{FAMILY[model.family].not_exportable}")
         if not (model.output / HF_DIR / "config.json").is_file():
-            why = (read_marker(model.output) or {}).get(HF_DIR)
-            if isinstance(why, str) and why != HF_DIR:  # the stage's summary says why it wrote none (seq2seq_pretrain)
-                raise ExportError(f"stage {model.stage} of {run_dir} wrote no {HF_DIR}/: {why}")
+            why = (_read_json(model.output / "stage.json") or {}).get("not_exportable")
+            if why:  # this model has no HuggingFace form; rerunning the stage would not write one
+                raise ExportError(f"stage {model.stage} of {run_dir} trained a model with no HuggingFace form: {why}")
             raise ExportError(f"stage {model.stage} of {run_dir} has no {HF_DIR}/ (it ran before stages wrote one); "
                               f"rerun the run's command with pipeline.force=[{model.stage}] to write it")
         if (to / model.name).exists() and not overwrite:
@@ -246,6 +248,8 @@ def auto_class(config: dict) -> str:
         return "AutoModelForMaskedLM"
     if any(a.endswith(("LMHeadModel", "ForCausalLM")) for a in architectures):
         return "AutoModelForCausalLM"
+    if any(a.endswith("ForConditionalGeneration") for a in architectures):
+        return "AutoModelForSeq2SeqLM"
     return "AutoModel"
 
 
@@ -268,7 +272,7 @@ def model_card(run_dir: Path, cfg: DictConfig, model: FinalModel, hf_dir: Path, 
     trust = ", trust_remote_code=True" if custom_code else ""
     lines = ["---", yaml.safe_dump(metadata, sort_keys=False).strip(), "---", "",
              f"# {cfg.experiment_name}: {model.name}", "",
-             f"{DESCRIBE[config['model_type']](config)}", "",
+             f"{FAMILY[model.family].describe_export(config)}", "",
              f"Pretrained by textrep's `{model.stage}` stage in a run of its `{cfg.experiment_name}` experiment: "
              f"{_parameters(parameter_count(hf_dir), summary.get('num_parameters'))}.", "",
              "## How to load it", "", "```python",
@@ -276,7 +280,7 @@ def model_card(run_dir: Path, cfg: DictConfig, model: FinalModel, hf_dir: Path, 
              f'tokenizer = AutoTokenizer.from_pretrained("{location}"{trust})',
              f'model = {auto}.from_pretrained("{location}"{trust})', "```", ""]
     if custom_code:
-        code = config["auto_map"]["AutoModel"].split(".")[0]
+        code = next(iter(config["auto_map"].values())).split(".")[0]
         lines += [f"transformers has no class for this model: its code is `{code}.py` in this directory (torch and "
                   "transformers only), which `trust_remote_code=True` lets transformers run.", ""]
     lines += _tokenizer_lines(hf_dir)

@@ -1,11 +1,13 @@
-"""`python -m pipeline.generate RUN_DIR --prompt "..."`: continuations of a prompt by the GPT a run pretrained;
-`--input "..."`: the output of the encoder-decoder a run pretrained (seq2seq family) for that source text.
+"""`python -m pipeline.generate RUN_DIR --prompt "..."`: text from a model a run pretrained, for one text: a GPT's
+continuations of it, an encoder-decoder's output from it as its source; `--input FILE`: for each line of FILE, one line
+of output (the best).
 
-The model is the run's `gpt_pretrain` (or `seq2seq_pretrain`) stage output, found through the RUN_DIR/<stage> link the
-engine writes.
+The families whose models write text say so in their record (Family.generation: the pretraining stage, how it writes);
+the model is that stage's output, found through the RUN_DIR/<stage> link the engine writes, and `--family` picks one
+where the run trained several (seq2seq_tiny trains its GPT baseline beside the encoder-decoder).
 Greedy by default; `--strategy sample` (--temperature, --top-k, --top-p, --seed) or `--strategy beam --beams 4`
-(each of the beams' best continuations, best first; GNMT's length penalty, models/generation.py). Exit status 2, with a
-one-line error, for input that cannot be generated from.
+(each of the beams' best outputs, best first, for --prompt; GNMT's length penalty, models/generation.py). Exit status
+2, with a one-line error, for input that cannot be generated from.
 """
 from __future__ import annotations
 
@@ -13,44 +15,62 @@ import argparse
 import sys
 from pathlib import Path
 
-from data_prep.examples.seq2seq_examples import load_seq2seq_tokenizer
-from models.kernels import use_fast_kernels
 from pipeline.engine.dag import MARKER, is_complete
-from pipeline.gpt.samples import (
-    STAGE,
-    STRATEGIES,
-    Request,
-    complete_characters,
-    continuations,
-    generate_tokens,
-    load_model,
-)
-from pipeline.seq2seq.architectures import load_model as load_seq2seq
+from pipeline.engine.family import Family
+from pipeline.engine.generation import STRATEGIES, Request
+from pipeline.families import FAMILIES
 
-SEQ2SEQ_STAGE = "seq2seq_pretrain"
+WRITERS = {family.name: family for family in FAMILIES if family.generation}
 
 
-def seq2seq_outputs(model_dir: Path, text: str, request: Request, fast_kernels: bool = True) -> list[str]:
-    """The pretrained encoder-decoder's outputs for the source `text` (ended by the end token, as its sources are),
-    decoded with models/kernels.py's kernels where `fast_kernels`."""
-    if not text.strip():
-        raise ValueError("the input is empty: give some text to generate from")
-    model, tokenizer = load_seq2seq(model_dir).eval(), load_seq2seq_tokenizer(model_dir)
-    if fast_kernels:
-        use_fast_kernels(model)
-    eos = model.config.eos_token_id
-    ids = [*tokenizer.encode(text).ids[: model.config.max_positions - 1], eos]
-    return [complete_characters(tokenizer.decode([t for t in tokens if t != eos]))
-            for tokens in generate_tokens(model, ids, request)]
+def chosen_family(run_dir: Path, name: str | None) -> Family:
+    """The family whose model writes the run's text: `name` (--family), else the only one the run trained."""
+    if not run_dir.is_dir():
+        raise ValueError(f"{run_dir} is not a directory; pass the run directory a pipeline run printed "
+                         "(run directory: outputs/<experiment>/<date>_<time>)")
+    if name is not None:
+        family = WRITERS[name]
+        if not (run_dir / family.generation.stage).exists():
+            raise ValueError(f"{run_dir} has no {family.generation.stage} stage output; pass the run directory of "
+                             f"such an experiment (python -m pipeline +experiment={family.generation.experiment})")
+        return family
+    trained = [family for family in WRITERS.values() if (run_dir / family.generation.stage).exists()]
+    if not trained:
+        stages = ", ".join(family.generation.stage for family in WRITERS.values())
+        experiments = " or ".join(f"+experiment={family.generation.experiment}" for family in WRITERS.values())
+        raise ValueError(f"{run_dir} has no output of a stage that writes text ({stages}); pass the run directory of "
+                         f"such an experiment (python -m pipeline {experiments})")
+    if len(trained) > 1:
+        raise ValueError(f"{run_dir} trained several models that write text "
+                         f"({', '.join(f'{f.name}: {f.generation.stage}' for f in trained)}); pick one with "
+                         + " or ".join(f"--family {f.name}" for f in trained))
+    return trained[0]
+
+
+def read_inputs(path: Path) -> list[str]:
+    """The texts of --input FILE, one a line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"--input {path} cannot be read ({err}); pass a UTF-8 text file, one input a line") from None
+    if not lines:
+        raise ValueError(f"--input {path} is empty; give one input a line")
+    empty = [i + 1 for i, line in enumerate(lines) if not line.strip()]
+    if empty:
+        raise ValueError(f"line {empty[0]} of --input {path} is empty; give one input a line, with no blank lines")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.generate", description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path, help="a run directory (outputs/...) whose pipeline ran gpt_pretrain "
-                                                     "(--prompt) or seq2seq_pretrain (--input)")
+    parser.add_argument("run_dir", type=Path, help="a run directory (outputs/...) whose pipeline pretrained a model "
+                                                     f"that writes text ({', '.join(WRITERS)})")
     given = parser.add_mutually_exclusive_group(required=True)
-    given.add_argument("--prompt", help="text for a GPT to continue")
-    given.add_argument("--input", help="a source text for an encoder-decoder (seq2seq) to write its output from")
+    given.add_argument("--prompt", help="one text to generate from: a GPT continues it, an encoder-decoder reads it "
+                                        "as its source")
+    given.add_argument("--input", type=Path, help="a file of texts, one a line: one line of output each")
+    parser.add_argument("--family", choices=sorted(WRITERS),
+                        help="the family whose model writes, where the run trained several")
     parser.add_argument("--strategy", choices=STRATEGIES, default="greedy")
     parser.add_argument("--beams", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=50)
@@ -62,32 +82,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="decode with the model as models/ writes it, without models/kernels.py's kernels (the "
                              "same outputs to float rounding, slower)")
     args = parser.parse_args(argv)
-    stage = STAGE if args.prompt is not None else SEQ2SEQ_STAGE
-    model_dir = args.run_dir / stage / "model"
     try:
-        if not args.run_dir.is_dir():
-            raise ValueError(f"{args.run_dir} is not a directory; pass the run directory a pipeline run printed "
-                             "(run directory: outputs/<experiment>/<date>_<time>)")
-        if not model_dir.is_dir():
-            experiment = "gpt_tiny" if stage == STAGE else "seq2seq_tiny"
-            raise ValueError(f"{args.run_dir} has no {stage} stage output ({model_dir} is missing); pass the run "
-                             f"directory of such an experiment (python -m pipeline +experiment={experiment})"
-                             + (", or --input for a seq2seq run" if stage == STAGE else ", or --prompt for a GPT run"))
-        if not is_complete(args.run_dir / stage):
-            raise ValueError(f"{args.run_dir}'s {stage} stage has not finished (no {MARKER}); run the pipeline again "
-                             "to finish it (a killed pretraining resumes from its last checkpoint)")
+        generation = chosen_family(args.run_dir, args.family).generation
+        stage_dir = args.run_dir / generation.stage
+        if not is_complete(stage_dir):
+            raise ValueError(f"{args.run_dir}'s {generation.stage} stage has not finished (no {MARKER}); run the "
+                             "pipeline again to finish it (a killed pretraining resumes from its last checkpoint)")
+        texts = [args.prompt] if args.prompt is not None else read_inputs(args.input)
         request = Request(args.strategy, args.max_new_tokens, args.beams, args.temperature, args.top_k, args.top_p,
                           args.seed)
-        if stage == STAGE:
-            model, tokenizer = load_model(model_dir, args.fast_kernels)
-            texts = continuations(model, tokenizer, args.prompt, request)
-        else:
-            texts = seq2seq_outputs(model_dir, args.input, request, args.fast_kernels)
+        outputs = generation.write(stage_dir / "model", texts, request, args.fast_kernels)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    for i, text in enumerate(texts):
-        print(f"{f'[{i + 1}] ' if len(texts) > 1 else ''}{args.prompt or ''}{text}")
+    for text, written in zip(texts, outputs):
+        shown = [f"{text if generation.continues else ''}{output}" for output in written]
+        if args.prompt is not None:
+            for i, line in enumerate(shown):
+                print(f"{f'[{i + 1}] ' if len(shown) > 1 else ''}{line}")
+        else:  # the best, kept on one line: the output's lines are the input's
+            print(" ".join(shown[0].splitlines()))
     return 0
 
 

@@ -22,12 +22,16 @@ from typing import Any, Optional, get_type_hints
 
 from omegaconf import MISSING
 
-from pipeline.engine.optim import LR_DECAYS, PRETRAIN_OPTIMIZERS
-
 # Field metadata of a block a run may leave null, naming the block that stands in for it then (gpt.model: `model`)
 NULL_MEANS = "null_means"
 
-PretrainOptimizer = StrEnum("PretrainOptimizer", {name: name for name in PRETRAIN_OPTIMIZERS}, module=__name__)
+# pretrain.optimizer and pretrain.lr_decay name what pipeline/engine/optim.py builds; the names are kept here, where
+# no torch is loaded, so that every family's settings.py, read by torch-free data stages, can build on PretrainConfig
+PretrainOptimizer = StrEnum("PretrainOptimizer", {name: name for name in ("adamw", "lamb")}, module=__name__)
+# the shape of the decay from the peak lr after the warmup. Linear warmup then linear decay is also the "one-cycle" of
+# Izsak et al. 2021 (BERT in 24 h); both reach 0 at max_steps. noam: the Transformer's inverse square root (noam_rate,
+# Vaswani et al. 2017 eq. 3), which never reaches 0.
+LR_DECAYS = ("linear", "cosine", "noam")
 LrDecay = StrEnum("LrDecay", {name: name for name in LR_DECAYS}, module=__name__)
 # pretrain.init_embeddings: where the token embeddings start, random (the model's initialiser) or word2vec (skip-gram
 # vectors of the corpus's pieces: BERT's bert_piece_vectors stage, GPT's gpt_piece_vectors)

@@ -12,6 +12,7 @@ import pipeline.config  # noqa: F401  registers the config schema: tiny_config a
 from pipeline import CONF_DIR
 from pipeline.engine.dag import execute_stage, plan
 from pipeline.engine.module import OptimizerSettings
+from pipeline.families import FAMILIES
 from pipeline.stages import STAGES
 
 SUBJECTS = ["the old man", "a young woman", "the captain", "my brother", "the king", "her mother", "the sailor",
@@ -102,32 +103,17 @@ RESUME_OVERRIDES = ["++pretrain.checkpoint_every_steps=10"]  # a tiny run's 30 s
 
 @dataclass(frozen=True)
 class TinyFamily:
-    """A family's pretraining shrunk to seconds on the tiny corpus: its experiment, stages and extra overrides."""
+    """A family's pretraining shrunk to seconds on the tiny corpus (its record's Family.tiny): its experiment, first
+    pretraining stage, the stages that one needs and the family's own overrides."""
     experiment: str
     pretraining_stage: str
     data_stages: tuple[str, ...]  # what the pretraining stage needs, in order
     overrides: tuple[str, ...] = ()
 
 
-TINY_FAMILIES = {
-    "bert": TinyFamily("bert_tiny", "bert_pretrain", ("prepare", "bert_tokenizer", "bert_examples")),
-    # the sampled softmax: its gradient is sparse
-    "elmo": TinyFamily("elmo_small", "elmo_pretrain", ("prepare", "elmo_vocab", "elmo_streams"), (
-        "elmo.vocab_size=200", "elmo.min_count=1", "elmo.batch_size=4", "elmo.window=8",
-        "elmo.holdout_books_fraction=0.2", "+model.config.lstm_dim=32", "+model.config.projection_dim=16",
-        "+model.config.filters=[[1,8],[2,8]]", "+model.config.softmax=sampled", "+model.config.num_samples=50")),
-    # batches of 16 of ~300 triples: 30 steps cross an epoch
-    "skip_thought": TinyFamily("skip_thought_small", "skip_thought_pretrain",
-                               ("prepare", "skip_thought_vocab", "skip_thought_examples"), (
-        "skip_thought.vocab_size=200", "pretrain.batch_size=16", "+model.config.embedding_dim=16",
-        "+model.config.encoder_dim=32", "+model.config.decoder_dim=32")),
-    "gpt": TinyFamily("gpt_tiny", "gpt_pretrain", ("prepare", "gpt_tokenizer", "gpt_blocks"), (
-        "gpt.vocab_size=300", "gpt.min_frequency=1", "gpt.block_size=16", "+model.config.n_embd=32")),
-    # without the experiment's GPT baseline (tests/gpt/test_gpt_generation.py fine-tunes GPT on headlines)
-    "seq2seq": TinyFamily("seq2seq_tiny", "seq2seq_pretrain", ("prepare", "seq2seq_tokenizer", "seq2seq_examples"), (
-        "seq2seq.vocab_size=320", "seq2seq.min_frequency=1", "seq2seq.block_size=32", "seq2seq.num_sentinels=8",
-        "+model.config.d_model=32", "+model.config.d_ff=64", "finetune.models=[seq2seq]")),
-}
+TINY_FAMILIES = {family.name: TinyFamily(family.tiny.experiment, family.pretraining_stages[0],
+                                         family.tiny.data_stages, family.tiny.overrides)
+                 for family in FAMILIES if family.tiny}
 
 
 def family_config(tmp_path: Path, family: str, extra: list[str] | None = None):

@@ -57,6 +57,10 @@ def run(case: dict) -> dict:
                 continue
             outputs = model(**out["batch"])
             out[auto] = {k: v for k, v in outputs.items() if v is not None}
+            if auto == "AutoModelForSeq2SeqLM":  # what it writes from each source, greedily
+                out["generated"] = [model.generate(input_ids=ids[mask.bool()][None], max_new_tokens=8,
+                                                   do_sample=False)[0].tolist()
+                                    for ids, mask in zip(out["batch"]["input_ids"], out["batch"]["attention_mask"])]
             if hasattr(model, "words"):  # ELMo: the tokens gathered back into the character ids of words
                 out["words"] = model.words(out["batch"]["input_ids"], out["batch"]["attention_mask"])
     return out

@@ -2,8 +2,9 @@
 safetensors alone (transformers is needed to load them, never to write them).
 
 A model transformers has classes for is written in their layout (BERT with learned positions and post-LN blocks as
-BertForMaskedLM, GPT as GPT2LMHeadModel: models/bert.py and models/gpt.py). Any other gets its modelling code beside
-the weights: one `modeling_textrep_<family>.py` of this folder, which imports only torch and transformers, named in
+BertForMaskedLM, GPT as GPT2LMHeadModel, a BART-shaped encoder-decoder as BartForConditionalGeneration:
+models/hf/bert.py, models/hf/gpt.py and models/hf/seq2seq.py). Any other gets its modelling code beside the weights: one
+`modeling_textrep_<model>.py` of this folder, which imports only torch and transformers, named in
 config.json's `auto_map`, so that `AutoModel.from_pretrained(dir, trust_remote_code=True)` builds it on a machine
 without this project (as MosaicBERT, Nomic BERT and Jina BERT ship theirs). Those files are the models' computation
 written out plainly; the tests load every kind in a fresh process and compare its outputs with ours.

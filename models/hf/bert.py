@@ -2,16 +2,21 @@
 computes what ours does (learned absolute positions, post-LN blocks), else the same layout with modeling_textrep_bert.py
 beside it. Either way AutoModel loads the encoder and, where the masked-LM head is included, AutoModelForMaskedLM
 loads it with the head; the checkpoint is the BertForPreTraining layout (`bert.`, `cls.predictions.`, and
-`cls.seq_relationship.` where next sentence prediction was trained), which models.bert.from_hf reads back."""
+`cls.seq_relationship.` where next sentence prediction was trained), which from_hf reads back, as it reads
+transformers' own BERT checkpoints. HF's parameter names are ours, so conversion only drops, strips and checks keys."""
 from __future__ import annotations
 
-from dataclasses import asdict
+import json
+import warnings
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
-from models.bert import HF_CONFIG_KEYS, BertConfig, BertModel, config_from_hf
+from models.bert import CHECKPOINT_FORMAT, BertConfig, BertForPreTraining, BertModel, load_pretrained
+from models.checkpoint import read_config, read_hf_weights
 from models.hf import write_config, write_custom_model, write_weights
 
 if TYPE_CHECKING:  # never run (it needs transformers): the file is copied, and so part of the code version of
@@ -21,6 +26,135 @@ if TYPE_CHECKING:  # never run (it needs transformers): the file is copied, and 
 CUSTOM_CODE = "modeling_textrep_bert"
 CUSTOM_MODEL_TYPE = "textrep_bert"  # TextrepBertConfig.model_type in that file
 MLM_BIAS = "cls.predictions.bias"  # present iff the directory has the masked-LM head
+
+
+HF_CONFIG_KEYS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+    "max_position_embeddings", "type_vocab_size", "hidden_dropout_prob", "attention_probs_dropout_prob",
+    "layer_norm_eps", "initializer_range", "pad_token_id",
+)
+
+
+def config_from_hf(hf: dict) -> BertConfig:
+    """Our BertConfig from the dict of a HuggingFace BERT config.json, or of one models/hf/bert.py wrote with its own
+    modelling code (model_type textrep_bert: our config's fields as they are)."""
+    if hf.get("model_type") == "textrep_bert":
+        return BertConfig.from_dict(hf)
+    if hf.get("hidden_act", "gelu") != "gelu":
+        raise ValueError(f"only hidden_act='gelu' is supported, got {hf['hidden_act']!r}")
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError(f"only position_embedding_type='absolute' is supported, got {hf['position_embedding_type']!r}")
+    values = {k: hf[k] for k in HF_CONFIG_KEYS if hf.get(k) is not None}
+    return BertConfig(**values, position_embedding_type="learned")
+
+
+def _normalise_hf_keys(state_dict: dict) -> dict:
+    """Strip the `bert.` prefix of task-model checkpoints and rename TF-era LayerNorm gamma/beta to weight/bias."""
+    out = {}
+    for key, value in state_dict.items():
+        key = key.removeprefix("bert.")
+        if key.endswith("LayerNorm.gamma"):
+            key = key.removesuffix("gamma") + "weight"
+        elif key.endswith("LayerNorm.beta"):
+            key = key.removesuffix("beta") + "bias"
+        out[key] = value
+    return out
+
+
+def _hf_state_and_config(path_or_state_dict, config):
+    if isinstance(path_or_state_dict, dict):
+        if config is None:
+            raise ValueError("from_hf(state_dict) needs config=BertConfig(...)")
+        return _normalise_hf_keys(path_or_state_dict), config
+    path = Path(path_or_state_dict)
+    if config is None:
+        config = config_from_hf(json.loads((path / "config.json").read_text()))
+    return _normalise_hf_keys(read_hf_weights(path)), config
+
+
+def _encoder_state(state: dict) -> dict:
+    """The encoder's entries of a normalised HF state dict: no task heads, no HF position_ids/token_type_ids buffers."""
+    return {
+        k: v for k, v in state.items()
+        if k.startswith(("embeddings.", "encoder.", "pooler."))
+        and k not in ("embeddings.position_ids", "embeddings.token_type_ids")
+    }
+
+
+def _load_checked(module: nn.Module, state: dict, may_miss: tuple[str, ...] = ()) -> None:
+    """load_state_dict that names every mismatch, tolerating missing keys that start with one of `may_miss`."""
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith(may_miss)]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match the config: missing {missing}, unexpected {unexpected}")
+
+
+def _warn_if_no_pooler(state: dict) -> None:
+    # HF models saved with add_pooling_layer=False (e.g. from BertForMaskedLM) have no pooler weights.
+    if not any(k.startswith("pooler.") for k in state):
+        warnings.warn("checkpoint has no pooler weights; the pooler stays randomly initialised")
+
+
+def from_hf(path_or_state_dict, config: BertConfig | None = None) -> BertModel:
+    """BertModel from HuggingFace BERT weights: a directory (config.json + model.safetensors or pytorch_model.bin) or a
+    state dict (then `config` is required), in BertModel layout or task-model layout (`bert.` prefix; heads ignored)."""
+    state, config = _hf_state_and_config(path_or_state_dict, config)
+    state = _encoder_state(state)
+    _warn_if_no_pooler(state)
+    model = BertModel(config)
+    _load_checked(model, state, may_miss=("pooler.",))
+    return model
+
+
+def from_hf_pretraining(path_or_state_dict, config: BertConfig | None = None) -> BertForPreTraining:
+    """BertForPreTraining (encoder + MLM/NSP heads) from a HuggingFace BertForPreTraining checkpoint or state dict."""
+    state, config = _hf_state_and_config(path_or_state_dict, config)
+    encoder = _encoder_state(state)
+    _warn_if_no_pooler(encoder)
+    # HF's decoder.weight / decoder.bias are tied copies of the word embeddings / cls.predictions.bias (and may be
+    # absent from the file); our decoder weight is loaded through its bert.embeddings name.
+    heads = {k: v for k, v in state.items() if k.startswith("cls.") and not k.startswith("cls.predictions.decoder.")}
+    model = BertForPreTraining(config)
+    full = {**{"bert." + k: v for k, v in encoder.items()}, **heads}
+    _load_checked(model, full, may_miss=("bert.pooler.", BertForPreTraining.TIED_DECODER))
+    return model
+
+
+def continue_from_hf(path, vocab_size: int | None = None) -> tuple[BertForPreTraining, list[str]]:
+    """BertForPreTraining from any HuggingFace BERT directory, to continue its pretraining (Gururangan et al. 2020):
+    the encoder's weights, and the MLM and NSP heads where the checkpoint has them (a BertForPreTraining or
+    BertForMaskedLM one), freshly initialised where it has not (a bare BertModel, as sentence encoders ship). With
+    `vocab_size` above the checkpoint's, the word embeddings (and the MLM bias) get rows of padding, initialised as
+    the others and never a target. Returns the model and the parts that were loaded."""
+    state, config = _hf_state_and_config(path, None)
+    model = BertForPreTraining(replace(config, vocab_size=max(vocab_size or 0, config.vocab_size)))
+    own = model.state_dict()
+    words = state["embeddings.word_embeddings.weight"]
+    state["embeddings.word_embeddings.weight"] = torch.cat([words, own["bert.embeddings.word_embeddings.weight"]
+                                                            [len(words):]])
+    if "cls.predictions.bias" in state:
+        bias = state["cls.predictions.bias"]
+        state["cls.predictions.bias"] = torch.cat([bias, own["cls.predictions.bias"][len(bias):]])
+    encoder = _encoder_state(state)
+    heads = {k: v for k, v in state.items() if k.startswith("cls.") and not k.startswith("cls.predictions.decoder.")}
+    _load_checked(model, {**{"bert." + k: v for k, v in encoder.items()}, **heads},
+                  may_miss=("bert.pooler.", "cls.", BertForPreTraining.TIED_DECODER))
+    loaded = ["encoder"] + [name for name, prefix in (("masked-LM head", "cls.predictions."),
+                                                      ("next-sentence head", "cls.seq_relationship."))
+                            if any(k.startswith(prefix) for k in heads)]
+    return model, loaded
+
+
+def load_ours_or_hf(path) -> BertModel:
+    """An encoder written by models.bert.save_pretrained, or a HuggingFace BERT directory (told apart by config.json):
+    what the pipeline reads where a run may point at either (finetune.external_encoder)."""
+    path = Path(path)
+    config = read_config(path)
+    if config.get("format") == CHECKPOINT_FORMAT:
+        return load_pretrained(path)
+    if config.get("model_type") == "bert" or "architectures" in config:
+        return from_hf(path)
+    raise ValueError(f"{path}/config.json is neither a {CHECKPOINT_FORMAT} checkpoint nor a HuggingFace BERT config")
 
 
 def hf_incompatibility(config: BertConfig) -> str:

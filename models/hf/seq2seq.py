@@ -1,4 +1,8 @@
-"""The Transformer encoder-decoder (models/seq2seq.py) as HuggingFace's BartForConditionalGeneration, and back.
+"""The seq2seq family's encoder-decoders as HuggingFace directories: the Transformer (models/seq2seq.py) as
+transformers' BartForConditionalGeneration where BART computes it, and back; any other Transformer (seed 000's pre-LN,
+sinusoidal one) and the RNN encoder-decoder (models/rnn_seq2seq.py) in their own layout with their modelling code beside
+the weights (modeling_textrep_seq2seq.py, modeling_textrep_rnn_seq2seq.py), which AutoModelForSeq2SeqLM loads with
+trust_remote_code=True. Either way its `generate` writes text from a source.
 
 Our parameter names are BART's, so a BART checkpoint is our state dict under `model.` with the shared embedding's tied
 copies (`model.encoder.embed_tokens`, `model.decoder.embed_tokens`, `lm_head`) left out, and our Generator's bias as
@@ -10,16 +14,29 @@ it is never needed to write it.
 from __future__ import annotations
 
 import warnings
+from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from models.checkpoint import load_every_weight, read_config, read_hf_weights
-from models.hf import write_config, write_weights
+from models.hf import write_config, write_custom_model, write_weights
+from models.rnn_seq2seq import RNNEncoderDecoder
 from models.seq2seq import EncoderDecoder, Seq2SeqConfig
+
+if TYPE_CHECKING:  # never run (they need transformers): the files are copied, and so part of the code version of
+    # every stage that writes them (pipeline/engine/fingerprints.py follows imports)
+    from models.hf import modeling_textrep_rnn_seq2seq, modeling_textrep_seq2seq  # noqa: F401
 
 BART_LAYER_NORM_EPS = 1e-5  # BART's nn.LayerNorm default, which its config cannot change
 TIED = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight")
+# The modelling code of each architecture BART cannot express, and the classes config.json's auto_map names in it
+CUSTOM = {EncoderDecoder: ("modeling_textrep_seq2seq", "textrep_seq2seq", "TextrepSeq2Seq"),
+          RNNEncoderDecoder: ("modeling_textrep_rnn_seq2seq", "textrep_rnn_seq2seq", "TextrepRNNSeq2Seq")}
+# what only training reads: the loss's label smoothing and the dropout rates (the modelling code computes inference)
+TRAINING_ONLY = ("label_smoothing", "dropout", "attention_dropout", "activation_dropout", "init_range")
 
 
 def hf_incompatibility(config) -> str:
@@ -27,6 +44,9 @@ def hf_incompatibility(config) -> str:
     if not isinstance(config, Seq2SeqConfig):  # models/rnn_seq2seq.py's RNN encoder-decoder
         return (f"not exportable as BART: HuggingFace's BartForConditionalGeneration is a Transformer "
                 f"(models.seq2seq.Seq2SeqConfig); this model's config is {type(config).__name__}")
+    if config.copy_attention:
+        return ("not exportable as BART: HuggingFace's BART writes from its vocabulary distribution alone, and this "
+                "model mixes in copying from the source (copy_attention=True, See et al.'s pointer-generator)")
     bart = dict(pre_layer_norm=False, layernorm_embedding=True, position_embedding_type="learned",
                 learned_position_offset=2, layer_norm_eps=BART_LAYER_NORM_EPS)
     differ = [f"{key}={getattr(config, key)!r}" for key, value in bart.items() if getattr(config, key) != value]
@@ -36,13 +56,52 @@ def hf_incompatibility(config) -> str:
     return ""
 
 
-def to_hf(model: EncoderDecoder, path) -> None:
+def not_exportable(config) -> str:
+    """Why no HuggingFace directory can compute what a model of `config` does, or "" when to_hf can write one."""
+    if getattr(config, "copy_attention", False):
+        return ("copy_attention=True: neither BART nor our HuggingFace modelling code (modeling_textrep_seq2seq.py, "
+                "modeling_textrep_rnn_seq2seq.py) mixes in copying from the source (See et al.'s pointer-generator); "
+                "use the stage's model/ directory with pipeline.generate")
+    return ""
+
+
+def hf_architecture(model: nn.Module) -> str | None:
+    """The class AutoModelForSeq2SeqLM builds from the directory to_hf writes of `model`; None if it writes none."""
+    if not_exportable(model.config):
+        return None
+    if isinstance(model, EncoderDecoder) and not hf_incompatibility(model.config):
+        return "BartForConditionalGeneration"
+    return f"{CUSTOM[type(model)][2]}ForConditionalGeneration"
+
+
+def to_hf(model: nn.Module, path) -> str:
+    """Write the encoder-decoder `model` as a directory transformers loads: BART where hf_incompatibility finds
+    nothing, else our layout with our modelling code (models/hf/__init__.py); returns hf_architecture(model)."""
+    if not_exportable(model.config):
+        raise ValueError(f"not exportable to HuggingFace: {not_exportable(model.config)}")
+    architecture = hf_architecture(model)
+    if architecture == "BartForConditionalGeneration":
+        to_bart(model, path)
+        return architecture
+    code, model_type, prefix = CUSTOM[type(model)]
+    classes = {"AutoConfig": f"{prefix}Config", "AutoModelForSeq2SeqLM": architecture}
+    config = {k: v for k, v in asdict(model.config).items() if k not in TRAINING_ONLY}
+    state = model.state_dict()
+    if isinstance(model, EncoderDecoder):  # BART's name for the Generator's bias, as to_bart writes it
+        state["final_logits_bias"] = state.pop("generator.bias")
+    write_custom_model(Path(path), code, {"architectures": [architecture], "model_type": model_type, **config},
+                       classes, state)
+    return architecture
+
+
+def to_bart(model: EncoderDecoder, path) -> None:
     """Write `model` as a BartForConditionalGeneration directory (config.json + model.safetensors). Its generation
     settings decode as models/generation.py does: from decoder_start_token_id, no forced tokens."""
     c, path = model.config, Path(path)
     why = hf_incompatibility(c)
     if why:
-        raise ValueError(f"{why}; build the model with models.seq2seq.bart_config to export it")
+        raise ValueError(f"{why}; build the model with models.seq2seq.bart_config and copy_attention=False to write it "
+                         "as BART (to_hf writes any other with our modelling code)")
     write_config(path, {
         "architectures": ["BartForConditionalGeneration"], "model_type": "bart", "is_encoder_decoder": True,
         "vocab_size": c.vocab_size, "d_model": c.d_model, "max_position_embeddings": c.max_positions,
@@ -121,3 +180,26 @@ def from_hf(path_or_state_dict, config: Seq2SeqConfig | None = None) -> EncoderD
     model = EncoderDecoder(config)
     load_every_weight(model, _state_from_hf(state))
     return model
+
+
+def describe(config: dict) -> str:
+    """What a model card says of the encoder-decoder a to_hf directory's config.json describes."""
+    if config["model_type"] == "textrep_rnn_seq2seq":
+        cell = config["cell"].upper()
+        body = (f"An RNN encoder-decoder with attention (Luong et al. 2015): bidirectional {cell} encoder, {cell} "
+                f"decoder, {config['num_layers']} layer(s) each, hidden size {config['hidden_size']}, "
+                f"{config['embedding_dim']}-value embeddings shared by source, target and output, "
+                f"{config['attention']} attention" + (", input feeding" if config["input_feeding"] else ""))
+    else:
+        bart = config["model_type"] == "bart"
+        heads, width = (config["encoder_attention_heads"], config["encoder_ffn_dim"]) if bart else \
+            (config["n_head"], config["d_ff"])
+        shape = ("post-LayerNorm blocks, learned positions (BART's layout)" if bart else
+                 f"{'pre' if config['pre_layer_norm'] else 'post'}-LayerNorm blocks, "
+                 f"{config['position_embedding_type']} positions")
+        body = (f"A Transformer encoder-decoder (Vaswani et al. 2017): {config['encoder_layers']} + "
+                f"{config['decoder_layers']} layers, hidden size {config['d_model']}, {heads} attention heads, "
+                f"feed-forward size {width}, {shape}")
+    return (f"{body}, {config['vocab_size']} byte-level BPE tokens, pretrained to restore noised text (denoising). "
+            "AutoModelForSeq2SeqLM gives next-token logits and `generate` writes a target from a source (end the "
+            "source with the tokenizer's eos token, as in training).")

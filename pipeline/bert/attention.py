@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
-from pipeline.bert.config import AttentionReportConfig
 from pipeline.bert.pretrain import encoder_stage
+from pipeline.bert.settings import AttentionReportConfig
 from pipeline.engine.settings import cache_dir_of, stages_in_run, typed_settings
 from pipeline.engine.training import TrainerConfig
 from pipeline.report.fonts import font_for

@@ -15,6 +15,16 @@ from models import IGNORE_INDEX
 from pipeline.engine.loaders import ArrowRows
 
 
+def segment_apart(row: Mapping[str, object], segment: int) -> dict[str, np.ndarray]:
+    """Segment 0 ([CLS] A [SEP]) or 1 (B [SEP] after the row's [CLS]) of a pair instance, as a row of its own."""
+    ids, types = np.asarray(row["input_ids"]), np.asarray(row["token_type_ids"])
+    if not (types == 1).any():
+        raise ValueError("a contrastive loss between segments needs sentence-pair instances with a second segment "
+                         "(examples.packing=sentence_pairs)")
+    kept = ids[types == 0] if segment == 0 else np.concatenate([ids[:1], ids[types == 1]])
+    return {"input_ids": kept, "token_type_ids": np.zeros_like(kept)}
+
+
 class BertPretrainingCollator:
     """Pads a list of instance rows and applies dynamic masked-LM masking (RoBERTa-style).
 
@@ -35,6 +45,10 @@ class BertPretrainingCollator:
     seed 003): the pieces of a word are chosen together, words in random order until the next would overshoot the
     count, so a masked piece cannot be read off the rest of its word ("un ##believ [MASK]").
 
+    ``split_segments`` encodes the two segments of each pair apart, for a contrastive loss between them (pipeline/bert/
+    module.py): the n rows [CLS] A [SEP] B [SEP] become 2n rows, [CLS] A [SEP] for each pair, then [CLS] B [SEP] in
+    the same order, all of segment 0; ``next_sentence_label`` stays one per pair (n,).
+
     ``generator`` makes masking reproducible in a single process. Do not pass one to a DataLoader with workers:
     each worker would get a copy of the same generator state and draw identical masks; with ``None`` torch's
     global RNG is used, which DataLoader seeds differently in every worker.
@@ -50,7 +64,9 @@ class BertPretrainingCollator:
         max_predictions_per_seq: int = 20,
         generator: torch.Generator | None = None,
         continuation: Sequence[bool] | None = None,
+        split_segments: bool = False,
     ) -> None:
+        self.split_segments = split_segments
         self.pad_id = pad_id
         self.mask_id = mask_id
         self.mlm_probability = mlm_probability
@@ -93,6 +109,9 @@ class BertPretrainingCollator:
         return maskable & (through_word.gather(1, word) <= num_to_predict.unsqueeze(1))
 
     def __call__(self, rows: Sequence[Mapping[str, object]]) -> dict[str, torch.Tensor]:
+        next_sentence_label = torch.tensor([int(row["next_sentence_label"]) for row in rows], dtype=torch.long)
+        if self.split_segments:
+            rows = [segment for i in (0, 1) for segment in (segment_apart(row, i) for row in rows)]
         batch_size = len(rows)
         seq_length = max(len(row["input_ids"]) for row in rows)
         input_ids = torch.full((batch_size, seq_length), self.pad_id, dtype=torch.long)
@@ -103,7 +122,6 @@ class BertPretrainingCollator:
             input_ids[b, :length] = torch.as_tensor(row["input_ids"])
             token_type_ids[b, :length] = torch.as_tensor(row["token_type_ids"])
             attention_mask[b, :length] = 1
-        next_sentence_label = torch.tensor([int(row["next_sentence_label"]) for row in rows], dtype=torch.long)
 
         maskable = attention_mask.bool() & ~torch.isin(input_ids, self.special_ids)
         num_maskable = maskable.sum(dim=1)

@@ -1,6 +1,6 @@
 """BERT's data stages: a WordPiece vocabulary trained on the sentence shards, then sentence-pair instances per
 shard (google-research/bert's create_pretraining_data), one Ray task per shard. Nothing here imports torch: the Ray
-workers these stages run in stay at the size of the data they hold (pipeline/bert/stages.py lists the stages)."""
+workers these stages run in stay at the size of the data they hold (pipeline/bert/pretrain.py lists the stages)."""
 from __future__ import annotations
 
 import json
@@ -30,6 +30,7 @@ from pipeline.corpus import require_books
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 from pipeline.engine.settings import typed_settings
+from pipeline.piece_vectors import piece_vectors as piece_vectors_of
 
 
 def tokenizer(ctx: StageContext) -> dict:
@@ -63,6 +64,13 @@ def embedding_width(cfg: DictConfig, vocab_size: int) -> int:
 def wordpiece_ids(tok: Tokenizer, texts: pa.Array) -> list[list[int]]:
     """The WordPiece ids of each text, each distinct word encoded once (encode_by_word)."""
     return encode_by_word(tok, texts).to_pylist()
+
+
+def piece_vectors(ctx: StageContext) -> dict:
+    """bert_piece_vectors: the shared piece-vector stage (pipeline/piece_vectors.py) over the WordPiece pieces, at the
+    width of BERT's word embeddings."""
+    return piece_vectors_of(ctx, tokenizer_stage="bert_tokenizer", load_tokenizer=load_tokenizer,
+                            encode=wordpiece_ids, width=embedding_width)
 
 
 def _tokenized_books(shard_path: Path, tok) -> list[list[list[int]]]:

@@ -34,9 +34,8 @@ from models.bert import (
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
-    load_pretrained,
 )
-from pipeline.bert.config import BertFinetuneConfig
+from models.hf.bert import load_ours_or_hf
 from pipeline.bert.data import EncodedPromptTask, EncodedTask, pad_classification_batch
 from pipeline.bert.pretrain import (
     HEADS_FILE,
@@ -45,6 +44,7 @@ from pipeline.bert.pretrain import (
     pretraining_starts_from_piece_vectors,
     scratch_encoder_config,
 )
+from pipeline.bert.settings import BertFinetuneConfig
 from pipeline.downstream.modules import (
     ClassificationModule,
     QuestionAnsweringModule,
@@ -105,7 +105,7 @@ class BertTaskModels:
         # Reading an encoder builds one, which draws from the seed's random stream before the model is built; the
         # control draws one of its architecture in that place, so that its head and layers are bert_random's at the
         # same seed (and its head bert's): the kinds of a seed differ by where their encoder starts alone.
-        encoder = load_pretrained(self.encoder_dir) if start is None else BertModel(start.config)
+        encoder = load_ours_or_hf(self.encoder_dir) if start is None else BertModel(start.config)
         config = encoder.config
         if self.dropout is not None:
             config = replace(config, hidden_dropout_prob=self.dropout, attention_probs_dropout_prob=self.dropout)

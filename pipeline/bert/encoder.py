@@ -6,8 +6,8 @@ import torch
 from omegaconf import DictConfig
 
 from data_prep.corpus.tokenizer import CLS_TOKEN, PAD_TOKEN, SEP_TOKEN, encode_batch_ids
-from pipeline.bert.config import BERT_POOLINGS
 from pipeline.bert.pretrain import encoder_stage
+from pipeline.bert.settings import BERT_POOLINGS
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec
 from pipeline.engine.settings import typed_settings
@@ -41,11 +41,11 @@ class BertEncoder:
         directory; with `random_init_seed`, its architecture freshly initialised instead of its weights; with
         models/kernels.py's modules where `fast_kernels` (trainer.fast_kernels)."""
         from data_prep.corpus.tokenizer import load_tokenizer
-        from models.bert import load_pretrained
         from models.checkpoint import random_twin
+        from models.hf.bert import load_ours_or_hf
         from models.kernels import use_fast_kernels
 
-        model = load_pretrained(encoder_dir)
+        model = load_ours_or_hf(encoder_dir)
         if random_init_seed is not None:
             model = random_twin(model, random_init_seed)
         if fast_kernels:

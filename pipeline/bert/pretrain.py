@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import hydra
@@ -26,26 +27,20 @@ from torch.utils.data import DataLoader, Subset
 from data_prep.corpus.tokenizer import SPECIAL_TOKENS, checkpoint_tokenizer, load_tokenizer, save_hf_tokenizer
 from data_prep.examples.bert_examples import continuation_mask_from_vocab
 from models import IGNORE_INDEX
-from models.bert import (
-    BertConfig,
-    config_from_hf,
-    continue_from_hf,
-    load_pretrained,
-    save_pretrained,
-)
+from models.bert import BertConfig, load_pretrained, save_pretrained
 from models.checkpoint import HF_WEIGHT_FILES, hf_weights_file
-from models.hf.bert import hf_incompatibility, to_hf
-from pipeline.bert.config import BertPretrainSettings
+from models.hf.bert import config_from_hf, continue_from_hf, hf_incompatibility, to_hf
 from pipeline.bert.data import BertPretrainingCollator, MaskedBatches, PretrainingInstances
+from pipeline.bert.data_stages import examples, piece_vectors, tokenizer
 from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import BertPretrainModule
-from pipeline.bert.settings import ExamplesConfig, TokenizerConfig
+from pipeline.bert.settings import BertPretrainSettings, ExamplesConfig, TokenizerConfig
 from pipeline.engine.arrow import read_arrow
-from pipeline.engine.dag import StageContext
+from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.fingerprints import files_fingerprint
 from pipeline.engine.loaders import held_out_split, seeded_train_loader
 from pipeline.engine.module import OptimizerSettings
-from pipeline.engine.pretraining import instantiate_model, merged_settings, start_word_embeddings
+from pipeline.engine.pretraining import instantiate_model, merged_settings, pretraining_stage, start_word_embeddings
 from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
 from pipeline.engine.settings import cache_dir_of, stages_in_run, typed_settings
 from pipeline.engine.snapshots import encoder_snapshot_steps
@@ -103,6 +98,11 @@ def check_objective(settings: BertPretrainSettings, key: str, packing: str = "se
     if settings.objective == "electra" and settings.next_sentence_prediction:
         raise ValueError(f"{key}.objective=electra has no next-sentence task (Clark et al. 2020); set "
                          f"{key}.next_sentence_prediction=false")
+    if settings.contrastive_weight > 0 and (settings.next_sentence_prediction or settings.objective != "mlm"
+                                            or packing != "sentence_pairs"):
+        raise ValueError(f"{key}.contrastive_weight > 0 encodes the two segments of a sentence pair apart, beside "
+                         f"masked LM: set {key}.next_sentence_prediction=false, {key}.objective=mlm and "
+                         f"examples.packing=sentence_pairs, or {key}.contrastive_weight=0")
     if packing == "doc_sentences" and settings.next_sentence_prediction:
         raise ValueError(f"examples.packing=doc_sentences has no second segment to predict; set "
                          f"{key}.next_sentence_prediction=false (RoBERTa's masked LM alone), or "
@@ -270,7 +270,9 @@ class BertPretraining:
         # plain Python values: a checkpoint's hyperparameters must load with torch.load(weights_only=True)
         return BertPretrainModule(model, OptimizerSettings.of(p, self.settings_key(ctx.cfg)),
                                   next_sentence_prediction=bool(p.next_sentence_prediction), objective=str(p.objective),
-                                  discriminator_weight=float(p.electra.discriminator_weight))
+                                  discriminator_weight=float(p.electra.discriminator_weight),
+                                  contrastive_weight=float(p.contrastive_weight),
+                                  contrastive_temperature=float(p.contrastive_temperature))
 
     def data(self, ctx: StageContext, module: BertPretrainModule, p: BertPretrainSettings, rank: int,
              world_size: int) -> BertData:
@@ -287,7 +289,7 @@ class BertPretraining:
                                            max_predictions_per_seq=p.max_predictions_per_seq,
                                            generator=torch.Generator().manual_seed(cfg.seed + 1),
                                            continuation=continuation_mask_from_vocab(tok) if p.whole_word_masking
-                                           else None)
+                                           else None, split_segments=p.contrastive_weight > 0)
         train_loader = seeded_train_loader(MaskedBatches(train_set, collator), len(train_set), p.batch_size, cfg.seed,
                                            p.num_workers, rank, world_size)
         # Held-out batches are masked once, so every evaluation scores the same predictions.
@@ -300,7 +302,9 @@ class BertPretraining:
         # ELECTRA's weighted replaced/original guess for every token
         binary_weight = (p.electra.discriminator_weight if p.objective == "electra"
                          else float(p.next_sentence_prediction))
-        uniform = np.log(module.model.config.vocab_size) + binary_weight * np.log(2)
+        # and the contrastive loss's uniform pick among the batch's second segments
+        uniform = (np.log(module.model.config.vocab_size) + binary_weight * np.log(2)
+                   + p.contrastive_weight * np.log(p.batch_size))
         phase_summary = {"max_seq_length": phase.max_seq_length(cfg),
                          "initialised_from": str(ctx.stage_dir(phase.init_from)) if phase.init_from else None}
         return BertData(train_loader, train_loader.sampler, DataLoader(val_batches, batch_size=None), p.batch_size,
@@ -329,12 +333,13 @@ class BertPretraining:
         history = run.history
         nsp_acc = history.last("val/nsp_acc") if module.hparams.next_sentence_prediction else None
         return {"train_instances": data.train_instances,
-                "val_instances": sum(len(b["input_ids"]) for b in data.val_batches),
+                "val_instances": sum(len(b["next_sentence_label"]) for b in data.val_batches),
                 "padded_tokens_per_s": round(run.batches_per_s * data.batch_size
                                              * data.phase_summary["max_seq_length"], 1),
                 "tokens_seen": round(run.rows_seen(data.batch_size) * data.mean_instance_length),
                 **_learning_summary(history.last("val/mlm_loss"), history.last("val/mlm_acc"), nsp_acc, data),
                 "objective": module.hparams.objective, "final_val_rtd_acc": history.last("val/rtd_acc"),
+                "final_val_contrastive_acc": history.last("val/contrastive_acc"),
                 **data.phase_summary, "hf": f"{HF_DIR}/"}
 
 
@@ -352,3 +357,23 @@ def _learning_summary(mlm_loss: float | None, mlm_acc: float | None, nsp_acc: fl
 
 
 PRETRAINING = {phase.stage: BertPretraining(phase) for phase in PHASES}
+
+# BERT's stages: its data stages (pipeline/bert/data_stages.py), then pretraining in one or two phases
+PHASE_1, PHASE_2 = PHASES
+BERT_STAGES = (
+    # with pretrain.init_from, the checkpoint's tokenizer: its files are the stage's input (and, through this stage,
+    # the weights pretrain reads from the same directory)
+    Stage("bert_tokenizer", tokenizer, ("prepare",), ("tokenizer", "pretrain.init_from"),
+          fingerprint=init_from_fingerprint),
+    Stage(PHASE_1.examples, partial(examples, length_key=PHASE_1.length_key), ("prepare", "bert_tokenizer"),
+          ("examples", "seed")),
+    # pretrain.init_embeddings=word2vec: skip-gram vectors of the WordPiece pieces, the word embeddings' start
+    Stage("bert_piece_vectors", piece_vectors, ("prepare", "bert_tokenizer"), ("word2vec", "model", "seed")),
+    # phase 2 (Devlin et al. §A.2; PHASES above): its own examples, and phase 1's weights
+    Stage(PHASE_2.examples, partial(examples, length_key=PHASE_2.length_key), ("prepare", "bert_tokenizer"),
+          ("examples", PHASE_2.length_key, "seed")),
+    pretraining_stage(PHASE_1.stage, PRETRAINING[PHASE_1.stage], partial(pretraining_upstream, PHASE_1),
+                      ("pretrain",)),
+    pretraining_stage(PHASE_2.stage, PRETRAINING[PHASE_2.stage], partial(pretraining_upstream, PHASE_2),
+                      ("pretrain", "pretrain_phase2")),
+)

@@ -1,6 +1,6 @@
 """ELMo's data stages: a word vocabulary counted per shard and per-book token streams, one Ray task per shard.
 Nothing here imports torch: the Ray workers these stages run in stay at the size of the data they hold
-(pipeline/elmo/stages.py lists the stages)."""
+(pipeline/elmo/pretrain.py lists the stages)."""
 from __future__ import annotations
 
 from functools import partial

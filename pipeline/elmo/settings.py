@@ -1,6 +1,11 @@
 """ELMo's blocks, typed: `elmo`, which its data stages read, in a module without torch, which the Ray workers of
 those stages never load (tests/run/test_layering.py), and what it adds to `finetune`."""
 from dataclasses import dataclass
+from enum import StrEnum
+
+# What the task heads read beside the biLM's mix: the word2vec stage's vectors of the vocabulary's words, or nothing
+WORD_VECTORS = ("word2vec", "none")
+WordVectorSource = StrEnum("WordVectorSource", {name: name for name in WORD_VECTORS}, module=__name__)
 
 
 @dataclass
@@ -22,3 +27,8 @@ class ElmoFinetuneConfig:
     # labels; with 300 the head then cannot fit its own training sentences (docs/history/pretraining_recipes_log.md,
     # "Every family on the reviews")
     elmo_dropout: float = 0.5
+    # The task heads' input beside the mix: Peters et al. (2018, §3.3, Table 1) concatenate ELMo with the task model's
+    # own pretrained word vectors (GloVe there, kept fixed) and state ELMo's gain over that model without ELMo;
+    # word2vec: the word2vec stage's vectors (skip-gram on the same corpus), frozen, which then also fine-tunes the
+    # control elmo_w2v (finetune.controls); none: the mix alone, with elmo_random as the control
+    elmo_word_vectors: WordVectorSource = WordVectorSource.word2vec

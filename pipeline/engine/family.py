@@ -1,5 +1,6 @@
 """What a model family offers the pipeline: one record per family (pipeline/<family>/family.py), listed once in
-pipeline/families.py. The stage graph, `evaluate`, `finetune` and `report` read these records and never name a family.
+pipeline/families.py. The stage graph, `evaluate`, `finetune`, `report`, `python -m pipeline.export` and
+`python -m pipeline.generate`, and the tests' tiny runs (tests/helpers.py) read these records and never name a family.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from pipeline.engine.dag import Stage, StageContext
+from pipeline.engine.generation import Request
 from pipeline.engine.settings import Number
 
 Upstream = Callable[[DictConfig], tuple[str, ...]]  # the stages a consumer reads, given the run's config
@@ -90,6 +92,26 @@ class FinetuneKind:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """Text from the family's pretrained model, as `python -m pipeline.generate` writes it."""
+    stage: str       # the pretraining stage whose `model/` writes text
+    experiment: str  # an experiment that runs it, named to a user whose run has none
+    # (model directory, the texts, request, fast_kernels) -> each text's outputs, best first (one, or the beams' best);
+    # ValueError, one line, for a text it cannot generate from
+    write: Callable[[Path, list[str], Request, bool], list[list[str]]]
+    continues: bool = False  # the outputs continue the text (a language model's): printed after it
+
+
+@dataclass(frozen=True)
+class Tiny:
+    """The family at the tests' size (tests/helpers.py family_config): an experiment that runs it, the stages its first
+    pretraining stage reads, in order, and the overrides that shrink it to seconds on the tests' tiny corpus."""
+    experiment: str
+    data_stages: tuple[str, ...]
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     stages: tuple[Stage, ...]
@@ -107,3 +129,10 @@ class Family:
     # the schemas (dataclasses) of its config blocks: block name -> the keys it reads there, typed; a block the engine
     # has (pretrain) gets them added (pipeline/config.py)
     config: dict[str, type] = field(default_factory=dict)
+    # `python -m pipeline.export`: the model card's account of a final model, given the config.json its pretraining
+    # stage wrote into hf/ (every stage of pretraining_stages writes one); None: the family's models cannot be
+    # exported, and `not_exportable` says why
+    describe_export: Callable[[dict], str] | None = None
+    not_exportable: str = "its pretraining stages write no HuggingFace directory (hf/)"
+    generation: Generation | None = None  # None: its models write no text
+    tiny: Tiny | None = None  # None: the tests run none of its stages

@@ -1,7 +1,7 @@
 """Pretraining's datasets and loaders, for every family whose training data are rows of Arrow files (BERT's
 instances, GPT's blocks, Skip-Thought's triples): rows sliced out of the memory-mapped files on demand, so RAM does
 not grow with the corpus; a seeded share held out; training batches in a resumable seeded order, each rank its own
-(pipeline/engine/sampler.py). ELMo's truncated-BPTT windows are a stream of their own (pipeline/elmo/module.py): each
+(pipeline/engine/sampler.py). ELMo's truncated-BPTT windows are a stream of their own (pipeline/elmo/data.py): each
 batch continues the rows of the one before, which a shuffled order would break."""
 from __future__ import annotations
 

@@ -9,6 +9,8 @@ import math
 import torch
 from torch import nn
 
+from pipeline.schema import LR_DECAYS, PretrainOptimizer
+
 
 def _decay_groups(module: nn.Module, weight_decay: float, lr: float | None = None,
                   lr_scales: dict[int, float] | None = None) -> list[dict]:
@@ -27,12 +29,6 @@ def _decay_groups(module: nn.Module, weight_decay: float, lr: float | None = Non
             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, **extra}) if group["params"] or
             scale == 1.0]
     return groups
-
-
-# pretrain.lr_decay: the shape of the decay from the peak lr after the warmup. Linear warmup then linear decay is
-# also the "one-cycle" of Izsak et al. 2021 (BERT in 24 h); both reach 0 at max_steps. noam: the Transformer's
-# inverse square root (noam_rate, Vaswani et al. 2017 eq. 3), which never reaches 0.
-LR_DECAYS = ("linear", "cosine", "noam")
 
 
 def _with_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int,
@@ -234,7 +230,8 @@ def lamb_with_schedule(module: nn.Module, lr: float, weight_decay: float, betas,
 
 
 # pretrain.optimizer: the function that builds it, with its parameter groups and schedule
-PRETRAIN_OPTIMIZERS = {"adamw": adamw_with_schedule, "lamb": lamb_with_schedule}
+PRETRAIN_OPTIMIZERS = {PretrainOptimizer.adamw.value: adamw_with_schedule,
+                       PretrainOptimizer.lamb.value: lamb_with_schedule}
 # Those that take sparse gradients (LazyAdamW); with another, a model's sparse gradients are made dense
 # (use_dense_gradients): LAMB's trust ratio is a norm over the whole tensor, every row of it
 TAKE_SPARSE_GRADIENTS = ("adamw",)

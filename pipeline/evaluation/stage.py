@@ -10,7 +10,8 @@ from data_prep.corpus.word_vectors import load_glove
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.family import EncoderSpec
 from pipeline.engine.settings import all_cpus, cache_dir_of, typed_settings
-from pipeline.evaluation.senteval import GloveBagOfWords, SentevalConfig, run_senteval, senteval_files_fingerprint
+from pipeline.evaluation.embedding import GloveBagOfWords
+from pipeline.evaluation.senteval import SentevalConfig, run_senteval, senteval_files_fingerprint
 from pipeline.evaluation.settings import EvaluateConfig
 from pipeline.families import FAMILIES
 

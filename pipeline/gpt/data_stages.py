@@ -1,7 +1,7 @@
 """GPT's data stages: a byte-level BPE trained on the sentence shards, then the books of each shard packed into
 fixed-length blocks (data_prep/examples/gpt_blocks.py), one Ray task per shard, and what its piece vectors need
 (pipeline/piece_vectors.py). Nothing here imports torch: the Ray workers these stages run in stay at the size of the
-data they hold (pipeline/gpt/stages.py lists the stages)."""
+data they hold (pipeline/gpt/pretrain.py lists the stages)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,6 +19,7 @@ from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 from pipeline.engine.settings import model_key, typed_settings
 from pipeline.gpt.settings import GptDataConfig
+from pipeline.piece_vectors import piece_vectors
 
 
 def gpt_tokenizer(ctx: StageContext) -> dict:
@@ -61,3 +62,10 @@ def byte_level_ids(tok: Tokenizer, texts: pa.Array) -> list[list[int]]:
     """Each sentence's byte-level BPE ids as fine-tuning encodes a task's text: alone, so its first word comes without
     the leading space it has inside a book, and both forms of a word get a vector."""
     return encode_batch_ids(tok, texts.to_pylist())
+
+
+def gpt_piece_vectors(ctx: StageContext) -> dict:
+    """The shared piece-vector stage (pipeline/piece_vectors.py) over the byte-level BPE pieces, each sentence encoded
+    alone (byte_level_ids), at the width of GPT's token embeddings."""
+    return piece_vectors(ctx, tokenizer_stage="gpt_tokenizer", load_tokenizer=load_gpt_tokenizer,
+                         encode=byte_level_ids, width=embedding_width)

@@ -41,8 +41,8 @@ from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
 from pipeline.engine.pretraining import start_word_embeddings
 from pipeline.engine.settings import typed_settings
+from pipeline.gpt.pretrain import pretraining_starts_from_piece_vectors, scratch_config
 from pipeline.gpt.settings import GptFinetuneConfig
-from pipeline.gpt.stages import pretraining_starts_from_piece_vectors, scratch_config
 from pipeline.piece_vectors import PieceVectorStart, read_piece_vectors
 
 # GPT-1 Sec. 3.3: similarity has no inherent order, so both orders are encoded and their extract states summed: for

@@ -3,59 +3,29 @@ continuations of fixed prompts."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig
 from tokenizers import Tokenizer
 
 from data_prep.examples.gpt_blocks import load_gpt_tokenizer
-from models.generation import beam_search, greedy, sample
-from models.gpt import GPTLMHeadModel, load_pretrained
+from models.gpt import GPTLMHeadModel
+from models.hf.gpt import load_ours_or_hf
 from models.kernels import use_fast_kernels
+from pipeline.engine.generation import Request, complete_characters, generate_tokens
 from pipeline.engine.settings import stages_in_run, typed_settings
 from pipeline.engine.training import TrainerConfig
 from pipeline.gpt.settings import GptReportConfig
 
 STAGE = "gpt_pretrain"
 REPORT_NEW_TOKENS = 30  # of each of report.gpt_prompts' continuations
-STRATEGIES = ("greedy", "sample", "beam")
-
-
-@dataclass(frozen=True)
-class Request:
-    strategy: str = "greedy"
-    max_new_tokens: int = 50
-    beams: int = 4
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int = 0
 
 
 def load_model(model_dir: Path, fast_kernels: bool = True) -> tuple[GPTLMHeadModel, Tokenizer]:
     """The GPT to decode with, with models/kernels.py's decoding kernels where `fast_kernels` (trainer.fast_kernels
     in a run, --no-fast-kernels of pipeline.generate)."""
-    model = load_pretrained(model_dir).eval()
+    model = load_ours_or_hf(model_dir).eval()
     return use_fast_kernels(model) if fast_kernels else model, load_gpt_tokenizer(model_dir)
-
-
-def generate_tokens(model, ids: list[int], request: Request) -> list[list[int]]:
-    """`request`'s decoding of one input by models/generation.py, a GPT's prompt or an encoder-decoder's source (what
-    pipeline.generate serves for both families): the `beams` best for beam search, best first, else one. ValueError,
-    one line, for what cannot be generated."""
-    if request.strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {request.strategy!r}; use one of {', '.join(STRATEGIES)}")
-    if request.beams < 1:
-        raise ValueError(f"--beams must be >= 1, got {request.beams}")
-    if request.strategy == "beam":
-        return [h.tokens for h in beam_search(model, ids, request.max_new_tokens, num_beams=request.beams)]
-    if request.strategy == "sample":
-        generator = torch.Generator().manual_seed(request.seed)
-        return sample(model, [ids], request.max_new_tokens, request.temperature, request.top_k, request.top_p,
-                      generator=generator)
-    return greedy(model, [ids], request.max_new_tokens)
 
 
 def continuations(model: GPTLMHeadModel, tokenizer: Tokenizer, prompt: str, request: Request) -> list[str]:
@@ -68,10 +38,10 @@ def continuations(model: GPTLMHeadModel, tokenizer: Tokenizer, prompt: str, requ
             for tokens in generate_tokens(model, tokenizer.encode(prompt).ids, request)]
 
 
-def complete_characters(text: str) -> str:
-    """`text` without the replacement characters that end it: a byte-level BPE stopped after max_new_tokens can end
-    inside a character of several UTF-8 bytes (a Chinese character is 3, often 2 tokens), which decodes to U+FFFD."""
-    return text.rstrip("\ufffd")
+def continue_texts(model_dir: Path, prompts: list[str], request: Request, fast_kernels: bool) -> list[list[str]]:
+    """Each prompt's continuations by the GPT in `model_dir` (Generation.write)."""
+    model, tokenizer = load_model(model_dir, fast_kernels)
+    return [continuations(model, tokenizer, prompt, request) for prompt in prompts]
 
 
 def report_upstream(cfg: DictConfig) -> tuple[str, ...]:

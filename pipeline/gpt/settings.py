@@ -1,9 +1,10 @@
-"""GPT's block as its data stages read it (`gpt`'s tokenizer and block keys), and what it adds to `finetune` and
-`report`, typed, in a module without torch, which the Ray workers of those stages never load
-(tests/run/test_layering.py). The whole `gpt` block, with GPT's own pretraining settings and model, is GptConfig
-(pipeline/gpt/stages.py)."""
+"""GPT's blocks, typed: `gpt` (GptConfig: its data stages' keys, GPT's own pretraining settings and model) and what it
+adds to `finetune` and `report`, in a module without torch: the Ray workers of its data stages read GptDataConfig here
+and never load it (tests/run/test_layering.py)."""
 from dataclasses import dataclass, field
 from typing import Optional
+
+from pipeline.schema import NULL_MEANS, ModelConfig, PretrainConfig, override_block
 
 
 @dataclass
@@ -13,6 +14,20 @@ class GptDataConfig:
     max_sentences: Optional[int] = 1_000_000  # the BPE is trained on at most this many sentences, as tokenizer's
     min_frequency: int = 2
     block_size: int = 128  # tokens a block feeds the model; also the model's context (n_positions). GPT-2: 1024
+
+
+# GPT's own pretraining settings, gpt.pretrain: pretrain's keys, null where GPT keeps pretrain's value. What a run that
+# pretrains BERT too gives GPT alone (experiment=bert_vs_gpt: gpt.pretrain.lr=1e-3).
+GptPretrainConfig = override_block("GptPretrainConfig", __name__, (PretrainConfig,))
+
+
+@dataclass
+class GptConfig(GptDataConfig):
+    """The `gpt` block (experiment=gpt_*): its data stages' keys, GPT's own pretraining settings and model."""
+    pretrain: GptPretrainConfig = field(default_factory=GptPretrainConfig)
+    # A run that pretrains BERT too gives GPT its own model config here (defaults: /model@gpt.model: gpt_tiny), where
+    # `model` holds BERT's; null: GPT's is `model`
+    model: Optional[ModelConfig] = field(default=None, metadata={NULL_MEANS: "model"})
 
 
 @dataclass

@@ -1,20 +1,20 @@
 """A font for the CJK text of the report's figures (a Chinese sentence's attention heat-map): matplotlib's default,
 DejaVu Sans, has no CJK glyphs and draws each character as an empty box. An installed font that has the text's
 characters is used (Debian's fonts-noto-cjk, WenQuanYi, ...); else Noto Sans SC from a PyPI wheel, downloaded at first
-use (data_prep/corpus/builtin.py cjk_font_file); else the figure is drawn as it is and the report says why its
-characters are
-boxes and what to install."""
+use (cjk_font_file); else the figure is drawn as it is and the report says why its characters are boxes and what
+to install."""
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_prep.corpus.builtin import _download, _publish, _scratch_dir
+from data_prep.corpus.builtin.fetch import pip_download, publish, scratch_dir
 from data_prep.corpus.chinese import has_cjk
 
 # Where the machine has no CJK font: Noto Sans SC (Google and Adobe's Source Han Sans, simplified Chinese subset; SIL
-# Open Font License 1.1), as shipped in a PyPI wheel, fetched as the built-in data is (data_prep/corpus/builtin.py)
+# Open Font License 1.1), as shipped in a PyPI wheel, fetched as the built-in data is
+# (data_prep/corpus/builtin/fetch.py)
 CJK_FONT_PACKAGE = "pylopdf-fonts-zh-cn==0.1.1"
 CJK_FONT_MEMBER = "pylopdf_fonts_zh_cn/NotoSansSC-Regular.otf"
 
@@ -33,8 +33,8 @@ def cjk_font_file(cache_dir: str | Path) -> Path:
     final = Path(cache_dir) / "data" / "cjk_font"
     if not final.is_dir():
         print(f"report: downloading the CJK font of {CJK_FONT_PACKAGE} from PyPI into {final}")
-        with _scratch_dir(cache_dir) as work:
-            wheel = _download(CJK_FONT_PACKAGE, Path(work) / "dl")
+        with scratch_dir(cache_dir) as work:
+            wheel = pip_download(CJK_FONT_PACKAGE, Path(work) / "dl")
             out = Path(work) / "out"
             out.mkdir()
             with zipfile.ZipFile(wheel) as zf:
@@ -43,7 +43,7 @@ def cjk_font_file(cache_dir: str | Path) -> Path:
                 f"{Path(CJK_FONT_MEMBER).name}: from the PyPI wheel {CJK_FONT_PACKAGE} ({wheel.name}), "
                 f"{CJK_FONT_MEMBER}: Noto Sans SC Regular (Google / Adobe, SIL Open Font License 1.1), for the CJK "
                 "text of the report's figures.\n")
-            _publish(out, final)
+            publish(out, final)
     return final / Path(CJK_FONT_MEMBER).name
 
 

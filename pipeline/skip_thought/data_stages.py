@@ -1,6 +1,6 @@
 """Skip-Thought's data stages: a word vocabulary counted over the sentence shards, then (previous, current, next)
 triples that never cross a book, one Ray task per shard. Nothing here imports torch: the Ray workers these stages run
-in stay at the size of the data they hold (pipeline/skip_thought/stages.py lists the stages)."""
+in stay at the size of the data they hold (pipeline/skip_thought/pretrain.py lists the stages)."""
 from __future__ import annotations
 
 from functools import partial

@@ -1,6 +1,6 @@
 """Skip-Thought vectors on the fine-tune stage's tasks as Kiros et al. §3 use them: the encoder frozen, a linear model
 (`models.skip_thought.SkipThoughtClassifier`) trained on its sentence vectors, pairs read as [|u - v|, u * v] (the
-probes' default pair features, pipeline/evaluation/senteval.py).
+probes' default pair features, pipeline/evaluation/pair_features.py).
 `finetune.models` takes every encoder the evaluate stage offers (uni-skip `skip_thought`, `skip_thought_bi`,
 `skip_thought_combine`, their `_expanded` vocabularies and their `_random` twins), so that GLUE-style tables get the
 paper's rows beside BERT's and ELMo's."""
@@ -22,7 +22,7 @@ from pipeline.downstream.task_data import TaskData, tsv_splits
 from pipeline.downstream.tasks import TaskSplit
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec, FinetuneKind
-from pipeline.evaluation.senteval import pair_features
+from pipeline.evaluation.pair_features import pair_features
 from pipeline.skip_thought.encoder import ENCODERS, SkipThoughtSentenceEncoder
 
 ENCODE_BATCH = 256  # sentences per forward pass of the frozen encoder

@@ -20,7 +20,7 @@ from pipeline.data_settings import chinese_words_of
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec
 from pipeline.skip_thought.module import pad_sentences
-from pipeline.skip_thought.stages import PRETRAINING_STAGES
+from pipeline.skip_thought.pretrain import PRETRAINING_STAGES
 
 
 class SkipThoughtSentenceEncoder:

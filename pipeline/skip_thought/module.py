@@ -1,6 +1,6 @@
 """Skip-Thought pretraining (Kiros et al. 2015): the LightningModule and the collation of its triples.
 
-How the stages use this module (pipeline/skip_thought/data_stages.py, then stages.py):
+How the stages use this module (pipeline/skip_thought/data_stages.py, then pretrain.py):
 
 1. vocabulary: `count_words` over every sentence shard (one Ray task per shard, counters added up as they come), then
    `build_word_vocab(counts, skip_thought.vocab_size).save(<stage>/vocab.txt)`.

@@ -23,7 +23,7 @@ def test_bench_gpt_smoke_prints_the_train_and_generation_ratios():
     assert re.search(r"^ratio train fp32: ours / HF sdpa = \d+\.\d\dx tokens/s, ours at \d+\.\d% of the fp32 matmul "
                      r"peak$", out, re.M), out
     assert re.search(r"^ratio generate fp32: ours / HF generate = \d+\.\d\dx tokens/s$", out, re.M), out
-    assert "(the same tokens from both)" in out  # the same weights in both, as models.gpt.to_hf writes them
+    assert "(the same tokens from both)" in out  # the same weights in both, as models.hf.gpt.to_hf writes them
 
 
 def test_bench_seq2seq_smoke_prints_the_train_and_generation_ratios():

@@ -1,6 +1,6 @@
-"""benchmarks/gpu_check.py, the one-call GPU check, on the CPU: its FLOP and MFU arithmetic by hand, the peak table,
-the phases at tiny sizes, the time limits and the budget, the report; and that it needs nothing the GPU machine lacks
-(no Ray, no W&B: docs/gpu.md)."""
+"""benchmarks/gpu_check.py, the one-call GPU check, and its parts beside it (gpu_runner, gpu_phases, gpu_flops,
+gpu_report), on the CPU: its FLOP and MFU arithmetic by hand, the peak table, the phases at tiny sizes, the time
+limits and the budget, the report; and that it needs nothing the GPU machine lacks (no Ray, no W&B: docs/gpu.md)."""
 from __future__ import annotations
 
 import json
@@ -17,7 +17,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_train  # noqa: E402
-import gpu_check  # noqa: E402
+import gpu_flops  # noqa: E402
+import gpu_phases  # noqa: E402
+import gpu_report  # noqa: E402
+import gpu_runner  # noqa: E402
 
 
 def test_model_flops_are_counted_as_palm_counts_them_for_a_tiny_bert():
@@ -27,20 +30,20 @@ def test_model_flops_are_counted_as_palm_counts_them_for_a_tiny_bert():
     mlm_head = 6 * 2 * (4 * 4 + 4 * 10)  # transform H^2 + tied decoder HV at the 2 masked positions: 672
     nsp = 6 * 3 * (4 * 4 + 2 * 4)  # pooler H^2 + NSP 2H per sequence: 432
     assert encoder + attention + mlm_head + nsp == 31_344
-    assert gpu_check.bert_step_flops(2, 4, 8, 10, batch=3, seq=5, masked=2) == 31_344
+    assert gpu_flops.bert_step_flops(2, 4, 8, 10, batch=3, seq=5, masked=2) == 31_344
 
 
 def test_model_flops_are_counted_as_palm_and_nanogpt_count_them_for_a_tiny_gpt():
     # L=2, H=4, V=10, B=3 x T=5: per token 6 x (12 L H^2 + H V) = 6 x 424, plus 12 L H T = 480 over the full T
-    assert gpu_check.gpt_step_flops(2, 4, 10, batch=3, seq=5) == 15 * (6 * 424 + 480) == 45_360
+    assert gpu_flops.gpt_step_flops(2, 4, 10, batch=3, seq=5) == 15 * (6 * 424 + 480) == 45_360
     # MFU: model FLOPs per second over the peak; 45,360 FLOPs in 2 s on a 45,360 FLOP/s device is half of it
-    assert gpu_check.mfu(45_360, 2.0, 45_360 / 1e12) == pytest.approx(0.5)
+    assert gpu_flops.mfu(45_360, 2.0, 45_360 / 1e12) == pytest.approx(0.5)
 
 
 def test_the_bert_count_is_the_cpu_benchmarks_count():
     """bench_train.py's fractions of the CPU's peak and gpu_check's MFU use one count of BERT's work."""
     c = bench_train.bert_config("bert_base", vocab_size=bench_train.VOCAB_SIZE)
-    assert gpu_check.bert_step_flops(c.num_hidden_layers, c.hidden_size, c.intermediate_size, bench_train.VOCAB_SIZE,
+    assert gpu_flops.bert_step_flops(c.num_hidden_layers, c.hidden_size, c.intermediate_size, bench_train.VOCAB_SIZE,
                                      8, 128, 8 * bench_train.MAX_PREDICTIONS) == bench_train.step_flops("bert_base", 8,
                                                                                                         128)
 
@@ -52,14 +55,14 @@ def test_the_bert_count_is_the_cpu_benchmarks_count():
     # lower-clocked or unlisted parts get no peak rather than another part's
     ("NVIDIA H100 NVL", None), ("NVIDIA H200 NVL", None), ("NVIDIA GeForce RTX 4090", None)])
 def test_the_peak_table_is_keyed_by_the_device_name(name, peak):
-    found = gpu_check.peak_bf16_tflops(name)
+    found = gpu_flops.peak_bf16_tflops(name)
     assert (found and found[0]) == peak
     if found:
         assert "datasheet" in found[1]
 
 
 def _args(tmp_path, **overrides) -> Namespace:
-    return Namespace(**{"device": "cpu", "quick": True, "phases": list(gpu_check.PHASES), "budget": 100.0,
+    return Namespace(**{"device": "cpu", "quick": True, "phases": list(gpu_phases.PHASES), "budget": 100.0,
                         "peak_tflops": None, "out": str(tmp_path / "out"), **overrides})
 
 
@@ -77,8 +80,8 @@ def test_the_report_gives_mfu_share_of_the_measured_peak_and_the_ratio_to_hf(tmp
              "dtype": "bf16", "step_s": 0.5, "tokens_per_s": 512.0},
             {"phase": "decode", "model": "GPT-small (124M)", "impl": "HF generate, beam-4", "batch": 1, "seq": 256,
              "dtype": "bf16", "step_s": 2.0, "tokens_per_s": 128.0}]
-    report = gpu_check.finish(rows, {"elmo": "ran past its 40 s limit and was stopped"}, "NVIDIA H100 80GB HBM3",
-                              _args(tmp_path, quick=False))
+    report = gpu_report.write_report(rows, {"elmo": "ran past its 40 s limit and was stopped"}, "NVIDIA H100 80GB HBM3",
+                                     _args(tmp_path, quick=False))
     ours, hf = report["rows"][1], report["rows"][2]
     assert ours["tflops"] == pytest.approx(100.0)  # 1e12 FLOPs in 10 ms
     assert ours["mfu"] == pytest.approx(100 / 989.4)
@@ -97,14 +100,14 @@ def test_the_report_gives_mfu_share_of_the_measured_peak_and_the_ratio_to_hf(tmp
 def test_a_device_without_a_known_peak_gets_no_mfu_unless_given_one(tmp_path):
     rows = [{"phase": "gpt", "model": "GPT-small (124M)", "impl": "ours", "batch": 8, "seq": 1024, "dtype": "bf16",
              "step_s": 0.1, "tokens_per_s": 81_920, "sequences_per_s": 80, "flops_per_step": 5e13}]
-    assert "mfu" not in gpu_check.finish(rows, {}, "NVIDIA H100 NVL", _args(tmp_path))["rows"][0]
-    report = gpu_check.finish(rows, {}, "NVIDIA H100 NVL", _args(tmp_path, peak_tflops=500.0))
+    assert "mfu" not in gpu_report.write_report(rows, {}, "NVIDIA H100 NVL", _args(tmp_path))["rows"][0]
+    report = gpu_report.write_report(rows, {}, "NVIDIA H100 NVL", _args(tmp_path, peak_tflops=500.0))
     assert report["rows"][0]["mfu"] == pytest.approx(1.0) and report["peak_source"] == "--peak-tflops"
 
 
 def test_phases_the_budget_cannot_hold_are_skipped_with_the_reason(tmp_path):
-    report = gpu_check.run_all(_args(tmp_path, budget=0.0))
-    assert report["rows"] == [] and set(report["skipped"]) == set(gpu_check.PHASES)
+    report = gpu_runner.run_all(_args(tmp_path, budget=0.0))
+    assert report["rows"] == [] and set(report["skipped"]) == set(gpu_phases.PHASES)
     assert all(reason.startswith("not started: 0 s of the 0 s budget left") for reason in report["skipped"].values())
 
 
@@ -112,7 +115,7 @@ def test_a_phase_past_its_time_limit_is_stopped_with_its_processes(tmp_path):
     """The limit covers the phase's whole process: here shorter than its start-up (importing torch)."""
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     started = time.perf_counter()
-    out = gpu_check.run_phase("peak", _args(tmp_path), 0.5, tmp_path)
+    out = gpu_runner.run_phase("peak", _args(tmp_path), 0.5, tmp_path)
     assert out["skipped"] == "ran past its 0 s limit and was stopped" or out["skipped"].startswith("ran past")
     assert time.perf_counter() - started < 10
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
@@ -121,7 +124,7 @@ def test_a_phase_past_its_time_limit_is_stopped_with_its_processes(tmp_path):
 @pytest.mark.parametrize("phase", ["bert", "gpt", "elmo", "skip_thought", "decode"])
 def test_every_measuring_phase_runs_at_tiny_sizes_on_the_cpu(tmp_path, phase):
     result = tmp_path / "result.json"
-    gpu_check.run_phase_here(phase, "cpu", True, 120.0, tmp_path, result)
+    gpu_runner.run_phase_here(phase, "cpu", True, 120.0, tmp_path, result)
     out = json.loads(result.read_text())
     assert "skipped" not in out, out.get("skipped")
     assert out["rows"] and all(r["phase"] == phase and r["tokens_per_s"] > 0 and r["step_s"] > 0
@@ -162,7 +165,7 @@ def test_the_harness_phase_runs_the_pipelines_pretrain_stage_without_ray_or_wand
 
 def test_the_deepspeed_harness_phase_says_why_it_does_not_run_on_a_cpu(tmp_path):
     result = tmp_path / "result.json"
-    gpu_check.run_phase_here("harness_deepspeed", "cpu", True, 60.0, tmp_path, result)
+    gpu_runner.run_phase_here("harness_deepspeed", "cpu", True, 60.0, tmp_path, result)
     assert "without a Lightning Trainer" in json.loads(result.read_text())["skipped"]
 
 
@@ -172,6 +175,6 @@ def test_the_cpu_dry_run_of_every_phase(tmp_path):
                     str(tmp_path)], check=True, cwd=ROOT, timeout=1200)
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     phases = {r["phase"] for r in report["rows"]}
-    assert phases == set(gpu_check.PHASES) - {"harness_deepspeed"}
+    assert phases == set(gpu_phases.PHASES) - {"harness_deepspeed"}
     assert set(report["skipped"]) == {"harness_deepspeed"}
     assert (tmp_path / "gpu_check.md").read_text().count("\n| ") >= len(report["rows"])

@@ -56,7 +56,7 @@ def test_finetune_dropout_replaces_the_encoders_rate_for_both_rows(tmp_path, pre
 
 def test_finetune_dropout_keeps_the_pretrained_weights(tmp_path, pretrained_dir):
     model = _build(tmp_path, pretrained_dir, "bert", ["finetune.dropout=0.1"])
-    saved = bert_downstream.load_pretrained(pretrained_dir / "encoder").state_dict()
+    saved = bert_downstream.load_ours_or_hf(pretrained_dir / "encoder").state_dict()
     for name, tensor in model.encoder.state_dict().items():
         assert torch.equal(tensor, saved[name]), name
 

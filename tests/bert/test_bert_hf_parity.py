@@ -9,14 +9,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from models.bert import (  # noqa: E402
-    BertConfig,
-    BertModel,
-    from_hf,
-    from_hf_pretraining,
-    load_pretrained,
-)
-from models.hf.bert import to_hf  # noqa: E402
+from models.bert import BertConfig, BertModel  # noqa: E402
+from models.hf.bert import from_hf, from_hf_pretraining, load_ours_or_hf, to_hf  # noqa: E402
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 SMALL = dict(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
@@ -66,8 +60,8 @@ def test_hf_to_ours(tmp_path):
     ours = from_hf(tmp_path)
     assert ours.config.position_embedding_type == "learned" and ours.config.hidden_size == 64
     assert_parity(ours, hf_model, SMALL["vocab_size"])
-    # The fine-tune stage loads either format through load_pretrained.
-    assert_parity(load_pretrained(tmp_path), hf_model, SMALL["vocab_size"])
+    # The fine-tune stage loads either format through load_ours_or_hf.
+    assert_parity(load_ours_or_hf(tmp_path), hf_model, SMALL["vocab_size"])
 
 
 def test_hf_state_dict_needs_config():

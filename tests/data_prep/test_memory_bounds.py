@@ -18,7 +18,7 @@ from data_prep.corpus.prepare import prepare_corpus
 from data_prep.corpus.shards import open_shards, sampled_texts, shard_paths
 from data_prep.examples.skip_thought_examples import TRIPLE_SCHEMA, write_triples
 from pipeline.bert.data import PretrainingInstances
-from pipeline.elmo.module import build_elmo_datasets
+from pipeline.elmo.data import build_elmo_datasets
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.loaders import ArrowRows, pretraining_loaders
 from pipeline.skip_thought.module import collate_triples

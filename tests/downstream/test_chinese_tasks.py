@@ -9,13 +9,9 @@ import numpy as np
 import pytest
 import ray
 
-from data_prep.corpus.builtin import (
-    bmes_tags,
-    peoples_daily_paragraphs,
-    peoples_daily_tagging_splits,
-    zh_poetry_documents,
-    zh_sentiment_rows,
-)
+from data_prep.corpus.builtin.peoples_daily import bmes_tags, peoples_daily_paragraphs, peoples_daily_tagging_splits
+from data_prep.corpus.builtin.zh_poetry import zh_poetry_documents
+from data_prep.corpus.builtin.zh_sentiment import zh_sentiment_rows
 from data_prep.corpus.prepare import prepare_corpus
 from data_prep.corpus.shards import open_shards
 from data_prep.tasks.conll import TaggedSentence

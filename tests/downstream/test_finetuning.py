@@ -171,12 +171,14 @@ def test_seeds_with_an_undefined_correlation_are_counted_not_averaged():
 
 
 def test_elmo_is_fine_tuned_feature_based_on_every_task_family(ctx, tmp_path):
-    """finetune.models=[elmo]: the elmo_pretrain stage's frozen biLM with a fresh scalar mix and head per seed, on
-    classification, regression and tagging, each scored by its task's metric."""
+    """finetune.models=[elmo]: the elmo_pretrain stage's frozen biLM with a fresh scalar mix and head per seed, the
+    head reading the word2vec stage's vectors beside the mix, on classification, regression and tagging, each scored
+    by its task's metric."""
     from conventions.elmo_words import SPECIAL_WORDS
     from data_prep.examples.elmo_examples import write_word_vocab
     from models import elmo
     from pipeline.downstream.finetune import finetune_upstream
+    from pipeline.downstream.word2vec import VECTORS_FILE, WORDS_FILE
 
     vocab = [*SPECIAL_WORDS, *sorted(set(WORDS))]
     (tmp_path / "elmo_vocab").mkdir()
@@ -184,14 +186,19 @@ def test_elmo_is_fine_tuned_feature_based_on_every_task_family(ctx, tmp_path):
     tiny = dict(filters=[[1, 8], [2, 8]], projection_dim=16, lstm_dim=32)
     elmo.save_pretrained(elmo.BiLanguageModel(elmo.elmo_config("elmo_small", vocab_size=len(vocab), **tiny)),
                          tmp_path / "elmo" / "bilm")
+    (tmp_path / "word2vec").mkdir()
+    (tmp_path / "word2vec" / WORDS_FILE).write_text("\n".join(sorted(set(WORDS))))
+    np.save(tmp_path / "word2vec" / VECTORS_FILE,
+            np.random.default_rng(0).normal(size=(len(set(WORDS)), 8)).astype(np.float32))
     ctx.cfg.finetune.models = ["elmo", "bert"]
     assert set(finetune_upstream(ctx.cfg)) == {"bert_tokenizer", "bert_pretrain", "bert_piece_vectors", "elmo_vocab",
-                                               "elmo_pretrain"}
+                                               "elmo_pretrain", "word2vec"}
     ctx.cfg.finetune.models = ["elmo"]
-    assert finetune_upstream(ctx.cfg) == ("elmo_vocab", "elmo_pretrain")
+    assert finetune_upstream(ctx.cfg) == ("elmo_vocab", "elmo_pretrain", "word2vec")
     ctx.cfg.finetune.seeds = [1]
     ctx.cfg.finetune.lr = 2e-2  # one epoch (6 steps) learns the tagged sentence from 1e-2 to 3e-2, every seed tried
-    ctx.inputs.update({"elmo_vocab": tmp_path / "elmo_vocab", "elmo_pretrain": tmp_path / "elmo"})
+    ctx.inputs.update({"elmo_vocab": tmp_path / "elmo_vocab", "elmo_pretrain": tmp_path / "elmo",
+                       "word2vec": tmp_path / "word2vec"})
     by_key = {(r["model"], r["task"], r["metric"]): r for r in finetuning.finetune(ctx)["results"]}
     assert {k for k in by_key if k[0] == "elmo"} == {
         ("elmo", "sst2", "accuracy"), ("elmo", "stsb", "pearson"), ("elmo", "stsb", "spearman"),

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from conventions.elmo_words import BOS, EOS, UNK, UNK_ID
+from data_prep.corpus.word_vectors import WordVectors
 from data_prep.examples.elmo_examples import (
     SPECIAL_WORDS,
     TokenStreams,
@@ -45,12 +46,16 @@ from models.elmo import (
     word_char_ids,
 )
 from pipeline import CONF_DIR
-from pipeline.downstream.finetune import finetune_settings
+from pipeline.downstream.finetune import controls_in_run, finetune_kinds, finetune_settings
 from pipeline.downstream.tasks import load_task
-from pipeline.elmo.downstream import FINETUNE_KINDS, ElmoTaskModule, make_elmo_task_collate
-from pipeline.elmo.module import ElmoPretrainModule, LMWindowBatches, build_elmo_datasets
-from pipeline.engine.dag import StageContext
-from tests.helpers import ENDINGS, OBJECTS, SUBJECTS, VERBS, optimizer_settings, tiny_config
+from pipeline.downstream.word2vec import VECTORS_FILE, WORDS_FILE
+from pipeline.elmo.data import LMWindowBatches, build_elmo_datasets
+from pipeline.elmo.downstream import FINETUNE_KINDS, ElmoTaskModule, make_elmo_task_collate, vocab_vectors
+from pipeline.elmo.module import ElmoPretrainModule
+from pipeline.engine.dag import StageContext, plan
+from pipeline.runner import validate
+from pipeline.stages import STAGES
+from tests.helpers import ENDINGS, OBJECTS, SUBJECTS, VERBS, family_config, optimizer_settings, tiny_config
 
 # elmo_small's architecture at a size that trains in seconds.
 TINY = dict(filters=[[1, 8], [2, 8], [3, 16]], projection_dim=16, lstm_dim=32, dropout=0.0)
@@ -325,24 +330,127 @@ def test_downstream_models_train_only_the_mix_and_the_head(pair):
     assert not model.features.embedder.training  # no dropout inside the frozen biLM
 
 
-@pytest.mark.parametrize("kind", ["elmo", "elmo_random"])
-def test_finetune_elmo_dropout_is_the_dropout_of_both_rows_heads(tmp_path, kind):
-    """The paper's 0.5 kept the head from fitting 300 sentences
-    (docs/history/pretraining_recipes_log.md, "Every family on the reviews"): the rate is a setting, read once where the
-    fine-tune kind loads, and every dropout of the task model uses it."""
-    vocab = [*SPECIAL_WORDS, "the", "found", "good", "bad"]
+def write_finetune_inputs(tmp_path: Path, vocab: list[str], words: list[str]) -> StageContext:
+    """The stages ELMo's fine-tune kinds read, in `tmp_path`: elmo_pretrain's tiny biLM over `vocab`, elmo_vocab, and
+    a word2vec output with a 4-d vector for each of `words` (row i all i + 1); the finetune stage's context over them,
+    at elmo_small's settings."""
     save_pretrained(tiny_bilm(vocab_size=len(vocab)), tmp_path / "elmo_pretrain" / "bilm")
     (tmp_path / "elmo_vocab").mkdir()
     write_word_vocab(vocab, tmp_path / "elmo_vocab" / "vocab.txt")
+    (tmp_path / "word2vec").mkdir()
+    (tmp_path / "word2vec" / WORDS_FILE).write_text("\n".join(words), encoding="utf-8")
+    np.save(tmp_path / "word2vec" / VECTORS_FILE, np.arange(1, len(words) + 1, dtype=np.float32)[:, None].repeat(4, 1))
     cfg = tiny_config(tmp_path, ["finetune.elmo_dropout=0.2"], experiment="elmo_small")
-    ctx = StageContext(cfg, "finetune", tmp_path / "finetune",
-                       {name: tmp_path / name for name in ("elmo_pretrain", "elmo_vocab")})
+    return StageContext(cfg, "finetune", tmp_path / "finetune",
+                        {name: tmp_path / name for name in ("elmo_pretrain", "elmo_vocab", "word2vec")})
+
+
+@pytest.mark.parametrize(("kind", "rates"), [("elmo", [0.2, 0.2]), ("elmo_random", [0.2, 0.2]), ("elmo_w2v", [0.2])])
+def test_finetune_elmo_dropout_is_the_dropout_of_every_rows_heads(tmp_path, kind, rates):
+    """The paper's 0.5 kept the head from fitting 300 sentences
+    (docs/history/pretraining_recipes_log.md, "Every family on the reviews"): the rate is a setting, read once where the
+    fine-tune kind loads, and every dropout of the task model uses it."""
+    ctx = write_finetune_inputs(tmp_path, [*SPECIAL_WORDS, "the", "found", "good", "bad"], ["the", "good"])
     models = FINETUNE_KINDS[kind].load(ctx)
-    data = models.encode(load_task("rotten_tomatoes"), tmp_path / "task", finetune_settings(cfg), 1, None)
+    data = models.encode(load_task("rotten_tomatoes"), tmp_path / "task", finetune_settings(ctx.cfg), 1, None)
     model = data.make_model(None)
-    inside_bilm = {id(m) for m in model.encoder.modules()}  # the frozen biLM's own, off in fine-tuning
-    rates = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout) and id(m) not in inside_bilm]
-    assert rates == [0.2, 0.2]  # on the mixed ELMo vectors and in the classifier
+    inside_bilm = {id(m) for m in model.encoder.modules()} if model.encoder is not None else set()
+    assert [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout) and id(m) not in inside_bilm] == rates
+    # on the mixed ELMo vectors (where there is a biLM) and in the classifier
+
+
+def test_word_vectors_of_the_vocabulary_are_word2vec_s_rows_and_zeros_elsewhere():
+    """Each word of the biLM's vocabulary gets its word2vec vector, looked up lower-cased as word2vec's words are
+    (the biLM's keep case); a word word2vec lacks, and each special word, gets zeros."""
+    vectors = WordVectors(("the", "good"), np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32))
+    rows = vocab_vectors([*SPECIAL_WORDS, "good", "Good", "The", "unseen"], vectors)
+    assert rows.tolist() == [[0, 0], [0, 0], [0, 0], [3, 4], [3, 4], [1, 2], [0, 0]]
+
+
+@pytest.mark.parametrize("head", ["sentence", "pair", "tagger"])
+def test_heads_read_frozen_word_vectors_beside_the_mix(head):
+    """Peters et al. §3.3: the head's input is [word vector; ELMo], its width the vectors' and the mix's together;
+    the vectors are the vocabulary's rows, and stay as they are while the head trains."""
+    vocab = [*SPECIAL_WORDS, "a", "good", "film"]
+    bilm = tiny_bilm(vocab_size=len(vocab))
+    word_vectors = torch.arange(len(vocab) * 3, dtype=torch.float32).view(len(vocab), 3)
+    if head == "tagger":
+        model = ElmoTokenTagger(bilm, num_tags=2, hidden_size=8, vocab=vocab, word_vectors=word_vectors.clone())
+        rows = [{"text_a": ["a", "good", "film"], "label": [0, 1, 0]}, {"text_a": ["unseen"], "label": [1]}]
+    else:
+        model = ElmoSentenceClassifier(bilm, num_labels=2, hidden_size=8, pair=head == "pair", vocab=vocab,
+                                       word_vectors=word_vectors.clone())
+        rows = [{"text_a": "a good film", "label": 1}, {"text_a": "unseen", "label": 0}]
+        if head == "pair":
+            for r in rows:
+                r["text_b"] = "a film"
+    assert model.input_dim == 3 + 2 * bilm.config.projection_dim == model.bilstm.lstm.input_size
+    batch = make_elmo_task_collate(model.features.embedder, vocab)(rows)
+    assert batch["word_ids"][0, 1:4].tolist() == [3, 4, 5] and batch["word_ids"][1, 1].item() == UNK_ID
+    x, word_mask = model.word_representations(batch["inputs"], batch["word_ids"], batch["mask"])
+    assert torch.equal(x[0, :3, :3], word_vectors[3:6]) and torch.equal(x[1, 0, :3], word_vectors[UNK_ID])
+    module = ElmoTaskModule(model, lr=1e-1, weight_decay=0.0, warmup_steps=0, total_steps=10,
+                            **({"metric": "entity_f1", "labels": ["O", "B-PER"]} if head == "tagger" else {}))
+    optimizer = module.configure_optimizers()["optimizer"]
+    model.train()
+    module.model_step(batch)[0].backward()
+    optimizer.step()
+    assert not model.word_vectors.weight.requires_grad and torch.equal(model.word_vectors.weight, word_vectors)
+    assert model.bilstm.lstm.weight_ih_l0.grad[:, :3].abs().sum() > 0  # the vectors reach the head
+
+
+def test_the_control_reads_the_word_vectors_and_no_bilm(tmp_path):
+    """elmo_w2v, `elmo`'s control: the same head on the word vectors alone, what the task model is without ELMo. It
+    waits for no pretraining, and a different biLM leaves its logits as they were, where `elmo`'s change."""
+    vocab = [*SPECIAL_WORDS, "the", "found", "good", "bad"]
+    ctx = write_finetune_inputs(tmp_path, vocab, ["the", "good", "bad"])
+    assert FINETUNE_KINDS["elmo_w2v"].upstream(ctx.cfg) == ("elmo_vocab", "word2vec")
+    assert FINETUNE_KINDS["elmo"].control(ctx.cfg) == "elmo_w2v"
+    task = load_task("rotten_tomatoes")
+
+    def logits(kind: str) -> torch.Tensor:
+        models = FINETUNE_KINDS[kind].load(ctx)
+        data = models.encode(task, tmp_path / "task", finetune_settings(ctx.cfg), 1, None)
+        torch.manual_seed(0)
+        model = models.build(data).eval()
+        batch = data.collate([data.dev[i] for i in range(4)])
+        with torch.no_grad():
+            return model(batch.get("inputs"), batch["mask"], word_ids=batch["word_ids"])
+
+    control = FINETUNE_KINDS["elmo_w2v"].load(ctx)
+    model = control.build(control.encode(task, tmp_path / "task", finetune_settings(ctx.cfg), 1, None))
+    assert model.encoder is None and not any(isinstance(m, BiLanguageModel) for m in model.modules())
+    assert model.input_dim == 4
+    before = {kind: logits(kind) for kind in ("elmo", "elmo_w2v")}
+    other = tiny_bilm(vocab_size=len(vocab))
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(1.0)
+    save_pretrained(other, tmp_path / "elmo_pretrain" / "bilm")
+    assert torch.equal(logits("elmo_w2v"), before["elmo_w2v"])
+    assert not torch.equal(logits("elmo"), before["elmo"])
+
+
+def test_elmo_small_fine_tunes_elmo_beside_its_twin_and_its_control_which_waits_for_no_pretraining(tmp_path):
+    """+experiment=elmo_small: `elmo` with its random twin and its control elmo_w2v (finetune.controls), the heads of
+    both biLM kinds reading the word2vec stage beside the biLM, the control word2vec and the vocabulary alone; with
+    finetune.elmo_word_vectors=none the twin is the control, and elmo_w2v is refused before any stage runs."""
+    cfg = family_config(tmp_path, "elmo")
+    kinds = finetune_kinds(cfg, finetune_settings(cfg))
+    assert {name: kind.upstream(cfg) for name, kind in kinds.items()} == {
+        "elmo": ("elmo_vocab", "elmo_pretrain", "word2vec"), "elmo_random": ("elmo_vocab", "elmo_pretrain", "word2vec"),
+        "elmo_w2v": ("elmo_vocab", "word2vec")}
+    assert controls_in_run(cfg, kinds) == {"elmo": "elmo_w2v"}
+    assert {"elmo_vocab", "elmo_pretrain", "word2vec"} <= set(plan(cfg, STAGES).stages["finetune"].upstream)
+
+    cfg = family_config(tmp_path, "elmo", ["finetune.elmo_word_vectors=none"])
+    kinds = finetune_kinds(cfg, finetune_settings(cfg))
+    assert {name: kind.upstream(cfg) for name, kind in kinds.items()} == {
+        "elmo": ("elmo_vocab", "elmo_pretrain"), "elmo_random": ("elmo_vocab", "elmo_pretrain")}
+    assert controls_in_run(cfg, kinds) == {"elmo": "elmo_random"}
+    cfg.finetune.models = ["elmo", "elmo_w2v"]
+    with pytest.raises(ValueError, match="finetune.models has elmo_w2v.*finetune.elmo_word_vectors=none"):
+        validate(cfg)
 
 
 def test_token_tagger_scores_only_labelled_words():

@@ -24,27 +24,15 @@ from data_prep.tasks.senteval_data import (
 )
 from models.bert import BertConfig, BertModel, save_pretrained
 from pipeline.bert.encoder import BertEncoder
-from pipeline.evaluation.senteval import (
-    TASK_KINDS,
-    ClassifierConfig,
-    ClassifierSettings,
-    Encoder,
-    Examples,
-    GloveBagOfWords,
-    SentevalConfig,
-    cross_validated_accuracy,
-    embed,
-    evaluate_train_test,
-    expected_relatedness,
-    fit_selecting_l2,
-    fit_softmax_regressions,
-    pair_features,
-    relatedness_regression,
-    relatedness_targets,
-    results_table,
-    run_senteval,
-    stratified_folds,
-)
+from pipeline.engine.family import Encoder
+from pipeline.evaluation.classifier_settings import ClassifierConfig, ClassifierSettings
+from pipeline.evaluation.embedding import GloveBagOfWords, embed
+from pipeline.evaluation.model_selection import Examples, cross_validated_accuracy, fit_selecting_l2, stratified_folds
+from pipeline.evaluation.pair_features import pair_features
+from pipeline.evaluation.relatedness import expected_relatedness, relatedness_regression, relatedness_targets
+from pipeline.evaluation.senteval import SentevalConfig, results_table, run_senteval
+from pipeline.evaluation.softmax_regression import fit_softmax_regressions
+from pipeline.evaluation.task_kinds import TASK_KINDS, evaluate_train_test
 from tests.helpers import NEGATIVE, OBJECTS, POSITIVE, SUBJECTS, VERBS, write_sentiment_task
 
 SICK_HEADER = ("pair_ID\tsentence_A\tsentence_B\tentailment_label\trelatedness_score\tentailment_AB\tentailment_BA\t"

@@ -282,10 +282,13 @@ def test_save_and_load_pretrained_round_trip(tmp_path):
 def test_load_pretrained_rejects_another_format(tmp_path):
     from models.bert import BertConfig, BertModel
     from models.bert import save_pretrained as save_bert
+    from models.hf.gpt import load_ours_or_hf
     save_bert(BertModel(BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
                                       intermediate_size=8)), tmp_path)
-    with pytest.raises(ValueError, match="neither a textrep-gpt checkpoint nor a HuggingFace GPT-2 config"):
+    with pytest.raises(ValueError, match="is not a textrep-gpt checkpoint"):
         load_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="neither a textrep-gpt checkpoint nor a HuggingFace GPT-2 config"):
+        load_ours_or_hf(tmp_path)
 
 
 # -----------------------------------------------------------------------------

@@ -5,7 +5,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from models.generation import greedy  # noqa: E402
-from models.gpt import GPTConfig, GPTLMHeadModel, config_from_hf, from_hf, load_pretrained, to_hf  # noqa: E402
+from models.gpt import GPTConfig, GPTLMHeadModel  # noqa: E402
+from models.hf.gpt import config_from_hf, from_hf, load_ours_or_hf, to_hf  # noqa: E402
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 SMALL = dict(vocab_size=99, n_positions=40, n_embd=64, n_layer=2, n_head=4)
@@ -42,7 +43,7 @@ def test_hf_to_ours(tmp_path):
     ours = from_hf(tmp_path)
     assert (ours.config.n_embd, ours.config.layer_norm_epsilon, ours.config.eos_token_id) == (64, 1e-6, 7)
     assert_same_logits(ours, hf)
-    assert_same_logits(load_pretrained(tmp_path), hf)  # load_pretrained reads HF directories too
+    assert_same_logits(load_ours_or_hf(tmp_path), hf)  # what pipeline.generate reads
 
 
 def test_a_small_vocabulary_model_saved_with_gpt2s_default_eos_loads_without_it(tmp_path):

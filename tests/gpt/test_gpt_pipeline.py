@@ -14,6 +14,7 @@ from data_prep.examples.gpt_blocks import book_texts, end_of_text_id, load_gpt_t
 from models.generation import greedy
 from models.gpt import load_pretrained
 from pipeline.engine.arrow import read_arrow
+from pipeline.engine.generation import Request
 from pipeline.generate import main as generate_main
 from pipeline.gpt import samples
 from pipeline.gpt.data_stages import build_shard_blocks
@@ -170,6 +171,9 @@ def test_generate_refuses_bad_input_with_one_line_and_status_2(pretrained, tmp_p
 def test_generate_names_the_missing_gpt_stage(tmp_path, capsys):
     (tmp_path / "bert_pretrain").mkdir()  # a BERT run
     assert generate_main([str(tmp_path), "--prompt", "The old man"]) == 2
+    err = capsys.readouterr().err
+    assert "no output of a stage that writes text (gpt_pretrain, seq2seq_pretrain)" in err and "gpt_tiny" in err
+    assert generate_main([str(tmp_path), "--prompt", "The old man", "--family", "gpt"]) == 2
     assert "has no gpt_pretrain stage output" in capsys.readouterr().err
 
 
@@ -199,5 +203,5 @@ def test_report_section_shows_greedy_continuations_of_the_fixed_prompts(pretrain
         if room < 1:
             assert "not continued: the prompt fills the 16-token context" in line
         else:
-            (text,) = samples.continuations(model, tok, prompt, samples.Request(max_new_tokens=min(30, room)))
+            (text,) = samples.continuations(model, tok, prompt, Request(max_new_tokens=min(30, room)))
             assert line.split("**")[2].split() == text.split() and "\n" not in line

@@ -14,7 +14,7 @@ from pipeline.bert.pretrain import BertPretraining, phase_of
 from pipeline.engine.dag import resolve_upstream, run_dag, select_stages, stage_hashes
 from pipeline.engine.pretraining import instantiate_model
 from pipeline.engine.settings import model_key, typed_settings
-from pipeline.gpt.stages import GPTPretraining
+from pipeline.gpt.pretrain import GPTPretraining
 from pipeline.runner import validate
 from pipeline.schema import PretrainConfig
 from pipeline.stages import STAGES

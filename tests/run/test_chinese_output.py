@@ -10,8 +10,9 @@ from data_prep.corpus.tokenizer import train_wordpiece
 from data_prep.examples.gpt_blocks import TOKENIZER_FILE, train_byte_level_bpe
 from models.gpt import GPTLMHeadModel, gpt_config, save_pretrained
 from pipeline.engine.dag import MARKER
+from pipeline.engine.generation import Request, complete_characters
 from pipeline.generate import main as generate_main
-from pipeline.gpt.samples import Request, complete_characters, continuations
+from pipeline.gpt.samples import continuations
 from pipeline.report import fonts
 from pipeline.report.plots import plot_attention
 

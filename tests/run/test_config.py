@@ -81,7 +81,7 @@ def test_experiment_composes_to_what_its_file_states(name, tmp_path):
 
 def _declared_defaults(schema: type, prefix: str = ""):
     """(dotted key, default) of every field of `schema` and its nested blocks that declares a default (not MISSING):
-    the family blocks' dataclasses, pipeline/bert/config.py's PHASE_2_DEFAULTS, GPT's own pretrain block."""
+    the family blocks' dataclasses, pipeline/bert/settings.py's PHASE_2_DEFAULTS, GPT's own pretrain block."""
     for f in dataclasses.fields(schema):
         if f.default is not dataclasses.MISSING:
             value = f.default

@@ -1,9 +1,11 @@
-"""A family is one folder plus one registry line: the stage graph, `evaluate`, `finetune` and `report` pick up a new
-family from pipeline/families.py alone, and the generic code names no family."""
+"""A family is one folder plus one registry line: the stage graph, `evaluate`, `finetune`, `report`, `export`,
+`generate` and the tests' tiny runs pick up a new family from pipeline/families.py alone, and the generic code names no
+family."""
 from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,50 +15,65 @@ from pipeline.families import FAMILIES
 
 REPO = CONF_DIR.parent
 GENERIC = ["pipeline/engine", "pipeline/downstream/finetune.py", "pipeline/evaluation/stage.py", "pipeline/report",
-           "pipeline/stages.py", "pipeline/runner.py", "pipeline/corpus.py"]
+           "pipeline/stages.py", "pipeline/runner.py", "pipeline/corpus.py", "pipeline/export.py",
+           "pipeline/generate.py", "tests/helpers.py"]
 
-# Runs in a fresh interpreter: the registry is read when the generic modules are first imported.
+# Runs in a fresh interpreter (argv[1]: a directory to work in): the generic modules read the registry when they are
+# first imported, so the family is added to it first, as its one line in pipeline/families.py would.
 TOY_FAMILY = """
-import json, sys, types
-from hydra import compose, initialize_config_dir
-from pipeline import CONF_DIR
-from pipeline.engine.dag import Stage
-from pipeline.engine.family import EncoderSpec, Family, FinetuneKind
-from pipeline.bert.family import FAMILY as BERT
+import contextlib, io, json, sys
+from pathlib import Path
 
-validated = []
-toy = Family("toy", stages=(Stage("toy_pretrain", lambda ctx: {}, ("prepare",), ("seed",)),),
-             pretraining_stages=("toy_pretrain",),
-             encoders={"toy_bow": EncoderSpec(lambda cfg: ("toy_pretrain",), lambda ctx: None)},
-             finetune_kinds={"toy": FinetuneKind(lambda cfg: ("toy_pretrain",), lambda ctx: None)},
-             validate=lambda cfg, stages: validated.append(stages))
-registry = types.ModuleType("pipeline.families")
-registry.FAMILIES = (BERT, toy)
-sys.modules["pipeline.families"] = registry
+import pipeline.families
+from tests.run.toy_family.family import FAMILY as TOY, VALIDATED
+pipeline.families.FAMILIES = (*pipeline.families.FAMILIES, TOY)
 
+from omegaconf import OmegaConf
+from pipeline.engine.dag import run_dag
+from pipeline.export import export
+from pipeline.generate import main as generate
 from pipeline.runner import validate
 from pipeline.stages import STAGES
-with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-    cfg = compose(config_name="config", overrides=[
-        "pipeline.stages=[toy_pretrain,finetune,evaluate,report]", "finetune.models=[toy]",
-        "evaluate.encoders=[toy_bow,glove_bow]", "finetune.baselines=[majority_class]"])
+from tests.helpers import family_config, start_session_ray
+
+tmp = Path(sys.argv[1])
+start_session_ray()  # prepare's shard tasks run on Ray
+cfg = family_config(tmp, "toy", ["pipeline.stages=[toy_pretrain,finetune,evaluate,report]", "finetune.models=[toy]",
+                                 "evaluate.encoders=[toy_bow,glove_bow]", "finetune.baselines=[majority_class]"])
 validate(cfg)
-print(json.dumps({"stages": list(STAGES), "validated": validated,
-                  **{name: list(STAGES[name].upstream(cfg)) for name in ("finetune", "evaluate", "report")}}))
+offered = {name: list(STAGES[name].upstream(cfg)) for name in ("finetune", "evaluate", "report")}
+cfg.pipeline.stages = ["toy_pretrain"]  # whose encoder and fine-tune kind are never built
+run_dir = Path(cfg.paths.run_dir)  # what python -m pipeline leaves there: the engine's, then Hydra's config
+results = run_dag(cfg, STAGES, run_dir)
+(run_dir / ".hydra").mkdir()
+OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+(exported,) = export(run_dir, tmp / "exported")
+(tmp / "inputs.txt").write_text("abc\\nhello world\\n")
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    status = generate([str(run_dir), "--input", str(tmp / "inputs.txt")])
+print(json.dumps({"stages": list(STAGES), "validated": VALIDATED, **offered, "ran": list(results),
+                  "exported": exported.name, "card": (exported / "README.md").read_text(),
+                  "generate": [status, out.getvalue()]}))
 """
 
 
-def test_a_new_family_is_picked_up_from_the_registry_alone():
-    out = subprocess.run([sys.executable, "-c", TOY_FAMILY], cwd=REPO, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
+def test_a_new_family_is_one_folder_and_one_registry_line(tmp_path):
+    """tests/run/toy_family/ and one line adding it to the registry: the stage graph, the start-up checks,
+    `finetune`, `evaluate` and `report` offer it, and a run of it is exported and generates text."""
+    out = subprocess.run([sys.executable, "-c", TOY_FAMILY, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-4000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert "toy_pretrain" in seen["stages"] and "elmo_pretrain" not in seen["stages"]
+    assert seen["stages"][-4:] == ["word2vec", "finetune", "evaluate", "report"] and "toy_pretrain" in seen["stages"]
     assert seen["finetune"] == ["toy_pretrain"]
     assert seen["evaluate"] == ["toy_pretrain"]  # glove_bow reads no stage
     # and the corpus the family pretrained on: what prepare kept and removed as overlapping the evaluation text
     assert seen["report"] == ["toy_pretrain", "finetune", "evaluate", "prepare"]
     # the family's own start-up checks run before any stage, told which stages the run has (with their ancestors)
     assert len(seen["validated"]) == 1 and {"toy_pretrain", "prepare"} <= set(seen["validated"][0])
+    assert seen["ran"] == ["prepare", "toy_pretrain"]
+    assert seen["exported"] == "toy" and "A toy model of width 4." in seen["card"]
+    assert seen["generate"] == [0, "cba\ndlrow olleh\n"]
 
 
 def test_every_registered_family_offers_its_stages_and_a_random_twin_per_encoder():
@@ -67,6 +84,9 @@ def test_every_registered_family_offers_its_stages_and_a_random_twin_per_encoder
         assert set(family.pretraining_stages) <= stage_names, family.name
         trained = [e for e in family.encoders if not e.endswith("_random") and e + "_random" in family.encoders]
         assert trained, f"{family.name} offers no pretrained encoder with a random twin to evaluate"
+        # each exports its final models and has a tiny run for the tests; a model that writes text is pretrained
+        assert family.describe_export and family.tiny and family.tiny.data_stages[0] == "prepare", family.name
+        assert family.generation is None or family.generation.stage in family.pretraining_stages, family.name
 
 
 def _imported_names(path: Path) -> set[str]:

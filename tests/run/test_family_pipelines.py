@@ -38,10 +38,13 @@ def test_elmo_small_pretrains_is_fine_tuned_and_is_probed(tmp_path, ray_session)
     perplexity = results["elmo_pretrain"]["heldout_perplexity"]
     assert 1.0 < perplexity["average"] < 200  # below a uniform guess over the 200-word vocabulary
     assert set(perplexity) == {"forward", "backward", "average"}
-    # finetune.models=[elmo] brings its random twin (finetune.random_twins)
-    assert {(r["model"], r["task"]) for r in rows} == {("elmo", "sst2"), ("elmo_random", "sst2"),
+    # finetune.models=[elmo] brings its random twin (finetune.random_twins) and its control without ELMo, the head on
+    # the word vectors alone (finetune.controls)
+    assert {(r["model"], r["task"]) for r in rows} == {("elmo", "sst2"), ("elmo_random", "sst2"), ("elmo_w2v", "sst2"),
                                                       ("majority_class", "sst2"), ("bow_logreg", "sst2"),
                                                       ("w2v_mean", "sst2"), ("elmo", "MR")}
+    md = (tmp_path / "run" / "report" / "results.md").read_text()
+    assert "elmo - elmo_w2v = " in md and "elmo_w2v is the control" in md  # what pretraining bought, as for BERT
 
 
 def test_skip_thought_small_pretrains_and_is_probed_with_vocabulary_expansion(tmp_path, ray_session):

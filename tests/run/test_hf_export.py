@@ -38,15 +38,15 @@ from data_prep.examples.skip_thought_examples import (  # noqa: E402
     count_words,
     save_hf_tokenizer,
 )
-from models.bert import BertConfig, BertForPreTraining, from_hf, load_pretrained  # noqa: E402
+from models.bert import BertConfig, BertForPreTraining, load_pretrained  # noqa: E402
 from models.elmo import BiLanguageModel, ElmoConfig, sentence_batch_inputs  # noqa: E402
 from models.generation import greedy  # noqa: E402
 from models.gpt import GPTConfig, GPTLMHeadModel  # noqa: E402
-from models.gpt import to_hf as gpt_to_hf  # noqa: E402
 from models.hf import CODE_DIR  # noqa: E402
 from models.hf import bert as hf_bert  # noqa: E402
 from models.hf import elmo as hf_elmo  # noqa: E402
 from models.hf import skip_thought as hf_skip_thought  # noqa: E402
+from models.hf.gpt import to_hf as gpt_to_hf  # noqa: E402
 from models.skip_thought import SkipThoughtConfig, SkipThoughts  # noqa: E402
 from pipeline.engine.arrow import read_arrow  # noqa: E402
 from pipeline.engine.fingerprints import _modules_of, code_files  # noqa: E402
@@ -120,7 +120,7 @@ def exported(tmp_path_factory, family_data):
         models[name] = (root / name, model)
         cases.append({"name": name, "dir": str(root / name), "auto": ["AutoModel", "AutoModelForMaskedLM"],
                       "inputs": str(root / "bert_inputs.pt")})
-    # GPT as its stage writes hf/: models.gpt.to_hf, the byte-level BPE, its transformers config
+    # GPT as its stage writes hf/: models.hf.gpt.to_hf, the byte-level BPE, its transformers config
     tokenizer = train_byte_level_bpe(corpus(), root / "gpt", vocab_size=300, min_frequency=1)
     torch.manual_seed(0)
     gpt = randomise_(GPTLMHeadModel(GPTConfig(vocab_size=tokenizer.get_vocab_size(), n_positions=GPT_CONTEXT,
@@ -167,7 +167,8 @@ def test_bert_from_its_stage_loads_from_the_export_with_its_tokenizer_and_output
     batch = out["batch"]
     with torch.no_grad():
         ours = stage_bert(stage_dir).bert(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])[0]
-        back = from_hf(directory).eval()(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])[0]
+        back = hf_bert.from_hf(directory).eval()(batch["input_ids"], batch["token_type_ids"],
+                                                 batch["attention_mask"])[0]
     assert torch.equal(ours, back)
 
 
@@ -250,7 +251,8 @@ def test_the_directories_run_without_the_repository(exported):
 @pytest.mark.parametrize("stage, code", [
     ("bert_pretrain", "modeling_textrep_bert"), ("bert_pretrain_phase2", "modeling_textrep_bert"),
     ("elmo_pretrain", "modeling_textrep_elmo"), ("skip_thought_pretrain", "modeling_textrep_skip_thought"),
-    ("skip_thought_bi_pretrain", "modeling_textrep_skip_thought")])
+    ("skip_thought_bi_pretrain", "modeling_textrep_skip_thought"), ("seq2seq_pretrain", "modeling_textrep_seq2seq"),
+    ("seq2seq_pretrain", "modeling_textrep_rnn_seq2seq")])
 def test_the_modelling_code_a_stage_copies_is_part_of_its_cache_key(stage, code):
     """The file is copied, never imported by the pipeline: an edit to it must still rerun the stages that copy it."""
     files = {path for module in _modules_of(STAGES[stage].fn)

@@ -43,7 +43,8 @@ from tests.seq2seq.test_seq2seq_copy import copy_batch
 
 V = 13  # the copy task's vocabulary: padding 0, start 1, end 2, symbols 3..12
 SOURCES = [[5, 6, 7, 8, 9], [10, 11, 12], [3], [4, 4, 5, 5, 6, 6, 7, 7, 8, 8]]
-TRANSFORMER_VARIANTS = {"seed 000": {}, "post-LN": dict(pre_layer_norm=False), "BART": BART_OPTIONS}
+TRANSFORMER_VARIANTS = {"seed 000": {}, "post-LN": dict(pre_layer_norm=False), "BART": BART_OPTIONS,
+                        "copy attention": dict(copy_attention=True)}
 
 
 TRANSFORMER = Seq2SeqConfig(vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, n_head=4, d_ff=64,
@@ -79,11 +80,15 @@ def trained_transformer(request):
     return half_trained(transformer(**TRANSFORMER_VARIANTS[request.param]))
 
 
-@pytest.fixture(scope="module", params=[("lstm", "additive", True), ("gru", "dot", False), ("gru", "general", True)],
-                ids=lambda p: "-".join(map(str, p)))
+RNN_VARIANTS = {"lstm-additive": dict(cell="lstm", attention="additive"),
+                "gru-dot-no input feeding": dict(cell="gru", attention="dot", input_feeding=False),
+                "gru-general": dict(cell="gru", attention="general"),
+                "lstm-additive-copy attention": dict(cell="lstm", attention="additive", copy_attention=True)}
+
+
+@pytest.fixture(scope="module", params=list(RNN_VARIANTS))
 def trained_rnn(request):
-    cell, attention, input_feeding = request.param
-    return half_trained(rnn(cell=cell, attention=attention, input_feeding=input_feeding))
+    return half_trained(rnn(**RNN_VARIANTS[request.param]))
 
 
 # -----------------------------------------------------------------------------
@@ -144,7 +149,7 @@ def test_one_embedding_matrix_embeds_both_sides_and_scores_the_output():
     embeddings = [name for name, p in model.named_parameters() if p.shape == (V, 32)]
     assert embeddings == ["shared.weight"]
     source, decoder_inputs, _ = copy_batch(torch.Generator().manual_seed(0), 2)
-    states = model.decode(decoder_inputs, model.encode(source))
+    states = model.decode(decoder_inputs, model.encode(source)).states
     torch.testing.assert_close(model(source, decoder_inputs).logits, states @ model.shared.weight.t())
 
 
@@ -315,9 +320,11 @@ def test_beams_of_one_source_attend_to_its_memory_as_copies_of_it_would(trained_
     mask = torch.tensor([[[[True] * 5 + [False]]]])
     with torch.no_grad():
         k, v = attention.keys_values(memory)
-        shared = attention.cross(x, k, v, mask)
-        copied = attention.cross(x, k.expand(3, -1, -1, -1), v.expand(3, -1, -1, -1), mask.expand(3, -1, -1, -1))
+        shared = attention.cross(x, k, v, mask, need_weights=True)
+        copied = attention.cross(x, k.expand(3, -1, -1, -1), v.expand(3, -1, -1, -1), mask.expand(3, -1, -1, -1),
+                                 need_weights=True)
     torch.testing.assert_close(shared, copied)
+    assert shared[1].shape == (3, 1, 6) and bool((shared[1][..., 5] == 0).all())  # padding: no attention
 
 
 def test_rnn_steps_give_the_teacher_forced_logits(trained_rnn):

@@ -12,7 +12,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from data_prep.corpus.builtin import bbc_headline_rows
+from data_prep.corpus.builtin.bbc_news import bbc_headline_rows
 from data_prep.corpus.decontaminate import EvaluationOverlap
 from data_prep.corpus.prepare import prepare_corpus
 from data_prep.corpus.shards import open_shards

@@ -10,7 +10,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from models.generation import beam_search, greedy  # noqa: E402
-from models.hf.seq2seq import config_from_hf, from_hf, hf_incompatibility, to_hf  # noqa: E402
+from models.hf.seq2seq import config_from_hf, from_hf, hf_incompatibility, to_bart, to_hf  # noqa: E402
 from models.seq2seq import EncoderDecoder, bart_config, pad_sources  # noqa: E402
 
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -128,12 +128,15 @@ def test_a_config_that_forces_tokens_in_hf_generate_loads_with_a_warning(tmp_pat
         from_hf(tmp_path)
 
 
-def test_what_bart_cannot_compute_is_not_exported(tmp_path):
+def test_what_bart_cannot_compute_is_not_written_as_bart(tmp_path):
     model = EncoderDecoder(bart_config("seq2seq_tiny", vocab_size=99, pre_layer_norm=True))
     assert "pre_layer_norm=True" in hf_incompatibility(model.config)
     with pytest.raises(ValueError, match="pre_layer_norm=True.*bart_config"):
-        to_hf(model, tmp_path)
+        to_bart(model, tmp_path / "bart")
     assert hf_incompatibility(bart_config("seq2seq_tiny")) == ""
+    # to_hf writes it with our modelling code instead (tests/seq2seq/test_seq2seq_export.py loads it)
+    assert to_hf(model, tmp_path / "ours") == "TextrepSeq2SeqForConditionalGeneration"
+    assert (tmp_path / "ours" / "modeling_textrep_seq2seq.py").is_file()
 
 
 @pytest.mark.parametrize("field,value", [("decoder_attention_heads", 2), ("activation_function", "silu"),

@@ -1,48 +1,34 @@
-"""GPT's stages (Radford et al. 2018; GPT-2): a byte-level BPE trained on the sentence shards, the books of each
-shard packed into fixed-length blocks (data_prep/examples/gpt_blocks.py), then causal-LM pretraining on the shared
-harness; with pretrain.init_embeddings=word2vec, from skip-gram vectors of the byte-level pieces (gpt_piece_vectors).
+"""GPT's pretraining (Radford et al. 2018; GPT-2): causal-LM pretraining on the shared harness, and GPT's stages: a
+byte-level BPE trained on the sentence shards, the books of each shard packed into fixed-length blocks
+(data_prep/examples/gpt_blocks.py, pipeline/gpt/data_stages.py), then that pretraining; with
+pretrain.init_embeddings=word2vec, from skip-gram vectors of the byte-level pieces (gpt_piece_vectors).
 The pretrained LM is written in our format (`model/`, read by evaluate, fine-tuning and pipeline.generate) and as a
 HuggingFace GPT-2 directory (`hf/`)."""
 from __future__ import annotations
 
 import math
 import shutil
-from dataclasses import dataclass, field, fields
-from functools import partial
-from typing import Optional
+from dataclasses import fields
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
 from data_prep.examples.gpt_blocks import TOKENIZER_FILE, end_of_text_id, load_gpt_tokenizer, write_hf_tokenizer_config
-from models.gpt import GPTConfig, save_pretrained, to_hf
+from models.gpt import GPTConfig, save_pretrained
+from models.hf.gpt import to_hf
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.loaders import ArrowRows, pretraining_loaders
 from pipeline.engine.module import OptimizerSettings
 from pipeline.engine.pretraining import instantiate_model, merged_settings, pretraining_stage, start_word_embeddings
 from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
-from pipeline.engine.settings import PRETRAINING_NUMBERS, check_numbers, model_key, typed_settings
-from pipeline.engine.snapshots import encoder_snapshot_steps
-from pipeline.gpt.data_stages import byte_level_ids, embedding_width, gpt_blocks, gpt_tokenizer
+from pipeline.engine.settings import model_key, typed_settings
+from pipeline.gpt.data_stages import gpt_blocks, gpt_piece_vectors, gpt_tokenizer
 from pipeline.gpt.module import BLOCK_COLUMN, GPTPretrainModule, collate_blocks
-from pipeline.gpt.settings import GptDataConfig
-from pipeline.piece_vectors import piece_vectors, read_piece_vectors
-from pipeline.schema import NULL_MEANS, ModelConfig, PretrainConfig, override_block
-
-# GPT's own pretraining settings, gpt.pretrain: pretrain's keys, null where GPT keeps pretrain's value. What a run that
-# pretrains BERT too gives GPT alone (experiment=bert_vs_gpt: gpt.pretrain.lr=1e-3).
-GptPretrainConfig = override_block("GptPretrainConfig", __name__, (PretrainConfig,))
-
-
-@dataclass
-class GptConfig(GptDataConfig):
-    """The `gpt` block (experiment=gpt_*): its data stages' keys, GPT's own pretraining settings and model."""
-    pretrain: GptPretrainConfig = field(default_factory=GptPretrainConfig)
-    # A run that pretrains BERT too gives GPT its own model config here (defaults: /model@gpt.model: gpt_tiny), where
-    # `model` holds BERT's; null: GPT's is `model`
-    model: Optional[ModelConfig] = field(default=None, metadata={NULL_MEANS: "model"})
+from pipeline.gpt.settings import GptDataConfig, GptPretrainConfig
+from pipeline.piece_vectors import read_piece_vectors
+from pipeline.schema import PretrainConfig
 
 
 class GPTPretraining:
@@ -125,23 +111,11 @@ def own_pretraining_settings(cfg: DictConfig) -> list[str]:
     return [entry.name for entry in fields(own) if getattr(own, entry.name) is not None]
 
 
-def validate(cfg: DictConfig, stages: list[str]) -> None:
-    """gpt.pretrain's numbers checked as pretrain's (its keys and types are the schema's, pipeline/gpt/family.py); a
-    run that pretrains GPT snapshots it at steps GPT takes (pretrain.encoder_snapshots is checked against
-    pretrain.max_steps, which in a run with BERT is BERT's)."""
-    own = own_pretraining_settings(cfg)
-    check_numbers(cfg, {f"gpt.pretrain.{key}": n for key, n in PRETRAINING_NUMBERS.items() if key in own})
-    if "gpt_pretrain" in stages:
-        task = GPTPretraining()
-        encoder_snapshot_steps(cfg, task.settings(cfg), task.settings_key(cfg))
-
-
 GPT_STAGES = (
     Stage("gpt_tokenizer", gpt_tokenizer, ("prepare",), ("gpt.vocab_size", "gpt.min_frequency", "gpt.max_sentences")),
     Stage("gpt_blocks", gpt_blocks, ("prepare", "gpt_tokenizer"), ("gpt.block_size",)),
     # pretrain.init_embeddings=word2vec: skip-gram vectors of the byte-level pieces, the token embeddings' start
-    Stage("gpt_piece_vectors", partial(piece_vectors, tokenizer_stage="gpt_tokenizer",
-                                       load_tokenizer=load_gpt_tokenizer, encode=byte_level_ids, width=embedding_width),
-          ("prepare", "gpt_tokenizer"), lambda cfg: ("word2vec", model_key(cfg, "gpt"), "seed")),
+    Stage("gpt_piece_vectors", gpt_piece_vectors, ("prepare", "gpt_tokenizer"),
+          lambda cfg: ("word2vec", model_key(cfg, "gpt"), "seed")),
     pretraining_stage("gpt_pretrain", GPTPretraining(), pretraining_upstream, ("gpt", "pretrain")),
 )

@@ -1,8 +1,9 @@
-"""Skip-Thought's stages (Kiros et al. 2015): a word vocabulary counted over the sentence shards, (previous,
-current, next) triples that never cross a book, then pretraining of an encoder and its two decoders: uni-skip in
-`skip_thought_pretrain`, bi-skip in `skip_thought_bi_pretrain`, on the same vocabulary and triples. The trained
-encoders serve the evaluate stage, alone, concatenated (combine-skip), or with the vocabulary expanded through GloVe
-(§2.2 of the paper). Each pretraining stage also writes its encoder and tokenizer as transformers loads them (`hf/`)."""
+"""Skip-Thought's pretraining and stages (Kiros et al. 2015): a word vocabulary counted over the sentence shards,
+(previous, current, next) triples that never cross a book (pipeline/skip_thought/data_stages.py), then pretraining of an
+encoder and its two decoders: uni-skip in `skip_thought_pretrain`, bi-skip in `skip_thought_bi_pretrain`, on the same
+vocabulary and triples. The trained encoders serve the evaluate stage, alone, concatenated (combine-skip), or with the
+vocabulary expanded through GloVe (§2.2 of the paper). Each pretraining stage also writes its encoder and tokenizer as
+transformers loads them (`hf/`)."""
 from __future__ import annotations
 
 import math
@@ -93,16 +94,3 @@ SKIP_THOUGHT_STAGES = [
     *(pretraining_stage(stage, SkipThoughtPretraining(encoder), ("skip_thought_vocab", "skip_thought_examples"),
                         ("pretrain",)) for encoder, stage in PRETRAINING_STAGES.items()),
 ]
-
-
-def validate(cfg: DictConfig, stages: list[str]) -> None:
-    """Before any stage runs: an encoder kind in the model config would be overridden by the stage's, unseen; one
-    checkpoint (ckpt_path) cannot start both encoders' training."""
-    in_run = [stage for stage in PRETRAINING_STAGES.values() if stage in stages]
-    if cfg.ckpt_path and len(in_run) > 1:
-        raise ValueError(f"ckpt_path={cfg.ckpt_path} would start both {', '.join(in_run)}, which train different "
-                         "models; run the stage it belongs to alone (pipeline.stages), or leave ckpt_path null")
-    if in_run and "encoder" in cfg.model.config:
-        raise ValueError(f"model.config.encoder={cfg.model.config.encoder}: each Skip-Thought pretraining stage trains "
-                         f"its own encoder ({', '.join(f'{s}: {e}' for e, s in PRETRAINING_STAGES.items())}); drop "
-                         "the setting and put the stage you want in pipeline.stages")

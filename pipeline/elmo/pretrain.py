@@ -1,7 +1,7 @@
-"""ELMo's stages (Peters et al. 2018): a word vocabulary and per-book token streams built from the sentence shards,
-then biLM pretraining with truncated BPTT over whole books (pipeline/elmo/module.py explains why windows, not
-sentence batches). The frozen biLM then serves the evaluate stage as a sentence encoder; `hf/` is its representation
-layers as transformers loads them."""
+"""ELMo's pretraining and stages (Peters et al. 2018): a word vocabulary and per-book token streams built from the
+sentence shards (pipeline/elmo/data_stages.py), then biLM pretraining with truncated BPTT over whole books
+(pipeline/elmo/data.py explains why windows, not sentence batches). The frozen biLM then serves the evaluate stage as
+a sentence encoder; `hf/` is its representation layers as transformers loads them."""
 from __future__ import annotations
 
 import math
@@ -13,8 +13,9 @@ from torch.utils.data import DataLoader
 from data_prep.examples.elmo_examples import read_word_vocab
 from models.elmo import save_pretrained
 from models.hf.elmo import to_hf
+from pipeline.elmo.data import LMWindowBatches, build_elmo_datasets
 from pipeline.elmo.data_stages import elmo_streams, elmo_vocab
-from pipeline.elmo.module import ElmoPretrainModule, WindowPosition, build_elmo_datasets
+from pipeline.elmo.module import ElmoPretrainModule
 from pipeline.elmo.settings import ElmoConfig
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.module import OptimizerSettings
@@ -22,6 +23,22 @@ from pipeline.engine.pretraining import instantiate_model, pretraining_stage
 from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
 from pipeline.engine.settings import typed_settings
 from pipeline.schema import PretrainConfig
+
+
+class WindowPosition:
+    """Where truncated-BPTT training stands, for checkpoints: the window batches consumed, and the LSTM state every
+    row carries into the next one. The state is saved rather than rebuilt: it is the output of every window since
+    each row's book began, which only replaying those windows (with the weights of their time) would give back."""
+
+    def __init__(self, batches: LMWindowBatches, module: ElmoPretrainModule):
+        self.batches, self.module = batches, module
+
+    def state_dict(self, batches_consumed: int) -> dict:
+        return {"batches": batches_consumed, "lstm_state": self.module.carried_state("train")}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batches.start = state["batches"]
+        self.module.carry_state("train", state["lstm_state"])
 
 
 class ElmoPretraining:
