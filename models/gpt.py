@@ -335,7 +335,7 @@ class GPTWithTaskHead(nn.Module):
 
 class GPTForSequenceClassification(GPTWithTaskHead):
     """GPT-1's discriminative fine-tuning: a linear head on the final state of each input's last token (the extract
-    token), plus the LM head kept for the auxiliary language-modelling loss (Sec. 3.2, λ = 0.5 in the caller).
+    token), plus the LM head kept for the auxiliary language-modelling loss (Sec. 3.2, weighted by λ in the caller).
 
     GPT-1 adds the start, delimiter and extract tokens to the vocabulary at fine-tuning time, randomly initialised
     (Sec. 3.3): here they are the last N_SPECIAL rows of the task model's own token table, so the pretrained vocabulary
@@ -345,7 +345,8 @@ class GPTForSequenceClassification(GPTWithTaskHead):
     forward(idx (B, K, T), last (B, K)): K token sequences per example (2 for a similarity pair in both orders, Sec.
     3.3, their extract states summed), right-padded, `last` the index of each one's extract token. Causal attention
     means no real token sees the padding after it, so no attention mask is needed. Returns (logits (B, num_labels),
-    the mean next-token cross-entropy over each sequence's real tokens)."""
+    the mean next-token cross-entropy over each sequence's real tokens, or None without `lm_loss`: a caller that does
+    not weigh it skips the LM head's product over the vocabulary, the largest matmul of a small model)."""
 
     N_SPECIAL = 3  # start, delimiter, extract: ids vocab_size - 3, -2, -1
 
@@ -355,16 +356,19 @@ class GPTForSequenceClassification(GPTWithTaskHead):
         v = self.config.vocab_size
         return v - 3, v - 2, v - 1
 
-    def forward(self, idx: torch.Tensor, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, idx: torch.Tensor, last: torch.Tensor,
+                lm_loss: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, K, T = idx.shape
         flat, flat_last = idx.reshape(B * K, T), last.reshape(B * K)
         h = self.encoder(flat)  # (B*K, T, C)
         extract = h[torch.arange(B * K, device=idx.device), flat_last].view(B, K, -1).sum(1)  # (B, C)
+        if not lm_loss:
+            return self.head(extract), None
         positions = torch.arange(T, device=idx.device)
         targets = flat[:, 1:].masked_fill(positions[None, 1:] > flat_last[:, None], IGNORE_INDEX)  # padding unscored
-        lm_logits = F.linear(h[:, :-1], self.encoder.wte.weight)
-        lm_loss = F.cross_entropy(lm_logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
-        return self.head(extract), lm_loss
+        lm_logits = F.linear(h[:, :-1], self.encoder.wte.weight)  # (B*K, T-1, V)
+        loss = F.cross_entropy(lm_logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+        return self.head(extract), loss
 
 
 @torch.no_grad()

@@ -16,6 +16,7 @@ from pipeline.data_settings import DataConfig
 from pipeline.downstream.finetune import (
     FINETUNE,
     MODEL_KINDS,
+    check_controls,
     check_task_files,
     finetune_seeds,
     finetune_settings,
@@ -27,7 +28,7 @@ from pipeline.downstream.tasks import load_task
 from pipeline.engine.checkpoints import check_start_checkpoint
 from pipeline.engine.dag import StageFailed, plan, resolve_upstream, run_dag, select_stages
 from pipeline.engine.distributed import validate_distributed
-from pipeline.engine.pretraining import check_model_config, model_key
+from pipeline.engine.pretraining import check_model_config
 from pipeline.engine.settings import (
     COUNT,
     FRACTION,
@@ -41,6 +42,7 @@ from pipeline.engine.settings import (
     check_numbers,
     check_target_arguments,
     did_you_mean,
+    model_key,
     typed_settings,
 )
 from pipeline.engine.snapshots import encoder_snapshot_steps
@@ -104,6 +106,7 @@ def validate(cfg: DictConfig) -> list[str]:
         family.validate(cfg, in_run)
     if FINETUNE.name in in_run:
         check_task_files(cfg)  # read now, not after pretraining
+        check_controls(cfg)
     return in_run
 
 

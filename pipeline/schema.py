@@ -33,6 +33,9 @@ PretrainOptimizer = StrEnum("PretrainOptimizer", {name: name for name in ("adamw
 # Vaswani et al. 2017 eq. 3), which never reaches 0.
 LR_DECAYS = ("linear", "cosine", "noam")
 LrDecay = StrEnum("LrDecay", {name: name for name in LR_DECAYS}, module=__name__)
+# pretrain.init_embeddings: where the token embeddings start, random (the model's initialiser) or word2vec (skip-gram
+# vectors of the corpus's pieces: BERT's bert_piece_vectors stage, GPT's gpt_piece_vectors)
+InitEmbeddings = StrEnum("InitEmbeddings", {name: name for name in ("random", "word2vec")}, module=__name__)
 
 
 @dataclass
@@ -61,6 +64,12 @@ class PretrainConfig:
     # fine-tunes each next to the final encoder (pretrain_scaling.png; experiment bert_small_books). A snapshot is the
     # run at that step, with its learning rate not yet decayed: not what a run of N steps would give.
     encoder_snapshots: list[int] = field(default_factory=list)
+    # Where the token embeddings start: random, or word2vec (skip-gram over the corpus written in the model's own
+    # pieces, with the `word2vec` block's settings); and whether pretraining keeps them as they start. BERT and GPT
+    # read both (BERT not with pretrain.init_from, whose embeddings are the checkpoint's); the other families have no
+    # piece vectors.
+    init_embeddings: InitEmbeddings = InitEmbeddings.random
+    freeze_embeddings: bool = False
 
 
 @dataclass

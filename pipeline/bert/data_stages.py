@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from pathlib import Path
 
-import numpy as np
+import pyarrow as pa
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
+from tokenizers import Tokenizer
 
 from data_prep.corpus.shards import sampled_texts, shard_paths
 from data_prep.corpus.tokenize_shards import encode_by_word, use_one_tokenizer_thread
@@ -27,12 +27,10 @@ from data_prep.corpus.tokenizer import (
 from data_prep.examples.bert_examples import create_training_instances, write_instances
 from pipeline.bert.settings import BertPretrainConfig, ExamplesConfig, TokenizerConfig
 from pipeline.corpus import require_books
-from pipeline.downstream.word2vec import Word2VecConfig, train_word2vec
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 from pipeline.engine.settings import typed_settings
-
-PIECE_VECTORS_FILE = "vectors.npy"
+from pipeline.piece_vectors import piece_vectors as piece_vectors_of
 
 
 def tokenizer(ctx: StageContext) -> dict:
@@ -58,34 +56,21 @@ def tokenizer(ctx: StageContext) -> dict:
                                    warn_above=WORDPIECE_UNKNOWN_RATE_WARNING)}
 
 
+def embedding_width(cfg: DictConfig, vocab_size: int) -> int:
+    """The width of the word embeddings of the BERT that `model` builds: what its piece vectors are trained at."""
+    return instantiate(cfg.model.config, vocab_size=vocab_size).hidden_size
+
+
+def wordpiece_ids(tok: Tokenizer, texts: pa.Array) -> list[list[int]]:
+    """The WordPiece ids of each text, each distinct word encoded once (encode_by_word)."""
+    return encode_by_word(tok, texts).to_pylist()
+
+
 def piece_vectors(ctx: StageContext) -> dict:
-    """word2vec (the `word2vec` block's settings) over the corpus written as WordPiece ids, one vector of the model's
-    hidden size per piece, saved in id order as `vectors.npy` (NaN rows: pieces the corpus never shows): what
-    pretrain.init_embeddings=word2vec starts the word embeddings from. Skip-gram's ~10^4 FLOPs per token place the
-    pieces by their contexts in a fraction of the time masked LM needs per token (docs/pretraining_recipes.md)."""
-    started = time.perf_counter()
-    tok = load_tokenizer(ctx.stage_dir("bert_tokenizer"))
-    hidden_size = instantiate(ctx.cfg.model.config, vocab_size=tok.get_vocab_size()).hidden_size
-    with ctx.scratch_dir() as scratch:
-        corpus = scratch / "pieces.txt"
-        with open(corpus, "w") as f:
-            for shard in shard_paths(ctx.stage_dir("prepare")):
-                for ids in encode_by_word(tok, read_arrow(shard).column("text").combine_chunks()).to_pylist():
-                    f.write(" ".join(map(str, ids)) + "\n")
-        # every piece the corpus shows: the tokenizer kept only pieces frequent enough to be learned
-        vectors = train_word2vec(corpus, typed_settings(ctx.cfg.word2vec, Word2VecConfig), ctx.cfg.seed,
-                                 vector_size=hidden_size, min_count=1)
-    table = np.full((tok.get_vocab_size(), hidden_size), np.nan, dtype=np.float32)
-    table[[int(w) for w in vectors.words]] = vectors.vectors
-    np.save(ctx.out_dir / PIECE_VECTORS_FILE, table)
-    return {"pieces_with_vectors": len(vectors.words), "vocab_size": tok.get_vocab_size(),
-            "vector_size": hidden_size, "seconds": round(time.perf_counter() - started, 1)}
-
-
-def read_piece_vectors(stage_dir: Path) -> np.ndarray:
-    """The bert_piece_vectors stage's table (`stage_dir`: its output): one row per token id, NaN for a piece the corpus
-    never shows."""
-    return np.load(stage_dir / PIECE_VECTORS_FILE)
+    """bert_piece_vectors: the shared piece-vector stage (pipeline/piece_vectors.py) over the WordPiece pieces, at the
+    width of BERT's word embeddings."""
+    return piece_vectors_of(ctx, tokenizer_stage="bert_tokenizer", load_tokenizer=load_tokenizer,
+                            encode=wordpiece_ids, width=embedding_width)
 
 
 def _tokenized_books(shard_path: Path, tok) -> list[list[list[int]]]:

@@ -29,7 +29,6 @@ from data_prep.corpus.tokenizer import (
 from data_prep.tasks.conll import encode_tagged_sentences
 from data_prep.tasks.squad import read_squad, squad_features
 from models.bert import (
-    BertConfig,
     BertForPromptClassification,
     BertForQuestionAnswering,
     BertForSequenceClassification,
@@ -38,14 +37,12 @@ from models.bert import (
 )
 from models.hf.bert import load_ours_or_hf
 from pipeline.bert.data import EncodedPromptTask, EncodedTask, pad_classification_batch
-from pipeline.bert.data_stages import read_piece_vectors
 from pipeline.bert.pretrain import (
     HEADS_FILE,
     PHASES,
     encoder_stage,
     pretraining_starts_from_piece_vectors,
     scratch_encoder_config,
-    start_word_embeddings,
 )
 from pipeline.bert.settings import BertFinetuneConfig
 from pipeline.downstream.modules import (
@@ -62,16 +59,9 @@ from pipeline.downstream.tasks import load_task, task_names
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind, TokenCoverage
 from pipeline.engine.fingerprints import files_fingerprint
+from pipeline.engine.pretraining import start_word_embeddings
 from pipeline.engine.settings import cache_dir_of, typed_settings
-
-
-@dataclass(frozen=True)
-class PieceVectorStart:
-    """Where pretraining with pretrain.init_embeddings=word2vec starts, before its first step: the encoder's
-    architecture (`config`), freshly initialised, its word embeddings set to the bert_piece_vectors stage's `vectors`
-    (start_word_embeddings)."""
-    config: BertConfig
-    vectors: np.ndarray
+from pipeline.piece_vectors import PieceVectorStart, pieces_with_vectors, read_piece_vectors
 
 
 @dataclass
@@ -144,16 +134,11 @@ def _input_ids(item) -> np.ndarray:
     return np.asarray((item[1] if isinstance(item, tuple) else item)["input_ids"], dtype=np.int64)
 
 
-def _pieces_with_vectors(vectors: np.ndarray) -> np.ndarray:
-    """Which token ids have a piece vector (read_piece_vectors' table holds NaN rows for the others)."""
-    return ~np.isnan(vectors).any(axis=1)
-
-
 def _this_run(pretrained: bool):
     def load(ctx: StageContext) -> BertTaskModels:
         tokenizer_dir = ctx.stage_dir("bert_tokenizer")
         f = typed_settings(ctx.cfg.finetune, BertFinetuneConfig)  # BERT's keys of the block
-        vectors = (_pieces_with_vectors(read_piece_vectors(ctx.stage_dir("bert_piece_vectors")))
+        vectors = (pieces_with_vectors(read_piece_vectors(ctx.stage_dir("bert_piece_vectors")))
                    if pretrained and pretraining_starts_from_piece_vectors(ctx.cfg) else None)
         return BertTaskModels(ctx.stage_dir(encoder_stage(ctx.cfg)) / "encoder", load_tokenizer(tokenizer_dir),
                               str(tokenizer_dir), pretrained, f.dropout, str(f.pooling), pieces_with_vectors=vectors)
@@ -173,7 +158,7 @@ def _control(ctx: StageContext) -> BertTaskModels:
                              read_piece_vectors(ctx.stage_dir("bert_piece_vectors")))
     return BertTaskModels(None, tokenizer, str(tokenizer_dir), pretrained=False, dropout=f.dropout,
                           pooling=str(f.pooling), piece_vector_start=start,
-                          pieces_with_vectors=_pieces_with_vectors(start.vectors))
+                          pieces_with_vectors=pieces_with_vectors(start.vectors))
 
 
 def _control_of_bert(cfg: DictConfig) -> str | None:
@@ -182,21 +167,6 @@ def _control_of_bert(cfg: DictConfig) -> str | None:
     if pretraining_starts_from_piece_vectors(cfg):
         return CONTROL
     return None if PHASES[0].settings(cfg).init_from else "bert_random"
-
-
-def check_control(cfg: DictConfig, stages: list[str]) -> None:
-    """Before any stage runs: bert_w2v only in a run whose pretraining starts from the piece vectors, where it is the
-    control; elsewhere it would be a second, mislabelled copy of what bert_random (or no kind) already is."""
-    if "finetune" in stages and CONTROL in finetune_settings(cfg).models and _control_of_bert(cfg) != CONTROL:
-        raise ValueError(f"finetune.models has {CONTROL}, the control of a BERT pretraining that starts from the piece "
-                         f"vectors, and this run's starts from {_pretraining_start(cfg)}, where "
-                         f"{_control_of_bert(cfg) or 'no kind'} is the control; remove {CONTROL} from finetune.models, "
-                         "or set pretrain.init_embeddings=word2vec (without pretrain.init_from)")
-
-
-def _pretraining_start(cfg: DictConfig) -> str:
-    init_from = PHASES[0].settings(cfg).init_from
-    return f"pretrain.init_from={init_from}" if init_from else "random initialisation (pretrain.init_embeddings=random)"
 
 
 def _external(ctx: StageContext) -> BertTaskModels:
@@ -226,7 +196,8 @@ FINETUNE_KINDS = {"bert": FinetuneKind(_pretrained_stages, _this_run(pretrained=
                                        random_twin="bert_random", control=_control_of_bert),
                   "bert_random": FinetuneKind(_this_run_stages, _this_run(pretrained=False)),
                   # what it reads leaves pretraining out: the control waits for no pretraining step
-                  CONTROL: FinetuneKind(lambda cfg: ("bert_tokenizer", "bert_piece_vectors"), _control),
+                  CONTROL: FinetuneKind(lambda cfg: ("bert_tokenizer", "bert_piece_vectors"), _control,
+                                        control_of="bert"),
                   "bert_external": FinetuneKind(lambda cfg: (), _external, fingerprint=_external_files)}
 
 

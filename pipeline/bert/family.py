@@ -6,7 +6,7 @@ from data_prep.corpus.tokenizer import SPECIAL_TOKENS
 from data_prep.examples.bert_examples import NUM_SPECIAL_TOKENS_IN_PAIR
 from models.hf.bert import describe
 from pipeline.bert import attention
-from pipeline.bert.downstream import FINETUNE_KINDS, check_control, check_prompts
+from pipeline.bert.downstream import FINETUNE_KINDS, check_prompts
 from pipeline.bert.encoder import ENCODERS
 from pipeline.bert.pretrain import BERT_STAGES, PHASES, validate_pretraining
 from pipeline.bert.settings import CONFIG
@@ -20,10 +20,9 @@ PAIR_LENGTH = Number(int, MIN_PAIR_LENGTH, why="[CLS] a [SEP] b [SEP] with a tok
 
 
 def validate(cfg: DictConfig, stages: list[str]) -> None:
-    """Before any stage runs: the pretraining phases of the run, and the prompts and control its fine-tuning reads."""
+    """Before any stage runs: the pretraining phases of the run, and the prompts its fine-tuning reads."""
     validate_pretraining(cfg, stages)
     check_prompts(cfg, stages)
-    check_control(cfg, stages)
 
 
 FAMILY = Family("bert", stages=BERT_STAGES, pretraining_stages=tuple(p.stage for p in PHASES), encoders=ENCODERS,

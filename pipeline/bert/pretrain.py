@@ -31,7 +31,7 @@ from models.bert import BertConfig, load_pretrained, save_pretrained
 from models.checkpoint import HF_WEIGHT_FILES, hf_weights_file
 from models.hf.bert import config_from_hf, continue_from_hf, hf_incompatibility, to_hf
 from pipeline.bert.data import BertPretrainingCollator, MaskedBatches, PretrainingInstances
-from pipeline.bert.data_stages import examples, piece_vectors, read_piece_vectors, tokenizer
+from pipeline.bert.data_stages import examples, piece_vectors, tokenizer
 from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import BertPretrainModule
 from pipeline.bert.settings import BertPretrainSettings, ExamplesConfig, TokenizerConfig
@@ -40,10 +40,11 @@ from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.fingerprints import files_fingerprint
 from pipeline.engine.loaders import held_out_split, seeded_train_loader
 from pipeline.engine.module import OptimizerSettings
-from pipeline.engine.pretraining import instantiate_model, merged_settings, pretraining_stage
+from pipeline.engine.pretraining import instantiate_model, merged_settings, pretraining_stage, start_word_embeddings
 from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
 from pipeline.engine.settings import cache_dir_of, stages_in_run, typed_settings
 from pipeline.engine.snapshots import encoder_snapshot_steps
+from pipeline.piece_vectors import read_piece_vectors
 
 # The MLM and NSP heads, beside encoder/: what a later phase needs, besides the encoder, to continue pretraining.
 HEADS_FILE = "pretraining_heads.safetensors"
@@ -143,20 +144,6 @@ def pretraining_upstream(phase: Phase, cfg: DictConfig) -> tuple[str, ...]:
     elif starts_from_piece_vectors(phase, phase.settings(cfg)):
         upstream.append("bert_piece_vectors")
     return tuple(upstream)
-
-
-def start_word_embeddings(word_embeddings: nn.Embedding, vectors: np.ndarray) -> int:
-    """`word_embeddings` set to `vectors` (one row per token id; NaN rows keep their initialisation), rescaled to rows
-    of unit length on average (standard deviation 1/sqrt(hidden)). The scale of the input side is the embedding
-    LayerNorm's; the tied decoder's logits are the vectors' dot products with a LayerNormed state, and at BERT's
-    initializer_range (0.02, rows of length 0.23 at 128 dimensions) frozen vectors held the held-out masked-LM loss
-    at 6.66 nats against the unigram's 6.72 after 1,000 steps (docs/pretraining_recipes.md). Returns the rows set."""
-    known = ~np.isnan(vectors).any(axis=1)
-    rows = torch.from_numpy(np.flatnonzero(known))
-    values = torch.from_numpy(vectors[known])
-    with torch.no_grad():
-        word_embeddings.weight[rows] = values / values.std() / word_embeddings.embedding_dim ** 0.5
-    return int(known.sum())
 
 
 def padded_vocab_size(vocab_size: int) -> int:

@@ -15,9 +15,6 @@ from pipeline.schema import PretrainConfig, override_block
 PRETRAINING_OBJECTIVES = ("mlm", "electra")
 Objective = StrEnum("Objective", {name: name for name in PRETRAINING_OBJECTIVES}, module=__name__)
 Packing = StrEnum("Packing", {name: name for name in PACKINGS}, module=__name__)
-# pretrain.init_embeddings: where the word embeddings start, random (the model's initialiser) or word2vec (the
-# bert_piece_vectors stage)
-InitEmbeddings = StrEnum("InitEmbeddings", {name: name for name in ("random", "word2vec")}, module=__name__)
 
 
 @dataclass
@@ -80,11 +77,6 @@ class BertPretrainConfig:
     # architecture, weights and tokenizer the bert_pretrain stage starts from, instead of `model` from scratch and a
     # trained tokenizer; its MLM (and NSP) head is loaded where the checkpoint has one, else freshly initialised.
     init_from: Optional[str] = None
-    # Where BERT's word embeddings start: random, or word2vec (skip-gram over the corpus's WordPiece pieces, the
-    # bert_piece_vectors stage, with the `word2vec` block's settings; not with init_from, whose embeddings are the
-    # checkpoint's); and whether pretraining keeps them as they start.
-    init_embeddings: InitEmbeddings = InitEmbeddings.random
-    freeze_embeddings: bool = False
 
 
 BERT_POOLINGS = ("cls", "mean")  # the sentence vector: pooled [CLS] state, or mean of the final states

@@ -92,6 +92,18 @@ def controls_in_run(cfg: DictConfig, kinds: dict[str, FinetuneKind]) -> dict[str
     return {name: control for name, kind in kinds.items() if (control := kind.control(cfg)) in kinds}
 
 
+def check_controls(cfg: DictConfig) -> None:
+    """Before any stage runs: a control kind (FinetuneKind.control_of) only in a run where it is its kind's control;
+    elsewhere it would be a second, mislabelled copy of what the random twin (or no kind) already is."""
+    for name in finetune_settings(cfg).models:
+        of = MODEL_KINDS[name].control_of
+        if of is not None and (control := MODEL_KINDS[of].control(cfg)) != name:
+            raise ValueError(f"finetune.models has {name}, the control of {of} where its pretraining starts from the "
+                             f"piece vectors, and in this run {control or 'no kind'} is {of}'s control; remove {name} "
+                             "from finetune.models, or set pretrain.init_embeddings=word2vec for a pretraining from "
+                             "scratch")
+
+
 def finetune_upstream(cfg: DictConfig) -> tuple[str, ...]:
     f = finetune_settings(cfg)
     stages = [stage for kind in finetune_kinds(cfg, f).values() for stage in kind.upstream(cfg)]

@@ -100,6 +100,9 @@ class FinetuneKind:
     # control what pretraining itself bought. Where pretraining starts from random initialisation the control is the
     # random twin, named here too; None: the run has none (a start no kind reproduces, such as a checkpoint's).
     control: Callable[[DictConfig], str | None] = lambda cfg: None
+    # For a kind that is a control (bert_w2v, gpt_w2v): the kind whose control it is, in a run whose `control` names it;
+    # a run where it does not is refused before any stage (pipeline.downstream.finetune.check_controls)
+    control_of: str | None = None
 
 
 @dataclass(frozen=True)

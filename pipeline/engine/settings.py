@@ -155,3 +155,10 @@ def check_target_arguments(node: DictConfig, key: str, accepting: list | None = 
             hint = did_you_mean(name, names, f"{key}.")
             raise ValueError(f"{key}.{name}: {node._target_} takes no argument {name!r}; {hint}its arguments: "
                              f"{', '.join(dict.fromkeys(names))}")
+
+
+def model_key(cfg: DictConfig, family: str) -> str:
+    """The config block of a family's model: `<family>.model` where the run gives the family one of its own (a run
+    that pretrains two families, whose shared `model` can hold only one: experiment=bert_vs_gpt), else `model`."""
+    own = f"{family}.model"
+    return own if OmegaConf.select(cfg, own) is not None else "model"

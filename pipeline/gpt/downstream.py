@@ -1,13 +1,17 @@
 """GPT fine-tuned end to end on the downstream tasks as in GPT-1 (Radford et al. 2018, Sec. 3.2-3.3; seed 004): each
 example becomes one token sequence (two for a similarity pair) framed by start, delimiter and extract tokens, a linear
-head reads the extract token's final state, and the loss is the task's plus 0.5 x the LM loss on the same tokens.
+head reads the extract token's final state, and the loss is the task's plus λ x the LM loss on the same tokens
+(finetune.lm_loss_weight, GPT-1's 0.5 by default).
 Tagging tasks (CoNLL) read each word's tag at its last token and the token after it
 (models.gpt.GPTForTokenClassification); generation tasks (bbc_headlines) fine-tune the LM to continue "source TL;DR:"
 with the target, as GPT-2 summarised.
 `finetune.models=[gpt]`: this run's pretrained GPT, and with it (finetune.random_twins) `gpt_random`, its
-architecture untrained."""
+architecture untrained, and (finetune.controls) its control where pretraining starts from the piece vectors,
+`gpt_w2v`: the same architecture with those vectors as its token embeddings under random layers, no pretraining steps.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -17,7 +21,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from data_prep.examples.gpt_blocks import END_OF_TEXT
+from data_prep.examples.gpt_blocks import END_OF_TEXT, load_gpt_tokenizer
 from data_prep.tasks.conll import TaggedSentence
 from models import IGNORE_INDEX
 from models.checkpoint import read_config
@@ -35,11 +39,15 @@ from pipeline.downstream.task_data import TaskData, conll_sentences, majority_ta
 from pipeline.downstream.tasks import scoring_options
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
+from pipeline.engine.pretraining import start_word_embeddings
+from pipeline.engine.settings import typed_settings
+from pipeline.gpt.pretrain import pretraining_starts_from_piece_vectors, scratch_config
+from pipeline.gpt.settings import GptFinetuneConfig
+from pipeline.piece_vectors import PieceVectorStart, read_piece_vectors
 
 # GPT-1 Sec. 3.3: similarity has no inherent order, so both orders are encoded and their extract states summed: for
 # regression pairs (STS-B) and GPT-1's other similarity tasks, MRPC and QQP.
 SIMILARITY_TASKS = ("mrpc", "qqp")
-LM_WEIGHT = 0.5  # GPT-1 Sec. 3.2 / 4.1: λ of the auxiliary LM loss
 
 
 def transform(tokens_a: list[int], tokens_b: list[int] | None, special: tuple[int, int, int], max_len: int,
@@ -72,14 +80,18 @@ def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
 
 
 class GPTObjective:
-    """GPT-1's fine-tuning loss L3 = L2 (task) + λ L1 (LM on the task's tokens) for ClassificationModule's and
-    RegressionModule's dev scoring; `task_loss` is theirs: (logits, labels) -> (loss, predictions)."""
-    lm_weight: float = LM_WEIGHT
+    """GPT-1's fine-tuning loss L3 = L2 (task) + λ L1 (LM on the task's tokens; λ = lm_loss_weight, L2 alone at 0)
+    for ClassificationModule's and RegressionModule's dev scoring; `task_loss` is theirs: (logits, labels) -> (loss,
+    predictions)."""
+
+    def __init__(self, *args, lm_loss_weight: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lm_loss_weight = lm_loss_weight
 
     def model_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, lm_loss = self.model(batch["input_ids"], batch["last"])
+        logits, lm_loss = self.model(batch["input_ids"], batch["last"], lm_loss=self.lm_loss_weight > 0)
         loss, predictions = self.task_loss(logits, batch["labels"])
-        return loss + self.lm_weight * lm_loss, predictions
+        return (loss if lm_loss is None else loss + self.lm_loss_weight * lm_loss), predictions
 
 
 class GPTClassificationModule(GPTObjective, ClassificationModule):
@@ -97,10 +109,12 @@ class GPTRegressionModule(GPTObjective, RegressionModule):
 
 def load_task_data(task: DictConfig, data_dir: Path, tokenizer, n_positions: int, max_seq_length: int,
                    max_train_examples: int | None, seed: int, selection_fraction: float | None = None,
-                   samples_path: Path | None = None) -> TaskData:
-    """One TSV task (classification, pair, regression) encoded with GPT-1's input transformations, a CoNLL tagging
-    task (tagging_task_data) or a generation task (generation_task_data, its generations written to samples_path);
-    make_model takes the pretrained GPTConfig."""
+                   samples_path: Path | None = None,
+                   lm_loss_weight: float = GptFinetuneConfig.lm_loss_weight) -> TaskData:
+    """One TSV task (classification, pair, regression) encoded with GPT-1's input transformations, trained with
+    `lm_loss_weight` x the LM loss beside the task's (GPTObjective), a CoNLL tagging task (tagging_task_data) or a
+    generation task (generation_task_data, its generations written to samples_path); make_model takes the pretrained
+    GPTConfig."""
     if task.format == "conll":
         return tagging_task_data(task, data_dir, tokenizer, min(max_seq_length, n_positions), max_train_examples, seed)
     if task.format == "seq2seq":
@@ -136,8 +150,10 @@ def load_task_data(task: DictConfig, data_dir: Path, tokenizer, n_positions: int
     train_rows = rows(train)
     lengths = [max(len(sequence) for sequence in row["sequences"]) for row in train_rows]
     if regression:
-        return TaskData(train_rows, rows(dev), collate, make_model, GPTRegressionModule, None, train_lengths=lengths)
-    return TaskData(train_rows, rows(dev), collate, make_model, partial(GPTClassificationModule, metric=task.metric),
+        return TaskData(train_rows, rows(dev), collate, make_model,
+                        partial(GPTRegressionModule, lm_loss_weight=lm_loss_weight), None, train_lengths=lengths)
+    return TaskData(train_rows, rows(dev), collate, make_model,
+                    partial(GPTClassificationModule, metric=task.metric, lm_loss_weight=lm_loss_weight),
                     majority_scores, train.labels, lengths)
 
 
@@ -250,20 +266,35 @@ def generation_task_data(task: DictConfig, data_dir: Path, tokenizer, n_position
                     train_lengths=[len(row["input_ids"]) for row in train_rows])
 
 
+@dataclass
 class GPTTaskModels(WritingTaskModels):
-    """A gpt_pretrain model directory and its tokenizer."""
+    """A gpt_pretrain model directory and its tokenizer; `piece_vector_start`: instead of the directory's weights or
+    their fresh initialisation, start where pretraining does (the control; `model_dir` is then the tokenizer's, whose
+    weights are not read); `lm_loss_weight`: finetune.lm_loss_weight."""
+    piece_vector_start: PieceVectorStart | None = None
+    lm_loss_weight: float = GptFinetuneConfig.lm_loss_weight
 
     def encode(self, task: DictConfig, data_dir: Path, finetune: FinetuneConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
-        return load_task_data(task, data_dir, self.tokenizer, read_config(self.model_dir)["n_positions"],
-                              finetune.max_seq_length, finetune.max_train_examples, seed, selection_fraction,
-                              self.samples_path(task.name))
+        start = self.piece_vector_start
+        n_positions = read_config(self.model_dir)["n_positions"] if start is None else start.config.n_positions
+        return load_task_data(task, data_dir, self.tokenizer, n_positions, finetune.max_seq_length,
+                              finetune.max_train_examples, seed, selection_fraction, self.samples_path(task.name),
+                              self.lm_loss_weight)
 
     def build(self, data: TaskData) -> nn.Module:
-        lm = load_pretrained(self.model_dir)
+        start = self.piece_vector_start
+        # Reading the LM builds one, which draws from the seed's random stream before the task model is built; the
+        # control draws one of its architecture in that place, so that its head and layers are gpt_random's at the
+        # same seed: the kinds of a seed differ by where their weights start alone.
+        lm = load_pretrained(self.model_dir) if start is None else GPTLMHeadModel(start.config)
         model = data.make_model(lm.config)  # seeded by the fine-tuning run: the twin's initialisation
-        if self.pretrained:
-            if isinstance(model, GPTLMHeadModel):  # a generation task fine-tunes the LM itself
+        if start is not None:
+            # a generation task fine-tunes the LM itself; the task's new tokens keep their fresh rows
+            start_word_embeddings((model if isinstance(model, GPTLMHeadModel) else model.lm).transformer.wte,
+                                  start.vectors)
+        elif self.pretrained:
+            if isinstance(model, GPTLMHeadModel):
                 model.load_state_dict(lm.state_dict())
             else:
                 model.load_lm(lm)
@@ -276,10 +307,34 @@ def _load(kind: str, pretrained: bool):
 
         model_dir = ctx.stage_dir("gpt_pretrain") / "model"
         return GPTTaskModels(model_dir, Tokenizer.from_file(str(model_dir / "tokenizer.json")), kind,
-                             ctx.out_dir / GENERATED_DIR, pretrained)
+                             ctx.out_dir / GENERATED_DIR, pretrained,
+                             lm_loss_weight=typed_settings(ctx.cfg.finetune, GptFinetuneConfig).lm_loss_weight)
     return load
 
 
+# `gpt`'s control (FinetuneKind.control) where its pretraining starts from the piece vectors
+CONTROL = "gpt_w2v"
+
+
+def _control(ctx: StageContext) -> GPTTaskModels:
+    """gpt_w2v: the start of this run's pretraining without its steps, with the tokenizer `gpt` reads."""
+    tokenizer_dir = ctx.stage_dir("gpt_tokenizer")
+    tokenizer = load_gpt_tokenizer(tokenizer_dir)
+    start = PieceVectorStart(scratch_config(ctx.cfg, tokenizer), read_piece_vectors(ctx.stage_dir("gpt_piece_vectors")))
+    return GPTTaskModels(tokenizer_dir, tokenizer, CONTROL, ctx.out_dir / GENERATED_DIR, pretrained=False,
+                         piece_vector_start=start,
+                         lm_loss_weight=typed_settings(ctx.cfg.finetune, GptFinetuneConfig).lm_loss_weight)
+
+
+def _control_of_gpt(cfg: DictConfig) -> str:
+    """`gpt`'s control (FinetuneKind.control): gpt_w2v where its pretraining starts from the piece vectors, else the
+    random twin."""
+    return CONTROL if pretraining_starts_from_piece_vectors(cfg) else "gpt_random"
+
+
 FINETUNE_KINDS = {"gpt": FinetuneKind(lambda cfg: ("gpt_pretrain",), _load("gpt", pretrained=True),
-                                      random_twin="gpt_random"),
-                  "gpt_random": FinetuneKind(lambda cfg: ("gpt_pretrain",), _load("gpt_random", pretrained=False))}
+                                      random_twin="gpt_random", control=_control_of_gpt),
+                  "gpt_random": FinetuneKind(lambda cfg: ("gpt_pretrain",), _load("gpt_random", pretrained=False)),
+                  # what it reads leaves pretraining out: the control waits for no pretraining step
+                  CONTROL: FinetuneKind(lambda cfg: ("gpt_tokenizer", "gpt_piece_vectors"), _control,
+                                        control_of="gpt")}

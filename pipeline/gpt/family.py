@@ -11,7 +11,7 @@ from pipeline.gpt import samples
 from pipeline.gpt.downstream import FINETUNE_KINDS
 from pipeline.gpt.encoder import ENCODERS
 from pipeline.gpt.pretrain import GPT_STAGES, GPTPretraining, own_pretraining_settings
-from pipeline.gpt.settings import GptConfig, GptReportConfig
+from pipeline.gpt.settings import GptConfig, GptFinetuneConfig, GptReportConfig
 
 
 def validate(cfg: DictConfig, stages: list[str]) -> None:
@@ -28,10 +28,12 @@ def validate(cfg: DictConfig, stages: list[str]) -> None:
 FAMILY = Family("gpt", stages=GPT_STAGES, pretraining_stages=("gpt_pretrain",), encoders=ENCODERS,
                 finetune_kinds=FINETUNE_KINDS, report_upstream=samples.report_upstream,
                 report_section=samples.report_section, validate=validate,
-                config={"gpt": GptConfig, "report": GptReportConfig}, describe_export=describe,
+                config={"gpt": GptConfig, "finetune": GptFinetuneConfig, "report": GptReportConfig},
+                describe_export=describe,
                 generation=Generation(samples.STAGE, "gpt_tiny", samples.continue_texts, continues=True),
                 tiny=Tiny("gpt_tiny", ("prepare", "gpt_tokenizer", "gpt_blocks"), (
                     "gpt.vocab_size=300", "gpt.min_frequency=1", "gpt.block_size=16", "+model.config.n_embd=32")),
                 numbers={"gpt.vocab_size": Number(int, MIN_VOCAB_SIZE, why=(
                     "byte-level BPE's 256 byte pieces and <|endoftext|>, which it keeps whatever the setting")),
-                         "gpt.block_size": POSITIVE_INT, "gpt.max_sentences": Number(int, 1, nullable=True)})
+                         "gpt.block_size": POSITIVE_INT, "gpt.max_sentences": Number(int, 1, nullable=True),
+                         "finetune.lm_loss_weight": Number(float, 0)})

@@ -1,6 +1,7 @@
 """GPT's pretraining (Radford et al. 2018; GPT-2): causal-LM pretraining on the shared harness, and GPT's stages: a
 byte-level BPE trained on the sentence shards, the books of each shard packed into fixed-length blocks
-(data_prep/examples/gpt_blocks.py, pipeline/gpt/data_stages.py), then that pretraining.
+(data_prep/examples/gpt_blocks.py, pipeline/gpt/data_stages.py), then that pretraining; with
+pretrain.init_embeddings=word2vec, from skip-gram vectors of the byte-level pieces (gpt_piece_vectors).
 The pretrained LM is written in our format (`model/`, read by evaluate, fine-tuning and pipeline.generate) and as a
 HuggingFace GPT-2 directory (`hf/`)."""
 from __future__ import annotations
@@ -9,21 +10,24 @@ import math
 import shutil
 from dataclasses import fields
 
-from omegaconf import DictConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tokenizers import Tokenizer
 
 from data_prep.examples.gpt_blocks import TOKENIZER_FILE, end_of_text_id, load_gpt_tokenizer, write_hf_tokenizer_config
-from models.gpt import save_pretrained
+from models.gpt import GPTConfig, save_pretrained
 from models.hf.gpt import to_hf
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.loaders import ArrowRows, pretraining_loaders
 from pipeline.engine.module import OptimizerSettings
-from pipeline.engine.pretraining import instantiate_model, merged_settings, model_key, pretraining_stage
+from pipeline.engine.pretraining import instantiate_model, merged_settings, pretraining_stage, start_word_embeddings
 from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
-from pipeline.engine.settings import typed_settings
-from pipeline.gpt.data_stages import gpt_blocks, gpt_tokenizer
+from pipeline.engine.settings import model_key, typed_settings
+from pipeline.gpt.data_stages import gpt_blocks, gpt_piece_vectors, gpt_tokenizer
 from pipeline.gpt.module import BLOCK_COLUMN, GPTPretrainModule, collate_blocks
 from pipeline.gpt.settings import GptDataConfig, GptPretrainConfig
+from pipeline.piece_vectors import read_piece_vectors
 from pipeline.schema import PretrainConfig
 
 
@@ -42,11 +46,14 @@ class GPTPretraining:
 
     def build_module(self, ctx: StageContext, settings: PretrainConfig) -> GPTPretrainModule:
         cfg = ctx.cfg
-        tok = load_gpt_tokenizer(ctx.stage_dir("gpt_tokenizer"))
-        # the context is the training length: positions past it would keep their random init
-        model = instantiate_model(cfg, model_key(cfg, "gpt"), vocab_size=tok.get_vocab_size(),
-                                  eos_token_id=end_of_text_id(tok),
-                                  n_positions=typed_settings(cfg.gpt, GptDataConfig).block_size)
+        model = instantiate_model(cfg, model_key(cfg, "gpt"),
+                                  **data_config_values(cfg, load_gpt_tokenizer(ctx.stage_dir("gpt_tokenizer"))))
+        if settings.init_embeddings == "word2vec":  # a resumed run then loads its own checkpoint over these
+            start_word_embeddings(model.transformer.wte, read_piece_vectors(ctx.stage_dir("gpt_piece_vectors")))
+        # The LM head is this table (tied, Press & Wolf 2017), so frozen embeddings freeze the output layer too: the
+        # LM learns states that point at the next piece's fixed vector, the piece vectors' geometry kept for the
+        # sentence classifier (Kim 2014's "static" word2vec input; BERT's frozen start, docs/pretraining_recipes.md)
+        model.transformer.wte.weight.requires_grad_(not settings.freeze_embeddings)
         return GPTPretrainModule(model, OptimizerSettings.of(settings, self.settings_key(cfg)))
 
     def data(self, ctx: StageContext, module: GPTPretrainModule, p: PretrainConfig, rank: int,
@@ -75,6 +82,29 @@ class GPTPretraining:
                 "tokens_seen": run.rows_seen(data.batch_size) * module.model.config.n_positions}
 
 
+def data_config_values(cfg: DictConfig, tok: Tokenizer) -> dict:
+    """What only the data sets of the GPT's config: the tokenizer's vocabulary and end-of-text token, and the context,
+    which is the training length (positions past it would keep their random init)."""
+    return {"vocab_size": tok.get_vocab_size(), "eos_token_id": end_of_text_id(tok),
+            "n_positions": typed_settings(cfg.gpt, GptDataConfig).block_size}
+
+
+def scratch_config(cfg: DictConfig, tok: Tokenizer) -> GPTConfig:
+    """The architecture of the GPT that gpt_pretrain builds for tokenizer `tok`, known without running it."""
+    return instantiate(OmegaConf.select(cfg, model_key(cfg, "gpt")).config, **data_config_values(cfg, tok))
+
+
+def pretraining_starts_from_piece_vectors(cfg: DictConfig) -> bool:
+    """pretrain.init_embeddings=word2vec (gpt.pretrain's where it sets it)."""
+    return GPTPretraining().settings(cfg).init_embeddings == "word2vec"
+
+
+def pretraining_upstream(cfg: DictConfig) -> tuple[str, ...]:
+    """What gpt_pretrain reads: the tokenizer, the blocks, and the piece vectors its token embeddings start from."""
+    return ("gpt_tokenizer", "gpt_blocks") + (("gpt_piece_vectors",) if pretraining_starts_from_piece_vectors(cfg)
+                                              else ())
+
+
 def own_pretraining_settings(cfg: DictConfig) -> list[str]:
     """The keys gpt.pretrain sets (not null): where GPT's pretraining differs from `pretrain`."""
     own = typed_settings(cfg.gpt.pretrain, GptPretrainConfig)
@@ -84,5 +114,8 @@ def own_pretraining_settings(cfg: DictConfig) -> list[str]:
 GPT_STAGES = (
     Stage("gpt_tokenizer", gpt_tokenizer, ("prepare",), ("gpt.vocab_size", "gpt.min_frequency", "gpt.max_sentences")),
     Stage("gpt_blocks", gpt_blocks, ("prepare", "gpt_tokenizer"), ("gpt.block_size",)),
-    pretraining_stage("gpt_pretrain", GPTPretraining(), ("gpt_tokenizer", "gpt_blocks"), ("gpt", "pretrain")),
+    # pretrain.init_embeddings=word2vec: skip-gram vectors of the byte-level pieces, the token embeddings' start
+    Stage("gpt_piece_vectors", gpt_piece_vectors, ("prepare", "gpt_tokenizer"),
+          lambda cfg: ("word2vec", model_key(cfg, "gpt"), "seed")),
+    pretraining_stage("gpt_pretrain", GPTPretraining(), pretraining_upstream, ("gpt", "pretrain")),
 )

@@ -1,6 +1,6 @@
 """GPT's blocks, typed: `gpt` (GptConfig: its data stages' keys, GPT's own pretraining settings and model) and what it
-adds to `report`, in a module without torch: the Ray workers of its data stages read GptDataConfig here and never load
-it (tests/run/test_layering.py)."""
+adds to `finetune` and `report`, in a module without torch: the Ray workers of its data stages read GptDataConfig here
+and never load it (tests/run/test_layering.py)."""
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -28,6 +28,16 @@ class GptConfig(GptDataConfig):
     # A run that pretrains BERT too gives GPT its own model config here (defaults: /model@gpt.model: gpt_tiny), where
     # `model` holds BERT's; null: GPT's is `model`
     model: Optional[ModelConfig] = field(default=None, metadata={NULL_MEANS: "model"})
+
+
+@dataclass
+class GptFinetuneConfig:
+    """What GPT's fine-tuning adds to `finetune`."""
+    # λ of GPT-1's auxiliary objective (Radford et al. 2018, Sec. 3.2): a sentence (pair) classifier's loss adds λ x
+    # the next-token loss of the task's own text, which the paper found to improve generalisation and speed up
+    # convergence; 0.5 there (Sec. 4.1). 0: the task's loss alone, and the LM head's product over the vocabulary is
+    # not computed.
+    lm_loss_weight: float = 0.5
 
 
 @dataclass

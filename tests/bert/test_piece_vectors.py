@@ -11,12 +11,12 @@ import torch
 
 from data_prep.corpus.tokenizer import load_tokenizer
 from models.bert import load_pretrained
-from pipeline.bert.data_stages import PIECE_VECTORS_FILE, read_piece_vectors
-from pipeline.bert.pretrain import start_word_embeddings
 from pipeline.downstream.finetune import finetune_settings, model_sources, scored_tasks
 from pipeline.downstream.tasks import resolve_task_dir
 from pipeline.engine.dag import StageContext
+from pipeline.engine.pretraining import start_word_embeddings
 from pipeline.engine.settings import cache_dir_of
+from pipeline.piece_vectors import PIECE_VECTORS_FILE, read_piece_vectors
 from pipeline.report.report import write_report
 from tests.helpers import TinyRun, tiny_config
 

@@ -72,10 +72,12 @@ def test_both_orders_are_summed_before_the_head():
         torch.testing.assert_close(logits, model.head(h[0, 5] + h[1, 5])[None])
 
 
-def test_the_loss_is_the_task_loss_plus_half_the_lm_loss():
+@pytest.mark.parametrize("lm_loss_weight", [0.5, 0.0, 2.0])
+def test_the_loss_is_the_task_loss_plus_lambda_times_the_lm_loss(lm_loss_weight):
+    """finetune.lm_loss_weight: GPT-1's L3 = L2 + λ L1 (Sec. 3.2), λ = 0.5 in the paper; at 0 the task's loss alone."""
     model = _model()
     module = GPTClassificationModule(model, metric="accuracy", lr=1e-3, weight_decay=0.0, warmup_steps=0,
-                                     total_steps=1)
+                                     total_steps=1, lm_loss_weight=lm_loss_weight)
     batch = collate([{"sequences": [[S, 5, 6, E]], "label": 1}, {"sequences": [[S, 7, 8, 9, E]], "label": 0}])
     with torch.no_grad():
         loss, _ = module.model_step(batch)
@@ -86,7 +88,9 @@ def test_the_loss_is_the_task_loss_plus_half_the_lm_loss():
         targets[0, 3:] = IGNORE_INDEX  # row 0 ends at position 3: its padding is no target
         lm = F.cross_entropy((h[:, :-1] @ model.encoder.wte.weight.T).flatten(0, 1), targets.flatten(),
                              ignore_index=IGNORE_INDEX)
-    torch.testing.assert_close(loss, task + 0.5 * lm)
+    assert lm > 1.0  # a random model's next-token loss: λ x it moves the loss by more than rounding
+    torch.testing.assert_close(loss, task + lm_loss_weight * lm)
+    assert module.hparams.lm_loss_weight == lm_loss_weight  # saved with the module's other settings
 
 
 def test_pretrained_weights_are_loaded_and_the_special_tokens_added():
@@ -133,7 +137,8 @@ def ctx(tmp_path) -> StageContext:
             "logger=csv", "trainer.precision=32-true", "finetune.task=[sst2]", f"finetune.data_dir={glue}",
             "finetune.models=[gpt,gpt_random]", "finetune.seeds=[1]", "finetune.train_sizes=[null]",
             "finetune.min_steps=0", "finetune.epochs=8", "finetune.batch_size=16", "finetune.max_seq_length=32",
-            "finetune.lr=2e-3", "finetune.baselines=[majority_class,bow_logreg]"])
+            "finetune.lr=2e-3", "finetune.baselines=[majority_class,bow_logreg]",
+            "pretrain.init_embeddings=random"])  # bert_tiny's piece vectors would be GPT's start too
     out = tmp_path / "finetune"
     out.mkdir()
     return StageContext(cfg, "finetune", out, {"gpt_pretrain": tmp_path / "gpt_pretrain"})

@@ -12,8 +12,8 @@ from models.gpt import GPTLMHeadModel, load_pretrained
 from pipeline import CONF_DIR
 from pipeline.bert.pretrain import BertPretraining, phase_of
 from pipeline.engine.dag import resolve_upstream, run_dag, select_stages, stage_hashes
-from pipeline.engine.pretraining import instantiate_model, model_key
-from pipeline.engine.settings import typed_settings
+from pipeline.engine.pretraining import instantiate_model
+from pipeline.engine.settings import model_key, typed_settings
 from pipeline.gpt.pretrain import GPTPretraining
 from pipeline.runner import validate
 from pipeline.schema import PretrainConfig

@@ -1,0 +1,129 @@
+"""pretrain.init_embeddings=word2vec for GPT: its token embeddings start from skip-gram vectors of the corpus's
+byte-level pieces (gpt_piece_vectors, the stage function bert_piece_vectors runs too), pretrain.freeze_embeddings
+keeps them (and the output layer tied to them) as they start, and fine-tuning sets `gpt` beside its control, gpt_w2v,
+that start without the pretraining steps."""
+import lightning as L
+import numpy as np
+import pytest
+import torch
+
+from data_prep.corpus.shards import shard_paths
+from data_prep.examples.gpt_blocks import end_of_text_id, load_gpt_tokenizer
+from models.gpt import load_pretrained
+from pipeline.downstream.finetune import (
+    finetune_kinds,
+    finetune_settings,
+    finetune_upstream,
+    model_sources,
+    scored_tasks,
+)
+from pipeline.downstream.tasks import resolve_task_dir
+from pipeline.engine.arrow import read_arrow
+from pipeline.engine.dag import StageContext
+from pipeline.engine.pretraining import start_word_embeddings
+from pipeline.engine.settings import cache_dir_of
+from pipeline.piece_vectors import read_piece_vectors
+from pipeline.runner import validate
+from tests.helpers import TinyRun, family_config
+
+WORD2VEC = ["pretrain.init_embeddings=word2vec", "word2vec.epochs=20"]
+WIDTH = 32  # the tiny GPT's n_embd (tests/helpers.py TINY_FAMILIES)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, ray_session) -> TinyRun:
+    tiny = TinyRun(family_config(tmp_path_factory.mktemp("gpt_piece_vectors"), "gpt",
+                                 [*WORD2VEC, "pretrain.freeze_embeddings=true", "finetune.models=[gpt]"]))
+    for stage in ("prepare", "gpt_tokenizer", "gpt_blocks", "gpt_piece_vectors", "gpt_pretrain"):
+        tiny.run_stage(stage)
+    return tiny
+
+
+def test_every_piece_the_corpus_shows_gets_a_vector_of_the_models_width_in_id_order(run):
+    vectors = read_piece_vectors(run.stage_dir("gpt_piece_vectors"))
+    tok = load_gpt_tokenizer(run.stage_dir("gpt_tokenizer"))
+    assert vectors.shape == (tok.get_vocab_size(), WIDTH)
+    sentences = [text for shard in shard_paths(run.stage_dir("prepare"))
+                 for text in read_arrow(shard).column("text").to_pylist()]
+    shown = {i for encoding in tok.encode_batch(sentences) for i in encoding.ids}
+    # the rows with a vector are the ids of the sentences as fine-tuning encodes a task's text, no other
+    assert set(np.flatnonzero(~np.isnan(vectors).any(axis=1)).tolist()) == shown
+    assert end_of_text_id(tok) not in shown  # between books in the blocks, never inside a sentence
+    # (where each id's row goes is the shared stage's, whose geometry tests/bert/test_piece_vectors.py checks: the
+    # tiny BPE's 300 pieces are mostly single letters, which no context places)
+
+
+def test_the_control_reads_no_pretraining_stage_and_the_pretraining_reads_the_vectors(run):
+    cfg = run.cfg.copy()
+    cfg.finetune.models = ["gpt_w2v"]
+    cfg.finetune.baselines = ["majority_class"]  # w2v_mean reads the word2vec stage
+    cfg.pipeline.stages = ["finetune"]
+    assert finetune_upstream(cfg) == ("gpt_tokenizer", "gpt_piece_vectors")
+    assert TinyRun(cfg).plan.order == ["prepare", "gpt_tokenizer", "gpt_piece_vectors", "finetune"]
+    cfg.pipeline.stages = ["gpt_pretrain"]
+    assert TinyRun(cfg).plan.order == ["prepare", "gpt_tokenizer", "gpt_blocks", "gpt_piece_vectors", "gpt_pretrain"]
+    cfg.pretrain.init_embeddings = "random"
+    assert TinyRun(cfg).plan.order == ["prepare", "gpt_tokenizer", "gpt_blocks", "gpt_pretrain"]
+
+
+def test_gpt_w2v_is_refused_where_pretraining_does_not_start_from_the_piece_vectors(run):
+    cfg = run.cfg.copy()
+    cfg.finetune.models = ["gpt", "gpt_w2v"]
+    validate(cfg)  # the tiny config with the piece-vector start composes and passes start-up
+    cfg.pretrain.init_embeddings = "random"
+    with pytest.raises(ValueError, match="finetune.models has gpt_w2v, .* in this run gpt_random is gpt's control; "
+                                         "remove gpt_w2v from finetune.models"):
+        validate(cfg)
+
+
+def test_frozen_piece_vectors_are_the_token_embeddings_and_the_lm_head_after_pretraining(run):
+    vectors = read_piece_vectors(run.stage_dir("gpt_piece_vectors"))
+    known = torch.from_numpy(~np.isnan(vectors).any(axis=1))
+    model = load_pretrained(run.stage_dir("gpt_pretrain") / "model")
+    L.seed_everything(run.cfg.seed, workers=True, verbose=False)  # as gpt_pretrain built its model
+    start = type(model)(model.config)
+    layer = start.transformer.h[0].attn.c_attn.weight.detach().clone()
+    assert start_word_embeddings(start.transformer.wte, vectors) == int(known.sum())
+    rows = start.transformer.wte.weight.detach()
+    assert rows[known].norm(dim=1).mean() == pytest.approx(1.0, abs=0.05)  # unit length on average
+    # through every pretraining step, the tied output layer being this same table: the vectors where the corpus has
+    # them, the initialisation elsewhere
+    assert torch.equal(model.transformer.wte.weight.detach(), rows)
+    moved = model.transformer.h[0].attn.c_attn.weight.detach() - layer
+    assert moved.abs().max() > 1e-3  # the layers trained around them
+
+
+def test_the_control_starts_where_pretraining_did_with_the_layers_and_head_of_gpt_random(run, tmp_path):
+    """gpt_w2v: the pretrained GPT's architecture and tokenizer, its token embeddings the piece vectors exactly as
+    pretraining set them (frozen there, so they are the pretrained GPT's too), every other weight a fresh
+    initialisation of the fine-tuning seed: gpt_random's at that seed, the head gpt's."""
+    cfg, f = run.cfg, finetune_settings(run.cfg)
+    ctx = StageContext(cfg, "finetune", tmp_path, {name: run.stage_dir(name) for name in (
+        "gpt_tokenizer", "gpt_pretrain", "gpt_piece_vectors")})
+    assert list(finetune_kinds(cfg, f)) == ["gpt", "gpt_random", "gpt_w2v"]
+    sources = {kind: models for kind, (models, _) in model_sources(ctx, f).items()}
+    task = scored_tasks(cfg, f)[0]
+    data = sources["gpt"].encode(task, resolve_task_dir(task, f.data_dir, cache_dir_of(cfg)), f, cfg.seed, None)
+    assert sources["gpt_w2v"].encode(task, resolve_task_dir(task, f.data_dir, cache_dir_of(cfg)), f, cfg.seed,
+                                     None).train == data.train  # the same tokenizer and context
+
+    def built(kind: str, seed: int = 1) -> dict[str, torch.Tensor]:
+        L.seed_everything(seed, workers=True, verbose=False)  # as finetune_once seeds each (kind, seed)
+        return sources[kind].build(data).state_dict()
+
+    control, twin, pretrained = built("gpt_w2v"), built("gpt_random"), built("gpt")
+    words = "lm.transformer.wte.weight"
+    known = torch.from_numpy(~np.isnan(read_piece_vectors(run.stage_dir("gpt_piece_vectors"))).any(axis=1))
+    pieces = len(known)
+    assert torch.equal(control[words][:pieces][known], pretrained[words][:pieces][known])
+    assert not torch.equal(control[words][:pieces][known], twin[words][:pieces][known])
+    # a piece the corpus never shows, and the task's start, delimiter and extract rows, keep their fresh initialisation
+    assert torch.equal(control[words][:pieces][~known], twin[words][:pieces][~known])
+    assert torch.equal(control[words][pieces:], twin[words][pieces:])
+    assert control.keys() == twin.keys() == pretrained.keys()
+    assert all(torch.equal(control[name], twin[name]) for name in control if name != words)
+    layer = "lm.transformer.h.0.attn.c_attn.weight"
+    assert not torch.equal(control[layer], pretrained[layer])  # no pretraining step
+    head = [name for name in control if name.startswith("head.")]
+    assert head and all(torch.equal(control[name], pretrained[name]) for name in head)
+    assert not torch.equal(built("gpt_w2v", seed=2)[layer], control[layer])  # each seed draws its own layers
