@@ -135,7 +135,7 @@ _KILLED_IN_WORD2VEC = """
 import os, signal, sys
 from pathlib import Path
 
-from pipeline.bert import data_stages
+from pipeline import piece_vectors
 from pipeline.downstream import word2vec
 from tests.helpers import TinyRun, tiny_config
 
@@ -144,7 +144,7 @@ def killed(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-word2vec.train_word2vec = data_stages.train_word2vec = killed
+word2vec.train_word2vec = piece_vectors.train_word2vec = killed
 TinyRun(tiny_config(Path(sys.argv[1]), sys.argv[3:])).run_stage(sys.argv[2])
 """
 
