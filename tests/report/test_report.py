@@ -409,7 +409,7 @@ def test_what_pretraining_bought_states_the_gain_over_the_twin_and_over_the_cont
     assert lines == [
         "", "What pretraining bought, at each number of labelled examples (mean over seeds):",
         "bert_random is the random twin: the difference is what the start and the pretraining bought together.",
-        "bert_w2v is the control, the same start without pretraining steps: the difference is what pretraining "
+        "bert_w2v is the control, the same start without what pretraining trained: the difference is what pretraining "
         "itself bought.",
         "- rt accuracy, 300 examples: bert - bert_random = +0.1000 (ahead on 3 of 3 seeds); bert - bert_w2v = "
         "-0.0100 (ahead on 1 of 3 seeds); bert - w2v_mean = -0.0100",
@@ -441,7 +441,7 @@ def test_the_headline_sets_a_pretrained_kind_beside_its_control_ahead_or_behind(
     lines = write_report({"finetune": tmp_path / "finetune"}, out, "unit")["results_md"].read_text().splitlines()
     assert "- rt accuracy: bert - bert_random = +0.0300 (mean over seeds); bert ahead on 2 of 3 seeds" in lines
     assert ("- rt accuracy: bert - bert_w2v = -0.0033 (mean over seeds); bert ahead on 1 of 3 seeds (bert_w2v is the "
-            "control, the same start without pretraining steps: the difference is what pretraining itself bought)") \
+            "control, the same start without what pretraining trained: the difference is what pretraining itself bought)") \
         in lines
     assert [line.split(" | ")[0] for line in lines if "| rt | accuracy |" in line] == [
         "| bert", "| bert_random", "| bert_w2v"]
