@@ -171,8 +171,8 @@ def _seeds_ahead(row: dict, other: dict) -> tuple[int, int]:
 # What the difference to each kind a pretrained kind is set beside measures (_compared's roles)
 COMPARISONS = {
     "twin": "{name} is the random twin: the difference is what the start and the pretraining bought together",
-    "control": "{name} is the control, the same start without what pretraining trained: the difference is what pretraining "
-               "itself bought",
+    "control": "{name} is the control, the same start without what pretraining trained: the difference is what "
+               "pretraining itself bought",
     "twin and control": "{name} is the control too: pretraining started from random initialisation",
 }
 

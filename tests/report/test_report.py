@@ -441,8 +441,8 @@ def test_the_headline_sets_a_pretrained_kind_beside_its_control_ahead_or_behind(
     lines = write_report({"finetune": tmp_path / "finetune"}, out, "unit")["results_md"].read_text().splitlines()
     assert "- rt accuracy: bert - bert_random = +0.0300 (mean over seeds); bert ahead on 2 of 3 seeds" in lines
     assert ("- rt accuracy: bert - bert_w2v = -0.0033 (mean over seeds); bert ahead on 1 of 3 seeds (bert_w2v is the "
-            "control, the same start without what pretraining trained: the difference is what pretraining itself bought)") \
-        in lines
+            "control, the same start without what pretraining trained: the difference is what pretraining itself "
+            "bought)") in lines
     assert [line.split(" | ")[0] for line in lines if "| rt | accuracy |" in line] == [
         "| bert", "| bert_random", "| bert_w2v"]
 
