@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from data_prep.corpus.builtin import BUILTIN_CORPORA
 from data_prep.corpus.chinese import CHINESE_VARIANTS, CHINESE_WORDS
-from pipeline.engine.settings import typed_settings
+from pipeline.engine.settings import POSITIVE_INT, ranged, typed_settings
 
 InputFormat = StrEnum("InputFormat", {name: name for name in ("raw", "sentence_per_line")}, module=__name__)
 BuiltinCorpus = StrEnum("BuiltinCorpus", {name: name for name in BUILTIN_CORPORA}, module=__name__)
@@ -29,9 +29,9 @@ class DataConfig:
     corpus_dir: Optional[str] = None  # a directory of your own .txt books; set, it replaces the built-in corpus
     glob: str = "**/*.txt"  # matched ignoring case (BOOK.TXT too), through symlinked folders
     input_format: InputFormat = InputFormat.raw
-    shard_bytes: int = 1_000_000  # target size of one Arrow shard
-    min_tokens: int = 3  # whitespace tokens per sentence; shorter ones are dropped
-    max_tokens: int = 200
+    shard_bytes: int = ranged(1_000_000, POSITIVE_INT)  # target size of one Arrow shard
+    min_tokens: int = ranged(3, POSITIVE_INT)  # whitespace tokens per sentence; shorter ones are dropped
+    max_tokens: int = ranged(200, POSITIVE_INT)
     nfkc: bool = False
     # MinHash Jaccard of word 5-grams between books; null keeps near-duplicates
     near_duplicate_threshold: Optional[float] = 0.8
@@ -39,7 +39,7 @@ class DataConfig:
     # finetune tasks, the texts the evaluate stage scores): the same normalised sentence, or a shared span of
     # decontamination_ngram words (Brown et al. 2020, appendix C). The manifest and the report count what was removed.
     decontaminate: bool = True
-    decontamination_ngram: int = 13
+    decontamination_ngram: int = ranged(13, POSITIVE_INT)
     # Chinese text (data_prep/corpus/chinese.py): keep | simplified | traditional, converted by OpenCC in prepare, for
     # corpora that mix the two scripts; and the words of word-level models (ELMo, Skip-Thought, word2vec, SentEval's
     # bag of words): jieba's segmentation, or single characters

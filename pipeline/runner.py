@@ -11,7 +11,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from data_prep.corpus.prepare import manifest_summary
-from pipeline.config import PipelineConfig, check_declared_keys
+from pipeline.config import Config, PipelineConfig, check_declared_keys
 from pipeline.data_settings import DataConfig
 from pipeline.downstream.finetune import (
     FINETUNE,
@@ -30,16 +30,10 @@ from pipeline.engine.dag import StageFailed, plan, resolve_upstream, run_dag, se
 from pipeline.engine.distributed import validate_distributed
 from pipeline.engine.pretraining import check_model_config
 from pipeline.engine.settings import (
-    COUNT,
-    FRACTION,
-    POSITIVE_INT,
-    PRETRAINING_NUMBERS,
-    RATE,
-    Number,
     PathsConfig,
     RayConfig,
     cache_dir_of,
-    check_numbers,
+    check_ranges,
     check_target_arguments,
     did_you_mean,
     model_key,
@@ -53,29 +47,13 @@ from pipeline.schema import PretrainConfig
 from pipeline.stages import STAGES
 from pipeline.status import PIPELINE_FILE
 
-NUMBERS = {  # the engine's and every stage's settings; a family's own are in its record (Family.numbers)
-    "ray.num_cpus": Number(int, 1, unless="ray.address"),  # a cluster owns its resources (README)
-    "data.shard_bytes": POSITIVE_INT, "data.min_tokens": POSITIVE_INT, "data.max_tokens": POSITIVE_INT,
-    **{f"pretrain.{key}": number for key, number in PRETRAINING_NUMBERS.items()},
-    "finetune.max_seq_length": POSITIVE_INT, "finetune.batch_size": POSITIVE_INT,
-    "finetune.eval_batch_size": POSITIVE_INT, "finetune.lr": RATE, "finetune.epochs": POSITIVE_INT,
-    "finetune.min_steps": COUNT, "finetune.warmup_fraction": FRACTION,
-    "finetune.max_train_examples": Number(int, 1, nullable=True),
-    "finetune.selection_fraction": Number(float, 0, 1, low_open=True, nullable=True),
-    "finetune.encoder_lr_factor": Number(float, 0, low_open=True), "finetune.linear_probe_epochs": COUNT,
-    "finetune.layer_lr_decay": Number(float, 0, 1, low_open=True), "finetune.w2v_min_coverage": FRACTION,
-    "finetune.max_unknown_rate": FRACTION,
-    "data.decontamination_ngram": POSITIVE_INT, "word2vec.vector_size": POSITIVE_INT, "word2vec.window": POSITIVE_INT,
-    "word2vec.min_count": POSITIVE_INT, "word2vec.negative": COUNT, "word2vec.epochs": POSITIVE_INT,
-}
-
 
 def validate(cfg: DictConfig) -> list[str]:
     """Fail before any work starts, with a message the user can act on. Types and names (stages, optimizers, model
     kinds) are the schema's, checked at composition (pipeline/config.py); here: keys no schema declares, numeric
     ranges, files, and rules across settings. Returns the stages the run executes, in order."""
     check_declared_keys(cfg)
-    check_numbers(cfg, {**NUMBERS, **{key: n for family in FAMILIES for key, n in family.numbers.items()}})
+    check_ranges(cfg, Config)  # every block's numbers, in the ranges their schema's fields declare (`ranged`)
     data, run = typed_settings(cfg.data, DataConfig), typed_settings(cfg.pipeline, PipelineConfig)
     if data.corpus_dir and not Path(data.corpus_dir).expanduser().is_dir():
         raise FileNotFoundError(f"data.corpus_dir={data.corpus_dir} is not a directory; point it at a "

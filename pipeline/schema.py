@@ -22,6 +22,8 @@ from typing import Any, Optional, get_type_hints
 
 from omegaconf import MISSING
 
+from pipeline.engine.settings import COUNT, NULL_KEEPS, POSITIVE_INT, RANGE, RATE, Number, ranged
+
 # Field metadata of a block a run may leave null, naming the block that stands in for it then (gpt.model: `model`)
 NULL_MEANS = "null_means"
 
@@ -41,24 +43,28 @@ InitEmbeddings = StrEnum("InitEmbeddings", {name: name for name in ("random", "w
 @dataclass
 class PretrainConfig:
     """What every family's pretraining reads (the harness: steps, validation, checkpoints, snapshots; the optimizer)."""
-    max_steps: int = 1000
-    batch_size: int = 32
-    lr: float = 2e-3  # docs/pretraining_recipes.md: 1e-3 stays on the plateau longer, 5e-3 diverges to it
-    warmup_steps: int = 100
+    max_steps: int = ranged(1000, POSITIVE_INT)
+    batch_size: int = ranged(32, POSITIVE_INT)
+    # docs/pretraining_recipes.md: 1e-3 stays on the plateau longer, 5e-3 diverges to it
+    lr: float = ranged(2e-3, RATE)
+    warmup_steps: int = ranged(100, COUNT)
     # linear | cosine: the decay to 0 after the warmup (docs/pretraining_recipes.md, "The shape, the masking rate, the
     # schedule"); noam: seed 000's inverse square root, peaking at lr (pipeline/engine/optim.py)
     lr_decay: LrDecay = LrDecay.linear
-    weight_decay: float = 0.01
+    weight_decay: float = ranged(0.01, Number(float, 0))
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     grad_clip: Optional[float] = 1.0
     optimizer: PretrainOptimizer = PretrainOptimizer.adamw  # lamb: You et al. 2019, for large batches
-    accumulate_grad_batches: int = 1  # optimizer step every N batches: effective batch = N x batch_size x workers
-    val_fraction: float = 0.02
+    # optimizer step every N batches: effective batch = N x batch_size x workers
+    accumulate_grad_batches: int = ranged(1, POSITIVE_INT)
+    # all held out leaves nothing to train on: val_fraction=1 passed start-up and failed in pretraining
+    val_fraction: float = ranged(0.02, Number(float, 0, 1, high_open=True, why="the held-out share; the rest trains"))
     # at most this many held out: 2 % of a book-scale corpus is 10^5-10^6 instances, held masked in memory and scored
     # at every validation (google-research/bert's run_pretraining evaluates 100 batches of 8)
-    val_max_instances: int = 5000
-    val_every_steps: int = 250
-    checkpoint_every_steps: int = 200  # a killed run resumes from the last of these, data position included
+    val_max_instances: int = ranged(5000, POSITIVE_INT)
+    val_every_steps: int = ranged(250, POSITIVE_INT)
+    # a killed run resumes from the last of these, data position included
+    checkpoint_every_steps: int = ranged(200, POSITIVE_INT)
     num_workers: int = 0  # DataLoader worker processes
     # Steps at which the encoder is also written, to encoder_snapshots/step-<N>/ of the stage; the fine-tune stage then
     # fine-tunes each next to the final encoder (pretrain_scaling.png; experiment bert_small_books). A snapshot is the
@@ -90,18 +96,24 @@ OPEN_BLOCKS = ("trainer", "logger", "model", "callbacks")
 def override_block(name: str, module: str, schemas: tuple[type, ...], defaults: dict[str, Any] | None = None,
                    own: tuple[tuple[str, type, Any], ...] = ()) -> type:
     """The schema of a block whose keys are those of `schemas` and override theirs: each optional and null, where the
-    block keeps the value of the one it overrides, unless `defaults` gives it one; a nested block (pretrain.electra)
+    block keeps the value of the one it overrides, unless `defaults` gives it one; a value it sets is in the range the
+    key has there (pipeline/engine/settings.py check_ranges); a nested block (pretrain.electra)
     is such a block of its own, never null, as OmegaConf cannot merge an override into a null typed block. `own`:
     fields of its own, first (pretrain_phase2's max_seq_length). pipeline/engine/pretraining.py merged_settings reads
     such a block over the other. Bound to `name` in `module`, where pickle finds it (a sweep sends the config to its
     trials)."""
     hints = {key: kind for schema in schemas for key, kind in get_type_hints(schema).items()}
+    ranges = {entry.name: entry.metadata[RANGE] for schema in schemas for entry in dataclasses.fields(schema)
+              if RANGE in entry.metadata}
     defaults = defaults or {}
     fields = []
     for key, kind in hints.items():
         if dataclasses.is_dataclass(kind):
             nested = override_block(f"{name}{kind.__name__}", module, (kind,))
             fields.append((key, nested, field(default_factory=nested)))
+        elif key in ranges:
+            fields.append((key, Optional[kind], field(default=defaults.get(key),
+                                                      metadata={RANGE: ranges[key], NULL_KEEPS: True})))
         else:
             fields.append((key, Optional[kind], defaults.get(key)))
     cls = make_dataclass(name, [*own, *fields])

@@ -8,25 +8,34 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Optional
 
-from data_prep.examples.bert_examples import PACKINGS
+from data_prep.corpus.tokenizer import SPECIAL_TOKENS
+from data_prep.examples.bert_examples import NUM_SPECIAL_TOKENS_IN_PAIR, PACKINGS
+from pipeline.engine.settings import FRACTION, POSITIVE_INT, Number, ranged
 from pipeline.schema import PretrainConfig, override_block
 
 # pretrain.objective: what the model trained by the stage is and how its loss is computed (pipeline/bert/module.py)
 PRETRAINING_OBJECTIVES = ("mlm", "electra")
 Objective = StrEnum("Objective", {name: name for name in PRETRAINING_OBJECTIVES}, module=__name__)
 Packing = StrEnum("Packing", {name: name for name in PACKINGS}, module=__name__)
+# The shortest sentence pair: [CLS] a [SEP] b [SEP], a token on each side (google-research/bert's
+# create_instances_from_document needs two); a shorter examples.max_seq_length failed in the bert_examples stage.
+MIN_PAIR_LENGTH = NUM_SPECIAL_TOKENS_IN_PAIR + 2
+PAIR_LENGTH = Number(int, MIN_PAIR_LENGTH, why="[CLS] a [SEP] b [SEP] with a token on each side")
 
 
 @dataclass
 class TokenizerConfig:
     """The `tokenizer` block: BERT's WordPiece vocabulary."""
-    vocab_size: int = 8000  # small corpus: 30522 would leave most pieces unseen
+    # small corpus: 30522 would leave most pieces unseen
+    vocab_size: int = ranged(8000, Number(int, len(SPECIAL_TOKENS) + 1, why=(
+        f"{len(SPECIAL_TOKENS)} special tokens and at least one word piece; the bert_tokenizer stage refuses a "
+        "vocabulary too small for the corpus's characters")))
     min_frequency: int = 2
     lowercase: bool = True
     # Trained on at most this many sentences, evenly spaced through the corpus (SentencePiece's input_sentence_size);
     # null: all. The trainer's memory grows with the distinct words it sees and its time with every sentence (68 MB of
     # books took it 50 s and 113 MB here), so 1 M sentences (~120 MB of books) bound both; BookCorpus has 74 M.
-    max_sentences: Optional[int] = 1_000_000
+    max_sentences: Optional[int] = ranged(1_000_000, Number(int, 1, nullable=True))
     # Characters of the alphabet, the most frequent first; the others are [UNK]. null: every character of the corpus
     # (a Chinese corpus has thousands, which HF's default of 1,000 sent to [UNK]; a vocabulary too small for them is
     # refused with the size it needs). stage.json reports the alphabet and the [UNK] rate, warned about above 0.5 %.
@@ -36,9 +45,11 @@ class TokenizerConfig:
 @dataclass
 class ExamplesConfig:
     """The `examples` block: BERT's pretraining instances."""
-    max_seq_length: int = 128
-    short_seq_prob: float = 0.1  # google-research/bert: 10 % shorter sequences to reduce pretrain/finetune mismatch
-    dupe_factor: int = 1  # passes over the corpus with different pairings (masking is dynamic, in the collator)
+    max_seq_length: int = ranged(128, PAIR_LENGTH)
+    # google-research/bert: 10 % shorter sequences to reduce pretrain/finetune mismatch
+    short_seq_prob: float = ranged(0.1, FRACTION)
+    # passes over the corpus with different pairings (masking is dynamic, in the collator)
+    dupe_factor: int = ranged(1, POSITIVE_INT)
     # sentence_pairs: google-research/bert's [CLS] A [SEP] B [SEP], B the next sentences or a random document's, for
     # next-sentence prediction; doc_sentences: RoBERTa's contiguous sentences of one document, one segment (Liu et al.
     # 2019, §4.2), for masked LM alone (pretrain.next_sentence_prediction=false)
@@ -54,8 +65,8 @@ class ElectraConfig:
 @dataclass
 class BertPretrainConfig:
     """What BERT adds to `pretrain`."""
-    mlm_probability: float = 0.15
-    max_predictions_per_seq: int = 20  # google-research/bert: round(0.15 * 128)
+    mlm_probability: float = ranged(0.15, Number(float, 0, 1, low_open=True))
+    max_predictions_per_seq: int = ranged(20, POSITIVE_INT)  # google-research/bert: round(0.15 * 128)
     # mask a word's WordPiece pieces together (google-research/bert's whole-word masking; seed 003), so a masked piece
     # cannot be read off the rest of its word
     whole_word_masking: bool = False
@@ -70,8 +81,9 @@ class BertPretrainConfig:
     # positives are spans of one document; Quick-Thoughts, Logeswaran & Lee 2018): what a review's sentences share
     # (its topic, its opinion) is pulled into the pooled vector a classifier reads. The loss's weight against MLM's;
     # needs next_sentence_prediction=false, as NSP reads the segments together
-    contrastive_weight: float = 0.0
-    contrastive_temperature: float = 0.05  # SimCSE's (Gao et al. 2021), on cosine similarities
+    contrastive_weight: float = ranged(0.0, Number(float, 0))
+    # SimCSE's (Gao et al. 2021), on cosine similarities
+    contrastive_temperature: float = ranged(0.05, Number(float, 0, low_open=True))
     # Continued pretraining (Gururangan et al. 2020's domain-adaptive pretraining; HF run_mlm's --model_name_or_path):
     # a HuggingFace BERT directory (config.json, model.safetensors or pytorch_model.bin, tokenizer files) whose
     # architecture, weights and tokenizer the bert_pretrain stage starts from, instead of `model` from scratch and a
@@ -106,7 +118,8 @@ PHASE_2_DEFAULTS = {
 }
 PretrainPhase2Config = override_block(
     "PretrainPhase2Config", __name__, (PretrainConfig, BertPretrainConfig), PHASE_2_DEFAULTS,
-    own=(("max_seq_length", int, 512),))  # at most model.config.max_position_embeddings, which phase 1 must have
+    # at most model.config.max_position_embeddings, which phase 1 must have
+    own=(("max_seq_length", int, ranged(512, PAIR_LENGTH)),))
 
 
 @dataclass

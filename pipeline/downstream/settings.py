@@ -10,7 +10,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from pipeline.downstream.tasks import SCORE_SPLITS
-from pipeline.engine.settings import typed_settings
+from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, RATE, Number, ranged, typed_settings
 
 # finetune.baselines: majority_class is scored once, from all of train, as is lead_n (generation tasks); bow_logreg
 # and w2v_mean on the model kinds' labelled subsets (pipeline/downstream/finetune.py SUBSET_BASELINES)
@@ -54,45 +54,47 @@ class FinetuneConfig:
     # whose word embeddings start from word2vec vectors of its tokens, skip-gram on the same corpus
     # (TaskModels.token_coverage): the task's tokens without one start from random rows, frozen where the embeddings
     # are, so below it the row measures what the corpus shares with the task more than that start.
-    w2v_min_coverage: float = 0.5
+    w2v_min_coverage: float = ranged(0.5, FRACTION)
     # Above this share of a task's tokens unknown to a model kind's tokenizer, the stage warns and the report marks
     # the kind's rows. A subword vocabulary spells every word of its alphabet, so its unknown tokens are characters it
     # never saw: one token in twenty (an unknown word in most sentences) says the tokenizer does not cover the task's
     # script or register, where its own corpus warns at 0.5 % (data_prep.corpus.tokenizer).
-    max_unknown_rate: float = 0.05
+    max_unknown_rate: float = ranged(0.05, FRACTION)
     # one run per seed (head init, data order, subset drawn) -> mean ± std in the results table
     seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
     # Labelled training examples per run, drawn per seed and stratified by label from the (capped) train split; null =
     # all. Several sizes draw the label-efficiency curve (label_efficiency.png), where pretraining's value shows most.
     train_sizes: list[Optional[int]] = field(default_factory=lambda: [None])
-    min_steps: int = 0  # at least this many optimizer steps per run (epochs raised): small train sizes need them
-    max_seq_length: int = 64
-    batch_size: int = 32
+    # at least this many optimizer steps per run (epochs raised): small train sizes need them
+    min_steps: int = ranged(0, COUNT)
+    max_seq_length: int = ranged(64, POSITIVE_INT)
+    batch_size: int = ranged(32, POSITIVE_INT)
     # Batches of sentences of similar length (pipeline/downstream/task_data.py): a batch pads to its longest sentence.
     # Rotten Tomatoes' sentences average 31 tokens, while random batches of 32 pad to 59; grouped, to 33. bert_tiny's
     # matmuls already skip the padding, its attention does not: its fine-tune stage ran 1.05x as fast, with accuracy
     # unchanged within the seeds' spread (selection split, docs/history/pretraining_recipes_log.md,
     # "Batches of similar length")
     group_by_length: bool = True
-    eval_batch_size: int = 128
+    eval_batch_size: int = ranged(128, POSITIVE_INT)
     # docs/pretraining_recipes.md, chosen on a held-out tenth of the train split: at BERT-base's 1e-4 for 2 epochs a
     # 2-layer encoder underfits (0.69-0.71 accuracy on Rotten Tomatoes, 0.57 with 1,000 examples)
-    lr: float = 1e-3
-    encoder_lr_factor: float = 1.0  # the encoder trains at this x lr, the fresh task head at lr (Howard & Ruder 2018)
+    lr: float = ranged(1e-3, RATE)
+    # the encoder trains at this x lr, the fresh task head at lr (Howard & Ruder 2018)
+    encoder_lr_factor: float = ranged(1.0, RATE)
     # and each encoder layer at this x the rate of the layer above (ELECTRA's 0.8); both for pretrained encoders
     # only: a random twin trains every layer at lr
-    layer_lr_decay: float = 1.0
+    layer_lr_decay: float = ranged(1.0, Number(float, 0, 1, low_open=True))
     freeze_embeddings: bool = False  # keep the encoder's word embeddings as pretraining left them (twins train theirs)
     # epochs of the task head alone on the frozen encoder before fine-tuning all of it (LP-FT, Kumar et al. 2022);
     # 0: none
-    linear_probe_epochs: int = 0
-    epochs: int = 3
-    warmup_fraction: float = 0.1
+    linear_probe_epochs: int = ranged(0, COUNT)
+    epochs: int = ranged(3, POSITIVE_INT)
+    warmup_fraction: float = ranged(0.1, FRACTION)
     weight_decay: float = 0.01
-    max_train_examples: Optional[int] = None  # cap for quick runs; null = all
+    max_train_examples: Optional[int] = ranged(None, Number(int, 1, nullable=True))  # cap for quick runs; null = all
     # For choosing fine-tuning settings honestly: score on this fraction of the train split, held out (and not
     # trained on), instead of the dev split that the results report. null: train on train, score on dev.
-    selection_fraction: Optional[float] = None
+    selection_fraction: Optional[float] = ranged(None, Number(float, 0, 1, low_open=True, nullable=True))
     # The split the results are scored on: dev, or test (tasks with a test_file: bbc_headlines, the zh_* tasks) once
     # every setting has been fixed without it. Not with selection_fraction, which scores the held-out train instead.
     score_split: ScoreSplit = ScoreSplit.dev

@@ -26,7 +26,7 @@ from data_prep.corpus.word_vectors import WordVectors
 from data_prep.tasks.senteval_data import tokenize
 from pipeline.data_settings import chinese_words_of
 from pipeline.engine.dag import Stage, StageContext
-from pipeline.engine.settings import typed_settings
+from pipeline.engine.settings import COUNT, POSITIVE_INT, ranged, typed_settings
 
 WORDS_FILE, VECTORS_FILE = "words.txt", "vectors.npy"
 
@@ -36,12 +36,12 @@ class Word2VecConfig:
     """The `word2vec` block: the word2vec stage (gensim; Mikolov et al. 2013) of the w2v_mean baseline, trained on
     prepare's shards, at the settings of the bar in docs/pretraining_recipes.md (skip-gram, 100-d, window 5, 5 epochs);
     one thread, so the same corpus gives the same vectors."""
-    vector_size: int = 100
-    window: int = 5
-    min_count: int = 5
+    vector_size: int = ranged(100, POSITIVE_INT)
+    window: int = ranged(5, POSITIVE_INT)
+    min_count: int = ranged(5, POSITIVE_INT)
     skip_gram: bool = True
-    negative: int = 5
-    epochs: int = 5
+    negative: int = ranged(5, COUNT)
+    epochs: int = ranged(5, POSITIVE_INT)
 
 
 def _stable_hash(word: str) -> int:

@@ -2,14 +2,12 @@
 control without ELMo."""
 from omegaconf import DictConfig
 
-from data_prep.examples.elmo_examples import SPECIAL_WORDS
 from models.hf.elmo import describe
 from pipeline.elmo.downstream import FINETUNE_KINDS, check_control
 from pipeline.elmo.encoder import ENCODERS
 from pipeline.elmo.pretrain import ELMO_STAGES
 from pipeline.elmo.settings import ElmoConfig, ElmoFinetuneConfig
 from pipeline.engine.family import Family, Tiny
-from pipeline.engine.settings import POSITIVE_INT, Number
 
 
 def validate(cfg: DictConfig, stages: list[str]) -> None:
@@ -25,9 +23,4 @@ FAMILY = Family("elmo", stages=tuple(ELMO_STAGES), pretraining_stages=("elmo_pre
                     "elmo.vocab_size=200", "elmo.min_count=1", "elmo.batch_size=4", "elmo.window=8",
                     "elmo.holdout_books_fraction=0.2", "+model.config.lstm_dim=32", "+model.config.projection_dim=16",
                     "+model.config.filters=[[1,8],[2,8]]", "+model.config.softmax=sampled",
-                    "+model.config.num_samples=50")),
-                numbers={"elmo.vocab_size": Number(int, len(SPECIAL_WORDS) + 1, why=(
-                             f"its special words {', '.join(SPECIAL_WORDS)} and at least one word")),
-                         "elmo.batch_size": POSITIVE_INT, "elmo.window": POSITIVE_INT,
-                         "elmo.holdout_max_books": POSITIVE_INT,
-                         "finetune.elmo_dropout": Number(float, 0, 1, high_open=True, why="a dropout rate")})
+                    "+model.config.num_samples=50")))

@@ -3,6 +3,9 @@ those stages never load (tests/run/test_layering.py), and what it adds to `finet
 from dataclasses import dataclass
 from enum import StrEnum
 
+from conventions.elmo_words import SPECIAL_WORDS
+from pipeline.engine.settings import POSITIVE_INT, Number, ranged
+
 # What the task heads read beside the biLM's mix: the word2vec stage's vectors of the vocabulary's words, or nothing
 WORD_VECTORS = ("word2vec", "none")
 WordVectorSource = StrEnum("WordVectorSource", {name: name for name in WORD_VECTORS}, module=__name__)
@@ -11,12 +14,14 @@ WordVectorSource = StrEnum("WordVectorSource", {name: name for name in WORD_VECT
 @dataclass
 class ElmoConfig:
     """The `elmo` block (experiment=elmo_*): ELMo's word vocabulary and truncated-BPTT windows."""
-    vocab_size: int = 20000
+    vocab_size: int = ranged(20000, Number(int, len(SPECIAL_WORDS) + 1, why=(
+        f"its special words {', '.join(SPECIAL_WORDS)} and at least one word")))
     min_count: int = 2
-    window: int = 20  # bilm-tf's unroll_steps
-    batch_size: int = 32
+    window: int = ranged(20, POSITIVE_INT)  # bilm-tf's unroll_steps
+    batch_size: int = ranged(32, POSITIVE_INT)
     holdout_books_fraction: float = 0.05  # whole books held out for perplexity
-    holdout_max_books: int = 10  # and at most this many: every validation reads them all (5 % of BookCorpus: 552 books)
+    # and at most this many: every validation reads them all (5 % of BookCorpus: 552 books)
+    holdout_max_books: int = ranged(10, POSITIVE_INT)
 
 
 @dataclass
@@ -26,7 +31,7 @@ class ElmoFinetuneConfig:
     # Dropout on the mixed ELMo vectors and in the task head. Peters et al. (2018) use 0.5 with tens of thousands of
     # labels; with 300 the head then cannot fit its own training sentences (docs/history/pretraining_recipes_log.md,
     # "Every family on the reviews")
-    elmo_dropout: float = 0.5
+    elmo_dropout: float = ranged(0.5, Number(float, 0, 1, high_open=True, why="a dropout rate"))
     # The task heads' input beside the mix: Peters et al. (2018, §3.3, Table 1) concatenate ELMo with the task model's
     # own pretrained word vectors (GloVe there, kept fixed) and state ELMo's gain over that model without ELMo;
     # word2vec: the word2vec stage's vectors (skip-gram on the same corpus), frozen, which then also fine-tunes the

@@ -13,7 +13,6 @@ from omegaconf import DictConfig
 from torch import nn
 
 from pipeline.engine.dag import Stage, StageContext
-from pipeline.engine.settings import Number
 
 Upstream = Callable[[DictConfig], tuple[str, ...]]  # the stages a consumer reads, given the run's config
 
@@ -139,7 +138,6 @@ class Family:
     report_section: Callable[[DictConfig, dict[str, Path], Path, dict[str, Path]], list[str]] | None = None
     # settings that cannot work in a run of these stages (pipeline.stages and those they need): raise before any stage
     validate: Callable[[DictConfig, list[str]], None] = lambda cfg, stages: None
-    numbers: dict[str, Number] = field(default_factory=dict)  # its numeric settings' ranges, checked at start-up
     # the schemas (dataclasses) of its config blocks: block name -> the keys it reads there, typed; a block the engine
     # has (pretrain) gets them added (pipeline/config.py)
     config: dict[str, type] = field(default_factory=dict)

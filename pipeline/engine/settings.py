@@ -1,14 +1,15 @@
 """The engine's own blocks (paths, ray), typed; `typed_settings`, which makes any block its schema's object where a
-stage begins; and start-up checks of settings the config schema cannot type: numeric ranges, declared as a table of
-key -> constraint (the engine's in pipeline/runner.py, each family's in its Family record, `numbers`), and the
-arguments of a block built by `_target_`. No torch: the data stages' Ray workers load this module."""
+stage begins; and start-up checks of settings the config schema cannot type: numeric ranges, declared on the schema's
+fields beside their type and default (`ranged`) and checked over every block of the composed config
+(`check_ranges`), and the arguments of a block built by `_target_`. No torch: the data stages' Ray workers load this
+module."""
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import inspect
-from dataclasses import dataclass
-from typing import Optional, TypeVar, get_origin, get_type_hints
+from dataclasses import dataclass, field
+from typing import Any, Optional, TypeVar, get_origin, get_type_hints
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -41,6 +42,22 @@ class Number:
                 f"{upper}{' or null' if self.nullable else ''}{f' ({self.why})' if self.why else ''}")
 
 
+RANGE = "range"  # field metadata: the Number a numeric setting must be, checked at start-up (check_ranges)
+# field metadata of a key of an override block (pipeline/schema.py override_block: gpt.pretrain, pretrain_phase2):
+# null keeps the value of the block it overrides, whose range then holds; a value it sets is checked against it
+NULL_KEEPS = "null_keeps"
+
+
+def ranged(default: Any, number: Number) -> Any:
+    """A schema field with its default and the range `number` its values must be in: the one place the setting's type,
+    default, range and reason are stated, checked for every block of that schema (check_ranges)."""
+    return field(default=default, metadata={RANGE: number})
+
+
+POSITIVE_INT, COUNT = Number(int, 1), Number(int, 0)
+RATE, FRACTION = Number(float, 0, low_open=True), Number(float, 0, 1)
+
+
 @dataclass
 class PathsConfig:
     # Stage outputs (content-addressed, shared by all runs) and downloaded default data; never inside a run directory,
@@ -51,7 +68,7 @@ class PathsConfig:
 
 @dataclass
 class RayConfig:
-    num_cpus: int = 2
+    num_cpus: int = ranged(2, Number(int, 1, unless="ray.address"))  # a cluster owns its resources (README)
     address: Optional[str] = None  # null: start a local Ray; "auto" or "ray://host:port" joins a cluster
 
 
@@ -110,28 +127,25 @@ class StageSelection:
                    bool(p.get("dry_run")), bool(p.get("verify")))
 
 
-POSITIVE_INT, COUNT = Number(int, 1), Number(int, 0)
-RATE, FRACTION = Number(float, 0, low_open=True), Number(float, 0, 1)
-
-
-def check_numbers(cfg: DictConfig, numbers: dict[str, Number]) -> None:
-    for key, number in numbers.items():
+def check_ranges(cfg: DictConfig, schema: type, prefix: str = "") -> None:
+    """Every numeric setting of `cfg` under `prefix` in the range its field in `schema` declares (`ranged`), through
+    the nested blocks the schema types (gpt.pretrain): a bad number fails before any work, naming its key, where it
+    otherwise surfaced hours in (in pretraining, after it), with a message that did not name the setting, or hung
+    (ray.num_cpus=0). A block the schema has and `cfg` lacks (a test's config for one stage) is not checked."""
+    hints = get_type_hints(schema)
+    for entry in dataclasses.fields(schema):
+        key = f"{prefix}{entry.name}"
+        number = entry.metadata.get(RANGE)
+        if number is None:
+            if dataclasses.is_dataclass(hints[entry.name]) and OmegaConf.select(cfg, key) is not None:
+                check_ranges(cfg, hints[entry.name], f"{key}.")
+            continue
         value = OmegaConf.select(cfg, key)
-        if not (number.unless and OmegaConf.select(cfg, number.unless)) and not number.accepts(value):
+        if value is None and entry.metadata.get(NULL_KEEPS) or number.unless and OmegaConf.select(cfg, number.unless):
+            continue
+        if not number.accepts(value):
             raise ValueError(f"{key}={value!r}: expected {number.describe()}; set {key} on the command line "
                              "or in the experiment's config")
-
-
-# The pretraining harness's settings (pipeline/engine/pretraining.py), by key within a block of them: `pretrain`, and
-# a family's own block over it (gpt.pretrain)
-PRETRAINING_NUMBERS = {
-    "max_steps": POSITIVE_INT, "batch_size": POSITIVE_INT, "lr": RATE, "warmup_steps": COUNT,
-    "weight_decay": Number(float, 0), "accumulate_grad_batches": POSITIVE_INT,
-    # all held out leaves nothing to train on: val_fraction=1 passed start-up and failed in pretraining
-    "val_fraction": Number(float, 0, 1, high_open=True, why="the held-out share; the rest trains"),
-    "val_max_instances": POSITIVE_INT,
-    "val_every_steps": POSITIVE_INT, "checkpoint_every_steps": POSITIVE_INT,
-}
 
 
 def did_you_mean(name: str, choices: list[str], prefix: str = "") -> str:

@@ -4,16 +4,21 @@ and never load it (tests/run/test_layering.py)."""
 from dataclasses import dataclass, field
 from typing import Optional
 
+from data_prep.examples.gpt_blocks import MIN_VOCAB_SIZE
+from pipeline.engine.settings import POSITIVE_INT, Number, ranged
 from pipeline.schema import NULL_MEANS, ModelConfig, PretrainConfig, override_block
 
 
 @dataclass
 class GptDataConfig:
     """Byte-level BPE and packed blocks (data_prep/examples/gpt_blocks.py)."""
-    vocab_size: int = 8000  # GPT-2: 50257
-    max_sentences: Optional[int] = 1_000_000  # the BPE is trained on at most this many sentences, as tokenizer's
+    vocab_size: int = ranged(8000, Number(int, MIN_VOCAB_SIZE, why=(  # GPT-2: 50257
+        "byte-level BPE's 256 byte pieces and <|endoftext|>, which it keeps whatever the setting")))
+    # the BPE is trained on at most this many sentences, as tokenizer's
+    max_sentences: Optional[int] = ranged(1_000_000, Number(int, 1, nullable=True))
     min_frequency: int = 2
-    block_size: int = 128  # tokens a block feeds the model; also the model's context (n_positions). GPT-2: 1024
+    # tokens a block feeds the model; also the model's context (n_positions). GPT-2: 1024
+    block_size: int = ranged(128, POSITIVE_INT)
 
 
 # GPT's own pretraining settings, gpt.pretrain: pretrain's keys, null where GPT keeps pretrain's value. What a run that
@@ -37,7 +42,7 @@ class GptFinetuneConfig:
     # the next-token loss of the task's own text, which the paper found to improve generalisation and speed up
     # convergence; 0.5 there (Sec. 4.1). 0: the task's loss alone, and the LM head's product over the vocabulary is
     # not computed.
-    lm_loss_weight: float = 0.5
+    lm_loss_weight: float = ranged(0.5, Number(float, 0))
 
 
 @dataclass

@@ -2,10 +2,8 @@
 mask and sentinel tokens, denoising pretraining on source/target pairs built from the books, its encoder for
 `evaluate`, fine-tuning on generation tasks (beam search, ROUGE and BLEU), its model as transformers'
 AutoModelForSeq2SeqLM loads it for `python -m pipeline.export`, and its outputs for `python -m pipeline.generate`."""
-from data_prep.examples.gpt_blocks import MIN_VOCAB_SIZE
 from models.hf.seq2seq import describe
 from pipeline.engine.family import Family, Generation, Tiny
-from pipeline.engine.settings import POSITIVE_INT, Number
 from pipeline.seq2seq.downstream import FINETUNE_KINDS
 from pipeline.seq2seq.encoder import ENCODERS
 from pipeline.seq2seq.outputs import write_outputs
@@ -19,8 +17,4 @@ FAMILY = Family("seq2seq", stages=SEQ2SEQ_STAGES, pretraining_stages=("seq2seq_p
                 tiny=Tiny("seq2seq_tiny", ("prepare", "seq2seq_tokenizer", "seq2seq_examples"), (
                     "seq2seq.vocab_size=320", "seq2seq.min_frequency=1", "seq2seq.block_size=32",
                     "seq2seq.num_sentinels=8", "+model.config.d_model=32", "+model.config.d_ff=64",
-                    "finetune.models=[seq2seq]")),
-                numbers={"seq2seq.vocab_size": Number(int, MIN_VOCAB_SIZE, why=(
-                    "byte-level BPE's 256 byte pieces, which it keeps whatever the setting")),
-                         "seq2seq.block_size": Number(int, 3), "seq2seq.num_sentinels": Number(int, 2),
-                         "seq2seq.min_frequency": POSITIVE_INT, "seq2seq.max_sentences": Number(int, 1, nullable=True)})
+                    "finetune.models=[seq2seq]")))

@@ -4,7 +4,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Optional
 
+from data_prep.examples.gpt_blocks import MIN_VOCAB_SIZE
 from data_prep.examples.seq2seq_examples import OBJECTIVES
+from pipeline.engine.settings import POSITIVE_INT, Number, ranged
 
 Objective = StrEnum("Objective", {name: name for name in OBJECTIVES}, module=__name__)
 
@@ -13,10 +15,13 @@ Objective = StrEnum("Objective", {name: name for name in OBJECTIVES}, module=__n
 class Seq2SeqBlockConfig:
     """The `seq2seq` block (experiment=seq2seq_*): the tokenizer and the pretraining pairs
     (data_prep/examples/seq2seq_examples.py)."""
-    vocab_size: int = 8000  # special tokens included; BART: 50265, T5: 32000
-    max_sentences: Optional[int] = 1_000_000  # the BPE is trained on at most this many sentences, as GPT's
-    min_frequency: int = 2
+    vocab_size: int = ranged(8000, Number(int, MIN_VOCAB_SIZE, why=(  # special tokens included; BART: 50265, T5: 32000
+        "byte-level BPE's 256 byte pieces, which it keeps whatever the setting")))
+    # the BPE is trained on at most this many sentences, as GPT's
+    max_sentences: Optional[int] = ranged(1_000_000, Number(int, 1, nullable=True))
+    min_frequency: int = ranged(2, POSITIVE_INT)
     # T5's sentinels, <extra_id_0>...: span corruption's spans per pair are one fewer (T5: 100)
-    num_sentinels: int = 100
-    block_size: int = 128  # tokens of a target, its end token included: whole sentences of one book
+    num_sentinels: int = ranged(100, Number(int, 2))
+    # tokens of a target, its end token included: whole sentences of one book
+    block_size: int = ranged(128, Number(int, 3))
     objective: Objective = Objective.bart  # bart: sentence permutation + text infilling; span_corruption: T5's

@@ -2,10 +2,8 @@
 encoders, combine-skip too, for `evaluate` and, frozen under a linear model, for `finetune`."""
 from omegaconf import DictConfig
 
-from data_prep.examples.skip_thought_examples import SPECIAL_WORDS
 from models.hf.skip_thought import describe
 from pipeline.engine.family import Family, Tiny
-from pipeline.engine.settings import POSITIVE_INT, Number
 from pipeline.skip_thought.downstream import FINETUNE_KINDS
 from pipeline.skip_thought.encoder import ENCODERS
 from pipeline.skip_thought.pretrain import PRETRAINING_STAGES, SKIP_THOUGHT_STAGES
@@ -32,7 +30,4 @@ FAMILY = Family("skip_thought", stages=tuple(SKIP_THOUGHT_STAGES),
                 tiny=Tiny("skip_thought_small", ("prepare", "skip_thought_vocab", "skip_thought_examples"), (
                     "skip_thought.vocab_size=200", "pretrain.batch_size=16", "+model.config.embedding_dim=16",
                     "+model.config.encoder_dim=32", "+model.config.decoder_dim=32")),
-                config={"skip_thought": SkipThoughtConfig}, numbers={
-                    "skip_thought.max_words": POSITIVE_INT,
-                    "skip_thought.vocab_size": Number(int, len(SPECIAL_WORDS) + 1, why=(
-                        f"its special words {', '.join(SPECIAL_WORDS)} and at least one word"))})
+                config={"skip_thought": SkipThoughtConfig})

@@ -675,12 +675,12 @@ def test_a_task_in_characters_the_tokenizer_lacks_reports_its_unknown_rate(ctx, 
 
 @pytest.mark.parametrize("key", ["w2v_min_coverage", "max_unknown_rate"])
 def test_the_coverage_bounds_are_shares_checked_at_start_up(ctx, key):
-    from pipeline.engine.settings import check_numbers
-    from pipeline.runner import NUMBERS
+    from pipeline.config import Config
+    from pipeline.engine.settings import check_ranges
 
     ctx.cfg.finetune[key] = 5  # a percentage where a share is meant: nothing would ever warn
     with pytest.raises(ValueError, match=rf"finetune\.{key}=5: expected"):
-        check_numbers(ctx.cfg, NUMBERS)
+        check_ranges(ctx.cfg, Config)
 
 
 def test_token_coverage_reads_the_ids_of_every_task_layout(ctx):

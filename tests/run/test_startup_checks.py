@@ -40,9 +40,13 @@ def _fails_before_any_stage(cfg, error: type[Exception], message: str) -> None:
     ("finetune.lr=0", r"finetune\.lr=0\.0: expected a number > 0"),
     ("pretrain.val_fraction=1.5", r"pretrain\.val_fraction=1\.5: expected a number >= 0 and < 1"),
     ("ray.num_cpus=0", r"ray\.num_cpus=0: expected an integer >= 1"),  # hung forever, waiting for a CPU
-    ("elmo.window=0", r"elmo\.window=0: expected an integer >= 1"),  # a family's own (Family.numbers)
+    ("elmo.window=0", r"elmo\.window=0: expected an integer >= 1"),  # a family's own block (ElmoConfig)
     ("gpt.block_size=0", r"gpt\.block_size=0: expected an integer >= 1"),
     ("gpt.pretrain.max_steps=0", r"gpt\.pretrain\.max_steps=0: expected an integer >= 1"),  # a family's own block
+    # the range is stated once, on the schema's field, and holds in every block that has the key
+    ("pretrain_phase2.lr=0", r"pretrain_phase2\.lr=0\.0: expected a number > 0"),
+    ("pretrain_phase2.weight_decay=-1", r"pretrain_phase2\.weight_decay=-1\.0: expected a number >= 0"),
+    ("pretrain_phase2.max_seq_length=4", r"pretrain_phase2\.max_seq_length=4: expected an integer >= 5"),
 ])
 def test_a_bad_number_fails_before_any_stage_naming_its_key(tmp_path, override, message):
     _fails_before_any_stage(tiny_config(tmp_path, [override]), ValueError, message)
@@ -59,6 +63,12 @@ def test_tasks_are_not_a_config_group_that_an_override_could_silently_fill():
 
 def test_a_null_where_null_means_all_is_accepted_and_a_cluster_owns_its_cpus(tmp_path):
     validate(tiny_config(tmp_path, ["finetune.max_train_examples=null", "ray.address=auto", "ray.num_cpus=0"]))
+
+
+def test_a_null_in_an_override_block_keeps_the_value_it_overrides(tmp_path):
+    """gpt.pretrain and pretrain_phase2 leave a key null where they keep pretrain's value, which is in range."""
+    validate(tiny_config(tmp_path, ["gpt.pretrain.lr=null", "pretrain_phase2.max_steps=null",
+                                    "pretrain_phase2.lr=null"]))
 
 
 def test_a_bad_number_with_force_keeps_the_finished_output(tmp_path):
