@@ -185,3 +185,21 @@ def successor_corpus(rng, n: int, vocab: int) -> list[dict]:
         rows.append({"input_ids": np.array(ids), "token_type_ids": np.zeros(len(ids), dtype=int),
                      "next_sentence_label": int(rng.integers(0, 2))})
     return rows
+
+
+def check_control_start(control: dict, twin: dict, pretrained: dict, words: str, known, layer: str, head: list[str]):
+    """A control's weights (state dicts of one seed): the pretrained kind's piece vectors in the rows the corpus
+    shows (`known`, one bool a piece) and the twin's fresh draws everywhere else, including `layer`, where the
+    pretrained kind has its pretraining steps; the task `head` as the pretrained kind's."""
+    import torch
+
+    pieces = len(known)
+    assert torch.equal(control[words][:pieces][known], pretrained[words][:pieces][known])
+    assert not torch.equal(control[words][:pieces][known], twin[words][:pieces][known])
+    # a piece the corpus never shows, and the rows past the pieces, keep their fresh initialisation
+    assert torch.equal(control[words][:pieces][~known], twin[words][:pieces][~known])
+    assert torch.equal(control[words][pieces:], twin[words][pieces:])
+    assert control.keys() == twin.keys() == pretrained.keys()
+    assert all(torch.equal(control[name], twin[name]) for name in control if name != words)
+    assert not torch.equal(control[layer], pretrained[layer])  # no pretraining step
+    assert head and all(torch.equal(control[name], pretrained[name]) for name in head)

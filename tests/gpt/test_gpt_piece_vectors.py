@@ -24,7 +24,7 @@ from pipeline.engine.pretraining import start_word_embeddings
 from pipeline.engine.settings import cache_dir_of
 from pipeline.piece_vectors import read_piece_vectors
 from pipeline.runner import validate
-from tests.helpers import TinyRun, family_config
+from tests.helpers import TinyRun, check_control_start, family_config
 
 WORD2VEC = ["pretrain.init_embeddings=word2vec", "word2vec.epochs=20"]
 WIDTH = 32  # the tiny GPT's n_embd (tests/helpers.py TINY_FAMILIES)
@@ -112,18 +112,8 @@ def test_the_control_starts_where_pretraining_did_with_the_layers_and_head_of_gp
         return sources[kind].build(data).state_dict()
 
     control, twin, pretrained = built("gpt_w2v"), built("gpt_random"), built("gpt")
-    words = "lm.transformer.wte.weight"
     known = torch.from_numpy(~np.isnan(read_piece_vectors(run.stage_dir("gpt_piece_vectors"))).any(axis=1))
-    pieces = len(known)
-    assert torch.equal(control[words][:pieces][known], pretrained[words][:pieces][known])
-    assert not torch.equal(control[words][:pieces][known], twin[words][:pieces][known])
-    # a piece the corpus never shows, and the task's start, delimiter and extract rows, keep their fresh initialisation
-    assert torch.equal(control[words][:pieces][~known], twin[words][:pieces][~known])
-    assert torch.equal(control[words][pieces:], twin[words][pieces:])
-    assert control.keys() == twin.keys() == pretrained.keys()
-    assert all(torch.equal(control[name], twin[name]) for name in control if name != words)
     layer = "lm.transformer.h.0.attn.c_attn.weight"
-    assert not torch.equal(control[layer], pretrained[layer])  # no pretraining step
     head = [name for name in control if name.startswith("head.")]
-    assert head and all(torch.equal(control[name], pretrained[name]) for name in head)
+    check_control_start(control, twin, pretrained, "lm.transformer.wte.weight", known, layer, head)
     assert not torch.equal(built("gpt_w2v", seed=2)[layer], control[layer])  # each seed draws its own layers
