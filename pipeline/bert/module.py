@@ -21,8 +21,7 @@ def bert_pretraining_losses(model: nn.Module, batch: dict, next_sentence_predict
     labels = batch["mlm_labels"]
     mlm_loss = F.cross_entropy(mlm_logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
     nsp_loss = F.cross_entropy(nsp_logits.float(), batch["next_sentence_label"])
-    predicted = labels != IGNORE_INDEX
-    mlm_acc = (mlm_logits.argmax(-1)[predicted] == labels[predicted]).float().mean()
+    mlm_acc = _accuracy(mlm_logits, labels)
     nsp_acc = (nsp_logits.argmax(-1) == batch["next_sentence_label"]).float().mean()
     return {"loss": mlm_loss + nsp_loss if next_sentence_prediction else mlm_loss, "mlm_loss": mlm_loss,
             "nsp_loss": nsp_loss, "mlm_acc": mlm_acc, "nsp_acc": nsp_acc}
@@ -70,9 +69,8 @@ def electra_pretraining_losses(model: nn.Module, batch: dict, discriminator_weig
     real = batch["attention_mask"].bool()
     rtd_logits, replaced = rtd_logits[real].float(), replaced[real]
     rtd_loss = F.binary_cross_entropy_with_logits(rtd_logits, replaced.float())
-    predicted = labels != IGNORE_INDEX
     return {"loss": mlm_loss + discriminator_weight * rtd_loss, "mlm_loss": mlm_loss, "rtd_loss": rtd_loss,
-            "mlm_acc": (mlm_logits.argmax(-1)[predicted] == labels[predicted]).float().mean(),
+            "mlm_acc": _accuracy(mlm_logits, labels),
             "rtd_acc": ((rtd_logits > 0) == replaced).float().mean(),
             "replaced_fraction": replaced.float().mean()}
 
