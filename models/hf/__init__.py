@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from models.checkpoint import read_config, read_hf_weights
+
 CODE_DIR = Path(__file__).parent
 
 
@@ -42,3 +44,14 @@ def write_custom_model(path: Path, code: str, config: dict, auto_classes: dict[s
     auto_map = {auto: f"{code}.{name}" for auto, name in auto_classes.items()}
     write_config(path, {**config, "auto_map": auto_map})
     write_weights(path, state)
+
+
+def hf_state_and_config(path_or_state_dict, config, config_from_hf):
+    """A from_hf's input as (state dict, config): a HuggingFace directory, whose config.json `config_from_hf` reads
+    unless `config` is given, or a state dict, which needs `config`."""
+    if isinstance(path_or_state_dict, dict):
+        if config is None:
+            raise ValueError("from_hf(state_dict) needs config=, the model's config (a state dict carries none)")
+        return path_or_state_dict, config
+    path = Path(path_or_state_dict)
+    return read_hf_weights(path), config or config_from_hf(read_config(path))

@@ -6,7 +6,6 @@ loads it with the head; the checkpoint is the BertForPreTraining layout (`bert.`
 transformers' own BERT checkpoints. HF's parameter names are ours, so conversion only drops, strips and checks keys."""
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -16,8 +15,8 @@ import torch
 from torch import nn
 
 from models.bert import CHECKPOINT_FORMAT, BertConfig, BertForPreTraining, BertModel, load_pretrained
-from models.checkpoint import read_config, read_hf_weights
-from models.hf import write_config, write_custom_model, write_weights
+from models.checkpoint import read_config
+from models.hf import hf_state_and_config, write_config, write_custom_model, write_weights
 
 if TYPE_CHECKING:  # never run (it needs transformers): the file is copied, and so part of the code version of
     # every stage that writes it (pipeline/engine/fingerprints.py follows imports)
@@ -62,14 +61,8 @@ def _normalise_hf_keys(state_dict: dict) -> dict:
 
 
 def _hf_state_and_config(path_or_state_dict, config):
-    if isinstance(path_or_state_dict, dict):
-        if config is None:
-            raise ValueError("from_hf(state_dict) needs config=BertConfig(...)")
-        return _normalise_hf_keys(path_or_state_dict), config
-    path = Path(path_or_state_dict)
-    if config is None:
-        config = config_from_hf(json.loads((path / "config.json").read_text()))
-    return _normalise_hf_keys(read_hf_weights(path)), config
+    state, config = hf_state_and_config(path_or_state_dict, config, config_from_hf)
+    return _normalise_hf_keys(state), config
 
 
 def _encoder_state(state: dict) -> dict:

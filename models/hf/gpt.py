@@ -9,8 +9,9 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from models.checkpoint import load_every_weight, read_config, read_hf_weights
+from models.checkpoint import load_every_weight, read_config
 from models.gpt import CHECKPOINT_FORMAT, GPTConfig, GPTLMHeadModel, load_pretrained
+from models.hf import hf_state_and_config
 
 HF_CONFIG_KEYS = (
     "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "embd_pdrop", "attn_pdrop", "resid_pdrop",
@@ -61,15 +62,7 @@ def _state_from_hf(state: dict) -> dict:
 def from_hf(path_or_state_dict, config: GPTConfig | None = None) -> GPTLMHeadModel:
     """GPTLMHeadModel from HuggingFace GPT-2 weights: a directory (config.json + model.safetensors or pytorch_model.bin)
     or a GPT2LMHeadModel / GPT2Model state dict (then `config` is required)."""
-    if isinstance(path_or_state_dict, dict):
-        if config is None:
-            raise ValueError("from_hf(state_dict) needs config=GPTConfig(...)")
-        state = path_or_state_dict
-    else:
-        path = Path(path_or_state_dict)
-        if config is None:
-            config = config_from_hf(read_config(path))
-        state = read_hf_weights(path)
+    state, config = hf_state_and_config(path_or_state_dict, config, config_from_hf)
     model = GPTLMHeadModel(config)
     load_every_weight(model, _state_from_hf(state))
     return model
