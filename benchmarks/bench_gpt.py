@@ -35,13 +35,13 @@ from contextlib import nullcontext
 
 import torch
 import transformers
-from bench_train import bf16_supported, matmul_flops_per_s
+from bench_train import matmul_flops_per_s
 
 from models.generation import greedy
 from models.gpt import GPTConfig, GPTLMHeadModel, gpt_config
 from models.hf.gpt import to_hf
 from models.kernels import use_fast_kernels
-from pipeline.engine.training import keep_freed_memory_for_reuse
+from pipeline.engine.training import cpu_computes_bf16, keep_freed_memory_for_reuse
 
 
 def config(args):
@@ -179,8 +179,8 @@ def main() -> None:
     keep_freed_memory_for_reuse()
     transformers.logging.set_verbosity_error()  # its notes on loading and generation settings
     transformers.utils.logging.disable_progress_bar()
-    dtypes = args.dtypes or ["fp32", *(["bf16"] if bf16_supported() else [])]
-    if "bf16" not in dtypes and not bf16_supported():
+    dtypes = args.dtypes or ["fp32", *(["bf16"] if cpu_computes_bf16() else [])]
+    if "bf16" not in dtypes and not cpu_computes_bf16():
         print("this CPU has no native bf16 (AMX / AVX512-BF16): bf16 rows skipped")
     for benchmark in (train_benchmark, generation_benchmark):
         for dtype in dtypes:

@@ -43,15 +43,10 @@ from models.bert import BertForPreTraining, bert_config
 from models.kernels import use_fast_kernels
 from pipeline.bert.module import BertPretrainModule
 from pipeline.engine.module import OptimizerSettings
-from pipeline.engine.training import keep_freed_memory_for_reuse
+from pipeline.engine.training import cpu_computes_bf16, keep_freed_memory_for_reuse
 
 VOCAB_SIZE = 30522  # BERT's WordPiece vocabulary, as in the paper's models
 MAX_PREDICTIONS = 20  # google-research/bert's max_predictions_per_seq at length 128
-
-
-def bf16_supported() -> bool:
-    """Native bf16 matmul on this CPU (AMX or AVX512-BF16); elsewhere bf16 autocast is emulated and only slower."""
-    return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
 
 
 def matmul_flops_per_s(dtype: torch.dtype, seconds: float, n: int = 2048) -> float:
@@ -155,8 +150,8 @@ def time_steps(model, loss_fn, batch: dict, bf16: bool, warmup: int, steps: int)
 
 
 def benchmark(args) -> None:
-    dtypes = [("fp32", False)] + ([("bf16", True)] if bf16_supported() else [])
-    if not bf16_supported():
+    dtypes = [("fp32", False)] + ([("bf16", True)] if cpu_computes_bf16() else [])
+    if not cpu_computes_bf16():
         print("this CPU has no native bf16 (AMX / AVX512-BF16): bf16 rows skipped\n")
     peak_seconds = 2.0 if args.quick else 5.0
     peaks = {name: matmul_flops_per_s(torch.bfloat16 if bf16 else torch.float32, peak_seconds)
@@ -240,7 +235,7 @@ def learnable_batch(g: torch.Generator, batch_size: int, seq_len: int) -> dict:
 def loss_curve(args) -> None:
     """bert_mini trained from the same weights on the same batches in fp32 and in bf16 autocast, and once more in fp32
     with other dropout masks: that run's distance from the first is the noise the bf16 curve is judged against."""
-    if not bf16_supported():
+    if not cpu_computes_bf16():
         raise SystemExit("this CPU has no native bf16 (AMX / AVX512-BF16); there is no bf16 curve to compare")
     vocab, B, T = 5 + TOPICS * WORDS_PER_TOPIC, 16, 64
     curves = {}
@@ -289,7 +284,7 @@ def sentence_batches(args) -> None:
     from models.bert import BertForSequenceClassification
 
     device = torch.device(args.device)
-    if device.type == "cpu" and not bf16_supported():
+    if device.type == "cpu" and not cpu_computes_bf16():
         raise SystemExit("this CPU has no native bf16 (AMX / AVX512-BF16): no bf16 rows to compare")
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(0)

@@ -18,6 +18,8 @@ import lightning as L
 import torch
 from gpu_flops import bert_step_flops, gpt_step_flops
 
+from pipeline.engine.training import cpu_computes_bf16
+
 BERT_BATCHES = (256, 128, 64, 32)  # phase 1 of BERT (Devlin et al. 2019, Sec. A.2): 256 sequences of 128 tokens
 GPT_BATCHES = (32, 16, 8, 4)  # GPT-small at 1024 tokens: the first that fits
 GPT_VOCAB = 50304  # GPT-2's 50,257 padded to a multiple of 64, as nanoGPT trains it
@@ -76,7 +78,7 @@ class PhaseContext:
 
     @property
     def bf16(self) -> bool:
-        return self.cuda or torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+        return self.cuda or cpu_computes_bf16()
 
     @property
     def dtype(self) -> str:

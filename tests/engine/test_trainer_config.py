@@ -4,6 +4,9 @@ ckpt_path starts pretraining from a given checkpoint."""
 from __future__ import annotations
 
 import csv
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,10 +50,39 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_warned_about_once(tmp_path, 
     warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("WARNING: trainer.precision")]
     assert trainer.precision == "bf16-mixed"  # warned about, not changed
     assert warnings == [] if bf16_instructions else warnings == [
-        "WARNING: trainer.precision=bf16-mixed on a CPU without bf16 instructions (neither AMX nor AVX512-BF16): torch "
-        "emulates bf16 here, many times slower than fp32; set trainer.precision=32-true, or trainer.precision=auto, "
+        "WARNING: trainer.precision=bf16-mixed on a CPU without bf16 instructions (neither AMX nor AVX512-BF16, or "
+        "kept from torch by ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA): torch emulates bf16 here, many times slower "
+        "than fp32; set trainer.precision=32-true, or trainer.precision=auto, "
         "which picks bf16 only where the CPU computes it"]
     training.warn_if_bf16_is_emulated.cache_clear()
+
+
+@pytest.mark.parametrize("capability, onednn_isa, computes", [
+    ("AVX512", None, True), ("AVX512", "AVX512_CORE_AMX", True), ("AVX512", "avx2", False),
+    ("AVX512", "AVX512_CORE_VNNI", False), ("AVX2", None, False), ("DEFAULT", None, False)])
+def test_bf16_counts_as_computed_only_where_torch_may_use_the_instructions(monkeypatch, capability, onednn_isa,
+                                                                           computes):
+    """On a CPU with AVX512-BF16, ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 (docs/usage.md's stand-in for an
+    AVX2 laptop) still reported bf16 instructions, so precision `auto` trained in emulated bf16, 18x slower than
+    fp32, where the laptop it stands for trains in fp32."""
+    monkeypatch.setattr(training.torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setattr(training.torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    if onednn_isa is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", onednn_isa)
+    assert training.cpu_computes_bf16() is computes
+    assert training.resolve_precision("auto") == ("bf16-mixed" if computes else "32-true")
+
+
+def test_the_avx2_stand_in_trains_in_fp32_on_any_cpu():
+    """The real check, in a process started with the stand-in's variables: fp32 whatever this CPU is."""
+    code = "from pipeline.engine.training import resolve_precision; print(resolve_precision('auto'))"
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parents[2]).stdout
+    assert out.split()[-1] == "32-true"
 
 
 def test_debug_options_set_the_trainer_arguments_they_name(tmp_path):
