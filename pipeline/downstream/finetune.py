@@ -72,6 +72,13 @@ SUBSET_BASELINES = {
 }
 assert set(SUBSET_BASELINES) < set(BASELINES)  # the schema's names (pipeline/downstream/settings.py)
 
+# Baselines that train nothing, fitted once on the whole train split whatever finetune.train_sizes says (lead_n: the
+# source's first N words, N one number chosen on train): the label-efficiency curve and table set them beside every
+# size as a flat reference, where the models trained on that many examples are read against them, rather than as a
+# point at all of the data
+FLAT_BASELINES = ("lead_n",)
+assert set(FLAT_BASELINES) < set(BASELINES)
+
 
 def finetune_kinds(cfg: DictConfig, f: FinetuneConfig) -> dict[str, FinetuneKind]:
     """The kinds `finetune.models` names (names the config schema allows), each followed by its random-init twin
@@ -143,14 +150,20 @@ def finetune_seeds(f: FinetuneConfig) -> list[int]:
 
 
 def sizes_for_task(sizes: list[int | None], train_count: int, task: str) -> list[int | None]:
-    """`sizes` for a task of `train_count` training examples: a size of at least that many is all of them, run once
-    as null ("all"), instead of a copy of the all-data run whose label-efficiency cell would overwrite the other's."""
+    """`sizes` for a task of `train_count` training examples, smallest first and all of them last: a size of at least
+    that many is all of them, run once as null ("all"), instead of a copy of the all-data run whose label-efficiency
+    cell would overwrite the other's. All of them last, so that the generations a kind keeps (a generation task's
+    generated/ file, written by each run over the last) are of the size the headline table reports."""
     whole = [s for s in sizes if s is not None and s >= train_count]
     if whole:
         print(f"finetune: finetune.train_sizes {', '.join(map(str, whole))} {'is' if len(whole) == 1 else 'are'} at "
               f"least the {train_count} training examples of task {task}: fine-tuned once on all of them, reported "
               "as 'all'", flush=True)
-    return list(dict.fromkeys(None if s in whole else s for s in sizes))
+    return sorted(dict.fromkeys(None if s in whole else s for s in sizes), key=_size_key)
+
+
+def _size_key(size: int | None) -> float:
+    return float("inf") if size is None else size
 
 
 
@@ -476,7 +489,7 @@ def _subset_baseline_rows(ctx: StageContext, f: FinetuneConfig, task: DictConfig
 
 
 def _size_order(row: dict) -> float:
-    return float("inf") if row.get("train_size") is None else row["train_size"]
+    return _size_key(row.get("train_size"))
 
 
 def headline_results(results: list[dict]) -> list[dict]:
@@ -492,10 +505,11 @@ def headline_results(results: list[dict]) -> list[dict]:
 
 
 def label_efficiency(results: list[dict]) -> list[dict]:
-    """The rows of a run with several training sizes (none when it had one), smallest size first; encoder snapshots
-    are the pretraining-scaling curve's."""
+    """The rows of a run with several training sizes (none when it had one), smallest size first, with the
+    FLAT_BASELINES' rows, each fitted once on all of the data; encoder snapshots are the pretraining-scaling curve's."""
     models = [r for r in results if r["model"] != "majority_class" and not is_snapshot(r)]
-    if len({r.get("train_size") for r in models}) < 2:
+    # lead_n's one row at all of the data is no second size beside a run of one smaller size
+    if len({r.get("train_size") for r in models if r["model"] not in FLAT_BASELINES}) < 2:
         return []
     return sorted(models, key=_size_order)
 

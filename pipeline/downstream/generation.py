@@ -2,9 +2,9 @@
 tasks/bbc_headlines.yaml), whatever writes the target: the encoder-decoder (pipeline/seq2seq/downstream.py) or GPT
 reading "source TL;DR:" and continuing it (pipeline/gpt/downstream.py). Dev is decoded by beam search
 (models/generation.py) and scored by the task's metric (ROUGE and BLEU, pipeline/evaluation/metrics.py); the generations
-of the last seed fine-tuned are kept in the finetune stage's `generated/<task>-<kind>.tsv`, beside the references, and
-the report shows a few. What each model writes (output_summary: its most frequent outputs, the share of distinct and
-of empty ones) rides on its rows, and the report tabulates it (writing_section)."""
+of the last seed fine-tuned at the largest train size are kept in the finetune stage's `generated/<task>-<kind>.tsv`,
+beside the references, and the report shows a few. What each model writes (output_summary: its most frequent
+outputs, the share of distinct and of empty ones) rides on its rows, and the report tabulates it (writing_section)."""
 from __future__ import annotations
 
 import csv
@@ -118,7 +118,8 @@ def _cell(text: str) -> str:
 
 def generated_section(finetune_dir: Path) -> list[str]:
     """The report's lines for a run's generation tasks: the first dev examples as each fine-tuned model (its last
-    seed) wrote them, beside the reference; none for a run without generation tasks."""
+    seed at the largest train size, the headline table's: finetune.sizes_for_task runs it last) wrote them, beside the
+    reference; none for a run without generation tasks."""
     by_task: dict[str, dict[str, list[dict]]] = {}
     for path in sorted((finetune_dir / GENERATED_DIR).glob("*.tsv")):
         task, kind = path.stem.rsplit("-", 1)
@@ -127,7 +128,8 @@ def generated_section(finetune_dir: Path) -> list[str]:
     lines = []
     for task, kinds in by_task.items():
         lines += ["", f"## Generated: {task}", "", f"The first {REPORT_EXAMPLES} examples scored, decoded by beam "
-                  "search by each fine-tuned model (its last seed), beside the reference.", "",
+                  "search by each fine-tuned model (its last seed, at the largest train size), beside the "
+                  "reference.", "",
                   "| source | reference | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 2) + "|"]
         first = next(iter(kinds.values()))
         for i, row in enumerate(first[:REPORT_EXAMPLES]):

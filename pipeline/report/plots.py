@@ -68,18 +68,26 @@ def plot_pretraining(train_loss: Curve, val_loss: Curve, val_perplexity: Curve, 
     return _save(fig, path)
 
 
-def plot_task_scores(panels: dict[str, list[dict]], path: Path, title: str) -> Figure:
+def _task_metrics(rows: list[dict], metrics: dict[str, str] | None) -> dict[str, str]:
+    """Each task of `rows` -> the metric its figure draws: `metrics`' where it names one, else the first it reports."""
+    drawn = {}
+    for row in rows:
+        drawn.setdefault(row["task"], (metrics or {}).get(row["task"], row["metric"]))
+    return drawn
+
+
+def plot_task_scores(panels: dict[str, list[dict]], path: Path, title: str,
+                     metrics: dict[str, str] | None = None) -> Figure:
     """Grouped bars: one panel per results source (e.g. fine-tuning, frozen probes), one bar group per task, one bar
     per model, error bars the std over seeds. `panels` maps a panel title to rows with model, task, metric, score,
-    std and seeds; each task is shown by the first metric it reports (results.md has all of them)."""
+    std and seeds; each task is shown by the metric `metrics` names for it, else the first it reports (results.md has
+    all of them)."""
     # Wide enough for a group of bars and a two-line label per task.
     widths = [max(5.0, 1.3 * len({r["task"] for r in rows}) + 2.0) for rows in panels.values()]
     fig, axes = plt.subplots(1, len(panels), figsize=(sum(widths), 4.5), squeeze=False,
                              gridspec_kw={"width_ratios": widths})
     for ax, (panel_title, rows) in zip(axes[0], panels.items()):
-        headline = {}
-        for row in rows:
-            headline.setdefault(row["task"], row["metric"])
+        headline = _task_metrics(rows, metrics)
         tasks = list(headline)
         models = list(dict.fromkeys(r["model"] for r in rows))
         by_key = {(r["model"], r["task"]): r for r in rows if r["metric"] == headline[r["task"]]}
@@ -105,20 +113,27 @@ def plot_task_scores(panels: dict[str, list[dict]], path: Path, title: str) -> F
     return _save(fig, path)
 
 
-def plot_label_efficiency(rows: list[dict], path: Path, title: str, dashed: tuple[str, ...] = ()) -> Figure:
+def plot_label_efficiency(rows: list[dict], path: Path, title: str, dashed: tuple[str, ...] = (),
+                          flat: Sequence[dict] = (), metrics: dict[str, str] | None = None) -> Figure:
     """Dev score against the number of labelled training examples (log axis), one line per model with the std over
-    seeds as error bars, one panel per task (its first metric); the models in `dashed` (baselines) dashed. Rows:
-    model, task, metric, score, std, seeds and train_examples (the examples a run at that size actually had)."""
+    seeds as error bars, one panel per task (the metric `metrics` names for it, else the first it reports); the
+    models in `dashed` (baselines) dashed, each of `flat` (a baseline that trains nothing, the same at every size) a
+    black dotted horizontal line. Rows: model, task, metric, score, std, seeds and train_examples (the examples a run
+    at that size actually had)."""
     tasks = list(dict.fromkeys(r["task"] for r in rows))
+    drawn = _task_metrics(rows, metrics)
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
-        metric = next(r["metric"] for r in rows if r["task"] == task)
+        metric = drawn[task]
         mine = [r for r in rows if r["task"] == task and r["metric"] == metric]
         for model in dict.fromkeys(r["model"] for r in mine):
             points = sorted((r["train_examples"], r["score"], r["std"] if r["seeds"] > 1 else 0.0)
                             for r in mine if r["model"] == model)
             ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points], marker="o",
                         capsize=3, label=model, linestyle="--" if model in dashed else "-")
+        for row in (r for r in flat if r["task"] == task and r["metric"] == metric):
+            ax.axhline(row["score"], color="black", ls=":", lw=1.0,
+                       label=f"{row['model']} (trains nothing, every size): {row['score']:.3f}")
         ax.set(xscale="log", xlabel="labelled training examples (log scale)",
                ylabel=f"dev {metric} (mean ± std over seeds)", title=task)
         ax.grid(alpha=0.3, which="both")
@@ -128,16 +143,18 @@ def plot_label_efficiency(rows: list[dict], path: Path, title: str, dashed: tupl
 
 
 def plot_pretrain_scaling(rows: list[dict], references: list[dict], baselines: list[dict], path: Path,
-                          title: str) -> Figure:
+                          title: str, metrics: dict[str, str] | None = None) -> Figure:
     """Dev score against the encoder's pretraining steps (log axis), one line per model and number of labelled
-    examples with the std over seeds as error bars, one panel per task (its first metric). Horizontal lines: each of
+    examples with the std over seeds as error bars, one panel per task (the metric `metrics` names for it, else the
+    first it reports). Horizontal lines: each of
     `references` (models with no pretraining steps, e.g. the architecture from random initialisation), dashed in the
     colour of the line with its number of examples, and each of `baselines` (majority class, bag of words) in black.
     Rows: model, task, metric, score, std, seeds, train_examples, and in `rows` pretraining_steps."""
     tasks = list(dict.fromkeys(r["task"] for r in rows))
+    drawn = _task_metrics(rows, metrics)
     fig, axes = plt.subplots(1, len(tasks), figsize=(9 * len(tasks), 4.5), squeeze=False)
     for ax, task in zip(axes[0], tasks):
-        metric = next(r["metric"] for r in rows if r["task"] == task)
+        metric = drawn[task]
         mine = [r for r in rows if r["task"] == task and r["metric"] == metric]
         colours = {}
         for model, examples in dict.fromkeys((r["model"], r["train_examples"]) for r in mine):

@@ -14,6 +14,7 @@ from typing import Callable
 from data_prep.corpus.shards import MANIFEST_NAME, write_json_atomically
 from pipeline.downstream.finetune import (
     BASELINES,
+    FLAT_BASELINES,
     MODEL_KINDS,
     SNAPSHOT_MARK,
     SUBSET_BASELINES,
@@ -23,6 +24,7 @@ from pipeline.downstream.finetune import (
     pretraining_scaling,
 )
 from pipeline.downstream.generation import generated_section, writing_section
+from pipeline.evaluation.metrics import FIGURE_METRICS
 from pipeline.evaluation.stage import ENCODERS
 from pipeline.report.plots import (
     Curve,
@@ -212,11 +214,13 @@ def pretrained_vs_random(rows: list[dict]) -> list[str]:
 
 def pretraining_gains(rows: list[dict]) -> list[str]:
     """One line per pretrained model kind, task, metric and number of labelled examples: its mean difference to its
-    random-init twin and to its control where that is another kind (each with on how many seeds it was ahead), and
-    to each baseline fitted on the same examples (w2v_mean: is the pretrained encoder better than word2vec on the
-    same text?); where a control is in the table, what the differences to it and to the twin measure."""
+    random-init twin and to its control where that is another kind (each with on how many seeds it was ahead), to
+    each baseline fitted on the same examples (w2v_mean: is the pretrained encoder better than word2vec on the same
+    text?) and to each of FLAT_BASELINES, the same at every size (lead_n: is it above copying the source's first
+    words?); where a control is in the table, what the differences to it and to the twin measure."""
     by_key = {(r["model"], r["task"], r["metric"], r["train_examples"]): r for r in rows}
     baselines = [b for b in SUBSET_BASELINES if any(r["model"] == b for r in rows)]
+    flat = {(r["task"], r["metric"]): r for r in rows if r["model"] in FLAT_BASELINES}
     lines, roles = [], {}
     for (model, task, metric, examples), row in by_key.items():
         compared = [(name, role) for name, role in _compared(row) if (name, task, metric, examples) in by_key]
@@ -230,6 +234,8 @@ def pretraining_gains(rows: list[dict]) -> list[str]:
             roles[name, role] = None
         parts += [f"{model} - {b} = {row['score'] - by_key[b, task, metric, examples]['score']:+.4f}"
                   for b in baselines if (b, task, metric, examples) in by_key]
+        if (reference := flat.get((task, metric))) is not None:
+            parts.append(f"{model} - {reference['model']} = {row['score'] - reference['score']:+.4f}")
         lines.append(f"- {task} {metric}, {examples} examples: " + "; ".join(parts))
     if not lines:
         return []
@@ -239,22 +245,41 @@ def pretraining_gains(rows: list[dict]) -> list[str]:
     return ["", "What pretraining bought, at each number of labelled examples (mean over seeds):", *told, *lines]
 
 
+def figure_metrics(rows: list[dict]) -> dict[str, str]:
+    """Each task of `rows` -> the metric the figures draw for it: one of FIGURE_METRICS where it reports one (a
+    generation task's ROUGE-L), else its main metric, the first it reports."""
+    reported: dict[str, list[str]] = {}
+    for row in rows:
+        reported.setdefault(row["task"], []).append(row["metric"])
+    return {task: next((m for m in FIGURE_METRICS if m in metrics), metrics[0]) for task, metrics in reported.items()}
+
+
 def _label_efficiency_section(rows: list[dict], out: Path, title: str, figures: dict[str, Path]) -> list[str]:
     """Dev score per number of labelled examples, pretrained next to random init and the baselines fitted on the same
-    examples: where pretraining pays most."""
+    examples, the FLAT_BASELINES (lead_n) beside every size: where pretraining pays most. Each task's table of the
+    metric its figure draws comes first."""
+    flat = [r for r in rows if r["model"] in FLAT_BASELINES]
+    curves = [r for r in rows if r["model"] not in FLAT_BASELINES]
+    drawn = figure_metrics(rows)
     figures["label_efficiency_plot"] = out / "label_efficiency.png"
-    plot_label_efficiency(rows, figures["label_efficiency_plot"], title=f"Label efficiency ({title})",
-                          dashed=tuple(SUBSET_BASELINES))
-    sizes = list(dict.fromkeys(r["train_examples"] for r in rows))
-    models = list(dict.fromkeys(r["model"] for r in rows))
+    plot_label_efficiency(curves, figures["label_efficiency_plot"], title=f"Label efficiency ({title})",
+                          dashed=tuple(SUBSET_BASELINES), flat=flat, metrics=drawn)
+    sizes = list(dict.fromkeys(r["train_examples"] for r in curves))
+    models = list(dict.fromkeys(r["model"] for r in curves))
     lines = ["", "## Label efficiency (dev score by labelled training examples)", ""]
-    for task, metric in dict.fromkeys((r["task"], r["metric"]) for r in rows):
-        cell = {(r["model"], r["train_examples"]): _score(r) for r in rows
+    reported = {task: list(dict.fromkeys(r["metric"] for r in rows if r["task"] == task)) for task in drawn}
+    for task, metric in ((task, metric) for task, first in drawn.items()
+                         for metric in [first, *(m for m in reported[task] if m != first)]):
+        cell = {(r["model"], r["train_examples"]): _score(r) for r in curves
                 if r["task"] == task and r["metric"] == metric}
         seeds = max(r["seeds"] for r in rows if r["task"] == task)
         lines += [f"{task} {metric}, {seeds} seeds:", "", "| model | " + " | ".join(map(str, sizes)) + " |",
                   "|---" * (len(sizes) + 1) + "|"]
-        lines += [f"| {m} | " + " | ".join(cell.get((m, n), "–") for n in sizes) + " |" for m in models] + [""]
+        lines += [f"| {m} | " + " | ".join(cell.get((m, n), "–") for n in sizes) + " |" for m in models]
+        # one score, repeated under every size so that each column reads against it
+        lines += [f"| {r['model']} (trains nothing: the same at every size; fitted on all {r['train_examples']} train "
+                  f"examples) | " + " | ".join([_score(r)] * len(sizes)) + " |"
+                  for r in flat if (r["task"], r["metric"]) == (task, metric)] + [""]
     return lines + pretraining_gains(rows) + ["", "![label efficiency](label_efficiency.png)"]
 
 
@@ -267,7 +292,7 @@ def _pretrain_scaling_section(rows: list[dict], results: list[dict], out: Path, 
     figures["pretrain_scaling_plot"] = out / "pretrain_scaling.png"
     plot_pretrain_scaling(curves, [r for r in others if r["model"] not in BASELINES],
                           [r for r in others if r["model"] in BASELINES], figures["pretrain_scaling_plot"],
-                          title=f"Downstream score by pretraining steps ({title})")
+                          title=f"Downstream score by pretraining steps ({title})", metrics=figure_metrics(curves))
     steps = list(dict.fromkeys(r["pretraining_steps"] for r in curves))
     lines = ["", "## Downstream score by pretraining steps (dev score of the encoder at each step)", ""]
     for task, metric in dict.fromkeys((r["task"], r["metric"]) for r in curves):
@@ -408,7 +433,8 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str,
                 lines += writing_section(headline) + generated_section(stage_dirs[stage])
     if panels:
         figures["task_scores_plot"] = out / "task_scores.png"
-        plot_task_scores(panels, figures["task_scores_plot"], title=f"Task scores per model ({title})")
+        plot_task_scores(panels, figures["task_scores_plot"], title=f"Task scores per model ({title})",
+                         metrics=figure_metrics([r for rows in panels.values() for r in rows]))
         lines += ["", "![task scores per model](task_scores.png)"]
     if len(ran) > 1:
         lines += pretraining_budget({family: {stage: json.loads((stage_dirs[stage] / "stage.json").read_text())

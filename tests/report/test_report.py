@@ -536,3 +536,46 @@ def test_the_report_shows_what_each_model_writes_on_a_generation_task(tmp_path):
         "technology firms…” ×21; “Budo \\| to make” ×3 |",  # cut to 60 characters; the cell's bar escaped
         "| lead_n | – | 1.000 = 209 of 209 | 0.000 = 0 | “Ad sales boost Time Warner profit Quarterly” ×1 |"]
     assert "What each model writes: rt" not in md
+
+
+def _generation_row(model, metric, examples, score, train_size):
+    return {"model": model, "task": "bbc_headlines", "metric": metric, "score": score, "std": 0.01,
+            "seeds": 1 if model == "lead_n" else 3, "train_examples": examples, "train_size": train_size}
+
+
+def test_a_generation_tasks_figures_draw_rouge_l_and_lead_n_flat_beside_every_size(tmp_path):
+    """ROUGE-1 is bbc_headlines' main metric (the first reported, what a sweep maximises); its figures read ROUGE-L,
+    as docs/seq2seq.md does; lead-N, fitted once and training nothing, is a flat line across the sizes, not a point
+    at all of the data."""
+    from pipeline.report.plots import plot_label_efficiency
+    from pipeline.report.report import figure_metrics
+
+    curves = [_generation_row(model, metric, n, score + (0.05 if metric == "rougeL" else 0.0), size)
+              for model, scores in (("seq2seq", (0.03, 0.05, 0.08)), ("seq2seq_random", (0.01, 0.02, 0.04)))
+              for metric in ("rouge1", "rougeL") for (n, size), score in zip(((300, 300), (1000, 1000), (1670, None)),
+                                                                               scores)]
+    lead_n = [_generation_row("lead_n", "rouge1", 1670, 0.237, None), _generation_row("lead_n", "rougeL", 1670, 0.208,
+                                                                                      None)]
+    sst2 = {"model": "bert", "task": "sst2", "metric": "accuracy", "score": 0.7}
+    metrics = figure_metrics([*curves, *lead_n, sst2])
+    assert metrics == {"bbc_headlines": "rougeL", "sst2": "accuracy"}  # other tasks: their first metric
+    ax = plot_label_efficiency(curves, tmp_path / "curve.png", "unit", flat=lead_n, metrics=metrics).axes[0]
+    assert "rougeL" in ax.get_ylabel()
+    drawn = {c.get_label(): (list(c.lines[0].get_xdata()), list(c.lines[0].get_ydata())) for c in ax.containers}
+    assert drawn == {"seq2seq": ([300, 1000, 1670], pytest.approx([0.08, 0.10, 0.13])),
+                     "seq2seq_random": ([300, 1000, 1670], pytest.approx([0.06, 0.07, 0.09]))}
+    flat = [line for line in ax.lines if line.get_label().startswith("lead_n")]
+    assert [line.get_label() for line in flat] == ["lead_n (trains nothing, every size): 0.208"]
+    assert list(flat[0].get_ydata()) == [0.208, 0.208] and list(flat[0].get_xdata()) == [0, 1]  # the whole axis
+
+
+def test_lead_n_at_all_of_the_data_is_no_second_train_size():
+    """A generation run of one smaller size (finetune.train_sizes=[300]) has no curve: lead-N's one row, at all of
+    the data, is not a second size."""
+    from pipeline.downstream.finetune import label_efficiency
+
+    rows = [_generation_row("seq2seq", "rougeL", 300, 0.08, 300), _generation_row("lead_n", "rougeL", 1670, 0.2, None)]
+    assert label_efficiency(rows) == []
+    rows.append(_generation_row("seq2seq", "rougeL", 1670, 0.1, None))
+    assert [(r["model"], r["train_size"]) for r in label_efficiency(rows)] == [
+        ("seq2seq", 300), ("lead_n", None), ("seq2seq", None)]

@@ -185,3 +185,79 @@ def test_seq2seq_tiny_fine_tunes_gpt_beside_it_with_gpts_own_recipe():
     gpt = merged_settings(cfg, ("pretrain", "gpt.pretrain"))
     assert (gpt.lr_decay, gpt.max_steps, list(gpt.betas)) == ("linear", cfg.pretrain.max_steps, [0.9, 0.95])
     assert cfg.pretrain.lr_decay == "noam"
+
+
+def test_train_sizes_draw_a_rouge_l_curve_of_the_encoder_decoder_its_twin_and_a_flat_lead_n(tmp_path, ray_session,
+                                                                                             monkeypatch):
+    """Issue 52, item 4: finetune.train_sizes on a generation task. Each kind trains on the same random pairs at a
+    size and seed; lead-N, which trains nothing, is fitted once and set beside every size; the report's curve and
+    its first table read ROUGE-L, and say that the twin is the control. The sizes are given largest first: they run
+    smallest first, so that the generations kept (generated/) are of the size the headline table reports."""
+    from pipeline.downstream import finetune as finetuning
+    from tests.helpers import TinyRun
+
+    task_dir = write_headline_task(tmp_path / "bbc")  # 96 train pairs, 12 dev
+    run = TinyRun(family_config(tmp_path, "seq2seq", [
+        f"finetune.data_dir={task_dir}", "finetune.task=bbc_headlines", "finetune.seeds=[1,2]",
+        "finetune.train_sizes=[null,24]", "finetune.max_seq_length=32", "finetune.epochs=1",
+        "finetune.batch_size=16", "pipeline.stages=[seq2seq_pretrain,finetune,report]", "pretrain.max_steps=4",
+        "pretrain.val_every_steps=2"]))
+    trained_on, calls = {}, []
+    fine_tune = finetuning.finetune_once
+
+    def recording(ctx, f, task, data, models, kind, seed, train_indices):
+        trained_on[kind, len(train_indices), seed] = sorted(tuple(data.train[i]["target"].tolist())
+                                                            for i in train_indices)
+        calls.append((kind, len(train_indices), seed))
+        return fine_tune(ctx, f, task, data, models, kind, seed, train_indices)
+
+    monkeypatch.setattr(finetuning, "finetune_once", recording)
+    for name in run.plan.order:
+        run.run_stage(name)
+
+    assert calls == [(kind, size, seed) for kind in ("seq2seq", "seq2seq_random") for size in (24, 96)
+                     for seed in (1, 2)]
+    for seed in (1, 2):  # the same pairs for both kinds: the rows differ by the pretraining alone
+        assert trained_on["seq2seq", 24, seed] == trained_on["seq2seq_random", 24, seed]
+    assert trained_on["seq2seq", 24, 1] != trained_on["seq2seq", 24, 2]  # a random subset per seed
+    assert len(set(trained_on["seq2seq", 24, 1])) > 20  # 24 pairs, of which a few headlines repeat
+    finetune_dir = run.stage_dir("finetune")
+    rows = json.loads((finetune_dir / "results.json").read_text())
+    rouge_l = {(r["model"], r["train_size"]): r for r in rows if r["metric"] == "rougeL"}
+    assert set(rouge_l) == {("seq2seq", 24), ("seq2seq", None), ("seq2seq_random", 24), ("seq2seq_random", None),
+                            ("lead_n", None)}  # lead-N once: it trains nothing
+    assert [rouge_l["seq2seq", size]["train_examples"] for size in (24, None)] == [24, 96]
+    assert rouge_l["seq2seq", 24]["control"] == "seq2seq_random"  # the twin is the control
+    assert rouge_l["seq2seq", 24]["seeds"] == 2
+    # the generations kept are the headline size's last seed
+    last = json.loads((finetune_dir / "finished" / "bbc_headlines-seq2seq-all-seed2.json").read_text())
+    with open(finetune_dir / "generated" / "bbc_headlines-seq2seq.tsv", encoding="utf-8", newline="") as f:
+        assert output_summary([g["generated"] for g in csv.DictReader(f, delimiter="\t")]) == \
+            last[0]["output_summary"]
+
+    report = (run.stage_dir("report") / "results.md").read_text()
+    assert (run.stage_dir("report") / "label_efficiency.png").stat().st_size > 1000
+    section = report[report.index("## Label efficiency"):report.index("## What each model writes")]
+    lead_n = rouge_l["lead_n", None]["score"]
+    table = section.split("\n\n")[1:3]
+    assert table[0] == "bbc_headlines rougeL, 2 seeds:"  # the figure's metric first
+    assert table[1].splitlines() == [
+        "| model | 24 | 96 |", "|---|---|---|",
+        *(f"| {kind} | {rouge_l[kind, 24]['score']:.4f} ± {rouge_l[kind, 24]['std']:.4f} | "
+          f"{rouge_l[kind, None]['score']:.4f} ± {rouge_l[kind, None]['std']:.4f} |"
+          for kind in ("seq2seq", "seq2seq_random")),
+        f"| lead_n (trains nothing: the same at every size; fitted on all 96 train examples) | {lead_n:.4f} | "
+        f"{lead_n:.4f} |"]
+    assert "seq2seq_random is the control too: pretraining started from random initialisation." in section
+    gain = rouge_l["seq2seq", 24]["score"] - rouge_l["seq2seq_random", 24]["score"]
+    assert (f"- bbc_headlines rougeL, 24 examples: seq2seq - seq2seq_random = {gain:+.4f} (ahead on "
+            in section)
+    assert f"seq2seq - lead_n = {rouge_l['seq2seq', 24]['score'] - lead_n:+.4f}" in section
+    # what each model writes: at the headline's size, all 96 pairs, per kind
+    writes = report[report.index("## What each model writes"):report.index("## Generated")]
+    first = json.loads((finetune_dir / "finished" / "bbc_headlines-seq2seq-all-seed1.json").read_text())[0]
+    summary = first["output_summary"]
+    assert (f"| seq2seq | 1 | {summary['distinct_share']:.3f} = {summary['distinct']} of 12 (per seed "
+            f"{summary['distinct_share']:.3f} / {last[0]['output_summary']['distinct_share']:.3f})") in writes
+    assert [line.split(" | ")[0] for line in writes.splitlines() if line.startswith("| ") and "---" not in line][1:] \
+        == ["| seq2seq", "| seq2seq_random", "| lead_n"]
