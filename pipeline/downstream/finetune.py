@@ -8,6 +8,8 @@ A kind read from this run's pretraining is also fine-tuned from each encoder sna
 encoder (the kind's own row: the stage's last step), which the report plots (pretrain_scaling.png).
 
 One finished (task, model, size, seed) is one small JSON file, so a run killed half-way skips what it had finished.
+The runs of a task that have none yet train side by side on the stage's Ray workers (finetune.parallel_runs; by default
+one per CPU), or one after another in the stage's process; the task's rows are then read from those files either way.
 
 One file of ~500 lines: the grid, its resumable per-cell rows and the summaries the report reads over them
 (headline_results, label_efficiency, pretraining_scaling) share the row format written here; the summaries could move
