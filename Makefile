@@ -11,7 +11,7 @@ EXPERIMENT ?= bert_tiny
 ARGS ?=
 
 .PHONY: help install run test test-slow clean bench-elmo bench-skip-thought bench-data bench-stages bench-train \
-        bench-gpt bench-seq2seq bench-memory bench-gpu bench-finetune
+        bench-gpt bench-seq2seq bench-memory bench-gpu bench-finetune bench-finetune-runs
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
@@ -58,6 +58,9 @@ bench-train: $(STAMP)  ## BERT train step, ours vs HF BertForPreTraining, fp32/b
 bench-finetune: $(STAMP)  ## fine-tuning steps/s: the pipeline's vs a plain loop, HF Trainer, 2 x 1 thread (ARGS="--steps 60")
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/bench_finetune.py $(ARGS)
+
+bench-finetune-runs: $(STAMP)  ## the finetune stage's K runs with parallel_runs=2 vs 1, after make run (ARGS="--runs 2")
+	$(PY) benchmarks/bench_finetune_runs.py $(ARGS)
 
 bench-gpt: $(STAMP)  ## GPT train step and KV-cache generation, ours vs HF GPT2LMHeadModel (ARGS=--quick)
 	$(PY) benchmarks/bench_gpt.py $(ARGS)

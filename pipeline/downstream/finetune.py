@@ -8,17 +8,21 @@ A kind read from this run's pretraining is also fine-tuned from each encoder sna
 encoder (the kind's own row: the stage's last step), which the report plots (pretrain_scaling.png).
 
 One finished (task, model, size, seed) is one small JSON file, so a run killed half-way skips what it had finished.
+The runs of a task that have none yet train side by side on the stage's Ray workers (finetune.parallel_runs; by default
+one per CPU), or one after another in the stage's process; the task's rows are then read from those files either way.
 
 One file of ~500 lines: the grid, its resumable per-cell rows and the summaries the report reads over them
 (headline_results, label_efficiency, pretraining_scaling) share the row format written here; the summaries could move
 beside the report, and were left here when the engine was split."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 
 import lightning as L
 import numpy as np
@@ -53,7 +57,14 @@ from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.family import FinetuneKind, TaskModels, TokenCoverage
 from pipeline.engine.settings import all_cpus, cache_dir_of, typed_settings
 from pipeline.engine.snapshots import encoder_snapshots, steps_trained
-from pipeline.engine.training import make_trainer, one_process_trainer_keys, with_fast_kernels
+from pipeline.engine.stage_workers import StageWorkers
+from pipeline.engine.training import (
+    TrainerConfig,
+    make_trainer,
+    one_process_trainer_keys,
+    trains_on_cuda,
+    with_fast_kernels,
+)
 from pipeline.families import FAMILIES
 
 MODEL_KINDS: dict[str, FinetuneKind] = {name: kind for family in FAMILIES
@@ -361,66 +372,161 @@ def _outputs_fields(members: list[dict]) -> dict:
                                         if "output_summary" in m]}
 
 
+@dataclass(frozen=True)
+class FinetuneRun:
+    """One fine-tuning run of the grid: a model kind on a task, at a train size (None: all) and seed."""
+    task: DictConfig
+    kind: str
+    size: int | None
+    seed: int
+
+    @property
+    def tag(self) -> str:
+        return f"{self.task.name}/{self.kind}/{'all' if self.size is None else self.size}/seed{self.seed}"
+
+
+def finished_file(ctx: StageContext, tag: str) -> Path:
+    """Where a finished run (or subset baseline) of the stage keeps its rows: a killed stage skips it on rerun."""
+    return ctx.out_dir / "finished" / (tag.replace("/", "-") + ".json")
+
+
+def train_run(ctx: StageContext, f: FinetuneConfig, run: FinetuneRun, data: TaskData, models: TaskModels,
+              pretraining_steps: int | None) -> dict[str, float]:
+    """Fine-tune `run` on its labelled subset and write its rows to its finished file: the one place a run's rows are
+    made, whether it trains in the stage's process or in one of its workers (FinetuneWorker). Its scores."""
+    # The same examples for every model kind at a given size and seed: rows differ by the encoder only.
+    subset = stratified_subsample(data.train_labels, run.size, len(data.train),
+                                  np.random.default_rng([run.seed, run.size or 0]))
+    started = time.perf_counter()
+    scores, fields = finetune_once(ctx, f, run.task, data, models, run.kind, run.seed, subset)
+    write_json_atomically(finished_file(ctx, run.tag), [
+        {"model": run.kind, "task": run.task.name, "metric": metric, "score": value, "seed": run.seed,
+         "train_size": run.size, "train_examples": len(subset), "dev_examples": len(data.dev),
+         "scored_on": scored_split(f), "pretraining_steps": pretraining_steps,
+         "seconds": round(time.perf_counter() - started, 1), **fields} for metric, value in scores.items()])
+    return scores
+
+
+def scored_split(f: FinetuneConfig) -> str:
+    return "train_holdout" if f.selection_fraction else str(f.score_split)
+
+
+def print_scores(tag: str, scores: dict[str, float]) -> None:
+    print(f"finetune {tag}: " + ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), flush=True)
+
+
+def runs_at_once(cfg: DictConfig, f: FinetuneConfig) -> int:
+    """finetune.parallel_runs, or by default one run per CPU the stage is granted when training on a CPU, and one on
+    a GPU, which a run of a small model already keeps busy from one process."""
+    if f.parallel_runs is not None:
+        return f.parallel_runs
+    if trains_on_cuda(str(typed_settings(cfg.trainer, TrainerConfig).accelerator)):
+        return 1
+    return max(1, int(all_cpus(cfg)))
+
+
+class FinetuneWorker:
+    """A worker of the stage (engine/stage_workers.py) training runs handed to it one at a time: the stage's model
+    kinds loaded once, and each task encoded once per tokenizer (the current task's kept, the previous one's dropped).
+    It has no W&B run (the stage's is the stage process's): its Trainers log to CSV files in the stage directory, as
+    a Ray Train worker's do (make_logger), and the stage prints each run's scores as it returns."""
+
+    def __init__(self, ctx: StageContext, f: FinetuneConfig) -> None:
+        self.ctx, self.f = ctx, f
+        self.sources = model_sources(ctx, f)
+        self.encoded: dict[tuple[str, object], TaskData] = {}
+
+    def __call__(self, run: FinetuneRun) -> dict[str, float]:
+        models, pretraining_steps = self.sources[run.kind]
+        key = (run.task.name, models.encoding_key)
+        if key not in self.encoded:
+            self.encoded = {k: v for k, v in self.encoded.items() if k[0] == run.task.name}
+            self.encoded[key] = models.encode(run.task, resolve_task_dir(run.task, self.f.data_dir,
+                                                                         cache_dir_of(self.ctx.cfg)),
+                                              self.f, self.ctx.cfg.seed, self.f.selection_fraction)
+        return train_run(self.ctx, self.f, run, self.encoded[key], models, pretraining_steps)
+
+
+def train_runs(ctx: StageContext, f: FinetuneConfig, runs: list[tuple[FinetuneRun, TaskData]],
+               sources: dict[str, tuple[TaskModels, int | None]], workers: StageWorkers | None) -> None:
+    """Train `runs`, each with the task data encoded for its kind: on `workers` side by side, the runs on the most
+    examples first (the longest, so that the last to finish is a short one and no worker waits long for it), or
+    without workers one after another in this process."""
+    if workers is None:
+        for run, data in runs:
+            print_scores(run.tag, train_run(ctx, f, run, data, models=sources[run.kind][0],
+                                            pretraining_steps=sources[run.kind][1]))
+        return
+    longest_first = sorted(runs, key=lambda pair: -(pair[0].size or len(pair[1].train)))
+    for i, scores in workers.results([(f"finetune {run.tag}", run) for run, _ in longest_first]):
+        print_scores(longest_first[i][0].tag, scores)
+
+
+def stage_workers(ctx: StageContext, f: FinetuneConfig) -> StageWorkers | contextlib.nullcontext:
+    """The stage's workers where runs_at_once is above one, each granted its share of the stage's CPUs (a fraction
+    where finetune.parallel_runs is above the CPUs), as many torch threads as whole CPUs in it; else none (None), and
+    every run trains in the stage's process. None also where no Ray is running (a test or a notebook calling the stage
+    function itself), rather than starting one unasked."""
+    import ray
+
+    count = runs_at_once(ctx.cfg, f)
+    if count == 1 or not ray.is_initialized():
+        return contextlib.nullcontext()
+    cpus = all_cpus(ctx.cfg) / count
+    return StageWorkers(count, cpus, max(1, int(cpus)), FinetuneWorker, replace(ctx, wandb_run=None), f)
+
+
 def finetune(ctx: StageContext) -> dict:
     f = finetune_settings(ctx.cfg)
     sources = model_sources(ctx, f)
     sizes, seeds = train_sizes(f), finetune_seeds(f)
     selection = f.selection_fraction
-    scored_on = "train_holdout" if selection else str(f.score_split)
-    finished = ctx.out_dir / "finished"
-    finished.mkdir(exist_ok=True)
+    (ctx.out_dir / "finished").mkdir(exist_ok=True)
     rows = []
-    for task in scored_tasks(ctx.cfg, f):
-        if selection and task.format != "tsv":
-            raise ValueError(f"finetune.selection_fraction holds out part of a TSV task's train split; task "
-                             f"{task.name} is {task.format}: leave it null for this task")
-        data_dir = resolve_task_dir(task, f.data_dir, cache_dir_of(ctx.cfg))
-        encoded: dict[str, TaskData] = {}  # kinds with the same inputs (tokenizer) encode the task once
-        task_sizes = None
-        for kind, (models, pretraining_steps) in sources.items():
-            if models.encoding_key not in encoded:
-                encoded[models.encoding_key] = models.encode(task, data_dir, f, ctx.cfg.seed, selection)
-            data = encoded[models.encoding_key]
-            measure = getattr(models, "token_coverage", None)  # optional (TaskModels): a kind may have none to report
-            coverage = token_coverage_fields(task.name, kind, measure(data) if measure else None, f)
-            if task_sizes is None:  # the same train split for every kind: its count, whatever it was encoded for
-                task_sizes = sizes_for_task(sizes, len(data.train), task.name)
-            for size in task_sizes:
-                for seed in seeds:
-                    # The same examples for every model kind at a given size and seed: rows differ by the encoder only.
-                    subset = stratified_subsample(data.train_labels, size, len(data.train),
-                                                  np.random.default_rng([seed, size or 0]))
-                    tag = f"{task.name}/{kind}/{'all' if size is None else size}/seed{seed}"
-                    done = finished / (tag.replace("/", "-") + ".json")
-                    if done.is_file():
-                        print(f"finetune {tag}: found {done.name}, skipping")
-                        rows += [{**row, **coverage} for row in json.loads(done.read_text())]
-                        continue
-                    started = time.perf_counter()
-                    scores, fields = finetune_once(ctx, f, task, data, models, kind, seed, subset)
-                    result = [{"model": kind, "task": task.name, "metric": metric, "score": value, "seed": seed,
-                               "train_size": size, "train_examples": len(subset), "dev_examples": len(data.dev),
-                               "scored_on": scored_on, "pretraining_steps": pretraining_steps,
-                               "seconds": round(time.perf_counter() - started, 1), **fields}
-                              for metric, value in scores.items()]
-                    write_json_atomically(done, result)
-                    rows += [{**row, **coverage} for row in result]
-                    print(f"finetune {tag}: " + ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), flush=True)
-        if encoded:
-            data = next(iter(encoded.values()))
-            majority = data.majority_scores, len(data.train), len(data.dev)
-        elif task.format == "tsv":  # no model kind (finetune.models=[]): the baselines alone, on the task's splits
-            train, dev, majority_scores = tsv_splits(task, data_dir, f.max_train_examples, ctx.cfg.seed, selection)
-            task_sizes = sizes_for_task(sizes, len(train.labels), task.name)
-            majority = majority_scores, len(train.labels), len(dev.labels)
-        else:
-            majority = None, 0, 0
-        if "majority_class" in f.baselines and majority[0] is not None:
-            rows += _baseline_rows("majority_class", task, *majority, scored_on, 0.0)
-        if task.format == "tsv" and task.labels is not None:
-            rows += _subset_baseline_rows(ctx, f, task, data_dir, scored_on, task_sizes)
-        if task.format == "seq2seq" and "lead_n" in f.baselines:
-            rows += _lead_n_rows(task, data_dir, f, ctx.cfg.seed, scored_on)
+    with stage_workers(ctx, f) as workers:
+        for task in scored_tasks(ctx.cfg, f):
+            if selection and task.format != "tsv":
+                raise ValueError(f"finetune.selection_fraction holds out part of a TSV task's train split; task "
+                                 f"{task.name} is {task.format}: leave it null for this task")
+            data_dir = resolve_task_dir(task, f.data_dir, cache_dir_of(ctx.cfg))
+            encoded: dict[str, TaskData] = {}  # kinds with the same inputs (tokenizer) encode the task once
+            task_sizes = None
+            runs, unfinished = [], []
+            for kind, (models, pretraining_steps) in sources.items():
+                if models.encoding_key not in encoded:
+                    encoded[models.encoding_key] = models.encode(task, data_dir, f, ctx.cfg.seed, selection)
+                data = encoded[models.encoding_key]
+                measure = getattr(models, "token_coverage", None)  # optional (TaskModels): a kind may have none
+                coverage = token_coverage_fields(task.name, kind, measure(data) if measure else None, f)
+                if task_sizes is None:  # the same train split for every kind: its count, whatever it was encoded for
+                    task_sizes = sizes_for_task(sizes, len(data.train), task.name)
+                for size in task_sizes:
+                    for seed in seeds:
+                        run = FinetuneRun(task, kind, size, seed)
+                        runs.append((run, coverage))
+                        if finished_file(ctx, run.tag).is_file():
+                            print(f"finetune {run.tag}: found {finished_file(ctx, run.tag).name}, skipping")
+                        else:
+                            unfinished.append((run, data))
+            train_runs(ctx, f, unfinished, sources, workers)
+            # every run of the task finished: its rows as its finished file has them, in the grid's order
+            for run, coverage in runs:
+                rows += [{**row, **coverage} for row in json.loads(finished_file(ctx, run.tag).read_text())]
+            if encoded:
+                data = next(iter(encoded.values()))
+                majority = data.majority_scores, len(data.train), len(data.dev)
+            elif task.format == "tsv":  # no model kind (finetune.models=[]): the baselines alone, on the task's splits
+                train, dev, majority_scores = tsv_splits(task, data_dir, f.max_train_examples, ctx.cfg.seed, selection)
+                task_sizes = sizes_for_task(sizes, len(train.labels), task.name)
+                majority = majority_scores, len(train.labels), len(dev.labels)
+            else:
+                majority = None, 0, 0
+            if "majority_class" in f.baselines and majority[0] is not None:
+                rows += _baseline_rows("majority_class", task, *majority, scored_split(f), 0.0)
+            if task.format == "tsv" and task.labels is not None:
+                rows += _subset_baseline_rows(ctx, f, task, data_dir, scored_split(f), task_sizes)
+            if task.format == "seq2seq" and "lead_n" in f.baselines:
+                rows += _lead_n_rows(task, data_dir, f, ctx.cfg.seed, scored_split(f))
     # each pretrained kind's rows name the kind that is its control in this run: the report cannot tell from the rows
     # whether a random twin is also the control
     controls = controls_in_run(ctx.cfg, finetune_kinds(ctx.cfg, f))
@@ -469,7 +575,7 @@ def _subset_baseline_rows(ctx: StageContext, f: FinetuneConfig, task: DictConfig
         for size in sizes:
             for seed in f.seeds:
                 tag = f"{task.name}/{name}/{'all' if size is None else size}/seed{seed}"
-                done = ctx.out_dir / "finished" / (tag.replace("/", "-") + ".json")
+                done = finished_file(ctx, tag)
                 if done.is_file():
                     rows += json.loads(done.read_text())
                     continue
@@ -484,7 +590,7 @@ def _subset_baseline_rows(ctx: StageContext, f: FinetuneConfig, task: DictConfig
                           for metric, value in scores.items()]
                 write_json_atomically(done, result)
                 rows += result
-                print(f"finetune {tag}: " + ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), flush=True)
+                print_scores(tag, scores)
     return rows
 
 

@@ -95,6 +95,12 @@ class FinetuneConfig:
     # For choosing fine-tuning settings honestly: score on this fraction of the train split, held out (and not
     # trained on), instead of the dev split that the results report. null: train on train, score on dev.
     selection_fraction: Optional[float] = ranged(None, Number(float, 0, 1, low_open=True, nullable=True))
+    # How many fine-tuning runs train at once, each in a Ray worker of its own with (the stage's CPUs / parallel_runs)
+    # torch threads; null: one per CPU the stage is granted (ray.num_cpus) when training on a CPU, one on a GPU. A
+    # bert_tiny fine-tuning step on 1 thread is far from twice as slow as on 2 (small matmuls, per-op overhead): two
+    # 1-thread runs at once trained 1.32-1.42x the steps per second of one 2-thread run (make bench-finetune, "2 x 1
+    # thread"), and the runs are independent. 1: every run in the stage's own process, one after another.
+    parallel_runs: Optional[int] = ranged(None, Number(int, 1, nullable=True))
     # The split the results are scored on: dev, or test (tasks with a test_file: bbc_headlines, the zh_* tasks) once
     # every setting has been fixed without it. Not with selection_fraction, which scores the held-out train instead.
     score_split: ScoreSplit = ScoreSplit.dev

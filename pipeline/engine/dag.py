@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field, replace
@@ -54,6 +53,7 @@ from pipeline.engine.run_directory import link_stage, write_pipeline_file
 from pipeline.engine.settings import StageSelection, cache_dir_of
 from pipeline.engine.shard_tasks import shard_results
 from pipeline.engine.stage_log import LOG_FILE, captured_output
+from pipeline.engine.stage_workers import size_torch_threads
 
 T = TypeVar("T")
 
@@ -409,15 +409,9 @@ def _remove_outputs_but_the_log(out_dir: Path) -> None:
 
 
 def execute_stage_with_threads(threads: int, *args) -> dict:
-    """execute_stage_function in a Ray worker, with torch's intra-op pool sized to the CPUs the stage was granted.
-    Ray reuses worker processes across tasks and torch sizes its pool once, from the OMP_NUM_THREADS of the first
-    task that imports it: after a one-CPU data stage, a training stage granted both cores ran on one (a fresh `make
-    run` pretrained at 3.3-3.6 steps/s against 6.1 with the data stages cached). So: resized here if this worker has
-    loaded torch already, else sized by OMP_NUM_THREADS when the stage first imports it (data stages never do)."""
-    threads = max(1, threads)
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(threads)
+    """execute_stage_function in a Ray worker, with torch's intra-op pool sized to the CPUs the stage was granted
+    (size_torch_threads: Ray reuses worker processes, whose pool the first task that imported torch sized)."""
+    size_torch_threads(threads)
     return execute_stage_function(*args)
 
 

@@ -5,6 +5,7 @@ import json
 import random
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import lightning
@@ -739,3 +740,76 @@ def test_the_losses_of_a_tiny_fine_tuning_run_stay_what_they_were(ctx, monkeypat
                                     0.6853, 0.6043, 0.8964, 0.4100, 0.7111, 0.6569, 0.5416, 0.5379],  # bert_random
                                    abs=1e-4)
     assert {r["model"]: r["score"] for r in rows} == {"bert": 0.5625, "bert_random": 0.5625}
+
+
+def _rows_but_seconds(out_dir: Path) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != "seconds"}
+            for row in json.loads((out_dir / "results.json").read_text())]
+
+
+def _must_not_train_here(*args, **kwargs):
+    raise AssertionError("with finetune.parallel_runs=2 a run trained in the stage's own process")
+
+
+@pytest.mark.slow  # Ray workers start, each importing torch and Lightning: 25-40 s
+def test_runs_trained_side_by_side_score_as_one_after_another_on_one_thread(ctx, ray_session, monkeypatch, capsys):
+    """finetune.parallel_runs=2: two Ray workers of one thread each train the runs, and results.json is, row by row,
+    what the runs trained one after another in the stage's process on one thread give. Two tasks: the workers, which
+    encode each task themselves, move on to the second."""
+    ctx.cfg.finetune.update(task=["sst2", "stsb"], baselines=["majority_class"])
+    sequential = replace(ctx, out_dir=ctx.out_dir.parent / "finetune_one_after_another")
+    sequential.out_dir.mkdir()
+    ctx.cfg.finetune.parallel_runs = 2
+    with monkeypatch.context() as patch:
+        patch.setattr(finetuning, "finetune_once", _must_not_train_here)
+        finetuning.finetune(ctx)
+    out = capsys.readouterr().out
+    for tag in ("sst2/bert/all/seed1", "sst2/bert/all/seed2", "stsb/bert/all/seed1", "stsb/bert/all/seed2"):
+        assert f"finetune {tag}: " in out, tag  # printed by the stage, as each run returns
+    sequential.cfg = OmegaConf.merge(ctx.cfg, {"finetune": {"parallel_runs": 1}})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        finetuning.finetune(sequential)
+    finally:
+        torch.set_num_threads(threads)
+    assert _rows_but_seconds(ctx.out_dir) == _rows_but_seconds(sequential.out_dir)
+    assert len(_rows_but_seconds(ctx.out_dir)) == 4  # sst2's accuracy and majority, stsb's pearson and spearman
+
+
+@pytest.mark.slow  # Ray workers start, each importing torch and Lightning: 25-40 s
+def test_an_interrupted_stage_trains_only_its_unfinished_runs_on_its_workers(ctx, ray_session, capsys):
+    ctx.cfg.finetune.update(task="sst2", seeds=[1, 2, 3], baselines=[], parallel_runs=2)
+    finetuning.finetune(ctx)
+    first = json.loads((ctx.out_dir / "results.json").read_text())
+    kept = finetuning.finished_file(ctx, "sst2/bert/all/seed2")
+    kept_bytes, kept_mtime = kept.read_bytes(), kept.stat().st_mtime_ns
+    for seed in (1, 3):  # killed before these had finished
+        finetuning.finished_file(ctx, f"sst2/bert/all/seed{seed}").unlink()
+    (ctx.out_dir / "results.json").unlink()
+    capsys.readouterr()
+    finetuning.finetune(ctx)
+    out = capsys.readouterr().out
+    assert "finetune sst2/bert/all/seed2: found sst2-bert-all-seed2.json, skipping" in out
+    assert "finetune sst2/bert/all/seed1: accuracy" in out and "finetune sst2/bert/all/seed3: accuracy" in out
+    assert "finetune sst2/bert/all/seed2: accuracy" not in out
+    assert (kept.read_bytes(), kept.stat().st_mtime_ns) == (kept_bytes, kept_mtime)
+    again = json.loads((ctx.out_dir / "results.json").read_text())
+    assert [{**row, "seconds": None} for row in again] == [{**row, "seconds": None} for row in first]
+
+
+def test_a_run_that_fails_on_a_worker_fails_the_stage_naming_the_run(ctx, ray_session):
+    ctx.cfg.finetune.update(task="sst2", seeds=[1], baselines=[], parallel_runs=2)
+    ctx.cfg.trainer.limit_train_batches = -1  # refused by the Trainer each run builds, on the worker
+    with pytest.raises(RuntimeError, match=r"finetune sst2/bert/all/seed1 failed in its Ray worker: \w+: .*"
+                                           r"limit_train_batches"):
+        finetuning.finetune(ctx)
+    assert not finetuning.finished_file(ctx, "sst2/bert/all/seed1").exists()
+
+
+def test_parallel_runs_default_to_one_per_cpu_of_the_stage_and_one_on_a_gpu(ctx):
+    f = finetuning.finetune_settings(ctx.cfg)
+    assert f.parallel_runs is None
+    assert finetuning.runs_at_once(OmegaConf.merge(ctx.cfg, {"ray": {"num_cpus": 3}}), f) == 3
+    assert finetuning.runs_at_once(OmegaConf.merge(ctx.cfg, {"trainer": {"accelerator": "gpu"}}), f) == 1
+    assert finetuning.runs_at_once(ctx.cfg, replace(f, parallel_runs=1)) == 1
