@@ -163,8 +163,7 @@ def finetune_seeds(f: FinetuneConfig) -> list[int]:
 def sizes_for_task(sizes: list[int | None], train_count: int, task: str) -> list[int | None]:
     """`sizes` for a task of `train_count` training examples, smallest first and all of them last: a size of at least
     that many is all of them, run once as null ("all"), instead of a copy of the all-data run whose label-efficiency
-    cell would overwrite the other's. All of them last, so that the generations a kind keeps (a generation task's
-    generated/ file, written by each run over the last) are of the size the headline table reports."""
+    cell would overwrite the other's. All of them last, where the headline table reads them."""
     whole = [s for s in sizes if s is not None and s >= train_count]
     if whole:
         print(f"finetune: finetune.train_sizes {', '.join(map(str, whole))} {'is' if len(whole) == 1 else 'are'} at "
@@ -235,8 +234,10 @@ def model_sources(ctx: StageContext, f: FinetuneConfig) -> dict[str, tuple[TaskM
 
 
 def finetune_once(ctx: StageContext, f: FinetuneConfig, task: DictConfig, data: TaskData, models: TaskModels,
-                  kind: str, seed: int, train_indices: np.ndarray) -> tuple[dict[str, float], dict]:
-    """The dev scores of one fine-tuning run, and the fields its rows carry beside them (FinetuneModule.row_fields)."""
+                  kind: str, seed: int, train_indices: np.ndarray, keeps_outputs: bool = True,
+                  ) -> tuple[dict[str, float], dict]:
+    """The dev scores of one fine-tuning run, and the fields its rows carry beside them (FinetuneModule.row_fields);
+    `keeps_outputs`: its outputs are the ones the stage keeps (FinetuneModule.keeps_outputs)."""
     # the same head initialisation and data order for every model kind; quietly, as every run sets one
     L.seed_everything(seed, workers=True, verbose=False)
     model = with_fast_kernels(models.build(data), ctx.cfg)  # every kind's model, the kernels applied here alone
@@ -274,6 +275,7 @@ def finetune_once(ctx: StageContext, f: FinetuneConfig, task: DictConfig, data: 
     total_steps = len(train_loader) * epochs
     module = data.make_module(model, lr=f.lr, weight_decay=f.weight_decay,
                               warmup_steps=int(f.warmup_fraction * total_steps), total_steps=total_steps)
+    module.keeps_outputs = keeps_outputs
     if pretrained:
         module.encoder_lr_factor, module.layer_lr_decay = f.encoder_lr_factor, f.layer_lr_decay
     trainer = make_trainer(ctx, [], prefix=prefix, one_process=True,
@@ -379,6 +381,8 @@ class FinetuneRun:
     kind: str
     size: int | None
     seed: int
+    # the headline run of its kind, the last seed at the largest size: the one whose outputs the stage keeps
+    keeps_outputs: bool = False
 
     @property
     def tag(self) -> str:
@@ -398,7 +402,7 @@ def train_run(ctx: StageContext, f: FinetuneConfig, run: FinetuneRun, data: Task
     subset = stratified_subsample(data.train_labels, run.size, len(data.train),
                                   np.random.default_rng([run.seed, run.size or 0]))
     started = time.perf_counter()
-    scores, fields = finetune_once(ctx, f, run.task, data, models, run.kind, run.seed, subset)
+    scores, fields = finetune_once(ctx, f, run.task, data, models, run.kind, run.seed, subset, run.keeps_outputs)
     write_json_atomically(finished_file(ctx, run.tag), [
         {"model": run.kind, "task": run.task.name, "metric": metric, "score": value, "seed": run.seed,
          "train_size": run.size, "train_examples": len(subset), "dev_examples": len(data.dev),
@@ -465,12 +469,16 @@ def train_runs(ctx: StageContext, f: FinetuneConfig, runs: list[tuple[FinetuneRu
 def stage_workers(ctx: StageContext, f: FinetuneConfig) -> StageWorkers | contextlib.nullcontext:
     """The stage's workers where runs_at_once is above one, each granted its share of the stage's CPUs (a fraction
     where finetune.parallel_runs is above the CPUs), as many torch threads as whole CPUs in it; else none (None), and
-    every run trains in the stage's process. None also where no Ray is running (a test or a notebook calling the stage
-    function itself), rather than starting one unasked."""
+    every run trains in the stage's process. None also where no Ray is running, rather than starting one unasked; and,
+    unless finetune.parallel_runs asks for workers, where the stage function is called in a Ray driver (a test or a
+    notebook) rather than run as the pipeline runs a stage, in a Ray task: a driver that once started Ray for
+    something else would otherwise train its runs in workers that none of its patches and breakpoints reach."""
     import ray
 
     count = runs_at_once(ctx.cfg, f)
     if count == 1 or not ray.is_initialized():
+        return contextlib.nullcontext()
+    if f.parallel_runs is None and ray.get_runtime_context().get_task_id() is None:
         return contextlib.nullcontext()
     cpus = all_cpus(ctx.cfg) / count
     return StageWorkers(count, cpus, max(1, int(cpus)), FinetuneWorker, replace(ctx, wandb_run=None), f)
@@ -502,7 +510,8 @@ def finetune(ctx: StageContext) -> dict:
                     task_sizes = sizes_for_task(sizes, len(data.train), task.name)
                 for size in task_sizes:
                     for seed in seeds:
-                        run = FinetuneRun(task, kind, size, seed)
+                        run = FinetuneRun(task, kind, size, seed,
+                                          keeps_outputs=(size, seed) == (task_sizes[-1], seeds[-1]))
                         runs.append((run, coverage))
                         if finished_file(ctx, run.tag).is_file():
                             print(f"finetune {run.tag}: found {finished_file(ctx, run.tag).name}, skipping")

@@ -84,6 +84,8 @@ class GenerationModule(FinetuneModule):
         self._log_scores(score_task(self.hparams.metric, predictions, self.references,
                                     ignore_case=self.hparams.ignore_case))
         self.row_fields = {"output_summary": output_summary(predictions)}
+        if not self.keeps_outputs:
+            return
         self.samples_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.samples_path, "w", encoding="utf-8", newline="") as f:
             writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_MINIMAL)

@@ -69,6 +69,9 @@ class FinetuneModule(L.LightningModule):
         self.scores: dict[str, float] = {}
         # what the stage writes on this run's rows beside its scores (a generation task's output_summary)
         self.row_fields: dict = {}
+        # whether this run's outputs (a generation task's generated/ file) are the ones its stage keeps: the stage's
+        # runs may finish in any order (finetune.parallel_runs), so "the last run writes" would keep any of them
+        self.keeps_outputs = True
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss = self.model_step(batch)[0]

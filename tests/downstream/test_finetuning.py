@@ -813,3 +813,24 @@ def test_parallel_runs_default_to_one_per_cpu_of_the_stage_and_one_on_a_gpu(ctx)
     assert finetuning.runs_at_once(OmegaConf.merge(ctx.cfg, {"ray": {"num_cpus": 3}}), f) == 3
     assert finetuning.runs_at_once(OmegaConf.merge(ctx.cfg, {"trainer": {"accelerator": "gpu"}}), f) == 1
     assert finetuning.runs_at_once(ctx.cfg, replace(f, parallel_runs=1)) == 1
+
+
+def test_by_default_only_a_stage_run_as_a_ray_task_trains_on_workers(ctx, ray_session):
+    """The default spreads the runs where the pipeline runs the stage, in a Ray task; the stage function called in a
+    driver that started Ray (a test module's session, a notebook) trains in its own process, where its patches reach,
+    unless finetune.parallel_runs asks for workers. Before, a test's patched finetune_once went unused whenever an
+    earlier test of the session had started Ray."""
+    import ray
+
+    f = finetuning.finetune_settings(ctx.cfg)
+    with finetuning.stage_workers(ctx, f) as workers:
+        assert workers is None
+    with finetuning.stage_workers(ctx, replace(f, parallel_runs=2)) as workers:
+        assert workers is not None
+
+    @ray.remote(num_cpus=0)
+    def in_a_task() -> bool:
+        with finetuning.stage_workers(ctx, f) as workers:
+            return workers is not None
+
+    assert ray.get(in_a_task.remote())

@@ -192,7 +192,8 @@ def test_train_sizes_draw_a_rouge_l_curve_of_the_encoder_decoder_its_twin_and_a_
     """Issue 52, item 4: finetune.train_sizes on a generation task. Each kind trains on the same random pairs at a
     size and seed; lead-N, which trains nothing, is fitted once and set beside every size; the report's curve and
     its first table read ROUGE-L, and say that the twin is the control. The sizes are given largest first: they run
-    smallest first, so that the generations kept (generated/) are of the size the headline table reports."""
+    smallest first. The generations kept (generated/) are the headline run's, the last seed at the largest size, in
+    whatever order the runs finish (finetune.parallel_runs): here the grid is handed over reversed, headline first."""
     from pipeline.downstream import finetune as finetuning
     from tests.helpers import TinyRun
 
@@ -201,22 +202,29 @@ def test_train_sizes_draw_a_rouge_l_curve_of_the_encoder_decoder_its_twin_and_a_
         f"finetune.data_dir={task_dir}", "finetune.task=bbc_headlines", "finetune.seeds=[1,2]",
         "finetune.train_sizes=[null,24]", "finetune.max_seq_length=32", "finetune.epochs=1",
         "finetune.batch_size=16", "pipeline.stages=[seq2seq_pretrain,finetune,report]", "pretrain.max_steps=4",
-        "pretrain.val_every_steps=2"]))
-    trained_on, calls = {}, []
-    fine_tune = finetuning.finetune_once
+        "pretrain.val_every_steps=2", "finetune.parallel_runs=1"]))  # one process, where the calls are recorded
+    trained_on, calls, grid = {}, [], []
+    fine_tune, train_runs = finetuning.finetune_once, finetuning.train_runs
 
-    def recording(ctx, f, task, data, models, kind, seed, train_indices):
+    def recording(ctx, f, task, data, models, kind, seed, train_indices, keeps_outputs):
         trained_on[kind, len(train_indices), seed] = sorted(tuple(data.train[i]["target"].tolist())
                                                             for i in train_indices)
         calls.append((kind, len(train_indices), seed))
-        return fine_tune(ctx, f, task, data, models, kind, seed, train_indices)
+        return fine_tune(ctx, f, task, data, models, kind, seed, train_indices, keeps_outputs)
+
+    def reversed_grid(ctx, f, unfinished, sources, workers):
+        grid.extend((run.kind, run.size, run.seed, run.keeps_outputs) for run, _ in unfinished)
+        return train_runs(ctx, f, unfinished[::-1], sources, workers)
 
     monkeypatch.setattr(finetuning, "finetune_once", recording)
+    monkeypatch.setattr(finetuning, "train_runs", reversed_grid)
     for name in run.plan.order:
         run.run_stage(name)
 
-    assert calls == [(kind, size, seed) for kind in ("seq2seq", "seq2seq_random") for size in (24, 96)
-                     for seed in (1, 2)]
+    assert grid == [(kind, size, seed, (size, seed) == (None, 2)) for kind in ("seq2seq", "seq2seq_random")
+                    for size in (24, None) for seed in (1, 2)]
+    assert calls == [(kind, size, seed) for kind in ("seq2seq_random", "seq2seq") for size in (96, 24)
+                     for seed in (2, 1)]
     for seed in (1, 2):  # the same pairs for both kinds: the rows differ by the pretraining alone
         assert trained_on["seq2seq", 24, seed] == trained_on["seq2seq_random", 24, seed]
     assert trained_on["seq2seq", 24, 1] != trained_on["seq2seq", 24, 2]  # a random subset per seed
