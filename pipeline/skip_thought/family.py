@@ -45,6 +45,6 @@ FAMILY = Family("skip_thought", stages=tuple(SKIP_THOUGHT_STAGES),
                 finetune_kinds=FINETUNE_KINDS, validate=validate, describe_export=describe,
                 # batches of 16 of ~300 triples: 30 steps cross an epoch
                 tiny=Tiny("skip_thought_small", ("prepare", "skip_thought_vocab", "skip_thought_examples"), (
-                    "skip_thought.vocab_size=200", "pretrain.batch_size=16", "+model.config.embedding_dim=16",
+                    "skip_thought.vocab_size=200", "pretrain.batch_size=16", "++model.config.embedding_dim=16",
                     "+model.config.encoder_dim=32", "+model.config.decoder_dim=32")),
                 config={"skip_thought": SkipThoughtConfig})

@@ -58,7 +58,7 @@ def check_embedding_width(cfg: DictConfig) -> None:
     vector_size = typed_settings(cfg.word2vec, Word2VecConfig).vector_size
     if width != vector_size:
         raise ValueError(f"pretrain.init_embeddings=word2vec starts Skip-Thought's {width}-value word embeddings "
-                         f"from word2vec's {vector_size}-value vectors; set +model.config.embedding_dim={vector_size} "
+                         f"from word2vec's {vector_size}-value vectors; set ++model.config.embedding_dim={vector_size} "
                          f"(or word2vec.vector_size={width}, which also changes the w2v_mean baseline)")
 
 

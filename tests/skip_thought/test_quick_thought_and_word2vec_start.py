@@ -198,7 +198,7 @@ def test_start_up_refuses_a_width_other_than_word2vecs_and_an_objective_in_the_m
     cfg = run.cfg.copy()
     cfg.word2vec.vector_size = 24
     with pytest.raises(ValueError, match=r"16-value word embeddings from word2vec's 24-value vectors; set "
-                                         r"\+model.config.embedding_dim=24"):
+                                         r"\+\+model.config.embedding_dim=24"):
         validate(cfg)
     cfg = run.cfg.copy()
     cfg.model.config.objective = "quick_thought"
