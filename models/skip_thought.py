@@ -7,9 +7,15 @@ step through its own matrices (paper eqs. 5-8: the C_r h_i, C_z h_i, C h_i terms
 Word embeddings and the output projection V are shared by the two decoders (and, as in the authors' code, the
 encoder reads the same embedding table).
 
+Quick-Thoughts (Logeswaran & Lee 2018, https://arxiv.org/abs/1803.02893) replace the decoders by a classifier: two
+encoders f and g (own parameters, one embedding table), and each sentence must pick its true context sentences out of
+the batch's candidates by the inner products f(s)·g(c), under a softmax. No word is predicted, so a step costs three
+encoder passes instead of two decoders with a vocabulary softmax; its sentence vector is [f(s); g(s)].
+
 Read top to bottom: config -> GRU layer (with a hand-written backward, see `GRURecurrence`) -> encoders (uni-skip,
-bi-skip) -> `SkipThoughts` (encoder + two decoders + shared softmax) -> `CombineSkip` (uni ⊕ bi) ->
-`SkipThoughtClassifier` (the linear model on frozen vectors for downstream tasks) -> checkpoint I/O.
+bi-skip) -> `SkipThoughts` (encoder + two decoders + shared softmax) -> `QuickThoughts` (f, g and their scores) ->
+`CombineSkip` (uni ⊕ bi) -> `SkipThoughtClassifier` (the linear model on frozen vectors for downstream tasks) ->
+checkpoint I/O.
 
 Batches come in as right-padded (B, T) id tensors with their lengths; inside, everything is time-major (T, B, ...)
 so that every time step is one contiguous slice.
@@ -25,6 +31,8 @@ import torch.nn.functional as F
 from models.checkpoint import config_from_dict, load_checkpoint, save_checkpoint
 
 ENCODER_KINDS = ("uni", "bi")
+# what trains the encoder: Skip-Thought's decoders, or Quick-Thoughts' choice among candidates (`skip_thought_model`)
+OBJECTIVES = ("skip_thought", "quick_thought")
 CHECKPOINT_FORMAT = "textrep-skip-thoughts-v1"
 
 
@@ -36,7 +44,8 @@ class SkipThoughtConfig:
     # the reversed sentence, each of half this size, concatenated (bi-skip, 2 x 1200-d).
     encoder_dim: int = 2400
     encoder: str = "uni"
-    decoder_dim: int = 2400  # the authors' code sizes the decoders like the encoder
+    decoder_dim: int = 2400  # the authors' code sizes the decoders like the encoder (Quick-Thoughts have none)
+    objective: str = "skip_thought"
     pad_id: int = 0  # only used to build the loss mask; lengths, not this id, decide what the encoder reads
     # Kiros et al. sec. 3: non-recurrent weights ~ U(-0.1, 0.1), recurrent matrices orthogonal.
     init_range: float = 0.1
@@ -44,6 +53,8 @@ class SkipThoughtConfig:
     def __post_init__(self):
         if self.encoder not in ENCODER_KINDS:
             raise ValueError(f"encoder must be one of {ENCODER_KINDS}, got {self.encoder!r}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.encoder == "bi" and self.encoder_dim % 2:
             raise ValueError(f"bi-skip splits encoder_dim between two GRUs; {self.encoder_dim} is odd")
 
@@ -210,6 +221,22 @@ class BiSkipEncoder(nn.Module):
         return torch.cat([forward_last, backward_last], dim=1)  # (B, D)
 
 
+def make_encoder(config: SkipThoughtConfig) -> nn.Module:
+    return UniSkipEncoder(config) if config.encoder == "uni" else BiSkipEncoder(config)
+
+
+def initialise(model: nn.Module, init_range: float) -> None:
+    """Kiros et al. sec. 3: recurrent matrices orthogonal, biases zero, every other weight ~ U(-init_range,
+    init_range)."""
+    for name, param in model.named_parameters():
+        if name.endswith("weight_hh"):
+            model.get_submodule(name.rpartition(".")[0]).reset_recurrent()
+        elif name.endswith("bias") or name.endswith("bias_hh"):
+            nn.init.zeros_(param)
+        else:
+            nn.init.uniform_(param, -init_range, init_range)
+
+
 # -----------------------------------------------------------------------------
 # The model
 
@@ -232,20 +259,14 @@ class SkipThoughts(nn.Module):
         super().__init__()
         self.config = config
         self.embedding = nn.Embedding(config.vocab_size, config.embedding_dim)
-        self.encoder = UniSkipEncoder(config) if config.encoder == "uni" else BiSkipEncoder(config)
+        self.encoder = make_encoder(config)
         self.previous_decoder = GRULayer(config.embedding_dim, config.decoder_dim, context_size=config.encoder_dim)
         self.next_decoder = GRULayer(config.embedding_dim, config.decoder_dim, context_size=config.encoder_dim)
         self.output = nn.Linear(config.decoder_dim, config.vocab_size)  # V, shared by both decoders
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for name, param in self.named_parameters():
-            if name.endswith("weight_hh"):
-                self.get_submodule(name.rpartition(".")[0]).reset_recurrent()
-            elif name.endswith("bias") or name.endswith("bias_hh"):
-                nn.init.zeros_(param)
-            else:
-                nn.init.uniform_(param, -self.config.init_range, self.config.init_range)
+        initialise(self, self.config.init_range)
 
     def encode_embedded(self, embedded: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Sentence vectors from word vectors: embedded (B, T, E), lengths (B,) -> (B, D).
@@ -278,11 +299,57 @@ class SkipThoughts(nn.Module):
                                  self.decode(self.next_decoder, thought, next_ids, next_lengths))
 
 
+def stack_padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Right-padded ids (B1, T1) and (B2, T2) as one batch (B1 + B2, max(T1, T2)), padded with id 0: one encoder pass
+    over both, whose steps past a sentence's length never reach its last state."""
+    T = max(a.shape[1], b.shape[1])
+    return torch.cat([F.pad(a, (0, T - a.shape[1])), F.pad(b, (0, T - b.shape[1]))])
+
+
+class QuickThoughts(nn.Module):
+    """Quick-Thoughts (Logeswaran & Lee 2018, sec. 3): encoder f reads the sentence, encoder g (same architecture, own
+    parameters) each candidate context sentence; one word embedding table feeds both. Trained on triples (s_{i-1},
+    s_i, s_{i+1}): the candidates of every sentence are the batch's previous and next sentences, its own two among
+    them (the paper's context window of +-1)."""
+
+    def __init__(self, config: SkipThoughtConfig):
+        super().__init__()
+        self.config = config
+        self.embedding = nn.Embedding(config.vocab_size, config.embedding_dim)
+        self.encoder = make_encoder(config)  # f
+        self.context_encoder = make_encoder(config)  # g
+        initialise(self, config.init_range)
+
+    def encode_embedded(self, embedded: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The paper's sentence vector [f(s); g(s)] from word vectors: embedded (B, T, E), lengths (B,) -> (B, 2D)."""
+        x = embedded.transpose(0, 1)  # (T, B, E)
+        return torch.cat([self.encoder(x, lengths), self.context_encoder(x, lengths)], dim=1)
+
+    def encode(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """[f(s); g(s)]: right-padded ids (B, T) ending in <eos>, lengths (B,) -> (B, 2D)."""
+        return self.encode_embedded(self.embedding(ids), lengths)
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor, previous_ids: torch.Tensor,
+                previous_lengths: torch.Tensor, next_ids: torch.Tensor, next_lengths: torch.Tensor) -> torch.Tensor:
+        """Scores (B, 2B): f(s_i)·g(c_j) for each sentence i and candidate j, the candidates the batch's previous
+        sentences then its next ones, so sentence i's true context is at columns i and B + i."""
+        sentences = self.encoder(self.embedding(ids.t()), lengths)  # (B, D)
+        candidate_ids = stack_padded(previous_ids, next_ids)  # (2B, T)
+        candidates = self.context_encoder(self.embedding(candidate_ids.t()),
+                                          torch.cat([previous_lengths, next_lengths]))  # (2B, D)
+        return sentences @ candidates.t()  # (B, 2B)
+
+
+def skip_thought_model(config: SkipThoughtConfig) -> SkipThoughts | QuickThoughts:
+    """The model `config.objective` trains: Skip-Thought's encoder and decoders, or Quick-Thoughts' f and g."""
+    return SkipThoughts(config) if config.objective == "skip_thought" else QuickThoughts(config)
+
+
 class CombineSkip(nn.Module):
     """combine-skip: a uni-skip and a bi-skip model trained separately, their vectors concatenated (Kiros et al. sec.
     3: 4800-d at paper size). Both must read the same word ids, i.e. share one vocabulary file."""
 
-    def __init__(self, uni_skip: SkipThoughts, bi_skip: SkipThoughts):
+    def __init__(self, uni_skip: SkipThoughts | QuickThoughts, bi_skip: SkipThoughts | QuickThoughts):
         super().__init__()
         if uni_skip.config.encoder != "uni" or bi_skip.config.encoder != "bi":
             raise ValueError(f"combine-skip needs a uni-skip and a bi-skip model, got {uni_skip.config.encoder!r} "
@@ -317,10 +384,12 @@ class SkipThoughtClassifier(nn.Module):
 # Checkpoint I/O
 
 
-def save_pretrained(model: SkipThoughts, path) -> None:
+def save_pretrained(model: SkipThoughts | QuickThoughts, path) -> None:
     """Write the model to directory `path` (config.json + model.safetensors); read back with load_pretrained."""
     save_checkpoint(model, path, CHECKPOINT_FORMAT)
 
 
-def load_pretrained(path) -> SkipThoughts:
-    return load_checkpoint(path, SkipThoughts, SkipThoughtConfig, CHECKPOINT_FORMAT)
+def load_pretrained(path) -> SkipThoughts | QuickThoughts:
+    """The model save_pretrained wrote, of the class its config's objective names (a checkpoint without one is
+    Skip-Thought's)."""
+    return load_checkpoint(path, skip_thought_model, SkipThoughtConfig, CHECKPOINT_FORMAT)

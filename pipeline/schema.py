@@ -36,7 +36,8 @@ PretrainOptimizer = StrEnum("PretrainOptimizer", {name: name for name in ("adamw
 LR_DECAYS = ("linear", "cosine", "noam")
 LrDecay = StrEnum("LrDecay", {name: name for name in LR_DECAYS}, module=__name__)
 # pretrain.init_embeddings: where the token embeddings start, random (the model's initialiser) or word2vec (skip-gram
-# vectors of the corpus's pieces: BERT's bert_piece_vectors stage, GPT's gpt_piece_vectors)
+# vectors of the corpus's pieces: BERT's bert_piece_vectors stage, GPT's gpt_piece_vectors; of its words: the word2vec
+# stage's, for Skip-Thought)
 InitEmbeddings = StrEnum("InitEmbeddings", {name: name for name in ("random", "word2vec")}, module=__name__)
 
 
@@ -71,9 +72,9 @@ class PretrainConfig:
     # run at that step, with its learning rate not yet decayed: not what a run of N steps would give.
     encoder_snapshots: list[int] = field(default_factory=list)
     # Where the token embeddings start: random, or word2vec (skip-gram over the corpus written in the model's own
-    # pieces, with the `word2vec` block's settings); and whether pretraining keeps them as they start. BERT and GPT
-    # read both (BERT not with pretrain.init_from, whose embeddings are the checkpoint's); the other families have no
-    # piece vectors.
+    # pieces, with the `word2vec` block's settings; Skip-Thought's words: the word2vec stage's vectors); and whether
+    # pretraining keeps them as they start. BERT, GPT and Skip-Thought read both (BERT not with pretrain.init_from,
+    # whose embeddings are the checkpoint's); ELMo and seq2seq do not.
     init_embeddings: InitEmbeddings = InitEmbeddings.random
     freeze_embeddings: bool = False
 

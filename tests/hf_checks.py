@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from data_prep.examples.skip_thought_examples import EOS_ID
 from models.bert import BertForPreTraining, load_pretrained
 from models.elmo import BiLanguageModel, ElmoEmbedder
-from models.skip_thought import SkipThoughts
+from models.skip_thought import QuickThoughts, SkipThoughts
 from pipeline.bert.pretrain import HEADS_FILE
 from pipeline.engine.dag import run_dag
 from pipeline.skip_thought.module import pad_sentences
@@ -127,10 +127,12 @@ def assert_elmo_outputs(name: str, bilm: BiLanguageModel, vocab: list[str] | Non
     max_diff(f"{name}: AutoModel pooler_output", (mixed * weights).sum(1) / weights.sum(1), model["pooler_output"])
 
 
-def assert_skip_thought_outputs(name: str, model: SkipThoughts, sentences: list[list[int]], out: dict) -> None:
+def assert_skip_thought_outputs(name: str, model: SkipThoughts | QuickThoughts, sentences: list[list[int]],
+                                out: dict) -> None:
     """AutoModel's Skip-Thought vectors, and its state at every token, against our encoder's. Ours gives vectors only;
-    the state at token t is the vector of a shorter sentence: the prefix up to t (uni-skip, and bi-skip's forward
-    GRU), and the suffix from t (bi-skip's backward GRU, which reads the sentence from its end)."""
+    the state at token t is the vector of a shorter sentence: the prefix up to t (uni-skip, uni Quick-Thoughts' f and
+    g, and bi-skip's forward GRU), and the suffix from t (bi-skip's backward GRU, which reads the sentence from its
+    end)."""
     model.eval()
     with torch.no_grad():
         vectors = model.encode(*pad_sentences(sentences))

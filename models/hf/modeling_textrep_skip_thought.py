@@ -4,13 +4,16 @@ trust_remote_code=True.
 This file is copied beside the weights of every exported textrep Skip-Thought model and imports only torch and
 transformers, so the directory works without textrep installed. It holds the encoder alone: the word embeddings and
 the GRU (uni-skip), or the forward GRU and the GRU over the reversed sentence (bi-skip); the two decoders that trained
-it are not exported. The computation is textrep's models/skip_thought.py written out plainly (a Python loop over time
-steps instead of its hand-written backward); textrep's tests compare the outputs of a loaded directory with its own.
+it are not exported. A Quick-Thoughts model (Logeswaran & Lee 2018; `objective`) holds its two encoders f and g, and
+its vector is theirs concatenated, [f(s); g(s)]. The computation is textrep's models/skip_thought.py written out
+plainly (a Python loop over time steps instead of its hand-written backward); textrep's tests compare the outputs of a
+loaded directory with its own.
 
 Inputs: the word ids of its tokenizer, which appends <eos> to every sentence as the model was trained; right padding,
 told by the attention mask. Outputs: `pooler_output` (B, encoder_dim) is the Skip-Thought vector, the state after the
 sentence's <eos>; `last_hidden_state` (B, T, encoder_dim) the encoder's state at every token (bi-skip: the forward
-GRU's and, aligned to the same token, the backward GRU's), zero at padding.
+GRU's and, aligned to the same token, the backward GRU's), zero at padding; Quick-Thoughts: f's then g's, each
+twice encoder_dim wide.
 """
 import torch
 from torch import nn
@@ -25,6 +28,7 @@ class TextrepSkipThoughtConfig(PretrainedConfig):
     embedding_dim: int = 620
     encoder_dim: int = 2400  # the vector's size; bi-skip: two GRUs of half of it
     encoder: str = "uni"  # "uni" or "bi"
+    objective: str = "skip_thought"  # "quick_thought": two encoders, f and g, their vectors concatenated
     pad_token_id: int | None = 0
 
 
@@ -87,7 +91,9 @@ class TextrepSkipThoughtModel(PreTrainedModel):
     def __init__(self, config: TextrepSkipThoughtConfig):
         super().__init__(config)
         self.embedding = nn.Embedding(config.vocab_size, config.embedding_dim)
-        self.encoder = (TextrepUniSkipEncoder if config.encoder == "uni" else TextrepBiSkipEncoder)(config)
+        encoder = TextrepUniSkipEncoder if config.encoder == "uni" else TextrepBiSkipEncoder
+        self.encoder = encoder(config)
+        self.context_encoder = encoder(config) if config.objective == "quick_thought" else None
         self.post_init()
 
     def get_input_embeddings(self):
@@ -100,12 +106,20 @@ class TextrepSkipThoughtModel(PreTrainedModel):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         lengths = attention_mask.sum(1)  # (B,): real tokens, <eos> included; the padding follows them
-        states = self.encoder(self.embedding(input_ids.t()), lengths)  # (T, B, D)
-        batch = torch.arange(input_ids.size(0), device=input_ids.device)
+        embedded = self.embedding(input_ids.t())
+        encoders = [self.encoder] + ([self.context_encoder] if self.context_encoder is not None else [])
+        outputs = [self._encode(encoder, embedded, lengths) for encoder in encoders]
+        hidden = torch.cat([states for states, _ in outputs], dim=-1).transpose(0, 1)
+        hidden = hidden * attention_mask[..., None].to(hidden.dtype)
+        return BaseModelOutputWithPooling(last_hidden_state=hidden,
+                                          pooler_output=torch.cat([vector for _, vector in outputs], dim=-1))
+
+    def _encode(self, encoder, embedded, lengths):
+        """One encoder's states (T, B, D) and its sentence vectors (B, D)."""
+        states = encoder(embedded, lengths)
+        batch = torch.arange(embedded.size(1), device=embedded.device)
         if self.config.encoder == "uni":
-            vector = states[lengths - 1, batch]
-        else:  # the forward GRU after the last token, the backward GRU after the first (read last)
-            half = self.config.encoder_dim // 2
-            vector = torch.cat([states[lengths - 1, batch, :half], states[0, :, half:]], dim=-1)
-        hidden = states.transpose(0, 1) * attention_mask[..., None].to(states.dtype)
-        return BaseModelOutputWithPooling(last_hidden_state=hidden, pooler_output=vector)
+            return states, states[lengths - 1, batch]
+        # the forward GRU after the last token, the backward GRU after the first (read last)
+        half = self.config.encoder_dim // 2
+        return states, torch.cat([states[lengths - 1, batch, :half], states[0, :, half:]], dim=-1)

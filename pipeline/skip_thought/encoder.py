@@ -1,6 +1,7 @@
 """The trained Skip-Thought encoders as sentence encoders for the evaluate stage: uni-skip, bi-skip and combine-skip
-(the two concatenated, Kiros et al. §3), each optionally with its vocabulary expanded through GloVe, and the randomly
-initialised twin of each."""
+(the two concatenated, Kiros et al. §3), each optionally with its vocabulary expanded through GloVe, the randomly
+initialised twin of each, and each one's control: the model its pretraining started from, word embeddings from
+word2vec under random recurrent layers, without a pretraining step."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,12 +16,13 @@ from data_prep.corpus.word_vectors import (
 )
 from data_prep.examples.skip_thought_examples import WordVocab, tokenize
 from models.checkpoint import random_twin
-from models.skip_thought import CombineSkip, SkipThoughts, load_pretrained
+from models.skip_thought import CombineSkip, QuickThoughts, SkipThoughts, load_pretrained
 from pipeline.data_settings import chinese_words_of
+from pipeline.downstream.word2vec import WORD2VEC, load_word2vec
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import EncoderSpec
 from pipeline.skip_thought.module import pad_sentences
-from pipeline.skip_thought.pretrain import PRETRAINING_STAGES
+from pipeline.skip_thought.pretrain import PRETRAINING_STAGES, starting_model
 
 
 class SkipThoughtSentenceEncoder:
@@ -29,7 +31,8 @@ class SkipThoughtSentenceEncoder:
     mapped into each model's embedding space by the least-squares map of Kiros et al. §2.2; combine-skip fits one map
     per half, as each half learned its own embedding table."""
 
-    def __init__(self, models: list[SkipThoughts], vocab: WordVocab, name: str, expand_vocabulary: bool = False):
+    def __init__(self, models: list[SkipThoughts | QuickThoughts], vocab: WordVocab, name: str,
+                 expand_vocabulary: bool = False):
         self.name, self.vocab, self.parts = name, vocab, [m.eval() for m in models]
         self.model = self.parts[0] if len(self.parts) == 1 else CombineSkip(*self.parts)
         self.expanded: list[ExpandedVocabulary] | None = None
@@ -57,30 +60,36 @@ class SkipThoughtSentenceEncoder:
 
 
 def skip_thought_encoder(name: str, encoders: tuple[str, ...], expand_vocabulary: bool = False,
-                         random_init: bool = False) -> EncoderSpec:
+                         start: str = "pretrained") -> EncoderSpec:
     """The evaluate stage's `name`: the models trained by the pretraining stages of `encoders` ("uni", "bi"; both:
-    combine-skip), or (random_init) their randomly initialised twins, which concatenate as the trained ones do."""
+    combine-skip; `start` pretrained), their randomly initialised twins (random), or the models those stages start
+    from with pretrain.init_embeddings=word2vec, no step taken (word2vec: the controls), which concatenate as the
+    trained ones do."""
     stages = tuple(PRETRAINING_STAGES[e] for e in encoders)
 
     def build(ctx: StageContext) -> SkipThoughtSentenceEncoder:
+        chinese_words = chinese_words_of(ctx.cfg)
+        if start == "word2vec":
+            vocab = WordVocab.load(ctx.stage_dir("skip_thought_vocab") / "vocab.txt", chinese_words)
+            word_vectors = load_word2vec(ctx.stage_dir(WORD2VEC.name))
+            models = [starting_model(ctx.cfg, vocab, encoder, word_vectors) for encoder in encoders]
+            return SkipThoughtSentenceEncoder(models, vocab, name, expand_vocabulary)
         models = [load_pretrained(ctx.stage_dir(stage) / "model") for stage in stages]
-        if random_init:
+        if start == "random":
             models = [random_twin(model, ctx.cfg.seed) for model in models]
         # the stages copy the one vocabulary stage's file next to their model
-        vocab = WordVocab.load(ctx.stage_dir(stages[0]) / "model" / "vocab.txt",
-                               chinese_words_of(ctx.cfg))
+        vocab = WordVocab.load(ctx.stage_dir(stages[0]) / "model" / "vocab.txt", chinese_words)
         return SkipThoughtSentenceEncoder(models, vocab, name, expand_vocabulary)
     # an expanded vocabulary has no random twin: the random words' map to GloVe would be fitted to noise
-    twin = None if random_init or expand_vocabulary else f"{name}_random"
-    return EncoderSpec(lambda cfg: stages, build, random_twin=twin)
+    twin = f"{name}_random" if start == "pretrained" and not expand_vocabulary else None
+    # the control reads no pretraining stage: it waits for none
+    upstream = (lambda cfg: ("skip_thought_vocab", WORD2VEC.name)) if start == "word2vec" else (lambda cfg: stages)
+    return EncoderSpec(upstream, build, random_twin=twin)
 
 
-ENCODERS = {name: skip_thought_encoder(name, encoders, expand, random_init)
-            for name, encoders, expand, random_init in (
-                ("skip_thought", ("uni",), False, False), ("skip_thought_random", ("uni",), False, True),
-                ("skip_thought_expanded", ("uni",), True, False),
-                ("skip_thought_bi", ("bi",), False, False), ("skip_thought_bi_random", ("bi",), False, True),
-                ("skip_thought_bi_expanded", ("bi",), True, False),
-                ("skip_thought_combine", ("uni", "bi"), False, False),
-                ("skip_thought_combine_random", ("uni", "bi"), False, True),
-                ("skip_thought_combine_expanded", ("uni", "bi"), True, False))}
+# the evaluate stage's names of each architecture: its pretraining stages' encoders
+ARCHITECTURES = {"skip_thought": ("uni",), "skip_thought_bi": ("bi",), "skip_thought_combine": ("uni", "bi")}
+ENCODERS = {f"{name}{suffix}": skip_thought_encoder(f"{name}{suffix}", encoders, expand, start)
+            for name, encoders in ARCHITECTURES.items()
+            for suffix, expand, start in (("", False, "pretrained"), ("_random", False, "random"),
+                                          ("_expanded", True, "pretrained"), ("_w2v", False, "word2vec"))}

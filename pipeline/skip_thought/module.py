@@ -7,7 +7,8 @@ How the stages use this module (pipeline/skip_thought/data_stages.py, then pretr
 2. examples: per shard, `write_triples(triples_from_shard(read_arrow(shard), vocab, max_words), out)`
    (one Ray task per shard; shards hold whole books in order, so triples never span two books).
 3. pretrain, on the pretraining harness (pipeline/engine/pretraining.py): `SkipThoughtPretrainModule(model,
-   optimizer settings)` with the model from the Hydra `model` config (`config.vocab_size = len(vocab)`), the engine's
+   optimizer settings)`, or `QuickThoughtPretrainModule` (skip_thought.objective), with the model from the Hydra `model`
+   config (`config.vocab_size = len(vocab)`), the engine's
    loaders (pipeline/engine/loaders.py) over the examples' Arrow files collated by `collate_triples`, then
    `models.skip_thought.save_pretrained(model, <stage>/model)` and vocab.txt copied next to it.
 """
@@ -59,3 +60,19 @@ class SkipThoughtPretrainModule(PretrainModule):
             metrics[f"{name}_acc"] = (decoded.logits.argmax(-1) == decoded.targets).float().mean()
         metrics["loss"] = metrics["previous_loss"] + metrics["next_loss"]
         return metrics
+
+
+class QuickThoughtPretrainModule(PretrainModule):
+    """Quick-Thoughts' loss (Logeswaran & Lee 2018, eq. 2) of a `models.skip_thought.QuickThoughts`: each sentence's
+    two true neighbours, its previous and its next sentence, classified among the batch's 2B candidates under one
+    softmax over the inner products, -log p(previous) - log p(next) averaged over the batch. `context_acc`: the share
+    of sentences whose best-scored candidate is one of their own neighbours."""
+
+    def model_step(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        scores = self.model(**batch).float()  # (B, 2B): candidates previous_1..previous_B, next_1..next_B
+        B = scores.shape[0]
+        rows = torch.arange(B, device=scores.device)
+        log_probs = scores.log_softmax(dim=-1)
+        loss = -(log_probs[rows, rows] + log_probs[rows, B + rows]).mean()
+        best = scores.argmax(dim=-1)
+        return {"loss": loss, "context_acc": ((best == rows) | (best == B + rows)).float().mean()}

@@ -47,7 +47,7 @@ from models.hf import bert as hf_bert  # noqa: E402
 from models.hf import elmo as hf_elmo  # noqa: E402
 from models.hf import skip_thought as hf_skip_thought  # noqa: E402
 from models.hf.gpt import to_hf as gpt_to_hf  # noqa: E402
-from models.skip_thought import SkipThoughtConfig, SkipThoughts  # noqa: E402
+from models.skip_thought import QuickThoughts, SkipThoughtConfig, SkipThoughts  # noqa: E402
 from pipeline.engine.arrow import read_arrow  # noqa: E402
 from pipeline.engine.fingerprints import _modules_of, code_files  # noqa: E402
 from pipeline.export import main as export_main  # noqa: E402
@@ -146,9 +146,16 @@ def exported(tmp_path_factory, family_data):
         hf_skip_thought.to_hf(model, root / f"skip_thought_{encoder}")
         save_hf_tokenizer(vocab, root / f"skip_thought_{encoder}", model_max_length=31)
         models[f"skip_thought_{encoder}"] = (root / f"skip_thought_{encoder}", (model, vocab))
+    # Quick-Thoughts: f and g, the vector [f(s); g(s)]
+    torch.manual_seed(0)
+    model = randomise_(QuickThoughts(SkipThoughtConfig(vocab_size=len(vocab), embedding_dim=8, encoder_dim=12,
+                                                       objective="quick_thought")))
+    hf_skip_thought.to_hf(model, root / "quick_thought")
+    save_hf_tokenizer(vocab, root / "quick_thought", model_max_length=31)
+    models["quick_thought"] = (root / "quick_thought", (model, vocab))
     cases += [{"name": name, "dir": str(models[name][0]), "texts": TEXTS,
                "auto": ["AutoModelForCausalLM"] if name == "gpt" else ["AutoModel"]}
-              for name in ("gpt", "elmo_char_cnn", "elmo_word", "skip_thought_uni", "skip_thought_bi")]
+              for name in ("gpt", "elmo_char_cnn", "elmo_word", "skip_thought_uni", "skip_thought_bi", "quick_thought")]
     yield {"root": root, "models": models, "loaded": load_in_a_fresh_process(cases, root)}
     print_measured()
 
@@ -223,16 +230,16 @@ def test_a_word_input_elmo_loads_with_its_vocabulary_as_tokenizer(exported):
     assert_elmo_outputs("elmo (word inputs)", bilm, words, out)
 
 
-@pytest.mark.parametrize("encoder", ["uni", "bi"])
-def test_skip_thought_loads_with_its_tokenizer_and_sentence_vectors(exported, encoder):
-    out = exported["loaded"][f"skip_thought_{encoder}"]
-    model, vocab = exported["models"][f"skip_thought_{encoder}"][1]
+@pytest.mark.parametrize("name", ["skip_thought_uni", "skip_thought_bi", "quick_thought"])
+def test_skip_thought_loads_with_its_tokenizer_and_sentence_vectors(exported, name):
+    out = exported["loaded"][name]
+    model, vocab = exported["models"][name][1]
     assert out["classes"] == {"AutoModel": "TextrepSkipThoughtModel"}
     assert out["tokenizer"]["ids"] == [vocab.encode(text) + [EOS_ID] for text in TEXTS]
     assert out["tokenizer"]["model_max_length"] == 31
     special = out["tokenizer"]["special"]
     assert (special["eos_token"], special["pad_token"], special["unk_token"]) == ("<eos>", "<pad>", "<unk>")
-    assert_skip_thought_outputs(f"skip_thought ({encoder}-skip)", model, [vocab.encode(text) for text in TEXTS], out)
+    assert_skip_thought_outputs(name, model, [vocab.encode(text) for text in TEXTS], out)
 
 
 def test_the_directories_run_without_the_repository(exported):

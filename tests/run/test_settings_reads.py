@@ -25,7 +25,7 @@ ALLOWED = Counter({
     ("pipeline/bert/pretrain.py", "cfg.model.config"): 2,  # the position table; the control's scratch encoder
     ("pipeline/bert/pretrain.py", "cfg.model._target_"): 1,
     ("pipeline/bert/pretrain.py", "cfg.model.generator_layers"): 1,
-    ("pipeline/skip_thought/family.py", "cfg.model.config"): 2,
+    ("pipeline/skip_thought/family.py", "cfg.model.config"): 1,
     # the one accessor of paths.cache_dir (cache_dir_of: paths.run_dir needs Hydra's runtime to resolve) and of
     # pipeline.stages outside planning (stages_in_run: a config made for one stage need not plan a run)
     ("pipeline/engine/settings.py", "cfg.paths.cache_dir"): 1,

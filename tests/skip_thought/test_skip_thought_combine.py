@@ -72,7 +72,8 @@ def test_combine_skip_vector_is_the_uni_skip_vector_then_the_bi_skip_vector(comb
     ctx = evaluate_context(combine_run)
     for suffix in ("", "_random"):
         uni, bi, combine = (ENCODERS[name + suffix].build(ctx).batcher(SENTENCES) for name in TRAINED)
-        assert uni.shape == bi.shape == (3, 32) and combine.shape == (3, 64)
+        # each Quick-Thoughts encoder's vector is [f(s); g(s)] (skip_thought_small's objective), twice encoder_dim=32
+        assert uni.shape == bi.shape == (3, 64) and combine.shape == (3, 128)
         assert not np.allclose(uni, bi)
         np.testing.assert_array_equal(combine, np.concatenate([uni, bi], axis=1))
     trained, twin = (ENCODERS[name].build(ctx).batcher(SENTENCES)
