@@ -208,7 +208,9 @@ def test_every_family_clips_and_accumulates_as_pretrain_says(family_data, family
     execute_stage(STAGES, run.cfg, name, run.plan.hashes[name], tmp_path / name, inputs, None)
     assert (tmp_path / name / MARKER).exists()
     assert [s["batches"] for s in STEPS] == [2, 4]
-    assert [s["norm"] for s in STEPS] == pytest.approx([1e-4, 1e-4], rel=1e-3)
+    # torch's clip scales by grad_clip / (norm + 1e-6): Quick-Thoughts' gradient at its start (norm ~5e-4) ends 0.2 %
+    # below grad_clip
+    assert [s["norm"] for s in STEPS] == pytest.approx([1e-4, 1e-4], rel=1e-2)
 
 
 class _Regression(PretrainModule):
