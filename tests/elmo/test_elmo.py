@@ -490,7 +490,8 @@ def test_the_control_reads_the_word_vectors_and_no_bilm(tmp_path):
     """elmo_w2v, `elmo`'s control: the same head on the word vectors alone, what the task model is without ELMo. It
     waits for no pretraining, and a different biLM leaves its logits as they were, where `elmo`'s change."""
     vocab = [*SPECIAL_WORDS, "the", "found", "good", "bad"]
-    ctx = write_finetune_inputs(tmp_path, vocab, ["the", "good", "bad"])
+    # γ at the paper's 1: from elmo_small's 0 the mix moves `elmo`'s logits only once γ has trained
+    ctx = write_finetune_inputs(tmp_path, vocab, ["the", "good", "bad"], ("finetune.elmo_gamma_init=1",))
     assert FINETUNE_KINDS["elmo_w2v"].upstream(ctx.cfg) == ("elmo_vocab", "word2vec")
     assert FINETUNE_KINDS["elmo"].control(ctx.cfg) == "elmo_w2v"
     task = load_task("rotten_tomatoes")
