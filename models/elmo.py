@@ -498,13 +498,14 @@ class BiLanguageModel(nn.Module):
 class ScalarMix(nn.Module):
     """One task's weighting of the biLM's layers h_k0..h_kL (which hold the 2L + 1 representations). With
     do_layer_norm each layer is first normalised over all its unmasked values (Peters et al. §3.2: "in some cases it
-    helped to apply layer normalization")."""
+    helped to apply layer normalization"). gamma_init is γ's start: the paper's 1, or 0 for a mix that adds nothing
+    to a task model's input until training scales it up."""
 
-    def __init__(self, num_representations: int, do_layer_norm: bool = False):
+    def __init__(self, num_representations: int, do_layer_norm: bool = False, gamma_init: float = 1.0):
         super().__init__()
         self.do_layer_norm = do_layer_norm
         self.scalar_parameters = nn.Parameter(torch.zeros(num_representations))  # s; zeros = plain average
-        self.gamma = nn.Parameter(torch.ones(()))
+        self.gamma = nn.Parameter(torch.tensor(float(gamma_init)))
 
     def weights(self) -> torch.Tensor:
         return torch.softmax(self.scalar_parameters, dim=0)
@@ -552,16 +553,24 @@ class ElmoEmbedder(nn.Module):
         return self(*self.batch_inputs(sentences))
 
 
+@dataclass(frozen=True)
+class MixSettings:
+    """How a task model mixes the frozen biLM's layers into ELMo vectors: each layer normalised first or not, γ's
+    start (ScalarMix), and the dropout on the mixed vectors, which Peters et al. add to ELMo alone (§3.3)."""
+    do_layer_norm: bool = False
+    gamma_init: float = 1.0
+    dropout: float = 0.5
+
+
 class ElmoFeatures(nn.Module):
     """Frozen biLM + a trainable ScalarMix (+ dropout, as the paper adds to ELMo vectors): (B, T, 2P) features."""
 
-    def __init__(self, bilm: BiLanguageModel, vocab: list[str] | None = None, do_layer_norm: bool = False,
-                 dropout: float = 0.5):
+    def __init__(self, bilm: BiLanguageModel, vocab: list[str] | None = None, mix: MixSettings = MixSettings()):
         super().__init__()
         self.embedder = ElmoEmbedder(bilm, vocab)
         self.embedder.requires_grad_(False)
-        self.mix = ScalarMix(bilm.config.num_layers + 1, do_layer_norm)
-        self.dropout = nn.Dropout(dropout)
+        self.mix = ScalarMix(bilm.config.num_layers + 1, mix.do_layer_norm, mix.gamma_init)
+        self.dropout = nn.Dropout(mix.dropout)
         self.output_dim = 2 * bilm.config.projection_dim
 
     def train(self, mode: bool = True) -> "ElmoFeatures":
@@ -595,14 +604,14 @@ class ElmoTaskModel(nn.Module):
     et al. (2018, §3.3) add ELMo to a task model that already reads pretrained word vectors (GloVe there), by
     concatenating the two at its input, and measure ELMo's gain against that model without it: `word_vectors` (V, d),
     one frozen row per word of the biLM's vocabulary (None: ELMo alone), and `bilm` (None: the word vectors alone, the
-    task model without ELMo). Only the mix, the BiLSTM and the output layers train."""
+    task model without ELMo), mixed as `mix` says. Only the mix, the BiLSTM and the output layers train."""
 
-    def __init__(self, bilm: BiLanguageModel | None, hidden_size: int, vocab: list[str] | None, do_layer_norm: bool,
-                 dropout: float, word_vectors: torch.Tensor | None = None):
+    def __init__(self, bilm: BiLanguageModel | None, hidden_size: int, vocab: list[str] | None, mix: MixSettings,
+                 word_vectors: torch.Tensor | None = None):
         super().__init__()
         if bilm is None and word_vectors is None:
             raise ValueError("a task model reads ELMo (bilm), word vectors, or both; it was given neither")
-        self.features = None if bilm is None else ElmoFeatures(bilm, vocab, do_layer_norm, dropout)
+        self.features = None if bilm is None else ElmoFeatures(bilm, vocab, mix)
         self.word_vectors = None if word_vectors is None else nn.Embedding.from_pretrained(word_vectors, freeze=True)
         self.input_dim = ((0 if word_vectors is None else word_vectors.shape[1])
                           + (0 if bilm is None else self.features.output_dim))
@@ -630,9 +639,9 @@ class ElmoSentenceClassifier(ElmoTaskModel):
     pair is classified from [u, v, |u - v|, u * v]."""
 
     def __init__(self, bilm: BiLanguageModel | None, num_labels: int, hidden_size: int = 256, pair: bool = False,
-                 vocab: list[str] | None = None, do_layer_norm: bool = False, dropout: float = 0.5,
-                 word_vectors: torch.Tensor | None = None):
-        super().__init__(bilm, hidden_size, vocab, do_layer_norm, dropout, word_vectors)
+                 vocab: list[str] | None = None, dropout: float = 0.5, word_vectors: torch.Tensor | None = None,
+                 mix: MixSettings = MixSettings()):
+        super().__init__(bilm, hidden_size, vocab, mix, word_vectors)
         self.pair = pair
         self.classifier = nn.Sequential(nn.Linear((4 if pair else 1) * 2 * hidden_size, hidden_size), nn.ReLU(),
                                         nn.Dropout(dropout), nn.Linear(hidden_size, num_labels))
@@ -660,9 +669,9 @@ class ElmoTokenTagger(ElmoTaskModel):
     """Token tagging (NER, POS): [word vectors; ELMo] -> BiLSTM -> a label per word, (B, T_words, num_tags)."""
 
     def __init__(self, bilm: BiLanguageModel | None, num_tags: int, hidden_size: int = 256,
-                 vocab: list[str] | None = None, do_layer_norm: bool = False, dropout: float = 0.5,
-                 word_vectors: torch.Tensor | None = None):
-        super().__init__(bilm, hidden_size, vocab, do_layer_norm, dropout, word_vectors)
+                 vocab: list[str] | None = None, word_vectors: torch.Tensor | None = None,
+                 mix: MixSettings = MixSettings()):
+        super().__init__(bilm, hidden_size, vocab, mix, word_vectors)
         self.output = nn.Linear(2 * hidden_size, num_tags)
 
     def forward(self, inputs: torch.Tensor | None, mask: torch.Tensor,

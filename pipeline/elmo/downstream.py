@@ -19,7 +19,14 @@ from data_prep.corpus.word_vectors import WordVectors
 from data_prep.examples.elmo_examples import elmo_words, read_word_vocab
 from models import IGNORE_INDEX
 from models.checkpoint import random_twin
-from models.elmo import ElmoEmbedder, ElmoSentenceClassifier, ElmoTokenTagger, load_pretrained, sentence_batch_inputs
+from models.elmo import (
+    ElmoEmbedder,
+    ElmoSentenceClassifier,
+    ElmoTokenTagger,
+    MixSettings,
+    load_pretrained,
+    sentence_batch_inputs,
+)
 from pipeline.data_settings import chinese_words_of
 from pipeline.downstream.modules import FinetuneModule
 from pipeline.downstream.settings import FinetuneConfig, finetune_settings
@@ -37,12 +44,13 @@ from pipeline.evaluation.metrics import score_task
 class ElmoTaskModels:
     """What the task heads read, loaded once and shared by every task and seed, both frozen (only the mix and the
     head are new): the run's biLM (None: the task model without ELMo) and the task model's word vectors, one row per
-    word of the biLM's vocabulary `vocab` (None: ELMo alone)."""
+    word of the biLM's vocabulary `vocab` (None: ELMo alone). Every head mixes the biLM's layers as `mix` says."""
     bilm: nn.Module | None
     vocab: list[str]
     word_vectors: torch.Tensor | None
     encoding_key: str
-    dropout: float  # finetune.elmo_dropout
+    dropout: float  # finetune.elmo_dropout: in the sentence classifiers' output layers
+    mix: MixSettings
     chinese_words: str = "jieba"  # data.chinese_words: how the vocabulary's words were split
 
     def encode(self, task: DictConfig, data_dir: Path, finetune: FinetuneConfig, seed: int,
@@ -69,12 +77,19 @@ def reads_word_vectors(cfg: DictConfig) -> bool:
     return typed_settings(cfg.finetune, ElmoFinetuneConfig).elmo_word_vectors == WordVectorSource.word2vec
 
 
+def mix_settings(settings: ElmoFinetuneConfig) -> MixSettings:
+    """How every ELMo head of the run mixes the biLM's layers (finetune.elmo_*)."""
+    mix_dropout = settings.elmo_dropout if settings.elmo_mix_dropout is None else settings.elmo_mix_dropout
+    return MixSettings(settings.elmo_layer_norm, settings.elmo_gamma_init, mix_dropout)
+
+
 def _task_models(ctx: StageContext, bilm: nn.Module | None, encoding_key: str, word_vectors: bool) -> ElmoTaskModels:
     vocab = read_word_vocab(ctx.stage_dir("elmo_vocab") / "vocab.txt")
     vectors = (torch.from_numpy(vocab_vectors(vocab, load_word2vec(ctx.stage_dir(WORD2VEC.name))))
                if word_vectors else None)
-    return ElmoTaskModels(bilm, vocab, vectors, encoding_key,
-                          typed_settings(ctx.cfg.finetune, ElmoFinetuneConfig).elmo_dropout, chinese_words_of(ctx.cfg))
+    settings = typed_settings(ctx.cfg.finetune, ElmoFinetuneConfig)
+    return ElmoTaskModels(bilm, vocab, vectors, encoding_key, settings.elmo_dropout, mix_settings(settings),
+                          chinese_words_of(ctx.cfg))
 
 
 def _load(random_init: bool):
@@ -128,8 +143,9 @@ def load_elmo_task_data(task: DictConfig, data_dir: Path, models: ElmoTaskModels
                         seed: int, selection_fraction: float | None = None) -> TaskData:
     """One task as rows of words for the heads of `models`: a tsv task's texts split as the biLM's vocabulary was
     (data_prep.examples.elmo_examples.elmo_words, Chinese by `models.chinese_words`), a conll task's words as they
-    are; the heads are ElmoTaskModule's, with `models.dropout` on the mixed vectors and inside the head."""
-    bilm, vocab, vectors, dropout = models.bilm, models.vocab, models.word_vectors, models.dropout
+    are; the heads are ElmoTaskModule's, mixing the biLM's layers as `models.mix` says, with `models.dropout` in the
+    sentence classifiers' output layers."""
+    bilm, vocab, vectors, dropout, mix = models.bilm, models.vocab, models.word_vectors, models.dropout, models.mix
     collate = make_elmo_task_collate(None if bilm is None else ElmoEmbedder(bilm, vocab),
                                      None if vectors is None else vocab)
     if task.format == "tsv":
@@ -143,7 +159,8 @@ def load_elmo_task_data(task: DictConfig, data_dir: Path, models: ElmoTaskModels
 
         return TaskData(rows(train), rows(dev), collate,
                         lambda _: ElmoSentenceClassifier(bilm, 1 if regression else len(task.labels), pair=pair,
-                                                         vocab=vocab, dropout=dropout, word_vectors=vectors),
+                                                         vocab=vocab, dropout=dropout, word_vectors=vectors,
+                                                         mix=mix),
                         partial(ElmoTaskModule, metric="pearson_spearman" if regression else task.metric),
                         majority_scores, None if regression else train.labels)
     if task.format == "conll":
@@ -156,8 +173,7 @@ def load_elmo_task_data(task: DictConfig, data_dir: Path, models: ElmoTaskModels
         train = subsample(conll_sentences(task, data_dir, task.train_file), max_train_examples, seed)
         dev = conll_sentences(task, data_dir, task.dev_file)
         return TaskData(rows(train), rows(dev), collate,
-                        lambda _: ElmoTokenTagger(bilm, len(labels), vocab=vocab, dropout=dropout,
-                                                  word_vectors=vectors),
+                        lambda _: ElmoTokenTagger(bilm, len(labels), vocab=vocab, word_vectors=vectors, mix=mix),
                         partial(ElmoTaskModule, metric=task.metric, labels=labels),
                         majority_tag_scores(task, train, dev))
     raise ValueError(f"task {task.name}: ELMo's feature-based heads take tsv (classification, pairs, regression) "

@@ -2,6 +2,7 @@
 those stages never load (tests/run/test_layering.py), and what it adds to `finetune`."""
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Optional
 
 from conventions.elmo_words import SPECIAL_WORDS
 from pipeline.engine.settings import POSITIVE_INT, Number, ranged
@@ -32,6 +33,21 @@ class ElmoFinetuneConfig:
     # labels; with 300 the head then cannot fit its own training sentences (docs/history/pretraining_recipes_log.md,
     # "Every family on the reviews")
     elmo_dropout: float = ranged(0.5, Number(float, 0, 1, high_open=True, why="a dropout rate"))
+    # Dropout on the mixed ELMo vectors alone (the head's stays elmo_dropout); null: elmo_dropout there too. Peters et
+    # al. (§3.3) add dropout to ELMo itself; beside the word vectors, dropping the mix's values and not the vectors'
+    # makes the head lean on the vectors as well
+    elmo_mix_dropout: Optional[float] = ranged(None, Number(float, 0, 1, high_open=True, nullable=True,
+                                                            why="a dropout rate"))
+    # ELMo's γ (Peters et al. eq. 1), the mix's learned scale, at the start of fine-tuning: 1 in the paper and in
+    # AllenNLP. Beside the task model's own word vectors that start made the head 14 points worse than those vectors
+    # alone (docs/pretraining_recipes.md, "ELMo with the paper's protocol"): the small biLM's layers are large (standard
+    # deviation 4.9 for the word layer) and the head fits them before the vectors. 0 starts the head as its control
+    # elmo_w2v, the mix adding nothing at step 0 (where only γ has a gradient), and γ grows as far as the task's
+    # gradient takes it
+    elmo_gamma_init: float = ranged(1.0, Number(float, 0, why="the mix's scale at the start; 0: none"))
+    # Each biLM layer normalised over its values before the mix (Peters et al. §3.2, "in some cases it helped";
+    # AllenNLP's do_layer_norm): here the layers' scales differ up to eightfold (4.9 against 0.6-0.9)
+    elmo_layer_norm: bool = False
     # The task heads' input beside the mix: Peters et al. (2018, §3.3, Table 1) concatenate ELMo with the task model's
     # own pretrained word vectors (GloVe there, kept fixed) and state ELMo's gain over that model without ELMo;
     # word2vec: the word2vec stage's vectors (skip-gram on the same corpus), frozen, which then also fine-tunes the

@@ -37,6 +37,7 @@ from models.elmo import (
     ElmoEmbedder,
     ElmoSentenceClassifier,
     ElmoTokenTagger,
+    MixSettings,
     ProjectedLSTM,
     ScalarMix,
     elmo_config,
@@ -330,17 +331,18 @@ def test_downstream_models_train_only_the_mix_and_the_head(pair):
     assert not model.features.embedder.training  # no dropout inside the frozen biLM
 
 
-def write_finetune_inputs(tmp_path: Path, vocab: list[str], words: list[str]) -> StageContext:
+def write_finetune_inputs(tmp_path: Path, vocab: list[str], words: list[str],
+                          overrides: tuple[str, ...] = ()) -> StageContext:
     """The stages ELMo's fine-tune kinds read, in `tmp_path`: elmo_pretrain's tiny biLM over `vocab`, elmo_vocab, and
     a word2vec output with a 4-d vector for each of `words` (row i all i + 1); the finetune stage's context over them,
-    at elmo_small's settings."""
+    at elmo_small's settings and `overrides`."""
     save_pretrained(tiny_bilm(vocab_size=len(vocab)), tmp_path / "elmo_pretrain" / "bilm")
     (tmp_path / "elmo_vocab").mkdir()
     write_word_vocab(vocab, tmp_path / "elmo_vocab" / "vocab.txt")
     (tmp_path / "word2vec").mkdir()
     (tmp_path / "word2vec" / WORDS_FILE).write_text("\n".join(words), encoding="utf-8")
     np.save(tmp_path / "word2vec" / VECTORS_FILE, np.arange(1, len(words) + 1, dtype=np.float32)[:, None].repeat(4, 1))
-    cfg = tiny_config(tmp_path, ["finetune.elmo_dropout=0.2"], experiment="elmo_small")
+    cfg = tiny_config(tmp_path, ["finetune.elmo_dropout=0.2", *overrides], experiment="elmo_small")
     return StageContext(cfg, "finetune", tmp_path / "finetune",
                         {name: tmp_path / name for name in ("elmo_pretrain", "elmo_vocab", "word2vec")})
 
@@ -357,6 +359,91 @@ def test_finetune_elmo_dropout_is_the_dropout_of_every_rows_heads(tmp_path, kind
     inside_bilm = {id(m) for m in model.encoder.modules()} if model.encoder is not None else set()
     assert [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout) and id(m) not in inside_bilm] == rates
     # on the mixed ELMo vectors (where there is a biLM) and in the classifier
+
+
+@pytest.mark.parametrize("kind", ["elmo", "elmo_random"])
+def test_finetune_mix_settings_reach_every_head_that_reads_a_bilm(tmp_path, kind):
+    """finetune.elmo_gamma_init, elmo_layer_norm and elmo_mix_dropout set the mix of `elmo` and of its twin alike (the
+    twin differs only in its biLM); the head's own dropout stays elmo_dropout."""
+    ctx = write_finetune_inputs(tmp_path, [*SPECIAL_WORDS, "the", "good"], ["the", "good"], (
+        "finetune.elmo_gamma_init=0", "finetune.elmo_layer_norm=true", "finetune.elmo_mix_dropout=0.3"))
+    models = FINETUNE_KINDS[kind].load(ctx)
+    model = models.build(models.encode(load_task("rotten_tomatoes"), tmp_path / "task", finetune_settings(ctx.cfg), 1,
+                                       None))
+    assert model.features.mix.gamma.item() == 0 and model.features.mix.do_layer_norm
+    assert model.features.dropout.p == 0.3 and model.classifier[2].p == 0.2
+
+
+@pytest.mark.parametrize("override", ["finetune.elmo_gamma_init=-0.5", "finetune.elmo_mix_dropout=1.0"])
+def test_a_mix_setting_out_of_its_range_is_refused_before_any_stage(tmp_path, override):
+    cfg = tiny_config(tmp_path, [override], experiment="elmo_small")
+    with pytest.raises(ValueError, match=f"{override.split('=')[0]}=.*: expected"):
+        validate(cfg)
+
+
+def control_head_of(model: ElmoSentenceClassifier, word_vectors: torch.Tensor) -> ElmoSentenceClassifier:
+    """The head of `model` without its biLM, the control: its weights, less the BiLSTM's input columns of the mix."""
+    control = ElmoSentenceClassifier(None, num_labels=2, hidden_size=model.bilstm.lstm.hidden_size, dropout=0.0,
+                                     word_vectors=word_vectors)
+    d = word_vectors.shape[1]
+    control.load_state_dict({key: value[:, :d] if ".weight_ih_" in key else value
+                             for key, value in model.state_dict().items() if not key.startswith("features.")})
+    return control.eval()
+
+
+def test_a_mix_started_at_gamma_0_leaves_the_head_the_control_until_gamma_learns():
+    """finetune.elmo_gamma_init=0: at step 0 the head's output is its control's, on the same vectors, whatever the
+    biLM reads; only γ gets a gradient through the mix (the BiLSTM's columns of the mix none), and one step later the
+    mix moves the output."""
+    vocab = [*SPECIAL_WORDS, "a", "good", "film", "bad"]
+    torch.manual_seed(0)
+    word_vectors = torch.randn(len(vocab), 3)
+    model = ElmoSentenceClassifier(tiny_bilm(vocab_size=len(vocab)), num_labels=2, hidden_size=8, vocab=vocab,
+                                   dropout=0.0, word_vectors=word_vectors.clone(),
+                                   mix=MixSettings(gamma_init=0.0, dropout=0.0))
+    collate = make_elmo_task_collate(model.features.embedder, vocab)
+    batch = collate([{"text_a": "a good film", "label": 1}, {"text_a": "a bad film", "label": 0}])
+    other_bilm_inputs = collate([{"text_a": "bad bad bad", "label": 1}, {"text_a": "good good good", "label": 0}])
+
+    def logits(head: ElmoSentenceClassifier, inputs: torch.Tensor | None) -> torch.Tensor:
+        with torch.no_grad():
+            return head(inputs, batch["mask"], word_ids=batch["word_ids"])
+
+    model.eval()
+    control = logits(control_head_of(model, word_vectors), None)
+    assert torch.allclose(logits(model, batch["inputs"]), control, atol=1e-6)
+    assert torch.allclose(logits(model, other_bilm_inputs["inputs"]), control, atol=1e-6)
+
+    module = ElmoTaskModule(model, lr=1e-2, weight_decay=0.0, warmup_steps=0, total_steps=10)
+    optimizer = module.configure_optimizers()["optimizer"]
+    model.train()
+    module.model_step(batch)[0].backward()
+    mix_columns = model.bilstm.lstm.weight_ih_l0.grad[:, word_vectors.shape[1]:]
+    assert model.features.mix.gamma.grad != 0 and mix_columns.abs().sum() == 0
+    optimizer.step()
+    model.eval()
+    assert model.features.mix.gamma.item() != 0
+    assert not torch.allclose(logits(model, batch["inputs"]), logits(model, other_bilm_inputs["inputs"]))
+
+
+def test_layer_norm_gives_each_layer_unit_variance_before_the_mix():
+    """elmo_layer_norm: layers of scales 4.9, 0.6 and 0.9 (the small biLM's, docs/pretraining_recipes.md) each become
+    zero-mean, unit-variance over their unmasked values, so the mix of three copies of one pattern at those scales is
+    that pattern standardised, whatever the weights, and padding stays zero."""
+    torch.manual_seed(0)
+    pattern = torch.randn(2, 1, 5, 6)
+    layers = torch.cat([4.9 * pattern + 2.0, 0.6 * pattern, 0.9 * pattern - 1.0], 1)  # (B, 3, T, D)
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]], dtype=torch.bool)
+    layers = layers * mask[:, None, :, None]
+    mix = ScalarMix(3, do_layer_norm=True)
+    with torch.no_grad():
+        mix.scalar_parameters.copy_(torch.tensor([0.3, -2.0, 1.0]))
+        out = mix(layers, mask)  # (B, T, D)
+    valid = out[mask]  # (words, D)
+    assert abs(valid.mean().item()) < 1e-5 and abs(valid.var(unbiased=False).item() - 1) < 1e-4
+    assert out[~mask].abs().sum() == 0
+    expected = pattern[:, 0][mask]
+    assert torch.allclose(valid, (expected - expected.mean()) / expected.std(unbiased=False), atol=1e-4)
 
 
 def test_word_vectors_of_the_vocabulary_are_word2vec_s_rows_and_zeros_elsewhere():
@@ -403,7 +490,8 @@ def test_the_control_reads_the_word_vectors_and_no_bilm(tmp_path):
     """elmo_w2v, `elmo`'s control: the same head on the word vectors alone, what the task model is without ELMo. It
     waits for no pretraining, and a different biLM leaves its logits as they were, where `elmo`'s change."""
     vocab = [*SPECIAL_WORDS, "the", "found", "good", "bad"]
-    ctx = write_finetune_inputs(tmp_path, vocab, ["the", "good", "bad"])
+    # γ at the paper's 1: from elmo_small's 0 the mix moves `elmo`'s logits only once γ has trained
+    ctx = write_finetune_inputs(tmp_path, vocab, ["the", "good", "bad"], ("finetune.elmo_gamma_init=1",))
     assert FINETUNE_KINDS["elmo_w2v"].upstream(ctx.cfg) == ("elmo_vocab", "word2vec")
     assert FINETUNE_KINDS["elmo"].control(ctx.cfg) == "elmo_w2v"
     task = load_task("rotten_tomatoes")
