@@ -429,6 +429,12 @@ def runs_at_once(cfg: DictConfig, f: FinetuneConfig) -> int:
     return max(1, int(all_cpus(cfg)))
 
 
+def encode_task(ctx: StageContext, f: FinetuneConfig, task: DictConfig, models: TaskModels) -> TaskData:
+    """`task` as `models` read it, the same in the stage's process and in its workers."""
+    return models.encode(task, resolve_task_dir(task, f.data_dir, cache_dir_of(ctx.cfg)), f, ctx.cfg.seed,
+                         f.selection_fraction)
+
+
 class FinetuneWorker:
     """A worker of the stage (engine/stage_workers.py) training runs handed to it one at a time: the stage's model
     kinds loaded once, and each task encoded once per tokenizer (the current task's kept, the previous one's dropped).
@@ -445,9 +451,7 @@ class FinetuneWorker:
         key = (run.task.name, models.encoding_key)
         if key not in self.encoded:
             self.encoded = {k: v for k, v in self.encoded.items() if k[0] == run.task.name}
-            self.encoded[key] = models.encode(run.task, resolve_task_dir(run.task, self.f.data_dir,
-                                                                         cache_dir_of(self.ctx.cfg)),
-                                              self.f, self.ctx.cfg.seed, self.f.selection_fraction)
+            self.encoded[key] = encode_task(self.ctx, self.f, run.task, models)
         return train_run(self.ctx, self.f, run, self.encoded[key], models, pretraining_steps)
 
 
@@ -502,7 +506,7 @@ def finetune(ctx: StageContext) -> dict:
             runs, unfinished = [], []
             for kind, (models, pretraining_steps) in sources.items():
                 if models.encoding_key not in encoded:
-                    encoded[models.encoding_key] = models.encode(task, data_dir, f, ctx.cfg.seed, selection)
+                    encoded[models.encoding_key] = encode_task(ctx, f, task, models)
                 data = encoded[models.encoding_key]
                 measure = getattr(models, "token_coverage", None)  # optional (TaskModels): a kind may have none
                 coverage = token_coverage_fields(task.name, kind, measure(data) if measure else None, f)
