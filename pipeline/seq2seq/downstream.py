@@ -26,8 +26,13 @@ from pipeline.seq2seq.module import PairCollator
 
 
 def encode_texts(tokenizer: Tokenizer, texts: list[str], max_len: int, eos: int) -> list[np.ndarray]:
-    """Each text's tokens cut to max_len - 1, then the end token (as pretraining's sources and targets end)."""
-    return [np.asarray([*e.ids[: max_len - 1], eos], dtype=np.int64) for e in tokenizer.encode_batch(texts)]
+    """Each text's tokens cut to max_len - 1, then the end token (as pretraining's sources and targets end). Each
+    text is encoded after a space, as a word inside running text: byte-level BPE makes a word's leading space part of
+    its first piece, so without it a headline's first word ("Deutsche") would be other pieces than the same word in
+    its article (" Deutsche"), which copy attention copies (docs/seq2seq.md); most pretraining blocks start inside a
+    book, after a space, too."""
+    return [np.asarray([*e.ids[: max_len - 1], eos], dtype=np.int64)
+            for e in tokenizer.encode_batch([" " + text.lstrip() for text in texts])]
 
 
 class IndexedPairCollator(PairCollator):

@@ -16,6 +16,7 @@ from data_prep.corpus.builtin.bbc_news import bbc_headline_rows
 from data_prep.corpus.decontaminate import EvaluationOverlap
 from data_prep.corpus.prepare import prepare_corpus
 from data_prep.corpus.shards import open_shards
+from data_prep.examples.gpt_blocks import END_OF_TEXT, train_byte_level_bpe
 from pipeline import CONF_DIR
 from pipeline.corpus import EvaluationSources, evaluation_texts
 from pipeline.downstream.baselines import lead_n_scores
@@ -26,6 +27,7 @@ from pipeline.engine.dag import run_dag
 from pipeline.engine.pretraining import merged_settings
 from pipeline.evaluation.metrics import exact_match, exact_text, generation_scores, score_task
 from pipeline.runner import validate
+from pipeline.seq2seq.downstream import encode_texts
 from pipeline.stages import STAGES
 from tests.helpers import ENDINGS, OBJECTS, SUBJECTS, VERBS, family_config
 
@@ -86,6 +88,19 @@ def test_lead_n_chooses_n_on_train():
     n, scores = lead_n_scores(task, train, dev)
     assert n == 3 and scores["rougeL"] == pytest.approx(0.8)  # "a b c" against "a b"
     assert scores["exact_match"] == 0.0
+
+
+def test_a_headlines_first_word_is_encoded_as_the_same_pieces_as_in_its_article(tmp_path):
+    # copy attention copies source pieces: the headline's first word must not be other pieces than inside the text
+    text = "German telecoms firm Deutsche Telekom saw strong profits. Deutsche Telekom said sales rose."
+    tokenizer = train_byte_level_bpe([text] * 50, tmp_path, vocab_size=400, min_frequency=2)
+    eos = tokenizer.token_to_id(END_OF_TEXT)
+    source, target = encode_texts(tokenizer, [text, "Deutsche Telekom sees gain"], max_len=64, eos=eos)
+    first_word = tokenizer.encode(" Deutsche").ids
+    assert target[:len(first_word)].tolist() == first_word
+    assert " ".join(map(str, first_word)) in " ".join(map(str, source.tolist()))
+    assert target[-1] == source[-1] == eos
+    assert tokenizer.decode(target[:-1].tolist()).strip() == "Deutsche Telekom sees gain"
 
 
 def write_headline_task(root: Path, seed: int = 0) -> Path:
