@@ -148,9 +148,6 @@ def export(run_dir: Path, to: Path, overwrite: bool = False) -> list[Path]:
             raise ExportError(f"{run_dir} trained {model.family} ({model.stage}), whose models cannot be exported: "
                               f"{FAMILY[model.family].not_exportable}")
         if not (model.output / HF_DIR / "config.json").is_file():
-            why = (_read_json(model.output / "stage.json") or {}).get("not_exportable")
-            if why:  # this model has no HuggingFace form; rerunning the stage would not write one
-                raise ExportError(f"stage {model.stage} of {run_dir} trained a model with no HuggingFace form: {why}")
             raise ExportError(f"stage {model.stage} of {run_dir} has no {HF_DIR}/ (it ran before stages wrote one); "
                               f"rerun the run's command with pipeline.force=[{model.stage}] to write it")
         if (to / model.name).exists() and not overwrite:

@@ -1,15 +1,16 @@
 """The seq2seq family's encoder-decoders as HuggingFace directories: the Transformer (models/seq2seq.py) as
 transformers' BartForConditionalGeneration where BART computes it, and back; any other Transformer (seed 000's pre-LN,
-sinusoidal one) and the RNN encoder-decoder (models/rnn_seq2seq.py) in their own layout with their modelling code beside
-the weights (modeling_textrep_seq2seq.py, modeling_textrep_rnn_seq2seq.py), which AutoModelForSeq2SeqLM loads with
-trust_remote_code=True. Either way its `generate` writes text from a source.
+sinusoidal one, or one with copy attention) and the RNN encoder-decoder (models/rnn_seq2seq.py) in their own layout
+with their modelling code beside the weights (modeling_textrep_seq2seq.py, modeling_textrep_rnn_seq2seq.py, which
+compute See et al. 2017's pointer-generator too), which AutoModelForSeq2SeqLM loads with trust_remote_code=True. Either
+way its `generate` writes text from a source.
 
 Our parameter names are BART's, so a BART checkpoint is our state dict under `model.` with the shared embedding's tied
 copies (`model.encoder.embed_tokens`, `model.decoder.embed_tokens`, `lm_head`) left out, and our Generator's bias as
 `final_logits_bias`. BART computes the Transformer with post-LN blocks, a LayerNorm on the embeddings and learned
-positions offset by 2 (models.seq2seq.BART_OPTIONS); a model with pre-LN blocks or sinusoidal positions has no
-BartConfig (hf_incompatibility says why). Written with json and safetensors alone: transformers loads the directory,
-it is never needed to write it.
+positions offset by 2 (models.seq2seq.BART_OPTIONS), and writes from its vocabulary distribution alone; a model with
+pre-LN blocks, sinusoidal positions or copy attention has no BartConfig (hf_incompatibility says why). Written with
+json and safetensors alone: transformers loads the directory, it is never needed to write it.
 """
 from __future__ import annotations
 
@@ -56,19 +57,8 @@ def hf_incompatibility(config) -> str:
     return ""
 
 
-def not_exportable(config) -> str:
-    """Why no HuggingFace directory can compute what a model of `config` does, or "" when to_hf can write one."""
-    if getattr(config, "copy_attention", False):
-        return ("copy_attention=True: neither BART nor our HuggingFace modelling code (modeling_textrep_seq2seq.py, "
-                "modeling_textrep_rnn_seq2seq.py) mixes in copying from the source (See et al.'s pointer-generator); "
-                "use the stage's model/ directory with pipeline.generate")
-    return ""
-
-
-def hf_architecture(model: nn.Module) -> str | None:
-    """The class AutoModelForSeq2SeqLM builds from the directory to_hf writes of `model`; None if it writes none."""
-    if not_exportable(model.config):
-        return None
+def hf_architecture(model: nn.Module) -> str:
+    """The class AutoModelForSeq2SeqLM builds from the directory to_hf writes of `model`."""
     if isinstance(model, EncoderDecoder) and not hf_incompatibility(model.config):
         return "BartForConditionalGeneration"
     return f"{CUSTOM[type(model)][2]}ForConditionalGeneration"
@@ -76,9 +66,8 @@ def hf_architecture(model: nn.Module) -> str | None:
 
 def to_hf(model: nn.Module, path) -> str:
     """Write the encoder-decoder `model` as a directory transformers loads: BART where hf_incompatibility finds
-    nothing, else our layout with our modelling code (models/hf/__init__.py); returns hf_architecture(model)."""
-    if not_exportable(model.config):
-        raise ValueError(f"not exportable to HuggingFace: {not_exportable(model.config)}")
+    nothing, else our layout with our modelling code (models/hf/__init__.py), the pointer-generator's gate
+    (`pointer.p_gen`) included; returns hf_architecture(model)."""
     architecture = hf_architecture(model)
     if architecture == "BartForConditionalGeneration":
         to_bart(model, path)
@@ -190,6 +179,7 @@ def describe(config: dict) -> str:
                 f"decoder, {config['num_layers']} layer(s) each, hidden size {config['hidden_size']}, "
                 f"{config['embedding_dim']}-value embeddings shared by source, target and output, "
                 f"{config['attention']} attention" + (", input feeding" if config["input_feeding"] else ""))
+        copying = "its attention"
     else:
         bart = config["model_type"] == "bart"
         heads, width = (config["encoder_attention_heads"], config["encoder_ffn_dim"]) if bart else \
@@ -200,6 +190,10 @@ def describe(config: dict) -> str:
         body = (f"A Transformer encoder-decoder (Vaswani et al. 2017): {config['encoder_layers']} + "
                 f"{config['decoder_layers']} layers, hidden size {config['d_model']}, {heads} attention heads, "
                 f"feed-forward size {width}, {shape}")
+        copying = "the last decoder layer's attention over the source, averaged over heads,"
+    if config.get("copy_attention"):  # BART's config has none: BART cannot copy
+        body += (f", copy attention (See et al. 2017's pointer-generator, which the modelling code computes: {copying} "
+                 "copies source tokens into the output, whose logits are the mixture's log-probabilities)")
     return (f"{body}, {config['vocab_size']} byte-level BPE tokens, pretrained to restore noised text (denoising). "
             "AutoModelForSeq2SeqLM gives next-token logits and `generate` writes a target from a source (end the "
             "source with the tokenizer's eos token, as in training).")

@@ -4,9 +4,9 @@ seq2seq.objective=span_corruption), then denoising pretraining of the encoder-de
 or models/rnn_seq2seq.py's RNN with attention: pipeline/seq2seq/architectures.py) on the shared harness. The model is
 written in our format (`model/`, with its tokenizer.json), read by evaluate, fine-tuning, the report and
 pipeline.generate, and as a HuggingFace directory (`hf/`, models/hf/seq2seq.py): BartForConditionalGeneration where its
-config is BART's (models.seq2seq.bart_config: post-LN, learned positions), else our modelling code beside the weights
-(seed 000's pre-LN Transformer, the RNN), none with copy attention, which no HuggingFace form computes; the stage's
-summary names the class in its `hf` field, or why there is none in `not_exportable`."""
+config is BART's (models.seq2seq.bart_config: post-LN, learned positions, no copy attention), else our modelling code
+beside the weights (seed 000's pre-LN Transformer, the RNN, either with copy attention); the stage's summary names the
+class in its `hf` field."""
 from __future__ import annotations
 
 import json
@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from data_prep.examples.gpt_blocks import TOKENIZER_FILE
 from data_prep.examples.seq2seq_examples import BOS, EOS, MASK, PAD, load_seq2seq_tokenizer, special_ids
-from models.hf.seq2seq import hf_architecture, not_exportable, to_hf
+from models.hf.seq2seq import hf_architecture, to_hf
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.loaders import ArrowRows, pretraining_loaders
@@ -72,9 +72,6 @@ class Seq2SeqPretraining:
         save_model(module.model, ctx.out_dir / "model")
         shutil.copy(tokenizer, ctx.out_dir / "model" / TOKENIZER_FILE)
         hf = ctx.out_dir / HF_DIR
-        if not_exportable(module.model.config):
-            print(f"stage {ctx.name}: no {HF_DIR}/: {not_exportable(module.model.config)}", flush=True)
-            return
         to_hf(module.model, hf)
         shutil.copy(tokenizer, hf / TOKENIZER_FILE)
         # what lets transformers' AutoTokenizer load tokenizer.json with the model's special tokens
@@ -85,7 +82,6 @@ class Seq2SeqPretraining:
     def summary(self, module: Seq2SeqPretrainModule, data: PretrainingData, run: TrainingRun) -> dict:
         # `hf`: the class transformers builds from hf/; `model`: which architecture the report's seq2seq rows are
         return {"pairs_seen": run.rows_seen(data.batch_size), "hf": hf_architecture(module.model),
-                "not_exportable": not_exportable(module.model.config) or None,
                 "model": module.model.describe()}
 
 

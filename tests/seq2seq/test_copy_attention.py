@@ -1,8 +1,10 @@
 """The copy mechanism of both encoder-decoders (`copy_attention`, models.seq2seq.PointerGenerator, See et al. 2017):
 the mixture is a distribution, with p_gen at 0 it is the attention scattered onto the source's ids (padding never
-copied), the loss is its NLL, a task that copying learns within a budget the vocabulary alone does not, and BART's
-refusal to export it. Cached decoding, greedy and beam search on the mixture: tests/seq2seq/test_seq2seq.py's
-copy-attention variants; through the pipeline: tests/seq2seq/test_copy_attention_pipeline.py."""
+copied), the loss is its NLL, a task that copying learns within a budget the vocabulary alone does not, and its
+HuggingFace export (our modelling code, BART having no such mechanism) scoring and beam-searching as ours. Cached
+decoding, greedy and beam search on the mixture: tests/seq2seq/test_seq2seq.py's copy-attention variants; through the
+pipeline: tests/seq2seq/test_copy_attention_pipeline.py; the export of a pipeline run, loaded in a fresh process:
+tests/seq2seq/test_seq2seq_export.py."""
 from __future__ import annotations
 
 import math
@@ -11,10 +13,11 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
 from models import IGNORE_INDEX
-from models.generation import greedy
-from models.hf.seq2seq import hf_incompatibility, to_hf
+from models.generation import beam_search, greedy
+from models.hf.seq2seq import hf_architecture, hf_incompatibility, to_hf
 from models.rnn_seq2seq import RNNEncoderDecoder, rnn_seq2seq_config
 from models.seq2seq import EncoderDecoder, bart_config, pad_sources, seq2seq_config, shift_right
 from tests.seq2seq.test_seq2seq import RNN, SOURCES, TRANSFORMER, V
@@ -138,8 +141,43 @@ def test_copy_attention_learns_to_reverse_where_the_vocabulary_alone_does_not_ye
     assert copying >= 0.5 and copying - plain >= 0.4
 
 
-def test_bart_cannot_express_copying_and_is_not_exported(tmp_path):
-    config = bart_config("seq2seq_tiny", vocab_size=99, copy_attention=True)
-    assert "copy_attention=True" in hf_incompatibility(config)
-    with pytest.raises(ValueError, match="not exportable to HuggingFace: copy_attention=True"):
-        to_hf(EncoderDecoder(config), tmp_path)
+EXPORTED = {  # the Transformer BART-shaped, so that only copying keeps it from BART
+    "transformer": lambda: EncoderDecoder(bart_config("seq2seq_tiny", vocab_size=V, d_model=32, n_head=4, d_ff=64,
+                                                      max_positions=16, copy_attention=True)),
+    "rnn": MODELS["rnn"],
+}
+
+
+@pytest.mark.parametrize("name", list(EXPORTED))
+def test_the_hf_export_computes_the_mixture_and_beam_searches_as_ours(tmp_path, name):
+    """BART cannot copy, so to_hf writes our layout with the gate's weights, and our modelling code built from it
+    gives our mixture on a padded batch with repeated source tokens and finds our beam search's n-best with its
+    scores: the source's ids reach the copy term of every beam (generate repeats the encoder's outputs, which keep
+    them, per beam)."""
+    pytest.importorskip("transformers")
+    from models.hf import modeling_textrep_rnn_seq2seq, modeling_textrep_seq2seq  # they need transformers
+
+    torch.manual_seed(0)
+    model = EXPORTED[name]().eval()
+    with torch.no_grad():
+        model.pointer.p_gen.bias.fill_(-0.5)  # both terms weigh: p_gen about 0.4
+    if name == "transformer":
+        assert "copy_attention=True" in hf_incompatibility(model.config)
+    architecture = to_hf(model, tmp_path)
+    assert architecture == hf_architecture(model) != "BartForConditionalGeneration"
+    assert {"pointer.p_gen.weight", "pointer.p_gen.bias"} <= set(load_file(tmp_path / "model.safetensors"))
+    code = modeling_textrep_seq2seq if name == "transformer" else modeling_textrep_rnn_seq2seq
+    hf = getattr(code, architecture).from_pretrained(tmp_path).eval()
+    assert hf.config.copy_attention
+    ids, mask, _, decoder_inputs = padded_batch()  # SOURCES has a source of repeated tokens, and padding
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_inputs).logits,
+                                   model(ids, decoder_inputs, mask).logits, atol=1e-5, rtol=0)
+        out = hf.generate(input_ids=ids, attention_mask=mask, num_beams=3, num_return_sequences=3, max_new_tokens=6,
+                          length_penalty=0.0, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    for row, source in enumerate(SOURCES):
+        found = beam_search(model, source, 6, num_beams=3, alpha=0.0)  # alpha = 0 ranks as length_penalty=0.0
+        sequences = out.sequences[3 * row: 3 * row + 3, 1:].tolist()  # less the start token
+        assert [h.tokens for h in found] == [s[:s.index(EOS) + 1] if EOS in s else s for s in sequences]
+        assert [h.score for h in found] == pytest.approx(out.sequences_scores[3 * row: 3 * row + 3].tolist(),
+                                                         abs=1e-4)

@@ -1,7 +1,8 @@
 """`model.config.copy_attention=true` through the seq2seq family's stages, for the Transformer and the RNN: it
-composes, pretrains, is written and read back with its pointer-generator, fine-tunes on headlines with dev decoded by
-beam search on the mixture, and no hf/ is written (export says why). The mechanism itself:
-tests/seq2seq/test_copy_attention.py."""
+composes, pretrains, is written and read back with its pointer-generator and as a HuggingFace directory of our modelling
+code (which `python -m pipeline.export` exports), and fine-tunes on headlines with dev decoded by beam search on the
+mixture. The mechanism itself: tests/seq2seq/test_copy_attention.py; the export's outputs against ours:
+tests/seq2seq/test_seq2seq_export.py."""
 from __future__ import annotations
 
 import csv
@@ -13,7 +14,7 @@ from omegaconf import OmegaConf
 from data_prep.examples.seq2seq_examples import load_seq2seq_tokenizer
 from models.generation import beam_search
 from pipeline.engine.dag import run_dag
-from pipeline.export import ExportError, export
+from pipeline.export import export
 from pipeline.runner import validate
 from pipeline.seq2seq.architectures import load_model
 from pipeline.stages import STAGES
@@ -37,13 +38,14 @@ def test_copy_attention_pretrains_fine_tunes_and_decodes_through_the_pipeline(tm
     results = run_dag(cfg, STAGES, tmp_path / "run")
     pretrain = results["seq2seq_pretrain"]
     assert pretrain["final_val_loss"] < pretrain["uniform_val_loss"] and "copy attention" in pretrain["model"]
-    # no HuggingFace form computes the copying: no hf/, the reason in the summary, and export says it
-    assert pretrain["hf"] is None and "copy_attention=True" in pretrain["not_exportable"]
-    assert not (tmp_path / "run" / "seq2seq_pretrain" / "hf").exists()
+    # BART cannot copy: our modelling code computes it, and export gives the user that directory
+    assert pretrain["hf"] in ("TextrepSeq2SeqForConditionalGeneration", "TextrepRNNSeq2SeqForConditionalGeneration")
+    hf_config = json.loads((tmp_path / "run" / "seq2seq_pretrain" / "hf" / "config.json").read_text())
+    assert hf_config["copy_attention"] and hf_config["architectures"] == [pretrain["hf"]]
     (tmp_path / "run" / ".hydra").mkdir()  # what export reads of a run directory besides the stages
     OmegaConf.save(cfg, tmp_path / "run" / ".hydra" / "config.yaml")
-    with pytest.raises(ExportError, match="no HuggingFace form: copy_attention=True"):
-        export(tmp_path / "run", tmp_path / "exported")
+    [exported] = export(tmp_path / "run", tmp_path / "exported")
+    assert "copy attention (See et al. 2017's pointer-generator" in (exported / "README.md").read_text()
 
     model_dir = tmp_path / "run" / "seq2seq_pretrain" / "model"
     model = load_model(model_dir).eval()

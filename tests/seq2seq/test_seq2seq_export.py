@@ -1,5 +1,6 @@
 """The encoder-decoder family out of a run: seed 000's pre-LN Transformer (seq2seq_tiny's default, which BART cannot
-compute) and the RNN encoder-decoder, each pretrained a few steps in a run directory, exported by
+compute) and the RNN encoder-decoder, each without and with copy attention (See et al.'s pointer-generator), each
+pretrained a few steps in a run directory, exported by
 `python -m pipeline.export` with our modelling code and a card, loaded by transformers' AutoModelForSeq2SeqLM in a fresh
 process that cannot import this repository (tests/hf_checks.py), where its logits are ours and `generate` writes what
 `python -m pipeline.generate RUN_DIR --input FILE` writes, one line per input."""
@@ -23,9 +24,13 @@ from tests.helpers import tiny_config  # noqa: E402
 from tests.hf_checks import STEPS, load_in_a_fresh_process, max_diff, with_overrides, write_run_directory  # noqa: E402
 from tests.seq2seq.test_rnn_attn_pipeline import RNN_TINY  # noqa: E402
 
-SOURCES = ["The old man saw the ship at night.", "a stranger"]
+# Unequal lengths (padding), and repeated words: a repeated source token gets each of its copy shares
+SOURCES = ["The old man saw the ship at night, and the ship saw the old man.", "a stranger"]
 ARCHITECTURES = {"transformer": "TextrepSeq2SeqForConditionalGeneration",
-                 "rnn": "TextrepRNNSeq2SeqForConditionalGeneration"}
+                 "rnn": "TextrepRNNSeq2SeqForConditionalGeneration",
+                 "transformer-copy": "TextrepSeq2SeqForConditionalGeneration",
+                 "rnn-copy": "TextrepRNNSeq2SeqForConditionalGeneration"}
+COPY_ATTENTION = ["model.config.copy_attention=true"]
 PRETRAIN_ONLY = [*STEPS, "pipeline.stages=[seq2seq_pretrain]"]
 
 
@@ -38,7 +43,9 @@ def exported(tmp_path_factory, family_data):
     rnn = tiny_config(data_root, [*RNN_TINY, "model.config.attention=general", "model.config.cell=lstm"],
                       experiment="seq2seq_tiny")
     runs, cases = {}, []
-    for name, cfg in (("transformer", transformer), ("rnn", rnn)):
+    for name, cfg in (("transformer", transformer), ("rnn", rnn),
+                      ("transformer-copy", with_overrides(transformer, COPY_ATTENTION)),
+                      ("rnn-copy", with_overrides(rnn, COPY_ATTENTION))):
         run_dir = root / name / "run"
         cfg = with_overrides(cfg, [*PRETRAIN_ONLY, f"paths.run_dir={run_dir}"])
         write_run_directory(cfg, run_dir, ["+experiment=seq2seq_tiny", *PRETRAIN_ONLY])
@@ -62,12 +69,16 @@ def exported(tmp_path_factory, family_data):
     yield {name: {**run, "loaded": loaded[name]} for name, run in runs.items()}
 
 
-@pytest.mark.parametrize("name", ["transformer", "rnn"])
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_the_export_loads_with_our_logits_and_writes_what_our_model_writes(exported, name):
     run = exported[name]
     out = run["loaded"]
     assert out["classes"] == {"AutoModelForSeq2SeqLM": ARCHITECTURES[name]}
     batch, model = run["batch"], run["model"]
+    assert model.config.copy_attention == name.endswith("-copy")
+    # what copying must get right: a token repeated in a source, and the padding of the shorter one
+    first = batch["input_ids"][0].tolist()
+    assert len(set(first)) < len(first) and not batch["attention_mask"][1].all()
     with torch.no_grad():
         logits = model(batch["input_ids"], batch["decoder_input_ids"], batch["attention_mask"]).logits
     max_diff(f"seq2seq {name}: AutoModelForSeq2SeqLM logits", logits, out["AutoModelForSeq2SeqLM"]["logits"])
@@ -75,7 +86,7 @@ def test_the_export_loads_with_our_logits_and_writes_what_our_model_writes(expor
     assert out["generated"] == [[start, *tokens] for tokens in greedy(model, run["sources"], 8)]
 
 
-@pytest.mark.parametrize("name", ["transformer", "rnn"])
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_the_card_says_what_the_model_is_and_how_to_load_it(exported, name):
     run = exported[name]
     config = json.loads((run["directory"] / "config.json").read_text())
@@ -90,10 +101,12 @@ def test_the_card_says_what_the_model_is_and_how_to_load_it(exported, name):
                                 "pre-LayerNorm blocks, sinusoidal positions",
                  "rnn": "bidirectional LSTM encoder, LSTM decoder, 1 layer(s) each, hidden size 32, "
                         "16-value embeddings shared by source, target and output, general attention, input feeding"}
-    assert described[name] in body
+    assert described[name.removesuffix("-copy")] in body
+    copying = "copy attention (See et al. 2017's pointer-generator, which the modelling code computes"
+    assert (copying in body) == name.endswith("-copy")
 
 
-@pytest.mark.parametrize("name", ["transformer", "rnn"])
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_generate_writes_one_line_per_input_as_the_export_writes(exported, name, tmp_path, capsys):
     run = exported[name]
     inputs = tmp_path / "inputs.txt"
