@@ -180,6 +180,10 @@ def check_renamed_names(overrides: list[str]) -> None:
             raise SystemExit(f"error: {override}: the kernels are no longer a model setting saved with the weights but "
                              f"one of the run, applied where the pipeline builds a model; write "
                              f"trainer.fast_kernels={value}")
+        if key.split(".")[-1] == "whole_word_masking":  # pretrain.* or pretrain_phase2.*
+            masking = "whole_word" if value.strip().lower() == "true" else "token"
+            raise SystemExit(f"error: {override}: whole-word masking is now one value of the masking unit, beside "
+                             f"token and SpanBERT's span; write {key.rpartition('.')[0]}.masking={masking}")
         if key not in RENAMED:
             continue
         what, renamed = RENAMED[key]

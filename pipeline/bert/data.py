@@ -12,7 +12,17 @@ from torch.utils.data import Dataset
 from data_prep.corpus.tokenizer import encode_batch_ids
 from data_prep.examples.bert_examples import MASK_FRACTION, RANDOM_FRACTION
 from models import IGNORE_INDEX
+from pipeline.bert.settings import Masking
 from pipeline.engine.loaders import ArrowRows
+
+# SpanBERT's span lengths (Joshi et al. 2020, §3.1): in whole words, geometric with p = 0.2, truncated at 10 words
+# and renormalised (their masking.py), mean 3.8 words; clipping instead would pile the tail on 10, mean 4.5.
+SPAN_GEOMETRIC_P, MAX_SPAN_WORDS = 0.2, 10
+SPAN_LENGTH_PROBABILITIES = (1 - SPAN_GEOMETRIC_P) ** torch.arange(MAX_SPAN_WORDS, dtype=torch.float64)  # 1, 2, ...
+SPAN_LENGTH_PROBABILITIES /= SPAN_LENGTH_PROBABILITIES.sum()  # p (1 - p)^(l - 1) up to the normalisation
+# span draws per masked piece a row may use: each kept draw masks at least one piece; the spare ones are redrawn
+# starts (a word already chosen, or longer than what is left of the count)
+SPAN_ATTEMPTS_PER_PREDICTION = 4
 
 
 def segment_apart(row: Mapping[str, object], segment: int) -> dict[str, np.ndarray]:
@@ -40,10 +50,14 @@ class BertPretrainingCollator:
     model gather the P hidden states and run the vocabulary projection only there (as run_pretraining.py's
     gather_indexes does), instead of over all T.
 
-    ``continuation`` (a bool per vocabulary id, True for a "##" piece; data_prep.examples.bert_examples'
-    continuation_mask_from_vocab) turns on whole-word masking (Devlin et al.'s 2019 update of the released models;
-    seed 003): the pieces of a word are chosen together, words in random order until the next would overshoot the
-    count, so a masked piece cannot be read off the rest of its word ("un ##believ [MASK]").
+    ``masking`` (pipeline/bert/settings.py MASKINGS) is the unit chosen. ``token``: pieces, as above. ``whole_word``
+    (Devlin et al.'s 2019 update of the released models; seed 003): the pieces of a word are chosen together, words in
+    random order until the next would overshoot the count, so a masked piece cannot be read off the rest of its word
+    ("un ##believ [MASK]"). ``span`` (SpanBERT, Joshi et al. 2020, §3.1): runs of whole words, each of a length drawn
+    from a geometric distribution (SPAN_LENGTH_PROBABILITIES) and starting at a uniformly drawn word, until the count
+    is reached, each run's 80/10/10 decided once for all its pieces; a masked word cannot be read off its neighbours.
+    Both need ``continuation``, a bool per vocabulary id, True for a "##" piece (data_prep.examples.bert_examples'
+    continuation_mask_from_vocab).
 
     ``split_segments`` encodes the two segments of each pair apart, for a contrastive loss between them (pipeline/bert/
     module.py): the n rows [CLS] A [SEP] B [SEP] become 2n rows, [CLS] A [SEP] for each pair, then [CLS] B [SEP] in
@@ -63,9 +77,14 @@ class BertPretrainingCollator:
         mlm_probability: float = 0.15,
         max_predictions_per_seq: int = 20,
         generator: torch.Generator | None = None,
+        masking: Masking = Masking.token,
         continuation: Sequence[bool] | None = None,
         split_segments: bool = False,
     ) -> None:
+        if masking != Masking.token and continuation is None:
+            raise ValueError(f"masking={masking} needs continuation, which pieces continue a word: compute it with "
+                             "data_prep.examples.bert_examples.continuation_mask_from_vocab(tokenizer)")
+        self.masking = Masking(masking)
         self.split_segments = split_segments
         self.pad_id = pad_id
         self.mask_id = mask_id
@@ -80,7 +99,8 @@ class BertPretrainingCollator:
             raise ValueError(f"all {vocab_size} ids are special; random replacements need at least one other id")
         self.continuation = None if continuation is None else torch.as_tensor(np.asarray(continuation, dtype=bool))
 
-    def _choose(self, maskable: torch.Tensor, num_to_predict: torch.Tensor) -> torch.Tensor:
+    def _choose_tokens(self, input_ids: torch.Tensor, maskable: torch.Tensor,
+                       num_to_predict: torch.Tensor) -> torch.Tensor:
         """Exactly k of the maskable tokens of each row, uniformly: each gets a uniform score, ineligible ones a score
         above every eligible one, and the k lowest are taken."""
         batch_size, seq_length = maskable.shape
@@ -94,10 +114,7 @@ class BertPretrainingCollator:
         """Whole words, in a uniformly random order, while their pieces add up to at most k per row. A word is a
         maskable piece that is no continuation, with the continuations right after it."""
         batch_size, seq_length = maskable.shape
-        starts = maskable & ~self.continuation[input_ids]
-        # a continuation after [SEP] or padding starts a word of its own
-        starts |= maskable & ~torch.cat([torch.zeros(batch_size, 1, dtype=torch.bool), maskable[:, :-1]], dim=1)
-        word = torch.cumsum(starts, dim=1)  # (B, T): the 1-based word of each maskable piece
+        word = torch.cumsum(self._word_starts(input_ids, maskable), dim=1)  # (B, T): the 1-based word of each piece
         word_scores = torch.rand((batch_size, seq_length + 1), generator=self.generator)
         scores = word_scores.gather(1, word).masked_fill_(~maskable, 2.0)  # a word's pieces share its score
         order = scores.argsort(dim=1, stable=True)  # a word's pieces stay together, in reading order
@@ -107,6 +124,59 @@ class BertPretrainingCollator:
         through_word = torch.zeros((batch_size, seq_length + 1), dtype=torch.long).scatter_reduce_(
             1, word, taken.masked_fill(~maskable, 0), reduce="amax")
         return maskable & (through_word.gather(1, word) <= num_to_predict.unsqueeze(1))
+
+    def _word_starts(self, input_ids: torch.Tensor, maskable: torch.Tensor) -> torch.Tensor:
+        """(B, T) True at each word's first piece: a maskable piece that is no continuation, or one right after a
+        special token or padding (a continuation there starts a word of its own)."""
+        after_unmaskable = ~torch.cat([torch.zeros(len(maskable), 1, dtype=torch.bool), maskable[:, :-1]], dim=1)
+        return maskable & (~self.continuation[input_ids] | after_unmaskable)
+
+    def _choose_spans(self, input_ids: torch.Tensor, maskable: torch.Tensor,
+                      num_to_predict: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """SpanBERT's masking (Joshi et al. 2020, §3.1, and their PairWithSpanMaskingScheme): per row, draw a span
+        length in words (SPAN_LENGTH_PROBABILITIES) and a start word uniformly, and choose that many words from it,
+        while the row's chosen pieces stay within its count k: a span stops at the word that would overshoot it, at a
+        special token (it never crosses [SEP]) and at a word already chosen; a start word already chosen, or too long
+        for what is left of k, is drawn again. At most SPAN_ATTEMPTS_PER_PREDICTION * k draws per row, so the loop
+        ends when no word fits the rest of the count. Returns the chosen pieces and, for each, the position of its
+        span's first piece, whose draw decides the span's 80/10/10."""
+        batch_size, seq_length = maskable.shape
+        starts = self._word_starts(input_ids, maskable)
+        attempts = SPAN_ATTEMPTS_PER_PREDICTION * int(num_to_predict.max())
+        # drawn for the whole batch at once, so the generator's stream does not depend on how many draws a row used
+        span_words = 1 + torch.multinomial(SPAN_LENGTH_PROBABILITIES.expand(batch_size, -1), attempts,
+                                           replacement=True, generator=self.generator)
+        start_draws = torch.rand((batch_size, attempts), generator=self.generator)
+        # a word is [start, end): from its start to the next boundary (a word's start or an unmaskable token)
+        position = torch.arange(seq_length + 1).expand(batch_size, -1)
+        boundary = torch.cat([starts | ~maskable, torch.ones(batch_size, 1, dtype=torch.bool)], dim=1)
+        next_boundary = position.masked_fill(~boundary, seq_length).flip(1).cummin(dim=1).values.flip(1)
+        chosen = torch.zeros((batch_size, seq_length), dtype=torch.bool)
+        decided_at = torch.arange(seq_length).repeat(batch_size, 1)
+        for b in range(batch_size):
+            word_starts = torch.nonzero(starts[b]).squeeze(1)
+            ends = next_boundary[b, word_starts + 1].tolist()
+            word_starts = word_starts.tolist()
+            if not word_starts:
+                continue
+            word_chosen = [False] * len(word_starts)
+            budget = int(num_to_predict[b])
+            for length, draw in zip(span_words[b].tolist(), start_draws[b].tolist()):
+                if budget == 0:
+                    break
+                first = int(draw * len(word_starts))
+                if word_chosen[first] or ends[first] - word_starts[first] > budget:
+                    continue
+                word = first
+                while (word < first + length and word < len(word_starts) and not word_chosen[word]
+                       and ends[word] - word_starts[word] <= budget
+                       and (word == first or word_starts[word] == ends[word - 1])):  # contiguous: same segment
+                    word_chosen[word] = True
+                    budget -= ends[word] - word_starts[word]
+                    chosen[b, word_starts[word]:ends[word]] = True
+                    decided_at[b, word_starts[word]:ends[word]] = word_starts[first]
+                    word += 1
+        return chosen, decided_at
 
     def __call__(self, rows: Sequence[Mapping[str, object]]) -> dict[str, torch.Tensor]:
         next_sentence_label = torch.tensor([int(row["next_sentence_label"]) for row in rows], dtype=torch.long)
@@ -128,8 +198,12 @@ class BertPretrainingCollator:
         num_to_predict = torch.clamp(
             torch.round(num_maskable * self.mlm_probability).long(), min=1, max=self.max_predictions_per_seq
         ).minimum(num_maskable)
-        chosen = (self._choose(maskable, num_to_predict) if self.continuation is None
-                  else self._choose_whole_words(input_ids, maskable, num_to_predict))
+        if self.masking == Masking.span:
+            chosen, decided_at = self._choose_spans(input_ids, maskable, num_to_predict)
+        else:
+            chosen = (self._choose_tokens if self.masking == Masking.token
+                      else self._choose_whole_words)(input_ids, maskable, num_to_predict)
+            decided_at = torch.arange(seq_length).expand(batch_size, -1)  # each piece's own draw
 
         num_predictions = int(num_to_predict.max())
         # Chosen positions in increasing order first, then the sentinel seq_length for padding slots.
@@ -138,7 +212,9 @@ class BertPretrainingCollator:
         mlm_positions = positions.masked_fill(~is_prediction, 0)
         mlm_labels = input_ids.gather(1, mlm_positions).masked_fill_(~is_prediction, IGNORE_INDEX)
 
-        action = torch.rand((batch_size, seq_length), generator=self.generator)
+        # 80/10/10 by the draw at decided_at: the piece's own, or its span's first piece's (SpanBERT masks, replaces or
+        # keeps a span as a whole)
+        action = torch.rand((batch_size, seq_length), generator=self.generator).gather(1, decided_at)
         replace_with_mask = chosen & (action < MASK_FRACTION)
         replace_with_random = chosen & (action >= MASK_FRACTION) & (action < MASK_FRACTION + RANDOM_FRACTION)
         random_ids = self.replacement_ids[

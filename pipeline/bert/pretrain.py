@@ -34,7 +34,7 @@ from pipeline.bert.data import BertPretrainingCollator, MaskedBatches, Pretraini
 from pipeline.bert.data_stages import examples, piece_vectors, tokenizer
 from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import BertPretrainModule
-from pipeline.bert.settings import BertPretrainSettings, ExamplesConfig, TokenizerConfig
+from pipeline.bert.settings import BertPretrainSettings, ExamplesConfig, Masking, TokenizerConfig
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.fingerprints import files_fingerprint
@@ -288,8 +288,9 @@ class BertPretraining:
                                            mlm_probability=p.mlm_probability,
                                            max_predictions_per_seq=p.max_predictions_per_seq,
                                            generator=torch.Generator().manual_seed(cfg.seed + 1),
-                                           continuation=continuation_mask_from_vocab(tok) if p.whole_word_masking
-                                           else None, split_segments=p.contrastive_weight > 0)
+                                           masking=p.masking, continuation=None if p.masking == Masking.token
+                                           else continuation_mask_from_vocab(tok),
+                                           split_segments=p.contrastive_weight > 0)
         train_loader = seeded_train_loader(MaskedBatches(train_set, collator), len(train_set), p.batch_size, cfg.seed,
                                            p.num_workers, rank, world_size)
         # Held-out batches are masked once, so every evaluation scores the same predictions.

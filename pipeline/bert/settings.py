@@ -17,6 +17,12 @@ from pipeline.schema import PretrainConfig, override_block
 PRETRAINING_OBJECTIVES = ("mlm", "electra")
 Objective = StrEnum("Objective", {name: name for name in PRETRAINING_OBJECTIVES}, module=__name__)
 Packing = StrEnum("Packing", {name: name for name in PACKINGS}, module=__name__)
+# pretrain.masking: what masked LM hides as one unit (pipeline/bert/data.py's BertPretrainingCollator). token: pieces
+# chosen independently (Devlin et al. 2019); whole_word: a word's WordPiece pieces together (google-research/bert's
+# whole-word masking; seed 003), so a masked piece cannot be read off the rest of its word; span: contiguous runs of
+# whole words of geometric length (SpanBERT, Joshi et al. 2020), so a masked word cannot be read off its neighbours
+MASKINGS = ("token", "whole_word", "span")
+Masking = StrEnum("Masking", {name: name for name in MASKINGS}, module=__name__)
 # The shortest sentence pair: [CLS] a [SEP] b [SEP], a token on each side (google-research/bert's
 # create_instances_from_document needs two); a shorter examples.max_seq_length failed in the bert_examples stage.
 MIN_PAIR_LENGTH = NUM_SPECIAL_TOKENS_IN_PAIR + 2
@@ -67,9 +73,7 @@ class BertPretrainConfig:
     """What BERT adds to `pretrain`."""
     mlm_probability: float = ranged(0.15, Number(float, 0, 1, low_open=True))
     max_predictions_per_seq: int = ranged(20, POSITIVE_INT)  # google-research/bert: round(0.15 * 128)
-    # mask a word's WordPiece pieces together (google-research/bert's whole-word masking; seed 003), so a masked piece
-    # cannot be read off the rest of its word
-    whole_word_masking: bool = False
+    masking: Masking = Masking.token  # the unit masked LM hides: token, whole_word or span (MASKINGS above)
     next_sentence_prediction: bool = True  # false: masked LM alone (RoBERTa; Cramming), NSP head scored, not trained
     # mlm: BERT's masked LM (+ NSP). electra: replaced-token detection (Clark et al. 2020): a generator of
     # electra.generator_layers layers fills the masked positions, the model's encoder learns from every token which

@@ -402,9 +402,9 @@ def test_whole_word_masking_chooses_every_piece_of_a_word_or_none_within_the_cou
     continuation = np.zeros(VOCAB_SIZE, dtype=bool)
     continuation[FIRST_TOKEN_ID::3] = True  # a third of the ids are "##" pieces
     sequences = _sequences(64)
-    collator = _collator(seed=0, continuation=continuation)
+    collator = _collator(seed=0, masking="whole_word", continuation=continuation)
     batch = collator(_rows(sequences))
-    again = _collator(seed=0, continuation=continuation)(_rows(sequences))
+    again = _collator(seed=0, masking="whole_word", continuation=continuation)(_rows(sequences))
     assert all(torch.equal(batch[k], again[k]) for k in batch)  # reproducible from its generator
     chosen_counts = []
     for b, ids in enumerate(sequences):
@@ -432,6 +432,103 @@ def test_whole_word_masking_chooses_every_piece_of_a_word_or_none_within_the_cou
     # and the words chosen vary: not always the first ones
     first = [int(batch["mlm_positions"][b, 0]) for b in range(len(sequences))]
     assert len(set(first)) > 10
+
+
+def _continuation_every_third_id():
+    continuation = np.zeros(VOCAB_SIZE, dtype=bool)
+    continuation[FIRST_TOKEN_ID::3] = True  # a third of the ids are "##" pieces: words of 1.5 pieces on average
+    return continuation
+
+
+def _spans(collator, sequences, num_to_predict):
+    """The spans _choose_spans picks in `sequences` (rows of equal length), as (row, positions, words) each."""
+    input_ids = torch.tensor(sequences)
+    maskable = ~torch.isin(input_ids, collator.special_ids)
+    chosen, decided_at = collator._choose_spans(input_ids, maskable, torch.full((len(sequences),), num_to_predict))
+    starts = collator._word_starts(input_ids, maskable)
+    return [(b, positions, int(starts[b, positions].sum()))
+            for b in range(len(sequences))
+            for first in decided_at[b][chosen[b]].unique().tolist()
+            for positions in [torch.nonzero(chosen[b] & (decided_at[b] == first)).squeeze(1)]]
+
+
+def test_span_masking_chooses_runs_of_whole_words_up_to_the_count():
+    continuation = _continuation_every_third_id()
+    sequences = _sequences(64)
+    rows = _rows(sequences)
+    batch = _collator(seed=0, masking="span", continuation=continuation)(rows)
+    again = _collator(seed=0, masking="span", continuation=continuation)(rows)
+    other = _collator(seed=1, masking="span", continuation=continuation)(rows)
+    assert all(torch.equal(batch[k], again[k]) for k in batch)  # reproducible from its generator
+    assert not torch.equal(batch["mlm_positions"], other["mlm_positions"])
+    for b, ids in enumerate(sequences):
+        positions = batch["mlm_positions"][b][batch["mlm_labels"][b] != IGNORE_INDEX].tolist()
+        budget = min(20, max(1, round(0.15 * (len(ids) - 3))))
+        assert len(positions) == budget, (b, positions)  # spans are drawn until the count is met
+        assert not {ids[p] for p in positions} & set(SPECIAL_IDS)
+    capped = _collator(seed=0, masking="span", continuation=continuation, mlm_probability=0.9,
+                       max_predictions_per_seq=5)(rows)
+    assert ((capped["mlm_labels"] != IGNORE_INDEX).sum(dim=1) <= 5).all()
+
+    collator = _collator(seed=0, masking="span", continuation=continuation)
+    equal_length = [ids[:60] for ids in sequences if len(ids) >= 60]
+    for b, positions, words in _spans(collator, equal_length, 9):
+        ids = equal_length[b]
+        first, last = int(positions[0]), int(positions[-1])
+        assert positions.tolist() == list(range(first, last + 1))  # contiguous, within one segment
+        assert not continuation[ids[first]] or ids[first - 1] in SPECIAL_IDS  # starts at a word's first piece
+        assert last + 1 == len(ids) or ids[last + 1] in SPECIAL_IDS or not continuation[ids[last + 1]]  # ends one
+        assert 1 <= words <= 10
+
+
+def test_span_lengths_follow_spanberts_geometric_distribution():
+    """Joshi et al. 2020, §3.1: geometric with p = 0.2, truncated at 10 words, mean 3.8. Long rows with few masked
+    pieces, so that few spans are cut short by the count, by a chosen word or by the segment's end (those bring the
+    mean down ~0.15); a clipped distribution would give 4.5, p = 0.3 gives 2.9."""
+    continuation = _continuation_every_third_id()
+    rng = random.Random(0)
+    sequences = [[CLS_ID, *(rng.randrange(FIRST_TOKEN_ID, VOCAB_SIZE) for _ in range(20000)), SEP_ID]
+                 for _ in range(8)]
+    collator = _collator(seed=0, masking="span", continuation=continuation, max_predictions_per_seq=1000)
+    lengths = np.array([words for _, _, words in _spans(collator, sequences, 600)])
+    assert len(lengths) > 800
+    assert abs(lengths.mean() - 3.8) < 0.3, lengths.mean()
+    assert lengths.max() == 10
+    assert abs(np.mean(lengths == 1) - 0.2 / (1 - 0.8 ** 10)) < 0.05
+
+
+def test_span_masking_decides_80_10_10_once_per_span():
+    continuation = _continuation_every_third_id()
+    sequences = _sequences(256)
+    rows = _rows(sequences)
+    batch = _collator(seed=0, masking="span", continuation=continuation, mlm_probability=0.05)(rows)
+    masked = batch["input_ids"] == MASK_ID
+    selected = torch.zeros_like(masked).scatter_(1, batch["mlm_positions"], batch["mlm_labels"] != IGNORE_INDEX)
+    assert abs(float(masked.sum() / selected.sum()) - 0.8) < 0.05
+    # at 5 % few spans touch: a run of chosen pieces is then one span, all [MASK] or none (per piece, 3 pieces would
+    # mix in half the runs)
+    runs = [masked[b, start:end] for b in range(len(rows))
+            for start, end in _runs(selected[b].tolist()) if end - start >= 3]
+    mixed = sum(bool(run.any() and not run.all()) for run in runs)
+    assert len(runs) > 100 and mixed / len(runs) < 0.1
+
+
+def _runs(flags):
+    """[start, end) of each run of True."""
+    runs, start = [], None
+    for i, flag in enumerate([*flags, False]):
+        if flag and start is None:
+            start = i
+        elif not flag and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+@pytest.mark.parametrize("masking", ["whole_word", "span"])
+def test_word_masking_without_the_continuation_pieces_says_how_to_compute_them(masking):
+    with pytest.raises(ValueError, match="continuation_mask_from_vocab"):
+        _collator(masking=masking)
 
 
 def test_doc_sentences_pack_contiguous_sentences_of_one_document_into_one_segment():

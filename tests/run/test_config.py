@@ -168,6 +168,7 @@ def _write_task_files(root: Path, names: list[str]) -> Path:
     ("pretrain.lrr=1e-3", "Key 'lrr' not in 'PretrainBlock'"),                  # a misspelled key
     ("trainer=ddp", "ddp_cpu"),                                                  # an unknown option lists the rest
     ("task=cola", "Key 'task' not in 'Config'"),                                 # tasks are not a config group
+    ("pretrain.masking=spans", "expected one of [token, whole_word, span]\n    full_key: pretrain.masking"),
 ])
 def test_a_bad_value_fails_at_composition_with_hydras_message_naming_the_key(override, message):
     with pytest.raises(ConfigCompositionException) as failure:
@@ -266,6 +267,18 @@ def test_the_kernels_switch_that_was_a_model_setting_names_the_runs_setting(over
     with pytest.raises(SystemExit, match=re.escape("write trainer.fast_kernels=false")):
         check_renamed_names(["+experiment=bert_tiny", override])
     assert _compose(["+experiment=bert_tiny", "trainer.fast_kernels=false"]).trainer.fast_kernels is False
+
+
+@pytest.mark.parametrize("override, message", [
+    ("pretrain.whole_word_masking=true", "write pretrain.masking=whole_word"),
+    ("+pretrain_phase2.whole_word_masking=false", "write pretrain_phase2.masking=token"),
+])
+def test_the_whole_word_switch_names_the_masking_unit_that_replaced_it(override, message):
+    from pipeline.config import check_renamed_names
+
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        check_renamed_names(["+experiment=bert_tiny", override])
+    assert _compose(["+experiment=bert_tiny", "pretrain.masking=span"]).pretrain.masking == "span"
 
 
 def test_the_old_names_are_gone_and_the_new_ones_are_the_graphs():
