@@ -4,6 +4,7 @@ into the encoder that fine-tuning reads."""
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,7 +14,6 @@ import torch
 from data_prep.corpus.tokenizer import load_tokenizer, train_wordpiece
 from models.bert import load_pretrained
 from pipeline.bert.data_stages import task_examples, wordpiece_ids
-from pipeline.downstream.settings import finetune_settings
 from pipeline.downstream.task_data import tsv_splits
 from pipeline.downstream.tasks import load_task
 from pipeline.engine.arrow import read_arrow
@@ -112,6 +112,6 @@ def test_tapt_continues_phase_1_and_fine_tuning_reads_its_encoder(tmp_path, ray_
     after = load_pretrained(run.stage_dir("bert_pretrain_tapt") / "encoder").state_dict()
     assert before.keys() == after.keys() and any(not torch.equal(before[k], after[k]) for k in before)
     assert run.plan.stages["finetune"].upstream == ("bert_tokenizer", "bert_pretrain_tapt")
-    f = finetune_settings(run.cfg)
-    assert f.selection_fraction == 0.25
     run.run_stage("finetune")
+    rows = json.loads((run.stage_dir("finetune") / "results.json").read_text())
+    assert {(row["model"], row["scored_on"]) for row in rows if row["model"] == "bert"} == {("bert", "train_holdout")}
