@@ -1,5 +1,6 @@
 """BERT's data stages: a WordPiece vocabulary trained on the sentence shards, then sentence-pair instances per
-shard (google-research/bert's create_pretraining_data), one Ray task per shard. Nothing here imports torch: the Ray
+shard (google-research/bert's create_pretraining_data), one Ray task per shard, and task-adaptive pretraining's
+instances from the fine-tuning task's train texts. Nothing here imports torch: the Ray
 workers these stages run in stay at the size of the data they hold (pipeline/bert/pretrain.py lists the stages)."""
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from data_prep.corpus.tokenizer import (
 from data_prep.examples.bert_examples import create_training_instances, write_instances
 from pipeline.bert.settings import BertPretrainConfig, ExamplesConfig, TokenizerConfig
 from pipeline.corpus import require_books
+from pipeline.downstream.settings import finetune_settings
+from pipeline.downstream.task_data import train_pool_documents
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 from pipeline.engine.settings import typed_settings
@@ -122,3 +125,21 @@ def examples(ctx: StageContext, length_key: str) -> dict:
     counts = ctx.map_shards(build_shard_examples, neighbours, ctx.stage_dir("bert_tokenizer"), ctx.out_dir,
                             max_seq_length, ex.short_seq_prob, ex.dupe_factor, ctx.cfg.seed, str(ex.packing))
     return {"instances": int(sum(counts)), "files": len(counts), "max_seq_length": max_seq_length}
+
+
+def task_examples(ctx: StageContext, length_key: str) -> dict:
+    """bert_examples_tapt: task-adaptive pretraining's instances (Gururangan et al. 2020), one per train text of the
+    fine-tuning task that fine-tuning may read (train_pool_documents: never a dev, test or held-out selection text),
+    cut at the length configured under `length_key`. One file: a task's train split is small enough for one process
+    (Rotten Tomatoes: 11,424 sentences), and its order is the run seed's shuffle."""
+    documents = train_pool_documents(ctx.cfg, finetune_settings(ctx.cfg), ctx.name)
+    tok = load_tokenizer(ctx.stage_dir("bert_tokenizer"))
+    ids = iter(wordpiece_ids(tok, pa.array([text for document in documents for text in document])))
+    tokenized = [[next(ids) for _ in document] for document in documents]
+    max_seq_length = int(OmegaConf.select(ctx.cfg, length_key))
+    # short_seq_prob 0: a document is one text, never cut short of its own end
+    instances = create_training_instances(tokenized, max_seq_length, 0.0, 1, random.Random(ctx.cfg.seed),
+                                          packing="doc_sentences")
+    write_instances(instances, ctx.out_dir / "examples-00000.arrow", tok.token_to_id("[CLS]"),
+                    tok.token_to_id("[SEP]"))
+    return {"texts": len(documents), "instances": len(instances), "files": 1, "max_seq_length": max_seq_length}

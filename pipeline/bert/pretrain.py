@@ -1,6 +1,8 @@
 """The BERT pretraining stages: masked LM + next sentence prediction over an examples stage's Arrow files, in
 BERT's two phases (Devlin et al. 2019, §A.2): `bert_pretrain` at length 128 from random initialisation, then, when the
-run has it, `bert_pretrain_phase2` at length 512 from phase 1's final weights. One code path trains both (`Phase`).
+run has it, `bert_pretrain_phase2` at length 512 from phase 1's final weights; or, in phase 2's place, task-adaptive
+pretraining (`bert_pretrain_tapt`; Gururangan et al. 2020) on the fine-tuning task's train texts from phase 1's final
+weights. One code path trains them all (`Phase`).
 
 Both phases train on the pretraining harness (pipeline/engine/pretraining.py: checkpoints, exact resume, DDP and
 DeepSpeed); `BertPretraining` is what BERT supplies to it. Each phase writes its encoder in our format (`encoder/`) and
@@ -31,10 +33,12 @@ from models.bert import BertConfig, load_pretrained, save_pretrained
 from models.checkpoint import HF_WEIGHT_FILES, hf_weights_file
 from models.hf.bert import config_from_hf, continue_from_hf, hf_incompatibility, to_hf
 from pipeline.bert.data import BertPretrainingCollator, MaskedBatches, PretrainingInstances
-from pipeline.bert.data_stages import examples, piece_vectors, tokenizer
+from pipeline.bert.data_stages import examples, piece_vectors, task_examples, tokenizer
 from pipeline.bert.diagnostics import plateau_message, unigram_cross_entropy
 from pipeline.bert.module import BertPretrainModule
 from pipeline.bert.settings import BertPretrainSettings, ExamplesConfig, Masking, TokenizerConfig
+from pipeline.downstream.settings import finetune_settings
+from pipeline.downstream.tasks import load_task, task_data_fingerprint, task_names
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.fingerprints import files_fingerprint
@@ -64,6 +68,8 @@ class Phase:
     length_key: str                  # the config key of its sequence length
     config_blocks: tuple[str, ...]   # its settings; a later block's keys override an earlier one's
     init_from: str | None = None     # the stage whose final weights (encoder and heads) it continues
+    # what an instance holds where the phase's examples stage fixes it (TAPT: one task text), else examples.packing
+    packing: str | None = None
 
     def settings(self, cfg: DictConfig) -> BertPretrainSettings:
         """This phase's pretraining settings: phase 2's block over `pretrain`, whose keys it leaves null."""
@@ -82,10 +88,20 @@ class Phase:
                              f"{self.length_key}")
         return length
 
+    def instance_packing(self, cfg: DictConfig) -> str:
+        return self.packing or str(typed_settings(cfg.examples, ExamplesConfig).packing)
+
+    def check_objective(self, cfg: DictConfig, settings: BertPretrainSettings) -> None:
+        check_objective(settings, self.config_blocks[-1], self.instance_packing(cfg),
+                        None if self.packing else "examples.packing")
+
 
 PHASES = (Phase("bert_pretrain", "bert_examples", "examples.max_seq_length", ("pretrain",)),
           Phase("bert_pretrain_phase2", "bert_examples_phase2", "pretrain_phase2.max_seq_length",
-                ("pretrain", "pretrain_phase2"), init_from="bert_pretrain"))
+                ("pretrain", "pretrain_phase2"), init_from="bert_pretrain"),
+          # after phase 1, in phase 2's place (a run's last phase is the encoder downstream reads: encoder_stage)
+          Phase("bert_pretrain_tapt", "bert_examples_tapt", "pretrain_tapt.max_seq_length",
+                ("pretrain", "pretrain_tapt"), init_from="bert_pretrain", packing="doc_sentences"))
 
 
 def phase_of(stage: str) -> Phase:
@@ -93,20 +109,24 @@ def phase_of(stage: str) -> Phase:
     return next(p for p in PHASES if stage in (p.stage, p.examples))
 
 
-def check_objective(settings: BertPretrainSettings, key: str, packing: str = "sentence_pairs") -> None:
-    """ELECTRA, and instances without a second segment, are not asked for a next-sentence task they lack."""
+def check_objective(settings: BertPretrainSettings, key: str, packing: str = "sentence_pairs",
+                    packing_key: str | None = "examples.packing") -> None:
+    """ELECTRA, and instances without a second segment, are not asked for a next-sentence task they lack.
+    `packing_key`: the setting that chose `packing`; None where the phase fixes it (TAPT's one text per instance)."""
     if settings.objective == "electra" and settings.next_sentence_prediction:
         raise ValueError(f"{key}.objective=electra has no next-sentence task (Clark et al. 2020); set "
                          f"{key}.next_sentence_prediction=false")
+    pairs = f"{packing_key}=sentence_pairs" if packing_key else None
     if settings.contrastive_weight > 0 and (settings.next_sentence_prediction or settings.objective != "mlm"
                                             or packing != "sentence_pairs"):
         raise ValueError(f"{key}.contrastive_weight > 0 encodes the two segments of a sentence pair apart, beside "
-                         f"masked LM: set {key}.next_sentence_prediction=false, {key}.objective=mlm and "
-                         f"examples.packing=sentence_pairs, or {key}.contrastive_weight=0")
+                         + (f"masked LM: set {key}.next_sentence_prediction=false, {key}.objective=mlm and {pairs}, "
+                            f"or {key}.contrastive_weight=0" if pairs else
+                            f"masked LM, and {key}'s instances hold one text: set {key}.contrastive_weight=0"))
     if packing == "doc_sentences" and settings.next_sentence_prediction:
-        raise ValueError(f"examples.packing=doc_sentences has no second segment to predict; set "
-                         f"{key}.next_sentence_prediction=false (RoBERTa's masked LM alone), or "
-                         "examples.packing=sentence_pairs")
+        raise ValueError(f"{key}'s instances ({f'{packing_key}=doc_sentences' if pairs else 'one text each'}) have "
+                         f"no second segment to predict; set {key}.next_sentence_prediction=false (RoBERTa's masked "
+                         "LM alone)" + (f", or {pairs}" if pairs else ""))
 
 
 def validate_pretraining(cfg: DictConfig, stages: list[str]) -> None:
@@ -115,12 +135,15 @@ def validate_pretraining(cfg: DictConfig, stages: list[str]) -> None:
     examples = typed_settings(cfg.examples, ExamplesConfig)
     if {"bert_tokenizer", PHASES[0].stage} & set(stages):
         check_init_from(PHASES[0].settings(cfg), examples.max_seq_length)
+    if {PHASE_2.stage, TAPT.stage} <= set(stages):
+        raise ValueError(f"{TAPT.stage} continues {TAPT.init_from}, as {PHASE_2.stage} does, and the downstream "
+                         f"stages read one encoder: remove one of them from pipeline.stages")
     for phase in PHASES:
         if {phase.stage, phase.examples} & set(stages):
             phase.max_seq_length(cfg)
-            settings, key = phase.settings(cfg), phase.config_blocks[-1]
-            check_objective(settings, key, examples.packing)
-            encoder_snapshot_steps(cfg, settings, key)
+            settings = phase.settings(cfg)
+            phase.check_objective(cfg, settings)
+            encoder_snapshot_steps(cfg, settings, phase.config_blocks[-1])
 
 
 def starts_from_piece_vectors(phase: Phase, settings: BertPretrainSettings) -> bool:
@@ -180,6 +203,14 @@ def _build_model(cfg: DictConfig, settings: BertPretrainSettings, vocab_size: in
     model, loaded = continue_from_hf(start, vocab_size=padded)
     print(f"pretrain: starting from {start} (its {', '.join(loaded)}; the rest freshly initialised)", flush=True)
     return model
+
+
+def train_texts_fingerprint(cfg: DictConfig) -> str:
+    """The files of finetune.task's tasks that task-adaptive pretraining reads, by content (and their definitions,
+    less what only scores them)."""
+    f = finetune_settings(cfg)
+    return "".join(task_data_fingerprint(load_task(name), f.data_dir, cache_dir_of(cfg), texts_only=True,
+                                         allow_outside=f.allow_files_outside_data_dir) for name in task_names(f.task))
 
 
 def init_from_fingerprint(cfg: DictConfig) -> str:
@@ -252,7 +283,7 @@ class BertPretraining:
     def settings(self, cfg: DictConfig) -> BertPretrainSettings:
         self.phase.max_seq_length(cfg)  # too long for the position table: fail now, not at the first batch
         settings = self.phase.settings(cfg)
-        check_objective(settings, self.settings_key(cfg), typed_settings(cfg.examples, ExamplesConfig).packing)
+        self.phase.check_objective(cfg, settings)
         return settings
 
     def build_module(self, ctx: StageContext, p: BertPretrainSettings) -> BertPretrainModule:
@@ -360,7 +391,7 @@ def _learning_summary(mlm_loss: float | None, mlm_acc: float | None, nsp_acc: fl
 PRETRAINING = {phase.stage: BertPretraining(phase) for phase in PHASES}
 
 # BERT's stages: its data stages (pipeline/bert/data_stages.py), then pretraining in one or two phases
-PHASE_1, PHASE_2 = PHASES
+PHASE_1, PHASE_2, TAPT = PHASES
 BERT_STAGES = (
     # with pretrain.init_from, the checkpoint's tokenizer: its files are the stage's input (and, through this stage,
     # the weights pretrain reads from the same directory)
@@ -377,4 +408,12 @@ BERT_STAGES = (
                       ("pretrain",)),
     pretraining_stage(PHASE_2.stage, PRETRAINING[PHASE_2.stage], partial(pretraining_upstream, PHASE_2),
                       ("pretrain", "pretrain_phase2")),
+    # task-adaptive pretraining (Gururangan et al. 2020; PHASES above): the texts fine-tuning may train on, as
+    # fine-tuning reads them (the task's files, its selection split, max_train_examples and the seed that draw them)
+    Stage(TAPT.examples, partial(task_examples, length_key=TAPT.length_key), ("bert_tokenizer",),
+          ("finetune.task", "finetune.data_dir", "finetune.selection_fraction", "finetune.max_train_examples",
+           "finetune.allow_files_outside_data_dir", "data.nfkc", "data.chinese_variant", TAPT.length_key, "seed"),
+          fingerprint=train_texts_fingerprint),
+    pretraining_stage(TAPT.stage, PRETRAINING[TAPT.stage], partial(pretraining_upstream, TAPT),
+                      ("pretrain", "pretrain_tapt")),
 )

@@ -1,7 +1,7 @@
 """The schemas of BERT's config blocks (pipeline/config.py), with their defaults: the blocks it owns (tokenizer,
-examples, pretrain_phase2) and the keys it adds to shared blocks (its masked-LM settings in `pretrain`, the fine-tuning
-and report settings only BERT reads). No torch: the Ray workers of its data stages read the tokenizer and examples
-blocks here and never load it (tests/run/test_layering.py)."""
+examples, pretrain_phase2, pretrain_tapt) and the keys it adds to shared blocks (its masked-LM settings in `pretrain`,
+the fine-tuning and report settings only BERT reads). No torch: the Ray workers of its data stages read the tokenizer
+and examples blocks here and never load it (tests/run/test_layering.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -126,6 +126,31 @@ PretrainPhase2Config = override_block(
     own=(("max_seq_length", int, ranged(512, PAIR_LENGTH)),))
 
 
+# The `pretrain_tapt` block. Task-adaptive pretraining (TAPT; Gururangan et al. 2020, "Don't Stop Pretraining", §4),
+# run when pipeline.stages has bert_pretrain_tapt: stage bert_examples_tapt packs the fine-tuning task's train texts,
+# one text per instance (RoBERTa's doc_sentences, whose documents are here one review), and bert_pretrain_tapt
+# continues bert_pretrain's final weights on them with masked LM alone, a fresh optimizer and schedule, the masks
+# re-drawn for every batch (so each epoch over the texts is masked anew); finetune, evaluate and report then use its
+# encoder. Only the texts fine-tuning may train on are read: with finetune.selection_fraction, the train pool without
+# its held-out part, never a dev or test text (pipeline/downstream/task_data.py train_pool_documents). Every
+# `pretrain` key is also a key here, null where TAPT keeps pretrain's value. Off unless asked for: measured on the
+# selection split (seeds 1-3, bert_tiny), 300 steps moved bert by +1.0 / -0.15 / +0.1 points at 300 / 1,000 / all
+# labels and 1,000 steps by +0.2 / +0.5 / -0.2, within the seeds' spread, never ahead at both 300 and 1,000
+# (docs/pretraining_recipes.md, "The control row").
+TAPT_DEFAULTS = {
+    # Rotten Tomatoes' 10,282-sentence train pool is ~315 batches of 32: 300 steps are about one epoch (Gururangan et
+    # al. train 100 epochs of a small task; here the number is set by measurement)
+    "max_steps": 300,
+    "warmup_steps": 30,
+    "next_sentence_prediction": False,  # one text per instance: no second segment
+    "encoder_snapshots": field(default_factory=list),  # TAPT's own steps
+}
+PretrainTaptConfig = override_block(
+    "PretrainTaptConfig", __name__, (PretrainConfig, BertPretrainConfig), TAPT_DEFAULTS,
+    # a longer text is cut at its end; at most model.config.max_position_embeddings for learned positions
+    own=(("max_seq_length", int, ranged(128, Number(int, 3, why="[CLS] a token [SEP]"))),))
+
+
 @dataclass
 class BertFinetuneConfig:
     """What BERT's fine-tuning adds to `finetune`."""
@@ -154,4 +179,5 @@ class AttentionReportConfig:
 
 
 CONFIG = {"tokenizer": TokenizerConfig, "examples": ExamplesConfig, "pretrain": BertPretrainConfig,
-          "pretrain_phase2": PretrainPhase2Config, "finetune": BertFinetuneConfig, "report": AttentionReportConfig}
+          "pretrain_phase2": PretrainPhase2Config,
+          "pretrain_tapt": PretrainTaptConfig, "finetune": BertFinetuneConfig, "report": AttentionReportConfig}

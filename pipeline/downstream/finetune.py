@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from data_prep.corpus.shards import write_json_atomically
-from pipeline.data_settings import DataConfig, chinese_words_of
+from pipeline.data_settings import chinese_words_of
 from pipeline.downstream.baselines import bow_logreg_scores, lead, lead_n_scores, w2v_mean_coverage, w2v_mean_scores
 from pipeline.downstream.generation import output_summary
 from pipeline.downstream.settings import BASELINES, FinetuneConfig, finetune_settings
@@ -40,15 +40,15 @@ from pipeline.downstream.task_data import (
     LengthGroupedBatchSampler,
     TaskData,
     read_task_files,
+    repeated,
+    scored_tasks,
     stratified_subsample,
     tsv_splits,
 )
 from pipeline.downstream.tasks import (
     TaskSplit,
-    in_corpus_form,
     load_task,
     resolve_task_dir,
-    scored_task,
     task_data_fingerprint,
     task_names,
 )
@@ -130,18 +130,14 @@ def finetune_upstream(cfg: DictConfig) -> tuple[str, ...]:
     return tuple(dict.fromkeys(stages))
 
 
-def _repeated(values: list) -> list:
-    return [v for v in dict.fromkeys(values) if values.count(v) > 1]
-
-
 def train_sizes(f: FinetuneConfig) -> list[int | None]:
     """finetune.train_sizes: labelled examples per fine-tuning run (None: all), in the order given."""
     sizes = list(f.train_sizes or [None])
     bad = [s for s in sizes if s is not None and s < 1]
     if bad:
         raise ValueError(f"finetune.train_sizes={sizes}: each must be a positive number of examples or null (all)")
-    if _repeated(sizes):
-        raise ValueError(f"finetune.train_sizes={sizes} repeats {_repeated(sizes)}: each size is one cell of the "
+    if repeated(sizes):
+        raise ValueError(f"finetune.train_sizes={sizes} repeats {repeated(sizes)}: each size is one cell of the "
                          "label-efficiency table; give each once")
     return sizes
 
@@ -154,8 +150,8 @@ def finetune_seeds(f: FinetuneConfig) -> list[int]:
     if not seeds:
         raise ValueError("finetune.seeds=[]: fine-tuning needs at least one seed, e.g. finetune.seeds=[1,2,3] "
                          "(or leave finetune out of pipeline.stages)")
-    if _repeated(seeds):
-        raise ValueError(f"finetune.seeds={seeds} repeats {_repeated(seeds)}: a seed gives the same run every time, "
+    if repeated(seeds):
+        raise ValueError(f"finetune.seeds={seeds} repeats {repeated(seeds)}: a seed gives the same run every time, "
                          "so a repeat would count as another seed in the mean ± std; give distinct seeds")
     return seeds
 
@@ -176,21 +172,6 @@ def _size_key(size: int | None) -> float:
     return float("inf") if size is None else size
 
 
-
-
-def scored_tasks(cfg: DictConfig, f: FinetuneConfig) -> list[DictConfig]:
-    """finetune.task's tasks as fine-tuning reads them: scored on finetune.score_split's split (scored_task), their
-    text in the form prepare gave the corpus (in_corpus_form)."""
-    if f.selection_fraction and f.score_split != "dev":
-        raise ValueError(f"finetune.selection_fraction scores a held-out part of the train split and "
-                         f"finetune.score_split={f.score_split} the {f.score_split} split: set one of them")
-    names = task_names(f.task)
-    if _repeated(names):
-        raise ValueError(f"finetune.task={names} repeats {_repeated(names)}: a repeated task's rows would be counted "
-                         "again, as if from more seeds; give each task once")
-    data = typed_settings(cfg.data, DataConfig)
-    return [in_corpus_form(scored_task(load_task(name), str(f.score_split)), data.nfkc, str(data.chinese_variant))
-            for name in names]
 
 
 def check_task_files(cfg: DictConfig) -> None:

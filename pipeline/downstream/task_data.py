@@ -13,7 +13,20 @@ from omegaconf import DictConfig
 
 from data_prep.tasks.conll import TaggedSentence, iob1_to_iob2, read_conll
 from data_prep.tasks.squad import read_squad
-from pipeline.downstream.tasks import TaskSplit, read_split, task_files, text_form
+from pipeline.data_settings import DataConfig
+from pipeline.downstream.settings import FinetuneConfig
+from pipeline.downstream.tasks import (
+    TaskSplit,
+    in_corpus_form,
+    load_task,
+    read_split,
+    resolve_task_dir,
+    scored_task,
+    task_files,
+    task_names,
+    text_form,
+)
+from pipeline.engine.settings import cache_dir_of, typed_settings
 from pipeline.evaluation.metrics import score_task
 
 
@@ -118,6 +131,43 @@ def tsv_splits(task: DictConfig, data_dir: Path, max_train_examples: int | None,
         return train, dev, None
     majority = int(np.bincount(train.labels).argmax())
     return train, dev, score_task(task.metric, [majority] * len(dev.labels), dev.labels)
+
+
+def repeated(values: list) -> list:
+    """The values given more than once, each once, in the order first given."""
+    return [v for v in dict.fromkeys(values) if values.count(v) > 1]
+
+
+def scored_tasks(cfg: DictConfig, f: FinetuneConfig) -> list[DictConfig]:
+    """finetune.task's tasks as fine-tuning reads them: scored on finetune.score_split's split (scored_task), their
+    text in the form prepare gave the corpus (in_corpus_form)."""
+    if f.selection_fraction and f.score_split != "dev":
+        raise ValueError(f"finetune.selection_fraction scores a held-out part of the train split and "
+                         f"finetune.score_split={f.score_split} the {f.score_split} split: set one of them")
+    names = task_names(f.task)
+    if repeated(names):
+        raise ValueError(f"finetune.task={names} repeats {repeated(names)}: a repeated task's rows would be counted "
+                         "again, as if from more seeds; give each task once")
+    data = typed_settings(cfg.data, DataConfig)
+    return [in_corpus_form(scored_task(load_task(name), str(f.score_split)), data.nfkc, str(data.chinese_variant))
+            for name in names]
+
+
+def train_pool_documents(cfg: DictConfig, f: FinetuneConfig, reader: str) -> list[list[str]]:
+    """The texts of every example fine-tuning may train on, one document per example (its text, and its pair's):
+    each of finetune.task's train splits as fine-tuning reads it (tsv_splits: subsampled to finetune.max_train_examples,
+    less finetune.selection_fraction's held-out part), never a dev, test or held-out text. What a model may read
+    unlabelled before fine-tuning without reading what it is scored on (task-adaptive pretraining, Gururangan et al.
+    2020); `reader` names it in the message refusing a task that is not a TSV task."""
+    documents = []
+    for task in scored_tasks(cfg, f):
+        if task.format != "tsv":
+            raise ValueError(f"{reader} reads the train texts of a TSV task; task {task.name} is {task.format}: "
+                             f"remove {reader} from pipeline.stages, or fine-tune on TSV tasks only")
+        data_dir = resolve_task_dir(task, f.data_dir, cache_dir_of(cfg))
+        train, _, _ = tsv_splits(task, data_dir, f.max_train_examples, cfg.seed, f.selection_fraction)
+        documents += [list(texts) for texts in zip(train.texts_a, *([train.texts_b] if train.texts_b else []))]
+    return documents
 
 
 TAG_SCHEMES = ("iob", "none")
