@@ -130,7 +130,9 @@ class TextrepPointerGenerator(nn.Module):
     """See et al. 2017's pointer-generator over the vocabulary that source and target share: a gate
     p_gen = sigmoid(w . features + b) mixes the vocabulary distribution with the attention over the source scattered
     onto the source's ids, P(w) = p_gen P_vocab(w) + (1 - p_gen) sum_{s: x_s = w} a_s (a repeated token gets each of
-    its shares; padding has zero attention, so none)."""
+    its shares; padding has zero attention, so none). modeling_textrep_seq2seq.py has the same class: each file is
+    copied alone beside its weights and imports only torch and transformers, and tests/seq2seq/test_seq2seq_export.py
+    holds both to models/seq2seq.py's PointerGenerator."""
 
     def __init__(self, width):
         super().__init__()
