@@ -30,7 +30,8 @@ ARCHITECTURES = {"transformer": "TextrepSeq2SeqForConditionalGeneration",
                  "rnn": "TextrepRNNSeq2SeqForConditionalGeneration",
                  "transformer-copy": "TextrepSeq2SeqForConditionalGeneration",
                  "rnn-copy": "TextrepRNNSeq2SeqForConditionalGeneration"}
-COPY_ATTENTION = ["model.config.copy_attention=true"]
+# seq2seq_tiny copies by default; each variant says which it is
+COPY_ATTENTION, NO_COPY = ["model.config.copy_attention=true"], ["model.config.copy_attention=false"]
 PRETRAIN_ONLY = [*STEPS, "pipeline.stages=[seq2seq_pretrain]"]
 
 
@@ -43,7 +44,7 @@ def exported(tmp_path_factory, family_data):
     rnn = tiny_config(data_root, [*RNN_TINY, "model.config.attention=general", "model.config.cell=lstm"],
                       experiment="seq2seq_tiny")
     runs, cases = {}, []
-    for name, cfg in (("transformer", transformer), ("rnn", rnn),
+    for name, cfg in (("transformer", with_overrides(transformer, NO_COPY)), ("rnn", with_overrides(rnn, NO_COPY)),
                       ("transformer-copy", with_overrides(transformer, COPY_ATTENTION)),
                       ("rnn-copy", with_overrides(rnn, COPY_ATTENTION))):
         run_dir = root / name / "run"
