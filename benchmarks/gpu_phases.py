@@ -442,7 +442,7 @@ def harness_config(ctx: PhaseContext, trainer: list[str], run_dir: Path, clock_p
                  f"++pretrain.checkpoint_every_steps={10 * steps}", f"pretrain.val_max_instances={s.harness_batch}",
                  "pretrain.val_fraction=0.05", "pretrain.encoder_snapshots=[]", "examples.max_seq_length=128",
                  # harness_inputs makes the tokenizer and examples stages' outputs, not piece_vectors'
-                 "pretrain.init_embeddings=random", "pretrain.freeze_embeddings=false",
+                 "pretrain.init_embeddings=random", "pretrain.freeze_embeddings=none",
                  "+callbacks.step_clock._target_=gpu_phases.StepClock",
                  f"+callbacks.step_clock.warmup_steps={warmup}", f"+callbacks.step_clock.path={clock_path}",
                  *trainer]

@@ -172,8 +172,9 @@ RENAMED = {"pipeline.stages": ("stage", RENAMED_STAGES), "pipeline.until": ("sta
 
 
 def check_renamed_names(overrides: list[str]) -> None:
-    """Refuse an old stage or fine-tune kind name on the command line, naming the new one: Hydra's own message
-    ("Invalid value 'pretrain', expected one of [...]") lists every name without saying which one was meant."""
+    """Refuse an old stage or fine-tune kind name, or an old setting or value, on the command line, naming the new
+    one: Hydra's own message ("Invalid value 'pretrain', expected one of [...]") lists every name without saying which
+    one was meant."""
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")
         if key.split(".")[-2:] == ["config", "fast_kernels"]:  # model.config.* or gpt.model.config.*
@@ -184,6 +185,11 @@ def check_renamed_names(overrides: list[str]) -> None:
             masking = "whole_word" if value.strip().lower() == "true" else "token"
             raise SystemExit(f"error: {override}: whole-word masking is now one value of the masking unit, beside "
                              f"token and SpanBERT's span; write {key.rpartition('.')[0]}.masking={masking}")
+        if key.split(".")[-1] == "freeze_embeddings" and value.strip().lower() in ("true", "false"):
+            rows = "all" if value.strip().lower() == "true" else "none"
+            raise SystemExit(f"error: {override}: freeze_embeddings now names the rows it keeps: all (as true), "
+                             f"with_vector (those started from a piece vector; the others train) or none (as false); "
+                             f"write {key}={rows}")
         if key not in RENAMED:
             continue
         what, renamed = RENAMED[key]

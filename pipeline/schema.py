@@ -39,6 +39,13 @@ LrDecay = StrEnum("LrDecay", {name: name for name in LR_DECAYS}, module=__name__
 # vectors of the corpus's pieces: BERT's bert_piece_vectors stage, GPT's gpt_piece_vectors; of its words: the word2vec
 # stage's, for Skip-Thought)
 InitEmbeddings = StrEnum("InitEmbeddings", {name: name for name in ("random", "word2vec")}, module=__name__)
+# pretrain.freeze_embeddings and finetune.freeze_embeddings: which rows of the token embeddings stay as they start.
+# all: the whole table; with_vector: the rows started from a vector (a piece vector, Skip-Thought's word2vec words),
+# the others, pieces the corpus shows too rarely for skip-gram and so at their random initialisation, train
+# (pipeline.engine.pretraining.keep_word_embeddings); none: every row trains. The rule is the same in pretraining and
+# fine-tuning, for the pretrained kind and its control; a random twin trains every row.
+FREEZE_EMBEDDINGS = ("all", "with_vector", "none")
+FreezeEmbeddings = StrEnum("FreezeEmbeddings", {name: name for name in FREEZE_EMBEDDINGS}, module=__name__)
 
 
 @dataclass
@@ -72,11 +79,11 @@ class PretrainConfig:
     # run at that step, with its learning rate not yet decayed: not what a run of N steps would give.
     encoder_snapshots: list[int] = field(default_factory=list)
     # Where the token embeddings start: random, or word2vec (skip-gram over the corpus written in the model's own
-    # pieces, with the `word2vec` block's settings; Skip-Thought's words: the word2vec stage's vectors); and whether
-    # pretraining keeps them as they start. BERT, GPT and Skip-Thought read both (BERT not with pretrain.init_from,
-    # whose embeddings are the checkpoint's); ELMo and seq2seq do not.
+    # pieces, with the `word2vec` block's settings; Skip-Thought's words: the word2vec stage's vectors); and which of
+    # their rows pretraining keeps as they start (FREEZE_EMBEDDINGS). BERT, GPT and Skip-Thought read both (BERT not
+    # with pretrain.init_from, whose embeddings are the checkpoint's); ELMo and seq2seq do not.
     init_embeddings: InitEmbeddings = InitEmbeddings.random
-    freeze_embeddings: bool = False
+    freeze_embeddings: FreezeEmbeddings = FreezeEmbeddings.none
 
 
 @dataclass

@@ -94,7 +94,7 @@ TINY_OVERRIDES = [
     "trainer.precision=32-true",
     # bert_tiny's word2vec-started, frozen embeddings (a piece_vectors stage) have tests of their own
     # (test_piece_vectors.py, test_finetuning.py)
-    "pretrain.init_embeddings=random", "pretrain.freeze_embeddings=false", "finetune.freeze_embeddings=false",
+    "pretrain.init_embeddings=random", "pretrain.freeze_embeddings=none", "finetune.freeze_embeddings=none",
 ]
 
 

@@ -44,11 +44,18 @@ from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.fingerprints import files_fingerprint
 from pipeline.engine.loaders import held_out_split, seeded_train_loader
 from pipeline.engine.module import OptimizerSettings
-from pipeline.engine.pretraining import instantiate_model, merged_settings, pretraining_stage, start_word_embeddings
+from pipeline.engine.pretraining import (
+    instantiate_model,
+    keep_word_embeddings,
+    merged_settings,
+    pretraining_stage,
+    start_word_embeddings,
+)
 from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
 from pipeline.engine.settings import cache_dir_of, stages_in_run, typed_settings
 from pipeline.engine.snapshots import encoder_snapshot_steps
-from pipeline.piece_vectors import read_piece_vectors
+from pipeline.piece_vectors import pieces_with_vectors, read_piece_vectors
+from pipeline.schema import FreezeEmbeddings
 
 # The MLM and NSP heads, beside encoder/: what a later phase needs, besides the encoder, to continue pretraining.
 HEADS_FILE = "pretraining_heads.safetensors"
@@ -158,13 +165,29 @@ def pretraining_starts_from_piece_vectors(cfg: DictConfig) -> bool:
     return starts_from_piece_vectors(PHASES[0], PHASES[0].settings(cfg))
 
 
+def reads_piece_vectors(phase: Phase, cfg: DictConfig) -> bool:
+    """Whether a phase reads the piece vectors: its word embeddings start from them (starts_from_piece_vectors), or
+    it continues a run that started there and keeps the rows that have one (pretrain.freeze_embeddings=with_vector)."""
+    settings = phase.settings(cfg)
+    return starts_from_piece_vectors(phase, settings) or (
+        settings.freeze_embeddings == FreezeEmbeddings.with_vector and pretraining_starts_from_piece_vectors(cfg))
+
+
+def rows_with_vectors(ctx: StageContext, settings: BertPretrainSettings) -> np.ndarray | None:
+    """Which word-embedding rows started from a piece vector, where pretrain.freeze_embeddings=with_vector asks: those
+    of the piece-vector stage where this run's pretraining started from it, else none (None)."""
+    if settings.freeze_embeddings != FreezeEmbeddings.with_vector or not pretraining_starts_from_piece_vectors(ctx.cfg):
+        return None
+    return pieces_with_vectors(read_piece_vectors(ctx.stage_dir("bert_piece_vectors")))
+
+
 def pretraining_upstream(phase: Phase, cfg: DictConfig) -> tuple[str, ...]:
     """What a phase reads: the tokenizer, its examples, the phase it continues, and the piece vectors its word
-    embeddings start from (starts_from_piece_vectors)."""
+    embeddings start from or whose rows it keeps (reads_piece_vectors)."""
     upstream = ["bert_tokenizer", phase.examples]
     if phase.init_from:
         upstream.append(phase.init_from)
-    elif starts_from_piece_vectors(phase, phase.settings(cfg)):
+    if reads_piece_vectors(phase, cfg):
         upstream.append("bert_piece_vectors")
     return tuple(upstream)
 
@@ -296,8 +319,9 @@ class BertPretraining:
                                   read_piece_vectors(ctx.stage_dir("bert_piece_vectors")))
         # Kept as they start (Sentence-level transfer with frozen word2vec input layers, Kim 2014's "static" model):
         # at this compute masked LM pulls them towards what predicts a masked piece (frequency, syntax) and the
-        # sentiment word2vec placed in them is lost (docs/pretraining_recipes.md)
-        model.bert.embeddings.word_embeddings.weight.requires_grad_(not p.freeze_embeddings)
+        # sentiment word2vec placed in them is lost (docs/pretraining_recipes.md); with_vector keeps those rows and
+        # trains the ones skip-gram gave no vector
+        keep_word_embeddings(model.bert.embeddings.word_embeddings, p.freeze_embeddings, rows_with_vectors(ctx, p))
         # plain Python values: a checkpoint's hyperparameters must load with torch.load(weights_only=True)
         return BertPretrainModule(model, OptimizerSettings.of(p, self.settings_key(ctx.cfg)),
                                   next_sentence_prediction=bool(p.next_sentence_prediction), objective=str(p.objective),

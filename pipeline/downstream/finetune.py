@@ -55,6 +55,7 @@ from pipeline.downstream.tasks import (
 from pipeline.downstream.word2vec import WORD2VEC, load_word2vec
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.family import FinetuneKind, TaskModels, TokenCoverage
+from pipeline.engine.pretraining import keep_word_embeddings
 from pipeline.engine.settings import all_cpus, cache_dir_of, typed_settings
 from pipeline.engine.snapshots import encoder_snapshots, steps_trained
 from pipeline.engine.stage_workers import StageWorkers
@@ -66,6 +67,7 @@ from pipeline.engine.training import (
     with_fast_kernels,
 )
 from pipeline.families import FAMILIES
+from pipeline.schema import FreezeEmbeddings
 
 MODEL_KINDS: dict[str, FinetuneKind] = {name: kind for family in FAMILIES
                                         for name, kind in family.finetune_kinds.items()}
@@ -237,7 +239,8 @@ def finetune_once(ctx: StageContext, f: FinetuneConfig, task: DictConfig, data: 
     # twin has nothing to keep, and frozen random vectors or slowed random layers would handicap the comparison. A
     # control keeps its start as the pretrained kind does, so that the two differ by the pretraining steps alone.
     pretrained = kind not in TWINS
-    frozen = word_embeddings(encoder) if f.freeze_embeddings and encoder is not None and pretrained else None
+    frozen = (word_embeddings(encoder) if f.freeze_embeddings != FreezeEmbeddings.none and encoder is not None
+              and pretrained else None)
     if f.linear_probe_epochs and encoder is not None:
         # LP-FT (Kumar et al. 2022): the head first, on the frozen encoder, so that fine-tuning starts from a head that
         # fits the pretrained features instead of a random one whose gradients distort them
@@ -251,7 +254,8 @@ def finetune_once(ctx: StageContext, f: FinetuneConfig, task: DictConfig, data: 
         for parameter in trainable:
             parameter.requires_grad_(True)
     if frozen is not None:
-        frozen.weight.requires_grad_(False)
+        # with_vector: the rows that started from a piece vector (TaskModels.pieces_with_vectors), as in pretraining
+        keep_word_embeddings(frozen, f.freeze_embeddings, getattr(models, "pieces_with_vectors", None))
     epochs = finetune_epochs(f.epochs, f.min_steps, len(train_loader))
     total_steps = len(train_loader) * epochs
     module = data.make_module(model, lr=f.lr, weight_decay=f.weight_decay,
@@ -273,7 +277,7 @@ def word_embeddings(encoder: nn.Module) -> nn.Embedding:
     tables = [m for m in encoder.modules() if isinstance(m, nn.Embedding)]
     if not tables:
         raise ValueError(f"finetune.freeze_embeddings: {type(encoder).__name__} has no embedding table to freeze; "
-                         "leave it false for this model kind")
+                         "leave it none for this model kind")
     return max(tables, key=lambda m: m.num_embeddings)
 
 

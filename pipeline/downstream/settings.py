@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from pipeline.downstream.tasks import SCORE_SPLITS
 from pipeline.engine.settings import COUNT, FRACTION, POSITIVE_INT, RATE, Number, ranged, typed_settings
+from pipeline.schema import FreezeEmbeddings
 
 # finetune.baselines: majority_class is scored once, from all of train, as is lead_n (generation tasks); bow_logreg
 # and w2v_mean on the model kinds' labelled subsets (pipeline/downstream/finetune.py SUBSET_BASELINES)
@@ -84,7 +85,9 @@ class FinetuneConfig:
     # and each encoder layer at this x the rate of the layer above (ELECTRA's 0.8); both for pretrained encoders
     # only: a random twin trains every layer at lr
     layer_lr_decay: float = ranged(1.0, Number(float, 0, 1, low_open=True))
-    freeze_embeddings: bool = False  # keep the encoder's word embeddings as pretraining left them (twins train theirs)
+    # which rows of the encoder's word embeddings stay as pretraining left them: all, with_vector (those started from a
+    # piece vector; the others train) or none (pipeline/schema.py FREEZE_EMBEDDINGS); twins train every row
+    freeze_embeddings: FreezeEmbeddings = FreezeEmbeddings.none
     # epochs of the task head alone on the frozen encoder before fine-tuning all of it (LP-FT, Kumar et al. 2022);
     # 0: none
     linear_probe_epochs: int = ranged(0, COUNT)

@@ -69,7 +69,9 @@ class TaskModels(Protocol):
     """One fine-tune model kind, loaded once per finetune stage: it encodes a task for its inputs and builds a fresh
     model (encoder + task head) for every (task, train size, seed). A kind with a tokenizer may also offer
     `token_coverage(data) -> TokenCoverage` of a task it encoded: the finetune stage records it beside the kind's rows
-    and warns where the tokenizer or the vectors its embeddings start from miss much of the task."""
+    and warns where the tokenizer or the vectors its embeddings start from miss much of the task. One whose word
+    embeddings start from piece vectors has `pieces_with_vectors` (a bool per token id, or None): the rows
+    finetune.freeze_embeddings=with_vector keeps."""
     encoding_key: str  # kinds with the same key read the same inputs (tokenizer): the task is encoded once for them
 
     # finetune: the stage's typed settings (pipeline.downstream.finetune.FinetuneConfig)

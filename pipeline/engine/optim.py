@@ -11,10 +11,25 @@ from torch import nn
 
 from pipeline.schema import LR_DECAYS, PretrainOptimizer
 
+# the attribute freeze_rows sets on a parameter: the ids of the rows that stay as they are
+FROZEN_ROWS = "frozen_rows"
+
+
+def freeze_rows(weight: nn.Parameter, rows: torch.Tensor) -> None:
+    """Keep rows `rows` (ids) of `weight` as they are while the others train: a gradient hook zeroes their gradient
+    (every backward pass; a tied output layer's share included, as both read this one parameter), so Adam's moments
+    and update for them stay exactly 0 and gradient clipping does not count them, and _decay_groups leaves a parameter
+    so marked out of weight decay, which would shrink rows of zero gradient too."""
+    rows = torch.as_tensor(rows, dtype=torch.long)
+    setattr(weight, FROZEN_ROWS, rows)
+    weight.register_hook(lambda grad: grad.index_fill(0, rows.to(grad.device), 0))
+
 
 def _decay_groups(module: nn.Module, weight_decay: float, lr: float | None = None,
                   lr_scales: dict[int, float] | None = None) -> list[dict]:
-    """Parameter groups: weight decay on weight matrices and embeddings, none on biases and LayerNorm (BERT §A.2).
+    """Parameter groups: weight decay on weight matrices and embeddings, none on biases and LayerNorm (BERT §A.2), nor
+    on an embedding table some of whose rows are frozen (freeze_rows: decay would move them; its other rows go
+    without decay, a small change beside the 0.01 of the others).
     `lr_scales` (id(parameter) -> factor): those parameters at factor x `lr`, in groups of their own (a pretrained
     encoder under a fresh task head: Howard & Ruder 2018's discriminative fine-tuning; one factor per layer: layer-wise
     decay); the others at `lr`."""
@@ -25,10 +40,14 @@ def _decay_groups(module: nn.Module, weight_decay: float, lr: float | None = Non
         params = [p for p in trained if lr_scales.get(id(p), 1.0) == scale]
         extra = {} if scale == 1.0 else {"lr": lr * scale}
         groups += [group for group in (
-            {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay, **extra},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, **extra}) if group["params"] or
+            {"params": [p for p in params if _decays(p)], "weight_decay": weight_decay, **extra},
+            {"params": [p for p in params if not _decays(p)], "weight_decay": 0.0, **extra}) if group["params"] or
             scale == 1.0]
     return groups
+
+
+def _decays(parameter: nn.Parameter) -> bool:
+    return parameter.ndim >= 2 and not hasattr(parameter, FROZEN_ROWS)
 
 
 def _with_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int,

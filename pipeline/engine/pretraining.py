@@ -37,13 +37,14 @@ from pipeline.engine.checkpoints import start_checkpoint_fingerprint
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.distributed import DistributedSettings, run_on_ray_workers, stage_cpus, validate_distributed
 from pipeline.engine.lightning_loop import train_with_lightning
+from pipeline.engine.optim import freeze_rows
 from pipeline.engine.pretraining_outputs import LOSS_CURVE, WORKER_SUMMARY
 from pipeline.engine.pretraining_task import PretrainingTask
 from pipeline.engine.settings import check_target_arguments, typed_settings
 from pipeline.engine.snapshots import encoder_snapshot_steps
 from pipeline.engine.tracking import log_curves
 from pipeline.engine.workers import deepspeed_cpu_worker, lightning_worker
-from pipeline.schema import PretrainConfig
+from pipeline.schema import FreezeEmbeddings, PretrainConfig
 
 # What every pretraining stage depends on besides its family's settings: the model, the Trainer and its callbacks
 # (which can change what training computes: EarlyStopping, StochasticWeightAveraging), the processes it is spread
@@ -100,6 +101,23 @@ def start_word_embeddings(word_embeddings: nn.Embedding, vectors: np.ndarray) ->
     with torch.no_grad():
         word_embeddings.weight[rows] = values / values.std() / word_embeddings.embedding_dim ** 0.5
     return int(known.sum())
+
+
+def keep_word_embeddings(word_embeddings: nn.Embedding, freeze: str, has_vector: np.ndarray | None) -> int:
+    """Keep the rows of `word_embeddings` that `freeze` (FREEZE_EMBEDDINGS) names as they are, the others training:
+    all, the whole table (requires_grad off); with_vector, the ids `has_vector` marks (a piece-vector stage's
+    pieces_with_vectors: the rows start_word_embeddings set; None, or rows past it: none), by freeze_rows; none,
+    nothing. The rows without a vector are pieces the corpus shows too rarely for skip-gram: frozen, they would stay
+    at their random initialisation through pretraining and fine-tuning. Returns how many rows are kept."""
+    weight = word_embeddings.weight
+    if freeze == FreezeEmbeddings.all:
+        weight.requires_grad_(False)
+        return weight.shape[0]
+    if freeze == FreezeEmbeddings.none:
+        return 0
+    rows = np.zeros(0, dtype=np.int64) if has_vector is None else np.flatnonzero(has_vector[:weight.shape[0]])
+    freeze_rows(weight, torch.from_numpy(rows))
+    return len(rows)
 
 
 def check_model_config(cfg: DictConfig, key: str = "model") -> None:

@@ -43,7 +43,7 @@ from pipeline.engine.pretraining import start_word_embeddings
 from pipeline.engine.settings import typed_settings
 from pipeline.gpt.pretrain import pretraining_starts_from_piece_vectors, scratch_config
 from pipeline.gpt.settings import GptFinetuneConfig
-from pipeline.piece_vectors import PieceVectorStart, read_piece_vectors
+from pipeline.piece_vectors import PieceVectorStart, pieces_with_vectors, read_piece_vectors
 
 # GPT-1 Sec. 3.3: similarity has no inherent order, so both orders are encoded and their extract states summed: for
 # regression pairs (STS-B) and GPT-1's other similarity tasks, MRPC and QQP.
@@ -270,9 +270,12 @@ def generation_task_data(task: DictConfig, data_dir: Path, tokenizer, n_position
 class GPTTaskModels(WritingTaskModels):
     """A gpt_pretrain model directory and its tokenizer; `piece_vector_start`: instead of the directory's weights or
     their fresh initialisation, start where pretraining does (the control; `model_dir` is then the tokenizer's, whose
-    weights are not read); `lm_loss_weight`: finetune.lm_loss_weight."""
+    weights are not read); `lm_loss_weight`: finetune.lm_loss_weight; `pieces_with_vectors`: where the token
+    embeddings start from the piece vectors (the control, or a model whose pretraining started there), which token ids
+    have one (finetune.freeze_embeddings=with_vector keeps those rows)."""
     piece_vector_start: PieceVectorStart | None = None
     lm_loss_weight: float = GptFinetuneConfig.lm_loss_weight
+    pieces_with_vectors: np.ndarray | None = None
 
     def encode(self, task: DictConfig, data_dir: Path, finetune: FinetuneConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
@@ -306,10 +309,18 @@ def _load(kind: str, pretrained: bool):
         from tokenizers import Tokenizer
 
         model_dir = ctx.stage_dir("gpt_pretrain") / "model"
+        vectors = (pieces_with_vectors(read_piece_vectors(ctx.stage_dir("gpt_piece_vectors")))
+                   if pretrained and pretraining_starts_from_piece_vectors(ctx.cfg) else None)
         return GPTTaskModels(model_dir, Tokenizer.from_file(str(model_dir / "tokenizer.json")), kind,
                              ctx.out_dir / GENERATED_DIR, pretrained,
-                             lm_loss_weight=typed_settings(ctx.cfg.finetune, GptFinetuneConfig).lm_loss_weight)
+                             lm_loss_weight=typed_settings(ctx.cfg.finetune, GptFinetuneConfig).lm_loss_weight,
+                             pieces_with_vectors=vectors)
     return load
+
+
+def _pretrained_stages(cfg: DictConfig) -> tuple[str, ...]:
+    """`gpt`'s: with the piece vectors its pretraining started from, whose rows fine-tuning may keep."""
+    return ("gpt_pretrain",) + (("gpt_piece_vectors",) if pretraining_starts_from_piece_vectors(cfg) else ())
 
 
 # `gpt`'s control (FinetuneKind.control) where its pretraining starts from the piece vectors
@@ -323,7 +334,8 @@ def _control(ctx: StageContext) -> GPTTaskModels:
     start = PieceVectorStart(scratch_config(ctx.cfg, tokenizer), read_piece_vectors(ctx.stage_dir("gpt_piece_vectors")))
     return GPTTaskModels(tokenizer_dir, tokenizer, CONTROL, ctx.out_dir / GENERATED_DIR, pretrained=False,
                          piece_vector_start=start,
-                         lm_loss_weight=typed_settings(ctx.cfg.finetune, GptFinetuneConfig).lm_loss_weight)
+                         lm_loss_weight=typed_settings(ctx.cfg.finetune, GptFinetuneConfig).lm_loss_weight,
+                         pieces_with_vectors=pieces_with_vectors(start.vectors))
 
 
 def _control_of_gpt(cfg: DictConfig) -> str:
@@ -332,7 +344,7 @@ def _control_of_gpt(cfg: DictConfig) -> str:
     return CONTROL if pretraining_starts_from_piece_vectors(cfg) else "gpt_random"
 
 
-FINETUNE_KINDS = {"gpt": FinetuneKind(lambda cfg: ("gpt_pretrain",), _load("gpt", pretrained=True),
+FINETUNE_KINDS = {"gpt": FinetuneKind(_pretrained_stages, _load("gpt", pretrained=True),
                                       random_twin="gpt_random", control=_control_of_gpt),
                   "gpt_random": FinetuneKind(lambda cfg: ("gpt_pretrain",), _load("gpt_random", pretrained=False)),
                   # what it reads leaves pretraining out: the control waits for no pretraining step

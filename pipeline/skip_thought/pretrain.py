@@ -29,9 +29,15 @@ from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.loaders import ArrowRows, pretraining_loaders
 from pipeline.engine.module import OptimizerSettings, PretrainModule
-from pipeline.engine.pretraining import instantiate_model, pretraining_stage, start_word_embeddings
+from pipeline.engine.pretraining import (
+    instantiate_model,
+    keep_word_embeddings,
+    pretraining_stage,
+    start_word_embeddings,
+)
 from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
 from pipeline.engine.settings import typed_settings
+from pipeline.piece_vectors import pieces_with_vectors
 from pipeline.schema import PretrainConfig
 from pipeline.skip_thought.data_stages import skip_thought_examples, skip_thought_vocab
 from pipeline.skip_thought.module import QuickThoughtPretrainModule, SkipThoughtPretrainModule, collate_triples
@@ -107,8 +113,10 @@ class SkipThoughtPretraining:
         model = starting_model(ctx.cfg, vocab, self.encoder, word_vectors)
         # Kept as they start: at this compute the objective pulls trainable vectors toward what predicts the next
         # words, and the sentiment that skip-gram placed in them is lost (BERT's frozen start,
-        # docs/pretraining_recipes.md)
-        model.embedding.weight.requires_grad_(not settings.freeze_embeddings)
+        # docs/pretraining_recipes.md); with_vector keeps the words word2vec has and trains the others
+        keep_word_embeddings(model.embedding, settings.freeze_embeddings,
+                             None if word_vectors is None else
+                             pieces_with_vectors(word_vector_table(vocab, word_vectors)))
         module = (SkipThoughtPretrainModule if objective_of(ctx.cfg) == Objective.skip_thought
                   else QuickThoughtPretrainModule)
         return module(model, OptimizerSettings.of(settings, self.settings_key(ctx.cfg)))

@@ -3,6 +3,7 @@ pieces (the piece_vectors stage), and pretrain.freeze_embeddings keeps them as t
 beside its control, bert_w2v, that start without the pretraining steps."""
 import json
 import re
+from pathlib import Path
 
 import lightning as L
 import numpy as np
@@ -11,12 +12,13 @@ import torch
 
 from data_prep.corpus.tokenizer import load_tokenizer
 from models.bert import load_pretrained
+from pipeline.bert.pretrain import PRETRAINING
 from pipeline.downstream.finetune import finetune_settings, model_sources, scored_tasks
 from pipeline.downstream.tasks import resolve_task_dir
 from pipeline.engine.dag import StageContext
 from pipeline.engine.pretraining import start_word_embeddings
 from pipeline.engine.settings import cache_dir_of
-from pipeline.piece_vectors import PIECE_VECTORS_FILE, read_piece_vectors
+from pipeline.piece_vectors import PIECE_VECTORS_FILE, pieces_with_vectors, read_piece_vectors
 from pipeline.report.report import write_report
 from tests.helpers import TinyRun, check_control_start, tiny_config
 
@@ -26,7 +28,7 @@ WORD2VEC = ["pretrain.init_embeddings=word2vec", "word2vec.epochs=50"]
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, ray_session) -> TinyRun:
     root = tmp_path_factory.mktemp("piece_vectors")
-    tiny = TinyRun(tiny_config(root, [*WORD2VEC, "pretrain.freeze_embeddings=true"]))
+    tiny = TinyRun(tiny_config(root, [*WORD2VEC, "pretrain.freeze_embeddings=all"]))
     for stage in ("prepare", "bert_tokenizer", "bert_examples", "bert_piece_vectors"):
         tiny.run_stage(stage)
     return tiny
@@ -59,8 +61,31 @@ def test_frozen_word2vec_embeddings_are_the_encoders_after_pretraining(run):
     assert difference.max() < 1e-4  # numpy's and torch's float32 standard deviations differ in the last digits
 
 
+def test_with_vector_keeps_the_rows_that_have_a_piece_vector_bit_for_bit_and_trains_the_others(run, tmp_path):
+    """pretrain.freeze_embeddings=with_vector: after pretraining, the word-embedding rows that started from a piece
+    vector are their start bit for bit (AdamW's weight decay included); the others, the pieces the corpus never shows
+    and the padding rows, left their random initialisation (the tied masked-LM decoder trains them)."""
+    root = Path(run.cfg.paths.cache_dir).parent  # the module's corpus and cache: the stages before pretraining cached
+    tiny = TinyRun(tiny_config(root, [*WORD2VEC, "pretrain.freeze_embeddings=with_vector"]))
+    summary = tiny.run_stage("bert_pretrain")
+    assert summary["steps"] == 30
+    phase = PRETRAINING["bert_pretrain"]
+    ctx = StageContext(tiny.cfg, "bert_pretrain", tmp_path, {name: tiny.stage_dir(name) for name in (
+        "bert_tokenizer", "bert_piece_vectors")})
+    start = phase.build_module(ctx, phase.settings(tiny.cfg)).model.bert.embeddings.word_embeddings.weight.detach()
+    after = load_pretrained(tiny.stage_dir("bert_pretrain") / "encoder").embeddings.word_embeddings.weight.detach()
+    known = np.zeros(len(start), dtype=bool)
+    has_vector = pieces_with_vectors(read_piece_vectors(tiny.stage_dir("bert_piece_vectors")))
+    known[:len(has_vector)] = has_vector
+    known = torch.from_numpy(known)
+    assert 0 < int(known.sum()) < len(start)
+    assert torch.equal(after[known], start[known])
+    moved = (after[~known] - start[~known]).abs().amax(dim=1)
+    assert (moved > 0).all()
+
+
 def test_unfrozen_word2vec_embeddings_start_there_and_move(tmp_path, ray_session):
-    tiny = TinyRun(tiny_config(tmp_path, [*WORD2VEC, "pretrain.freeze_embeddings=false"]))
+    tiny = TinyRun(tiny_config(tmp_path, [*WORD2VEC, "pretrain.freeze_embeddings=none"]))
     for stage in ("prepare", "bert_tokenizer", "bert_examples", "bert_piece_vectors", "bert_pretrain"):
         tiny.run_stage(stage)
     vectors = np.load(tiny.stage_dir("bert_piece_vectors") / PIECE_VECTORS_FILE)

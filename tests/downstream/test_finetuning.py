@@ -500,7 +500,7 @@ def test_frozen_embeddings_stay_and_a_linear_probe_trains_the_head_before_the_en
     ctx.cfg.finetune.task = "sst2"
     ctx.cfg.finetune.models = ["bert", "bert_random"]
     ctx.cfg.finetune.seeds = [1]
-    ctx.cfg.finetune.freeze_embeddings = True
+    ctx.cfg.finetune.freeze_embeddings = "all"
     ctx.cfg.finetune.linear_probe_epochs = 2
     fits = []
     real_fit = lightning.Trainer.fit
@@ -528,6 +528,47 @@ def test_frozen_embeddings_stay_and_a_linear_probe_trains_the_head_before_the_en
     twin_data = twin.encode(task, Path(settings.data_dir) / "SST-2", settings, 0, None)
     finetuning.finetune_once(ctx, settings, task, twin_data, twin, "bert_random", 1, np.arange(len(twin_data.train)))
     assert "embeddings.word_embeddings.weight" in fits[-1][0]
+
+
+def test_with_vector_keeps_the_rows_that_have_a_piece_vector_and_trains_the_others(ctx, monkeypatch):
+    """finetune.freeze_embeddings=with_vector: the rows of `bert`'s and its control's word embeddings that started
+    from a piece vector stay bit for bit (weight decay included), the rows of the task's pieces without one train
+    (pieces the corpus shows too rarely for skip-gram, at their random initialisation); the twin trains every row."""
+    tok = load_tokenizer(ctx.inputs["bert_tokenizer"])
+    _write_piece_vectors(ctx.inputs["bert_piece_vectors"], ctx.inputs["bert_tokenizer"],
+                         [piece for piece, i in tok.get_vocab().items() if i % 2 == 0])  # even ids have a vector
+    ctx.cfg.finetune.task = "sst2"
+    ctx.cfg.finetune.seeds = [1]
+    ctx.cfg.finetune.random_twins = ctx.cfg.finetune.controls = True
+    ctx.cfg.finetune.freeze_embeddings = "with_vector"
+    ctx.cfg.finetune.epochs = 3
+    tables = []
+    real_fit = lightning.Trainer.fit
+
+    def recording_fit(trainer, module, *args, **kwargs):
+        words = module.model.encoder.embeddings.word_embeddings.weight
+        before = words.detach().clone()
+        real_fit(trainer, module, *args, **kwargs)
+        tables.append((before, words.detach().clone()))
+
+    monkeypatch.setattr(lightning.Trainer, "fit", recording_fit)
+    settings = finetuning.finetune_settings(ctx.cfg)
+    task, sources = load_task("sst2"), finetuning.model_sources(ctx, settings)
+    assert sorted(sources) == ["bert", "bert_random", "bert_w2v"]
+    moved = {}
+    for kind in ("bert", "bert_w2v", "bert_random"):
+        models = sources[kind][0]
+        data = models.encode(task, Path(settings.data_dir) / "SST-2", settings, 0, None)
+        finetuning.finetune_once(ctx, settings, task, data, models, kind, 1, np.arange(len(data.train)))
+        before, after = tables[-1]
+        seen = torch.from_numpy(np.unique(np.concatenate([np.asarray(x["input_ids"]) for x in data.train])))
+        moved[kind] = {int(i) for i in seen if not torch.equal(before[i], after[i])}
+        if kind != "bert_random":
+            kept = torch.arange(0, len(before), 2)
+            assert torch.equal(after[kept], before[kept])  # every row with a vector, bit for bit
+    without = {int(i) for i in np.unique(np.concatenate([np.asarray(x["input_ids"]) for x in data.train])) if i % 2}
+    assert without and moved["bert"] == moved["bert_w2v"] == without  # and every row of the task without one trained
+    assert moved["bert_random"] > without  # the twin trains every row the task shows
 
 
 def test_discriminative_rates_slow_the_pretrained_encoder_and_leave_its_random_twin_alone(ctx, monkeypatch):

@@ -2,6 +2,8 @@
 byte-level pieces (gpt_piece_vectors, the stage function bert_piece_vectors runs too), pretrain.freeze_embeddings
 keeps them (and the output layer tied to them) as they start, and fine-tuning sets `gpt` beside its control, gpt_w2v,
 that start without the pretraining steps."""
+from pathlib import Path
+
 import lightning as L
 import numpy as np
 import pytest
@@ -22,7 +24,7 @@ from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 from pipeline.engine.pretraining import start_word_embeddings
 from pipeline.engine.settings import cache_dir_of
-from pipeline.piece_vectors import read_piece_vectors
+from pipeline.piece_vectors import pieces_with_vectors, read_piece_vectors
 from pipeline.runner import validate
 from tests.helpers import TinyRun, check_control_start, family_config
 
@@ -33,7 +35,7 @@ WIDTH = 32  # the tiny GPT's n_embd (tests/helpers.py TINY_FAMILIES)
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, ray_session) -> TinyRun:
     tiny = TinyRun(family_config(tmp_path_factory.mktemp("gpt_piece_vectors"), "gpt",
-                                 [*WORD2VEC, "pretrain.freeze_embeddings=true", "finetune.models=[gpt]"]))
+                                 [*WORD2VEC, "pretrain.freeze_embeddings=all", "finetune.models=[gpt]"]))
     for stage in ("prepare", "gpt_tokenizer", "gpt_blocks", "gpt_piece_vectors", "gpt_pretrain"):
         tiny.run_stage(stage)
     return tiny
@@ -91,6 +93,35 @@ def test_frozen_piece_vectors_are_the_token_embeddings_and_the_lm_head_after_pre
     assert torch.equal(model.transformer.wte.weight.detach(), rows)
     moved = model.transformer.h[0].attn.c_attn.weight.detach() - layer
     assert moved.abs().max() > 1e-3  # the layers trained around them
+
+
+def test_with_vector_keeps_the_rows_that_have_a_piece_vector_in_pretraining_and_fine_tuning(run, tmp_path):
+    """pretrain.freeze_embeddings=with_vector: after pretraining, the rows with a piece vector are their start bit for
+    bit, the others (pieces the corpus never shows, end-of-text) trained through the tied LM head; fine-tuning's `gpt`
+    and `gpt_w2v` know those rows (pieces_with_vectors), which finetune.freeze_embeddings=with_vector keeps."""
+    root = Path(run.cfg.paths.cache_dir).parent  # the module's corpus
+    tiny = TinyRun(family_config(root, "gpt", [*WORD2VEC, "pretrain.freeze_embeddings=with_vector",
+                                               "finetune.models=[gpt]"]))
+    for stage in ("prepare", "gpt_tokenizer", "gpt_blocks", "gpt_piece_vectors", "gpt_pretrain"):
+        tiny.run_stage(stage)
+    vectors = read_piece_vectors(tiny.stage_dir("gpt_piece_vectors"))
+    known = torch.from_numpy(pieces_with_vectors(vectors))
+    model = load_pretrained(tiny.stage_dir("gpt_pretrain") / "model")
+    L.seed_everything(tiny.cfg.seed, workers=True, verbose=False)  # as gpt_pretrain built its model
+    start = type(model)(model.config)
+    start_word_embeddings(start.transformer.wte, vectors)
+    before, after = start.transformer.wte.weight.detach(), model.transformer.wte.weight.detach()
+    assert 0 < int(known.sum()) < len(known)
+    assert torch.equal(after[known], before[known])
+    assert ((after[~known] - before[~known]).abs().amax(dim=1) > 0).all()
+    f = finetune_settings(tiny.cfg)
+    assert "gpt_piece_vectors" in finetune_upstream(tiny.cfg)
+    ctx = StageContext(tiny.cfg, "finetune", tmp_path, {name: tiny.stage_dir(name) for name in (
+        "gpt_tokenizer", "gpt_pretrain", "gpt_piece_vectors")})
+    sources = {kind: models for kind, (models, _) in model_sources(ctx, f).items()}
+    assert np.array_equal(sources["gpt"].pieces_with_vectors, known.numpy())
+    assert np.array_equal(sources["gpt_w2v"].pieces_with_vectors, known.numpy())
+    assert sources["gpt_random"].pieces_with_vectors is None
 
 
 def test_the_control_starts_where_pretraining_did_with_the_layers_and_head_of_gpt_random(run, tmp_path):

@@ -169,6 +169,11 @@ def _write_task_files(root: Path, names: list[str]) -> Path:
     ("trainer=ddp", "ddp_cpu"),                                                  # an unknown option lists the rest
     ("task=cola", "Key 'task' not in 'Config'"),                                 # tasks are not a config group
     ("pretrain.masking=spans", "expected one of [token, whole_word, span]\n    full_key: pretrain.masking"),
+    ("finetune.freeze_embeddings=rare", "expected one of [all, with_vector, none]\n    full_key: "
+                                        "finetune.freeze_embeddings"),
+    # a stale boolean (an experiment file's `freeze_embeddings: true`) names the values
+    ("pretrain.freeze_embeddings=true", "expected one of [all, with_vector, none]\n    full_key: "
+                                        "pretrain.freeze_embeddings"),
 ])
 def test_a_bad_value_fails_at_composition_with_hydras_message_naming_the_key(override, message):
     with pytest.raises(ConfigCompositionException) as failure:
@@ -279,6 +284,24 @@ def test_the_whole_word_switch_names_the_masking_unit_that_replaced_it(override,
     with pytest.raises(SystemExit, match=re.escape(message)):
         check_renamed_names(["+experiment=bert_tiny", override])
     assert _compose(["+experiment=bert_tiny", "pretrain.masking=span"]).pretrain.masking == "span"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("pretrain.freeze_embeddings=true", "write pretrain.freeze_embeddings=all"),
+    ("finetune.freeze_embeddings=false", "write finetune.freeze_embeddings=none"),
+    ("gpt.pretrain.freeze_embeddings=True", "write gpt.pretrain.freeze_embeddings=all"),
+])
+def test_the_frozen_embeddings_switch_names_the_rows_that_replaced_it(override, message):
+    """freeze_embeddings names the rows it keeps (all | with_vector | none), in pretraining and fine-tuning alike."""
+    from pipeline.config import check_renamed_names
+
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        check_renamed_names(["+experiment=bert_tiny", override])
+    for rows in ("all", "with_vector", "none"):
+        cfg = _compose(["+experiment=gpt_tiny", f"pretrain.freeze_embeddings={rows}",
+                        f"gpt.pretrain.freeze_embeddings={rows}", f"finetune.freeze_embeddings={rows}"])
+        assert cfg.pretrain.freeze_embeddings == cfg.gpt.pretrain.freeze_embeddings == rows
+        assert cfg.finetune.freeze_embeddings == rows
 
 
 def test_the_old_names_are_gone_and_the_new_ones_are_the_graphs():

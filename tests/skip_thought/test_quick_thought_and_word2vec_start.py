@@ -138,7 +138,7 @@ def test_skip_thought_words_reads_the_encoders_vector_then_the_mean_of_the_word_
 # --- through the stages ------------------------------------------------------------------------------------------
 
 WIDTH = 16  # the tiny Skip-Thought's embedding_dim (Family.tiny)
-WORD2VEC_START = ["pretrain.init_embeddings=word2vec", "pretrain.freeze_embeddings=true",
+WORD2VEC_START = ["pretrain.init_embeddings=word2vec", "pretrain.freeze_embeddings=all",
                   f"word2vec.vector_size={WIDTH}", "word2vec.min_count=1", "skip_thought.objective=quick_thought",
                   "finetune.models=[skip_thought]", "pretrain.max_steps=12", "pretrain.val_every_steps=6"]
 
