@@ -184,6 +184,9 @@ def test_gap_sentences_mask_15_to_45_percent_of_the_sentences_in_order_seeded_by
     assert counts[2, 1] > 0 and not any(m == n for n, m in counts)
     assert gap_sentences(SUMMARY_BLOCK, ids, np.random.default_rng(7)) == gap_sentences(
         SUMMARY_BLOCK, ids, np.random.default_rng(7))
+    # a ratio that would take the whole block leaves one sentence of context
+    source, target = gap_sentences([[10], [11]], ids, rng, ratio_range=(0.9, 0.9))
+    assert source.count(ids.mask) == 1 and len(source) == 3 and len(target) == 2
     with pytest.raises(ValueError, match="at least 2 sentences"):
         gap_sentences([[10, 11]], ids, np.random.default_rng(0))
 
