@@ -1,7 +1,7 @@
 """The encoder-decoder family's pretraining data: the books cut into blocks of whole sentences, each corrupted into a
 source that the model learns to restore (the target), as a denoising autoencoder.
 
-Two objectives, pure functions of their `rng` (a numpy Generator):
+Three objectives, pure functions of their `rng` (a numpy Generator):
 - BART's (Lewis et al. 2020, Sec. 2.2 and 5.1, the setting of its large model): sentence permutation (the block's
   sentences shuffled), then text infilling: span lengths drawn from Poisson(lambda=3) until 30 % of the tokens are
   covered, each span replaced by ONE mask token, a zero-length span inserting a mask. The target is the block as it
@@ -9,12 +9,18 @@ Two objectives, pure functions of their `rng` (a numpy Generator):
 - T5's span corruption (Raffel et al. 2020, Sec. 3.1.4 and 3.7): 15 % of the tokens in spans of mean length 3, each
   span replaced by a sentinel (a different one per span, in order) in the source; the target is the sentinels, each
   followed by the span it replaced, and a final sentinel. The target is short: only the corrupted spans.
+- PEGASUS's gap-sentence generation (Zhang et al. 2020, Sec. 3.1, 6.2 and Appendix, PEGASUS-large's "Mixed &
+  Stochastic" setting): the block's most important sentences, each scored independently by ROUGE-1 F1 against the
+  rest of the block ("Ind-Orig"), removed from the source, each replaced by one mask token; the target is those
+  sentences, in order. Made for abstractive summarisation: a long source and a short target mostly copied or
+  condensed from the rest, as a headline is, where BART's target is the whole block.
 
 The tokenizer is GPT-2's byte-level BPE (data_prep/examples/gpt_blocks.py) trained with this family's special
 tokens first.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from itertools import groupby
 from pathlib import Path
@@ -28,10 +34,13 @@ from data_prep.corpus.shards import atomic_arrow_file
 from data_prep.examples.gpt_blocks import TOKENIZER_FILE
 
 PAD, BOS, EOS, MASK = "<pad>", "<s>", "</s>", "<mask>"  # ids 0-3: models.seq2seq's pad/start/end defaults are 0/1/2
-OBJECTIVES = ("bart", "span_corruption")
+OBJECTIVES = ("bart", "span_corruption", "gap_sentences")
 EXAMPLE_SCHEMA = pa.schema([("source", pa.list_(pa.int32())), ("target", pa.list_(pa.int32()))])
 BART_MASK_RATIO, BART_POISSON_LAMBDA = 0.3, 3.0  # Lewis et al. 2020, Sec. 5.1
 T5_NOISE_DENSITY, T5_MEAN_SPAN = 0.15, 3.0  # Raffel et al. 2020, Sec. 3.7
+# Zhang et al. 2020, Appendix (PEGASUS-large): the gap-sentence ratio drawn uniformly per block, the importance
+# scores perturbed by 20 % uniform noise
+GSG_RATIO_RANGE, GSG_SCORE_NOISE = (0.15, 0.45), 0.2
 
 
 def sentinel(i: int) -> str:
@@ -176,6 +185,48 @@ def span_corruption(tokens: Sequence[int], sentinel_ids: Sequence[int], rng: np.
 
 
 # -----------------------------------------------------------------------------
+# PEGASUS
+
+
+def rouge1_f1(candidate: Sequence[int], reference: Sequence[int]) -> float:
+    """ROUGE-1 F1 of two token lists, the token ids as unigrams counted with multiplicity: 2 * overlap / (|c| + |r|),
+    which is 2PR / (P + R)."""
+    overlap = sum((Counter(candidate) & Counter(reference)).values())
+    return 2 * overlap / (len(candidate) + len(reference)) if overlap else 0.0
+
+
+def principal_sentences(sentences: Sequence[Sequence[int]], m: int, rng: np.random.Generator,
+                        noise: float = GSG_SCORE_NOISE) -> list[int]:
+    """The indices, in order, of the block's m principal sentences by PEGASUS's Ind-Orig: each sentence scored
+    independently by ROUGE-1 F1 against the rest of the block, the top m taken (Sec. 3.1, the strategy it found best,
+    Sec. 6.2). Each score is multiplied by a factor drawn uniformly from [1 - noise, 1 + noise] (PEGASUS-large's
+    stochastic sampling of the sentences, Appendix); noise=0 takes the top m exactly, ties to the earlier sentence."""
+    scores = np.array([rouge1_f1(s, [t for j, other in enumerate(sentences) if j != i for t in other])
+                       for i, s in enumerate(sentences)])
+    if noise:
+        scores = scores * rng.uniform(1 - noise, 1 + noise, size=len(scores))
+    return sorted(np.argsort(-scores, kind="stable")[:m].tolist())
+
+
+def gap_sentences(sentences: Sequence[list[int]], ids: SpecialIds, rng: np.random.Generator,
+                  ratio_range: tuple[float, float] = GSG_RATIO_RANGE,
+                  noise: float = GSG_SCORE_NOISE) -> tuple[list, list]:
+    """PEGASUS's gap-sentence generation on a block of n >= 2 sentences: the gap-sentence ratio drawn uniformly from
+    ratio_range, m = round(ratio * n) sentences, at least 1 and at most n - 1 (the source keeps some context), chosen
+    by principal_sentences. Source: the block's sentences in order, each chosen one replaced by one mask token, then
+    the end token; target: the chosen sentences in order, then the end token. A block of one sentence has no rest to
+    score it against nor to restore it from: shard_examples skips it, as span corruption's blocks under 2 tokens."""
+    n = len(sentences)
+    if n < 2:
+        raise ValueError(f"gap-sentence generation needs at least 2 sentences, got {n}")
+    m = min(max(int(round(rng.uniform(*ratio_range) * n)), 1), n - 1)
+    chosen = set(principal_sentences(sentences, m, rng, noise))
+    source = [t for i, s in enumerate(sentences) for t in ([ids.mask] if i in chosen else s)]
+    target = [t for i, s in enumerate(sentences) if i in chosen for t in s]
+    return [*source, ids.eos], [*target, ids.eos]
+
+
+# -----------------------------------------------------------------------------
 # A shard's examples
 
 
@@ -197,6 +248,10 @@ def shard_examples(book_ids: list, sentences: list[str], tokenizer: Tokenizer, b
         for block in sentence_blocks(encoded, block_size - 1):
             if objective == "bart":
                 source, target = bart_example(block, ids, rng)
+            elif objective == "gap_sentences":
+                if len(block) < 2:
+                    continue
+                source, target = gap_sentences(block, ids, rng)
             else:
                 tokens = [t for s in block for t in s]
                 if len(tokens) < 2:

@@ -24,4 +24,5 @@ class Seq2SeqBlockConfig:
     num_sentinels: int = ranged(100, Number(int, 2))
     # tokens of a target, its end token included: whole sentences of one book
     block_size: int = ranged(128, Number(int, 3))
-    objective: Objective = Objective.bart  # bart: sentence permutation + text infilling; span_corruption: T5's
+    # bart: sentence permutation + text infilling; span_corruption: T5's; gap_sentences: PEGASUS's whole sentences
+    objective: Objective = Objective.bart

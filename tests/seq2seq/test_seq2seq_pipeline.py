@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra.errors import ConfigCompositionException
 
 from data_prep.examples.seq2seq_examples import load_seq2seq_tokenizer, special_ids
 from models.generation import greedy
 from models.seq2seq import load_pretrained
 from pipeline.engine.arrow import read_arrow
-from pipeline.engine.dag import run_dag
+from pipeline.engine.dag import plan, run_dag, stage_hashes
 from pipeline.generate import main as generate
 from pipeline.runner import validate
 from pipeline.stages import STAGES
@@ -58,17 +59,35 @@ def test_seq2seq_tiny_pretrains_its_held_out_loss_falls_and_its_encoder_is_probe
     assert "has no gpt_pretrain stage output" in capsys.readouterr().err
 
 
-def test_span_corruption_is_the_objective_seq2seq_objective_names(tmp_path, ray_session):
-    run = TinyRun(family_config(tmp_path, "seq2seq", ["seq2seq.objective=span_corruption"]))
+@pytest.mark.parametrize("objective", ["span_corruption", "gap_sentences"])
+def test_the_pairs_are_those_of_the_objective_seq2seq_objective_names(tmp_path, ray_session, objective):
+    # gap sentences need blocks of two sentences or more: the tiny runs' 32 tokens of a near-byte-level BPE hold one
+    blocks = ["seq2seq.block_size=128"] if objective == "gap_sentences" else []
+    run = TinyRun(family_config(tmp_path, "seq2seq", [f"seq2seq.objective={objective}", *blocks]))
     for name in TINY_FAMILIES["seq2seq"].data_stages:
         summary = run.run_stage(name)
-    assert summary["objective"] == "span_corruption"
-    sentinels = special_ids(load_seq2seq_tokenizer(run.stage_dir("seq2seq_tokenizer"))).sentinels
-    assert len(sentinels) == 8
+    assert summary["objective"] == objective
+    ids = special_ids(load_seq2seq_tokenizer(run.stage_dir("seq2seq_tokenizer")))
+    assert len(ids.sentinels) == 8
     table = read_arrow(sorted(run.stage_dir("seq2seq_examples").glob("examples-*.arrow"))[0])
-    for target in table.column("target").to_pylist():
-        assert target[0] == sentinels[0]
-    assert json.loads((run.stage_dir("seq2seq_examples") / "stage.json").read_text())["examples"] > 100
+    for source, target in zip(table.column("source").to_pylist(), table.column("target").to_pylist()):
+        if objective == "span_corruption":
+            assert target[0] == ids.sentinels[0]
+        else:  # whole sentences masked in the source, generated in the target
+            assert ids.mask in source and ids.mask not in target and target[-1] == ids.eos
+    examples = json.loads((run.stage_dir("seq2seq_examples") / "stage.json").read_text())["examples"]
+    assert examples > (50 if objective == "gap_sentences" else 100)  # 71 blocks of 128 tokens; 336 of 32
+
+
+def test_the_objective_is_checked_at_composition_and_keys_the_pairs_and_what_follows(tmp_path):
+    base = family_config(tmp_path, "seq2seq")
+    gap = family_config(tmp_path, "seq2seq", ["seq2seq.objective=gap_sentences"])
+    names = plan(base, STAGES).order
+    a, b = stage_hashes(base, STAGES, names), stage_hashes(gap, STAGES, names)
+    assert [n for n in names if a[n] != b[n]] == names[names.index("seq2seq_examples"):]
+    assert a["seq2seq_tokenizer"] == b["seq2seq_tokenizer"]
+    with pytest.raises(ConfigCompositionException, match="seq2seq.objective"):
+        family_config(tmp_path, "seq2seq", ["seq2seq.objective=gap_sentence"])
 
 
 def test_a_bart_shaped_model_is_written_as_huggingface_bart_and_seed_000s_with_our_code(tmp_path, ray_session):
