@@ -39,7 +39,7 @@ def run(tmp_path_factory, ray_session) -> TinyRun:
     root = tmp_path_factory.mktemp("seq2seq_piece_vectors")
     task_dir = write_headline_task(root / "bbc")
     tiny = TinyRun(family_config(root, "seq2seq", [
-        *WORD2VEC, "pretrain.freeze_embeddings=true", "pretrain.max_steps=10", f"finetune.data_dir={task_dir}",
+        *WORD2VEC, "pretrain.freeze_embeddings=all", "pretrain.max_steps=10", f"finetune.data_dir={task_dir}",
         "finetune.task=bbc_headlines", "finetune.max_seq_length=32", "finetune.models=[seq2seq]"]))
     for stage in ("prepare", "seq2seq_tokenizer", "seq2seq_examples", "seq2seq_piece_vectors", "seq2seq_pretrain"):
         tiny.run_stage(stage)
