@@ -2,9 +2,12 @@
 pipeline/downstream/generation.py): the label-smoothed loss of the target given the source, as in pretraining (BART,
 Lewis et al. 2020, Sec. 3.4: the pretrained model fine-tuned whole, source into the encoder, target out of the decoder),
 dev decoded by beam search. `finetune.models=[seq2seq]`: this run's pretrained model, and with it
-(finetune.random_twins) `seq2seq_random`, its architecture untrained, which is also its control."""
+(finetune.random_twins) `seq2seq_random`, its architecture untrained, which is also its control unless pretraining
+started from piece vectors (pretrain.init_embeddings=word2vec): then the control is `seq2seq_w2v`, that start without
+the pretraining steps."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -21,8 +24,11 @@ from pipeline.downstream.task_data import TaskData, tsv_splits
 from pipeline.downstream.tasks import scoring_options
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
+from pipeline.engine.pretraining import start_word_embeddings
+from pipeline.piece_vectors import read_piece_vectors
 from pipeline.seq2seq.architectures import load_model
 from pipeline.seq2seq.module import PairCollator
+from pipeline.seq2seq.pretrain import pretraining_starts_from_piece_vectors
 
 
 def encode_texts(tokenizer: Tokenizer, texts: list[str], max_len: int, eos: int) -> list[np.ndarray]:
@@ -83,8 +89,11 @@ def load_task_data(task: DictConfig, data_dir: Path, tokenizer: Tokenizer, pretr
                     train_lengths=[len(r["source"]) + len(r["target"]) for r in train_rows])
 
 
+@dataclass
 class Seq2SeqTaskModels(WritingTaskModels):
-    """A seq2seq_pretrain model directory and its tokenizer."""
+    """A seq2seq_pretrain model directory and its tokenizer; a kind that is not `pretrained` starts from a fresh
+    initialisation, its shared embeddings set to `piece_vectors` where given (the control's start)."""
+    piece_vectors: np.ndarray | None = None
 
     def encode(self, task: DictConfig, data_dir: Path, finetune: FinetuneConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
@@ -97,6 +106,8 @@ class Seq2SeqTaskModels(WritingTaskModels):
         model = data.make_model(pretrained.config)  # seeded by the fine-tuning run: the twin's initialisation
         if self.pretrained:
             model.load_state_dict(pretrained.state_dict())
+        elif self.piece_vectors is not None:
+            start_word_embeddings(model.shared, self.piece_vectors)
         return model
 
 
@@ -108,10 +119,27 @@ def _load(kind: str, pretrained: bool):
     return load
 
 
+# `seq2seq`'s control (FinetuneKind.control) where its pretraining starts from the piece vectors
+CONTROL = "seq2seq_w2v"
+
+
+def _control(ctx: StageContext) -> Seq2SeqTaskModels:
+    """seq2seq_w2v: the start of this run's pretraining, the piece vectors in a freshly initialised model of the
+    pretrained one's architecture, without its steps."""
+    model_dir = ctx.stage_dir("seq2seq_pretrain") / "model"
+    return Seq2SeqTaskModels(model_dir, load_seq2seq_tokenizer(model_dir), CONTROL, ctx.out_dir / GENERATED_DIR,
+                             pretrained=False,
+                             piece_vectors=read_piece_vectors(ctx.stage_dir("seq2seq_piece_vectors")))
+
+
+def _control_of_seq2seq(cfg: DictConfig) -> str:
+    """The same start without the pretraining steps: seq2seq_w2v where pretraining starts from the piece vectors,
+    else the random twin, which the report then names as the control too instead of fine-tuning a second copy."""
+    return CONTROL if pretraining_starts_from_piece_vectors(cfg) else "seq2seq_random"
+
+
 FINETUNE_KINDS = {
-    # the control (FinetuneKind.control) is the twin: denoising pretraining always starts from random initialisation
-    # (the family has no piece vectors and no checkpoint to continue), so the same start without the pretraining
-    # steps is seq2seq_random, and the report says so instead of fine-tuning a second copy of it
     "seq2seq": FinetuneKind(lambda cfg: ("seq2seq_pretrain",), _load("seq2seq", pretrained=True),
-                            random_twin="seq2seq_random", control=lambda cfg: "seq2seq_random"),
-    "seq2seq_random": FinetuneKind(lambda cfg: ("seq2seq_pretrain",), _load("seq2seq_random", pretrained=False))}
+                            random_twin="seq2seq_random", control=_control_of_seq2seq),
+    "seq2seq_random": FinetuneKind(lambda cfg: ("seq2seq_pretrain",), _load("seq2seq_random", pretrained=False)),
+    CONTROL: FinetuneKind(lambda cfg: ("seq2seq_pretrain", "seq2seq_piece_vectors"), _control, control_of="seq2seq")}

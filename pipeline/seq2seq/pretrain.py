@@ -1,12 +1,13 @@
 """The seq2seq family's pretraining and stages: its tokenizer (GPT-2's byte-level BPE with padding, start, end, mask and
 sentinel tokens), the source/target pairs of each shard (BART's noising, or T5's span corruption with
-seq2seq.objective=span_corruption), then denoising pretraining of the encoder-decoder (models/seq2seq.py's Transformer,
-or models/rnn_seq2seq.py's RNN with attention: pipeline/seq2seq/architectures.py) on the shared harness. The model is
-written in our format (`model/`, with its tokenizer.json), read by evaluate, fine-tuning, the report and
-pipeline.generate, and as a HuggingFace directory (`hf/`, models/hf/seq2seq.py): BartForConditionalGeneration where its
-config is BART's (models.seq2seq.bart_config: post-LN, learned positions, no copy attention), else our modelling code
-beside the weights (seed 000's pre-LN Transformer, the RNN, either with copy attention); the stage's summary names the
-class in its `hf` field."""
+seq2seq.objective=span_corruption), with pretrain.init_embeddings=word2vec the pieces' skip-gram vectors that the
+shared embeddings start from (`seq2seq_piece_vectors`, BERT's and GPT's start), then denoising pretraining of the
+encoder-decoder (models/seq2seq.py's Transformer, or models/rnn_seq2seq.py's RNN with attention:
+pipeline/seq2seq/architectures.py) on the shared harness. The model is written in our format (`model/`, with its
+tokenizer.json), read by evaluate, fine-tuning, the report and pipeline.generate, and as a HuggingFace directory
+(`hf/`, models/hf/seq2seq.py): BartForConditionalGeneration where its config is BART's (models.seq2seq.bart_config:
+post-LN, learned positions, no copy attention), else our modelling code beside the weights (seed 000's pre-LN
+Transformer, the RNN, either with copy attention); the stage's summary names the class in its `hf` field."""
 from __future__ import annotations
 
 import json
@@ -22,12 +23,18 @@ from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.loaders import ArrowRows, pretraining_loaders
 from pipeline.engine.module import OptimizerSettings
-from pipeline.engine.pretraining import instantiate_model, pretraining_stage
+from pipeline.engine.pretraining import (
+    instantiate_model,
+    keep_word_embeddings,
+    pretraining_stage,
+    start_word_embeddings,
+)
 from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
 from pipeline.engine.settings import typed_settings
+from pipeline.piece_vectors import pieces_with_vectors, read_piece_vectors
 from pipeline.schema import PretrainConfig
 from pipeline.seq2seq.architectures import save_model
-from pipeline.seq2seq.data_stages import seq2seq_examples, seq2seq_tokenizer
+from pipeline.seq2seq.data_stages import seq2seq_examples, seq2seq_piece_vectors, seq2seq_tokenizer
 from pipeline.seq2seq.module import SOURCE_COLUMN, TARGET_COLUMN, PairCollator, Seq2SeqPretrainModule
 from pipeline.seq2seq.settings import Seq2SeqBlockConfig
 
@@ -52,6 +59,13 @@ class Seq2SeqPretraining:
         model = instantiate_model(ctx.cfg, vocab_size=tok.get_vocab_size(), pad_token_id=ids.pad,
                                   decoder_start_token_id=ids.bos, eos_token_id=ids.eos,
                                   max_positions=typed_settings(ctx.cfg.seq2seq, Seq2SeqBlockConfig).block_size + 1)
+        vectors = None
+        if settings.init_embeddings == "word2vec":  # a resumed run then loads its own checkpoint over these
+            vectors = read_piece_vectors(ctx.stage_dir("seq2seq_piece_vectors"))
+            start_word_embeddings(model.shared, vectors)
+        # the encoder's input, the decoder's input and the output layer are this one table (tied, Press & Wolf 2017)
+        keep_word_embeddings(model.shared, settings.freeze_embeddings,
+                             None if vectors is None else pieces_with_vectors(vectors))
         return Seq2SeqPretrainModule(model, OptimizerSettings.of(settings, self.settings_key(ctx.cfg)))
 
     def data(self, ctx: StageContext, module: Seq2SeqPretrainModule, p: PretrainConfig, rank: int,
@@ -85,11 +99,23 @@ class Seq2SeqPretraining:
                 "model": module.model.describe()}
 
 
+def pretraining_starts_from_piece_vectors(cfg: DictConfig) -> bool:
+    return typed_settings(cfg.pretrain, PretrainConfig).init_embeddings == "word2vec"
+
+
+def pretraining_upstream(cfg: DictConfig) -> tuple[str, ...]:
+    """What seq2seq_pretrain reads: the tokenizer, the pairs, and the piece vectors its embeddings start from."""
+    return ("seq2seq_tokenizer", "seq2seq_examples") + (("seq2seq_piece_vectors",)
+                                                        if pretraining_starts_from_piece_vectors(cfg) else ())
+
+
 SEQ2SEQ_STAGES = (
     Stage("seq2seq_tokenizer", seq2seq_tokenizer, ("prepare",),
           ("seq2seq.vocab_size", "seq2seq.min_frequency", "seq2seq.max_sentences", "seq2seq.num_sentinels")),
     Stage("seq2seq_examples", seq2seq_examples, ("prepare", "seq2seq_tokenizer"),
           ("seq2seq.block_size", "seq2seq.objective")),
-    pretraining_stage("seq2seq_pretrain", Seq2SeqPretraining(), ("seq2seq_tokenizer", "seq2seq_examples"),
-                      ("seq2seq", "pretrain")),
+    # pretrain.init_embeddings=word2vec: skip-gram vectors of the byte-level pieces, the shared embeddings' start
+    Stage("seq2seq_piece_vectors", seq2seq_piece_vectors, ("prepare", "seq2seq_tokenizer"),
+          ("word2vec", "model", "seed")),
+    pretraining_stage("seq2seq_pretrain", Seq2SeqPretraining(), pretraining_upstream, ("seq2seq", "pretrain")),
 )

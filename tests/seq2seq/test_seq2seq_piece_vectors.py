@@ -1,0 +1,125 @@
+"""pretrain.init_embeddings=word2vec for the encoder-decoder: its shared embeddings (the encoder's and the decoder's
+input, and the output layer) start from skip-gram vectors of the corpus's byte-level pieces (seq2seq_piece_vectors,
+the stage function BERT's and GPT's run too), pretrain.freeze_embeddings keeps them as they start, and fine-tuning
+sets `seq2seq` beside its control seq2seq_w2v, that start without the pretraining steps, instead of the random twin."""
+import lightning as L
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from data_prep.corpus.shards import shard_paths
+from data_prep.examples.seq2seq_examples import load_seq2seq_tokenizer
+from pipeline.downstream.finetune import (
+    MODEL_KINDS,
+    finetune_kinds,
+    finetune_settings,
+    finetune_upstream,
+    model_sources,
+    scored_tasks,
+)
+from pipeline.downstream.tasks import resolve_task_dir
+from pipeline.engine.arrow import read_arrow
+from pipeline.engine.dag import StageContext
+from pipeline.engine.pretraining import start_word_embeddings
+from pipeline.engine.settings import cache_dir_of
+from pipeline.piece_vectors import read_piece_vectors
+from pipeline.runner import validate
+from pipeline.seq2seq.architectures import load_model
+from pipeline.seq2seq.data_stages import spaced_ids
+from tests.helpers import TinyRun, family_config
+from tests.seq2seq.test_seq2seq_finetune import write_headline_task
+
+WORD2VEC = ["pretrain.init_embeddings=word2vec", "word2vec.epochs=20"]
+LAYER = "encoder.layers.0.fc1.weight"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, ray_session) -> TinyRun:
+    root = tmp_path_factory.mktemp("seq2seq_piece_vectors")
+    task_dir = write_headline_task(root / "bbc")
+    tiny = TinyRun(family_config(root, "seq2seq", [
+        *WORD2VEC, "pretrain.freeze_embeddings=all", "pretrain.max_steps=10", f"finetune.data_dir={task_dir}",
+        "finetune.task=bbc_headlines", "finetune.max_seq_length=32", "finetune.models=[seq2seq]"]))
+    for stage in ("prepare", "seq2seq_tokenizer", "seq2seq_examples", "seq2seq_piece_vectors", "seq2seq_pretrain"):
+        tiny.run_stage(stage)
+    return tiny
+
+
+def test_every_piece_of_the_corpus_read_after_a_space_gets_a_vector_of_the_models_width(run):
+    vectors = read_piece_vectors(run.stage_dir("seq2seq_piece_vectors"))
+    tok = load_seq2seq_tokenizer(run.stage_dir("seq2seq_tokenizer"))
+    width = load_model(run.stage_dir("seq2seq_pretrain") / "model").shared.embedding_dim
+    assert vectors.shape == (tok.get_vocab_size(), width)
+    sentences = [text for shard in shard_paths(run.stage_dir("prepare"))
+                 for text in read_arrow(shard).column("text").to_pylist()]
+    # the pieces as fine-tuning reads a task's text and pretraining every sentence of a book but its first: after
+    # a space (encode_texts), so a word's first piece is the one it has inside a text
+    shown = {i for encoding in tok.encode_batch([" " + s for s in sentences]) for i in encoding.ids}
+    assert set(np.flatnonzero(~np.isnan(vectors).any(axis=1)).tolist()) == shown
+    assert spaced_ids(tok, pa.array(sentences[:1])) == [tok.encode(" " + sentences[0]).ids] \
+        != [tok.encode(sentences[0]).ids]
+
+
+def test_pretraining_reads_the_vectors_only_where_it_starts_from_them(run):
+    cfg = run.cfg.copy()
+    cfg.pipeline.stages = ["seq2seq_pretrain"]
+    assert TinyRun(cfg).plan.order == ["prepare", "seq2seq_tokenizer", "seq2seq_examples", "seq2seq_piece_vectors",
+                                       "seq2seq_pretrain"]
+    cfg.pretrain.init_embeddings = "random"
+    assert TinyRun(cfg).plan.order == ["prepare", "seq2seq_tokenizer", "seq2seq_examples", "seq2seq_pretrain"]
+
+
+def test_the_control_is_seq2seq_w2v_with_the_vectors_and_the_random_twin_without_them(run):
+    cfg = run.cfg.copy()
+    kinds = MODEL_KINDS
+    assert kinds["seq2seq"].control(cfg) == "seq2seq_w2v"
+    assert list(finetune_kinds(cfg, finetune_settings(cfg))) == ["seq2seq", "seq2seq_random", "seq2seq_w2v"]
+    cfg.finetune.models = ["seq2seq_w2v"]
+    assert finetune_upstream(cfg) == ("seq2seq_pretrain", "seq2seq_piece_vectors")
+    cfg.finetune.models = ["seq2seq", "seq2seq_w2v"]
+    validate(cfg)
+    cfg.pretrain.init_embeddings = "random"
+    assert kinds["seq2seq"].control(cfg) == "seq2seq_random"
+    with pytest.raises(ValueError, match="finetune.models has seq2seq_w2v, .* in this run seq2seq_random is "
+                                         "seq2seq's control; remove seq2seq_w2v from finetune.models"):
+        validate(cfg)
+
+
+def test_frozen_piece_vectors_are_the_shared_embeddings_after_pretraining(run):
+    vectors = read_piece_vectors(run.stage_dir("seq2seq_piece_vectors"))
+    known = torch.from_numpy(~np.isnan(vectors).any(axis=1))
+    model = load_model(run.stage_dir("seq2seq_pretrain") / "model")
+    L.seed_everything(run.cfg.seed, workers=True, verbose=False)  # as seq2seq_pretrain built its model
+    start = type(model)(model.config)
+    layer = start.state_dict()[LAYER].clone()
+    assert start_word_embeddings(start.shared, vectors) == int(known.sum())
+    rows = start.shared.weight.detach()
+    assert rows[known].norm(dim=1).mean() == pytest.approx(1.0, abs=0.05)  # unit length on average
+    # through every step, the encoder's and decoder's inputs and the tied output layer being this one table
+    assert torch.equal(model.shared.weight.detach(), rows)
+    assert (model.state_dict()[LAYER] - layer).abs().max() > 1e-4  # the layers trained around them
+
+
+def test_the_control_starts_where_pretraining_did_with_every_other_weight_the_random_twins(run, tmp_path):
+    cfg, f = run.cfg, finetune_settings(run.cfg)
+    ctx = StageContext(cfg, "finetune", tmp_path, {name: run.stage_dir(name) for name in (
+        "seq2seq_tokenizer", "seq2seq_pretrain", "seq2seq_piece_vectors")})
+    sources = {kind: models for kind, (models, _) in model_sources(ctx, f).items()}
+    task = scored_tasks(cfg, f)[0]
+    data = sources["seq2seq"].encode(task, resolve_task_dir(task, f.data_dir, cache_dir_of(cfg)), f, cfg.seed, None)
+
+    def built(kind: str, seed: int = 1) -> dict[str, torch.Tensor]:
+        L.seed_everything(seed, workers=True, verbose=False)  # as finetune_once seeds each (kind, seed)
+        return sources[kind].build(data).state_dict()
+
+    control, twin, pretrained = built("seq2seq_w2v"), built("seq2seq_random"), built("seq2seq")
+    known = torch.from_numpy(~np.isnan(read_piece_vectors(run.stage_dir("seq2seq_piece_vectors"))).any(axis=1))
+    words = "shared.weight"
+    assert torch.equal(control[words][known], pretrained[words][known])
+    assert not torch.equal(control[words][known], twin[words][known])
+    assert torch.equal(control[words][~known], twin[words][~known])  # pieces the corpus never shows: fresh draws
+    assert control.keys() == twin.keys() == pretrained.keys()
+    assert all(torch.equal(control[name], twin[name]) for name in control if name != words)
+    assert not torch.equal(control[LAYER], pretrained[LAYER])  # no pretraining step
+    assert not torch.equal(built("seq2seq_w2v", seed=2)[LAYER], control[LAYER])  # each seed draws its own layers
