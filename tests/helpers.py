@@ -187,10 +187,12 @@ def successor_corpus(rng, n: int, vocab: int) -> list[dict]:
     return rows
 
 
-def check_control_start(control: dict, twin: dict, pretrained: dict, words: str, known, layer: str, head: list[str]):
+def check_control_start(control: dict, twin: dict, pretrained: dict, words: str, known, layer: str,
+                        head: list[str] | None):
     """A control's weights (state dicts of one seed): the pretrained kind's piece vectors in the rows the corpus
     shows (`known`, one bool a piece) and the twin's fresh draws everywhere else, including `layer`, where the
-    pretrained kind has its pretraining steps; the task `head` as the pretrained kind's."""
+    pretrained kind has its pretraining steps; the task `head` as the pretrained kind's (None: a model that writes
+    through its tied output layer has no head of its own)."""
     import torch
 
     pieces = len(known)
@@ -202,4 +204,4 @@ def check_control_start(control: dict, twin: dict, pretrained: dict, words: str,
     assert control.keys() == twin.keys() == pretrained.keys()
     assert all(torch.equal(control[name], twin[name]) for name in control if name != words)
     assert not torch.equal(control[layer], pretrained[layer])  # no pretraining step
-    assert head and all(torch.equal(control[name], pretrained[name]) for name in head)
+    assert head is None or head and all(torch.equal(control[name], pretrained[name]) for name in head)

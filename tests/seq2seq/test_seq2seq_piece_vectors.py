@@ -27,7 +27,7 @@ from pipeline.piece_vectors import read_piece_vectors
 from pipeline.runner import validate
 from pipeline.seq2seq.architectures import load_model
 from pipeline.seq2seq.data_stages import spaced_ids
-from tests.helpers import TinyRun, family_config
+from tests.helpers import TinyRun, check_control_start, family_config
 from tests.seq2seq.test_seq2seq_finetune import write_headline_task
 
 WORD2VEC = ["pretrain.init_embeddings=word2vec", "word2vec.epochs=20"]
@@ -115,11 +115,5 @@ def test_the_control_starts_where_pretraining_did_with_every_other_weight_the_ra
 
     control, twin, pretrained = built("seq2seq_w2v"), built("seq2seq_random"), built("seq2seq")
     known = torch.from_numpy(~np.isnan(read_piece_vectors(run.stage_dir("seq2seq_piece_vectors"))).any(axis=1))
-    words = "shared.weight"
-    assert torch.equal(control[words][known], pretrained[words][known])
-    assert not torch.equal(control[words][known], twin[words][known])
-    assert torch.equal(control[words][~known], twin[words][~known])  # pieces the corpus never shows: fresh draws
-    assert control.keys() == twin.keys() == pretrained.keys()
-    assert all(torch.equal(control[name], twin[name]) for name in control if name != words)
-    assert not torch.equal(control[LAYER], pretrained[LAYER])  # no pretraining step
+    check_control_start(control, twin, pretrained, "shared.weight", known, LAYER, head=None)
     assert not torch.equal(built("seq2seq_w2v", seed=2)[LAYER], control[LAYER])  # each seed draws its own layers
