@@ -94,7 +94,7 @@ def test_data_stages_and_their_shard_tasks_do_not_load_torch():
 
     data_stages = [STAGES["prepare"], *(stage for family in FAMILIES for stage in family.stages
                                         if stage.name not in family.pretraining_stages)]
-    assert len(data_stages) == 15
+    assert len(data_stages) == 16
     modules = sorted({function(stage.fn).__module__ for stage in data_stages})
     assert len(modules) == 6  # pipeline.corpus and each family's data_stages
     imports = "\n".join(f"import {module}" for module in modules)

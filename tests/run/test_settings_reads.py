@@ -22,6 +22,7 @@ ALLOWED = Counter({
     ("pipeline/engine/tracking.py", "cfg.logger._target_"): 1,
     ("pipeline/runner.py", "cfg.logger.get"): 1,
     ("pipeline/bert/data_stages.py", "cfg.model.config"): 1,  # the width of the piece vectors
+    ("pipeline/seq2seq/data_stages.py", "cfg.model.config"): 1,  # the width of the piece vectors
     ("pipeline/bert/pretrain.py", "cfg.model.config"): 2,  # the position table; the control's scratch encoder
     ("pipeline/bert/pretrain.py", "cfg.model._target_"): 1,
     ("pipeline/bert/pretrain.py", "cfg.model.generator_layers"): 1,
