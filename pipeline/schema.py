@@ -36,8 +36,8 @@ PretrainOptimizer = StrEnum("PretrainOptimizer", {name: name for name in ("adamw
 LR_DECAYS = ("linear", "cosine", "noam")
 LrDecay = StrEnum("LrDecay", {name: name for name in LR_DECAYS}, module=__name__)
 # pretrain.init_embeddings: where the token embeddings start, random (the model's initialiser) or word2vec (skip-gram
-# vectors of the corpus's pieces: BERT's bert_piece_vectors stage, GPT's gpt_piece_vectors; of its words: the word2vec
-# stage's, for Skip-Thought)
+# vectors of the corpus's pieces: BERT's bert_piece_vectors stage, GPT's gpt_piece_vectors, the encoder-decoder's
+# seq2seq_piece_vectors; of its words: the word2vec stage's, for Skip-Thought)
 InitEmbeddings = StrEnum("InitEmbeddings", {name: name for name in ("random", "word2vec")}, module=__name__)
 # pretrain.freeze_embeddings and finetune.freeze_embeddings: which rows of the token embeddings stay as they start.
 # all: the whole table; with_vector: the rows started from a vector (a piece vector, Skip-Thought's word2vec words),
@@ -80,8 +80,8 @@ class PretrainConfig:
     encoder_snapshots: list[int] = field(default_factory=list)
     # Where the token embeddings start: random, or word2vec (skip-gram over the corpus written in the model's own
     # pieces, with the `word2vec` block's settings; Skip-Thought's words: the word2vec stage's vectors); and which of
-    # their rows pretraining keeps as they start (FREEZE_EMBEDDINGS). BERT, GPT and Skip-Thought read both (BERT not
-    # with pretrain.init_from, whose embeddings are the checkpoint's); ELMo and seq2seq do not.
+    # their rows pretraining keeps as they start (FREEZE_EMBEDDINGS). BERT, GPT, Skip-Thought and seq2seq read both
+    # (BERT not with pretrain.init_from, whose embeddings are the checkpoint's); ELMo does not.
     init_embeddings: InitEmbeddings = InitEmbeddings.random
     freeze_embeddings: FreezeEmbeddings = FreezeEmbeddings.none
 
