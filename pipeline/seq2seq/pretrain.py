@@ -100,7 +100,8 @@ class Seq2SeqPretraining:
 
 
 def pretraining_starts_from_piece_vectors(cfg: DictConfig) -> bool:
-    return typed_settings(cfg.pretrain, PretrainConfig).init_embeddings == "word2vec"
+    """pretrain.init_embeddings=word2vec, read where seq2seq_pretrain reads its settings."""
+    return Seq2SeqPretraining().settings(cfg).init_embeddings == "word2vec"
 
 
 def pretraining_upstream(cfg: DictConfig) -> tuple[str, ...]:
