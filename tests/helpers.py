@@ -121,6 +121,16 @@ def family_config(tmp_path: Path, family: str, extra: list[str] | None = None):
     return tiny_config(tmp_path, [*tiny.overrides, *(extra or [])], experiment=tiny.experiment)
 
 
+# seq2seq_tiny builds seed 001's RNN; seed 000's Transformer at a tiny run's width, for what only it has (BART's
+# shape and HF class, its layers' names), with the family's tiny data
+SEQ2SEQ_TRANSFORMER = [*(o for o in TINY_FAMILIES["seq2seq"].overrides if not o.startswith("+model.config.")),
+                       "model=seq2seq_tiny", "+model.config.d_model=32", "+model.config.d_ff=64"]
+
+
+def seq2seq_transformer_config(tmp_path: Path, extra: list[str] | None = None):
+    return tiny_config(tmp_path, [*SEQ2SEQ_TRANSFORMER, *(extra or [])], experiment="seq2seq_tiny")
+
+
 def tiny_config(tmp_path: Path, extra: list[str] | None = None, experiment: str = "bert_tiny"):
     corpus, task = tmp_path / "books", tmp_path / "task"
     if not corpus.exists():  # written once: rewriting would change the files' fingerprint, i.e. the data

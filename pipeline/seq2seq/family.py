@@ -1,4 +1,4 @@
-"""The encoder-decoder (seed 000's Transformer; BART, Lewis et al. 2020; T5, Raffel et al. 2020): byte-level BPE with
+"""The encoder-decoder (seed 001's RNN with attention, seq2seq_tiny's; seed 000's Transformer; BART, Lewis et al. 2020; T5, Raffel et al. 2020): byte-level BPE with
 mask and sentinel tokens, denoising pretraining on source/target pairs built from the books, its encoder for
 `evaluate`, fine-tuning on generation tasks (beam search, ROUGE and BLEU), its model as transformers'
 AutoModelForSeq2SeqLM loads it for `python -m pipeline.export`, and its outputs for `python -m pipeline.generate`."""
@@ -16,5 +16,5 @@ FAMILY = Family("seq2seq", stages=SEQ2SEQ_STAGES, pretraining_stages=("seq2seq_p
                 # without the experiment's GPT baseline (tests/gpt/test_gpt_generation.py fine-tunes GPT on headlines)
                 tiny=Tiny("seq2seq_tiny", ("prepare", "seq2seq_tokenizer", "seq2seq_examples"), (
                     "seq2seq.vocab_size=320", "seq2seq.min_frequency=1", "seq2seq.block_size=32",
-                    "seq2seq.num_sentinels=8", "+model.config.d_model=32", "+model.config.d_ff=64",
+                    "seq2seq.num_sentinels=8", "+model.config.embedding_dim=16", "+model.config.hidden_size=32",
                     "finetune.models=[seq2seq]")))

@@ -18,12 +18,11 @@ from pipeline.export import export
 from pipeline.runner import validate
 from pipeline.seq2seq.architectures import load_model
 from pipeline.stages import STAGES
-from tests.helpers import TINY_FAMILIES, tiny_config
+from tests.helpers import SEQ2SEQ_TRANSFORMER, TINY_FAMILIES, tiny_config
 from tests.seq2seq.test_seq2seq_finetune import write_headline_task
 
-TRANSFORMER_TINY = list(TINY_FAMILIES["seq2seq"].overrides)
-RNN_TINY = [*(o for o in TRANSFORMER_TINY if not o.startswith("+model.config.")), "model=rnn_attn_tiny",
-            "+model.config.embedding_dim=16", "+model.config.hidden_size=32"]
+TRANSFORMER_TINY = SEQ2SEQ_TRANSFORMER
+RNN_TINY = list(TINY_FAMILIES["seq2seq"].overrides)  # seq2seq_tiny's own model, rnn_attn_tiny
 
 
 @pytest.mark.parametrize("model_overrides", [TRANSFORMER_TINY, RNN_TINY], ids=["seq2seq_tiny", "rnn_attn_tiny"])

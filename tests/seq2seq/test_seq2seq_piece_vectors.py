@@ -27,7 +27,7 @@ from pipeline.piece_vectors import read_piece_vectors
 from pipeline.runner import validate
 from pipeline.seq2seq.architectures import load_model
 from pipeline.seq2seq.data_stages import spaced_ids
-from tests.helpers import TinyRun, check_control_start, family_config
+from tests.helpers import TinyRun, check_control_start, seq2seq_transformer_config
 from tests.seq2seq.test_seq2seq_finetune import write_headline_task
 
 WORD2VEC = ["pretrain.init_embeddings=word2vec", "word2vec.epochs=20"]
@@ -38,7 +38,7 @@ LAYER = "encoder.layers.0.fc1.weight"
 def run(tmp_path_factory, ray_session) -> TinyRun:
     root = tmp_path_factory.mktemp("seq2seq_piece_vectors")
     task_dir = write_headline_task(root / "bbc")
-    tiny = TinyRun(family_config(root, "seq2seq", [
+    tiny = TinyRun(seq2seq_transformer_config(root, [
         *WORD2VEC, "pretrain.freeze_embeddings=all", "pretrain.max_steps=10", f"finetune.data_dir={task_dir}",
         "finetune.task=bbc_headlines", "finetune.max_seq_length=32", "finetune.models=[seq2seq]"]))
     for stage in ("prepare", "seq2seq_tokenizer", "seq2seq_examples", "seq2seq_piece_vectors", "seq2seq_pretrain"):

@@ -17,8 +17,10 @@ from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import plan, run_dag, stage_hashes
 from pipeline.generate import main as generate
 from pipeline.runner import validate
+from pipeline.seq2seq.architectures import load_model
 from pipeline.stages import STAGES
-from tests.helpers import SENTEVAL_MR_ONLY, TINY_FAMILIES, TinyRun, family_config, write_mr
+from tests.helpers import (SENTEVAL_MR_ONLY, TINY_FAMILIES, TinyRun, family_config, seq2seq_transformer_config,
+                           write_mr)
 
 
 def val_losses(stage_dir: Path) -> dict[int, float]:
@@ -45,7 +47,7 @@ def test_seq2seq_tiny_pretrains_its_held_out_loss_falls_and_its_encoder_is_probe
         probed = {(r["model"], r["task"]) for r in csv.DictReader(f) if r["stage"] == "evaluate"}
     assert {("seq2seq_mean", "MR"), ("seq2seq_mean_random", "MR")} <= probed
     model_dir = tmp_path / "run" / "seq2seq_pretrain" / "model"
-    model, tokenizer = load_pretrained(model_dir), load_seq2seq_tokenizer(model_dir)
+    model, tokenizer = load_model(model_dir), load_seq2seq_tokenizer(model_dir)
     ids = special_ids(tokenizer)
     assert (model.config.pad_token_id, model.config.decoder_start_token_id, model.config.eos_token_id) == ids[:3]
     source = [*tokenizer.encode("The old man saw the ship").ids, ids.eos]
@@ -95,7 +97,7 @@ def test_a_bart_shaped_model_is_written_as_huggingface_bart_and_seed_000s_with_o
     1e-5 and its tokenizer gives the pipeline's ids; seed 000's pre-LN, sinusoidal model is written with our
     modelling code (tests/seq2seq/test_seq2seq_export.py loads it)."""
     transformers = pytest.importorskip("transformers")
-    run = TinyRun(family_config(tmp_path, "seq2seq", ["model.config._target_=models.seq2seq.bart_config",
+    run = TinyRun(seq2seq_transformer_config(tmp_path, ["model.config._target_=models.seq2seq.bart_config",
                                                       "model.config.copy_attention=false",  # BART cannot copy
                                                       "pretrain.max_steps=4", "pretrain.val_every_steps=2"]))
     for name in (*TINY_FAMILIES["seq2seq"].data_stages, "seq2seq_pretrain"):
@@ -112,7 +114,7 @@ def test_a_bart_shaped_model_is_written_as_huggingface_bart_and_seed_000s_with_o
     with torch.no_grad():
         theirs = hf(input_ids=ids, decoder_input_ids=decoder_ids).logits
         torch.testing.assert_close(ours(ids, decoder_ids).logits, theirs, atol=1e-5, rtol=1e-5)
-    seed_000 = TinyRun(family_config(tmp_path, "seq2seq", ["pretrain.max_steps=4", "pretrain.val_every_steps=2"]))
+    seed_000 = TinyRun(seq2seq_transformer_config(tmp_path, ["pretrain.max_steps=4", "pretrain.val_every_steps=2"]))
     summary = seed_000.run_stage("seq2seq_pretrain")
     assert summary["hf"] == "TextrepSeq2SeqForConditionalGeneration"
     assert (seed_000.stage_dir("seq2seq_pretrain") / "hf" / "modeling_textrep_seq2seq.py").is_file()
