@@ -1,7 +1,8 @@
-"""The encoder-decoder (seed 001's RNN with attention, seq2seq_tiny's; seed 000's Transformer; BART, Lewis et al. 2020; T5, Raffel et al. 2020): byte-level BPE with
-mask and sentinel tokens, denoising pretraining on source/target pairs built from the books, its encoder for
-`evaluate`, fine-tuning on generation tasks (beam search, ROUGE and BLEU), its model as transformers'
-AutoModelForSeq2SeqLM loads it for `python -m pipeline.export`, and its outputs for `python -m pipeline.generate`."""
+"""The encoder-decoder (seed 001's RNN with attention, seq2seq_tiny's; seed 000's Transformer; BART, Lewis et al. 2020;
+T5, Raffel et al. 2020): byte-level BPE with mask and sentinel tokens, denoising pretraining on source/target pairs
+built from the books, its encoder for `evaluate`, fine-tuning on generation tasks (beam search, ROUGE and BLEU), its
+model as transformers' AutoModelForSeq2SeqLM loads it for `python -m pipeline.export`, and its outputs for `python
+-m pipeline.generate`."""
 from models.hf.seq2seq import describe
 from pipeline.engine.family import Family, Generation, Tiny
 from pipeline.seq2seq.downstream import FINETUNE_KINDS

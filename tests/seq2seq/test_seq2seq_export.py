@@ -1,9 +1,9 @@
 """The encoder-decoder family out of a run: seed 000's pre-LN Transformer (`model=seq2seq_tiny`, which BART cannot
-compute) and the RNN encoder-decoder (seq2seq_tiny's default), each without and with copy attention (See et al.'s pointer-generator), each
-pretrained a few steps in a run directory, exported by
-`python -m pipeline.export` with our modelling code and a card, loaded by transformers' AutoModelForSeq2SeqLM in a fresh
-process that cannot import this repository (tests/hf_checks.py), where its logits are ours and `generate` writes what
-`python -m pipeline.generate RUN_DIR --input FILE` writes, one line per input."""
+compute) and the RNN encoder-decoder (seq2seq_tiny's default), each without and with copy attention (See et al.'s
+pointer-generator), each pretrained a few steps in a run directory, exported by `python -m pipeline.export` with our
+modelling code and a card, loaded by transformers' AutoModelForSeq2SeqLM in a fresh process that cannot import this
+repository (tests/hf_checks.py), where its logits are ours and `generate` writes what `python -m pipeline.generate
+RUN_DIR --input FILE` writes, one line per input."""
 from __future__ import annotations
 
 import json

@@ -22,9 +22,9 @@ from models.generation import Hypothesis
 from models.rnn_seq2seq import RNNEncoderDecoder, rnn_seq2seq_config
 from pipeline import CONF_DIR
 from pipeline.corpus import EvaluationSources, evaluation_texts
+from pipeline.downstream import generation
 from pipeline.downstream.baselines import lead_n_scores
 from pipeline.downstream.finetune import finetune_upstream
-from pipeline.downstream import generation
 from pipeline.downstream.generation import GenerationModule, output_summary, task_decoding
 from pipeline.downstream.tasks import TaskSplit, load_task, scoring_options
 from pipeline.engine.dag import run_dag

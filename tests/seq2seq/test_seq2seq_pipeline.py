@@ -19,8 +19,7 @@ from pipeline.generate import main as generate
 from pipeline.runner import validate
 from pipeline.seq2seq.architectures import load_model
 from pipeline.stages import STAGES
-from tests.helpers import (SENTEVAL_MR_ONLY, TINY_FAMILIES, TinyRun, family_config, seq2seq_transformer_config,
-                           write_mr)
+from tests.helpers import SENTEVAL_MR_ONLY, TINY_FAMILIES, TinyRun, family_config, seq2seq_transformer_config, write_mr
 
 
 def val_losses(stage_dir: Path) -> dict[int, float]:
