@@ -23,17 +23,15 @@ from pipeline.engine.loaders import ArrowRows, pretraining_loaders
 from pipeline.engine.module import OptimizerSettings
 from pipeline.engine.pretraining import (
     instantiate_model,
-    keep_word_embeddings,
     merged_settings,
     pretraining_stage,
-    start_word_embeddings,
 )
 from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
 from pipeline.engine.settings import model_key, typed_settings
 from pipeline.gpt.data_stages import gpt_blocks, gpt_piece_vectors, gpt_tokenizer
 from pipeline.gpt.module import BLOCK_COLUMN, GPTPretrainModule, collate_blocks
 from pipeline.gpt.settings import GptDataConfig, GptPretrainConfig
-from pipeline.piece_vectors import pieces_with_vectors, read_piece_vectors
+from pipeline.piece_vectors import start_piece_embeddings
 from pipeline.schema import PretrainConfig
 
 
@@ -54,16 +52,11 @@ class GPTPretraining:
         cfg = ctx.cfg
         model = instantiate_model(cfg, model_key(cfg, "gpt"),
                                   **data_config_values(cfg, load_gpt_tokenizer(ctx.stage_dir("gpt_tokenizer"))))
-        vectors = None
-        if settings.init_embeddings == "word2vec":  # a resumed run then loads its own checkpoint over these
-            vectors = read_piece_vectors(ctx.stage_dir("gpt_piece_vectors"))
-            start_word_embeddings(model.transformer.wte, vectors)
         # The LM head is this table (tied, Press & Wolf 2017), so frozen embeddings freeze the output layer too: the
         # LM learns states that point at the next piece's fixed vector, the piece vectors' geometry kept for the
         # sentence classifier (Kim 2014's "static" word2vec input; BERT's frozen start, docs/pretraining_recipes.md);
         # with_vector keeps the rows that have a piece vector and trains the others
-        keep_word_embeddings(model.transformer.wte, settings.freeze_embeddings,
-                             None if vectors is None else pieces_with_vectors(vectors))
+        start_piece_embeddings(model.transformer.wte, settings, ctx, "gpt_piece_vectors")
         return GPTPretrainModule(model, OptimizerSettings.of(settings, self.settings_key(cfg)))
 
     def data(self, ctx: StageContext, module: GPTPretrainModule, p: PretrainConfig, rank: int,
