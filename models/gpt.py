@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from conventions import GPT_POOLINGS
 from models import IGNORE_INDEX
 from models.checkpoint import load_checkpoint, save_checkpoint
 
@@ -335,20 +336,39 @@ class GPTWithTaskHead(nn.Module):
 
 class GPTForSequenceClassification(GPTWithTaskHead):
     """GPT-1's discriminative fine-tuning: a linear head on the final state of each input's last token (the extract
-    token), plus the LM head kept for the auxiliary language-modelling loss (Sec. 3.2, weighted by λ in the caller).
+    token; or what `pooling` names), plus the LM head kept for the auxiliary language-modelling loss (Sec. 3.2,
+    weighted by λ in the caller).
 
     GPT-1 adds the start, delimiter and extract tokens to the vocabulary at fine-tuning time, randomly initialised
     (Sec. 3.3): here they are the last N_SPECIAL rows of the task model's own token table, so the pretrained vocabulary
     and tokenizer stay as they are. `config` is the task model's (vocab_size already counting them); load_lm copies a
     pretrained LM's weights into the rest.
 
+    `pooling` (GPT_POOLINGS) is what the head reads of each sequence: "last", the extract token's final state (GPT-1);
+    "mean", the mean of the final states of its tokens, start to extract; "last_embedding_mean", the extract state
+    beside the mean of its tokens' embeddings (the rows of `wte`, without positions), through a LayerNorm of the head's
+    own: piece-vector rows are of unit length on average (pipeline.engine.pretraining.start_word_embeddings) and their
+    mean shorter still, beside a LayerNormed state of length about sqrt(n_embd), so one learning rate fits both halves.
+
     forward(idx (B, K, T), last (B, K)): K token sequences per example (2 for a similarity pair in both orders, Sec.
-    3.3, their extract states summed), right-padded, `last` the index of each one's extract token. Causal attention
-    means no real token sees the padding after it, so no attention mask is needed. Returns (logits (B, num_labels),
-    the mean next-token cross-entropy over each sequence's real tokens, or None without `lm_loss`: a caller that does
-    not weigh it skips the LM head's product over the vocabulary, the largest matmul of a small model)."""
+    3.3, their pooled vectors summed), right-padded, `last` the index of each one's extract token. Causal attention
+    means no real token sees the padding after it, so no attention mask is needed, and the means stop at `last`.
+    Returns (logits (B, num_labels), the mean next-token cross-entropy over each sequence's real tokens, or None
+    without `lm_loss`: a caller that does not weigh it skips the LM head's product over the vocabulary, the largest
+    matmul of a small model)."""
 
     N_SPECIAL = 3  # start, delimiter, extract: ids vocab_size - 3, -2, -1
+
+    def __init__(self, config: GPTConfig, num_labels: int, pooling: str = "last"):
+        if pooling not in GPT_POOLINGS:
+            raise ValueError(f"pooling must be one of {GPT_POOLINGS}, got {pooling!r}")
+        super().__init__(config, num_labels)
+        self.pooling = pooling
+        if pooling == "last_embedding_mean":
+            self.embedding_norm = nn.LayerNorm(config.n_embd)
+            self.head = nn.Linear(2 * config.n_embd, num_labels)
+            nn.init.normal_(self.head.weight, std=config.initializer_range)
+            nn.init.zeros_(self.head.bias)
 
     @property
     def special_ids(self) -> tuple[int, int, int]:
@@ -361,14 +381,27 @@ class GPTForSequenceClassification(GPTWithTaskHead):
         B, K, T = idx.shape
         flat, flat_last = idx.reshape(B * K, T), last.reshape(B * K)
         h = self.encoder(flat)  # (B*K, T, C)
-        extract = h[torch.arange(B * K, device=idx.device), flat_last].view(B, K, -1).sum(1)  # (B, C)
-        if not lm_loss:
-            return self.head(extract), None
         positions = torch.arange(T, device=idx.device)
+        pooled = self.pool(flat, h, flat_last, positions).view(B, K, -1).sum(1)  # (B, C), or (B, 2C)
+        if not lm_loss:
+            return self.head(pooled), None
         targets = flat[:, 1:].masked_fill(positions[None, 1:] > flat_last[:, None], IGNORE_INDEX)  # padding unscored
         lm_logits = F.linear(h[:, :-1], self.encoder.wte.weight)  # (B*K, T-1, V)
         loss = F.cross_entropy(lm_logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
-        return self.head(extract), loss
+        return self.head(pooled), loss
+
+    def pool(self, idx: torch.Tensor, h: torch.Tensor, last: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """What the head reads of each sequence (`pooling`): idx (N, T), its final states h (N, T, C), last (N,)
+        -> (N, C), or (N, 2C) for last_embedding_mean."""
+        extract = h[torch.arange(h.size(0), device=h.device), last]  # (N, C)
+        if self.pooling == "last":
+            return extract
+        real = (positions[None] <= last[:, None]).unsqueeze(-1).to(h.dtype)  # (N, T, 1): not the padding after last
+        if self.pooling == "mean":
+            return (h * real).sum(1) / real.sum(1)
+        embeddings = self.encoder.wte(idx)  # (N, T, C)
+        mean = (embeddings * real.to(embeddings.dtype)).sum(1) / real.sum(1)
+        return torch.cat([extract, self.embedding_norm(mean).to(extract.dtype)], -1)
 
 
 @torch.no_grad()

@@ -1,7 +1,7 @@
 """GPT fine-tuned end to end on the downstream tasks as in GPT-1 (Radford et al. 2018, Sec. 3.2-3.3; seed 004): each
 example becomes one token sequence (two for a similarity pair) framed by start, delimiter and extract tokens, a linear
-head reads the extract token's final state, and the loss is the task's plus λ x the LM loss on the same tokens
-(finetune.lm_loss_weight, GPT-1's 0.5 by default).
+head reads the extract token's final state (or what finetune.gpt_pooling names), and the loss is the task's plus λ x
+the LM loss on the same tokens (finetune.lm_loss_weight, GPT-1's 0.5 by default).
 Tagging tasks (CoNLL) read each word's tag at its last token and the token after it
 (models.gpt.GPTForTokenClassification); generation tasks (bbc_headlines) fine-tune the LM to continue "source TL;DR:"
 with the target, as GPT-2 summarised.
@@ -11,7 +11,7 @@ architecture untrained, and (finetune.controls) its control where pretraining st
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -109,12 +109,11 @@ class GPTRegressionModule(GPTObjective, RegressionModule):
 
 def load_task_data(task: DictConfig, data_dir: Path, tokenizer, n_positions: int, max_seq_length: int,
                    max_train_examples: int | None, seed: int, selection_fraction: float | None = None,
-                   samples_path: Path | None = None,
-                   lm_loss_weight: float = GptFinetuneConfig.lm_loss_weight) -> TaskData:
-    """One TSV task (classification, pair, regression) encoded with GPT-1's input transformations, trained with
-    `lm_loss_weight` x the LM loss beside the task's (GPTObjective), a CoNLL tagging task (tagging_task_data) or a
-    generation task (generation_task_data, its generations written to samples_path); make_model takes the pretrained
-    GPTConfig."""
+                   samples_path: Path | None = None, settings: GptFinetuneConfig = GptFinetuneConfig()) -> TaskData:
+    """One TSV task (classification, pair, regression) encoded with GPT-1's input transformations, its head reading
+    `settings.gpt_pooling` and trained with `settings.lm_loss_weight` x the LM loss beside the task's (GPTObjective), a
+    CoNLL tagging task (tagging_task_data) or a generation task (generation_task_data, its generations written to
+    samples_path); make_model takes the pretrained GPTConfig."""
     if task.format == "conll":
         return tagging_task_data(task, data_dir, tokenizer, min(max_seq_length, n_positions), max_train_examples, seed)
     if task.format == "seq2seq":
@@ -145,15 +144,16 @@ def load_task_data(task: DictConfig, data_dir: Path, tokenizer, n_positions: int
                              "them together (stage gpt_pretrain writes both)")
         return GPTForSequenceClassification(
             type(config)(**{**vars(config), "vocab_size": vocab_size + GPTForSequenceClassification.N_SPECIAL}),
-            num_labels)
+            num_labels, str(settings.gpt_pooling))
 
     train_rows = rows(train)
     lengths = [max(len(sequence) for sequence in row["sequences"]) for row in train_rows]
     if regression:
         return TaskData(train_rows, rows(dev), collate, make_model,
-                        partial(GPTRegressionModule, lm_loss_weight=lm_loss_weight), None, train_lengths=lengths)
+                        partial(GPTRegressionModule, lm_loss_weight=settings.lm_loss_weight), None,
+                        train_lengths=lengths)
     return TaskData(train_rows, rows(dev), collate, make_model,
-                    partial(GPTClassificationModule, metric=task.metric, lm_loss_weight=lm_loss_weight),
+                    partial(GPTClassificationModule, metric=task.metric, lm_loss_weight=settings.lm_loss_weight),
                     majority_scores, train.labels, lengths)
 
 
@@ -270,11 +270,11 @@ def generation_task_data(task: DictConfig, data_dir: Path, tokenizer, n_position
 class GPTTaskModels(WritingTaskModels):
     """A gpt_pretrain model directory and its tokenizer; `piece_vector_start`: instead of the directory's weights or
     their fresh initialisation, start where pretraining does (the control; `model_dir` is then the tokenizer's, whose
-    weights are not read); `lm_loss_weight`: finetune.lm_loss_weight; `pieces_with_vectors`: where the token
-    embeddings start from the piece vectors (the control, or a model whose pretraining started there), which token ids
-    have one (finetune.freeze_embeddings=with_vector keeps those rows)."""
+    weights are not read); `settings`: what GPT adds to `finetune` (λ, the head's pooling), the same for every kind;
+    `pieces_with_vectors`: where the token embeddings start from the piece vectors (the control, or a model whose
+    pretraining started there), which token ids have one (finetune.freeze_embeddings=with_vector keeps those rows)."""
     piece_vector_start: PieceVectorStart | None = None
-    lm_loss_weight: float = GptFinetuneConfig.lm_loss_weight
+    settings: GptFinetuneConfig = field(default_factory=GptFinetuneConfig)
     pieces_with_vectors: np.ndarray | None = None
 
     def encode(self, task: DictConfig, data_dir: Path, finetune: FinetuneConfig, seed: int,
@@ -283,7 +283,7 @@ class GPTTaskModels(WritingTaskModels):
         n_positions = read_config(self.model_dir)["n_positions"] if start is None else start.config.n_positions
         return load_task_data(task, data_dir, self.tokenizer, n_positions, finetune.max_seq_length,
                               finetune.max_train_examples, seed, selection_fraction, self.samples_path(task.name),
-                              self.lm_loss_weight)
+                              self.settings)
 
     def build(self, data: TaskData) -> nn.Module:
         start = self.piece_vector_start
@@ -313,8 +313,7 @@ def _load(kind: str, pretrained: bool):
                    if pretrained and pretraining_starts_from_piece_vectors(ctx.cfg) else None)
         return GPTTaskModels(model_dir, Tokenizer.from_file(str(model_dir / "tokenizer.json")), kind,
                              ctx.out_dir / GENERATED_DIR, pretrained,
-                             lm_loss_weight=typed_settings(ctx.cfg.finetune, GptFinetuneConfig).lm_loss_weight,
-                             pieces_with_vectors=vectors)
+                             settings=typed_settings(ctx.cfg.finetune, GptFinetuneConfig), pieces_with_vectors=vectors)
     return load
 
 
@@ -334,7 +333,7 @@ def _control(ctx: StageContext) -> GPTTaskModels:
     start = PieceVectorStart(scratch_config(ctx.cfg, tokenizer), read_piece_vectors(ctx.stage_dir("gpt_piece_vectors")))
     return GPTTaskModels(tokenizer_dir, tokenizer, CONTROL, ctx.out_dir / GENERATED_DIR, pretrained=False,
                          piece_vector_start=start,
-                         lm_loss_weight=typed_settings(ctx.cfg.finetune, GptFinetuneConfig).lm_loss_weight,
+                         settings=typed_settings(ctx.cfg.finetune, GptFinetuneConfig),
                          pieces_with_vectors=pieces_with_vectors(start.vectors))
 
 

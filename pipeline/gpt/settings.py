@@ -2,8 +2,10 @@
 adds to `finetune` and `report`, in a module without torch: the Ray workers of its data stages read GptDataConfig here
 and never load it (tests/run/test_layering.py)."""
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Optional
 
+from conventions import GPT_POOLINGS
 from data_prep.examples.gpt_blocks import MIN_VOCAB_SIZE
 from pipeline.engine.settings import POSITIVE_INT, Number, ranged
 from pipeline.schema import NULL_MEANS, ModelConfig, PretrainConfig, override_block
@@ -19,6 +21,9 @@ class GptDataConfig:
     min_frequency: int = 2
     # tokens a block feeds the model; also the model's context (n_positions). GPT-2: 1024
     block_size: int = ranged(128, POSITIVE_INT)
+
+
+GptPooling = StrEnum("GptPooling", {name: name for name in GPT_POOLINGS}, module=__name__)
 
 
 # GPT's own pretraining settings, gpt.pretrain: pretrain's keys, null where GPT keeps pretrain's value. What a run that
@@ -43,6 +48,13 @@ class GptFinetuneConfig:
     # convergence; 0.5 there (Sec. 4.1). 0: the task's loss alone, and the LM head's product over the vocabulary is
     # not computed.
     lm_loss_weight: float = ranged(0.5, Number(float, 0))
+    # What a sentence (pair) classifier's head reads of each sequence (GPT_POOLINGS, models.gpt's
+    # GPTForSequenceClassification): GPT-1's extract state (last), the mean of the final states (mean), or the extract
+    # state beside the mean of the token embeddings (last_embedding_mean). For gpt, gpt_random and gpt_w2v alike.
+    # GPT-1's stays the default: on the reviews' selection split (gpt_tiny, seeds 1-3) mean lost 2.3-2.6 points at
+    # every size and last_embedding_mean was level with it (−0.2 at 1,000 labels; docs/pretraining_recipes.md,
+    # "GPT's levers")
+    gpt_pooling: GptPooling = GptPooling.last
 
 
 @dataclass

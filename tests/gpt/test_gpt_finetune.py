@@ -35,10 +35,10 @@ def test_pairs_get_a_delimiter_and_similarity_pairs_both_orders():
     assert transform([1, 2, 3, 4], [5, 6], (S, D, E), 7, both_orders=False) == [[S, 1, 2, D, 5, 6, E]]
 
 
-def _model(num_labels=2, seed=0) -> GPTForSequenceClassification:
+def _model(num_labels=2, seed=0, pooling="last") -> GPTForSequenceClassification:
     torch.manual_seed(seed)
     return GPTForSequenceClassification(gpt_config("gpt_tiny", vocab_size=103, n_positions=32, n_embd=32, n_head=2),
-                                        num_labels).eval()
+                                        num_labels, pooling).eval()
 
 
 def test_the_head_reads_the_extract_token_and_right_padding_changes_nothing():
@@ -70,6 +70,42 @@ def test_both_orders_are_summed_before_the_head():
         logits, _ = model(batch["input_ids"], batch["last"])
         h = model.encoder(batch["input_ids"][0])  # (2, T, C)
         torch.testing.assert_close(logits, model.head(h[0, 5] + h[1, 5])[None])
+
+
+def test_mean_pooling_reads_the_mean_of_the_final_states_from_start_to_extract():
+    """finetune.gpt_pooling=mean: every real token's final state, none of the padding after the extract token."""
+    model = _model(pooling="mean")
+    short, long = {"sequences": [[S, 5, 6, E]], "label": 0}, {"sequences": [[S, 7, 8, 9, 10, 11, E]], "label": 1}
+    with torch.no_grad():
+        batch = collate([short, long])
+        logits, _ = model(batch["input_ids"], batch["last"])
+        h = model.encoder(batch["input_ids"][:, 0])
+        torch.testing.assert_close(logits, model.head(torch.stack([h[0, :4].mean(0), h[1].mean(0)])))
+        alone = collate([short])
+        torch.testing.assert_close(model(alone["input_ids"], alone["last"])[0], logits[:1])
+
+
+def test_the_embedding_mean_is_read_normalised_beside_the_extract_state_and_pairs_are_summed():
+    """finetune.gpt_pooling=last_embedding_mean: [extract state; LayerNorm(mean of the tokens' embeddings)] -> a head
+    twice as wide; a similarity pair's two orders summed, as their extract states are with `last`."""
+    model = _model(num_labels=1, pooling="last_embedding_mean")
+    assert model.head.in_features == 2 * model.config.n_embd
+    torch.nn.init.normal_(model.embedding_norm.weight)  # not the identity's gain, so that the test sees it applied
+    with torch.no_grad():
+        batch = collate([{"sequences": [[S, 1, 2, D, 3, E], [S, 3, D, 1, 2, E]], "label": 0.5},
+                         {"sequences": [[S, 1, 2, 4, D, 3, 4, E], [S, 3, 4, D, 1, 2, 4, E]], "label": 0.1}])
+        assert batch["last"].tolist() == [[5, 5], [7, 7]]  # the first pair is padded at 6 and 7
+        logits, _ = model(batch["input_ids"], batch["last"])
+        ids = batch["input_ids"][0]
+        h = model.encoder(ids)
+        means = model.encoder.wte(ids[:, :6]).mean(1)  # (2, C): the 6 real tokens of each order
+        pooled = torch.cat([h[:, 5], model.embedding_norm(means)], -1).sum(0)
+        torch.testing.assert_close(logits[:1], model.head(pooled)[None])
+
+
+def test_an_unknown_pooling_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match="pooling must be one of .*'last'.*got 'cls'"):
+        _model(pooling="cls")
 
 
 @pytest.mark.parametrize("lm_loss_weight", [0.5, 0.0, 2.0])

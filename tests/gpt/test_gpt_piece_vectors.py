@@ -148,3 +148,20 @@ def test_the_control_starts_where_pretraining_did_with_the_layers_and_head_of_gp
     head = [name for name in control if name.startswith("head.")]
     check_control_start(control, twin, pretrained, "lm.transformer.wte.weight", known, layer, head)
     assert not torch.equal(built("gpt_w2v", seed=2)[layer], control[layer])  # each seed draws its own layers
+
+
+def test_finetune_gpt_pooling_reaches_gpt_its_twin_and_its_control(run, tmp_path):
+    """finetune.gpt_pooling builds the same head for the three kinds, so that the control and the twin stay the
+    pretrained GPT's comparison whatever the head reads."""
+    cfg = run.cfg.copy()
+    cfg.finetune.gpt_pooling = "last_embedding_mean"
+    f = finetune_settings(cfg)
+    ctx = StageContext(cfg, "finetune", tmp_path, {name: run.stage_dir(name) for name in (
+        "gpt_tokenizer", "gpt_pretrain", "gpt_piece_vectors")})
+    sources = {kind: models for kind, (models, _) in model_sources(ctx, f).items()}
+    assert sorted(sources) == ["gpt", "gpt_random", "gpt_w2v"]
+    task = scored_tasks(cfg, f)[0]
+    data = sources["gpt"].encode(task, resolve_task_dir(task, f.data_dir, cache_dir_of(cfg)), f, cfg.seed, None)
+    for kind, models in sources.items():
+        model = models.build(data)
+        assert (kind, model.pooling, model.head.in_features) == (kind, "last_embedding_mean", 2 * WIDTH)
