@@ -56,6 +56,12 @@ def _write_piece_vectors(out: Path, tokenizer_dir: Path, pieces: list[str] | Non
 
 @pytest.fixture
 def ctx(tmp_path) -> StageContext:
+    return finetune_context(tmp_path)
+
+
+def finetune_context(tmp_path: Path, experiment: str = "bert_tiny") -> StageContext:
+    """The fine-tune stage's context under `experiment`'s settings: a tiny pretrained BERT, its tokenizer and piece
+    vectors, and three small tasks (sst2, stsb, conll2003)."""
     tok_dir, pretrain_dir = tmp_path / "bert_tokenizer", tmp_path / "bert_pretrain"
     rng = random.Random(0)
     train_wordpiece([" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(300)], tok_dir, vocab_size=120,
@@ -70,7 +76,7 @@ def ctx(tmp_path) -> StageContext:
     _write_conll(glue / "conll2003")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
-            "+experiment=bert_tiny", f"paths.run_dir={tmp_path}", f"paths.cache_dir={tmp_path / 'cache'}",
+            f"+experiment={experiment}", f"paths.run_dir={tmp_path}", f"paths.cache_dir={tmp_path / 'cache'}",
             "logger=csv", "trainer.precision=32-true", "finetune.task=[sst2,stsb,conll2003]",
             f"finetune.data_dir={glue}", "finetune.models=[bert]", "finetune.seeds=[1,2]",
             # each test fine-tunes the kinds it names, and no others
@@ -571,30 +577,48 @@ def test_with_vector_keeps_the_rows_that_have_a_piece_vector_and_trains_the_othe
     assert moved["bert_random"] > without  # the twin trains every row the task shows
 
 
-def test_discriminative_rates_slow_the_pretrained_encoder_and_leave_its_random_twin_alone(ctx, monkeypatch):
-    """finetune.encoder_lr_factor and layer_lr_decay keep what pretraining learned; a random twin has nothing to keep,
-    and slowed random layers would handicap it: it trains every layer at the head's rate."""
-    ctx.cfg.finetune.task = "sst2"
-    ctx.cfg.finetune.models = ["bert", "bert_random"]
-    ctx.cfg.finetune.encoder_lr_factor, ctx.cfg.finetune.layer_lr_decay = 0.5, 0.5
-    rates = {}
+def learning_rates(ctx: StageContext, monkeypatch, kinds: list[str]) -> dict[str, list[float]]:
+    """Model kind -> the distinct learning rates of the optimizer its fine-tuning on sst2 builds (nothing trains)."""
+    ctx.cfg.finetune.task, ctx.cfg.finetune.models = "sst2", kinds
+    rates, building = {}, []
 
     def recording_fit(trainer, module, *args, **kwargs):
         optimizer = module.configure_optimizers()["optimizer"]
-        rates[type(module.model).__name__, len(rates)] = sorted({group["lr"] for group in optimizer.param_groups})
+        rates[building[-1]] = sorted({group["lr"] for group in optimizer.param_groups})
 
     monkeypatch.setattr(lightning.Trainer, "fit", recording_fit)
     settings = finetuning.finetune_settings(ctx.cfg)
     task, sources = load_task("sst2"), finetuning.model_sources(ctx, settings)
-    for kind in ("bert", "bert_random"):
+    for kind in kinds:
+        building.append(kind)
         models = sources[kind][0]
         data = models.encode(task, Path(settings.data_dir) / "SST-2", settings, 0, None)
         finetuning.finetune_once(ctx, settings, task, data, models, kind, 1, np.arange(len(data.train)))
-    (pretrained, twin) = rates.values()
-    lr = settings.lr
+    return rates
+
+
+def test_discriminative_rates_slow_the_pretrained_encoder_and_leave_its_random_twin_alone(ctx, monkeypatch):
+    """finetune.encoder_lr_factor and layer_lr_decay keep what pretraining learned; a random twin has nothing to keep,
+    and slowed random layers would handicap it: it trains every layer at the head's rate."""
+    ctx.cfg.finetune.encoder_lr_factor, ctx.cfg.finetune.layer_lr_decay = 0.5, 0.5
+    rates = learning_rates(ctx, monkeypatch, ["bert", "bert_random"])
+    pretrained, twin = rates["bert"], rates["bert_random"]
+    lr = ctx.cfg.finetune.lr
     # the head at lr; the pooler/top at 0.5 lr, layer 1 at 0.25, layer 0 at 0.125, the embeddings at 0.0625
     assert pretrained == pytest.approx(sorted({lr, lr * 0.5, lr * 0.25, lr * 0.125, lr * 0.0625}))
     assert twin == [lr]
+
+
+def test_bert_tiny_zh_fine_tunes_every_layer_of_its_pretrained_encoder_at_the_heads_rate(tmp_path, monkeypatch):
+    """bert_tiny_zh's finetune.layer_lr_decay 1.0 reaches the optimizer: its pretrained encoder and its control train
+    every layer at the head's rate, where bert_tiny's 0.5 slows each layer below the top (docs/chinese.md, "A task in
+    traditional characters, read in the corpus's form")."""
+    (tmp_path / "zh").mkdir(), (tmp_path / "en").mkdir()
+    zh = finetune_context(tmp_path / "zh", "bert_tiny_zh")
+    lr = zh.cfg.finetune.lr
+    assert learning_rates(zh, monkeypatch, ["bert", "bert_w2v"]) == {"bert": [lr], "bert_w2v": [lr]}
+    # the same recording sees bert_tiny's decay, so the single rate above is the setting's, not the recording's
+    assert len(learning_rates(finetune_context(tmp_path / "en"), monkeypatch, ["bert"])["bert"]) > 1
 
 
 def test_a_run_without_model_kinds_gives_the_baselines_alone(tmp_path):
