@@ -21,11 +21,10 @@ from pipeline.stages import STAGES
 from tests.helpers import SEQ2SEQ_TRANSFORMER, TINY_FAMILIES, tiny_config
 from tests.seq2seq.test_seq2seq_finetune import write_headline_task
 
-TRANSFORMER_TINY = SEQ2SEQ_TRANSFORMER
 RNN_TINY = list(TINY_FAMILIES["seq2seq"].overrides)  # seq2seq_tiny's own model, rnn_attn_tiny
 
 
-@pytest.mark.parametrize("model_overrides", [TRANSFORMER_TINY, RNN_TINY], ids=["seq2seq_tiny", "rnn_attn_tiny"])
+@pytest.mark.parametrize("model_overrides", [SEQ2SEQ_TRANSFORMER, RNN_TINY], ids=["seq2seq_tiny", "rnn_attn_tiny"])
 def test_copy_attention_pretrains_fine_tunes_and_decodes_through_the_pipeline(tmp_path, ray_session, model_overrides):
     task_dir = write_headline_task(tmp_path / "bbc")
     cfg = tiny_config(tmp_path, [
