@@ -90,11 +90,18 @@ def _pivot(rows: list[dict]) -> list[str]:
         [f"| {m} | " + " | ".join(cell.get((m, c), "–") for c in columns) + " |" for m in models]
 
 
+def _scored_on(results: list[dict]) -> str:
+    """The split a stage's rows were scored on: train_holdout (finetune.selection_fraction), test
+    (finetune.score_split=test) or dev."""
+    return next((split for split in ("train_holdout", "test") if any(r.get("scored_on") == split for r in results)),
+                "dev")
+
+
 def _results_section(stage: str, results: list[dict]) -> list[str]:
     heading = RESULT_STAGES[stage]
-    if any(r.get("scored_on") == "train_holdout" for r in results):
+    if _scored_on(results) == "train_holdout":
         heading = "Fine-tuning (held-out part of the train split, finetune.selection_fraction; not the dev set)"
-    elif any(r.get("scored_on") == "test" for r in results):
+    elif _scored_on(results) == "test":
         heading = "Fine-tuning (test set, finetune.score_split=test)"
     lines = ["", f"## {heading}", ""]
     if not results:
@@ -255,7 +262,7 @@ def figure_metrics(rows: list[dict]) -> dict[str, str]:
 
 
 def _label_efficiency_section(rows: list[dict], out: Path, title: str, figures: dict[str, Path]) -> list[str]:
-    """Dev score per number of labelled examples, pretrained next to random init and the baselines fitted on the same
+    """The scored split's score per number of labelled examples, pretrained next to random init and the baselines fitted on the same
     examples, the FLAT_BASELINES (lead_n) beside every size: where pretraining pays most. Each task's table of the
     metric its figure draws comes first."""
     flat = [r for r in rows if r["model"] in FLAT_BASELINES]
@@ -266,7 +273,8 @@ def _label_efficiency_section(rows: list[dict], out: Path, title: str, figures: 
                           dashed=tuple(SUBSET_BASELINES), flat=flat, metrics=drawn)
     sizes = list(dict.fromkeys(r["train_examples"] for r in curves))
     models = list(dict.fromkeys(r["model"] for r in curves))
-    lines = ["", "## Label efficiency (dev score by labelled training examples)", ""]
+    split = {"train_holdout": "held-out train", "test": "test"}.get(_scored_on(rows), "dev")
+    lines = ["", f"## Label efficiency ({split} score by labelled training examples)", ""]
     reported = {task: list(dict.fromkeys(r["metric"] for r in rows if r["task"] == task)) for task in drawn}
     for task, metric in ((task, metric) for task, first in drawn.items()
                          for metric in [first, *(m for m in reported[task] if m != first)]):

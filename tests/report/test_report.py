@@ -388,6 +388,17 @@ def test_the_label_efficiency_section_says_what_pretraining_bought_against_the_t
                          "bert - w2v_mean = -0.0100"]
 
 
+@pytest.mark.parametrize("scored_on,split", [("dev", "dev"), ("test", "test"), ("train_holdout", "held-out train")])
+def test_the_label_efficiency_heading_names_the_split_its_rows_were_scored_on(tmp_path, scored_on, split):
+    from pipeline.report.report import _label_efficiency_section
+
+    rows = [{"model": model, "task": "rt", "metric": "accuracy", "train_examples": n, "score": 0.7, "seeds": 1,
+             "per_seed": [0.7], "std": 0.0, "scored_on": scored_on} for model in ("bert", "bert_random")
+            for n in (300, 1000)]
+    lines = _label_efficiency_section(rows, tmp_path, "unit", {})
+    assert f"## Label efficiency ({split} score by labelled training examples)" in lines
+
+
 def test_what_pretraining_bought_states_the_gain_over_the_twin_and_over_the_control_at_each_size():
     """A pretraining that starts from word vectors: over the random twin, what the start and the pretraining bought
     together; over the control (the same start, no pretraining steps), what pretraining itself bought, ahead or
