@@ -262,9 +262,9 @@ def figure_metrics(rows: list[dict]) -> dict[str, str]:
 
 
 def _label_efficiency_section(rows: list[dict], out: Path, title: str, figures: dict[str, Path]) -> list[str]:
-    """The scored split's score per number of labelled examples, pretrained next to random init and the baselines fitted on the same
-    examples, the FLAT_BASELINES (lead_n) beside every size: where pretraining pays most. Each task's table of the
-    metric its figure draws comes first."""
+    """The scored split's score per number of labelled examples, pretrained next to random init and the baselines
+    fitted on the same examples, the FLAT_BASELINES (lead_n) beside every size: where pretraining pays most. Each
+    task's table of the metric its figure draws comes first."""
     flat = [r for r in rows if r["model"] in FLAT_BASELINES]
     curves = [r for r in rows if r["model"] not in FLAT_BASELINES]
     drawn = figure_metrics(rows)
