@@ -15,15 +15,12 @@ import numpy as np
 import pyarrow as pa
 from omegaconf import DictConfig
 from tokenizers import Tokenizer
-from torch import nn
 
 from data_prep.corpus.shards import shard_paths
 from pipeline.downstream.word2vec import Word2VecConfig, train_word2vec
 from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
-from pipeline.engine.pretraining import keep_word_embeddings, start_word_embeddings
 from pipeline.engine.settings import typed_settings
-from pipeline.schema import PretrainConfig
 
 PIECE_VECTORS_FILE = "vectors.npy"
 
@@ -72,15 +69,3 @@ def read_piece_vectors(stage_dir: Path) -> np.ndarray:
 def pieces_with_vectors(vectors: np.ndarray) -> np.ndarray:
     """Which token ids have a piece vector (read_piece_vectors' table holds NaN rows for the others)."""
     return ~np.isnan(vectors).any(axis=1)
-
-
-def start_piece_embeddings(table: nn.Embedding, settings: PretrainConfig, ctx: StageContext,
-                           vectors_stage: str) -> None:
-    """BERT's start (docs/pretraining_recipes.md) for a pretraining model whose pieces have one embedding table:
-    `table` set to the piece vectors of `vectors_stage` where settings.init_embeddings is word2vec (a resumed run
-    then loads its own checkpoint over them), then its rows kept as settings.freeze_embeddings names (the rows with
-    a vector, where it keeps only those)."""
-    vectors = read_piece_vectors(ctx.stage_dir(vectors_stage)) if settings.init_embeddings == "word2vec" else None
-    if vectors is not None:
-        start_word_embeddings(table, vectors)
-    keep_word_embeddings(table, settings.freeze_embeddings, None if vectors is None else pieces_with_vectors(vectors))

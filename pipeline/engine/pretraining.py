@@ -120,6 +120,19 @@ def keep_word_embeddings(word_embeddings: nn.Embedding, freeze: str, has_vector:
     return len(rows)
 
 
+def start_piece_embeddings(table: nn.Embedding, settings: PretrainConfig,
+                           read_vectors: Callable[[], np.ndarray]) -> None:
+    """BERT's start (docs/pretraining_recipes.md) for a pretraining model whose pieces have one embedding table:
+    `table` set to the piece vectors `read_vectors` gives (a piece-vector stage's table, read only where
+    settings.init_embeddings is word2vec; a resumed run then loads its own checkpoint over them), then its rows kept
+    as settings.freeze_embeddings names (with_vector: the rows that have a vector)."""
+    vectors = read_vectors() if settings.init_embeddings == "word2vec" else None
+    if vectors is not None:
+        start_word_embeddings(table, vectors)
+    has_vector = None if vectors is None else ~np.isnan(vectors).any(axis=1)
+    keep_word_embeddings(table, settings.freeze_embeddings, has_vector)
+
+
 def check_model_config(cfg: DictConfig, key: str = "model") -> None:
     """Before any work: every key of `<key>.config` is a field of the config its `_target_` builds (models/: a function
     of a size name and `**overrides` returning a config dataclass), so a misspelt `+model.config.hiden_size=...`

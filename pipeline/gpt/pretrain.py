@@ -25,13 +25,14 @@ from pipeline.engine.pretraining import (
     instantiate_model,
     merged_settings,
     pretraining_stage,
+    start_piece_embeddings,
 )
 from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
 from pipeline.engine.settings import model_key, typed_settings
 from pipeline.gpt.data_stages import gpt_blocks, gpt_piece_vectors, gpt_tokenizer
 from pipeline.gpt.module import BLOCK_COLUMN, GPTPretrainModule, collate_blocks
 from pipeline.gpt.settings import GptDataConfig, GptPretrainConfig
-from pipeline.piece_vectors import start_piece_embeddings
+from pipeline.piece_vectors import read_piece_vectors
 from pipeline.schema import PretrainConfig
 
 
@@ -56,7 +57,8 @@ class GPTPretraining:
         # LM learns states that point at the next piece's fixed vector, the piece vectors' geometry kept for the
         # sentence classifier (Kim 2014's "static" word2vec input; BERT's frozen start, docs/pretraining_recipes.md);
         # with_vector keeps the rows that have a piece vector and trains the others
-        start_piece_embeddings(model.transformer.wte, settings, ctx, "gpt_piece_vectors")
+        start_piece_embeddings(model.transformer.wte, settings,
+                               lambda: read_piece_vectors(ctx.stage_dir("gpt_piece_vectors")))
         return GPTPretrainModule(model, OptimizerSettings.of(settings, self.settings_key(cfg)))
 
     def data(self, ctx: StageContext, module: GPTPretrainModule, p: PretrainConfig, rank: int,

@@ -26,10 +26,11 @@ from pipeline.engine.module import OptimizerSettings
 from pipeline.engine.pretraining import (
     instantiate_model,
     pretraining_stage,
+    start_piece_embeddings,
 )
 from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
 from pipeline.engine.settings import typed_settings
-from pipeline.piece_vectors import start_piece_embeddings
+from pipeline.piece_vectors import read_piece_vectors
 from pipeline.schema import PretrainConfig
 from pipeline.seq2seq.architectures import save_model
 from pipeline.seq2seq.data_stages import seq2seq_examples, seq2seq_piece_vectors, seq2seq_tokenizer
@@ -58,7 +59,8 @@ class Seq2SeqPretraining:
                                   decoder_start_token_id=ids.bos, eos_token_id=ids.eos,
                                   max_positions=typed_settings(ctx.cfg.seq2seq, Seq2SeqBlockConfig).block_size + 1)
         # the encoder's input, the decoder's input and the output layer are this one table (tied, Press & Wolf 2017)
-        start_piece_embeddings(model.shared, settings, ctx, "seq2seq_piece_vectors")
+        start_piece_embeddings(model.shared, settings,
+                               lambda: read_piece_vectors(ctx.stage_dir("seq2seq_piece_vectors")))
         return Seq2SeqPretrainModule(model, OptimizerSettings.of(settings, self.settings_key(ctx.cfg)))
 
     def data(self, ctx: StageContext, module: Seq2SeqPretrainModule, p: PretrainConfig, rank: int,
