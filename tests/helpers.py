@@ -215,3 +215,40 @@ def check_control_start(control: dict, twin: dict, pretrained: dict, words: str,
     assert all(torch.equal(control[name], twin[name]) for name in control if name != words)
     assert not torch.equal(control[layer], pretrained[layer])  # no pretraining step
     assert head is None or head and all(torch.equal(control[name], pretrained[name]) for name in head)
+
+
+class FinetuneStarts:
+    """`run`'s fine-tune model kinds, their `upstream` stages run, on its first scored task as `encoded_by` encodes
+    it, each built as finetune_once builds it at a seed: where a control's weights start (check_control_start)."""
+
+    def __init__(self, run: TinyRun, out_dir: Path, upstream: tuple[str, ...], encoded_by: str):
+        from pipeline.downstream.finetune import finetune_settings, model_sources, scored_tasks
+        from pipeline.downstream.tasks import resolve_task_dir
+        from pipeline.engine.dag import StageContext
+        from pipeline.engine.settings import cache_dir_of
+
+        self.cfg, self.settings = run.cfg, finetune_settings(run.cfg)
+        ctx = StageContext(self.cfg, "finetune", out_dir, {name: run.stage_dir(name) for name in upstream})
+        self.sources = {kind: models for kind, (models, _) in model_sources(ctx, self.settings).items()}
+        self.task = scored_tasks(self.cfg, self.settings)[0]
+        self.task_dir = resolve_task_dir(self.task, self.settings.data_dir, cache_dir_of(self.cfg))
+        self.data = self.encode(encoded_by)
+
+    def encode(self, kind: str):
+        return self.sources[kind].encode(self.task, self.task_dir, self.settings, self.cfg.seed, None)
+
+    def state(self, kind: str, seed: int = 1) -> dict:
+        import lightning as L
+
+        L.seed_everything(seed, workers=True, verbose=False)  # as finetune_once seeds each (kind, seed)
+        return self.sources[kind].build(self.data).state_dict()
+
+
+def pieces_known(piece_vectors_dir: Path):
+    """Which token ids have a piece vector in a piece-vector stage's output, as a bool tensor (check_control_start's
+    `known`)."""
+    import torch
+
+    from pipeline.piece_vectors import pieces_with_vectors, read_piece_vectors
+
+    return torch.from_numpy(pieces_with_vectors(read_piece_vectors(piece_vectors_dir)))

@@ -98,10 +98,10 @@ def _scored_on(results: list[dict]) -> str:
 
 
 def _results_section(stage: str, results: list[dict]) -> list[str]:
-    heading = RESULT_STAGES[stage]
-    if _scored_on(results) == "train_holdout":
+    heading, scored_on = RESULT_STAGES[stage], _scored_on(results)
+    if scored_on == "train_holdout":
         heading = "Fine-tuning (held-out part of the train split, finetune.selection_fraction; not the dev set)"
-    elif _scored_on(results) == "test":
+    elif scored_on == "test":
         heading = "Fine-tuning (test set, finetune.score_split=test)"
     lines = ["", f"## {heading}", ""]
     if not results:

@@ -5,7 +5,6 @@ import json
 import re
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -13,14 +12,11 @@ import torch
 from data_prep.corpus.tokenizer import load_tokenizer
 from models.bert import load_pretrained
 from pipeline.bert.pretrain import PRETRAINING
-from pipeline.downstream.finetune import finetune_settings, model_sources, scored_tasks
-from pipeline.downstream.tasks import resolve_task_dir
 from pipeline.engine.dag import StageContext
 from pipeline.engine.pretraining import start_word_embeddings
-from pipeline.engine.settings import cache_dir_of
 from pipeline.piece_vectors import PIECE_VECTORS_FILE, pieces_with_vectors, read_piece_vectors
 from pipeline.report.report import write_report
-from tests.helpers import TinyRun, check_control_start, tiny_config
+from tests.helpers import FinetuneStarts, TinyRun, check_control_start, pieces_known, tiny_config
 
 WORD2VEC = ["pretrain.init_embeddings=word2vec", "word2vec.epochs=50"]
 
@@ -102,27 +98,18 @@ def test_the_control_starts_where_pretraining_did_with_the_layers_and_head_of_be
     pretraining set them (frozen there, so they are the pretrained encoder's too), every other weight a fresh
     initialisation of the fine-tuning seed: bert_random's at that seed, the head bert's."""
     run.run_stage("bert_pretrain")  # read back where a test before ran it
-    cfg, f = run.cfg, finetune_settings(run.cfg)
-    ctx = StageContext(cfg, "finetune", tmp_path, {name: run.stage_dir(name) for name in (
-        "bert_tokenizer", "bert_pretrain", "bert_piece_vectors")})
-    sources = {kind: models for kind, (models, _) in model_sources(ctx, f).items()}
+    starts = FinetuneStarts(run, tmp_path, ("bert_tokenizer", "bert_pretrain", "bert_piece_vectors"), "bert")
+    sources = starts.sources
     assert list(sources) == ["bert", "bert_random", "bert_w2v"]
     encoder = load_pretrained(run.stage_dir("bert_pretrain") / "encoder")
     assert sources["bert_w2v"].piece_vector_start.config == encoder.config
     assert sources["bert_w2v"].encoding_key == sources["bert"].encoding_key  # the same tokenizer: encoded once
-    task = scored_tasks(cfg, f)[0]
-    data = sources["bert"].encode(task, resolve_task_dir(task, f.data_dir, cache_dir_of(cfg)), f, cfg.seed, None)
-
-    def built(kind: str, seed: int = 1) -> dict[str, torch.Tensor]:
-        L.seed_everything(seed, workers=True, verbose=False)  # as finetune_once seeds each (kind, seed)
-        return sources[kind].build(data).state_dict()
-
-    control, twin, pretrained = built("bert_w2v"), built("bert_random"), built("bert")
-    known = torch.from_numpy(~np.isnan(read_piece_vectors(run.stage_dir("bert_piece_vectors"))).any(axis=1))
+    control, twin, pretrained = starts.state("bert_w2v"), starts.state("bert_random"), starts.state("bert")
     layer = "bert.encoder.layer.0.attention.self.query.weight"
     head = [name for name in control if not name.startswith("bert.")]
-    check_control_start(control, twin, pretrained, "bert.embeddings.word_embeddings.weight", known, layer, head)
-    assert not torch.equal(built("bert_w2v", seed=2)[layer], control[layer])  # each seed draws its own layers
+    check_control_start(control, twin, pretrained, "bert.embeddings.word_embeddings.weight",
+                        pieces_known(run.stage_dir("bert_piece_vectors")), layer, head)
+    assert not torch.equal(starts.state("bert_w2v", seed=2)[layer], control[layer])  # each seed draws its own layers
 
 
 def test_fine_tuning_and_the_report_set_bert_beside_its_random_twin_and_its_control(run, tmp_path):

@@ -26,7 +26,7 @@ from pipeline.engine.pretraining import start_word_embeddings
 from pipeline.engine.settings import cache_dir_of
 from pipeline.piece_vectors import pieces_with_vectors, read_piece_vectors
 from pipeline.runner import validate
-from tests.helpers import TinyRun, check_control_start, family_config
+from tests.helpers import FinetuneStarts, TinyRun, check_control_start, family_config, pieces_known
 
 WORD2VEC = ["pretrain.init_embeddings=word2vec", "word2vec.epochs=20"]
 WIDTH = 32  # the tiny GPT's n_embd (tests/helpers.py TINY_FAMILIES)
@@ -128,26 +128,15 @@ def test_the_control_starts_where_pretraining_did_with_the_layers_and_head_of_gp
     """gpt_w2v: the pretrained GPT's architecture and tokenizer, its token embeddings the piece vectors exactly as
     pretraining set them (frozen there, so they are the pretrained GPT's too), every other weight a fresh
     initialisation of the fine-tuning seed: gpt_random's at that seed, the head gpt's."""
-    cfg, f = run.cfg, finetune_settings(run.cfg)
-    ctx = StageContext(cfg, "finetune", tmp_path, {name: run.stage_dir(name) for name in (
-        "gpt_tokenizer", "gpt_pretrain", "gpt_piece_vectors")})
-    assert list(finetune_kinds(cfg, f)) == ["gpt", "gpt_random", "gpt_w2v"]
-    sources = {kind: models for kind, (models, _) in model_sources(ctx, f).items()}
-    task = scored_tasks(cfg, f)[0]
-    data = sources["gpt"].encode(task, resolve_task_dir(task, f.data_dir, cache_dir_of(cfg)), f, cfg.seed, None)
-    assert sources["gpt_w2v"].encode(task, resolve_task_dir(task, f.data_dir, cache_dir_of(cfg)), f, cfg.seed,
-                                     None).train == data.train  # the same tokenizer and context
-
-    def built(kind: str, seed: int = 1) -> dict[str, torch.Tensor]:
-        L.seed_everything(seed, workers=True, verbose=False)  # as finetune_once seeds each (kind, seed)
-        return sources[kind].build(data).state_dict()
-
-    control, twin, pretrained = built("gpt_w2v"), built("gpt_random"), built("gpt")
-    known = torch.from_numpy(~np.isnan(read_piece_vectors(run.stage_dir("gpt_piece_vectors"))).any(axis=1))
+    assert list(finetune_kinds(run.cfg, finetune_settings(run.cfg))) == ["gpt", "gpt_random", "gpt_w2v"]
+    starts = FinetuneStarts(run, tmp_path, ("gpt_tokenizer", "gpt_pretrain", "gpt_piece_vectors"), "gpt")
+    assert starts.encode("gpt_w2v").train == starts.data.train  # the same tokenizer and context
+    control, twin, pretrained = starts.state("gpt_w2v"), starts.state("gpt_random"), starts.state("gpt")
     layer = "lm.transformer.h.0.attn.c_attn.weight"
     head = [name for name in control if name.startswith("head.")]
-    check_control_start(control, twin, pretrained, "lm.transformer.wte.weight", known, layer, head)
-    assert not torch.equal(built("gpt_w2v", seed=2)[layer], control[layer])  # each seed draws its own layers
+    check_control_start(control, twin, pretrained, "lm.transformer.wte.weight",
+                        pieces_known(run.stage_dir("gpt_piece_vectors")), layer, head)
+    assert not torch.equal(starts.state("gpt_w2v", seed=2)[layer], control[layer])  # each seed draws its own layers
 
 
 def test_finetune_gpt_pooling_reaches_gpt_its_twin_and_its_control(run, tmp_path):

@@ -15,19 +15,14 @@ from pipeline.downstream.finetune import (
     finetune_kinds,
     finetune_settings,
     finetune_upstream,
-    model_sources,
-    scored_tasks,
 )
-from pipeline.downstream.tasks import resolve_task_dir
 from pipeline.engine.arrow import read_arrow
-from pipeline.engine.dag import StageContext
 from pipeline.engine.pretraining import start_word_embeddings
-from pipeline.engine.settings import cache_dir_of
 from pipeline.piece_vectors import read_piece_vectors
 from pipeline.runner import validate
 from pipeline.seq2seq.architectures import load_model
 from pipeline.seq2seq.data_stages import spaced_ids
-from tests.helpers import TinyRun, check_control_start, seq2seq_transformer_config
+from tests.helpers import FinetuneStarts, TinyRun, check_control_start, pieces_known, seq2seq_transformer_config
 from tests.seq2seq.test_seq2seq_finetune import write_headline_task
 
 WORD2VEC = ["pretrain.init_embeddings=word2vec", "word2vec.epochs=20"]
@@ -102,18 +97,9 @@ def test_frozen_piece_vectors_are_the_shared_embeddings_after_pretraining(run):
 
 
 def test_the_control_starts_where_pretraining_did_with_every_other_weight_the_random_twins(run, tmp_path):
-    cfg, f = run.cfg, finetune_settings(run.cfg)
-    ctx = StageContext(cfg, "finetune", tmp_path, {name: run.stage_dir(name) for name in (
-        "seq2seq_tokenizer", "seq2seq_pretrain", "seq2seq_piece_vectors")})
-    sources = {kind: models for kind, (models, _) in model_sources(ctx, f).items()}
-    task = scored_tasks(cfg, f)[0]
-    data = sources["seq2seq"].encode(task, resolve_task_dir(task, f.data_dir, cache_dir_of(cfg)), f, cfg.seed, None)
-
-    def built(kind: str, seed: int = 1) -> dict[str, torch.Tensor]:
-        L.seed_everything(seed, workers=True, verbose=False)  # as finetune_once seeds each (kind, seed)
-        return sources[kind].build(data).state_dict()
-
-    control, twin, pretrained = built("seq2seq_w2v"), built("seq2seq_random"), built("seq2seq")
-    known = torch.from_numpy(~np.isnan(read_piece_vectors(run.stage_dir("seq2seq_piece_vectors"))).any(axis=1))
-    check_control_start(control, twin, pretrained, "shared.weight", known, LAYER, head=None)
-    assert not torch.equal(built("seq2seq_w2v", seed=2)[LAYER], control[LAYER])  # each seed draws its own layers
+    starts = FinetuneStarts(run, tmp_path, ("seq2seq_tokenizer", "seq2seq_pretrain", "seq2seq_piece_vectors"),
+                            "seq2seq")
+    control, twin, pretrained = starts.state("seq2seq_w2v"), starts.state("seq2seq_random"), starts.state("seq2seq")
+    check_control_start(control, twin, pretrained, "shared.weight",
+                        pieces_known(run.stage_dir("seq2seq_piece_vectors")), LAYER, head=None)
+    assert not torch.equal(starts.state("seq2seq_w2v", seed=2)[LAYER], control[LAYER])  # each seed draws its own layers
