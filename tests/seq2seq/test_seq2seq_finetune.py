@@ -86,9 +86,10 @@ def test_the_output_summary_makes_a_model_that_writes_one_phrase_for_every_input
 
 def test_dev_headlines_are_decoded_with_the_beam_length_penalty_and_blocking_the_tasks_yaml_states(monkeypatch):
     """What fine-tuning's dev decoding reads from tasks/bbc_headlines.yaml reaches beam search: GNMT's alpha of 1.0
-    was chosen on dev (5.0 words a headline against the references' 5.1; 4.8 at the 0.6 before)."""
+    was chosen on dev (5.0 words a headline against the references' 5.1; 4.8 at the 0.6 before), and unigram blocking
+    (ROUGE-L 0.2008 against 0.1897 without)."""
     decoding = task_decoding(load_task("bbc_headlines"))
-    assert decoding == {"num_beams": 4, "length_penalty": 1.0, "no_repeat_ngram_size": 0}
+    assert decoding == {"num_beams": 4, "length_penalty": 1.0, "no_repeat_ngram_size": 1}
     searched = []
 
     def spy(model, source, max_new_tokens, **options):
@@ -102,7 +103,7 @@ def test_dev_headlines_are_decoded_with_the_beam_length_penalty_and_blocking_the
                               references=["w5"], samples_path=Path("unused"), max_new_tokens=24, lr=1e-3,
                               weight_decay=0.0, warmup_steps=0, total_steps=1, **decoding)
     module.validation_step({"index": torch.tensor([0])}, 0)
-    assert searched == [([7, 8, 2], 24, {"num_beams": 4, "alpha": 1.0, "no_repeat_ngram_size": 0})]
+    assert searched == [([7, 8, 2], 24, {"num_beams": 4, "alpha": 1.0, "no_repeat_ngram_size": 1})]
     assert module._generated == {0: "w5"}
 
 
