@@ -137,9 +137,13 @@ def tiny_config(tmp_path: Path, extra: list[str] | None = None, experiment: str 
         write_books(corpus)
     if not task.exists():  # also where a test wrote its own books: prepare decontaminates against the task's dev
         write_sentiment_task(task)
+    # SentEval's files under tmp_path too (where a test writes its own: write_mr), not at the default data root,
+    # $TEXTREP_SHARED_DATA, which tests/conftest.py sets for fast tests alone: prepare's key covers the files (it
+    # decontaminates against them), so a tiny run shared by fast and slow tests (family_data) had other keys in each,
+    # and a slow test's stage found no upstream output under its own ("seq2seq_tokenizer/<hash>/... does not exist")
     overrides = [f"+experiment={experiment}", f"data.corpus_dir={corpus}", f"finetune.data_dir={task}",
-                 f"paths.cache_dir={tmp_path / 'cache'}", f"paths.run_dir={tmp_path / 'run'}", "logger=csv",
-                 *TINY_OVERRIDES, *(extra or [])]
+                 f"senteval.data_root={tmp_path / 'senteval'}", f"paths.cache_dir={tmp_path / 'cache'}",
+                 f"paths.run_dir={tmp_path / 'run'}", "logger=csv", *TINY_OVERRIDES, *(extra or [])]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=overrides)
 
@@ -166,7 +170,8 @@ class TinyRun:
                              Path(self.cfg.paths.run_dir), planned_inputs=self.plan.input_files[name])
 
 
-# The evaluate stage on write_mr's MR alone (at <senteval.data_root>/MR), 3-fold: seconds per encoder.
+# The evaluate stage on write_mr's MR alone (at <senteval.data_root>/MR, tiny_config's <tmp_path>/senteval/MR),
+# 3-fold: seconds per encoder.
 SENTEVAL_MR_ONLY = ["~senteval.tasks.SICKEntailment", "~senteval.tasks.SICKRelatedness", "~senteval.tasks.MRPC",
                     "senteval.tasks.MR.path=MR", "senteval.classifier.cv_folds=3", "senteval.classifier.inner_folds=2"]
 

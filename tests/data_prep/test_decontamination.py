@@ -110,8 +110,7 @@ def test_a_run_with_no_tasks_decontaminates_against_nothing(tmp_path):
 
 def test_the_evaluate_stages_texts_count_where_the_run_has_it(tmp_path):
     write_mr(tmp_path / "senteval" / "MR")
-    cfg = tiny_config(tmp_path, ["pipeline.stages=[bert_pretrain,evaluate]",
-                                 f"senteval.data_root={tmp_path / 'senteval'}", *SENTEVAL_MR_ONLY])
+    cfg = tiny_config(tmp_path, ["pipeline.stages=[bert_pretrain,evaluate]", *SENTEVAL_MR_ONLY])
     texts = evaluation_texts(EvaluationSources.of(cfg))
     assert list(texts) == ["senteval MR"] and len(texts["senteval MR"]) == 2 * 10 * 3
 

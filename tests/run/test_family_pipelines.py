@@ -15,8 +15,8 @@ from tests.helpers import SENTEVAL_MR_ONLY, tiny_config, write_mr, write_sentime
 
 def _run(tmp_path: Path, experiment: str, extra: list[str]) -> tuple[dict, list[dict]]:
     write_mr(tmp_path / "senteval" / "MR")
-    cfg = tiny_config(tmp_path, [f"senteval.data_root={tmp_path / 'senteval'}", "pretrain.max_steps=12",
-                                 "pretrain.val_every_steps=6", *SENTEVAL_MR_ONLY, *extra], experiment=experiment)
+    cfg = tiny_config(tmp_path, ["pretrain.max_steps=12", "pretrain.val_every_steps=6", *SENTEVAL_MR_ONLY, *extra],
+                      experiment=experiment)
     validate(cfg)
     results = run_dag(cfg, STAGES, tmp_path / "run")
     with open(tmp_path / "run" / "report" / "results.csv") as f:

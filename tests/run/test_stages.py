@@ -18,9 +18,8 @@ def ctx(tmp_path_factory, ray_session) -> TinyRun:
     write_mr(tmp / "senteval" / "MR")
     return TinyRun(tiny_config(tmp, [
         "pipeline.stages=[prepare,bert_tokenizer,bert_examples,bert_pretrain,finetune,evaluate,report]",
-        "evaluate.encoders=[bert_cls,bert_mean]", f"senteval.data_root={tmp / 'senteval'}",
-        "senteval.tasks.MR.path=MR", "~senteval.tasks.SICKEntailment", "~senteval.tasks.SICKRelatedness",
-        "~senteval.tasks.MRPC", "senteval.classifier.cv_folds=3",
+        "evaluate.encoders=[bert_cls,bert_mean]", "senteval.tasks.MR.path=MR", "~senteval.tasks.SICKEntailment",
+        "~senteval.tasks.SICKRelatedness", "~senteval.tasks.MRPC", "senteval.classifier.cv_folds=3",
         "senteval.classifier.inner_folds=2",
         # the default sentence is 42 pieces with the 300-word test vocabulary, more than the 32 positions
         "report.attention_sentence='the king saw the ship'"]))

@@ -30,8 +30,7 @@ def val_losses(stage_dir: Path) -> dict[int, float]:
 def test_seq2seq_tiny_pretrains_its_held_out_loss_falls_and_its_encoder_is_probed(tmp_path, ray_session, capsys):
     write_mr(tmp_path / "senteval" / "MR")
     cfg = family_config(tmp_path, "seq2seq", [
-        f"senteval.data_root={tmp_path / 'senteval'}", *SENTEVAL_MR_ONLY,
-        "pipeline.stages=[seq2seq_pretrain,evaluate,report]", "pretrain.max_steps=60",
+        *SENTEVAL_MR_ONLY, "pipeline.stages=[seq2seq_pretrain,evaluate,report]", "pretrain.max_steps=60",
         "pretrain.val_every_steps=20", "pretrain.warmup_steps=10", "pretrain.lr=3e-3"])
     validate(cfg)
     results = run_dag(cfg, STAGES, tmp_path / "run")

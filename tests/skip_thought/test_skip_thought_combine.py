@@ -36,8 +36,8 @@ SENTENCES = [tokenize(s) for s in ("The captain found the ship at night.", "A st
 def combine_config(tmp_path, extra: tuple[str, ...] = ()):
     write_mr(tmp_path / "senteval" / "MR")
     return tiny_config(tmp_path, [*TINY_FAMILIES["skip_thought"].overrides, "pretrain.max_steps=12",
-                                  "pretrain.val_every_steps=6", f"senteval.data_root={tmp_path / 'senteval'}",
-                                  *SENTEVAL_MR_ONLY, *extra], experiment="skip_thought_combine")
+                                  "pretrain.val_every_steps=6", *SENTEVAL_MR_ONLY, *extra],
+                       experiment="skip_thought_combine")
 
 
 @pytest.fixture(scope="module")
