@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -77,20 +77,6 @@ def prepare_workers(ray_settings: RayConfig) -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1))) if ray.is_initialized() else ray_settings.num_cpus
 
 
-def _senteval_tasks_present(settings: SentevalConfig) -> SentevalConfig:
-    """The `senteval` block with only the tasks whose data is there. A missing one is the evaluate stage's to report
-    when it runs; its data, once added, changes prepare's cache key (_evaluation_fingerprint), and prepare runs
-    again against it."""
-    from pipeline.evaluation import senteval
-
-    paths = senteval.task_paths(settings)
-    present = {name: spec for name, spec in settings.tasks.items() if paths[name].exists()}
-    for name in settings.tasks.keys() - present.keys():
-        print(f"prepare: senteval task {name}'s data is not at {paths[name]}: the corpus is not decontaminated "
-              "against it", flush=True)
-    return replace(settings, tasks=present)
-
-
 def evaluation_texts(sources: EvaluationSources) -> dict[str, list[str]]:
     """The text the run's scores come from, by source ("rotten_tomatoes dev", "zh_pos test", "senteval MR"): the dev
     split of every fine-tune task and its test split where it has one, and every text the evaluate stage's probes are
@@ -103,7 +89,10 @@ def evaluation_texts(sources: EvaluationSources) -> dict[str, list[str]]:
     if sources.senteval is not None:
         from pipeline.evaluation import senteval  # with torch: loaded where SentEval's texts are read, not by workers
 
-        present = _senteval_tasks_present(sources.senteval)
+        # a task without data is the evaluate stage's to skip too; its data, once added, changes prepare's cache key
+        # (_evaluation_fingerprint), and prepare runs again against it
+        present, _ = senteval.tasks_with_data(sources.senteval, "so prepare does not decontaminate the corpus against "
+                                                                "it, and the evaluate stage will skip it")
         texts.update({f"senteval {name}": sentences for name, sentences in senteval.evaluation_texts(present).items()})
     return texts
 

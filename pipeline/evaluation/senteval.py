@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -94,10 +94,28 @@ def task_paths(settings: SentevalConfig) -> dict[str, Path]:
 
 
 def senteval_files_fingerprint(settings: SentevalConfig, cache_dir: str) -> str:
-    """The files of every SentEval task of the `senteval` block."""
-    return hashlib.sha256("".join(files_fingerprint(path, "*", cache_dir) if path.is_dir()
+    """The files of every SentEval task of the `senteval` block; a task without data as `missing`, so that its data
+    added later changes the key of the stages that skipped it (the evaluate stage, prepare's decontamination)."""
+    return hashlib.sha256("".join(f"missing {path}\0" if not path.exists()
+                                  else files_fingerprint(path, "*", cache_dir) if path.is_dir()
                                   else files_fingerprint(path.parent, path.name, cache_dir)
                                   for path in task_paths(settings).values()).encode()).hexdigest()
+
+
+def tasks_with_data(settings: SentevalConfig, skipped_means: str) -> tuple[SentevalConfig, dict[str, str]]:
+    """The `senteval` block less the tasks whose data is not there, and those tasks, name -> the path looked for.
+    The probes' data is optional (a fresh clone has no ../shared/data), so a run without it completes, one warning
+    per skipped task saying `skipped_means` and how to get it or drop the task."""
+    # resolved: a relative data_root is read from the directory the run started in, which the message must not hide
+    missing = {name: path.resolve() for name, path in task_paths(settings).items() if not path.exists()}
+    for name, path in missing.items():
+        relative = settings.tasks[name]["path"]
+        get_it = f"put it at {path}" if Path(relative).is_absolute() else \
+            f"set TEXTREP_SHARED_DATA (or senteval.data_root) to a directory holding {relative}"
+        print(f"WARNING: senteval task {name}: no data at {path}, {skipped_means}. To run it, {get_it}; to do "
+              f"without it, drop it (~senteval.tasks.{name}) or leave evaluate out of pipeline.stages", flush=True)
+    present = {name: spec for name, spec in settings.tasks.items() if name not in missing}
+    return replace(settings, tasks=present), {name: str(path) for name, path in missing.items()}
 
 
 def evaluation_texts(settings: SentevalConfig) -> dict[str, list[str]]:

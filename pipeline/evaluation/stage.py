@@ -11,7 +11,7 @@ from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.family import EncoderSpec
 from pipeline.engine.settings import all_cpus, cache_dir_of, typed_settings
 from pipeline.evaluation.embedding import GloveBagOfWords
-from pipeline.evaluation.senteval import SentevalConfig, run_senteval, senteval_files_fingerprint
+from pipeline.evaluation.senteval import SentevalConfig, run_senteval, senteval_files_fingerprint, tasks_with_data
 from pipeline.evaluation.settings import EvaluateConfig
 from pipeline.families import FAMILIES
 
@@ -33,11 +33,15 @@ def evaluate_upstream(cfg: DictConfig) -> tuple[str, ...]:
 
 
 def evaluate(ctx: StageContext) -> dict:
+    """results.json, and in the stage's summary the tasks skipped for want of data (name -> the path looked for),
+    which the report names above the table."""
+    senteval, tasks_without_data = tasks_with_data(typed_settings(ctx.cfg.senteval, SentevalConfig),
+                                                   "so the evaluate stage skips it")
     encoders = [ENCODERS[name].build(ctx) for name in typed_settings(ctx.cfg.evaluate, EvaluateConfig).encoders]
     rows = [{"model": row.pop("encoder"), **row, "std": 0.0, "seeds": 1}
-            for row in run_senteval(encoders, typed_settings(ctx.cfg.senteval, SentevalConfig), ctx.cfg.seed)]
+            for row in run_senteval(encoders, senteval, ctx.cfg.seed)]
     write_json_atomically(ctx.out_dir / "results.json", rows)
-    return {"results": rows}
+    return {"results": rows, "tasks_without_data": tasks_without_data}
 
 
 # trainer.fast_kernels: the encoders run with models/kernels.py's modules where it is on (the same vectors to float

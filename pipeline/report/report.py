@@ -97,13 +97,23 @@ def _scored_on(results: list[dict]) -> str:
                 "dev")
 
 
-def _results_section(stage: str, results: list[dict]) -> list[str]:
+def probes_not_run(tasks_without_data: dict[str, str]) -> list[str]:
+    """The probe tasks the evaluate stage skipped for want of data (name -> the path it looked for), said above its
+    table: a table without SICK's columns must not pass for a complete one."""
+    if not tasks_without_data:
+        return []
+    skipped = "; ".join(f"{name} (no data at {path})" for name, path in tasks_without_data.items())
+    return [f"**Not run**: {skipped}. To run them, set TEXTREP_SHARED_DATA (or senteval.data_root) to the directory "
+            "holding their data (docs/usage.md).", ""]
+
+
+def _results_section(stage: str, results: list[dict], tasks_without_data: dict[str, str]) -> list[str]:
     heading, scored_on = RESULT_STAGES[stage], _scored_on(results)
     if scored_on == "train_holdout":
         heading = "Fine-tuning (held-out part of the train split, finetune.selection_fraction; not the dev set)"
     elif scored_on == "test":
         heading = "Fine-tuning (test set, finetune.score_split=test)"
-    lines = ["", f"## {heading}", ""]
+    lines = ["", f"## {heading}", "", *probes_not_run(tasks_without_data)]
     if not results:
         return lines + [f"No results: the stage scored nothing (see {NOTHING_TO_SCORE[stage]})."]
     if stage == "finetune":
@@ -430,7 +440,10 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str,
         if stage in stage_dirs:
             results = json.loads((stage_dirs[stage] / "results.json").read_text())
             rows += [{"stage": stage, **r} for r in results]
-            lines += _results_section(stage, results)
+            # the evaluate stage's summary names the probe tasks it skipped for want of data
+            skipped = json.loads((stage_dirs[stage] / "stage.json").read_text())["tasks_without_data"] \
+                if stage == "evaluate" else {}
+            lines += _results_section(stage, results, skipped)
             if headline := headline_results(results):  # a panel of no bars divided by zero
                 panels[RESULT_STAGES[stage]] = headline
             if stage == "finetune" and (curve := label_efficiency(results)):

@@ -88,6 +88,7 @@ def stage_dirs(tmp_path, bert_dirs) -> dict[str, Path]:
     for stage, rows in (("finetune", FINETUNE_ROWS), ("evaluate", EVALUATE_ROWS)):
         dirs[stage].mkdir()
         (dirs[stage] / "results.json").write_text(json.dumps(rows))
+    (dirs["evaluate"] / "stage.json").write_text(json.dumps({"tasks_without_data": {}}))
     _write_loss_curve(dirs["elmo_pretrain"], "val/perplexity")
     _write_loss_curve(dirs["skip_thought_pretrain"], None)
     return dirs
@@ -503,11 +504,29 @@ def test_a_result_stage_that_scored_nothing_is_said_to_have_no_results(tmp_path,
     report stage after the whole run."""
     (tmp_path / stage).mkdir()
     (tmp_path / stage / "results.json").write_text("[]")
+    (tmp_path / stage / "stage.json").write_text(json.dumps({"tasks_without_data": {}}))
     out = tmp_path / "report"
     out.mkdir()
     paths = write_report({stage: tmp_path / stage}, out, "unit")
     assert "No results: the stage scored nothing (see " in paths["results_md"].read_text()
     assert "task_scores_plot" not in paths
+
+
+def test_the_probe_tasks_skipped_for_want_of_data_are_named_above_the_probes_table(tmp_path):
+    """A table of MR alone, from a run without SICK's and MRPC's data, must not pass for a complete one."""
+    evaluate = tmp_path / "evaluate"
+    evaluate.mkdir()
+    (evaluate / "results.json").write_text(json.dumps(EVALUATE_ROWS[:2]))
+    sick = "/data/senteval/SICK/SICK.txt"
+    (evaluate / "stage.json").write_text(json.dumps({"tasks_without_data": {
+        "SICKEntailment": sick, "SICKRelatedness": sick, "MRPC": "/data/glue/MRPC"}}))
+    out = tmp_path / "report"
+    out.mkdir()
+    md = write_report({"evaluate": evaluate}, out, "unit")["results_md"].read_text()
+    not_run = (f"**Not run**: SICKEntailment (no data at {sick}); SICKRelatedness (no data at {sick}); MRPC (no data "
+               "at /data/glue/MRPC). To run them, set TEXTREP_SHARED_DATA (or senteval.data_root) to the directory "
+               "holding their data (docs/usage.md).")
+    assert not_run in md and md.index(not_run) < md.index("| encoder | MR accuracy |")
 
 
 def test_a_model_whose_every_seed_is_undefined_reads_undefined_not_nan(tmp_path):

@@ -323,9 +323,10 @@ def test_export_copies_the_final_model_with_a_card_of_the_run(exported):
     assert "does not know its license" in body  # the tests' own books
 
 
-def run_with_results(root: Path, name: str, stage: str, settings: dict, rows: list[dict]) -> str:
+def run_with_results(root: Path, name: str, stage: str, settings: dict, rows: list[dict],
+                     summary: dict | None = None) -> str:
     """A copy of the fixture's run directory whose config ran `stage` too (with `settings`) and whose `stage` wrote
-    `rows`: the body of its exported card."""
+    `rows` (and `summary` as its stage.json): the body of its exported card."""
     run_dir = root / name
     shutil.copytree(root / "run", run_dir, symlinks=True)
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
@@ -335,6 +336,8 @@ def run_with_results(root: Path, name: str, stage: str, settings: dict, rows: li
     OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
     (run_dir / stage).mkdir()
     (run_dir / stage / "results.json").write_text(json.dumps(rows))
+    if summary is not None:
+        (run_dir / stage / "stage.json").write_text(json.dumps(summary))
     assert export_main([str(run_dir), "--to", str(root / f"exported_{name}")]) == 0
     return card(root / f"exported_{name}" / "bert" / "README.md")[1]
 
@@ -349,6 +352,15 @@ def test_the_card_gives_the_runs_probing_results_beside_the_random_twin(exported
     assert [line for line in body.splitlines() if line.startswith("| MR |")] == \
         ["| MR | accuracy | bert_cls 0.6250 | 0.5000 | +0.1250 |"]
     assert "The run fine-tuned and probed nothing" not in body
+
+
+def test_the_card_names_the_probe_tasks_the_run_skipped_for_want_of_data(exported):
+    rows = [{"model": model, "task": "MR", "metric": "accuracy", "score": score, "std": 0.0, "seeds": 1}
+            for model, score in (("bert_cls", 0.625), ("bert_cls_random", 0.5))]
+    body = run_with_results(exported["root"], "probed_without_mrpc", "evaluate",
+                            {"evaluate.encoders": ["bert_cls", "bert_cls_random"]}, rows,
+                            {"tasks_without_data": {"MRPC": "/data/glue/MRPC"}})
+    assert "**Not run**: MRPC (no data at /data/glue/MRPC). To run them, set TEXTREP_SHARED_DATA" in body
 
 
 def test_the_card_gives_a_baseline_fitted_on_all_labels_beside_every_size(exported):
