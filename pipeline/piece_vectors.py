@@ -64,8 +64,3 @@ def read_piece_vectors(stage_dir: Path) -> np.ndarray:
     """A piece-vector stage's table (`stage_dir`: its output): one row per token id, NaN for a piece the corpus never
     shows."""
     return np.load(stage_dir / PIECE_VECTORS_FILE)
-
-
-def pieces_with_vectors(vectors: np.ndarray) -> np.ndarray:
-    """Which token ids have a piece vector (read_piece_vectors' table holds NaN rows for the others)."""
-    return ~np.isnan(vectors).any(axis=1)

@@ -254,6 +254,7 @@ def pieces_known(piece_vectors_dir: Path):
     `known`)."""
     import torch
 
-    from pipeline.piece_vectors import pieces_with_vectors, read_piece_vectors
+    from conventions.piece_vectors import pieces_with_vectors
+    from pipeline.piece_vectors import read_piece_vectors
 
     return torch.from_numpy(pieces_with_vectors(read_piece_vectors(piece_vectors_dir)))

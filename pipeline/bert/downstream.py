@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from safetensors.torch import load_file
 from torch import nn
 
+from conventions.piece_vectors import pieces_with_vectors
 from data_prep.corpus.tokenizer import (
     CLS_TOKEN,
     MASK_TOKEN,
@@ -61,7 +62,7 @@ from pipeline.engine.family import FinetuneKind, TokenCoverage
 from pipeline.engine.fingerprints import files_fingerprint
 from pipeline.engine.pretraining import start_word_embeddings
 from pipeline.engine.settings import cache_dir_of, typed_settings
-from pipeline.piece_vectors import PieceVectorStart, pieces_with_vectors, read_piece_vectors
+from pipeline.piece_vectors import PieceVectorStart, read_piece_vectors
 
 
 @dataclass

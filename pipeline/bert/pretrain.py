@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
+from conventions.piece_vectors import pieces_with_vectors
 from data_prep.corpus.tokenizer import SPECIAL_TOKENS, checkpoint_tokenizer, load_tokenizer, save_hf_tokenizer
 from data_prep.examples.bert_examples import continuation_mask_from_vocab
 from models import IGNORE_INDEX
@@ -54,7 +55,7 @@ from pipeline.engine.pretraining import (
 from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
 from pipeline.engine.settings import cache_dir_of, stages_in_run, typed_settings
 from pipeline.engine.snapshots import encoder_snapshot_steps
-from pipeline.piece_vectors import pieces_with_vectors, read_piece_vectors
+from pipeline.piece_vectors import read_piece_vectors
 from pipeline.schema import FreezeEmbeddings
 
 # The MLM and NSP heads, beside encoder/: what a later phase needs, besides the encoder, to continue pretraining.

@@ -33,6 +33,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from conventions.piece_vectors import pieces_with_vectors
 from pipeline.engine.checkpoints import start_checkpoint_fingerprint
 from pipeline.engine.dag import Stage, StageContext
 from pipeline.engine.distributed import DistributedSettings, run_on_ray_workers, stage_cpus, validate_distributed
@@ -95,7 +96,7 @@ def start_word_embeddings(word_embeddings: nn.Embedding, vectors: np.ndarray) ->
     state, and at the initialiser's scale (0.02, rows of length 0.23 at 128 dimensions) frozen vectors held BERT's
     held-out masked-LM loss at 6.66 nats against the unigram's 6.72 after 1,000 steps (docs/pretraining_recipes.md).
     Returns the rows set."""
-    known = ~np.isnan(vectors).any(axis=1)
+    known = pieces_with_vectors(vectors)
     rows = torch.from_numpy(np.flatnonzero(known))
     values = torch.from_numpy(vectors[known])
     with torch.no_grad():
@@ -129,7 +130,7 @@ def start_piece_embeddings(table: nn.Embedding, settings: PretrainConfig,
     vectors = read_vectors() if settings.init_embeddings == "word2vec" else None
     if vectors is not None:
         start_word_embeddings(table, vectors)
-    has_vector = None if vectors is None else ~np.isnan(vectors).any(axis=1)
+    has_vector = None if vectors is None else pieces_with_vectors(vectors)
     keep_word_embeddings(table, settings.freeze_embeddings, has_vector)
 
 

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
+from conventions.piece_vectors import pieces_with_vectors
 from data_prep.examples.gpt_blocks import END_OF_TEXT, load_gpt_tokenizer
 from data_prep.tasks.conll import TaggedSentence
 from models import IGNORE_INDEX
@@ -43,7 +44,7 @@ from pipeline.engine.pretraining import start_word_embeddings
 from pipeline.engine.settings import typed_settings
 from pipeline.gpt.pretrain import pretraining_starts_from_piece_vectors, scratch_config
 from pipeline.gpt.settings import GptFinetuneConfig
-from pipeline.piece_vectors import PieceVectorStart, pieces_with_vectors, read_piece_vectors
+from pipeline.piece_vectors import PieceVectorStart, read_piece_vectors
 
 # GPT-1 Sec. 3.3: similarity has no inherent order, so both orders are encoded and their extract states summed: for
 # regression pairs (STS-B) and GPT-1's other similarity tasks, MRPC and QQP.

@@ -20,6 +20,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from conventions.piece_vectors import pieces_with_vectors
 from data_prep.corpus.word_vectors import WordVectors
 from data_prep.examples.skip_thought_examples import SPECIAL_WORDS, TRIPLE_SCHEMA, WordVocab, save_hf_tokenizer
 from models.hf.skip_thought import to_hf
@@ -37,7 +38,6 @@ from pipeline.engine.pretraining import (
 )
 from pipeline.engine.pretraining_task import PretrainingData, TrainingRun
 from pipeline.engine.settings import typed_settings
-from pipeline.piece_vectors import pieces_with_vectors
 from pipeline.schema import PretrainConfig
 from pipeline.skip_thought.data_stages import skip_thought_examples, skip_thought_vocab
 from pipeline.skip_thought.module import QuickThoughtPretrainModule, SkipThoughtPretrainModule, collate_triples

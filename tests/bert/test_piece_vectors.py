@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from conventions.piece_vectors import pieces_with_vectors
 from data_prep.corpus.tokenizer import load_tokenizer
 from models.bert import load_pretrained
 from pipeline.bert.pretrain import PRETRAINING
 from pipeline.engine.dag import StageContext
 from pipeline.engine.pretraining import start_word_embeddings
-from pipeline.piece_vectors import PIECE_VECTORS_FILE, pieces_with_vectors, read_piece_vectors
+from pipeline.piece_vectors import PIECE_VECTORS_FILE, read_piece_vectors
 from pipeline.report.report import write_report
 from tests.helpers import FinetuneStarts, TinyRun, check_control_start, pieces_known, tiny_config
 

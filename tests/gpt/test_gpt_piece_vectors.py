@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from conventions.piece_vectors import pieces_with_vectors
 from data_prep.corpus.shards import shard_paths
 from data_prep.examples.gpt_blocks import end_of_text_id, load_gpt_tokenizer
 from models.gpt import load_pretrained
@@ -24,7 +25,7 @@ from pipeline.engine.arrow import read_arrow
 from pipeline.engine.dag import StageContext
 from pipeline.engine.pretraining import start_word_embeddings
 from pipeline.engine.settings import cache_dir_of
-from pipeline.piece_vectors import pieces_with_vectors, read_piece_vectors
+from pipeline.piece_vectors import read_piece_vectors
 from pipeline.runner import validate
 from tests.helpers import FinetuneStarts, TinyRun, check_control_start, family_config, pieces_known
 
