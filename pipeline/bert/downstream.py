@@ -55,7 +55,7 @@ from pipeline.downstream.modules import (
     collate_token_classification,
 )
 from pipeline.downstream.settings import FinetuneConfig, finetune_settings
-from pipeline.downstream.task_data import TaskData, conll_sentences, majority_tag_scores, subsample, tsv_splits
+from pipeline.downstream.task_data import TaskData, conll_splits, majority_tag_scores, subsample, tsv_splits
 from pipeline.downstream.tasks import load_task, task_names
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind, TokenCoverage
@@ -260,8 +260,8 @@ def load_task_data(task: DictConfig, data_dir: Path, tok, max_seq_length: int, m
                         lambda c: BertForSequenceClassification(c, len(task.labels), pooling=pooling),
                         partial(ClassificationModule, metric=task.metric), majority_scores, train.labels, lengths)
     if task.format == "conll":
-        train = subsample(conll_sentences(task, data_dir, task.train_file), max_train_examples, seed)
-        dev, labels = conll_sentences(task, data_dir, task.dev_file), list(task.labels)
+        train, dev = conll_splits(task, data_dir, max_train_examples, seed, selection_fraction)
+        labels = list(task.labels)
         train_features = encode_tagged_sentences(tok, train, labels, max_seq_length)
         return TaskData(train_features, encode_tagged_sentences(tok, dev, labels, max_seq_length),
                         collate_token_classification, lambda c: BertForTokenClassification(c, len(labels)),

@@ -482,9 +482,10 @@ def finetune(ctx: StageContext) -> dict:
     rows = []
     with stage_workers(ctx, f) as workers:
         for task in scored_tasks(ctx.cfg, f):
-            if selection and task.format != "tsv":
-                raise ValueError(f"finetune.selection_fraction holds out part of a TSV task's train split; task "
-                                 f"{task.name} is {task.format}: leave it null for this task")
+            if selection and task.format == "squad":
+                raise ValueError(f"finetune.selection_fraction holds out part of a task's train split (its sentences "
+                                 f"or pairs), not of a SQuAD file's articles; task {task.name} is squad: leave it null "
+                                 f"for this task")
             data_dir = resolve_task_dir(task, f.data_dir, cache_dir_of(ctx.cfg))
             encoded: dict[str, TaskData] = {}  # kinds with the same inputs (tokenizer) encode the task once
             task_sizes = None

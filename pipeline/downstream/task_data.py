@@ -101,19 +101,24 @@ def subsample(items: list, limit: int | None, seed: int) -> list:
     return [items[i] for i in sorted(random.Random(seed).sample(range(len(items)), limit))]
 
 
-def split_off(train: TaskSplit, fraction: float, seed: int) -> tuple[TaskSplit, TaskSplit]:
-    """(rest, held out): a random `fraction` of the train split held out to score on in its dev split's place, so
-    that settings are chosen without reading the dev set they are reported on (finetune.selection_fraction)."""
-    order = np.random.default_rng(seed).permutation(len(train.labels))
-    cut = max(1, int(round(fraction * len(order))))
+def held_out_indices(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(rest, held out), each in file order: a random `fraction` of a train split's `n` examples (sentences, for a
+    tagging task) held out to score on in its dev split's place, so that settings are chosen without reading the dev
+    set they are reported on (finetune.selection_fraction)."""
+    order = np.random.default_rng(seed).permutation(n)
+    cut = max(1, int(round(fraction * n)))
+    return sorted(order[cut:].tolist()), sorted(order[:cut].tolist())
 
-    def part(indices) -> TaskSplit:
-        indices = sorted(indices.tolist())
+
+def split_off(train: TaskSplit, fraction: float, seed: int) -> tuple[TaskSplit, TaskSplit]:
+    """(rest, held out) of a TSV task's train split (held_out_indices)."""
+    def part(indices: list[int]) -> TaskSplit:
         return TaskSplit([train.texts_a[i] for i in indices],
                          None if train.texts_b is None else [train.texts_b[i] for i in indices],
                          [train.labels[i] for i in indices])
 
-    return part(order[cut:]), part(order[:cut])
+    rest, held_out = held_out_indices(len(train.labels), fraction, seed)
+    return part(rest), part(held_out)
 
 
 def tsv_splits(task: DictConfig, data_dir: Path, max_train_examples: int | None, seed: int,
@@ -186,6 +191,19 @@ def conll_sentences(task: DictConfig, data_dir: Path, name: str) -> list[TaggedS
     form = text_form(task)  # word by word: each keeps its tag
     return [TaggedSentence([form(token) for token in s.tokens], s.tags if scheme == "none" else iob1_to_iob2(s.tags))
             for s in sentences]
+
+
+def conll_splits(task: DictConfig, data_dir: Path, max_train_examples: int | None, seed: int,
+                 selection_fraction: float | None = None) -> tuple[list[TaggedSentence], list[TaggedSentence]]:
+    """A CoNLL task's train sentences (subsampled to `max_train_examples`) and dev sentences (with
+    `selection_fraction`, a held-out part of train's sentences instead: tsv_splits' rule for a tagging task)."""
+    train = conll_sentences(task, data_dir, task.train_file)
+    if selection_fraction:
+        rest, held_out = held_out_indices(len(train), selection_fraction, seed)
+        train, dev = [train[i] for i in rest], [train[i] for i in held_out]
+    else:
+        dev = conll_sentences(task, data_dir, task.dev_file)
+    return subsample(train, max_train_examples, seed), dev
 
 
 def majority_tag_scores(task: DictConfig, train: list[TaggedSentence], dev: list[TaggedSentence]) -> dict[str, float]:

@@ -30,7 +30,7 @@ from models.elmo import (
 from pipeline.data_settings import chinese_words_of
 from pipeline.downstream.modules import FinetuneModule
 from pipeline.downstream.settings import FinetuneConfig, finetune_settings
-from pipeline.downstream.task_data import TaskData, conll_sentences, majority_tag_scores, subsample, tsv_splits
+from pipeline.downstream.task_data import TaskData, conll_splits, majority_tag_scores, tsv_splits
 from pipeline.downstream.tasks import TaskSplit
 from pipeline.downstream.word2vec import WORD2VEC, load_word2vec
 from pipeline.elmo.settings import ElmoFinetuneConfig, WordVectorSource
@@ -170,8 +170,7 @@ def load_elmo_task_data(task: DictConfig, data_dir: Path, models: ElmoTaskModels
         def rows(sentences) -> list[dict]:
             return [{"text_a": s.tokens, "label": [index[t] for t in s.tags]} for s in sentences]
 
-        train = subsample(conll_sentences(task, data_dir, task.train_file), max_train_examples, seed)
-        dev = conll_sentences(task, data_dir, task.dev_file)
+        train, dev = conll_splits(task, data_dir, max_train_examples, seed, selection_fraction)
         return TaskData(rows(train), rows(dev), collate,
                         lambda _: ElmoTokenTagger(bilm, len(labels), vocab=vocab, word_vectors=vectors, mix=mix),
                         partial(ElmoTaskModule, metric=task.metric, labels=labels),

@@ -36,7 +36,7 @@ from pipeline.downstream.modules import (
     pad_right,
 )
 from pipeline.downstream.settings import FinetuneConfig
-from pipeline.downstream.task_data import TaskData, conll_sentences, majority_tag_scores, subsample, tsv_splits
+from pipeline.downstream.task_data import TaskData, conll_splits, majority_tag_scores, tsv_splits
 from pipeline.downstream.tasks import scoring_options
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
@@ -116,7 +116,8 @@ def load_task_data(task: DictConfig, data_dir: Path, tokenizer, n_positions: int
     CoNLL tagging task (tagging_task_data) or a generation task (generation_task_data, its generations written to
     samples_path); make_model takes the pretrained GPTConfig."""
     if task.format == "conll":
-        return tagging_task_data(task, data_dir, tokenizer, min(max_seq_length, n_positions), max_train_examples, seed)
+        return tagging_task_data(task, data_dir, tokenizer, min(max_seq_length, n_positions), max_train_examples, seed,
+                                 selection_fraction)
     if task.format == "seq2seq":
         return generation_task_data(task, data_dir, tokenizer, n_positions, max_seq_length, max_train_examples, seed,
                                     samples_path, selection_fraction)
@@ -185,11 +186,11 @@ def tagging_features(tokenizer, sentences: list[TaggedSentence], labels: list[st
 
 
 def tagging_task_data(task: DictConfig, data_dir: Path, tokenizer, max_len: int, max_train_examples: int | None,
-                      seed: int) -> TaskData:
+                      seed: int, selection_fraction: float | None = None) -> TaskData:
     """A CoNLL tagging task for GPTForTokenClassification (its end token after the pretrained vocabulary), scored by
     TokenClassificationModule as BERT's is."""
-    train = subsample(conll_sentences(task, data_dir, task.train_file), max_train_examples, seed)
-    dev, labels = conll_sentences(task, data_dir, task.dev_file), list(task.labels)
+    train, dev = conll_splits(task, data_dir, max_train_examples, seed, selection_fraction)
+    labels = list(task.labels)
     vocab_size = tokenizer.get_vocab_size()
     end_id = vocab_size + GPTForTokenClassification.N_SPECIAL - 1
     train_features = tagging_features(tokenizer, train, labels, max_len, end_id)

@@ -411,8 +411,27 @@ def test_selection_fraction_scores_a_held_out_part_of_train_instead_of_dev(ctx, 
     out.mkdir()
     md = write_report({"finetune": ctx.out_dir}, out, "unit")["results_md"].read_text()
     assert "not the dev set" in md
+
+
+def test_selection_fraction_holds_out_a_tagging_tasks_train_sentences_and_never_reads_its_dev_file(ctx, tmp_path):
+    """A CoNLL task was refused with selection_fraction (zh_pos's selection split was made by hand): its settings could
+    only be chosen on the dev set they are reported on."""
     ctx.cfg.finetune.task = "conll2003"
-    with pytest.raises(ValueError, match="selection_fraction"):
+    ctx.cfg.finetune.seeds = [1]
+    ctx.cfg.finetune.selection_fraction = 0.25
+    (Path(ctx.cfg.finetune.data_dir) / "conll2003" / "eng.testa").unlink()  # read, it would fail
+    rows = finetuning.finetune(ctx)["results"]
+    assert {(r["train_examples"], r["dev_examples"], r["scored_on"]) for r in rows} == {(36, 12, "train_holdout")}
+    task = load_task("conll2003")
+    train, held_out = task_data.conll_splits(task, Path(ctx.cfg.finetune.data_dir) / "conll2003", None, 1, 0.25)
+    again, _ = task_data.conll_splits(task, Path(ctx.cfg.finetune.data_dir) / "conll2003", 10, 1, 0.25)
+    assert (len(train), len(held_out), len(again)) == (36, 12, 10)
+
+
+def test_selection_fraction_refuses_a_squad_task_saying_what_to_do(ctx):
+    ctx.cfg.finetune.task = "squad_v1"
+    ctx.cfg.finetune.selection_fraction = 0.25
+    with pytest.raises(ValueError, match="task squad_v1 is squad: leave it null"):
         finetuning.finetune(ctx)
 
 
