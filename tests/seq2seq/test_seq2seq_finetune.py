@@ -217,6 +217,27 @@ def test_seq2seq_tiny_is_fine_tuned_on_headlines_beside_its_twin_and_lead_n_and_
         == ["| seq2seq", "| seq2seq_random", "| lead_n"]
 
 
+def test_selection_fraction_scores_a_generation_task_and_lead_n_on_held_out_train_pairs(tmp_path, ray_session):
+    """finetune.selection_fraction refused a generation task, so bbc_headlines' settings could only be chosen on dev."""
+    task_dir = write_headline_task(tmp_path / "bbc")  # 96 train pairs, 12 dev
+    cfg = family_config(tmp_path, "seq2seq", [
+        f"finetune.data_dir={task_dir}", "finetune.task=bbc_headlines", "finetune.seeds=[1]",
+        "finetune.selection_fraction=0.25", "finetune.max_seq_length=32", "finetune.epochs=1",
+        "finetune.batch_size=16", "pipeline.stages=[seq2seq_pretrain,finetune]", "pretrain.max_steps=4",
+        "pretrain.val_every_steps=2", "finetune.random_twins=false"])
+    validate(cfg)
+    run_dag(cfg, STAGES, tmp_path / "run")
+    rows = json.loads((tmp_path / "run" / "finetune" / "results.json").read_text())
+    assert {(r["model"], r["train_examples"], r["dev_examples"], r["scored_on"]) for r in rows} == {
+        ("seq2seq", 72, 24, "train_holdout"), ("lead_n", 72, 24, "train_holdout")}
+    with open(tmp_path / "run" / "finetune" / "generated" / "bbc_headlines-seq2seq.tsv", encoding="utf-8",
+              newline="") as f:
+        references = [g["reference"] for g in csv.DictReader(f, delimiter="\t")]
+    train = [line.split("\t")[1] for line in (task_dir / "train.tsv").read_text().splitlines()[1:]]
+    dev = [line.split("\t")[1] for line in (task_dir / "dev.tsv").read_text().splitlines()[1:]]
+    assert len(references) == 24 and set(references) <= set(train) and not set(references) & (set(dev) - set(train))
+
+
 def test_seq2seq_tiny_fine_tunes_gpt_beside_it_with_gpts_own_recipe():
     """The experiment's decoder-only baseline: gpt_tiny pretrained on the same prepare output for its own 500 steps
     (the encoder-decoder's 1,500 were chosen for it on dev) with its own schedule (GPT reads pretrain's keys where
