@@ -50,6 +50,7 @@ from pipeline.downstream.tasks import (
     load_task,
     resolve_task_dir,
     task_data_fingerprint,
+    task_min_steps,
     task_names,
 )
 from pipeline.downstream.word2vec import WORD2VEC, load_word2vec
@@ -256,7 +257,7 @@ def finetune_once(ctx: StageContext, f: FinetuneConfig, task: DictConfig, data: 
     if frozen is not None:
         # with_vector: the rows that started from a piece vector (TaskModels.pieces_with_vectors), as in pretraining
         keep_word_embeddings(frozen, f.freeze_embeddings, getattr(models, "pieces_with_vectors", None))
-    epochs = finetune_epochs(f.epochs, f.min_steps, len(train_loader))
+    epochs = finetune_epochs(f.epochs, max(f.min_steps, task_min_steps(task)), len(train_loader))
     total_steps = len(train_loader) * epochs
     module = data.make_module(model, lr=f.lr, weight_decay=f.weight_decay,
                               warmup_steps=int(f.warmup_fraction * total_steps), total_steps=total_steps)

@@ -64,6 +64,7 @@ def load_task(name: str) -> DictConfig:
     if repeated:
         # a label's position is its class id: a repeat gives one name two classes, of which the second never occurs
         raise ValueError(f"{path}: labels {labels} name {repeated} more than once; list each class once")
+    task_min_steps(task)  # a bad value fails here, at start-up, not after pretraining
     return task
 
 
@@ -124,10 +125,22 @@ def resolve_task_dir(task: DictConfig, data_dir: str | None, cache_dir: str) -> 
                      f"with {task.train_file} and {task.dev_file}")
 
 
-# Keys of a task's YAML that say how its outputs are scored, prompted or written, not which texts it holds: what reads
-# only the texts (prepare's decontamination) leaves them out of its key, so a new beam width reruns fine-tuning alone
+# Keys of a task's YAML that say how it is trained or its outputs scored, prompted or written, not which texts it
+# holds: what reads only the texts (prepare's decontamination) leaves them out of its key, so a new beam width or step
+# floor reruns fine-tuning alone
 SCORING_KEYS = ("metric", "num_beams", "length_penalty", "no_repeat_ngram_size", "max_target_tokens",
-                "exact_match_ignore_case", "prompt_template", "prompt_label_words")
+                "exact_match_ignore_case", "prompt_template", "prompt_label_words", "min_steps")
+
+
+def task_min_steps(task: DictConfig) -> int:
+    """The fewest optimizer steps a fine-tuning run of the task takes (its YAML's `min_steps`, 0 where it has none):
+    a floor beside finetune.min_steps, for a task that needs more passes over a small train set than a sentence
+    classifier does (a tagger, docs/pretraining_recipes.md "Every shipped task")."""
+    steps = task.get("min_steps", 0)
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ValueError(f"task {task.name}: min_steps {steps!r} ({TASK_DIR / task.name}.yaml) is not a number of "
+                         "steps; give a whole number, 0 or more, or remove the key")
+    return steps
 
 
 def scoring_options(task: DictConfig) -> dict:

@@ -318,6 +318,25 @@ def test_small_train_sizes_get_at_least_min_steps():
     assert finetuning.finetune_epochs(epochs=3, min_steps=100, steps_per_epoch=300) == 3
 
 
+def test_a_tasks_min_steps_is_a_floor_beside_finetune_min_steps_and_a_bad_one_fails(ctx):
+    """tasks/conll2003.yaml's min_steps: bert_tiny's tagger trailed its twin at finetune.min_steps' 160 steps."""
+    from omegaconf import OmegaConf
+
+    from pipeline.downstream.tasks import task_min_steps
+
+    ctx.cfg.finetune.task = ["sst2", "conll2003"]
+    ctx.cfg.finetune.seeds = [1]
+    finetuning.finetune(ctx)
+    last_step = {task: int(np.loadtxt(next((ctx.out_dir / "csv_logs" / task / "bert").glob("*/seed1/metrics.csv")),
+                                      delimiter=",", skiprows=1, usecols=1, dtype=str, ndmin=1)[-1])
+                 for task in ("sst2", "conll2003")}
+    assert last_step == {"sst2": 3, "conll2003": 599}  # 1 epoch of 4 batches; 100 of 6, the task's 600 steps
+    assert task_min_steps(load_task("conll2003_pos")) == 600 and task_min_steps(load_task("sst2")) == 0
+    for bad in (-1, 1.5, "600", True):
+        with pytest.raises(ValueError, match="min_steps .* is not a number of steps"):
+            task_min_steps(OmegaConf.create({"name": "conll2003", "min_steps": bad}))
+
+
 def test_train_sizes_give_a_label_efficiency_curve_in_the_report(ctx, tmp_path):
     from pipeline.report.report import write_report
 
