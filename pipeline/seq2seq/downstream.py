@@ -7,7 +7,7 @@ started from piece vectors (pretrain.init_embeddings=word2vec): then the control
 the pretraining steps."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -25,10 +25,12 @@ from pipeline.downstream.tasks import scoring_options
 from pipeline.engine.dag import StageContext
 from pipeline.engine.family import FinetuneKind
 from pipeline.engine.pretraining import start_word_embeddings
+from pipeline.engine.settings import typed_settings
 from pipeline.piece_vectors import read_piece_vectors
 from pipeline.seq2seq.architectures import load_model
 from pipeline.seq2seq.module import PairCollator
 from pipeline.seq2seq.pretrain import pretraining_starts_from_piece_vectors
+from pipeline.seq2seq.settings import Seq2SeqFinetuneConfig
 
 
 def encode_texts(tokenizer: Tokenizer, texts: list[str], max_len: int, eos: int) -> list[np.ndarray]:
@@ -92,8 +94,10 @@ def load_task_data(task: DictConfig, data_dir: Path, tokenizer: Tokenizer, pretr
 @dataclass
 class Seq2SeqTaskModels(WritingTaskModels):
     """A seq2seq_pretrain model directory and its tokenizer; a kind that is not `pretrained` starts from a fresh
-    initialisation, its shared embeddings set to `piece_vectors` where given (the control's start)."""
+    initialisation, its shared embeddings set to `piece_vectors` where given (the control's start). `dropout`: the
+    fine-tuned model's (finetune.seq2seq_dropout), None to keep the pretrained model's."""
     piece_vectors: np.ndarray | None = None
+    dropout: float | None = None
 
     def encode(self, task: DictConfig, data_dir: Path, finetune: FinetuneConfig, seed: int,
                selection_fraction: float | None) -> TaskData:
@@ -103,7 +107,8 @@ class Seq2SeqTaskModels(WritingTaskModels):
 
     def build(self, data: TaskData) -> nn.Module:
         pretrained = load_model(self.model_dir)
-        model = data.make_model(pretrained.config)  # seeded by the fine-tuning run: the twin's initialisation
+        config = pretrained.config if self.dropout is None else replace(pretrained.config, dropout=self.dropout)
+        model = data.make_model(config)  # seeded by the fine-tuning run: the twin's initialisation
         if self.pretrained:
             model.load_state_dict(pretrained.state_dict())
         elif self.piece_vectors is not None:
@@ -115,7 +120,7 @@ def _load(kind: str, pretrained: bool):
     def load(ctx: StageContext) -> Seq2SeqTaskModels:
         model_dir = ctx.stage_dir("seq2seq_pretrain") / "model"
         return Seq2SeqTaskModels(model_dir, load_seq2seq_tokenizer(model_dir), kind, ctx.out_dir / GENERATED_DIR,
-                                 pretrained)
+                                 pretrained, dropout=_dropout(ctx.cfg))
     return load
 
 
@@ -129,7 +134,12 @@ def _control(ctx: StageContext) -> Seq2SeqTaskModels:
     model_dir = ctx.stage_dir("seq2seq_pretrain") / "model"
     return Seq2SeqTaskModels(model_dir, load_seq2seq_tokenizer(model_dir), CONTROL, ctx.out_dir / GENERATED_DIR,
                              pretrained=False,
-                             piece_vectors=read_piece_vectors(ctx.stage_dir("seq2seq_piece_vectors")))
+                             piece_vectors=read_piece_vectors(ctx.stage_dir("seq2seq_piece_vectors")),
+                             dropout=_dropout(ctx.cfg))
+
+
+def _dropout(cfg: DictConfig) -> float | None:
+    return typed_settings(cfg.finetune, Seq2SeqFinetuneConfig).seq2seq_dropout
 
 
 def _control_of_seq2seq(cfg: DictConfig) -> str:

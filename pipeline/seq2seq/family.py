@@ -9,10 +9,12 @@ from pipeline.seq2seq.downstream import FINETUNE_KINDS
 from pipeline.seq2seq.encoder import ENCODERS
 from pipeline.seq2seq.outputs import write_outputs
 from pipeline.seq2seq.pretrain import SEQ2SEQ_STAGES
-from pipeline.seq2seq.settings import Seq2SeqBlockConfig
+from pipeline.seq2seq.settings import Seq2SeqBlockConfig, Seq2SeqFinetuneConfig
 
 FAMILY = Family("seq2seq", stages=SEQ2SEQ_STAGES, pretraining_stages=("seq2seq_pretrain",), encoders=ENCODERS,
-                finetune_kinds=FINETUNE_KINDS, config={"seq2seq": Seq2SeqBlockConfig}, describe_export=describe,
+                finetune_kinds=FINETUNE_KINDS,
+                config={"seq2seq": Seq2SeqBlockConfig, "finetune": Seq2SeqFinetuneConfig},
+                describe_export=describe,
                 generation=Generation("seq2seq_pretrain", "seq2seq_tiny", write_outputs),
                 # without the experiment's GPT baseline (tests/gpt/test_gpt_generation.py fine-tunes GPT on headlines)
                 tiny=Tiny("seq2seq_tiny", ("prepare", "seq2seq_tokenizer", "seq2seq_examples"), (

@@ -26,3 +26,15 @@ class Seq2SeqBlockConfig:
     block_size: int = ranged(128, Number(int, 3))
     # bart: sentence permutation + text infilling; span_corruption: T5's; gap_sentences: PEGASUS's whole sentences
     objective: Objective = Objective.bart
+
+
+@dataclass
+class Seq2SeqFinetuneConfig:
+    """What the encoder-decoder's fine-tuning adds to `finetune` (a key of that block: changing it reruns fine-tuning
+    alone, not the pretraining)."""
+    # The fine-tuned model's `dropout` (the RNN's on its embeddings, between layers and on h~; the Transformer's on its
+    # sublayer outputs and embeddings), for the pretrained model and its twin and control alike; null keeps the
+    # pretrained model's. 1,671 headline pairs are seen for 10 epochs where pretraining saw each block about once
+    # (docs/seq2seq.md, "Repetition blocking, label smoothing, fine-tuning epochs and pretraining steps")
+    seq2seq_dropout: Optional[float] = ranged(None, Number(float, 0, 1, high_open=True, nullable=True,
+                                                           why="a dropout rate"))

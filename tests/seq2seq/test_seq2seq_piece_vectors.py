@@ -103,3 +103,18 @@ def test_the_control_starts_where_pretraining_did_with_every_other_weight_the_ra
     check_control_start(control, twin, pretrained, "shared.weight",
                         pieces_known(run.stage_dir("seq2seq_piece_vectors")), LAYER, head=None)
     assert not torch.equal(starts.state("seq2seq_w2v", seed=2)[LAYER], control[LAYER])  # each seed draws its own layers
+
+
+def test_finetune_seq2seq_dropout_reaches_the_model_its_twin_and_its_control_and_null_keeps_the_pretrained(run,
+                                                                                                           tmp_path):
+    upstream = ("seq2seq_tokenizer", "seq2seq_pretrain", "seq2seq_piece_vectors")
+    pretrained = load_model(run.stage_dir("seq2seq_pretrain") / "model").config.dropout
+    for setting, expected in ((None, pretrained), (0.5, 0.5)):
+        cfg = run.cfg.copy()
+        cfg.finetune.seq2seq_dropout = setting
+        starts = FinetuneStarts(TinyRun(cfg), tmp_path / str(setting), upstream, "seq2seq")
+        for kind in ("seq2seq", "seq2seq_random", "seq2seq_w2v"):
+            model = starts.sources[kind].build(starts.data)
+            rates = {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)}
+            assert model.config.dropout == expected and expected in rates, (kind, setting)
+    assert pretrained != 0.5
