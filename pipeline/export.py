@@ -47,7 +47,7 @@ from pipeline.engine.integrity import OUTPUTS_KEY, damage_message, damaged_outpu
 from pipeline.engine.settings import stages_in_run, typed_settings
 from pipeline.evaluation.stage import ENCODERS
 from pipeline.families import FAMILIES
-from pipeline.report.report import corpus_lines, learning_lines, probes_not_run
+from pipeline.report.report import corpus_lines, learning_lines, probes_not_run, probes_without_data
 from pipeline.stages import STAGES
 from pipeline.status import FINISHED, StageStatus, human_bytes, read_status
 
@@ -399,11 +399,9 @@ def _downstream_lines(run_dir: Path, cfg: DictConfig, stage: str) -> list[str]:
             table.append(f"| {row['task']} | {row['metric']} | {row['model']} {row['score']:.4f} | {_cell(twin)} | "
                          f"{difference} |")
         if table:
-            # a run older than the summary's record of the tasks skipped for want of data has none to name
-            summary = _read_json(run_dir / "evaluate" / "stage.json") or {}
             lines += ["Frozen, probed as SentEval does, beside the same architecture randomly initialised and frozen:",
                       "", "| task | metric | this model | random twin | difference |", "|---|---|---|---|---|",
-                      *table, "", *probes_not_run(summary.get("tasks_without_data", {}))]
+                      *table, "", *probes_not_run(probes_without_data(run_dir / "evaluate"))]
     if len(lines) == 2:
         lines += ["The run fine-tuned and probed nothing with this model.", ""]
     return lines

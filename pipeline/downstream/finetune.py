@@ -478,15 +478,10 @@ def finetune(ctx: StageContext) -> dict:
     f = finetune_settings(ctx.cfg)
     sources = model_sources(ctx, f)
     sizes, seeds = train_sizes(f), finetune_seeds(f)
-    selection = f.selection_fraction
     (ctx.out_dir / "finished").mkdir(exist_ok=True)
     rows = []
     with stage_workers(ctx, f) as workers:
         for task in scored_tasks(ctx.cfg, f):
-            if selection and task.format == "squad":
-                raise ValueError(f"finetune.selection_fraction holds out part of a task's train split (its sentences "
-                                 f"or pairs), not of a SQuAD file's articles; task {task.name} is squad: leave it null "
-                                 f"for this task")
             data_dir = resolve_task_dir(task, f.data_dir, cache_dir_of(ctx.cfg))
             encoded: dict[str, TaskData] = {}  # kinds with the same inputs (tokenizer) encode the task once
             task_sizes = None
@@ -516,7 +511,8 @@ def finetune(ctx: StageContext) -> dict:
                 data = next(iter(encoded.values()))
                 majority = data.majority_scores, len(data.train), len(data.dev)
             elif task.format == "tsv":  # no model kind (finetune.models=[]): the baselines alone, on the task's splits
-                train, dev, majority_scores = tsv_splits(task, data_dir, f.max_train_examples, ctx.cfg.seed, selection)
+                train, dev, majority_scores = tsv_splits(task, data_dir, f.max_train_examples, ctx.cfg.seed,
+                                                         f.selection_fraction)
                 task_sizes = sizes_for_task(sizes, len(train.labels), task.name)
                 majority = majority_scores, len(train.labels), len(dev.labels)
             else:

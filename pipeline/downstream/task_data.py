@@ -153,9 +153,14 @@ def scored_tasks(cfg: DictConfig, f: FinetuneConfig) -> list[DictConfig]:
     if repeated(names):
         raise ValueError(f"finetune.task={names} repeats {repeated(names)}: a repeated task's rows would be counted "
                          "again, as if from more seeds; give each task once")
+    tasks = [load_task(name) for name in names]
+    if f.selection_fraction and (squad := [task.name for task in tasks if task.format == "squad"]):
+        raise ValueError(f"finetune.selection_fraction holds out part of a task's train split (its sentences or "
+                         f"pairs), not of a SQuAD file's articles; task {squad[0]} is squad: leave it null for this "
+                         f"task")
     data = typed_settings(cfg.data, DataConfig)
-    return [in_corpus_form(scored_task(load_task(name), str(f.score_split)), data.nfkc, str(data.chinese_variant))
-            for name in names]
+    return [in_corpus_form(scored_task(task, str(f.score_split)), data.nfkc, str(data.chinese_variant))
+            for task in tasks]
 
 
 def train_pool_documents(cfg: DictConfig, f: FinetuneConfig, reader: str) -> list[list[str]]:

@@ -97,6 +97,13 @@ def _scored_on(results: list[dict]) -> str:
                 "dev")
 
 
+def probes_without_data(evaluate_dir: Path) -> dict[str, str]:
+    """The probe tasks an evaluate stage skipped for want of data (name -> the path it looked for), from its summary;
+    none for a run older than that record."""
+    path = evaluate_dir / "stage.json"
+    return json.loads(path.read_text()).get("tasks_without_data", {}) if path.is_file() else {}
+
+
 def probes_not_run(tasks_without_data: dict[str, str]) -> list[str]:
     """The probe tasks the evaluate stage skipped for want of data (name -> the path it looked for), said above its
     table: a table without SICK's columns must not pass for a complete one."""
@@ -440,9 +447,7 @@ def write_report(stage_dirs: dict[str, Path], out: Path, title: str,
         if stage in stage_dirs:
             results = json.loads((stage_dirs[stage] / "results.json").read_text())
             rows += [{"stage": stage, **r} for r in results]
-            # the evaluate stage's summary names the probe tasks it skipped for want of data
-            skipped = json.loads((stage_dirs[stage] / "stage.json").read_text())["tasks_without_data"] \
-                if stage == "evaluate" else {}
+            skipped = probes_without_data(stage_dirs[stage]) if stage == "evaluate" else {}
             lines += _results_section(stage, results, skipped)
             if headline := headline_results(results):  # a panel of no bars divided by zero
                 panels[RESULT_STAGES[stage]] = headline

@@ -447,11 +447,13 @@ def test_selection_fraction_holds_out_a_tagging_tasks_train_sentences_and_never_
     assert (len(train), len(held_out), len(again)) == (36, 12, 10)
 
 
-def test_selection_fraction_refuses_a_squad_task_saying_what_to_do(ctx):
+def test_selection_fraction_refuses_a_squad_task_saying_what_to_do_before_any_work(ctx):
     ctx.cfg.finetune.task = "squad_v1"
     ctx.cfg.finetune.selection_fraction = 0.25
     with pytest.raises(ValueError, match="task squad_v1 is squad: leave it null"):
         finetuning.finetune(ctx)
+    with pytest.raises(ValueError, match="task squad_v1 is squad: leave it null"):
+        finetuning.check_task_files(ctx.cfg)  # at start-up (pipeline.runner.validate), not after pretraining
 
 
 def test_length_grouped_batches_cover_every_example_once_in_random_order_and_pad_little():
